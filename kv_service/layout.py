@@ -1,0 +1,133 @@
+"""The memory layout shared by the service and every engine that maps its memory.
+
+One `KVLayout` describes every tensor the service owns. The engine checks the descriptor it
+receives at attach time against what it was built for; a mismatch is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+LAYOUT_VERSION = 1
+
+ROW_FORMATS = {
+    # MLA latent (512) + rope (64) in bf16.
+    "bf16": 1152,
+    # DeepSeek-V3.2 fp8 cache row: 512 fp8 + 4 fp32 scales + 64 bf16 rope.
+    "fp8": 656,
+}
+INDEX_FORMATS = {
+    # 128 bf16 values.
+    "bf16": 256,
+    # 128 fp8 e4m3 values followed by one fp32 scale.
+    "fp8": 132,
+}
+
+MODE_FREE = 0
+MODE_RESIDENT = 1
+MODE_OFFLOADED = 2
+
+
+class LayoutError(ValueError):
+    """A layout that cannot work, or that does not match the other side's."""
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """Sizes of every KV tensor. All counts are per service (one GPU).
+
+    num_layers      L  layers whose KV the service holds
+    max_requests    R  request slots, each with a hot buffer per layer
+    hot_slots       B  hot rows per (layer, request)
+    window          W  newest tokens kept resident as a ring in hot slots [0, W)
+    topk            k  selected tokens per (layer, request, step)
+    page_size       P  tokens per page of the host tier and the index-key pool
+    num_pages          pages in the host tier; the index-key pool has as many
+    max_context        most tokens one request may hold (prompt + generated)
+    row_format         "bf16" (1152 B rows) or "fp8" (656 B rows)
+    index_format       "bf16" (256 B index keys) or "fp8" (132 B)
+    """
+
+    num_layers: int
+    max_requests: int
+    hot_slots: int
+    window: int
+    topk: int
+    page_size: int
+    num_pages: int
+    max_context: int
+    row_format: str = "bf16"
+    index_format: str = "bf16"
+    version: int = LAYOUT_VERSION
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "max_requests", "hot_slots", "topk", "page_size",
+                     "num_pages", "max_context"):
+            if getattr(self, name) <= 0:
+                raise LayoutError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.window < 1:
+            raise LayoutError(f"window must be at least 1 (the token being decoded), got {self.window}")
+        if self.hot_slots - self.window < self.topk:
+            raise LayoutError(
+                f"hot_slots - window must be >= topk so every miss finds a victim: "
+                f"{self.hot_slots} - {self.window} < {self.topk}")
+        if self.row_format not in ROW_FORMATS:
+            raise LayoutError(f"row_format must be one of {sorted(ROW_FORMATS)}, got {self.row_format!r}")
+        if self.index_format not in INDEX_FORMATS:
+            raise LayoutError(f"index_format must be one of {sorted(INDEX_FORMATS)}, got {self.index_format!r}")
+        if self.version != LAYOUT_VERSION:
+            raise LayoutError(f"layout version {self.version} is not {LAYOUT_VERSION}")
+        if self.hot_slots >= 2**31 or self.max_context >= 2**31:
+            raise LayoutError("hot_slots and max_context must fit in int32")
+
+    @property
+    def row_bytes(self) -> int:
+        return ROW_FORMATS[self.row_format]
+
+    @property
+    def index_bytes(self) -> int:
+        return INDEX_FORMATS[self.index_format]
+
+    @property
+    def lru_slots(self) -> int:
+        """Hot slots managed by LRU: [window, hot_slots)."""
+        return self.hot_slots - self.window
+
+    @property
+    def max_pages_per_request(self) -> int:
+        return -(-self.max_context // self.page_size)
+
+    def pages_for(self, tokens: int) -> int:
+        return -(-tokens // self.page_size)
+
+    @property
+    def host_tier_bytes(self) -> int:
+        return self.num_pages * self.num_layers * self.page_size * self.row_bytes
+
+    @property
+    def hot_buffer_bytes(self) -> int:
+        return self.num_layers * self.max_requests * self.hot_slots * self.row_bytes
+
+    @property
+    def index_pool_bytes(self) -> int:
+        return self.num_layers * self.num_pages * self.page_size * self.index_bytes
+
+    @property
+    def residency_bytes(self) -> int:
+        """token_slot + slot_token + lru_order, int32 each."""
+        per_layer = self.max_requests * (self.max_context + self.hot_slots + self.lru_slots)
+        return 4 * self.num_layers * per_layer
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "KVLayout":
+        return cls(**d)
+
+    def check_matches(self, other: "KVLayout") -> None:
+        if self != other:
+            diff = {f.name: (getattr(self, f.name), getattr(other, f.name))
+                    for f in dataclasses.fields(self) if getattr(self, f.name) != getattr(other, f.name)}
+            raise LayoutError(f"layout mismatch (ours, theirs): {diff}")
