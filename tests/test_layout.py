@@ -1,0 +1,71 @@
+import pytest
+import torch
+
+from kv_service.layout import KVLayout, LayoutError, MODE_OFFLOADED, MODE_RESIDENT
+from kv_service.memory import allocate_local, free_request, reset_request, tensor_specs
+
+
+def small(**kw) -> KVLayout:
+    base = dict(num_layers=2, max_requests=3, hot_slots=24, window=3, topk=13, page_size=5,
+                num_pages=40, max_context=97)
+    base.update(kw)
+    return KVLayout(**base)
+
+
+@pytest.mark.parametrize("field,value", [("num_layers", 0), ("max_requests", -1), ("page_size", 0),
+                                         ("window", 0), ("row_format", "fp16"),
+                                         ("index_format", "int4"), ("version", 99)])
+def test_invalid_layouts_are_refused(field, value):
+    with pytest.raises(LayoutError):
+        small(**{field: value})
+
+
+def test_window_and_topk_must_fit_the_hot_buffer():
+    with pytest.raises(LayoutError, match="victim"):
+        small(hot_slots=15, window=3, topk=13)
+    assert small(hot_slots=16, window=3, topk=13).lru_slots == 13
+
+
+def test_derived_sizes():
+    lay = small(row_format="fp8", index_format="fp8")
+    assert lay.row_bytes == 656 and lay.index_bytes == 132
+    assert lay.max_pages_per_request == 20  # ceil(97 / 5)
+    assert lay.pages_for(11) == 3
+    assert lay.host_tier_bytes == 40 * 2 * 5 * 656
+    specs = tensor_specs(lay)
+    assert specs["host_kv"][0] == (40, 2, 5, 656)
+    assert specs["lru_order"][0] == (2, 3, 21)
+
+
+def test_dict_round_trip_and_mismatch_report():
+    lay = small()
+    assert KVLayout.from_dict(lay.to_dict()) == lay
+    with pytest.raises(LayoutError, match="hot_slots"):
+        lay.check_matches(small(hot_slots=30))
+
+
+def test_reset_and_free_request():
+    lay = small()
+    kv = allocate_local(lay)
+    kv.token_slot[:, 1].fill_(7)
+    kv.slot_token[:, 1].fill_(7)
+    kv.lru_order[:, 1].fill_(0)
+    reset_request(kv, 1, MODE_OFFLOADED, [4, 9, 2])
+    assert kv.page_table[1, :3].tolist() == [4, 9, 2]
+    assert (kv.page_table[1, 3:] == -1).all()
+    assert (kv.token_slot[:, 1] == -1).all() and (kv.slot_token[:, 1] == -1).all()
+    assert kv.lru_order[0, 1].tolist() == list(range(3, 24))
+    assert kv.req_mode[1] == MODE_OFFLOADED and kv.req_mode[0] == 0
+    free_request(kv, 1)
+    assert kv.req_mode[1] == 0 and (kv.page_table[1] == -1).all()
+    with pytest.raises(ValueError):
+        reset_request(kv, 0, MODE_RESIDENT, list(range(21)))
+
+
+def test_tensors_refuse_wrong_shapes():
+    lay = small()
+    kv = allocate_local(lay)
+    fields = {n: getattr(kv, n) for n in tensor_specs(lay)}
+    fields["hit_flag"] = torch.zeros((3, 25), dtype=torch.int8)
+    with pytest.raises(ValueError, match="hit_flag"):
+        type(kv)(layout=lay, **fields)
