@@ -1,0 +1,113 @@
+"""KV append: store the KV row and indexer key of new tokens of one layer.
+
+Resident requests keep token t at hot slot t. Offloaded requests write every token to the host
+tier (so a later miss on it reads the right bytes) and only the newest W tokens to the window ring:
+within a prefill chunk at most one token maps to each ring slot, so no two programs race on one.
+Row addresses: docs/ARCHITECTURE.md.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.uva import UVATensor
+
+ROWS_PER_PROGRAM = 4
+
+
+@triton.jit
+def _load_rows(ptr, rows, mask, WORDS: tl.constexpr, BLOCK: tl.constexpr):
+    w = tl.arange(0, BLOCK)
+    return tl.load(ptr + rows[:, None] * WORDS + w[None, :],
+                   mask=mask[:, None] & (w < WORDS)[None, :])
+
+
+@triton.jit
+def _store_rows(ptr, rows, mask, words, WORDS: tl.constexpr, BLOCK: tl.constexpr):
+    w = tl.arange(0, BLOCK)
+    tl.store(ptr + rows[:, None] * WORDS + w[None, :], words,
+             mask=mask[:, None] & (w < WORDS)[None, :])
+
+
+@triton.jit(do_not_specialize=["layer"])
+def _kv_append_kernel(kv_ptr, index_ptr, req_slots_ptr, positions_ptr, seq_lens_ptr,
+                      req_mode_ptr, page_table_ptr, host_ptr, hot_ptr, pool_ptr,
+                      layer, n, R, B, max_pages, num_pages, L: tl.constexpr, P: tl.constexpr,
+                      W: tl.constexpr, KV_WORDS: tl.constexpr, INDEX_WORDS: tl.constexpr,
+                      BLOCK_KV: tl.constexpr, BLOCK_INDEX: tl.constexpr, ROWS: tl.constexpr):
+    # Rows move as int32 words (D and I are multiples of 4) so the copies vectorize.
+    kv_ptr = kv_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+    index_ptr = index_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+    host_ptr = host_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+    hot_ptr = hot_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+    pool_ptr = pool_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+    i = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    live = i < n
+    r = tl.load(req_slots_ptr + i, mask=live, other=-1)
+    t = tl.load(positions_ptr + i, mask=live, other=-1)
+    seq_len = tl.load(seq_lens_ptr + i, mask=live, other=0)
+    r_ok = live & (r >= 0) & (r < R)
+    mode = tl.load(req_mode_ptr + r, mask=r_ok, other=0)
+    ok = r_ok & ((mode == 1) | (mode == 2)) & (t >= 0) & (t < seq_len) & (t < max_pages * P)
+    page = tl.load(page_table_ptr + r.to(tl.int64) * max_pages + t // P, mask=ok, other=-1)
+    ok = ok & (page >= 0) & (page < num_pages)
+    page = page.to(tl.int64)
+    to_host = ok & (mode == 2)
+    # Resident: slot t. Offloaded: ring slot t % W, written only for the newest W tokens.
+    to_hot = (ok & (mode == 1) & (t < B)) | (to_host & (t >= seq_len - W))
+    slot = tl.where(mode == 1, t, t % W)
+    src = i.to(tl.int64)
+    kv = _load_rows(kv_ptr, src, ok, KV_WORDS, BLOCK_KV)
+    _store_rows(hot_ptr, (layer * R + r).to(tl.int64) * B + slot, to_hot, kv, KV_WORDS, BLOCK_KV)
+    _store_rows(host_ptr, (page * L + layer) * P + t % P, to_host, kv, KV_WORDS, BLOCK_KV)
+    index = _load_rows(index_ptr, src, ok, INDEX_WORDS, BLOCK_INDEX)
+    _store_rows(pool_ptr, (layer * num_pages + page) * P + t % P, ok, index, INDEX_WORDS,
+                BLOCK_INDEX)
+
+
+def _check(specs: dict) -> None:
+    for name, (x, dtype, shape) in specs.items():
+        if x.dtype is not dtype or tuple(x.shape) != tuple(shape) or not x.is_contiguous():
+            raise ValueError(f"{name}: expected contiguous {tuple(shape)} {dtype}, "
+                             f"got {tuple(x.shape)} {x.dtype}")
+
+
+def kv_append(layer: int, kv_rows: torch.Tensor, index_rows: torch.Tensor,
+              req_slots: torch.Tensor, positions: torch.Tensor, seq_lens: torch.Tensor,
+              req_mode: torch.Tensor, page_table: torch.Tensor,
+              host_kv: Union[torch.Tensor, UVATensor], hot_kv: torch.Tensor,
+              index_pool: torch.Tensor, *, window: int) -> None:
+    """Store N new tokens' rows of layer `layer`.
+
+    kv_rows [N, D] uint8, index_rows [N, I] uint8; req_slots, positions, seq_lens [N] int32
+    (seq_len of the row's request after this append); req_mode [R] int32;
+    page_table [R, max_pages] int32; host_kv [num_pages, L, P, D] uint8 (its UVATensor on GPU);
+    hot_kv [L, R, B, D] uint8; index_pool [L, num_pages, P, I] uint8. D and I multiples of 4.
+    A row is written only if its slot is in [0, R) with mode 1 or 2, 0 <= position <
+    min(seq_len, max_pages * P) and its page is in [0, num_pages); other rows write nothing.
+    Launch-only: graph capturable.
+    """
+    (num_pages, L, P, D), (_, R, B, _), (n, I) = host_kv.shape, hot_kv.shape, index_rows.shape
+    if D % 4 or I % 4 or not 1 <= window <= B or not 0 <= layer < L:
+        raise ValueError(f"bad sizes: D={D} I={I} window={window} B={B} layer={layer} L={L}")
+    if hot_kv.is_cuda and isinstance(host_kv, torch.Tensor) and not host_kv.is_cuda:
+        raise TypeError("on GPU pass the host tier as a kernels.uva.UVATensor")
+    u8, i32 = torch.uint8, torch.int32
+    _check({"kv_rows": (kv_rows, u8, (n, D)), "index_rows": (index_rows, u8, (n, I)),
+            "req_slots": (req_slots, i32, (n,)), "positions": (positions, i32, (n,)),
+            "seq_lens": (seq_lens, i32, (n,)), "req_mode": (req_mode, i32, (R,)),
+            "page_table": (page_table, i32, (R, page_table.shape[1])),
+            "host_kv": (host_kv, u8, (num_pages, L, P, D)), "hot_kv": (hot_kv, u8, (L, R, B, D)),
+            "index_pool": (index_pool, u8, (L, num_pages, P, I))})
+    if n == 0:
+        return
+    _kv_append_kernel[(triton.cdiv(n, ROWS_PER_PROGRAM),)](
+        kv_rows, index_rows, req_slots, positions, seq_lens, req_mode, page_table, host_kv,
+        hot_kv, index_pool,
+        layer, n, R, B, page_table.shape[1], num_pages, L=L, P=P, W=window, KV_WORDS=D // 4,
+        INDEX_WORDS=I // 4, BLOCK_KV=triton.next_power_of_2(D // 4),
+        BLOCK_INDEX=triton.next_power_of_2(I // 4), ROWS=ROWS_PER_PROGRAM, num_warps=4)

@@ -1,0 +1,64 @@
+"""Exact-LRU model of one (layer, request) of an offloaded request, in plain Python.
+
+Written independently of the plan kernel: instead of partitioning an order it keeps a recency
+key per LRU slot and sorts. Slots touched at a step are newer than untouched ones; among them the
+hit slots keep their old relative recency and the newly filled victims are newest, in miss order.
+"""
+
+from __future__ import annotations
+
+
+class LRUSim:
+    """Hot slots [0, W) are the window ring; slots [W, B) are managed by exact LRU."""
+
+    def __init__(self, hot_slots: int, window: int) -> None:
+        self.B, self.W = hot_slots, window
+        # Smaller key = less recently used. Initially slot W is the least recent.
+        self.key = {s: s for s in range(window, hot_slots)}
+        self.holds: dict[int, int] = {}   # slot -> token
+        self.where: dict[int, int] = {}   # token -> slot
+
+    def order(self) -> list[int]:
+        """LRU slots, least recently used first."""
+        return sorted(self.key, key=self.key.__getitem__)
+
+    def step(self, topk: list[int], seq_len: int):
+        """Serve one top-k selection.
+
+        Returns (slots, misses, evicted): the hot slot of each entry (-1 for bad positions),
+        [(entry index, token, victim slot)] in top-k order, and the tokens evicted.
+        """
+        slots: list[int] = []
+        hit_slots: set[int] = set()
+        missed: list[int] = []
+        for i, t in enumerate(topk):
+            if not 0 <= t < seq_len:
+                slots.append(-1)
+            elif t >= seq_len - self.W:
+                slots.append(t % self.W)
+            elif t in self.where:
+                slots.append(self.where[t])
+                hit_slots.add(self.where[t])
+            else:
+                slots.append(-1)
+                missed.append(i)
+        untouched = [s for s in self.order() if s not in hit_slots]
+        victims = untouched[:len(missed)]
+        assert len(victims) == len(missed), "more misses than evictable slots"
+        new_key = {s: (0, self.key[s]) for s in self.key}
+        for s in hit_slots:
+            new_key[s] = (1, self.key[s])
+        for j, v in enumerate(victims):
+            new_key[v] = (2, j)
+        ranked = sorted(new_key, key=new_key.__getitem__)
+        self.key = {s: rank for rank, s in enumerate(ranked)}
+        evicted, misses = [], []
+        for i, v in zip(missed, victims):
+            if v in self.holds:
+                evicted.append(self.holds[v])
+                del self.where[self.holds[v]]
+            t = topk[i]
+            self.holds[v], self.where[t] = t, v
+            slots[i] = v
+            misses.append((i, t, v))
+        return slots, misses, evicted

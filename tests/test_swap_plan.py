@@ -1,0 +1,259 @@
+"""swap_plan: exact equality with its reference, agreement with the exact-LRU simulator over
+multi-step traces, and bad input that must touch nothing."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from kernels.reference import ref_swap_plan
+from kernels.swap_plan import swap_plan
+from lru_simulator import LRUSim
+
+POISON = 12345
+GUARD = 64
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+STATE = ("req_mode", "page_table", "token_slot", "slot_token", "lru_order", "hit_flag")
+# Guard sentinels: a valid slot number in token_slot (a stray read would turn a skip into a hit),
+# values the kernel never writes elsewhere.
+SENTINEL = {"token_slot": 5, "slot_token": -7, "lru_order": -7, "hit_flag": 7, "req_mode": 2,
+            "page_table": 3}
+
+
+@dataclass(frozen=True)
+class Cfg:
+    L: int = 2
+    R: int = 19
+    B: int = 24
+    W: int = 3
+    k: int = 13
+    P: int = 5
+    C: int = 61
+
+
+class State:
+    """Plan state tensors, each inside a buffer whose guard bands hold a sentinel."""
+
+    def __init__(self, cfg: Cfg, device, values: dict[str, torch.Tensor]) -> None:
+        self.cfg, self.bufs = cfg, {}
+        for name, v in values.items():
+            buf = torch.full((2 * GUARD + v.numel(),), SENTINEL[name], dtype=v.dtype, device=device)
+            buf[GUARD:GUARD + v.numel()] = v.flatten().to(device)
+            self.bufs[name] = buf
+            setattr(self, name, buf[GUARD:GUARD + v.numel()].view(v.shape))
+
+    def clone(self) -> "State":
+        return State(self.cfg, self.hit_flag.device, {n: getattr(self, n).clone() for n in STATE})
+
+    def assert_guards(self) -> None:
+        for name, buf in self.bufs.items():
+            sentinel = SENTINEL[name]
+            assert (buf[:GUARD] == sentinel).all() and (buf[-GUARD:] == sentinel).all(), name
+
+
+def fresh_state(cfg: Cfg, device, modes: list[int]) -> State:
+    """Empty residency (as after admission), every request's pages mapped."""
+    L, R, B, W, C, P = cfg.L, cfg.R, cfg.B, cfg.W, cfg.C, cfg.P
+    pages = -(-C // P)
+    return State(cfg, device, {
+        "req_mode": torch.tensor(modes, dtype=torch.int32),
+        "page_table": torch.randperm(R * pages).int().view(R, pages),
+        "token_slot": torch.full((L, R, C), -1, dtype=torch.int32),
+        "slot_token": torch.full((L, R, B), -1, dtype=torch.int32),
+        "lru_order": torch.arange(W, B, dtype=torch.int32).repeat(L, R, 1),
+        "hit_flag": torch.zeros((R, B), dtype=torch.int8)})
+
+
+def random_state(cfg: Cfg, device, rng: random.Random) -> State:
+    """Random modes and a random consistent residency in every (layer, request)."""
+    st = fresh_state(cfg, device, [rng.choice([0, 1, 2, 2]) for _ in range(cfg.R)])
+    ts, sl, order = st.token_slot.cpu(), st.slot_token.cpu(), st.lru_order.cpu()
+    for l in range(cfg.L):
+        for r in range(cfg.R):
+            slots = list(range(cfg.W, cfg.B))
+            rng.shuffle(slots)
+            order[l, r] = torch.tensor(slots)
+            for s, t in zip(slots[:rng.randint(0, len(slots))], rng.sample(range(cfg.C), cfg.C)):
+                ts[l, r, t], sl[l, r, s] = s, t
+    for name, v in (("token_slot", ts), ("slot_token", sl), ("lru_order", order)):
+        getattr(st, name).copy_(v)
+    return st
+
+
+def outputs(bs: int, k: int, device) -> list[torch.Tensor]:
+    return [torch.full((bs, k), POISON, dtype=torch.int32, device=device),
+            torch.full((bs, k), POISON, dtype=torch.int64, device=device),
+            torch.full((bs, k), POISON, dtype=torch.int64, device=device),
+            torch.full((bs,), POISON, dtype=torch.int32, device=device)]
+
+
+def plan(fn, st: State, layer: int, topk, seq_lens, req_slots) -> list[torch.Tensor]:
+    dev = st.hit_flag.device
+    outs = outputs(len(topk), st.cfg.k, dev)
+    as_t = lambda x: torch.tensor(x, dtype=torch.int32, device=dev)  # noqa: E731
+    fn(layer, as_t(topk), as_t(seq_lens), as_t(req_slots), *(getattr(st, n) for n in STATE),
+       *outs, num_layers=st.cfg.L, page_size=st.cfg.P, window=st.cfg.W)
+    return outs
+
+
+def plan_both(st: State, layer: int, topk, seq_lens, req_slots) -> list[torch.Tensor]:
+    """Run kernel and reference on copies of one state; assert identical results."""
+    ref_st = st.clone()
+    outs = plan(swap_plan, st, layer, topk, seq_lens, req_slots)
+    ref_outs = plan(ref_swap_plan, ref_st, layer, topk, seq_lens, req_slots)
+    for got, want in zip(outs, ref_outs):
+        assert torch.equal(got, want)
+    for name in STATE:
+        assert torch.equal(getattr(st, name), getattr(ref_st, name)), name
+    assert not st.hit_flag.any()
+    st.assert_guards()
+    return outs
+
+
+def random_row(rng: random.Random, k: int, seq_len: int, C: int) -> list[int]:
+    """Distinct valid positions mixed with padding and bad values, in random order."""
+    valid = rng.sample(range(seq_len), rng.randint(0, min(k, seq_len))) if seq_len > 0 else []
+    bad = [-1, -1, -3, seq_len, seq_len + 2, C, 2**31 - 1, -2**31]
+    row = valid + [rng.choice(bad) for _ in range(k - len(valid))]
+    rng.shuffle(row)
+    return row
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bs", [1, 3, 17])
+@pytest.mark.parametrize("cfg", [Cfg(), Cfg(L=3, R=17, B=21, W=1, k=7, P=4, C=37),
+                                 Cfg(L=1, R=3, B=600, W=64, k=257, P=64, C=3001)])
+def test_plan_matches_reference(device, bs, cfg):
+    rng = random.Random(bs * 1000 + cfg.k)
+    torch.manual_seed(bs)
+    st = random_state(cfg, device, rng)
+    slots = rng.sample(range(cfg.R), min(bs, cfg.R))
+    req_slots = [slots[b] if b < len(slots) and rng.random() < 0.85 else -1 for b in range(bs)]
+    # Both k < seq_len and k > seq_len, and seq_len beyond max_context (clamped).
+    seq_lens = [rng.choice([rng.randint(0, cfg.k), rng.randint(cfg.k, cfg.C + 4)])
+                for _ in range(bs)]
+    topk = [random_row(rng, cfg.k, min(s, cfg.C), cfg.C) for s in seq_lens]
+    for layer in (cfg.L - 1, 0):
+        outs = plan_both(st, layer, topk, seq_lens, req_slots)
+        count = outs[3].tolist()
+        assert all(c == 0 for c, r in zip(count, req_slots) if r < 0)
+
+
+def next_selection(rng, prev: list[int], seq_len: int, k: int, overlap: float) -> list[int]:
+    """k positions (fewer, padded with -1, when seq_len < k) keeping `overlap` of `prev`."""
+    keep = rng.sample(prev, int(overlap * len(prev)))
+    fresh = [t for t in rng.sample(range(seq_len), min(seq_len, 3 * k)) if t not in keep]
+    sel = keep + fresh[:min(k, seq_len) - len(keep)]
+    if rng.random() < 0.5:
+        sel.sort()
+    else:
+        rng.shuffle(sel)
+    return sel + [-1] * (k - len(sel))
+
+
+def check_against_sim(st: State, layer, r, row, seq_len, b, outs, sim: LRUSim) -> list[int]:
+    cfg = st.cfg
+    slots, misses, evicted = sim.step(row, seq_len)
+    assert outs[0][b].tolist() == slots
+    assert outs[3][b].item() == len(misses)
+    pages = st.page_table[r].tolist()
+    for j, (_, t, v) in enumerate(misses):
+        assert outs[1][b, j].item() == (pages[t // cfg.P] * cfg.L + layer) * cfg.P + t % cfg.P
+        assert outs[2][b, j].item() == (layer * cfg.R + r) * cfg.B + v
+    assert st.lru_order[layer, r].tolist() == sim.order()
+    assert st.token_slot[layer, r].tolist() == [sim.where.get(t, -1) for t in range(cfg.C)]
+    assert st.slot_token[layer, r].tolist() == [sim.holds.get(s, -1) for s in range(cfg.B)]
+    return evicted
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("overlap", [0.0, 0.5, 0.9])
+def test_plan_follows_lru_simulator(device, overlap):
+    cfg = Cfg(L=2, R=5, B=24, W=3, k=13, P=5, C=70)
+    rng = random.Random(int(overlap * 10))
+    torch.manual_seed(1)
+    st = fresh_state(cfg, device, [2, 0, 2, 1, 2])
+    req_slots = [4, -1, 0, 2]
+    seq_lens = [30, 0, 9, 45]
+    sims = {(l, r): LRUSim(cfg.B, cfg.W) for l in range(cfg.L) for r in req_slots if r >= 0}
+    prev = {key: [] for key in sims}
+    evicted = hits = 0
+    for _ in range(8):
+        seq_lens = [s + rng.randint(1, 3) if s else 0 for s in seq_lens]
+        for layer in range(cfg.L):
+            rows = [next_selection(rng, prev.get((layer, r), []), s, cfg.k, overlap)
+                    for r, s in zip(req_slots, seq_lens)]
+            outs = plan_both(st, layer, rows, seq_lens, req_slots)
+            for b, (r, row, s) in enumerate(zip(req_slots, rows, seq_lens)):
+                if r < 0:
+                    continue
+                prev[layer, r] = [t for t in row if t >= 0]
+                evicted += len(check_against_sim(st, layer, r, row, s, b, outs, sims[layer, r]))
+                hits += sum(1 for t, v in zip(row, outs[0][b].tolist()) if 0 <= t < s - cfg.W
+                            and v >= 0) - outs[3][b].item()
+    assert evicted > 0 and (hits > 0 or overlap == 0.0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_input_touches_nothing(device):
+    cfg = Cfg(R=6)
+    rng = random.Random(7)
+    torch.manual_seed(7)
+    st = random_state(cfg, device, rng)
+    st.req_mode.copy_(torch.tensor([2, 1, 0, 2, 2, 2]))
+    st.page_table[5, 2:] = -1  # pages 2.. of request 5 unmapped and nothing of it resident
+    st.token_slot[:, 5] = -1
+    st.slot_token[:, 5] = -1
+    before = st.clone()
+    huge = [-1, -5, 40, 41, cfg.C, cfg.C + 100, 2**31 - 1, -2**31, 39, 40, 60, -1, 2**30]
+    req_slots = [-1, cfg.R, 2**31 - 1, 2, 0, 1, 3, 4, 5]
+    seq_lens = [40, 40, 40, 40, 40, 2**31 - 1, -3, 0, 60]
+    # Row 5 (resident, seq clamped to C): only t < B selects. Row 8: t >= 10 has no page.
+    topk = [list(range(13))] * 4 + [huge, [0, 23, 24, 60, 61] + [-1] * 8] + [list(range(13))] * 2 \
+        + [list(range(10, 23))]
+    outs = plan_both(st, 1, topk, seq_lens, req_slots)
+    expect = [[-1] * 13] * 4 + [[-1] * 8 + [39 % 3] + [-1] * 4, [0, 23] + [-1] * 11] \
+        + [[-1] * 13] * 2 + [[-1] * 13]
+    assert outs[0].tolist() == expect
+    assert outs[3].tolist() == [0] * 9
+    assert (outs[1] == POISON).all() and (outs[2] == POISON).all()
+    for name in STATE:
+        assert torch.equal(getattr(st, name), getattr(before, name)), name
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_duplicate_positions_stay_in_bounds(device):
+    cfg = Cfg(R=4)
+    rng = random.Random(3)
+    torch.manual_seed(3)
+    st = random_state(cfg, device, rng)
+    st.req_mode.copy_(torch.tensor([2, 2, 1, 2]))
+    for step in range(4):
+        topk = [[rng.randint(0, 20) for _ in range(cfg.k)] for _ in range(4)]
+        outs = plan(swap_plan, st, step % cfg.L, topk, [40, 25, 21, 60], [0, 1, 2, 3])
+        st.assert_guards()
+        assert not st.hit_flag.any()
+        assert ((outs[0] >= -1) & (outs[0] < cfg.B)).all()
+        for b, r in enumerate([0, 1, 2, 3]):
+            count = outs[3][b].item()
+            assert 0 <= count <= cfg.k
+            base = (step % cfg.L * cfg.R + r) * cfg.B
+            dst = outs[2][b, :count]
+            assert ((dst >= base + cfg.W) & (dst < base + cfg.B)).all()
+            assert sorted(st.lru_order[step % cfg.L, r].tolist()) == list(range(cfg.W, cfg.B))
+
+
+def test_wrapper_rejects_bad_shapes():
+    cfg = Cfg(R=3)
+    st = fresh_state(cfg, "cpu", [2, 2, 2])
+    topk = [[0] * cfg.k]
+    with pytest.raises(ValueError):
+        plan(swap_plan, st, cfg.L, topk, [5], [0])
+    st.token_slot = st.token_slot.to(torch.int64)
+    with pytest.raises(ValueError):
+        plan(swap_plan, st, 0, topk, [5], [0])
+    with pytest.raises(ValueError):
+        plan(swap_plan, fresh_state(Cfg(R=3, B=15), "cpu", [2, 2, 2]), 0, topk, [5], [0])
