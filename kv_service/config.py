@@ -1,0 +1,69 @@
+"""The service's configuration: one frozen, validated dataclass, built once in __main__ and
+passed down explicitly."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kv_service.layout import KVLayout
+
+# sun_path of a sockaddr_un holds 108 bytes including the terminating NUL.
+MAX_UDS_PATH_BYTES = 107
+DEVICES = ("auto", "cpu", "cuda")
+SOCKET_MODES = (0o600, 0o660)
+INSTANCE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def default_uds_path(env: dict[str, str]) -> str:
+    """$XDG_RUNTIME_DIR is per user and not world-writable, so prefer it over /tmp."""
+    base = env.get("XDG_RUNTIME_DIR") or "/tmp"
+    return str(Path(base) / "hisparse-kv.sock")
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """Everything `python -m kv_service` can be told. See `--help` for each field's meaning."""
+
+    layout: KVLayout
+    uds: str
+    tcp: str | None = None
+    device: str = "auto"
+    token: str | None = field(default=None, repr=False)
+    lease_seconds: float = 30.0
+    drain_timeout: float = 30.0
+    metrics_port: int | None = None
+    shm_dir: str = "/dev/shm"
+    instance: str = "hisparse-kv"
+    socket_mode: int = 0o600
+    max_message_bytes: int = 4 * 1024 * 1024
+    warmup: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.uds:
+            raise ValueError("uds path must be set")
+        if len(os.fsencode(self.uds)) > MAX_UDS_PATH_BYTES:
+            raise ValueError(f"uds path is longer than {MAX_UDS_PATH_BYTES} bytes: {self.uds}")
+        if self.tcp is not None and not re.fullmatch(r"(\[[0-9a-fA-F:]+\]|[\w.-]*):\d{1,5}", self.tcp):
+            raise ValueError(f"tcp must be HOST:PORT, got {self.tcp!r}")
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
+        if self.token is not None and (not self.token or not self.token.isprintable()
+                                       or " " in self.token):
+            raise ValueError("token must be non-empty printable text without spaces")
+        if not 0 < self.lease_seconds <= 86400:
+            raise ValueError(f"lease_seconds must be in (0, 86400], got {self.lease_seconds}")
+        if not 0 <= self.drain_timeout <= 3600:
+            raise ValueError(f"drain_timeout must be in [0, 3600], got {self.drain_timeout}")
+        if self.metrics_port is not None and not 0 < self.metrics_port < 65536:
+            raise ValueError(f"metrics_port must be in 1..65535, got {self.metrics_port}")
+        if not Path(self.shm_dir).is_dir():
+            raise ValueError(f"shm_dir is not a directory: {self.shm_dir}")
+        if not INSTANCE_RE.match(self.instance):
+            raise ValueError(f"instance must match {INSTANCE_RE.pattern}, got {self.instance!r}")
+        if self.socket_mode not in SOCKET_MODES:
+            raise ValueError(f"socket_mode must be 0600 or 0660, got {oct(self.socket_mode)}")
+        if not 64 * 1024 <= self.max_message_bytes <= 1 << 30:
+            raise ValueError(f"max_message_bytes must be in [64 KiB, 1 GiB], got {self.max_message_bytes}")

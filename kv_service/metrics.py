@@ -1,0 +1,76 @@
+"""Prometheus metrics of one service, in its own registry (no process-global state).
+
+Counters and occupancy are read from the core at scrape time, so the core stays the single
+source of truth; only latencies are recorded as they happen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from kv_service.core import CoreStats
+
+# RPCs over UDS take ~0.2-0.6 ms; remote swaps 30 us to a few ms per layer.
+LATENCY_BUCKETS = (25e-6, 50e-6, 100e-6, 200e-6, 400e-6, 800e-6, 1.6e-3, 3.2e-3, 6.4e-3,
+                   12.8e-3, 25.6e-3, 51.2e-3, 0.1, 0.5, 2.0)
+
+
+class _CoreCollector(Collector):
+    def __init__(self, stats: Callable[[], CoreStats]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        s = self._stats()
+        for name, doc, value in (
+                ("kvs_hits", "top-k positions served from the hot buffer", s.hits),
+                ("kvs_misses", "top-k positions copied from the host tier", s.misses),
+                ("kvs_host_to_device_bytes", "bytes copied host -> device", s.bytes_moved),
+                ("kvs_admitted", "requests admitted", s.admitted_total),
+                ("kvs_rejected", "admissions refused for capacity", s.rejected_total),
+                ("kvs_expired_sessions", "sessions whose lease expired", s.expired_sessions_total)):
+            yield CounterMetricFamily(name, doc, value=value)
+        for name, doc, used, total in (
+                ("kvs_host_pages", "host-tier pages holding offloaded requests",
+                 s.offloaded_pages_used, s.pages_total),
+                ("kvs_index_pages", "index-key pool pages reserved (all requests)",
+                 s.pages_used, s.pages_total),
+                ("kvs_device_slots", "request slots (hot buffers) in use",
+                 s.slots_used, s.slots_total)):
+            yield GaugeMetricFamily(f"{name}_used", doc, value=used)
+            yield GaugeMetricFamily(f"{name}_total", doc, value=total)
+        yield GaugeMetricFamily("kvs_sessions", "live sessions", value=s.sessions)
+        yield GaugeMetricFamily("kvs_requests", "live requests", value=s.requests)
+        yield GaugeMetricFamily("kvs_draining", "1 while draining", value=int(s.draining))
+
+
+class ServiceMetrics:
+    """Latency histograms plus, once bound, the core's counters and occupancy."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.rpc_seconds = Histogram("kvs_rpc_seconds", "server time per RPC or Session message",
+                                     ["method", "code"], buckets=LATENCY_BUCKETS,
+                                     registry=self.registry)
+        self.swap_seconds = Histogram("kvs_remote_swap_seconds",
+                                      "service time of one RemoteSwap layer",
+                                      buckets=LATENCY_BUCKETS, registry=self.registry)
+
+    def bind(self, stats: Callable[[], CoreStats]) -> None:
+        self.registry.register(_CoreCollector(stats))
+
+    def observe_rpc(self, method: str, code: str, seconds: float) -> None:
+        self.rpc_seconds.labels(method=method, code=code).observe(seconds)
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> Callable[[], None]:
+        """Start the /metrics HTTP endpoint; returns its stop function."""
+        server, thread = start_http_server(port, addr=addr, registry=self.registry)
+
+        def stop() -> None:
+            server.shutdown()
+            server.server_close()
+            thread.join(timeout=5)
+        return stop

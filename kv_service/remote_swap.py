@@ -1,0 +1,164 @@
+"""The service side of RemoteSwap: one layer's swap-in launched by the service process, for
+engines that cannot launch our kernels (and to measure what in-stream swap saves).
+
+The batch inputs and the plan's outputs live in exchange tensors ("xchg_*") that the service
+allocates once and exports at attach; one session at a time owns them, because two engines
+writing the same inputs would race. On CUDA the service runs on its own stream, ordered with
+the engine's stream by two interprocess events: the engine records "xchg_ready" after writing
+the inputs and before sending the RPC; the service waits on it, runs the kernels, records
+"xchg_done", and the engine's stream waits on that after the reply. On CPU everything is
+synchronous.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from kv_service.errors import CapacityError, InvalidArgument
+from kv_service.layout import KVLayout
+from kv_service.memory import KVTensors
+
+EVENT_NAMES = ("xchg_ready", "xchg_done")
+
+
+def exchange_specs(layout: KVLayout) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Shape and dtype of every exchange tensor, by name; rows are batch rows."""
+    r, k = layout.max_requests, layout.topk
+    return {
+        "xchg_topk": ((r, k), torch.int32),
+        "xchg_seq_lens": ((r,), torch.int32),
+        "xchg_req_slots": ((r,), torch.int32),
+        "xchg_slots": ((r, k), torch.int32),
+        "xchg_miss_src": ((r, k), torch.int64),
+        "xchg_miss_dst": ((r, k), torch.int64),
+        "xchg_miss_count": ((r,), torch.int32),
+    }
+
+
+def create_exchange(layout: KVLayout, device: torch.device, shm_dir: str,
+                    instance: str) -> tuple[dict[str, torch.Tensor], list[dict]]:
+    """The exchange tensors as shared memory (device memory by CUDA IPC on GPU), and their
+    handles. Batch rows start as padding (request slot -1) so a stray launch touches nothing."""
+    from kv_service import segment
+
+    initial = {name: torch.zeros(shape, dtype=dtype, device=device)
+               for name, (shape, dtype) in exchange_specs(layout).items()}
+    initial["xchg_req_slots"].fill_(-1)
+    initial["xchg_topk"].fill_(-1)
+    return segment.export_extra(initial, device, shm_dir, instance)
+
+
+@dataclass(frozen=True)
+class SwapResult:
+    hits: int
+    misses: int
+    bytes_moved: int
+    seconds: float
+
+
+class RemoteSwapper:
+    """Runs swap_plan then miss_copy on the shared KVTensors for the owning session."""
+
+    def __init__(self, kv: KVTensors, exchange: dict[str, torch.Tensor]) -> None:
+        for name, (shape, dtype) in exchange_specs(kv.layout).items():
+            t = exchange[name]
+            if tuple(t.shape) != shape or t.dtype != dtype or t.device != kv.device:
+                raise ValueError(f"{name}: expected {shape} {dtype} on {kv.device}")
+        self.kv = kv
+        self.x = exchange
+        self.owner: str | None = None
+        self._cuda = kv.device.type == "cuda"
+        self.events: dict[str, torch.cuda.Event] = {}
+        if self._cuda:
+            self.stream = torch.cuda.Stream(kv.device)
+            self.events = {name: torch.cuda.Event(blocking=False, interprocess=True)
+                           for name in EVENT_NAMES}
+            for event in self.events.values():
+                # An event must be recorded once before its IPC handle can be taken.
+                event.record(self.stream)
+
+    def warm_up(self) -> None:
+        """Compile the kernels before the service reports SERVING: one padding row, so nothing
+        is read or written."""
+        self.x["xchg_req_slots"][0] = -1
+        if self._cuda:
+            self.events["xchg_ready"].record(self.stream)
+            self._run_cuda(0, 1)
+        else:
+            self._launch(0, 1)
+
+    def event_handles(self) -> list[tuple[str, bytes]]:
+        return [(name, event.ipc_handle()) for name, event in self.events.items()]
+
+    def check_free(self, session_id: str) -> None:
+        """Raise unless `session_id` ("" for a session not yet created) may own the exchange."""
+        if self.owner not in (None, session_id):
+            raise CapacityError("remote swap exchange is owned by another session",
+                                exchanges_free=0, exchanges_total=1)
+
+    def claim(self, session_id: str) -> None:
+        self.check_free(session_id)
+        self.owner = session_id
+
+    def session_closed(self, session_id: str) -> None:
+        if self.owner == session_id:
+            self.owner = None
+
+    def run(self, session_id: str, layer: int, batch_size: int,
+            allowed_slots: set[int]) -> SwapResult:
+        """Swap in `layer` for batch rows [0, batch_size) of the exchange tensors."""
+        lay = self.kv.layout
+        if self.owner != session_id:
+            raise InvalidArgument("this session does not own the remote swap exchange: "
+                                  "attach with remote_swap = true")
+        if not 0 <= layer < lay.num_layers:
+            raise InvalidArgument(f"layer {layer} outside [0, {lay.num_layers})", layer=layer)
+        if not 1 <= batch_size <= lay.max_requests:
+            raise InvalidArgument(f"batch_size {batch_size} outside [1, {lay.max_requests}]",
+                                  batch_size=batch_size)
+        started = time.perf_counter()
+        if self._cuda:
+            counts = self._run_cuda(layer, batch_size)
+        else:
+            self._check_slots(batch_size, allowed_slots)
+            counts = self._launch(layer, batch_size)
+        hits, misses = (int(c) for c in counts.tolist())
+        return SwapResult(hits, misses, misses * lay.row_bytes, time.perf_counter() - started)
+
+    def _check_slots(self, batch_size: int, allowed: set[int]) -> None:
+        # Kernels bound-check slots, but a session must not plan another session's request.
+        # Only on CPU: on CUDA this would cost a device sync before the launch.
+        slots = set(self.x["xchg_req_slots"][:batch_size].tolist()) - {-1}
+        if not slots <= allowed:
+            raise InvalidArgument("req_slots name slots this session does not own",
+                                  slots=sorted(slots - allowed))
+
+    def _run_cuda(self, layer: int, batch_size: int) -> torch.Tensor:
+        with torch.cuda.stream(self.stream):
+            self.stream.wait_event(self.events["xchg_ready"])
+            counts = self._launch(layer, batch_size)
+            self.events["xchg_done"].record(self.stream)
+        # The reply carries hits and misses, so the service waits for its own work here.
+        self.stream.synchronize()
+        return counts
+
+    def _launch(self, layer: int, bs: int) -> torch.Tensor:
+        """Plan and copy; returns [hits, misses] on the device, not yet synchronized."""
+        from kernels.miss_copy import miss_copy
+        from kernels.swap_plan import swap_plan
+
+        kv, x, lay = self.kv, self.x, self.kv.layout
+        out = {name: x[name][:bs] for name in x}
+        swap_plan(layer, out["xchg_topk"], out["xchg_seq_lens"], out["xchg_req_slots"],
+                  kv.req_mode, kv.page_table, kv.token_slot, kv.slot_token, kv.lru_order,
+                  kv.hit_flag, out["xchg_slots"], out["xchg_miss_src"], out["xchg_miss_dst"],
+                  out["xchg_miss_count"], num_layers=lay.num_layers, page_size=lay.page_size,
+                  window=lay.window)
+        miss_copy(kv.host_rows, kv.hot_kv, out["xchg_miss_src"], out["xchg_miss_dst"],
+                  out["xchg_miss_count"])
+        placed = (out["xchg_slots"] >= 0).sum()
+        misses = out["xchg_miss_count"].clamp(0, lay.topk).sum()
+        return torch.stack([placed - misses, misses])

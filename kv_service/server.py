@@ -1,0 +1,225 @@
+"""The service process: grpc.aio on uvloop, health, reflection, UDS (+ optional TCP), leases,
+metrics, and a graceful drain on SIGTERM.
+
+Start-up order: listen first with health NOT_SERVING (so probes get an answer while a large host
+tier is being allocated), allocate and warm up, then SERVING.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+import torch
+import uvloop
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+from kv_service import segment
+from kv_service.config import ServiceConfig
+from kv_service.core import ServiceCore
+from kv_service.interceptor import ServiceInterceptor
+from kv_service.metrics import ServiceMetrics
+from kv_service.remote_swap import RemoteSwapper, create_exchange
+from kv_service.servicer import KVCacheServicer, Runtime
+from proto.kvcache.v1 import kvcache_pb2, kvcache_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = kvcache_pb2.DESCRIPTOR.services_by_name["KVCacheService"].full_name
+HEALTH_NAMES = ("", SERVICE_NAME)
+# Streams still open after the drain get this long to finish before they are cancelled.
+STOP_GRACE_SECONDS = 1.0
+
+
+def resolve_device(choice: str) -> torch.device:
+    if choice == "auto":
+        choice = "cuda" if torch.cuda.is_available() else "cpu"
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda but CUDA is not available")
+    return torch.device("cuda", torch.cuda.current_device()) if choice == "cuda" else torch.device("cpu")
+
+
+def gpu_uuid(device: torch.device) -> str:
+    """The GPU's UUID in nvidia-smi's form ("GPU-..."), so engines can match CUDA_VISIBLE_DEVICES."""
+    if device.type != "cuda":
+        return ""
+    return f"GPU-{torch.cuda.get_device_properties(device).uuid}"
+
+
+def build_runtime(config: ServiceConfig, device: torch.device) -> Runtime:
+    """Allocate and export every shared tensor, then warm up. Runs in a worker thread."""
+    for path in segment.remove_stale_segments(config.shm_dir):
+        log.warning("removed stale segment of a dead service: %s", path)
+    kv, handles = segment.create_segments(config.layout, device, config.shm_dir, config.instance)
+    exchange, exchange_handles = create_exchange(config.layout, device, config.shm_dir,
+                                                 config.instance)
+    swapper = RemoteSwapper(kv, exchange)
+    core = ServiceCore(kv, lease_seconds=config.lease_seconds,
+                       on_session_closed=swapper.session_closed)
+    if device.type == "cuda" and config.warmup:
+        swapper.warm_up()
+        log.info("warm-up: swap kernels compiled and run once")
+    return Runtime(core=core, handles=handles, swapper=swapper, exchange_handles=exchange_handles,
+                   device=device.type, gpu_uuid=gpu_uuid(device), instance=config.instance)
+
+
+def _socket_in_use(path: str) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(path)
+        except OSError:
+            return False
+    return True
+
+
+def _prepare_uds(path: str) -> None:
+    """Remove a socket left by a dead service; refuse a live one or a non-socket file."""
+    if not os.path.lexists(path):
+        return
+    if not stat.S_ISSOCK(os.lstat(path).st_mode):
+        raise RuntimeError(f"{path} exists and is not a socket")
+    if _socket_in_use(path):
+        raise RuntimeError(f"{path}: another service is listening there")
+    os.unlink(path)
+    log.warning("removed stale socket %s", path)
+
+
+def build_server(config: ServiceConfig, servicer: KVCacheServicer,
+                 health: health_aio.HealthServicer, metrics: ServiceMetrics) -> grpc.aio.Server:
+    options = [("grpc.max_receive_message_length", config.max_message_bytes),
+               ("grpc.max_send_message_length", config.max_message_bytes),
+               # A peer that vanished without closing (TCP) is found within ~15 s, so its
+               # session's lease starts running.
+               ("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
+               ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+               ("grpc.keepalive_permit_without_calls", 1)]
+    server = grpc.aio.server(interceptors=[ServiceInterceptor(config.token, metrics)],
+                             options=options)
+    kvcache_pb2_grpc.add_KVCacheServiceServicer_to_server(servicer, server)
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+         reflection.SERVICE_NAME), server)
+    return server
+
+
+async def _listen(server: grpc.aio.Server, config: ServiceConfig) -> None:
+    _prepare_uds(config.uds)
+    # The socket file is created with the umask's mode: never let it be wider than asked.
+    old = os.umask(0o777 & ~config.socket_mode)
+    try:
+        server.add_insecure_port(f"unix:{config.uds}")
+        if config.tcp:
+            server.add_insecure_port(config.tcp)
+        await server.start()
+    finally:
+        os.umask(old)
+    os.chmod(config.uds, config.socket_mode)
+    log.info("listening on unix:%s (mode %o)%s", config.uds, config.socket_mode,
+             f" and {config.tcp}" if config.tcp else "")
+
+
+async def _set_health(health: health_aio.HealthServicer, serving: bool) -> None:
+    status = (health_pb2.HealthCheckResponse.SERVING if serving
+              else health_pb2.HealthCheckResponse.NOT_SERVING)
+    for name in HEALTH_NAMES:
+        await health.set(name, status)
+
+
+async def _expire_leases(servicer: KVCacheServicer, period: float) -> None:
+    while True:
+        await asyncio.sleep(period)
+        if servicer.rt.core.expire_leases():
+            servicer.changed.set()
+
+
+async def _drain(servicer: KVCacheServicer, health: health_aio.HealthServicer,
+                 timeout: float) -> None:
+    core = servicer.rt.core
+    log.info("stop requested: draining, %d requests in flight, waiting up to %gs",
+             core.num_requests, timeout)
+    await health.enter_graceful_shutdown()
+    core.start_drain()
+    if await servicer.wait_idle(timeout):
+        log.info("drained: no request left")
+    else:
+        log.warning("drain timed out with %d requests still admitted; stopping anyway",
+                    core.num_requests)
+
+
+@dataclass
+class _Started:
+    """What serve() must undo, whatever point start-up reached."""
+
+    listening: bool = False
+    expiry: asyncio.Task | None = None
+    stop_metrics: Callable[[], None] | None = None
+
+
+async def _bring_up(config: ServiceConfig, device: torch.device, servicer: KVCacheServicer,
+                    metrics: ServiceMetrics, started: _Started) -> Runtime:
+    runtime = await asyncio.get_running_loop().run_in_executor(None, build_runtime, config,
+                                                               device)
+    servicer.ready(runtime)
+    metrics.bind(runtime.core.stats)
+    if config.metrics_port is not None:
+        started.stop_metrics = metrics.serve(config.metrics_port)
+        log.info("metrics on http port %d", config.metrics_port)
+    started.expiry = asyncio.create_task(
+        _expire_leases(servicer, min(config.lease_seconds / 4, 1.0)))
+    return runtime
+
+
+async def _shut_down(server: grpc.aio.Server, config: ServiceConfig, started: _Started) -> None:
+    if started.expiry is not None:
+        started.expiry.cancel()
+    await server.stop(STOP_GRACE_SECONDS)
+    segment.remove_segments(config.shm_dir, config.instance)
+    if started.listening:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(config.uds)
+    if started.stop_metrics is not None:
+        started.stop_metrics()
+    log.info("stopped; segments of instance %s removed", config.instance)
+
+
+async def serve(config: ServiceConfig) -> int:
+    """Run until SIGTERM/SIGINT, then drain and clean up. Returns the exit status."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    device = resolve_device(config.device)
+    metrics = ServiceMetrics()
+    health = health_aio.HealthServicer()
+    servicer = KVCacheServicer(metrics, on_drain=lambda: _set_health(health, False))
+    server = build_server(config, servicer, health, metrics)
+    await _set_health(health, False)
+    started = _Started()
+    try:
+        await _listen(server, config)
+        started.listening = True
+        runtime = await _bring_up(config, device, servicer, metrics, started)
+        if not stop.is_set():
+            await _set_health(health, True)
+            log.info("SERVING: instance %s, epoch %#x, device %s %s, layout %s", config.instance,
+                     runtime.core.epoch, device, runtime.gpu_uuid, config.layout)
+        await stop.wait()
+        await _drain(servicer, health, config.drain_timeout)
+    finally:
+        await _shut_down(server, config, started)
+    return 0
+
+
+def run(config: ServiceConfig) -> int:
+    return uvloop.run(serve(config))

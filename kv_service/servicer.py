@@ -1,0 +1,218 @@
+"""KVCacheService over gRPC: a thin translation between proto messages and ServiceCore calls.
+
+Unary RPCs raise typed errors that the interceptor maps; the Session stream maps each message's
+error into an in-band Error reply (same mapping) so one bad message does not end the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import grpc
+
+from kv_service.core import RequestRecord, ServiceCore
+from kv_service.errors import InvalidArgument, Unavailable, status_of
+from kv_service.layout import KVLayout
+from kv_service.metrics import ServiceMetrics
+from kv_service.remote_swap import RemoteSwapper
+from proto.kvcache.v1 import kvcache_pb2 as pb
+from proto.kvcache.v1 import kvcache_pb2_grpc as pb_grpc
+
+
+CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
+
+
+@dataclass
+class Runtime:
+    """What exists once memory is allocated."""
+
+    core: ServiceCore
+    handles: list[dict]
+    swapper: RemoteSwapper
+    exchange_handles: list[dict]
+    device: str
+    gpu_uuid: str
+    instance: str
+
+
+def layout_to_proto(layout: KVLayout) -> pb.Layout:
+    return pb.Layout(**layout.to_dict())
+
+
+def layout_from_proto(msg: pb.Layout) -> KVLayout:
+    return KVLayout(**{f.name: getattr(msg, f.name) for f in dataclasses.fields(KVLayout)})
+
+
+def handle_to_proto(h: dict) -> pb.TensorHandle:
+    return pb.TensorHandle(name=h["name"], kind=h["kind"], shape=h["shape"], dtype=h["dtype"],
+                           shm_path=h["path"], cuda_ipc=h["ipc"], nbytes=h["nbytes"])
+
+
+def request_to_proto(r: RequestRecord) -> pb.RequestState:
+    return pb.RequestState(request_id=r.request_id, slot=r.slot, mode=r.mode, seq_len=r.seq_len,
+                           reserved_tokens=r.reserved_tokens, prompt_len=r.prompt_len,
+                           max_new_tokens=r.max_new_tokens)
+
+
+def error_to_proto(exc: BaseException) -> pb.Error:
+    status = status_of(exc)
+    return pb.Error(code=status.code.value[0], message=status.message, details=status.details)
+
+
+class KVCacheServicer(pb_grpc.KVCacheServiceServicer):
+    def __init__(self, metrics: ServiceMetrics, on_drain: Callable[[], Awaitable[None]]) -> None:
+        self._rt: Runtime | None = None
+        self._metrics = metrics
+        self._on_drain = on_drain
+        # Set whenever requests may have been freed; drains wait on it.
+        self.changed = asyncio.Event()
+
+    def ready(self, runtime: Runtime) -> None:
+        self._rt = runtime
+
+    @property
+    def rt(self) -> Runtime:
+        if self._rt is None:
+            raise Unavailable("the service is starting: memory is not allocated yet")
+        return self._rt
+
+    async def Attach(self, request: pb.AttachRequest,
+                     context: grpc.aio.ServicerContext) -> pb.AttachResponse:
+        rt = self.rt
+        expected = (layout_from_proto(request.expected_layout)
+                    if request.HasField("expected_layout") else None)
+        if request.remote_swap:
+            # Refuse before creating a session that nobody would then use.
+            rt.swapper.check_free(request.resume_session_id)
+        session = rt.core.attach(request.engine_name, request.resume_session_id, expected)
+        reply = pb.AttachResponse(
+            session_id=session.session_id, lease_seconds=rt.core.lease_seconds,
+            epoch=rt.core.epoch, layout=layout_to_proto(rt.core.layout), gpu_uuid=rt.gpu_uuid,
+            device=rt.device, instance=rt.instance,
+            tensors=[handle_to_proto(h) for h in rt.handles],
+            requests=[request_to_proto(r) for r in session.requests.values()])
+        if request.remote_swap:
+            rt.swapper.claim(session.session_id)
+            reply.tensors.extend(handle_to_proto(h) for h in rt.exchange_handles)
+            reply.events.extend(pb.EventHandle(name=n, ipc_handle=h)
+                                for n, h in rt.swapper.event_handles())
+        return reply
+
+    async def Session(self, request_iterator: AsyncIterator[pb.SessionMessage],
+                      context: grpc.aio.ServicerContext) -> AsyncIterator[pb.SessionReply]:
+        bound: list[str] = []
+        try:
+            async for msg in request_iterator:
+                started = time.perf_counter()
+                reply, done = self._answer(msg, bound)
+                code = CODE_NAMES.get(reply.error.code, "UNKNOWN") if reply.HasField("error") \
+                    else "OK"
+                self._metrics.observe_rpc(f"Session/{msg.WhichOneof('body')}", code,
+                                          time.perf_counter() - started)
+                yield reply
+                if done:
+                    return
+        finally:
+            if bound and self._rt is not None:
+                self._rt.core.stream_closed(bound[0])
+            self.changed.set()
+
+    def _answer(self, msg: pb.SessionMessage, bound: list[str]) -> tuple[pb.SessionReply, bool]:
+        """Reply to one message; `bound` holds the session this stream belongs to, once known."""
+        kind = msg.WhichOneof("body")
+        try:
+            core = self.rt.core
+            core.check_epoch(msg.epoch)
+            if not bound:
+                core.stream_opened(msg.session_id)
+                bound.append(msg.session_id)
+            elif msg.session_id != bound[0]:
+                raise InvalidArgument("this stream belongs to another session; open one stream "
+                                      "per session", stream_session=bound[0])
+            result = self._dispatch(core, kind, msg)
+        except Exception as exc:
+            return pb.SessionReply(seq=msg.seq, error=error_to_proto(exc)), False
+        if kind == "detach":
+            bound.clear()
+        if isinstance(result, pb.Admitted):
+            return pb.SessionReply(seq=msg.seq, admitted=result), False
+        return pb.SessionReply(seq=msg.seq, ack=pb.Ack(draining=core.draining)), kind == "detach"
+
+    def _dispatch(self, core: ServiceCore, kind: str | None,
+                  msg: pb.SessionMessage) -> pb.Admitted | None:
+        sid = msg.session_id
+        if kind == "admit":
+            r = core.admit(sid, msg.admit.request_id, msg.admit.prompt_len, msg.admit.max_new_tokens)
+            return pb.Admitted(request_id=r.request_id, slot=r.slot, mode=r.mode, pages=r.pages,
+                               reserved_tokens=r.reserved_tokens)
+        if kind == "commit":
+            core.commit(sid, msg.commit.request_id, msg.commit.seq_len)
+        elif kind == "step_end":
+            s = msg.step_end
+            core.step_end(sid, [(p.request_id, p.seq_len) for p in s.progress], s.hits, s.misses,
+                          s.bytes_moved)
+        elif kind == "release":
+            core.release(sid, msg.release.request_id)
+            self.changed.set()
+        elif kind == "heartbeat":
+            core.touch(sid)
+        elif kind == "detach":
+            core.detach(sid)
+            self.changed.set()
+        else:
+            raise InvalidArgument("empty SessionMessage: set one of admit, commit, step_end, "
+                                  "release, heartbeat, detach")
+        return None
+
+    async def RemoteSwap(self, request: pb.RemoteSwapRequest,
+                         context: grpc.aio.ServicerContext) -> pb.RemoteSwapResponse:
+        rt = self.rt
+        rt.core.check_epoch(request.epoch)
+        session = rt.core.touch(request.session_id)
+        result = rt.swapper.run(session.session_id, request.layer, request.batch_size,
+                                {r.slot for r in session.requests.values()})
+        self._metrics.swap_seconds.observe(result.seconds)
+        return pb.RemoteSwapResponse(hits=result.hits, misses=result.misses,
+                                     bytes_moved=result.bytes_moved,
+                                     service_us=result.seconds * 1e6)
+
+    async def GetStats(self, request: pb.GetStatsRequest,
+                       context: grpc.aio.ServicerContext) -> pb.GetStatsResponse:
+        s = self.rt.core.stats()
+        return pb.GetStatsResponse(
+            host_pages=pb.PoolUsage(used=s.pages_used, total=s.pages_total),
+            request_slots=pb.PoolUsage(used=s.slots_used, total=s.slots_total),
+            sessions=s.sessions, requests=s.requests, hits=s.hits, misses=s.misses,
+            bytes_moved=s.bytes_moved, uptime_seconds=s.uptime_seconds, epoch=s.epoch,
+            draining=s.draining, admitted_total=s.admitted_total, rejected_total=s.rejected_total,
+            expired_sessions_total=s.expired_sessions_total)
+
+    async def Drain(self, request: pb.DrainRequest,
+                    context: grpc.aio.ServicerContext) -> pb.DrainResponse:
+        if not 0 <= request.timeout_seconds <= 3600:
+            raise InvalidArgument("timeout_seconds must be in [0, 3600]",
+                                  timeout_seconds=request.timeout_seconds)
+        core = self.rt.core
+        core.start_drain()
+        await self._on_drain()
+        drained = await self.wait_idle(request.timeout_seconds)
+        return pb.DrainResponse(drained=drained, remaining_requests=core.num_requests)
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until no request is left, at most `timeout` seconds; True if none is left."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.rt.core.num_requests:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            self.changed.clear()
+            try:
+                await asyncio.wait_for(self.changed.wait(), remaining)
+            except TimeoutError:
+                pass
+        return True

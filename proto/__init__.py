@@ -1,0 +1,1 @@
+"""Protocol contracts (the .proto sources) and their generated Python code."""

@@ -1,0 +1,1 @@
+"""decode.v1: the decode engine token streaming API."""

@@ -1,0 +1,1 @@
+"""kvcache.v1: the KV service control plane."""

@@ -1,0 +1,225 @@
+"""Start `python -m kv_service` as a subprocess on a temp UDS and talk to it with the generated
+client. Readiness comes from grpc health (Watch with a deadline), never from sleeping."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from kv_service.layout import KVLayout
+from proto.kvcache.v1 import kvcache_pb2 as pb
+from proto.kvcache.v1 import kvcache_pb2_grpc as pb_grpc
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TINY = KVLayout(num_layers=2, max_requests=4, hot_slots=16, window=4, topk=8, page_size=4,
+                num_pages=32, max_context=64)
+SERVICE = "kvcache.v1.KVCacheService"
+
+
+def short_tmpdir(prefix: str) -> str:
+    # A UDS path must fit in 107 bytes; pytest's tmp_path can be longer.
+    return tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def layout_flags(layout: KVLayout) -> list[str]:
+    flags = []
+    for name, value in layout.to_dict().items():
+        if name != "version":
+            flags += [f"--{name.replace('_', '-')}", str(value)]
+    return flags
+
+
+class ServiceProcess:
+    """One service subprocess with its own socket, shm dir and log."""
+
+    def __init__(self, workdir: str, instance: str, *extra: str, token: str | None = None,
+                 layout: KVLayout = TINY) -> None:
+        self.workdir = workdir
+        self.uds = os.path.join(workdir, "kv.sock")
+        self.shm_dir = os.path.join(workdir, "shm")
+        os.makedirs(self.shm_dir, exist_ok=True)
+        self.log_path = os.path.join(workdir, f"{instance}.log")
+        self.instance = instance
+        self.token = token
+        self.layout = layout
+        self.args = [sys.executable, "-m", "kv_service", "--uds", self.uds, "--device", "cpu",
+                     "--shm-dir", self.shm_dir, "--instance", instance, *layout_flags(layout),
+                     *extra]
+        self.proc: subprocess.Popen | None = None
+        self.channel: grpc.Channel | None = None
+
+    def start(self) -> ServiceProcess:
+        env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+        env.pop("KVS_TOKEN", None)
+        if self.token:
+            env["KVS_TOKEN"] = self.token
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self.args, cwd=REPO_ROOT, env=env, stdout=log,
+                                         stderr=subprocess.STDOUT)
+        # The socket appears only once the service listens: retry connecting fast meanwhile.
+        self.channel = grpc.insecure_channel(f"unix:{self.uds}", options=[
+            ("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),
+            ("grpc.max_reconnect_backoff_ms", 200)])
+        return self
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {self.token}"),) if self.token else ()
+
+    def stub(self) -> pb_grpc.KVCacheServiceStub:
+        return pb_grpc.KVCacheServiceStub(self.channel)
+
+    def health_statuses(self, timeout: float = 30.0) -> Iterator[int]:
+        """Health statuses of the KV service as they change; the first one at once."""
+        stub = health_pb2_grpc.HealthStub(self.channel)
+        watch = stub.Watch(health_pb2.HealthCheckRequest(service=SERVICE), timeout=timeout,
+                           wait_for_ready=True)
+        for reply in watch:
+            yield reply.status
+
+    def wait_status(self, status: int, timeout: float = 30.0) -> None:
+        try:
+            for seen in self.health_statuses(timeout):
+                if seen == status:
+                    return
+        except grpc.RpcError as exc:
+            raise AssertionError(f"health never reached {status}: {exc.code()}\n{self.log()}") \
+                from exc
+
+    def wait_serving(self, timeout: float = 30.0) -> ServiceProcess:
+        self.wait_status(health_pb2.HealthCheckResponse.SERVING, timeout)
+        return self
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def wait_exit(self, timeout: float = 30.0) -> int:
+        assert self.proc is not None
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            if self.channel is not None:
+                self.channel.close()
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.signal(signal.SIGTERM)
+        return self.wait_exit(timeout)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def segment_files(self) -> list[str]:
+        return sorted(os.listdir(self.shm_dir))
+
+    def log(self) -> str:
+        return Path(self.log_path).read_text(errors="replace")
+
+
+class SessionClient:
+    """One Session stream; send() returns the reply to that message (replies come in order)."""
+
+    def __init__(self, svc: ServiceProcess, attach: pb.AttachResponse,
+                 metadata: tuple[tuple[str, str], ...] | None = None) -> None:
+        self.session_id = attach.session_id
+        self.epoch = attach.epoch
+        self.seq = 0
+        self._outbox: queue.Queue = queue.Queue()
+        self._replies = svc.stub().Session(iter(self._outbox.get, None), timeout=60,
+                                           metadata=svc.metadata if metadata is None else metadata)
+
+    def send(self, epoch: int | None = None, session_id: str | None = None, **body) -> pb.SessionReply:
+        self.seq += 1
+        self._outbox.put(pb.SessionMessage(
+            seq=self.seq, session_id=self.session_id if session_id is None else session_id,
+            epoch=self.epoch if epoch is None else epoch, **body))
+        reply = next(self._replies)
+        assert reply.seq == self.seq
+        return reply
+
+    def admit(self, request_id: str, prompt_len: int, max_new_tokens: int) -> pb.SessionReply:
+        return self.send(admit=pb.Admit(request_id=request_id, prompt_len=prompt_len,
+                                        max_new_tokens=max_new_tokens))
+
+    def release(self, request_id: str) -> pb.SessionReply:
+        return self.send(release=pb.Release(request_id=request_id))
+
+    def close(self) -> None:
+        """End the stream from our side and wait until the service has ended it too."""
+        self._outbox.put(None)
+        for _ in self._replies:
+            pass
+
+
+def handles_from_proto(tensors) -> list[dict]:
+    return [{"name": t.name, "kind": t.kind, "shape": list(t.shape), "dtype": t.dtype,
+             "path": t.shm_path, "ipc": t.cuda_ipc, "nbytes": t.nbytes} for t in tensors]
+
+
+class RemoteSwapEngine:
+    """The engine side of remote swap: maps the service's memory and exchange tensors, writes a
+    batch, orders its stream with the service's through the IPC events on CUDA."""
+
+    def __init__(self, svc: ServiceProcess, attach: pb.AttachResponse, device: str) -> None:
+        import torch
+
+        from kv_service import segment
+
+        handles = handles_from_proto(attach.tensors)
+        self.svc, self.attach, self.device = svc, attach, torch.device(device)
+        self.kv = segment.map_segments(svc.layout, [h for h in handles
+                                                    if not h["name"].startswith("xchg_")], device)
+        self.x = segment.map_extra([h for h in handles if h["name"].startswith("xchg_")], device)
+        self.events = {e.name: torch.cuda.Event.from_ipc_handle(self.device, e.ipc_handle)
+                       for e in attach.events}
+
+    def fill_host(self, slot: int, seq_len: int) -> None:
+        """Give every (layer, token) of the request a distinct host row."""
+        lay = self.kv.layout
+        for t in range(seq_len):
+            page = self.kv.page_table[slot, t // lay.page_size].item()
+            for layer in range(lay.num_layers):
+                self.kv.host_kv[page, layer, t % lay.page_size] = (t * 7 + layer * 3) % 251 + 1
+
+    def host_row(self, slot: int, layer: int, t: int):
+        page = self.kv.page_table[slot, t // self.kv.layout.page_size].item()
+        return self.kv.host_kv[page, layer, t % self.kv.layout.page_size]
+
+    def swap(self, layer: int, slot: int, seq_len: int, topk: list[int]) -> pb.RemoteSwapResponse:
+        """One batch row; raises grpc.RpcError like the stub."""
+        import torch
+
+        self.x["xchg_topk"][0] = torch.tensor(topk, dtype=torch.int32)
+        self.x["xchg_seq_lens"][0] = seq_len
+        self.x["xchg_req_slots"][0] = slot
+        if self.events:
+            self.events["xchg_ready"].record()
+        reply = self.svc.stub().RemoteSwap(pb.RemoteSwapRequest(
+            session_id=self.attach.session_id, epoch=self.attach.epoch, layer=layer,
+            batch_size=1), metadata=self.svc.metadata)
+        if self.events:
+            torch.cuda.current_stream().wait_event(self.events["xchg_done"])
+        return reply
+
+    def slots(self) -> list[int]:
+        return self.x["xchg_slots"][0].tolist()
