@@ -10,8 +10,190 @@ import torch
 
 # --- swap-in: plan, miss copy, append (owned by kernels/swap_plan.py, miss_copy.py, kv_append.py) ---
 
+
+def _host_tensor(host):
+    """The host tier as a plain tensor: the tensor itself, or the one a UVATensor wraps."""
+    return getattr(host, "tensor", host)
+
+
+def _flat_rows(x) -> torch.Tensor:
+    t = _host_tensor(x)
+    return t.view(-1, t.shape[-1])
+
+
+def _ref_plan_request(layer, r, row, seq_len, pages, token_slot, slot_token, lru_order,
+                      num_layers, page_size, window):
+    """Plan one offloaded (layer, request); returns (slots, [(host row, hot row)] per miss)."""
+    _, R, C = token_slot.shape
+    B, W, P = slot_token.shape[2], window, page_size
+    ts, st = token_slot[layer, r].tolist(), slot_token[layer, r].tolist()
+    order = lru_order[layer, r].tolist()
+    slots, hits, missed = [], set(), []
+    for i, t in enumerate(row):
+        slots.append(-1)
+        if not 0 <= t < seq_len:
+            continue
+        if t >= seq_len - W:
+            slots[i] = t % W
+        elif W <= ts[t] < B:
+            slots[i] = ts[t]
+            hits.add(ts[t])
+        elif pages[t // P] >= 0:
+            missed.append(i)
+    free = [s for s in order if s not in hits]
+    missed = missed[:len(free)]
+    victims = free[:len(missed)]
+    kept = free[len(missed):]
+    lru_order[layer, r] = torch.tensor(kept + [s for s in order if s in hits] + victims)
+    for v in victims:
+        if 0 <= v < B and 0 <= st[v] < C:
+            ts[st[v]] = -1
+    misses = []
+    for i, v in zip(missed, victims):
+        t = row[i]
+        slots[i], ts[t] = v, v
+        if 0 <= v < B:
+            st[v] = t
+        misses.append(((pages[t // P] * num_layers + layer) * P + t % P, (layer * R + r) * B + v))
+    token_slot[layer, r] = torch.tensor(ts)
+    slot_token[layer, r] = torch.tensor(st)
+    return slots, misses
+
+
+def ref_swap_plan(layer, topk, seq_lens, req_slots, req_mode, page_table, token_slot, slot_token,
+                  lru_order, hit_flag, out_slots, out_miss_src, out_miss_dst, out_miss_count, *,
+                  num_layers, page_size, window):
+    """Reference of kernels.swap_plan.swap_plan (hit_flag is not needed here: left untouched)."""
+    _, R, C = token_slot.shape
+    B = slot_token.shape[2]
+    rows = zip(topk.tolist(), seq_lens.tolist(), req_slots.tolist())
+    for b, (row, seq_len, r) in enumerate(rows):
+        mode = int(req_mode[r]) if 0 <= r < R else 0
+        seq_len = min(max(seq_len, 0), C)
+        misses = []
+        if mode == 2:
+            slots, misses = _ref_plan_request(layer, r, row, seq_len, page_table[r].tolist(),
+                                              token_slot, slot_token, lru_order, num_layers,
+                                              page_size, window)
+        else:
+            slots = [t if mode == 1 and 0 <= t < min(seq_len, B) else -1 for t in row]
+        out_slots[b] = torch.tensor(slots, dtype=torch.int32)
+        for j, (src, dst) in enumerate(misses):
+            out_miss_src[b, j] = src
+            out_miss_dst[b, j] = dst
+        out_miss_count[b] = len(misses)
+
+
+def ref_miss_copy(host_rows, hot_rows, miss_src, miss_dst, miss_count):
+    """Reference of kernels.miss_copy.miss_copy: rows out of either tier's range are skipped."""
+    host, hot = _flat_rows(host_rows), _flat_rows(hot_rows)
+    k = miss_src.shape[1]
+    for b, count in enumerate(miss_count.tolist()):
+        n = min(max(count, 0), k)
+        for src, dst in zip(miss_src[b, :n].tolist(), miss_dst[b, :n].tolist()):
+            if 0 <= src < host.shape[0] and 0 <= dst < hot.shape[0]:
+                hot[dst] = host[src].to(hot.device)
+
+
+def ref_kv_append(layer, kv_rows, index_rows, req_slots, positions, seq_lens, req_mode,
+                  page_table, host_kv, hot_kv, index_pool, *, window):
+    """Reference of kernels.kv_append.kv_append."""
+    host = _host_tensor(host_kv)
+    num_pages, _, P, _ = host.shape
+    R, B = hot_kv.shape[1], hot_kv.shape[2]
+    limit = page_table.shape[1] * P
+    rows = zip(req_slots.tolist(), positions.tolist(), seq_lens.tolist())
+    for i, (r, t, seq_len) in enumerate(rows):
+        mode = int(req_mode[r]) if 0 <= r < R else 0
+        if mode not in (1, 2) or not 0 <= t < min(seq_len, limit):
+            continue
+        page = int(page_table[r, t // P])
+        if not 0 <= page < num_pages:
+            continue
+        index_pool[layer, page, t % P] = index_rows[i]
+        if mode == 1 and t < B:
+            hot_kv[layer, r, t] = kv_rows[i]
+        if mode == 2:
+            host[page, layer, t % P] = kv_rows[i].to(host.device)
+            if t >= seq_len - window:
+                hot_kv[layer, r, t % window] = kv_rows[i]
+
+
 # --- end swap-in ---
 
 # --- attention and indexer (owned by kernels/sparse_attention.py, indexer.py) ---
+
+def ref_sparse_mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv: torch.Tensor,
+                          row_base: torch.Tensor, slots: torch.Tensor, scale: float,
+                          out: torch.Tensor, lse: torch.Tensor) -> None:
+    """Absorbed MLA decode over the rows `row_base[b] + slots[b, i]` (slot < 0 skipped), fp64 math."""
+    d_v = q_nope.shape[-1]
+    valid = slots >= 0
+    rows = torch.where(valid, row_base[:, None] + slots.long(), 0)
+    k = torch.where(valid[..., None], kv[rows].double(), 0.0)  # [bs, k, 576]
+    q = torch.cat([q_nope, q_pe], dim=-1).double()          # [bs, H, 576]
+    s = scale * torch.einsum("bhd,bkd->bhk", q, k)
+    s = s.masked_fill(~valid[:, None, :], float("-inf"))
+    lse_d = torch.logsumexp(s, dim=-1)                      # -inf for rows with no valid slot
+    p = torch.exp(s - torch.where(torch.isinf(lse_d), 0.0, lse_d)[..., None])
+    out.copy_(torch.einsum("bhk,bkd->bhd", p, k[..., :d_v]))
+    lse.copy_(lse_d)
+
+
+def decode_index_keys(raw: torch.Tensor) -> torch.Tensor:
+    """Index-key bytes [..., I] to fp32 keys [..., 128]: I=256 is bf16, I=132 is fp8 e4m3 + fp32 scale."""
+    if raw.shape[-1] == 256:
+        return raw.contiguous().view(torch.bfloat16).float()
+    if raw.shape[-1] == 132:
+        raw = raw.contiguous()
+        vals = raw[..., :128].view(torch.float8_e4m3fn).float()
+        return vals * raw[..., 128:].view(torch.float32)
+    raise ValueError(f"index key of {raw.shape[-1]} bytes is neither bf16 (256) nor fp8 (132)")
+
+
+def ref_indexer_scores(q: torch.Tensor, w: torch.Tensor, index_pool_layer: torch.Tensor,
+                       page_table: torch.Tensor, req_slots: torch.Tensor, seq_lens: torch.Tensor,
+                       out_scores: torch.Tensor) -> None:
+    """score[b, t] = sum_h w[b, h] * relu(q[b, h] . key_t) for t < seq_len, else -inf (fp64 math).
+    A padding row (req_slot < 0), a token whose page id is < 0 or beyond the page table score -inf."""
+    page = index_pool_layer.shape[1]
+    out_scores.fill_(float("-inf"))
+    for b in range(q.shape[0]):
+        r = int(req_slots[b])
+        n = min(int(seq_lens[b]), out_scores.shape[1], page_table.shape[1] * page)
+        if r < 0 or n <= 0:
+            continue
+        t = torch.arange(n, device=q.device)
+        pages = page_table[r, t // page].long()
+        ok = pages >= 0
+        keys = decode_index_keys(index_pool_layer[pages.clamp(min=0), t % page]).double()
+        s = torch.relu(q[b].double() @ keys.T)              # [64, n]
+        score = w[b].double() @ s
+        out_scores[b, :n] = torch.where(ok, score, float("-inf")).to(out_scores.dtype)
+
+
+def order_key(scores: torch.Tensor) -> torch.Tensor:
+    """int32 image of fp32 scores whose signed order is the score order; NaN counts as -inf and
+    -0.0 as +0.0, so equal scores have equal keys."""
+    x = torch.nan_to_num(scores.float(), nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
+    x = torch.where(x == 0, torch.zeros_like(x), x)
+    bits = x.view(torch.int32)
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+
+def ref_topk_select(scores: torch.Tensor, seq_lens: torch.Tensor, out_topk: torch.Tensor) -> None:
+    """The k = out_topk.shape[1] highest scores among positions < seq_len, ties to the lower
+    position, in ascending position order, padded with -1."""
+    k = out_topk.shape[1]
+    out_topk.fill_(-1)
+    for b in range(scores.shape[0]):
+        n = max(0, min(int(seq_lens[b]), scores.shape[1]))
+        if n == 0:
+            continue
+        pos = torch.arange(n, dtype=torch.int64, device=scores.device)
+        key = order_key(scores[b, :n]).long() * (1 << 32) + ((1 << 32) - 1 - pos)
+        top = torch.topk(key, min(k, n)).values
+        picked = torch.sort((1 << 32) - 1 - (top & 0xFFFFFFFF)).values
+        out_topk[b, : picked.numel()] = picked.to(out_topk.dtype)
 
 # --- end attention and indexer ---

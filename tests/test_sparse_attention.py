@@ -1,0 +1,132 @@
+"""sparse_mla_decode against its fp64 reference, dense attention, and across KV layouts."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import kernels  # noqa: F401  (sets TRITON_INTERPRET without CUDA)
+from kernels.reference import ref_sparse_mla_decode
+from kernels.sparse_attention import sparse_mla_decode
+
+D_V, D_PE = 512, 64
+
+
+def make_inputs(bs, heads, k, rows_per_req, device, seed, pad_frac=0.2):
+    g = torch.Generator().manual_seed(seed)
+    q_nope = torch.randn(bs, heads, D_V, generator=g).to(device, torch.bfloat16)
+    q_pe = torch.randn(bs, heads, D_PE, generator=g).to(device, torch.bfloat16)
+    kv = torch.randn(bs * rows_per_req, D_V + D_PE, generator=g).to(device, torch.bfloat16)
+    row_base = (torch.arange(bs) * rows_per_req).to(device, torch.int64)
+    slots = torch.stack([torch.randperm(rows_per_req, generator=g)[:k] for _ in range(bs)])
+    slots[torch.rand(bs, k, generator=g) < pad_frac] = -1
+    return q_nope, q_pe, kv, row_base, slots.to(device, torch.int32)
+
+
+def run_kernel(q_nope, q_pe, kv, row_base, slots, scale, **kw):
+    bs, heads, _ = q_nope.shape
+    out = torch.full((bs, heads, D_V), float("nan"), dtype=torch.bfloat16, device=q_nope.device)
+    lse = torch.full((bs, heads), float("nan"), dtype=torch.float32, device=q_nope.device)
+    sparse_mla_decode(q_nope, q_pe, kv, row_base, slots, scale, out, lse, **kw)
+    return out, lse
+
+
+def run_reference(q_nope, q_pe, kv, row_base, slots, scale):
+    bs, heads, _ = q_nope.shape
+    out = torch.empty(bs, heads, D_V, dtype=torch.float64, device=q_nope.device)
+    lse = torch.empty(bs, heads, dtype=torch.float64, device=q_nope.device)
+    ref_sparse_mla_decode(q_nope, q_pe, kv, row_base, slots, scale, out, lse)
+    return out, lse
+
+
+def assert_close_to_reference(out, lse, ref_out, ref_lse):
+    has_any = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), has_any)
+    assert (out[~has_any] == 0).all()
+    assert (lse[~has_any] == float("-inf")).all()
+    if has_any.any():
+        err = (out.double() - ref_out)[has_any].norm(dim=-1)
+        assert (err / ref_out[has_any].norm(dim=-1)).max() < 1e-2
+        assert (lse.double() - ref_lse)[has_any].abs().max() < 1e-3
+
+
+@pytest.mark.parametrize("bs,heads,k,rows", [(1, 4, 37, 60), (3, 8, 150, 400), (17, 4, 64, 80)])
+def test_matches_reference(bs, heads, k, rows, device):
+    args = make_inputs(bs, heads, k, rows, device, seed=bs * 1000 + k)
+    args[-1][-1, :] = -1                                # one row with no valid slot
+    scale = 1.0 / math.sqrt(D_V + D_PE)
+    out, lse = run_kernel(*args, scale)
+    assert_close_to_reference(out, lse, *run_reference(*args, scale))
+
+
+def test_every_token_selected_equals_dense_attention(device):
+    bs, heads, n = 2, 8, 96
+    q_nope, q_pe, kv, row_base, _ = make_inputs(bs, heads, n, n, device, seed=7, pad_frac=0)
+    slots = torch.arange(n, dtype=torch.int32, device=device).repeat(bs, 1)
+    scale = 0.05
+    out, lse = run_kernel(q_nope, q_pe, kv, row_base, slots, scale, block_n=32)
+    keys = kv.float().view(bs, n, D_V + D_PE)
+    q = torch.cat([q_nope, q_pe], dim=-1).float()
+    scores = scale * q @ keys.transpose(1, 2)                   # [bs, H, n]
+    dense = torch.softmax(scores, dim=-1) @ keys[..., :D_V]
+    rel = (out.float() - dense).norm(dim=-1) / dense.norm(dim=-1)
+    assert rel.max() < 1e-2
+    torch.testing.assert_close(lse, torch.logsumexp(scores, dim=-1), rtol=0, atol=1e-3)
+
+
+def test_layouts_that_gather_the_same_rows_give_identical_bits(device):
+    bs, heads, k, rows = 3, 8, 70, 100
+    q_nope, q_pe, kv, row_base, slots = make_inputs(bs, heads, k, rows, device, seed=11)
+    # Layout B: every row moved elsewhere in a larger buffer, slots remapped relative to new bases.
+    perm = torch.randperm(bs * rows + 50, generator=torch.Generator().manual_seed(3)).to(device) + 17
+    kv_b = torch.randn(bs * rows + 67, D_V + D_PE, device=device).to(torch.bfloat16)
+    kv_b[perm[: bs * rows]] = kv
+    base_b = torch.tensor([5, 0, 17], dtype=torch.int64, device=device)
+    rows_a = row_base[:, None] + slots.long()
+    slots_b = torch.where(slots >= 0, perm[rows_a.clamp(min=0)] - base_b[:, None], -1).to(torch.int32)
+    out_a, lse_a = run_kernel(q_nope, q_pe, kv, row_base, slots, 0.04)
+    out_b, lse_b = run_kernel(q_nope, q_pe, kv_b, base_b, slots_b, 0.04)
+    assert torch.equal(out_a, out_b)
+    assert torch.equal(lse_a, lse_b)
+
+
+def test_padding_slots_are_never_read(device):
+    bs, heads, k, rows = 3, 4, 40, 50
+    q_nope, q_pe, kv, _, slots = make_inputs(bs, heads, k, rows, device, seed=5)
+    # Put a NaN row right before each request's rows: slot -1 addresses it, and any use of it
+    # would turn the output into NaN.
+    nan_row = torch.full_like(kv[:1], float("nan"))
+    kv = torch.cat([t for b in range(bs) for t in (nan_row, kv[b * rows:(b + 1) * rows])])
+    row_base = (torch.arange(bs, device=device) * (rows + 1) + 1).to(torch.int64)
+    out, lse = run_kernel(q_nope, q_pe, kv, row_base, slots, 0.1)
+    assert_close_to_reference(out, lse, *run_reference(q_nope, q_pe, kv, row_base, slots, 0.1))
+
+
+def test_rejects_bad_shapes(device):
+    q_nope, q_pe, kv, row_base, slots = make_inputs(2, 4, 8, 16, device, seed=1)
+    out = torch.empty(2, 4, D_V, dtype=torch.bfloat16, device=device)
+    lse = torch.empty(2, 4, device=device)
+    with pytest.raises(ValueError):
+        sparse_mla_decode(q_nope, q_pe, kv.float(), row_base, slots, 1.0, out, lse)
+    with pytest.raises(ValueError):
+        sparse_mla_decode(q_nope, q_pe, kv, row_base.int(), slots, 1.0, out, lse)
+    with pytest.raises(ValueError):
+        sparse_mla_decode(q_nope, q_pe, kv, row_base, slots, 1.0, out[:, :2], lse)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bs,pad_frac", [(4, 0.0), (9, 0.3)])
+def test_gpu_deepseek_shapes(bs, pad_frac):
+    args = make_inputs(bs, 128, 2048, 4096, "cuda", seed=bs, pad_frac=pad_frac)
+    scale = 1.0 / math.sqrt(D_V + D_PE)
+    out, lse = run_kernel(*args, scale)
+    assert_close_to_reference(out, lse, *run_reference(*args, scale))
+    out2, lse2 = run_kernel(*args, scale)
+    assert torch.equal(out, out2) and torch.equal(lse, lse2)
+
+
+@pytest.mark.gpu
+def test_gpu_layouts_give_identical_bits():
+    test_layouts_that_gather_the_same_rows_give_identical_bits(torch.device("cuda"))
