@@ -1,0 +1,143 @@
+"""The decode step: static input/output buffers, batch-size buckets, and one CUDA graph per bucket.
+
+A step copies the batch into fixed-address device buffers (padded to the next bucket with
+request slot -1 rows, which change no state), then replays the bucket's graph (or runs the same
+code eagerly: on CPU, with graphs off, or for a backend that cannot be captured). The captured
+code allocates only from the graph's private pool, never synchronizes and reads no device value
+on the host; its output is the static `logits` buffer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from engine_client.model import Model, Tokens, Workspace
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """max_batch: most rows per step; buckets: the padded batch sizes (ascending, the last one
+    max_batch); use_graphs: capture CUDA graphs when the device and backend allow it."""
+
+    max_batch: int
+    buckets: tuple[int, ...] = ()
+    use_graphs: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_batch <= 0:
+            raise ValueError(f"max_batch must be positive, got {self.max_batch}")
+        if not self.buckets:
+            pow2 = tuple(1 << i for i in range(self.max_batch.bit_length()) if 1 << i < self.max_batch)
+            object.__setattr__(self, "buckets", pow2 + (self.max_batch,))
+        b = self.buckets
+        if list(b) != sorted(set(b)) or b[0] <= 0 or b[-1] != self.max_batch:
+            raise ValueError(f"buckets must be ascending, positive and end at max_batch: {b}")
+
+    def bucket(self, n: int) -> int:
+        return next(b for b in self.buckets if b >= n)
+
+
+# Rows of the staged input matrix.
+_IDS, _SLOTS, _POS, _LENS = range(4)
+
+
+class DecodeRunner:
+    """Runs decode steps of `model` on static buffers. `step` returns a view of the static
+    logits buffer: read (or copy) it before the next step."""
+
+    def __init__(self, model: Model, cfg: DecodeConfig) -> None:
+        be = model.backend
+        if cfg.max_batch > be.max_requests or cfg.max_batch > getattr(be, "max_batch", cfg.max_batch):
+            raise ValueError(f"max_batch {cfg.max_batch} exceeds what the backend holds")
+        self.model, self.cfg, self.device = model, cfg, model.device
+        m = cfg.max_batch
+        self.inputs = torch.zeros((4, m), dtype=torch.int32, device=self.device)
+        self._staging = torch.zeros((4, m), dtype=torch.int32,
+                                    pin_memory=self.device.type == "cuda")
+        # Recorded after each staging copy: the pinned buffer is rewritten only once it is read.
+        self._staged = torch.cuda.Event() if self.device.type == "cuda" else None
+        self.logits = torch.zeros((m, model.cfg.vocab_size), dtype=torch.float32, device=self.device)
+        self.ws = Workspace.allocate(model.cfg, m, be.max_context, self.device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.use_graphs = cfg.use_graphs and self.device.type == "cuda" and be.capturable
+        self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        self.steps = 0
+
+    def _body(self, bs: int) -> None:
+        x = self.inputs[:, :bs]
+        lens = x[_LENS]
+        tok = Tokens(ids=x[_IDS], req_slots=x[_SLOTS], positions=x[_POS], seq_lens=lens,
+                     append_lens=lens)
+        hidden = self.model.forward(tok, self.ws.rows(bs))
+        self.logits[:bs].copy_(self.model.logits(hidden))
+
+    def _check(self, token_ids: Sequence[int], positions: Sequence[int],
+               req_slots: Sequence[int], seq_lens: Sequence[int]) -> None:
+        n, be = len(token_ids), self.model.backend
+        if not 0 < n <= self.cfg.max_batch or not n == len(positions) == len(req_slots) == len(seq_lens):
+            raise ValueError(f"a step takes 1..{self.cfg.max_batch} rows of equal-length inputs")
+        if len(set(req_slots)) != n or not all(0 <= r < be.max_requests for r in req_slots):
+            raise ValueError(f"request slots must be distinct and in [0, {be.max_requests})")
+        if not all(0 <= p < be.max_context and s == p + 1 for p, s in zip(positions, seq_lens)):
+            raise ValueError(f"need 0 <= position < {be.max_context} and seq_len == position + 1")
+        if not all(0 <= t < self.model.cfg.vocab_size for t in token_ids):
+            raise ValueError(f"token ids must be in [0, {self.model.cfg.vocab_size})")
+
+    def _stage(self, rows: list[Sequence[int]]) -> None:
+        """Copy the batch, padded, into the static inputs: one host -> device copy."""
+        if self._staged is not None:
+            self._staged.synchronize()
+        st = self._staging
+        st.zero_()
+        st[_SLOTS].fill_(-1)
+        n = len(rows[0])
+        for i, row in enumerate(rows):
+            st[i, :n] = torch.tensor(row, dtype=torch.int32)
+        # The whole buffer: both sides contiguous, and rows past bs are padding anyway.
+        self.inputs.copy_(st, non_blocking=True)
+        if self._staged is not None:
+            self._staged.record()
+
+    def step(self, token_ids: Sequence[int], positions: Sequence[int], req_slots: Sequence[int],
+             seq_lens: Sequence[int]) -> torch.Tensor:
+        """One decode step: each row appends token_ids[i] at positions[i] of request slot
+        req_slots[i] (seq_lens[i] = positions[i] + 1, the length after the append), runs every
+        layer, and returns fp32 logits [n, vocab] (a view of the static buffer)."""
+        self._check(token_ids, positions, req_slots, seq_lens)
+        n = len(token_ids)
+        bs = self.cfg.bucket(n)
+        if self.use_graphs and bs not in self.graphs:
+            self.capture(bs)
+        self._stage([token_ids, req_slots, positions, seq_lens])
+        if self.use_graphs:
+            self.graphs[bs].replay()
+        else:
+            self._body(bs)
+        self.steps += 1
+        return self.logits[:n]
+
+    def capture(self, *buckets: int) -> None:
+        """Capture the graphs of `buckets` (default: all) not captured yet, largest first so
+        smaller ones reuse its pool. Warm-up and capture run on padding-only inputs, which
+        change no state."""
+        if not self.use_graphs:
+            return
+        dev = self.device
+        self.inputs.zero_()
+        self.inputs[_SLOTS].fill_(-1)
+        for bs in sorted(set(buckets or self.cfg.buckets) - set(self.graphs), reverse=True):
+            side = torch.cuda.Stream(dev)
+            side.wait_stream(torch.cuda.current_stream(dev))
+            # Warm-up off the capture: compiles Triton kernels, creates cuBLAS workspaces.
+            with torch.cuda.stream(side):
+                self._body(bs)
+            torch.cuda.current_stream(dev).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            # thread_local: CUDA work of the engine's other threads must not abort the capture.
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+                self._body(bs)
+            self.graphs[bs] = graph
+        torch.cuda.current_stream(dev).synchronize()

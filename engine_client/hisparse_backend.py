@@ -1,0 +1,205 @@
+"""KV backends on the service's memory (`KVTensors`, allocated locally or mapped from the service).
+
+HiSparseBackend ("embedded" / "service" modes) launches the swap-in in the engine's own stream:
+per layer, swap_plan finds hits and victims, miss_copy moves the missed rows host -> hot buffer,
+and attention reads the layer's hot buffer through the plan's slot list.
+
+RemoteSwapBackend ("service-remote-swap") writes the batch into exchange tensors and lets
+`swap_fn(layer, bs)` run the same plan + copy elsewhere (the service, over a unary RPC).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from engine_client.kernel_set import KernelSet
+from engine_client.kv_backend import ROW_DIM, AttnRows, KVBackend
+from kv_service.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
+from kv_service.memory import KVTensors
+from kv_service.remote_swap import EVENT_NAMES, exchange_specs
+
+# Counter slots in HiSparseBackend.counters (int64, on the device, updated without sync).
+# Padding rows add nothing, so graph warm-ups and captures leave them unchanged.
+_SELECTED, _MISSES = 0, 1
+
+
+class HiSparseBackend(KVBackend):
+    """In-stream swap on service memory. Decode buffers are sized for `max_batch` rows."""
+
+    def __init__(self, kv: KVTensors, *, kernels: KernelSet, max_batch: int | None = None) -> None:
+        lay = kv.layout
+        if lay.row_format != "bf16":
+            raise ValueError(f"the engine writes bf16 KV rows; layout has {lay.row_format!r}")
+        self.kv, self.layout, self.kernels = kv, lay, kernels
+        self.device = kv.device
+        self.num_layers, self.max_requests = lay.num_layers, lay.max_requests
+        self.max_context, self.topk, self.index_format = lay.max_context, lay.topk, lay.index_format
+        self.capturable = kernels.capturable
+        n, k = max_batch or lay.max_requests, lay.topk
+        if not 0 < n <= lay.max_requests:
+            raise ValueError(f"max_batch must be in [1, {lay.max_requests}], got {n}")
+        self.max_batch = n
+        self.out_slots = torch.full((n, k), -1, dtype=torch.int32, device=self.device)
+        self.miss_src = torch.zeros((n, k), dtype=torch.int64, device=self.device)
+        self.miss_dst = torch.zeros((n, k), dtype=torch.int64, device=self.device)
+        self.miss_count = torch.zeros((n,), dtype=torch.int32, device=self.device)
+        self.counters = torch.zeros(2, dtype=torch.int64, device=self.device)
+        # Per-layer bf16 views of the hot buffers, made once so a captured graph keeps them.
+        R, B = lay.max_requests, lay.hot_slots
+        self._hot_rows = [kv.hot_kv[l].view(torch.bfloat16).view(R * B, ROW_DIM)
+                          for l in range(lay.num_layers)]
+
+    @property
+    def page_table(self) -> torch.Tensor:
+        return self.kv.page_table
+
+    def index_pool_layer(self, layer: int) -> torch.Tensor:
+        return self.kv.index_pool[layer]
+
+    def append(self, layer: int, kv_rows: torch.Tensor, index_rows: torch.Tensor,
+               req_slots: torch.Tensor, positions: torch.Tensor, seq_lens: torch.Tensor) -> None:
+        kv = self.kv
+        self.kernels.kv_append(layer, kv_rows.view(torch.uint8), index_rows, req_slots, positions,
+                               seq_lens, kv.req_mode, kv.page_table, kv.host_rows, kv.hot_kv,
+                               kv.index_pool, window=self.layout.window)
+
+    def _hot(self, layer: int, req_slots: torch.Tensor, slots: torch.Tensor) -> AttnRows:
+        row_base = req_slots.long().clamp(min=0) * self.layout.hot_slots
+        return AttnRows(self._hot_rows[layer], row_base, slots)
+
+    def _count(self, topk: torch.Tensor, miss_count: torch.Tensor) -> None:
+        self.counters[_SELECTED] += (topk >= 0).sum()
+        self.counters[_MISSES] += miss_count.sum()
+
+    def select(self, layer: int, topk: torch.Tensor, req_slots: torch.Tensor,
+               seq_lens: torch.Tensor) -> AttnRows:
+        n = topk.shape[0]
+        out = (self.out_slots[:n], self.miss_src[:n], self.miss_dst[:n], self.miss_count[:n])
+        run_swap(self.kv, self.kernels, layer, topk, seq_lens, req_slots, *out)
+        self._count(topk, out[3])
+        return self._hot(layer, req_slots, out[0])
+
+    def gather(self, layer: int, topk: torch.Tensor, req_slot: int, seq_len: int) -> AttnRows:
+        """Resident: token t is hot slot t. Offloaded: read the rows from the host tier (the only
+        complete copy; the window ring and LRU slots are left alone) into a scratch buffer,
+        whichever way moves fewer rows: the whole context [0, seq_len) once, addressed by
+        position, or each chunk token's own top-k list. Both yield the same rows in the same
+        slot-list order, so the choice never changes the output."""
+        mode = int(self.kv.req_mode[req_slot])
+        n, k = topk.shape
+        if mode == MODE_RESIDENT:
+            if seq_len > self.layout.hot_slots:
+                raise ValueError(f"resident request slot {req_slot} cannot hold {seq_len} tokens "
+                                 f"in {self.layout.hot_slots} hot slots")
+            return self._hot(layer, torch.full((n,), req_slot, dtype=torch.int32,
+                                               device=self.device), topk)
+        if mode != MODE_OFFLOADED:
+            raise ValueError(f"request slot {req_slot} is not admitted (mode {mode})")
+        if seq_len <= n * k:
+            positions = torch.arange(seq_len, dtype=torch.int32, device=self.device)[None]
+            rows = self._read_host(layer, req_slot, positions)
+            return AttnRows(rows, torch.zeros(n, dtype=torch.int64, device=self.device), topk)
+        rows = self._read_host(layer, req_slot, topk)
+        j = torch.arange(k, dtype=torch.int32, device=self.device)
+        slots = torch.where(topk >= 0, j, -1).to(torch.int32)
+        return AttnRows(rows, torch.arange(n, device=self.device, dtype=torch.int64) * k, slots)
+
+    def _read_host(self, layer: int, req_slot: int, positions: torch.Tensor) -> torch.Tensor:
+        """Host rows of `positions` [m, w] (ascending, -1 padding at the end of each row) into
+        a fresh [m * w, 576] bf16 buffer, row i * w + j holding positions[i, j]."""
+        lay, dev = self.layout, self.device
+        m, w = positions.shape
+        t = positions.long().clamp(min=0)
+        pages = self.kv.page_table[req_slot].long()[t // lay.page_size]
+        src = ((pages * lay.num_layers + layer) * lay.page_size + t % lay.page_size).contiguous()
+        dst = (torch.arange(m, device=dev)[:, None] * w + torch.arange(w, device=dev)).contiguous()
+        # Valid entries are a prefix of each row, so a count per row selects them.
+        count = (positions >= 0).sum(dim=1, dtype=torch.int32)
+        scratch = torch.zeros((m * w, lay.row_bytes), dtype=torch.uint8, device=dev)
+        self.kernels.miss_copy(self.kv.host_rows, scratch, src, dst, count)
+        return scratch.view(torch.bfloat16).view(m * w, ROW_DIM)
+
+    def stats(self) -> dict[str, int]:
+        selected, misses = self.counters.tolist()
+        return {"selected": selected, "hits": selected - misses, "misses": misses,
+                "miss_bytes": misses * self.layout.row_bytes}
+
+    def reset_stats(self) -> None:
+        self.counters.zero_()
+
+
+def run_swap(kv: KVTensors, kernels: KernelSet, layer: int, topk: torch.Tensor,
+             seq_lens: torch.Tensor, req_slots: torch.Tensor, out_slots: torch.Tensor,
+             miss_src: torch.Tensor, miss_dst: torch.Tensor, miss_count: torch.Tensor) -> None:
+    """One layer's swap-in: plan (updates residency/LRU), then copy the misses host -> hot."""
+    lay = kv.layout
+    kernels.swap_plan(layer, topk, seq_lens, req_slots, kv.req_mode, kv.page_table, kv.token_slot,
+                      kv.slot_token, kv.lru_order, kv.hit_flag, out_slots, miss_src, miss_dst,
+                      miss_count, num_layers=lay.num_layers, page_size=lay.page_size,
+                      window=lay.window)
+    kernels.miss_copy(kv.host_rows, kv.hot_kv, miss_src, miss_dst, miss_count)
+
+
+def allocate_exchange(layout: KVLayout, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    return {name: torch.zeros(shape, dtype=dtype, device=device)
+            for name, (shape, dtype) in exchange_specs(layout).items()}
+
+
+SwapFn = Callable[[int, int], None]
+
+
+def local_swap_fn(kv: KVTensors, xchg: dict[str, torch.Tensor], kernels: KernelSet) -> SwapFn:
+    """A swap_fn that plans and copies in this process on the exchange tensors: what the service
+    does on its side of the remote-swap RPC."""
+    def swap(layer: int, bs: int) -> None:
+        x = {name: t[:bs] for name, t in xchg.items()}
+        run_swap(kv, kernels, layer, x["xchg_topk"], x["xchg_seq_lens"], x["xchg_req_slots"],
+                 x["xchg_slots"], x["xchg_miss_src"], x["xchg_miss_dst"], x["xchg_miss_count"])
+    return swap
+
+
+class RemoteSwapBackend(HiSparseBackend):
+    """Like HiSparseBackend, but the plan + copy of each layer run in `swap_fn(layer, bs)`.
+
+    Per layer the batch is written to xchg_topk / xchg_seq_lens / xchg_req_slots [:bs], then
+    swap_fn runs (exchange tensors and events: kv_service.remote_swap). On CUDA the streams are
+    ordered with the service's interprocess events: "xchg_ready" is recorded after the inputs
+    are written, and the engine's stream waits on "xchg_done" after swap_fn returns; without
+    events the stream is synchronized before swap_fn, which must then return only once its
+    outputs are final. A host round trip per layer cannot be captured: never graphed."""
+
+    capturable = False
+
+    def __init__(self, kv: KVTensors, swap_fn: SwapFn, *, kernels: KernelSet,
+                 xchg: dict[str, torch.Tensor] | None = None,
+                 events: dict[str, torch.cuda.Event] | None = None,
+                 max_batch: int | None = None) -> None:
+        super().__init__(kv, kernels=kernels, max_batch=max_batch)
+        self.capturable = False
+        self.xchg = xchg if xchg is not None else allocate_exchange(kv.layout, kv.device)
+        for name, (shape, dtype) in exchange_specs(kv.layout).items():
+            t = self.xchg.get(name)
+            if t is None or tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous():
+                raise ValueError(f"exchange tensor {name}: expected contiguous {shape} {dtype}")
+        if events is not None and set(events) != set(EVENT_NAMES):
+            raise ValueError(f"events must be {EVENT_NAMES}, got {sorted(events)}")
+        self.swap_fn, self.events = swap_fn, events
+
+    def select(self, layer: int, topk: torch.Tensor, req_slots: torch.Tensor,
+               seq_lens: torch.Tensor) -> AttnRows:
+        n, x = topk.shape[0], self.xchg
+        x["xchg_topk"][:n].copy_(topk)
+        x["xchg_seq_lens"][:n].copy_(seq_lens)
+        x["xchg_req_slots"][:n].copy_(req_slots)
+        stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
+        if stream is not None and self.events is not None:
+            self.events["xchg_ready"].record(stream)
+        elif stream is not None:
+            stream.synchronize()
+        self.swap_fn(layer, n)
+        if stream is not None and self.events is not None:
+            stream.wait_event(self.events["xchg_done"])
+        self._count(topk, x["xchg_miss_count"][:n])
+        return self._hot(layer, req_slots, x["xchg_slots"][:n])

@@ -1,0 +1,42 @@
+"""The kernel implementations the engine launches, chosen once and passed down explicitly.
+
+`KernelSet.triton()` is the real data path (Triton on GPU, Triton's interpreter on CPU);
+`KernelSet.reference()` swaps in the plain-PyTorch references of `kernels.reference`, which
+share the wrappers' signatures (useful to bisect a mismatch; not graph capturable).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class KernelSet:
+    kv_append: Callable[..., None]
+    swap_plan: Callable[..., None]
+    miss_copy: Callable[..., None]
+    sparse_mla_decode: Callable[..., None]
+    indexer_scores: Callable[..., None]
+    topk_select: Callable[..., None]
+    capturable: bool = True
+
+    @classmethod
+    def triton(cls) -> "KernelSet":
+        from kernels.indexer import indexer_scores
+        from kernels.kv_append import kv_append
+        from kernels.miss_copy import miss_copy
+        from kernels.sparse_attention import sparse_mla_decode
+        from kernels.swap_plan import swap_plan
+        from kernels.topk import topk_select
+        return cls(kv_append=kv_append, swap_plan=swap_plan, miss_copy=miss_copy,
+                   sparse_mla_decode=sparse_mla_decode, indexer_scores=indexer_scores,
+                   topk_select=topk_select)
+
+    @classmethod
+    def reference(cls) -> "KernelSet":
+        from kernels import reference as ref
+        return cls(kv_append=ref.ref_kv_append, swap_plan=ref.ref_swap_plan,
+                   miss_copy=ref.ref_miss_copy, sparse_mla_decode=ref.ref_sparse_mla_decode,
+                   indexer_scores=ref.ref_indexer_scores, topk_select=ref.ref_topk_select,
+                   capturable=False)

@@ -1,0 +1,191 @@
+"""The KV backend the model calls at every layer, and the all-on-GPU baseline.
+
+A backend stores new KV rows and indexer keys (`append`), scores the indexer keys
+(`index_scores`), and hands attention the rows of a top-k selection as (kv rows, row_base, slots)
+(`select` for decode, `gather` for prefill). Attention reads row `row_base[b] + slots[b, i]` of
+`kv`, in slot-list order, so every backend that yields the same rows gives bitwise-identical
+output. The HiSparse backends (service memory) are in `engine_client.hisparse_backend`.
+
+Tensor conventions: req_slots, positions, seq_lens [n] int32; a row with req_slot -1 is padding
+and changes nothing; seq_lens count the stored tokens including the new one.
+"""
+
+from __future__ import annotations
+
+import zlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from engine_client.index_keys import encode_index_keys
+from engine_client.kernel_set import KernelSet
+from kv_service.layout import INDEX_FORMATS, KVLayout
+
+ROW_DIM = 576
+
+
+@dataclass(frozen=True)
+class AttnRows:
+    """What attention reads: rows kv [rows, 576] bf16, row_base [n] int64, slots [n, k] int32."""
+
+    kv: torch.Tensor
+    row_base: torch.Tensor
+    slots: torch.Tensor
+
+
+class KVBackend(ABC):
+    """Where the KV rows and indexer keys of every request slot live."""
+
+    num_layers: int
+    max_requests: int
+    max_context: int
+    topk: int
+    index_format: str
+    device: torch.device
+    kernels: KernelSet
+    # The decode path (append, index_scores, select) may be captured in a CUDA graph.
+    capturable: bool = True
+
+    @abstractmethod
+    def append(self, layer: int, kv_rows: torch.Tensor, index_rows: torch.Tensor,
+               req_slots: torch.Tensor, positions: torch.Tensor, seq_lens: torch.Tensor) -> None:
+        """Store rows kv_rows [n, 576] bf16 and index_rows [n, I] uint8 at (req_slot, position).
+        seq_lens: each request's stored length once this append is done (the window ring of an
+        offloaded request keeps only tokens >= seq_len - W, so pass a chunk's end, not pos + 1)."""
+
+    @abstractmethod
+    def index_pool_layer(self, layer: int) -> torch.Tensor:
+        """Index keys of `layer` as [pages, P, I] uint8, addressed through `page_table`."""
+
+    @property
+    @abstractmethod
+    def page_table(self) -> torch.Tensor:
+        """[R, pages per request] int32 page ids of the index pool."""
+
+    @abstractmethod
+    def select(self, layer: int, topk: torch.Tensor, req_slots: torch.Tensor,
+               seq_lens: torch.Tensor) -> AttnRows:
+        """Decode: make the top-k rows of each batch row readable. Graph-safe when capturable."""
+
+    @abstractmethod
+    def gather(self, layer: int, topk: torch.Tensor, req_slot: int, seq_len: int) -> AttnRows:
+        """Prefill of one request: the top-k rows of each chunk token (all < seq_len, the
+        request's stored length), read from the authoritative store without touching
+        residency/LRU state. May synchronize."""
+
+    def index_scores(self, layer: int, q: torch.Tensor, w: torch.Tensor,
+                     req_slots: torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor) -> None:
+        """out[b, t] = sum_h w[b, h] relu(q[b, h] . key_t) for t < seq_lens[b], else -inf."""
+        self.kernels.indexer_scores(q, w, self.index_pool_layer(layer), self.page_table,
+                                    req_slots, seq_lens, out)
+
+    def stats(self) -> dict[str, int]:
+        """Counters since the last reset (reads the device: call between steps)."""
+        return {}
+
+    def fill_synthetic(self, req_slot: int, n_tokens: int, *, seed: int = 0,
+                       chunk: int = 4096) -> None:
+        """Write random KV rows and index keys for positions [0, n_tokens) of `req_slot`, so a
+        benchmark starts from a long context without a prefill. Deterministic in (seed, layer,
+        chunk start) on a given device type, so every backend stores the same bytes."""
+        if not 0 <= req_slot < self.max_requests or not 0 < n_tokens <= self.max_context or chunk <= 0:
+            raise ValueError(f"bad synthetic fill: slot {req_slot}, {n_tokens} tokens, chunk {chunk}")
+        r = torch.full((chunk,), req_slot, dtype=torch.int32, device=self.device)
+        lens = torch.full((chunk,), n_tokens, dtype=torch.int32, device=self.device)
+        for layer in range(self.num_layers):
+            for start in range(0, n_tokens, chunk):
+                m = min(chunk, n_tokens - start)
+                gen = torch.Generator(device=self.device)
+                gen.manual_seed(zlib.crc32(f"{seed}:{layer}:{start}".encode()))
+                rows = torch.randn((m, ROW_DIM), generator=gen, device=self.device)
+                keys = torch.randn((m, 128), generator=gen, device=self.device)
+                pos = torch.arange(start, start + m, dtype=torch.int32, device=self.device)
+                self.append(layer, rows.to(torch.bfloat16), encode_index_keys(keys, self.index_format),
+                            r[:m], pos, lens[:m])
+
+
+@dataclass(frozen=True)
+class BaselineConfig:
+    """Sizes of the all-on-GPU cache: L layers x R request slots x C tokens."""
+
+    num_layers: int
+    max_requests: int
+    max_context: int
+    topk: int
+    page_size: int = 64
+    index_format: str = "bf16"
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "max_requests", "max_context", "topk", "page_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.index_format not in INDEX_FORMATS:
+            raise ValueError(f"index_format must be one of {sorted(INDEX_FORMATS)}")
+
+    @classmethod
+    def from_layout(cls, layout: KVLayout, max_requests: int | None = None) -> "BaselineConfig":
+        return cls(layout.num_layers, max_requests or layout.max_requests, layout.max_context,
+                   layout.topk, layout.page_size, layout.index_format)
+
+    @property
+    def pages_per_request(self) -> int:
+        return -(-self.max_context // self.page_size)
+
+    @property
+    def cache_bytes(self) -> int:
+        kv = self.num_layers * self.max_requests * self.max_context * ROW_DIM * 2
+        index = (self.num_layers * self.max_requests * self.pages_per_request * self.page_size
+                 * INDEX_FORMATS[self.index_format])
+        return kv + index
+
+
+class BaselineBackend(KVBackend):
+    """All KV on the device: a full cache [L, R, C, 576] bf16 and an index-key pool with a fixed
+    page table (request r owns pages [r * ppr, (r + 1) * ppr)). One extra row per layer of
+    each (the last) absorbs the writes of padding rows, so appends need no data-dependent
+    branch and stay graph-safe."""
+
+    def __init__(self, cfg: BaselineConfig, *, kernels: KernelSet,
+                 device: torch.device | str = "cpu") -> None:
+        self.cfg = cfg
+        self.kernels = kernels
+        self.device = torch.device(device)
+        self.num_layers, self.max_requests = cfg.num_layers, cfg.max_requests
+        self.max_context, self.topk, self.index_format = cfg.max_context, cfg.topk, cfg.index_format
+        L, R, C, P, ppr = cfg.num_layers, cfg.max_requests, cfg.max_context, cfg.page_size, cfg.pages_per_request
+        ib = INDEX_FORMATS[cfg.index_format]
+        self._kv = torch.zeros((L, R * C + 1, ROW_DIM), dtype=torch.bfloat16, device=self.device)
+        self.full_kv = self._kv[:, : R * C].view(L, R, C, ROW_DIM)
+        self._pool = torch.zeros((L, R * ppr + 1, P, ib), dtype=torch.uint8, device=self.device)
+        self._page_table = torch.arange(R * ppr, dtype=torch.int32, device=self.device).view(R, ppr)
+        self.capturable = kernels.capturable
+
+    @property
+    def page_table(self) -> torch.Tensor:
+        return self._page_table
+
+    def index_pool_layer(self, layer: int) -> torch.Tensor:
+        return self._pool[layer, :-1]
+
+    def append(self, layer: int, kv_rows: torch.Tensor, index_rows: torch.Tensor,
+               req_slots: torch.Tensor, positions: torch.Tensor, seq_lens: torch.Tensor) -> None:
+        cfg = self.cfg
+        r, t = req_slots.long(), positions.long()
+        ok = (r >= 0) & (r < cfg.max_requests) & (t >= 0) & (t < seq_lens.clamp(max=cfg.max_context))
+        trash_kv = cfg.max_requests * cfg.max_context
+        self._kv[layer].index_copy_(0, torch.where(ok, r * cfg.max_context + t, trash_kv), kv_rows)
+        # Page r * ppr + t // P, row t % P: request r's keys are contiguous.
+        per_req = cfg.pages_per_request * cfg.page_size
+        pool = self._pool[layer].view(-1, self._pool.shape[-1])
+        pool.index_copy_(0, torch.where(ok, r * per_req + t, cfg.max_requests * per_req), index_rows)
+
+    def select(self, layer: int, topk: torch.Tensor, req_slots: torch.Tensor,
+               seq_lens: torch.Tensor) -> AttnRows:
+        row_base = req_slots.long().clamp(min=0) * self.max_context
+        return AttnRows(self._kv[layer], row_base, topk)
+
+    def gather(self, layer: int, topk: torch.Tensor, req_slot: int, seq_len: int) -> AttnRows:
+        row_base = torch.full((topk.shape[0],), req_slot * self.max_context, dtype=torch.int64,
+                              device=self.device)
+        return AttnRows(self._kv[layer], row_base, topk)

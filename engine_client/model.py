@@ -1,0 +1,185 @@
+"""DeepSeek-V3.2-shaped decode model: MLA with absorbed decode, lightning indexer, top-k sparse
+attention through a KV backend, optional dense SwiGLU MLP.
+
+Per layer, for n tokens (a decode batch, or one request's prefill chunk):
+  h = RMSNorm(x)
+  query:  qr = RMSNorm_qa(q_a_proj h); q = q_b_proj qr -> q_nope [H, nope], q_pe [H, 64] (RoPE)
+  KV row: kv_a_proj_with_mqa h -> RMSNorm_kva(c_kv [512]) ++ RoPE(k_pe [64])  (576 bf16 values)
+  indexer: q_I = wq_b qr [64, 128]; key = LayerNorm(wk h) [128] (RoPE on the first 64 dims of
+          both, half-split as V3.2's indexer); w = weights_proj(h) / sqrt(64 * 128)
+  backend.append(rows, keys) -> scores = sum_h w_h relu(q_I,h . key_t) -> top-k (t < seq_len)
+  attention: q_nope absorbed through W_UK to [H, 512]; sparse MLA over the backend's rows;
+          latent out through W_UV [H, v], then o_proj; residual; MLP; residual.
+V3.2's Hadamard rotation of indexer q/k and fp8 activation quantization are not modelled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine_client.index_keys import encode_index_keys
+from engine_client.kv_backend import AttnRows, KVBackend
+from engine_client.preset import ModelConfig
+from engine_client.rope import RopeTable, apply_rope
+from engine_client.weights import check_weights, layer_prefix
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """Per-forward scratch: scores [n, S] fp32, topk [n, k] int32, attention out [n, H, 512]
+    bf16 and lse [n, H] fp32. Decode keeps one at fixed addresses; prefill makes one per chunk."""
+
+    scores: torch.Tensor
+    topk: torch.Tensor
+    attn_out: torch.Tensor
+    lse: torch.Tensor
+
+    @classmethod
+    def allocate(cls, cfg: ModelConfig, n: int, width: int, device: torch.device) -> "Workspace":
+        return cls(scores=torch.empty((n, width), dtype=torch.float32, device=device),
+                   topk=torch.empty((n, cfg.topk), dtype=torch.int32, device=device),
+                   attn_out=torch.empty((n, cfg.num_heads, cfg.kv_lora_rank), dtype=cfg.torch_dtype,
+                                        device=device),
+                   lse=torch.empty((n, cfg.num_heads), dtype=torch.float32, device=device))
+
+    def rows(self, n: int) -> "Workspace":
+        return Workspace(self.scores[:n], self.topk[:n], self.attn_out[:n], self.lse[:n])
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """One forward's tokens: ids [n] int64; req_slots, positions, seq_lens (causal: pos + 1,
+    or 0 on padding rows) and append_lens (each request's length after this append) [n] int32."""
+
+    ids: torch.Tensor
+    req_slots: torch.Tensor
+    positions: torch.Tensor
+    seq_lens: torch.Tensor
+    append_lens: torch.Tensor
+
+
+@dataclass(frozen=True)
+class PrefillChunk:
+    """Marks a forward as one request's prefill chunk: attention reads through backend.gather.
+    seq_len: the request's stored length once the chunk is appended."""
+
+    req_slot: int
+    seq_len: int
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
+
+
+class Model:
+    """Weights + forward. `backend` decides where KV lives; the math is the same for all."""
+
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], backend: KVBackend) -> None:
+        check_weights(weights, cfg)
+        if backend.topk != cfg.topk:
+            raise ValueError(f"backend top-k {backend.topk} != model top-k {cfg.topk}")
+        if backend.num_layers != cfg.num_layers:
+            raise ValueError(f"backend has {backend.num_layers} layers, model {cfg.num_layers}")
+        self.cfg, self.backend, self.kernels = cfg, backend, backend.kernels
+        self.device = backend.device
+        w = {n: t.to(self.device) for n, t in weights.items()}
+        self.embed, self.final_norm, self.lm_head = (
+            w["model.embed_tokens.weight"], w["model.norm.weight"], w["lm_head.weight"])
+        self.layers = [self._layer_weights(w, i) for i in range(cfg.num_layers)]
+        self.rope = RopeTable(cfg.rope_dim, backend.max_context, cfg.rope_theta, self.device)
+
+    def _layer_weights(self, w: dict[str, torch.Tensor], i: int) -> dict[str, torch.Tensor]:
+        cfg, p = self.cfg, layer_prefix(i)
+        lw = {n[len(p):]: t for n, t in w.items() if n.startswith(p)}
+        kv_b = lw.pop("self_attn.kv_b_proj.weight").view(cfg.num_heads, cfg.qk_nope_dim + cfg.v_head_dim,
+                                                      cfg.kv_lora_rank)
+        # Absorbed decode: q_nope @ W_UK per head, and latent @ W_UV^T per head.
+        lw["w_uk"] = kv_b[:, : cfg.qk_nope_dim].contiguous()
+        lw["w_uv_t"] = kv_b[:, cfg.qk_nope_dim:].transpose(1, 2).contiguous()
+        return lw
+
+    def forward(self, tok: Tokens, ws: Workspace, prefill: PrefillChunk | None = None) -> torch.Tensor:
+        """Hidden states [n, hidden] after the final norm; decode (backend.select) unless
+        `prefill` says the tokens are one request's chunk."""
+        x = F.embedding(tok.ids, self.embed)
+        cos, sin = self.rope.lookup(tok.positions)
+        for i, lw in enumerate(self.layers):
+            x = self._attention(i, lw, x, cos, sin, tok, ws, prefill)
+            if self.cfg.mlp_hidden:
+                h = rms_norm(x, lw["post_attention_layernorm.weight"], self.cfg.norm_eps)
+                gate = F.silu(F.linear(h, lw["mlp.gate_proj.weight"]))
+                x = x + F.linear(gate * F.linear(h, lw["mlp.up_proj.weight"]), lw["mlp.down_proj.weight"])
+        return rms_norm(x, self.final_norm, self.cfg.norm_eps)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """fp32 logits [n, vocab] of final hidden states [n, hidden]."""
+        return F.linear(hidden, self.lm_head).float()
+
+    def prefill(self, req_slot: int, token_ids: Sequence[int], *, start: int = 0,
+                chunk_size: int = 512) -> torch.Tensor:
+        """Run one request's tokens at positions [start, start + len) in chunks: each chunk's
+        rows and index keys are appended first, then every token selects its own top-k over
+        positions <= itself and attends through backend.gather (never the plan kernel, which
+        would move LRU state). The request slot must be admitted (service modes) with room for
+        the tokens. Returns the fp32 logits [vocab] of the last token."""
+        n, be = len(token_ids), self.backend
+        if n == 0 or chunk_size <= 0:
+            raise ValueError(f"prefill needs tokens and a positive chunk size ({n}, {chunk_size})")
+        if not 0 <= req_slot < be.max_requests or not 0 <= start <= be.max_context - n:
+            raise ValueError(f"request slot {req_slot} / positions [{start}, {start + n}) out of "
+                             f"range (R={be.max_requests}, max_context={be.max_context})")
+        ids = torch.tensor(token_ids, dtype=torch.int64)
+        if int(ids.min()) < 0 or int(ids.max()) >= self.cfg.vocab_size:
+            raise ValueError(f"token ids must be in [0, {self.cfg.vocab_size})")
+        ids = ids.to(self.device)
+        for s in range(0, n, chunk_size):
+            e = min(s + chunk_size, n)
+            pos = torch.arange(start + s, start + e, dtype=torch.int32, device=self.device)
+            slots = torch.full_like(pos, req_slot)
+            tok = Tokens(ids[s:e], slots, pos, pos + 1, torch.full_like(pos, start + e))
+            ws = Workspace.allocate(self.cfg, e - s, start + e, self.device)
+            hidden = self.forward(tok, ws, PrefillChunk(req_slot, start + e))
+        return self.logits(hidden[-1:])[0]
+
+    def _indexer(self, lw: dict, h: torch.Tensor, qr: torch.Tensor, cos: torch.Tensor,
+                 sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Indexer query [n, 64, 128] bf16, head weights [n, 64] fp32, key [n, 128]."""
+        cfg, n, r = self.cfg, h.shape[0], self.cfg.rope_dim
+        q = F.linear(qr, lw["self_attn.indexer.wq_b.weight"]).view(n, cfg.index_heads, cfg.index_dim)
+        q = torch.cat((apply_rope(q[..., :r], cos, sin, interleaved=False), q[..., r:]), dim=-1)
+        k = F.layer_norm(F.linear(h, lw["self_attn.indexer.wk.weight"]).float(), (cfg.index_dim,),
+                         lw["self_attn.indexer.k_norm.weight"].float(),
+                         lw["self_attn.indexer.k_norm.bias"].float(), cfg.norm_eps).to(h.dtype)
+        k = torch.cat((apply_rope(k[:, :r], cos, sin, interleaved=False), k[:, r:]), dim=-1)
+        w = F.linear(h, lw["self_attn.indexer.weights_proj.weight"]).float() * cfg.index_weight_scale
+        return q, w, k
+
+    def _attention(self, i: int, lw: dict, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   tok: Tokens, ws: Workspace, prefill: PrefillChunk | None) -> torch.Tensor:
+        cfg, n, eps = self.cfg, x.shape[0], self.cfg.norm_eps
+        h = rms_norm(x, lw["input_layernorm.weight"], eps)
+        qr = rms_norm(F.linear(h, lw["self_attn.q_a_proj.weight"]), lw["self_attn.q_a_layernorm.weight"], eps)
+        q = F.linear(qr, lw["self_attn.q_b_proj.weight"]).view(n, cfg.num_heads, cfg.qk_head_dim)
+        q_pe = apply_rope(q[..., cfg.qk_nope_dim:], cos, sin, interleaved=True)
+        kv = F.linear(h, lw["self_attn.kv_a_proj_with_mqa.weight"])
+        c_kv = rms_norm(kv[:, : cfg.kv_lora_rank], lw["self_attn.kv_a_layernorm.weight"], eps)
+        rows = torch.cat((c_kv, apply_rope(kv[:, cfg.kv_lora_rank:], cos, sin, interleaved=True)), -1)
+        iq, iw, ik = self._indexer(lw, h, qr, cos, sin)
+
+        be = self.backend
+        be.append(i, rows, encode_index_keys(ik, be.index_format), tok.req_slots, tok.positions,
+                  tok.append_lens)
+        be.index_scores(i, iq, iw, tok.req_slots, tok.seq_lens, ws.scores)
+        self.kernels.topk_select(ws.scores, tok.seq_lens, ws.topk)
+        sel: AttnRows = (be.select(i, ws.topk, tok.req_slots, tok.seq_lens) if prefill is None
+                         else be.gather(i, ws.topk, prefill.req_slot, prefill.seq_len))
+        q_abs = torch.bmm(q[..., : cfg.qk_nope_dim].transpose(0, 1), lw["w_uk"]).transpose(0, 1)
+        self.kernels.sparse_mla_decode(q_abs, q_pe, sel.kv, sel.row_base, sel.slots,
+                                       cfg.softmax_scale, ws.attn_out, ws.lse)
+        o = torch.bmm(ws.attn_out.transpose(0, 1), lw["w_uv_t"]).transpose(0, 1).reshape(n, -1)
+        return x + F.linear(o, lw["self_attn.o_proj.weight"])

@@ -1,0 +1,162 @@
+"""Model weights: seeded random init, and safetensors load/save under DeepSeek-V3.2 tensor names.
+
+Weights are kept by their checkpoint name in one flat dict, so the loader, the saver and the
+random init share a single table of names and shapes (`weight_shapes`). Checkpoints must hold
+float tensors (bf16, fp16 or fp32; cast to the model dtype); DeepSeek's block-fp8 weights with
+`weight_scale_inv` must be dequantized first. Tensors the model does not use (MoE experts, MTP
+layers, extra layers) are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import zlib
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from engine_client.preset import ModelConfig
+
+_FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that does not fit the model: missing, mis-shaped or non-float tensors."""
+
+
+def layer_prefix(i: int) -> str:
+    return f"model.layers.{i}."
+
+
+def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor the model reads, by DeepSeek-V3.2 checkpoint name."""
+    h, H = cfg.hidden_size, cfg.num_heads
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, h)}
+    for i in range(cfg.num_layers):
+        p = layer_prefix(i)
+        a = p + "self_attn."
+        shapes.update({
+            p + "input_layernorm.weight": (h,),
+            a + "q_a_proj.weight": (cfg.q_lora_rank, h),
+            a + "q_a_layernorm.weight": (cfg.q_lora_rank,),
+            a + "q_b_proj.weight": (H * cfg.qk_head_dim, cfg.q_lora_rank),
+            a + "kv_a_proj_with_mqa.weight": (cfg.row_dim, h),
+            a + "kv_a_layernorm.weight": (cfg.kv_lora_rank,),
+            a + "kv_b_proj.weight": (H * (cfg.qk_nope_dim + cfg.v_head_dim), cfg.kv_lora_rank),
+            a + "o_proj.weight": (h, H * cfg.v_head_dim),
+            a + "indexer.wq_b.weight": (cfg.index_heads * cfg.index_dim, cfg.q_lora_rank),
+            a + "indexer.wk.weight": (cfg.index_dim, h),
+            a + "indexer.k_norm.weight": (cfg.index_dim,),
+            a + "indexer.k_norm.bias": (cfg.index_dim,),
+            a + "indexer.weights_proj.weight": (cfg.index_heads, h),
+            p + "post_attention_layernorm.weight": (h,),
+        })
+        if cfg.mlp_hidden:
+            shapes.update({
+                p + "mlp.gate_proj.weight": (cfg.mlp_hidden, h),
+                p + "mlp.up_proj.weight": (cfg.mlp_hidden, h),
+                p + "mlp.down_proj.weight": (h, cfg.mlp_hidden),
+            })
+    shapes["model.norm.weight"] = (h,)
+    shapes["lm_head.weight"] = (cfg.vocab_size, h)
+    return shapes
+
+
+def _init_std(name: str, shape: tuple[int, ...], cfg: ModelConfig) -> float | None:
+    """Std of a random weight (None: a norm parameter, set to its identity value).
+
+    Matrices get 1/sqrt(fan_in) so activations stay near unit scale in bf16; the two matrices
+    that write into the residual stream are further scaled by 1/sqrt(2 * layers) so the residual
+    does not grow with depth."""
+    if len(shape) == 1:
+        return None
+    if name == "model.embed_tokens.weight":
+        return 1.0
+    std = shape[1] ** -0.5
+    if name.endswith(("o_proj.weight", "down_proj.weight")):
+        std /= math.sqrt(2 * cfg.num_layers)
+    return std
+
+
+def random_weights(cfg: ModelConfig, seed: int = 0,
+                   device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """Deterministic random weights. Each tensor has its own generator seeded from (seed, name),
+    so a tensor does not depend on the others (e.g. on the layer count). Generated on `device`
+    because CPU generation of multi-GB presets is slow; CPU and CUDA draw different numbers."""
+    device = torch.device(device)
+    out = {}
+    for name, shape in weight_shapes(cfg).items():
+        std = _init_std(name, shape, cfg)
+        if std is None:
+            fill = 0.0 if name.endswith(".bias") else 1.0
+            out[name] = torch.full(shape, fill, dtype=cfg.torch_dtype, device=device)
+            continue
+        gen = torch.Generator(device=device)
+        gen.manual_seed(zlib.crc32(f"{seed}:{name}".encode()))
+        w = torch.randn(shape, generator=gen, dtype=torch.float32, device=device)
+        out[name] = w.mul_(std).to(cfg.torch_dtype)
+    return out
+
+
+def _checkpoint_files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [path / n for n in names]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"no *.safetensors files in {path}")
+    return files
+
+
+def _read_tensor(f, name: str, want: tuple[int, ...], cfg: ModelConfig,
+                 device: torch.device) -> torch.Tensor:
+    t = f.get_tensor(name)
+    if tuple(t.shape) != want:
+        raise CheckpointError(f"{name}: expected shape {want}, got {tuple(t.shape)}")
+    if t.dtype not in _FLOAT_DTYPES:
+        raise CheckpointError(f"{name}: dtype {t.dtype} is not bf16/fp16/fp32 "
+                              f"(dequantize fp8 checkpoints before loading)")
+    return t.to(device=device, dtype=cfg.torch_dtype).contiguous()
+
+
+def load_safetensors(path: str | Path, cfg: ModelConfig,
+                     device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """Load the tensors `cfg` needs from a .safetensors file or a directory of shards.
+    Raises CheckpointError listing every missing tensor, or on the first mis-shaped one."""
+    device = torch.device(device)
+    want = weight_shapes(cfg)
+    out: dict[str, torch.Tensor] = {}
+    for file in _checkpoint_files(Path(path)):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                if name in want and name not in out:
+                    out[name] = _read_tensor(f, name, want[name], cfg, device)
+    missing = [n for n in want if n not in out]
+    if missing:
+        shown = ", ".join(missing[:8]) + (f" ... ({len(missing)} in all)" if len(missing) > 8 else "")
+        raise CheckpointError(f"checkpoint {path} lacks tensors: {shown}")
+    return out
+
+
+def save_safetensors(weights: dict[str, torch.Tensor], path: str | Path) -> None:
+    """Write the weights as one .safetensors file under their checkpoint names."""
+    save_file({n: t.detach().contiguous().cpu() for n, t in weights.items()}, str(path))
+
+
+def check_weights(weights: dict[str, torch.Tensor], cfg: ModelConfig) -> None:
+    """Raise CheckpointError unless `weights` has every tensor of `cfg` with the right shape."""
+    want = weight_shapes(cfg)
+    missing = [n for n in want if n not in weights]
+    if missing:
+        raise CheckpointError(f"weights lack {len(missing)} tensors, first {missing[0]}")
+    for name, shape in want.items():
+        if tuple(weights[name].shape) != shape:
+            raise CheckpointError(f"{name}: expected shape {shape}, got {tuple(weights[name].shape)}")

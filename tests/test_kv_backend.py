@@ -1,0 +1,185 @@
+"""KV backends: index-key encoding, row addressing of every store, prefill gathers, padding rows,
+fp8 index keys across modes, and RemoteSwapBackend against the service's own RemoteSwapper."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine_client.graph import DecodeConfig, DecodeRunner
+from engine_client.hisparse_backend import (HiSparseBackend, RemoteSwapBackend, allocate_exchange,
+                                            local_swap_fn)
+from engine_client.index_keys import decode_index_keys, encode_index_keys
+from engine_client.kernel_set import KernelSet
+from engine_client.kv_backend import BaselineBackend, BaselineConfig
+from engine_client.model import Model
+from engine_client.preset import preset
+from engine_client.weights import random_weights
+from kernels import reference
+from kv_service.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
+from kv_service.memory import TENSOR_NAMES, allocate_local, reset_request
+from kv_service.remote_swap import RemoteSwapper
+
+CFG = preset("tiny", topk=8)
+LAYOUT = KVLayout(num_layers=2, max_requests=3, hot_slots=12, window=2, topk=8, page_size=4,
+                  num_pages=24, max_context=40)
+# slot: (mode, context length); pages are deliberately not in slot order.
+REQS = {0: (MODE_RESIDENT, 7), 2: (MODE_OFFLOADED, 27)}
+PAGES = {0: [20, 21, 22], 2: [5, 3, 11, 0, 1, 2, 9, 8, 7, 6]}
+KERNELS = KernelSet.triton()
+
+
+def service_tensors(layout: KVLayout = LAYOUT):
+    kv = allocate_local(layout)
+    for slot, (mode, _) in REQS.items():
+        reset_request(kv, slot, mode, PAGES[slot])
+    return kv
+
+
+def filled(layout: KVLayout = LAYOUT):
+    base = BaselineBackend(BaselineConfig.from_layout(layout), kernels=KERNELS)
+    hs = HiSparseBackend(service_tensors(layout), kernels=KERNELS)
+    for backend in (base, hs):
+        for slot, (_, n) in REQS.items():
+            backend.fill_synthetic(slot, n, seed=slot, chunk=5)
+    return base, hs
+
+
+@pytest.mark.parametrize("fmt,nbytes", [("bf16", 256), ("fp8", 132)])
+def test_index_key_encoding_matches_the_kernels_reading(fmt, nbytes) -> None:
+    keys = torch.randn(6, 128) * torch.tensor([0.01, 1, 3, 100, 0, 1])[:, None]
+    rows = encode_index_keys(keys, fmt)
+    assert rows.shape == (6, nbytes) and rows.dtype == torch.uint8
+    ours, theirs = decode_index_keys(rows, fmt), reference.decode_index_keys(rows)
+    assert torch.equal(ours, theirs)
+    tol = 0 if fmt == "bf16" else 0.07
+    assert torch.allclose(ours, keys.bfloat16().float(), rtol=tol, atol=tol * keys.abs().amax(1, keepdim=True).max())
+    assert torch.isfinite(ours).all() and (ours[4] == 0).all()
+    if fmt == "fp8":
+        scale = rows[:, 128:].contiguous().view(torch.float32)[:, 0]
+        assert torch.allclose(scale[:4], keys[:4].abs().amax(1) / 448)
+
+
+def test_synthetic_fill_lands_at_every_store_address() -> None:
+    base, hs = filled()
+    lay, kv = LAYOUT, hs.kv
+    host = kv.host_kv.view(-1, 1152)
+    for layer in range(lay.num_layers):
+        for slot, (mode, n) in REQS.items():
+            want = base.full_kv[layer, slot, :n].contiguous().view(torch.uint8)
+            for t in range(n):
+                if mode == MODE_RESIDENT:
+                    got = kv.hot_kv[layer, slot, t]
+                else:
+                    page = PAGES[slot][t // lay.page_size]
+                    got = host[(page * lay.num_layers + layer) * lay.page_size + t % lay.page_size]
+                assert torch.equal(got, want[t]), (layer, slot, t)
+            if mode == MODE_OFFLOADED:
+                # The window ring holds the newest W tokens.
+                for t in range(n - lay.window, n):
+                    assert torch.equal(kv.hot_kv[layer, slot, t % lay.window], want[t])
+    # Same index keys under both page tables.
+    for slot, (_, n) in REQS.items():
+        for t in range(n):
+            page = PAGES[slot][t // lay.page_size]
+            base_page = base.page_table[slot, t // lay.page_size]
+            assert torch.equal(kv.index_pool[1, page, t % lay.page_size],
+                               base.index_pool_layer(1)[base_page, t % lay.page_size])
+
+
+def test_prefill_gather_reads_the_same_rows_and_moves_no_state() -> None:
+    base, hs = filled()
+    before = {name: getattr(hs.kv, name).clone() for name in TENSOR_NAMES if name != "hot_kv"}
+    # 3 chunk tokens x 8 < 27 positions: per-token reads; 5 x 8 >= 27: one read of the context.
+    for slot, (_, n), rows in [(s, r, m) for s, r in REQS.items() for m in (3, 5)]:
+        # Ascending valid positions, -1 padded (what topk_select produces), one row per chunk token.
+        topk = torch.full((rows, 8), -1, dtype=torch.int32)
+        for b in range(rows):
+            m = max(1, n - 6 * b)
+            picked = torch.randperm(m)[: min(8, m)].sort().values
+            topk[b, : len(picked)] = picked.int()
+        a, h = base.gather(1, topk, slot, n), hs.gather(1, topk, slot, n)
+        for b in range(rows):
+            for i in range(8):
+                if topk[b, i] >= 0:
+                    assert torch.equal(a.kv[a.row_base[b] + a.slots[b, i]], h.kv[h.row_base[b] + h.slots[b, i]])
+                else:
+                    assert a.slots[b, i] < 0 and h.slots[b, i] < 0
+    for name, t in before.items():
+        assert torch.equal(t, getattr(hs.kv, name)), name
+    with pytest.raises(ValueError, match="not admitted"):
+        hs.gather(0, torch.zeros((1, 8), dtype=torch.int32), 1, 1)
+
+
+def test_padding_rows_write_nothing() -> None:
+    for backend in (BaselineBackend(BaselineConfig.from_layout(LAYOUT), kernels=KERNELS),
+                    HiSparseBackend(service_tensors(), kernels=KERNELS)):
+        store = backend.full_kv if isinstance(backend, BaselineBackend) else backend.kv.host_kv
+        pools = [backend.index_pool_layer(layer).clone() for layer in range(2)]
+        rows = torch.randn(2, 576).bfloat16()
+        slots = torch.tensor([-1, 0], dtype=torch.int32)
+        pos = torch.tensor([0, 1], dtype=torch.int32)
+        # Row 1 is real but its position is not < seq_len: also skipped.
+        backend.append(0, rows, encode_index_keys(torch.randn(2, 128), "bf16"), slots, pos,
+                       torch.tensor([5, 1], dtype=torch.int32))
+        assert not store.any()
+        assert all(torch.equal(p, backend.index_pool_layer(i)) for i, p in enumerate(pools))
+
+
+def decode_only(backend, steps: int = 3) -> list[torch.Tensor]:
+    """Greedy decode from synthetic contexts (no prefill: cheap under the interpreter)."""
+    for slot, (_, n) in REQS.items():
+        backend.fill_synthetic(slot, n, seed=slot, chunk=8)
+    model = Model(CFG, random_weights(CFG, seed=4), backend)
+    runner = DecodeRunner(model, DecodeConfig(max_batch=2))
+    slots = list(REQS)
+    tokens, out = [1, 2], []
+    for step in range(steps):
+        pos = [REQS[s][1] + step for s in slots]
+        logits = runner.step(tokens, pos, slots, [p + 1 for p in pos])
+        out.append(logits.clone())
+        tokens = logits.argmax(dim=1).tolist()
+    return out
+
+
+def remote_with_service_swapper(kv) -> RemoteSwapBackend:
+    xchg = allocate_exchange(kv.layout)
+    swapper = RemoteSwapper(kv, xchg)
+    swapper.claim("session")
+    return RemoteSwapBackend(kv, lambda layer, bs: swapper.run("session", layer, bs, set(REQS)),
+                             kernels=KERNELS, xchg=xchg, max_batch=2)
+
+
+def test_fp8_index_keys_identical_across_modes() -> None:
+    lay = KVLayout(**(LAYOUT.to_dict() | {"index_format": "fp8"}))
+    base = BaselineBackend(BaselineConfig.from_layout(lay), kernels=KERNELS)
+    assert base.index_pool_layer(0).shape[-1] == 132
+    hs = HiSparseBackend(service_tensors(lay), kernels=KERNELS, max_batch=2)
+    remote = remote_with_service_swapper(service_tensors(lay))
+    results = [decode_only(b) for b in (base, hs, remote)]
+    for other in results[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(results[0], other))
+    stats = hs.stats()
+    assert stats == remote.stats() and stats["misses"] > 0
+    assert stats["hits"] + stats["misses"] == stats["selected"] == 2 * 3 * 2 * 8
+    hs.reset_stats()
+    assert hs.stats()["selected"] == 0
+
+
+def test_backend_arguments_are_checked() -> None:
+    kv = service_tensors()
+    with pytest.raises(ValueError, match="max_batch"):
+        HiSparseBackend(kv, kernels=KERNELS, max_batch=4)
+    with pytest.raises(ValueError, match="bf16 KV rows"):
+        HiSparseBackend(allocate_local(KVLayout(**(LAYOUT.to_dict() | {"row_format": "fp8"}))),
+                        kernels=KERNELS)
+    xchg = allocate_exchange(LAYOUT)
+    swap = local_swap_fn(kv, xchg, KERNELS)
+    bad = dict(xchg, xchg_topk=torch.zeros((3, 4), dtype=torch.int32))
+    with pytest.raises(ValueError, match="xchg_topk"):
+        RemoteSwapBackend(kv, swap, kernels=KERNELS, xchg=bad)
+    with pytest.raises(ValueError, match="events"):
+        RemoteSwapBackend(kv, swap, kernels=KERNELS, xchg=xchg, events={"ready": None})
+    assert not RemoteSwapBackend(kv, swap, kernels=KERNELS).capturable
+    with pytest.raises(ValueError):
+        BaselineConfig(num_layers=1, max_requests=1, max_context=8, topk=4, index_format="int4")
