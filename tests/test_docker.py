@@ -1,0 +1,329 @@
+"""The compose deployment in docker/: both files validated by docker-compose, the resolved
+configuration checked for what CUDA IPC and the host tier need, the entry points run with
+--help, and the health-check client run against a real service process.
+
+No Docker engine is needed: `docker-compose config` only parses, merges and interpolates.
+Without docker-compose this module fails (CI installs it) unless HISPARSE_SKIP_COMPOSE=1.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from engine_client.preset import PRESETS
+from kv_service.layout import KVLayout
+from kv_service.memory import tensor_specs
+from proto.decode.v1 import decode_pb2
+from proto.kvcache.v1 import kvcache_pb2
+from tests.service_harness import SERVICE, ServiceProcess, short_tmpdir
+
+pytestmark = pytest.mark.timeout(120)
+
+REPO = Path(__file__).resolve().parent.parent
+DOCKER = REPO / "docker"
+GPU_FILE = DOCKER / "docker-compose.yml"
+CPU_FILE = DOCKER / "docker-compose.cpu.yml"
+HEALTHCHECK = DOCKER / "healthcheck.py"
+FAKE_UUID = "GPU-00000000-1111-2222-3333-444444444444"
+# Variables a developer's shell may set that would change what the files resolve to.
+ENV_PREFIXES = ("HISPARSE_", "KVS_", "ENGINE_", "COMPOSE_", "LOADGEN_")
+MIB = 1 << 20
+UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+LAYOUT_ENV = {f.upper(): f for f in ("num_layers", "max_requests", "hot_slots", "window", "topk",
+                                     "page_size", "num_pages", "max_context")}
+
+
+def compose_exe() -> str:
+    exe = shutil.which("docker-compose")
+    if exe is None:
+        if os.environ.get("HISPARSE_SKIP_COMPOSE") == "1":
+            pytest.skip("docker-compose not installed and HISPARSE_SKIP_COMPOSE=1")
+        pytest.fail("docker-compose is not installed, so docker/*.yml cannot be validated: "
+                    "apt-get install -y docker-compose (or set HISPARSE_SKIP_COMPOSE=1 to skip)")
+    return exe
+
+
+def compose(file: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """`docker-compose -f FILE <args>` in a clean environment: no HISPARSE_*/KVS_*/ENGINE_*
+    from the caller's shell and an empty env file instead of a developer's docker/.env."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIXES)}
+    with tempfile.NamedTemporaryFile(suffix=".env") as empty:
+        return subprocess.run([compose_exe(), "--env-file", empty.name, "-f", str(file), *args],
+                              env=dict(clean, **env), capture_output=True, text=True, timeout=60)
+
+
+def yaml_to_data(text: str) -> dict:
+    """docker-compose prints YAML. PyYAML is not a test dependency, but docker-compose 1.x is a
+    Python program that always has it, so its own interpreter does the parsing when we cannot."""
+    try:
+        import yaml
+        return yaml.safe_load(text)
+    except ImportError:
+        pass
+    with open(compose_exe(), "rb") as f:
+        shebang = f.readline().decode(errors="replace")
+    if not shebang.startswith("#!"):
+        pytest.fail("cannot parse docker-compose output: install pyyaml")
+    interpreter = shlex.split(shebang[2:])
+    code = "import json, sys, yaml; json.dump(yaml.safe_load(sys.stdin), sys.stdout)"
+    out = subprocess.run(interpreter + ["-c", code], input=text, capture_output=True, text=True,
+                         timeout=60, check=True)
+    return json.loads(out.stdout)
+
+
+def resolved(file: Path, **env: str) -> dict:
+    out = compose(file, "config", **env)
+    assert out.returncode == 0, out.stderr
+    return yaml_to_data(out.stdout)
+
+
+@pytest.fixture(scope="module")
+def gpu() -> dict:
+    return resolved(GPU_FILE, HISPARSE_GPU_UUID=FAKE_UUID)["services"]
+
+
+@pytest.fixture(scope="module")
+def cpu() -> dict:
+    return resolved(CPU_FILE)["services"]
+
+
+# Ids avoid the word "gpu": conftest skips every test whose keywords include it.
+@pytest.fixture(scope="module", params=["gpu", "cpu"], ids=["main-file", "cpu-file"])
+def stack(request: pytest.FixtureRequest) -> dict:
+    return request.getfixturevalue(request.param)
+
+
+def test_compose_files_validate() -> None:
+    for file, env in ((GPU_FILE, {"HISPARSE_GPU_UUID": FAKE_UUID}), (CPU_FILE, {})):
+        out = compose(file, "config", "-q", **env)
+        assert out.returncode == 0, f"{file}: {out.stderr}"
+
+
+def test_gpu_uuid_is_required_and_comes_from_env(gpu: dict) -> None:
+    out = compose(GPU_FILE, "config", "-q")
+    assert out.returncode != 0 and "HISPARSE_GPU_UUID" in out.stderr
+    for name in ("kv-service", "engine"):
+        devices = gpu[name]["deploy"]["resources"]["reservations"]["devices"]
+        assert devices == [{"driver": "nvidia", "device_ids": [FAKE_UUID], "capabilities": ["gpu"]}]
+    assert "deploy" not in gpu["loadgen"]
+
+
+def test_cpu_variant_is_the_same_stack_without_gpu(gpu: dict, cpu: dict) -> None:
+    """Two files, one stack: only device, model size, layout, shm and load may differ."""
+    assert all("deploy" not in svc for svc in cpu.values())
+    assert cpu["kv-service"]["environment"]["KVS_DEVICE"] == "cpu"
+    assert cpu["engine"]["environment"]["ENGINE_DEVICE"] == "cpu"
+    assert cpu["engine"]["environment"]["ENGINE_PRESET"] == "tiny"
+    may_differ = {"deploy", "shm_size", "environment"}
+    env_may_differ = {"KVS_DEVICE", "ENGINE_DEVICE", "ENGINE_PRESET", "ENGINE_MAX_BATCH",
+                      *(f"{p}_{k}" for k in LAYOUT_ENV for p in ("KVS", "ENGINE"))}
+    assert gpu.keys() == cpu.keys()
+    for name in gpu:
+        g, c = gpu[name], cpu[name]
+        for key in (g.keys() | c.keys()) - may_differ:
+            assert g.get(key) == c.get(key), f"{name}.{key} differs between the files"
+        genv, cenv = g.get("environment", {}), c.get("environment", {})
+        assert genv.keys() == cenv.keys(), name
+        for key in genv.keys() - env_may_differ:
+            if not key.startswith("LOADGEN_"):
+                assert genv[key] == cenv[key], f"{name}.environment.{key} differs"
+
+
+def test_engine_sizes_follow_the_service_layout(stack: dict) -> None:
+    """The engine's local KV sizes (baseline/embedded modes) and model depth are the service's."""
+    kvs, eng = stack["kv-service"]["environment"], stack["engine"]["environment"]
+    for key in LAYOUT_ENV:
+        if f"ENGINE_{key}" in eng:
+            assert eng[f"ENGINE_{key}"] == kvs[f"KVS_{key}"], key
+    # The service's top-k is the model's: the engine has no flag for it, only the preset.
+    assert int(kvs["KVS_TOPK"]) == PRESETS[eng["ENGINE_PRESET"]].topk
+
+
+def test_namespaces_and_volumes(stack: dict) -> None:
+    svc, eng = stack["kv-service"], stack["engine"]
+    assert svc["ipc"] == "shareable"
+    assert eng["ipc"] == "service:kv-service" and eng["pid"] == "service:kv-service"
+    mounts = {name: dict(reversed(v.split(":")[:2]) for v in stack[name]["volumes"])
+              for name in ("kv-service", "engine")}
+    uds_dir = os.path.dirname(svc["environment"]["KVS_UDS"])
+    assert mounts["kv-service"][uds_dir] == mounts["engine"][uds_dir]
+    assert eng["environment"]["ENGINE_SERVICE"] == "unix://" + svc["environment"]["KVS_UDS"]
+    assert os.path.dirname(eng["environment"]["ENGINE_UDS"]) == uds_dir
+    cache = re.search(r"TRITON_CACHE_DIR=(\S+)", (DOCKER / "Dockerfile").read_text()).group(1)
+    assert mounts["kv-service"][cache] == mounts["engine"][cache]
+
+
+def parse_size(text: str) -> int:
+    m = re.fullmatch(r"(\d+)([bkmg]?)b?", str(text).strip().lower())
+    assert m, f"unparsable size {text!r}"
+    return int(m.group(1)) * UNITS[m.group(2)]
+
+
+def shm_needed(env: dict, device: str) -> int:
+    """docs/DEPLOY.md's formula: the bytes in /dev/shm plus max(10%, 256 MiB) headroom."""
+    layout = KVLayout(**{f: int(env[f"KVS_{k}"]) for k, f in LAYOUT_ENV.items()},
+                      row_format=env["KVS_ROW_FORMAT"], index_format=env["KVS_INDEX_FORMAT"])
+    if device == "cuda":
+        data = layout.host_tier_bytes
+    else:
+        # CPU mode: every tensor is a /dev/shm file.
+        data = sum(math.prod(shape) * dtype.itemsize
+                   for shape, dtype in tensor_specs(layout).values())
+    return data + max(data // 10, 256 * MIB)
+
+
+def test_shm_size_fits_the_configured_layout(stack: dict) -> None:
+    env = stack["kv-service"]["environment"]
+    assert parse_size(stack["kv-service"]["shm_size"]) >= shm_needed(env, env["KVS_DEVICE"])
+    # The engine shares the service's /dev/shm; a size of its own would be ignored.
+    assert "shm_size" not in stack["engine"]
+
+
+def test_shm_size_and_layout_come_from_env() -> None:
+    data = resolved(GPU_FILE, HISPARSE_GPU_UUID=FAKE_UUID, HISPARSE_SHM_SIZE="80g",
+                    HISPARSE_NUM_PAGES="16384")["services"]
+    assert parse_size(data["kv-service"]["shm_size"]) == 80 << 30
+    assert data["kv-service"]["environment"]["KVS_NUM_PAGES"] == "16384"
+
+
+def test_healthchecks_start_order_and_restarts(stack: dict) -> None:
+    # The names the servers register their health under: their protos' service names.
+    expect = {"kv-service": ("/run/hisparse/kv.sock",
+                             kvcache_pb2.DESCRIPTOR.services_by_name["KVCacheService"].full_name),
+              "engine": ("/run/hisparse/engine.sock",
+                         decode_pb2.DESCRIPTOR.services_by_name["DecodeService"].full_name)}
+    for name, (sock, service) in expect.items():
+        test = stack[name]["healthcheck"]["test"]
+        assert test[:2] == ["CMD", "hisparse-healthcheck"], test
+        assert f"unix://{sock}" in test and test[test.index("--service") + 1] == service
+    assert stack["engine"]["depends_on"] == {"kv-service": {"condition": "service_healthy"}}
+    assert stack["loadgen"]["depends_on"] == {"engine": {"condition": "service_healthy"}}
+    assert stack["loadgen"]["healthcheck"] == {"test": ["NONE"]}
+    assert stack["kv-service"]["restart"] == "unless-stopped"
+    assert stack["engine"]["restart"] == "unless-stopped"
+    assert stack["loadgen"]["restart"] == "no"
+
+
+def test_dockerfile_requirements() -> None:
+    text = (DOCKER / "Dockerfile").read_text()
+    assert re.search(r"ARG BASE_IMAGE=nvidia/cuda:[\d.]+-runtime-", text)
+    assert re.search(r"^USER (?!root\b)\w+", text, re.M)
+    assert re.search(r"apt-get install[^\n]*(\n[^\n]*)*?\bgcc\b", text)
+    assert re.search(r"^HEALTHCHECK .*\n?.*hisparse-healthcheck", text, re.M)
+    assert "COPY docker/healthcheck.py /usr/local/bin/hisparse-healthcheck" in text
+    assert re.search(r"pip install .*\btorch==", text)
+
+
+@functools.lru_cache(maxsize=None)
+def cli_help(*args: str) -> str:
+    out = subprocess.run([sys.executable, "-m", *args, "--help"], cwd=REPO, capture_output=True,
+                         text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert out.returncode == 0, f"{args} --help: {out.stderr}"
+    return out.stdout
+
+
+def test_entry_points_match_the_clis(stack: dict) -> None:
+    assert cli_help("kv_service") and cli_help("engine_client")
+    assert stack["kv-service"]["command"] == ["python", "-m", "kv_service"]
+    assert stack["engine"]["command"] == ["python", "-m", "engine_client", "serve"]
+    assert stack["loadgen"]["command"] == ["hisparse-loadgen"]
+    assert "python -m engine_client generate" in (DOCKER / "loadgen.sh").read_text()
+    modules = {"kv-service": ("kv_service",), "engine": ("engine_client", "serve"),
+               "loadgen": ("engine_client", "generate")}
+    for name, module in modules.items():
+        text = cli_help(*module)
+        # Every KVS_* / ENGINE_* variable the file sets must be one the CLI reads.
+        for var in stack[name]["environment"]:
+            if var.startswith(("KVS_", "ENGINE_")):
+                assert var in text, f"{name} sets {var}, which `{' '.join(module)}` does not read"
+
+
+def test_env_example_lists_every_variable() -> None:
+    example = (DOCKER / ".env.example").read_text()
+    for f in (GPU_FILE, CPU_FILE):
+        for var in set(re.findall(r"\$\{(HISPARSE_\w+)", f.read_text())):
+            assert re.search(rf"^#? ?{var}=", example, re.M), f"{var} of {f.name} not in .env.example"
+
+
+def test_loadgen_script(tmp_path: Path) -> None:
+    """docker/loadgen.sh against a stand-in `python` that prints what `generate` prints."""
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho 5 6 7\n"
+                    "echo 'request r1: 3 tokens, LENGTH, TTFT 50.0 ms, ITL mean 10.0 ms, p50 9.0 ms'\n"
+                    "exit ${FAKE_RC:-0}\n")
+    fake.chmod(0o755)
+    env = dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}", LOADGEN_STREAMS="3")
+    out = subprocess.run(["sh", str(DOCKER / "loadgen.sh")], env=env, capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert re.search(r"^loadgen: 3 streams, 0 failed, 9 tokens in [\d.]+ s: [\d.]+ tok/s$",
+                     out.stdout, re.M), out.stdout
+    out = subprocess.run(["sh", str(DOCKER / "loadgen.sh")], env=dict(env, FAKE_RC="1"),
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode != 0 and "3 failed" in out.stdout, out.stdout
+
+
+def run_healthcheck(*args: str, **env: str) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("HISPARSE_HEALTH_")}
+    return subprocess.run([sys.executable, str(HEALTHCHECK), *args], capture_output=True,
+                          text=True, timeout=30, env=dict(clean, **env))
+
+
+@pytest.fixture(scope="module")
+def service():
+    workdir = short_tmpdir("hc")
+    svc = ServiceProcess(workdir, f"hc{os.getpid()}").start()
+    try:
+        yield svc.wait_serving()
+        assert svc.stop() == 0, svc.log()
+    finally:
+        svc.kill()
+        shutil.rmtree(workdir)
+
+
+def test_healthcheck_against_running_service(service: ServiceProcess) -> None:
+    for name in (SERVICE, ""):
+        out = run_healthcheck(f"unix://{service.uds}", "--service", name)
+        assert out.returncode == 0, out.stderr
+        assert "SERVING" in out.stdout
+    # As the image's HEALTHCHECK runs it: everything from the environment.
+    out = run_healthcheck("--quiet", HISPARSE_HEALTH_ADDRESS=f"unix://{service.uds}",
+                          HISPARSE_HEALTH_SERVICE=SERVICE)
+    assert out.returncode == 0 and out.stdout == "", out.stderr
+    assert run_healthcheck(service.uds, "--service", "no.such.Service").returncode == 1
+
+
+def test_healthcheck_help_not_serving_and_nothing_listening() -> None:
+    import grpc
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+    workdir = short_tmpdir("hc")
+    server = grpc.server(ThreadPoolExecutor(2))
+    servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    servicer.set(SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
+    server.add_insecure_port(f"unix://{workdir}/up.sock")
+    server.start()
+    try:
+        out = run_healthcheck("--help")
+        assert out.returncode == 0 and "SERVING" in out.stdout
+        out = run_healthcheck(f"unix://{workdir}/up.sock", "--service", SERVICE)
+        assert out.returncode == 1 and "NOT_SERVING" in out.stderr
+        out = run_healthcheck(f"unix://{workdir}/none.sock", "--timeout", "1")
+        assert out.returncode == 2, out.stderr
+    finally:
+        server.stop(None)
+        shutil.rmtree(workdir)
