@@ -8,6 +8,7 @@ import queue
 import signal
 import socket
 import subprocess
+import time
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -94,13 +95,20 @@ class ServiceProcess:
             yield reply.status
 
     def wait_status(self, status: int, timeout: float = 30.0) -> None:
-        try:
-            for seen in self.health_statuses(timeout):
-                if seen == status:
+        """Watch health in short windows so a service that died is reported at once, log and all."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"service exited with {self.proc.returncode}\n{self.log()}")
+            window = min(2.0, deadline - time.monotonic())
+            if window <= 0:
+                raise AssertionError(f"health never reached {status} in {timeout}s\n{self.log()}")
+            try:
+                if any(seen == status for seen in self.health_statuses(window)):
                     return
-        except grpc.RpcError as exc:
-            raise AssertionError(f"health never reached {status}: {exc.code()}\n{self.log()}") \
-                from exc
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                    raise AssertionError(f"health watch failed: {exc.code()}\n{self.log()}") from exc
 
     def wait_serving(self, timeout: float = 30.0) -> ServiceProcess:
         self.wait_status(health_pb2.HealthCheckResponse.SERVING, timeout)

@@ -210,11 +210,12 @@ def test_remote_swap_moves_the_right_rows(svc: ServiceProcess) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.timeout(400)
 def test_service_on_gpu_cuda_ipc_events_and_remote_swap() -> None:
     workdir = short_tmpdir("kvsvc-g")
     svc = ServiceProcess(workdir, f"g{os.getpid()}", "--device", "cuda")
     try:
-        svc.start().wait_serving(120)
+        svc.start().wait_serving(300)
         a = attach(svc)
         assert a.device == "cuda" and a.gpu_uuid.startswith("GPU-")
         kinds = {t.name: t.kind for t in a.tensors}
