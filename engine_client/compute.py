@@ -1,0 +1,155 @@
+"""The engine's compute: model, KV backend and decode runner for one KV mode, and the per-request
+swap counters. Everything here runs on the engine's single compute thread.
+
+`build_compute` picks the backend by mode:
+- baseline: `BaselineBackend`, all KV on the device (no service);
+- embedded / service: `HiSparseBackend` on the KVTensors (allocated locally / mapped);
+- service-remote-swap: `RemoteSwapBackend`, whose per-layer swap is `swap_fn` (the RemoteSwap RPC).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from engine_client.graph import DecodeConfig, DecodeRunner
+from engine_client.hisparse_backend import HiSparseBackend, RemoteSwapBackend
+from engine_client.kernel_set import KernelSet
+from engine_client.kv_backend import AttnRows, BaselineBackend, BaselineConfig, KVBackend
+from engine_client.model import Model
+from engine_client.preset import ModelConfig
+from engine_client.scheduler import GenRequest, sample
+from kv_service.layout import KVLayout
+from kv_service.memory import KVTensors
+
+log = logging.getLogger(__name__)
+
+
+class CountingBackend:
+    """A KV backend that also counts, per request slot, the top-k positions each decode step
+    selected and the ones it had to copy from the host. Device-side adds only, so a captured
+    decode graph keeps counting; `take()` reads and resets them between steps."""
+
+    def __init__(self, inner: KVBackend) -> None:
+        self._inner = inner
+        # Row R collects padding rows (request slot -1).
+        self._counts = torch.zeros((inner.max_requests + 1, 2), dtype=torch.int64,
+                                   device=inner.device)
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
+
+    def _miss_counts(self, n: int) -> torch.Tensor | None:
+        xchg = getattr(self._inner, "xchg", None)
+        if xchg is not None:
+            return xchg["xchg_miss_count"][:n]
+        return getattr(self._inner, "miss_count", None)
+
+    def select(self, layer: int, topk: torch.Tensor, req_slots: torch.Tensor,
+               seq_lens: torch.Tensor) -> AttnRows:
+        rows = self._inner.select(layer, topk, req_slots, seq_lens)
+        n = topk.shape[0]
+        idx = torch.where(req_slots >= 0, req_slots, self._counts.shape[0] - 1).long()
+        self._counts[:, 0].index_add_(0, idx, (topk >= 0).sum(dim=1))
+        misses = self._miss_counts(n)
+        if misses is not None:
+            self._counts[:, 1].index_add_(0, idx, misses[:n].long().clamp(min=0))
+        return rows
+
+    def take(self) -> list[tuple[int, int]]:
+        """(selected, misses) per request slot since the last call."""
+        out = self._counts[:-1].tolist()
+        self._counts.zero_()
+        return [(s, m) for s, m in out]
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """Tokens of one compute call: prefill_token is set when a prefill finished."""
+
+    prefill_token: int | None
+    decode_tokens: list[int]
+    per_slot: list[tuple[int, int]]
+
+
+class Compute:
+    def __init__(self, model: Model, runner: DecodeRunner, counting: CountingBackend,
+                 layout: KVLayout, prefill_chunk: int) -> None:
+        self.model, self.runner, self.counting = model, runner, counting
+        self.layout = layout
+        self.prefill_chunk = prefill_chunk
+        self.row_bytes = layout.row_bytes
+
+    @property
+    def max_batch(self) -> int:
+        return self.runner.cfg.max_batch
+
+    def prefill_step(self, req: GenRequest) -> int | None:
+        """Prefill the next chunk of `req`; the first token once the prompt is done."""
+        s = req.prefilled
+        e = min(s + self.prefill_chunk, req.prompt_len)
+        logits = self.model.prefill(req.slot, req.prompt[s:e], start=s, chunk_size=e - s)
+        req.prefilled = e
+        return sample(logits, req.sampling, 0) if e == req.prompt_len else None
+
+    def decode_step(self, batch: Sequence[GenRequest]) -> list[int]:
+        """One decode step: each request appends its last token and draws the next one."""
+        pos = [r.prompt_len + len(r.tokens) - 1 for r in batch]
+        logits = self.runner.step([r.tokens[-1] for r in batch], pos, [r.slot for r in batch],
+                                  [p + 1 for p in pos])
+        # One argmax and one device->host copy for every greedy row of the batch.
+        greedy = logits.argmax(dim=-1).tolist()
+        return [greedy[i] if r.sampling.temperature == 0 else sample(logits[i], r.sampling, len(r.tokens))
+                for i, r in enumerate(batch)]
+
+    def step(self, prefill: GenRequest | None, batch: Sequence[GenRequest]) -> StepResult:
+        first = self.prefill_step(prefill) if prefill is not None else None
+        tokens = self.decode_step(batch) if batch else []
+        return StepResult(first, tokens, self.counting.take())
+
+
+def choose_kernels(name: str, device: str) -> KernelSet:
+    """'auto': Triton on CUDA; on CPU the torch references, because Triton's interpreter runs the
+    engine ~30x slower (both compute the same function, checked by the kernel tests)."""
+    if name == "triton" or (name == "auto" and device == "cuda"):
+        return KernelSet.triton()
+    return KernelSet.reference()
+
+
+def build_backend(mode: str, layout: KVLayout, tensors: KVTensors | None, kernels: KernelSet,
+                  max_batch: int, device: str, swap_fn: Callable[[int, int], None] | None,
+                  exchange: dict | None) -> KVBackend:
+    if mode == "baseline":
+        return BaselineBackend(BaselineConfig.from_layout(layout), kernels=kernels, device=device)
+    if tensors is None:
+        raise ValueError(f"kv mode {mode} needs the KV tensors")
+    if mode == "service-remote-swap":
+        if swap_fn is None:
+            raise ValueError("service-remote-swap needs a swap function")
+        return RemoteSwapBackend(tensors, swap_fn, kernels=kernels, xchg=exchange or None,
+                                 max_batch=max_batch)
+    return HiSparseBackend(tensors, kernels=kernels, max_batch=max_batch)
+
+
+def build_compute(model_cfg: ModelConfig, weights: dict[str, torch.Tensor], backend: KVBackend,
+                  layout: KVLayout, max_batch: int, prefill_chunk: int,
+                  use_graphs: bool = True) -> Compute:
+    counting = CountingBackend(backend)
+    model = Model(model_cfg, weights, counting)  # type: ignore[arg-type]
+    runner = DecodeRunner(model, DecodeConfig(max_batch, use_graphs=use_graphs))
+    if runner.use_graphs:
+        runner.capture()
+        log.info("captured decode graphs for batch buckets %s", runner.cfg.buckets)
+    return Compute(model, runner, counting, layout, prefill_chunk)
+
+
+def check_model_fits(model_cfg: ModelConfig, layout: KVLayout) -> None:
+    """The service's layout must be the model's: same layers, top-k and row format."""
+    if layout.num_layers != model_cfg.num_layers or layout.topk != model_cfg.topk:
+        raise ValueError(f"KV layout (layers {layout.num_layers}, top-k {layout.topk}) does not "
+                         f"fit the model (layers {model_cfg.num_layers}, top-k {model_cfg.topk})")
+    if layout.row_format != "bf16":
+        raise ValueError(f"the engine writes bf16 KV rows; the layout has {layout.row_format}")

@@ -1,0 +1,106 @@
+"""A streaming client of decode.v1.DecodeService.Generate (used by `generate` and `demo`).
+
+`generate_stream` yields every token as it arrives and returns a `GenerationResult` with the
+client-side timing (TTFT, inter-token latencies) and the engine's per-request stats. A resumed
+stream replays tokens the client may already have: indexes below `skip_below` are dropped.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import grpc
+
+from engine_client import errors
+from engine_client.config import GenerateConfig
+from proto.decode.v1 import decode_pb2 as pb
+from proto.decode.v1 import decode_pb2_grpc as pb_grpc
+
+FINISH_NAMES = {v.number: v.name for v in pb.FinishReason.DESCRIPTOR.values}
+
+
+@dataclass
+class GenerationResult:
+    request_id: str = ""
+    tokens: list[int] = field(default_factory=list)
+    arrival_s: list[float] = field(default_factory=list)
+    ttft_s: float | None = None
+    finish_reason: str = ""
+    error: str = ""
+    hits: int = 0
+    misses: int = 0
+    bytes_moved: int = 0
+
+    @property
+    def itl_s(self) -> list[float]:
+        return [b - a for a, b in zip(self.arrival_s, self.arrival_s[1:])]
+
+    @property
+    def hit_rate(self) -> float | None:
+        total = self.hits + self.misses
+        return self.hits / total if total else None
+
+    def summary(self) -> str:
+        itl = self.itl_s
+        parts = [f"request {self.request_id}: {len(self.tokens)} tokens, {self.finish_reason}"]
+        if self.ttft_s is not None:
+            parts.append(f"TTFT {self.ttft_s * 1e3:.1f} ms")
+        if itl:
+            parts.append(f"ITL mean {statistics.fmean(itl) * 1e3:.1f} ms, "
+                         f"p50 {statistics.median(itl) * 1e3:.1f} ms, max {max(itl) * 1e3:.1f} ms")
+        rate = self.hit_rate
+        parts.append(f"hit rate {rate:.1%}" if rate is not None else "hit rate n/a")
+        parts.append(f"{self.bytes_moved} B moved")
+        if self.error:
+            parts.append(f"error: {self.error}")
+        return ", ".join(parts)
+
+
+def build_request(cfg: GenerateConfig) -> pb.GenerateRequest:
+    return pb.GenerateRequest(
+        prompt_token_ids=list(cfg.prompt), max_new_tokens=cfg.max_new_tokens,
+        sampling=pb.Sampling(temperature=cfg.temperature, seed=cfg.seed,
+                             stop_token_ids=list(cfg.stop_token_ids)),
+        resume_request_id=cfg.resume_request_id)
+
+
+async def generate_stream(channel: grpc.aio.Channel, cfg: GenerateConfig,
+                          result: GenerationResult, skip_below: int = 0,
+                          ) -> AsyncIterator[tuple[int, int]]:
+    """Yield (index, token) as they arrive; fill `result`. Raises a typed client error
+    (ServiceUnavailable, UnknownRequest, InvalidArgument, ...) if the stream fails."""
+    stub = pb_grpc.DecodeServiceStub(channel)
+    started = time.monotonic()
+    call = stub.Generate(build_request(cfg), timeout=cfg.timeout, wait_for_ready=True)
+    try:
+        with errors.rpc_errors(f"Generate {cfg.resume_request_id}".strip()):
+            async for resp in call:
+                result.request_id = resp.request_id
+                if resp.has_token and resp.index >= skip_below:
+                    now = time.monotonic()
+                    if result.ttft_s is None:
+                        result.ttft_s = now - started
+                    result.tokens.append(resp.token_id)
+                    result.arrival_s.append(now)
+                    yield resp.index, resp.token_id
+                if resp.finished:
+                    result.finish_reason = FINISH_NAMES.get(resp.finish_reason, "UNKNOWN")
+                    result.error = resp.error_message
+                    result.hits, result.misses = resp.stats.hits, resp.stats.misses
+                    result.bytes_moved = resp.stats.bytes_moved
+    finally:
+        call.cancel()
+
+
+async def run_generation(target: str, cfg: GenerateConfig,
+                         on_token: Callable[[int, int], None] | None = None) -> GenerationResult:
+    """One whole generation on its own channel."""
+    result = GenerationResult(request_id=cfg.resume_request_id)
+    async with grpc.aio.insecure_channel(target) as channel:
+        async for index, token in generate_stream(channel, cfg, result):
+            if on_token is not None:
+                on_token(index, token)
+    return result

@@ -1,0 +1,170 @@
+"""`python -m engine_client demo`: the whole stack on one machine, then gone without a trace.
+
+Starts a KV service (service modes) and an engine as child processes on sockets in a temporary
+directory, waits for their health, streams a few concurrent generations with a live progress
+line, prints per-request and overall stats (TTFT, ITL, tokens/s, hit rate, bytes moved), and
+stops both (SIGTERM), checking that no child and no /dev/shm segment is left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+
+import grpc
+
+from engine_client import errors
+from engine_client.config import DemoConfig, GenerateConfig
+from engine_client.decode_client import GenerationResult, generate_stream
+from engine_client.procs import ManagedProcess, engine_process, segment_files, service_process
+
+SHM_DIR = "/dev/shm"
+# Tiny preset (2 layers, top-k 16). A request of 24 + 24 tokens exceeds the 32 hot slots, so
+# decoding goes through the host tier: hits, misses and bytes moved are all exercised.
+LAYOUT = {"num-layers": 2, "topk": 16, "max-requests": 8, "hot-slots": 32, "window": 8,
+          "page-size": 16, "num-pages": 64, "max-context": 256}
+ENGINE_LAYOUT = ("max-requests", "hot-slots", "window", "page-size", "num-pages", "max-context")
+
+
+def _flags(names: tuple[str, ...] | None = None) -> list[str]:
+    return [x for k, v in LAYOUT.items() if names is None or k in names for x in (f"--{k}", str(v))]
+
+
+class Progress:
+    """One status line, redrawn in place on a terminal; a line per quarter otherwise."""
+
+    def __init__(self, n: int, total: int, live: bool) -> None:
+        self.done = [0] * n
+        self.total = total
+        self.live = live and sys.stdout.isatty()
+        self.live_plain = live
+        self._quarters = 0
+
+    def update(self, i: int) -> None:
+        self.done[i] += 1
+        if self.live:
+            cells = " ".join(f"r{j}:{d:>3}/{self.total}" for j, d in enumerate(self.done))
+            print(f"\r{cells}", end="", flush=True)
+            return
+        quarter = 4 * sum(self.done) // (self.total * len(self.done))
+        if self.live_plain and quarter > self._quarters:
+            self._quarters = quarter
+            print(f"progress: {sum(self.done)}/{self.total * len(self.done)} tokens", flush=True)
+
+    def close(self) -> None:
+        if self.live:
+            print()
+
+
+async def _one(channel: grpc.aio.Channel, i: int, cfg: DemoConfig, progress: Progress,
+               result: GenerationResult) -> None:
+    rng = random.Random(i)
+    gen = GenerateConfig(target="", prompt=tuple(rng.randrange(1, 256) for _ in range(cfg.prompt_len)),
+                         max_new_tokens=cfg.max_new_tokens, temperature=0.8 if i % 2 else 0.0,
+                         seed=i, timeout=max(60.0, cfg.startup_timeout))
+    try:
+        async for _ in generate_stream(channel, gen, result):
+            progress.update(i)
+    except errors.KVClientError as e:
+        result.error = str(e)
+
+
+async def _stream_all(target: str, cfg: DemoConfig) -> tuple[list[GenerationResult], float]:
+    progress = Progress(cfg.requests, cfg.max_new_tokens, cfg.progress)
+    results = [GenerationResult() for _ in range(cfg.requests)]
+    started = time.monotonic()
+    async with grpc.aio.insecure_channel(target) as channel:
+        await asyncio.gather(*(_one(channel, i, cfg, progress, r) for i, r in enumerate(results)))
+    progress.close()
+    return results, time.monotonic() - started
+
+
+def _service_stats(svc: ManagedProcess) -> str:
+    from proto.kvcache.v1 import kvcache_pb2 as kpb
+    from proto.kvcache.v1 import kvcache_pb2_grpc as kpb_grpc
+    with grpc.insecure_channel(svc.target) as channel:
+        s = kpb_grpc.KVCacheServiceStub(channel).GetStats(kpb.GetStatsRequest(), timeout=5)
+    total = s.hits + s.misses
+    rate = f"{s.hits / total:.1%}" if total else "n/a"
+    return (f"service: hit rate {rate} ({s.hits} hits, {s.misses} misses), {s.bytes_moved} B "
+            f"moved host->device, {s.admitted_total} admitted, {s.rejected_total} refused for "
+            f"capacity, pages in use {s.host_pages.used}/{s.host_pages.total}")
+
+
+def _report(results: list[GenerationResult], seconds: float) -> bool:
+    ok = True
+    for i, r in enumerate(results):
+        print(f"  r{i}: {r.summary()}")
+        ok &= not r.error and r.finish_reason in ("LENGTH", "STOP")
+    tokens = sum(len(r.tokens) for r in results)
+    hits, misses = sum(r.hits for r in results), sum(r.misses for r in results)
+    rate = f"{hits / (hits + misses):.1%}" if hits + misses else "n/a"
+    print(f"engine: {tokens} tokens in {seconds:.2f} s ({tokens / seconds:.1f} tok/s), hit rate "
+          f"{rate}, {sum(r.bytes_moved for r in results)} B moved host->device")
+    return ok
+
+
+def _start(cfg: DemoConfig, workdir: str, instance: str,
+           children: list[ManagedProcess]) -> tuple[ManagedProcess | None, ManagedProcess]:
+    """Start the children; each one goes to the front of `children` (stop order) once started."""
+    svc = None
+    extra = ["--max-batch", str(min(cfg.requests, LAYOUT["max-requests"]))]
+    if cfg.kv_mode.startswith("service"):
+        svc = service_process(workdir, instance, _flags(), device=cfg.device, shm_dir=SHM_DIR,
+                              extra=["--lease-seconds", "5", "--drain-timeout", "2"]).start()
+        children.insert(0, svc)
+        print(f"kv_service pid {svc.pid} on {svc.target}", flush=True)
+        svc.wait_serving(cfg.startup_timeout)
+        service_uds = svc.target.removeprefix("unix:")
+        eng = engine_process(workdir, cfg.kv_mode, service_uds=service_uds, extra=extra)
+    else:
+        eng = engine_process(workdir, cfg.kv_mode,
+                             extra=extra + ["--device", cfg.device] + _flags(ENGINE_LAYOUT))
+    eng.start()
+    children.insert(0, eng)
+    print(f"engine pid {eng.pid} on {eng.target} ({cfg.kv_mode})", flush=True)
+    eng.wait_serving(cfg.startup_timeout)
+    return svc, eng
+
+
+def _shutdown(children: list[ManagedProcess], instance: str) -> bool:
+    """Stop children in order (engine first); True if all exited cleanly and left no files."""
+    clean = True
+    for child in children:
+        code = child.stop()
+        if code != 0:
+            print(f"{child.name} exited with {code}:\n{child.log()}", file=sys.stderr)
+            clean = False
+    left = segment_files(SHM_DIR, instance)
+    for name in left:
+        os.unlink(os.path.join(SHM_DIR, name))
+    if left:
+        print(f"removed {len(left)} leftover segment files: {left}", file=sys.stderr)
+    return clean and not left
+
+
+def run_demo(cfg: DemoConfig) -> int:
+    workdir = tempfile.mkdtemp(prefix="hisparse-demo-", dir="/tmp")
+    instance = f"demo{os.getpid()}"
+    children: list[ManagedProcess] = []
+    ok = False
+    try:
+        svc, eng = _start(cfg, workdir, instance, children)
+        print(f"streaming {cfg.requests} generations of {cfg.max_new_tokens} tokens "
+              f"(prompt {cfg.prompt_len} tokens; even requests greedy, odd sampled)", flush=True)
+        results, seconds = asyncio.run(_stream_all(eng.target, cfg))
+        ok = _report(results, seconds)
+        if svc is not None:
+            print(_service_stats(svc))
+    except Exception as e:  # noqa: BLE001 - the demo reports any failure and cleans up
+        print(f"demo failed: {type(e).__name__}: {e}", file=sys.stderr)
+    finally:
+        ok = _shutdown(children, instance) and ok
+        shutil.rmtree(workdir, ignore_errors=True)
+    print("demo finished cleanly" if ok else "demo FAILED", flush=True)
+    return 0 if ok else 1

@@ -1,0 +1,149 @@
+"""Assemble an engine from its config: the KV control of the mode, weights, backend, compute,
+and (service modes with a state file) the requests of the previous engine process.
+
+Resume after an engine restart: the state file names the KV session of the previous process.
+The new engine attaches with that session id; the service hands back the requests it still
+holds (within its lease), and every one the state file also knows continues where it was: its
+KV is in the service's memory, its tokens and sampling seed in the file. Requests the service
+holds but the file does not know are released; requests the file knows but the service lost
+cannot be resumed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from engine_client import errors, state_file
+from engine_client.compute import build_backend, build_compute, check_model_fits, choose_kernels
+from engine_client.config import EngineConfig
+from engine_client.control import BaselineControl, EmbeddedControl, HeldRequest, KVControl
+from engine_client.engine import Engine
+from engine_client.kv_client import KVClient
+from engine_client.preset import ModelConfig, preset
+from engine_client.scheduler import Finish, GenRequest, Phase
+from engine_client.weights import load_safetensors, random_weights
+
+log = logging.getLogger(__name__)
+
+# How long an embedded core keeps a session without a stream; the engine is its only user.
+EMBEDDED_LEASE_SECONDS = 30.0
+
+
+def model_config(cfg: EngineConfig) -> ModelConfig:
+    return preset(cfg.preset, **({"num_layers": cfg.num_layers} if cfg.num_layers else {}))
+
+
+async def connect_service(cfg: EngineConfig, saved: state_file.SavedState) -> KVClient:
+    """Attach to the service, resuming the saved session if the service still has it."""
+    kwargs = dict(engine_name=cfg.engine_name, token=cfg.token, rpc_timeout=cfg.rpc_timeout,
+                  attach_timeout=cfg.attach_timeout, heartbeat_interval=cfg.heartbeat_interval,
+                  remote_swap=cfg.kv_mode == "service-remote-swap")
+    if saved.session_id:
+        try:
+            return await KVClient.connect(cfg.service_target, resume_session_id=saved.session_id,
+                                          **kwargs)
+        except errors.UnknownRequest as e:
+            log.warning("saved session %s is gone (%s): its %d requests cannot be resumed",
+                        saved.session_id, e, len(saved.requests))
+            saved.requests.clear()
+    return await KVClient.connect(cfg.service_target, **kwargs)
+
+
+def local_control(cfg: EngineConfig, mcfg: ModelConfig, device: str) -> KVControl:
+    layout = cfg.local.layout(mcfg.num_layers, mcfg.topk)
+    if cfg.kv_mode == "baseline":
+        return BaselineControl(layout)
+    from kv_service.core import ServiceCore
+    from kv_service.memory import allocate_local
+    core = ServiceCore(allocate_local(layout, device), lease_seconds=EMBEDDED_LEASE_SECONDS)
+    return EmbeddedControl(core, cfg.engine_name)
+
+
+def _compute_thread(device: str) -> ThreadPoolExecutor:
+    # Triton launches on the thread's current CUDA device: pin the compute thread to ours.
+    init = (lambda: torch.cuda.set_device(torch.device(device))) if device.startswith("cuda") \
+        else None
+    return ThreadPoolExecutor(1, thread_name_prefix="engine-compute", initializer=init)
+
+
+def _build_compute(cfg: EngineConfig, mcfg: ModelConfig, control: KVControl, device: str):
+    check_model_fits(mcfg, control.layout)
+    kernels = choose_kernels(cfg.kernels, device.split(":")[0])
+    weights = (load_safetensors(cfg.checkpoint, mcfg, device) if cfg.checkpoint
+               else random_weights(mcfg, cfg.weight_seed, device))
+    swap_fn = exchange = None
+    if isinstance(control, KVClient) and cfg.kv_mode == "service-remote-swap":
+        swap_fn, exchange = (lambda layer, bs: control.remote_swap(layer, bs)), control.exchange
+    max_batch = min(cfg.max_batch, control.layout.max_requests)
+    backend = build_backend(cfg.kv_mode, control.layout, control.tensors, kernels, max_batch,
+                            device, swap_fn, exchange)
+    return build_compute(mcfg, weights, backend, control.layout, max_batch, cfg.prefill_chunk,
+                         use_graphs=cfg.cuda_graphs)
+
+
+def _resumed(held: HeldRequest, saved: state_file.SavedRequest) -> GenRequest | None:
+    if held.prompt_len != len(saved.prompt) or held.max_new_tokens != saved.max_new_tokens:
+        log.warning("request %s: service and state file disagree, not resumed", held.request_id)
+        return None
+    req = GenRequest(held.request_id, saved.prompt, saved.max_new_tokens, saved.sampling,
+                     slot=held.slot)
+    now = req.started
+    for tok in saved.tokens:
+        if req.add_token(tok, now) is not None:
+            req.end(Finish.STOP if tok in saved.sampling.stop_token_ids else Finish.LENGTH)
+            return req
+    # Without a token the prefill may be partial: run it again (it rewrites the same rows).
+    req.phase = Phase.RUNNING if req.tokens else Phase.PREFILL
+    return req
+
+
+async def restore(engine: Engine, control: KVControl, saved: state_file.SavedState) -> None:
+    """Adopt the held requests the state file knows; release the others."""
+    for held in control.held:
+        req = _resumed(held, saved.requests[held.request_id]) \
+            if held.request_id in saved.requests else None
+        if req is None:
+            log.info("releasing held request %s: nothing to resume it from", held.request_id)
+            await control.release(held.request_id)
+            continue
+        engine.adopt(req)
+        log.info("resumed request %s in slot %d after %d of %d tokens", req.request_id, req.slot,
+                 len(req.tokens), req.max_new_tokens)
+
+
+async def build_engine(cfg: EngineConfig) -> Engine:
+    """Everything the server needs; the engine loop is not started yet."""
+    mcfg = model_config(cfg)
+    if cfg.state_file and not cfg.resumable:
+        log.warning("state file %s ignored: kv mode %s keeps no KV across a restart",
+                    cfg.state_file, cfg.kv_mode)
+    saved = state_file.load(cfg.state_file) if cfg.resumable else state_file.SavedState()
+    if cfg.uses_service:
+        control: KVControl = await connect_service(cfg, saved)
+        device = control.device
+        if cfg.device != "auto" and cfg.device != device.split(":")[0]:
+            await control.close()
+            raise errors.LayoutMismatch(f"engine device {cfg.device} but service on {device}")
+    else:
+        device = cfg.resolved_device()
+        control = local_control(cfg, mcfg, device)
+    executor = _compute_thread(device)
+    try:
+        loop = asyncio.get_running_loop()
+        compute = await loop.run_in_executor(executor, _build_compute, cfg, mcfg, control, device)
+    except BaseException:
+        executor.shutdown()
+        await control.close()
+        raise
+    state = state_file.StateFile(cfg.state_file) if cfg.resumable else None
+    engine = Engine(compute, control, executor=executor, max_active=cfg.max_batch,
+                    admit_retry=cfg.admit_retry, state=state)
+    await restore(engine, control, saved)
+    if state is not None:
+        state.rewrite(control.session_id, getattr(control, "epoch", 0),
+                      list(engine.requests.values()))
+    return engine

@@ -1,0 +1,320 @@
+"""Async client of a `python -m kv_service` process: attach, map its memory, and keep one Session
+stream for admit / commit / step end / release, plus the unary RemoteSwap of remote-swap mode.
+
+Failure rules:
+- every call has a deadline; a Session message unanswered within `rpc_timeout` counts as a
+  lost stream;
+- one reader task matches replies to requests by seq; when the stream breaks, every pending
+  request fails at once with ServiceUnavailable;
+- after a break the client re-attaches once with its session id. A service that is gone, or
+  that restarted (new epoch, or it no longer knows the session), makes the client dead for
+  good: `check_alive` raises, so the engine launches nothing more on the mapped memory and
+  discards the step that was running (unmapped at close, once no step can use it);
+- gRPC errors become typed errors through `engine_client.errors`: failed calls in
+  `errors.rpc_errors`, in-band Error replies in `_result`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+
+import grpc
+
+from engine_client import errors
+from engine_client.control import Admission, HeldRequest, KVStats, StepReport
+from engine_client.session_stream import NotSent, SessionStream
+from kv_service import segment
+from kv_service.layout import KVLayout, LayoutError
+from kv_service.memory import KVTensors
+from proto.kvcache.v1 import kvcache_pb2 as pb
+from proto.kvcache.v1 import kvcache_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+CHANNEL_OPTIONS = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
+                   ("grpc.keepalive_permit_without_calls", 1)]
+
+
+def layout_from_proto(msg: pb.Layout) -> KVLayout:
+    return KVLayout(**{f.name: getattr(msg, f.name) for f in dataclasses.fields(KVLayout)})
+
+
+def layout_to_proto(layout: KVLayout) -> pb.Layout:
+    return pb.Layout(**layout.to_dict())
+
+
+def handle_from_proto(h: pb.TensorHandle) -> dict:
+    return {"name": h.name, "kind": h.kind, "shape": list(h.shape), "dtype": h.dtype,
+            "path": h.shm_path, "ipc": h.cuda_ipc, "nbytes": h.nbytes}
+
+
+def cuda_device_with_uuid(uuid: str) -> str:
+    """The visible CUDA device ("cuda:N") whose UUID is `uuid` (nvidia-smi form, "GPU-...")."""
+    import torch
+    for i in range(torch.cuda.device_count()):
+        if f"GPU-{torch.cuda.get_device_properties(i).uuid}" == uuid:
+            return f"cuda:{i}"
+    raise errors.LayoutMismatch(f"the service's GPU {uuid} is not visible to this engine: "
+                                "run both on the same GPU (CUDA_VISIBLE_DEVICES)")
+
+
+class KVClient:
+    """One engine's session with one KV service. Use `await KVClient.connect(...)`."""
+
+    def __init__(self, target: str, *, engine_name: str, token: str | None = None,
+                 rpc_timeout: float = 5.0, attach_timeout: float = 10.0,
+                 heartbeat_interval: float = 1.0, remote_swap: bool = False) -> None:
+        self.target = target
+        self.engine_name = engine_name
+        self.rpc_timeout = rpc_timeout
+        self.attach_timeout = attach_timeout
+        self.heartbeat_interval = heartbeat_interval
+        self.with_remote_swap = remote_swap
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self._stub = pb_grpc.KVCacheServiceStub(self._channel)
+        # RemoteSwap is a blocking call from the compute thread: a sync channel of its own.
+        self._sync_channel: grpc.Channel | None = None
+        self._sync_stub: pb_grpc.KVCacheServiceStub | None = None
+        self.session_id = ""
+        self.epoch = 0
+        self.layout: KVLayout | None = None
+        self.device = "cpu"  # "cpu" or "cuda:N", the service's GPU among ours
+        self.tensors: KVTensors | None = None
+        self.exchange: dict = {}
+        self.held: tuple[HeldRequest, ...] = ()
+        self._owner_files: list[dict] = []
+        self._mapped: KVTensors | None = None
+        self._mapped_exchange: dict = {}
+        self._stream: SessionStream | None = None
+        self._dead: errors.KVClientError | None = None
+        self._recover_task: asyncio.Task | None = None
+        self._recovering = False
+        self._closing = False
+
+    @classmethod
+    async def connect(cls, target: str, *, expected_layout: KVLayout | None = None,
+                      resume_session_id: str = "", **kwargs) -> "KVClient":
+        """Attach (resuming `resume_session_id` if given), map the memory, open the stream."""
+        client = cls(target, **kwargs)
+        try:
+            reply = await client._attach(resume_session_id, expected_layout, wait=True)
+            client._map(reply)
+            await client._open_stream()
+        except BaseException:
+            await client.close()
+            raise
+        return client
+
+    async def _attach(self, resume: str, expected: KVLayout | None,
+                      wait: bool) -> pb.AttachResponse:
+        req = pb.AttachRequest(engine_name=self.engine_name, resume_session_id=resume,
+                               remote_swap=self.with_remote_swap)
+        if expected is not None:
+            req.expected_layout.CopyFrom(layout_to_proto(expected))
+        try:
+            with errors.rpc_errors("Attach"):
+                reply = await self._stub.Attach(req, timeout=self.attach_timeout,
+                                                metadata=self._metadata, wait_for_ready=wait)
+        except errors.InvalidArgument as e:
+            # The only argument the service checks at attach is our layout.
+            raise errors.LayoutMismatch(e.message, e.details) from e
+        try:
+            layout = layout_from_proto(reply.layout)
+        except LayoutError as e:
+            raise errors.LayoutMismatch(f"service layout: {e}") from e
+        if expected is not None and layout != expected:
+            raise errors.LayoutMismatch(f"service layout {layout} is not {expected}")
+        if reply.device not in ("cpu", "cuda"):
+            raise errors.LayoutMismatch(f"service reports unknown device {reply.device!r}")
+        device = cuda_device_with_uuid(reply.gpu_uuid) if reply.device == "cuda" else "cpu"
+        if self.session_id and device != self.device:
+            raise errors.EpochMismatch(f"service moved from {self.device} to {device}")
+        self.session_id, self.epoch, self.layout = reply.session_id, reply.epoch, layout
+        self.device = device
+        self.held = tuple(HeldRequest(r.request_id, r.slot, int(r.mode), r.seq_len, r.prompt_len,
+                                      r.max_new_tokens) for r in reply.requests)
+        log.info("attached to %s: session %s, epoch %d, %s, %d held requests", self.target,
+                 self.session_id, self.epoch, self.device, len(self.held))
+        return reply
+
+    def _map(self, reply: pb.AttachResponse) -> None:
+        handles = [handle_from_proto(h) for h in reply.tensors]
+        kv_handles = [h for h in handles if not h["name"].startswith("xchg_")]
+        try:
+            self.tensors = segment.map_segments(self.layout, kv_handles, self.device)
+            xchg = [h for h in handles if h["name"].startswith("xchg_")]
+            self.exchange = segment.map_extra(xchg, self.device) if xchg else {}
+        except (LayoutError, OSError) as e:
+            raise errors.LayoutMismatch(f"cannot map the service's memory: {e}") from e
+        if self.with_remote_swap and not self.exchange:
+            raise errors.LayoutMismatch("remote swap asked but no exchange tensors exported")
+        self._mapped, self._mapped_exchange = self.tensors, self.exchange
+        # The shm files carry the service's pid; checking them is a stat and a kill(pid, 0).
+        self._owner_files = [h for h in kv_handles if h["kind"] == "shm"]
+
+    async def _open_stream(self) -> None:
+        self._stream = SessionStream(self._stub.Session(metadata=self._metadata),
+                                     self.rpc_timeout, self.heartbeat_interval,
+                                     self._heartbeat, on_lost=self._stream_lost)
+        self._stream.start()
+        # The first message binds the stream to the session; a heartbeat checks the round trip.
+        await self._heartbeat()
+
+    async def _heartbeat(self) -> None:
+        await self._send(pb.SessionMessage(heartbeat=pb.Heartbeat()), "Heartbeat")
+
+    def _message(self, msg: pb.SessionMessage) -> pb.SessionMessage:
+        msg.session_id, msg.epoch = self.session_id, self.epoch
+        return msg
+
+    # --- loss and recovery ---
+
+    def _stream_lost(self, why: errors.KVClientError) -> None:
+        if self._closing or self._dead is not None:
+            return
+        log.warning("session stream to %s lost: %s", self.target, why)
+        if self._recovering or not segment.is_owner_alive(self._owner_files):
+            self._die(errors.ServiceUnavailable(f"KV service at {self.target} is gone: {why}"))
+            return
+        self._recover_task = asyncio.get_running_loop().create_task(self._recover())
+
+    async def _recover(self) -> None:
+        """Re-attach once with the same session; anything but the same epoch means stale
+        memory, and a new stream that breaks at once means the service is not usable."""
+        old_epoch = self.epoch
+        self._recovering = True
+        try:
+            await self._attach(self.session_id, self.layout, wait=False)
+            if self.epoch != old_epoch:
+                raise errors.EpochMismatch(f"service restarted (epoch {old_epoch} -> {self.epoch})")
+            await self._open_stream()
+            log.info("session %s re-attached after a stream drop", self.session_id)
+        except errors.KVClientError as e:
+            self._die(errors.ServiceUnavailable(f"KV service at {self.target} lost: {e}"))
+        finally:
+            self._recovering = False
+
+    def _die(self, why: errors.KVClientError) -> None:
+        """Dead for good. The memory is only unmapped in close(): a step may still be running
+        on it in the compute thread; the engine discards that step (check_alive) and launches
+        no other."""
+        if self._dead is not None:
+            return
+        log.error("%s; failing every request, no longer using the mapped memory", why)
+        self._dead = why
+        if self._stream is not None:
+            self._stream.stop(why)
+        self.tensors, self.exchange = None, {}
+
+    def check_alive(self) -> None:
+        """Raise ServiceUnavailable unless the service and its memory are still ours."""
+        if self._dead is not None:
+            raise self._dead
+        if self._owner_files and not segment.is_owner_alive(self._owner_files):
+            self._die(errors.ServiceUnavailable(f"KV service at {self.target} is gone"))
+            raise self._dead
+
+    # --- session messages ---
+
+    async def _send(self, msg: pb.SessionMessage, what: str) -> pb.SessionReply:
+        """Send on the session stream. A message the service never saw (the stream was
+        already broken) is sent again once, after the re-attach."""
+        await self._wait_recovered()
+        try:
+            reply = await self._stream.request(self._message(msg), what)
+        except NotSent:
+            if self._closing:
+                raise
+            await self._wait_recovered()
+            reply = await self._stream.request(self._message(msg), what)
+        return self._result(reply, what)
+
+    async def _wait_recovered(self) -> None:
+        if self._dead is not None:
+            raise self._dead
+        # A broken stream's loss callback runs in the same loop turn, so a recovery task exists.
+        task = self._recover_task
+        if (self._stream is None or not self._stream.open) and task is not None and not task.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(task), self.attach_timeout)
+            except TimeoutError:
+                self._die(errors.ServiceUnavailable(
+                    f"KV service at {self.target}: re-attach took over {self.attach_timeout:g}s"))
+        if self._dead is not None:
+            raise self._dead
+
+    @staticmethod
+    def _result(reply: pb.SessionReply, what: str) -> pb.SessionReply:
+        if reply.HasField("error"):
+            e = reply.error
+            if errors.status_code(e.code) is grpc.StatusCode.UNAVAILABLE:
+                # In band, so the service is up: it is draining.
+                raise errors.Draining(f"{what}: {e.message}", dict(e.details))
+            raise errors.from_status(e.code, f"{what}: {e.message}", dict(e.details))
+        return reply
+
+    async def admit(self, request_id: str, prompt_len: int, max_new_tokens: int) -> Admission:
+        msg = pb.SessionMessage(admit=pb.Admit(request_id=request_id, prompt_len=prompt_len,
+                                               max_new_tokens=max_new_tokens))
+        a = (await self._send(msg, "Admit")).admitted
+        return Admission(a.request_id, a.slot, int(a.mode), a.reserved_tokens, tuple(a.pages))
+
+    async def commit(self, request_id: str, seq_len: int) -> None:
+        await self._send(pb.SessionMessage(commit=pb.Commit(request_id=request_id,
+                                                            seq_len=seq_len)), "Commit")
+
+    async def step_end(self, report: StepReport) -> None:
+        progress = [pb.RequestProgress(request_id=r, seq_len=n) for r, n in report.progress]
+        msg = pb.SessionMessage(step_end=pb.StepEnd(
+            step=report.step, progress=progress, hits=report.hits, misses=report.misses,
+            bytes_moved=report.bytes_moved))
+        await self._send(msg, "StepEnd")
+
+    async def release(self, request_id: str) -> None:
+        await self._send(pb.SessionMessage(release=pb.Release(request_id=request_id)), "Release")
+
+    async def stats(self) -> KVStats:
+        with errors.rpc_errors("GetStats"):
+            s = await self._stub.GetStats(pb.GetStatsRequest(), timeout=self.rpc_timeout,
+                                          metadata=self._metadata)
+        return KVStats(pages_used=s.host_pages.used, pages_total=s.host_pages.total,
+                       slots_used=s.request_slots.used, slots_total=s.request_slots.total,
+                       requests=s.requests, hits=s.hits, misses=s.misses,
+                       bytes_moved=s.bytes_moved)
+
+    # --- remote swap (called from the engine's compute thread) ---
+
+    def remote_swap(self, layer: int, batch_size: int) -> pb.RemoteSwapResponse:
+        """One layer's swap-in run by the service; blocks until its outputs are final."""
+        if self._dead is not None:
+            raise self._dead
+        if self._sync_stub is None:
+            self._sync_channel = grpc.insecure_channel(self.target, options=CHANNEL_OPTIONS)
+            self._sync_stub = pb_grpc.KVCacheServiceStub(self._sync_channel)
+        req = pb.RemoteSwapRequest(session_id=self.session_id, epoch=self.epoch, layer=layer,
+                                   batch_size=batch_size)
+        with errors.rpc_errors("RemoteSwap"):
+            return self._sync_stub.RemoteSwap(req, timeout=self.rpc_timeout, metadata=self._metadata)
+
+    async def close(self, detach: bool = False) -> None:
+        """Stop the stream (detaching first if asked: the service frees every request now;
+        otherwise the lease keeps them for a restarted engine)."""
+        if detach and self._dead is None and self._stream is not None and self._stream.open:
+            with contextlib.suppress(errors.KVClientError, asyncio.TimeoutError):
+                await self._send(pb.SessionMessage(detach=pb.Detach()), "Detach")
+        self._closing = True
+        if self._recover_task is not None:
+            self._recover_task.cancel()
+        if self._stream is not None:
+            await self._stream.aclose()
+        if self._mapped is not None:
+            segment.unmap_segments(self._mapped)
+        segment.unmap_segments(self._mapped_exchange)
+        self.tensors, self.exchange, self._mapped, self._mapped_exchange = None, {}, None, {}
+        if self._sync_channel is not None:
+            self._sync_channel.close()
+        await self._channel.close()

@@ -1,0 +1,142 @@
+"""Child processes of the demo (and of the multi-process tests): a KV service and an engine on
+sockets in a temporary directory, ready when their grpc health says SERVING.
+
+Readiness is watched through grpc.health.v1 Watch with short deadlines, checking between two
+watches that the child is still alive, so a child that dies at start-up fails fast with its log.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from engine_client import errors
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+KV_SERVICE_NAME = "kvcache.v1.KVCacheService"
+ENGINE_SERVICE_NAME = "decode.v1.DecodeService"
+
+
+class ChildFailed(RuntimeError):
+    """A child process exited, or never became healthy."""
+
+
+class ManagedProcess:
+    """One child process with its log file; `stop` ends it (SIGTERM, then SIGKILL)."""
+
+    def __init__(self, name: str, args: Sequence[str], log_path: str, target: str,
+                 health_service: str, env: Mapping[str, str] | None = None) -> None:
+        self.name, self.args, self.log_path = name, list(args), log_path
+        self.target, self.health_service = target, health_service
+        self.env = dict(os.environ if env is None else env)
+        # The children import the repository's packages wherever the parent was started.
+        self.env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(REPO_ROOT), self.env.get("PYTHONPATH", "")) if p)
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "ManagedProcess":
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self.args, cwd=REPO_ROOT, env=self.env, stdout=log,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log(self, tail: int = 4000) -> str:
+        try:
+            return Path(self.log_path).read_text(errors="replace")[-tail:]
+        except FileNotFoundError:
+            return ""
+
+    def wait_serving(self, timeout: float) -> "ManagedProcess":
+        """Block until health reports SERVING; ChildFailed if the child dies or time runs out."""
+        deadline = time.monotonic() + timeout
+        request = health_pb2.HealthCheckRequest(service=self.health_service)
+        with grpc.insecure_channel(self.target) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while time.monotonic() < deadline:
+                if not self.alive():
+                    raise ChildFailed(f"{self.name} exited with {self.proc.returncode}:\n{self.log()}")
+                window = min(1.0, max(0.05, deadline - time.monotonic()))
+                try:
+                    with errors.rpc_errors(f"{self.name} health"):
+                        for reply in stub.Watch(request, timeout=window, wait_for_ready=True):
+                            if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                                return self
+                except errors.ServiceUnavailable:
+                    continue  # not listening yet, or no change within the window
+                except errors.KVClientError as e:
+                    raise ChildFailed(str(e)) from e
+        raise ChildFailed(f"{self.name} not SERVING after {timeout:g}s:\n{self.log()}")
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            self.proc.send_signal(sig)
+
+    def stop(self, timeout: float = 15.0) -> int:
+        """SIGTERM and wait; SIGKILL if it does not exit in time. Returns the exit status."""
+        if self.proc is None:
+            return 0
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                return self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return self.proc.wait(10)
+
+    def kill(self) -> None:
+        if self.alive():
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def service_process(workdir: str, instance: str, layout_flags: Sequence[str], *,
+                    device: str = "cpu", shm_dir: str = "/dev/shm",
+                    extra: Sequence[str] = ()) -> ManagedProcess:
+    uds = os.path.join(workdir, "kv.sock")
+    args = [sys.executable, "-m", "kv_service", "--uds", uds, "--device", device,
+            "--instance", instance, "--shm-dir", shm_dir, *layout_flags, *extra]
+    env = dict(os.environ)
+    if device == "cpu":
+        # Its kernels (remote swap) must run under Triton's interpreter on CPU tensors, which
+        # kernels/__init__ only switches on when there is no GPU at all.
+        env["TRITON_INTERPRET"] = "1"
+    # Its CPU work is bookkeeping: OpenMP threads would only spin against the engine's.
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return ManagedProcess("kv_service", args, os.path.join(workdir, "kv_service.log"),
+                          f"unix:{uds}", KV_SERVICE_NAME, env=env)
+
+
+def engine_process(workdir: str, kv_mode: str, *, service_uds: str = "", name: str = "engine",
+                   extra: Sequence[str] = ()) -> ManagedProcess:
+    uds = os.path.join(workdir, f"{name}.sock")
+    args = [sys.executable, "-m", "engine_client", "serve", "--kv-mode", kv_mode, "--uds", uds,
+            "--engine-name", name, *(["--service", service_uds] if service_uds else []), *extra]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ENGINE_")}
+    return ManagedProcess(name, args, os.path.join(workdir, f"{name}.log"), f"unix:{uds}",
+                          ENGINE_SERVICE_NAME, env=env)
+
+
+def segment_files(shm_dir: str, instance: str) -> list[str]:
+    """Shared-memory files of a service instance (kv_service.segment names them
+    hisparse-<instance>-<pid>-<tensor>)."""
+    prefix = f"hisparse-{instance}-"
+    try:
+        return sorted(n for n in os.listdir(shm_dir) if n.startswith(prefix))
+    except FileNotFoundError:
+        return []

@@ -1,0 +1,205 @@
+"""The engine process: decode.v1.DecodeService.Generate over grpc.aio on uvloop, standard health
+and reflection, UDS (+ optional TCP).
+
+Generate streams one response per token with the request id and per-token timing. The token that
+ends a request (max tokens or a stop token) carries finished = true and the request's stats; a
+request that ends otherwise gets a final response without a token. An engine or KV-service
+failure ends the stream with that final ERROR response and then status UNAVAILABLE.
+
+Resume (`resume_request_id`): the stream replays every token generated so far, with its index,
+then follows live; a client that already has tokens skips the indexes it has. Across an engine
+restart this needs `serve --state-file` (see engine_client/state_file.py).
+
+Health is NOT_SERVING until the engine is built and once the KV service is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import signal
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+from engine_client import errors
+from engine_client.config import EngineConfig
+from engine_client.engine import Engine
+from engine_client.scheduler import Finish, GenRequest, SamplingParams
+from proto.decode.v1 import decode_pb2 as pb
+from proto.decode.v1 import decode_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["DecodeService"].full_name
+HEALTH_NAMES = ("", SERVICE_NAME)
+STOP_GRACE_SECONDS = 2.0
+
+
+class DecodeServicer(pb_grpc.DecodeServiceServicer):
+    def __init__(self) -> None:
+        self.engine: Engine | None = None
+
+    def _check(self, request: pb.GenerateRequest) -> str | None:
+        """Why the request is invalid, or None."""
+        engine = self.engine
+        vocab = engine.compute.model.cfg.vocab_size
+        ids = request.prompt_token_ids
+        if not ids:
+            return "prompt_token_ids must hold at least one token"
+        if min(ids) < 0 or max(ids) >= vocab:
+            return f"token ids must be in [0, {vocab})"
+        if request.max_new_tokens < 1:
+            return "max_new_tokens must be >= 1"
+        room = engine.compute.layout.max_context
+        need = engine.compute.synthetic_context + len(ids) + request.max_new_tokens
+        if need > room:
+            return f"(synthetic context +) prompt + max_new_tokens = {need} > {room}"
+        s = request.sampling
+        if not math.isfinite(s.temperature) or s.temperature < 0:
+            return "temperature must be finite and >= 0"
+        return None
+
+    async def _open(self, request: pb.GenerateRequest,
+                    context: grpc.aio.ServicerContext) -> GenRequest:
+        if self.engine is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the engine is starting")
+        if self.engine.failure is not None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(self.engine.failure))
+        if request.resume_request_id:
+            try:
+                return self.engine.lookup(request.resume_request_id)
+            except errors.UnknownRequest as e:
+                await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
+        bad = self._check(request)
+        if bad:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, bad)
+        s = request.sampling
+        params = SamplingParams(s.temperature, s.seed, tuple(s.stop_token_ids))
+        # Benchmarks: placeholder ids for the synthetic context, which Compute fills instead of
+        # prefilling them.
+        prompt = (0,) * self.engine.compute.synthetic_context + tuple(request.prompt_token_ids)
+        return self.engine.submit(prompt, request.max_new_tokens, params)
+
+    async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
+        req = await self._open(request, context)
+        final_sent = False
+        try:
+            async for ev in req.follow(0):
+                last = (req.finished and req.finish in (Finish.LENGTH, Finish.STOP)
+                        and ev.index == len(req.tokens) - 1)
+                resp = pb.GenerateResponse(
+                    request_id=req.request_id, token_id=ev.token_id, index=ev.index,
+                    time_since_start_us=ev.time_since_start_us, inter_token_us=ev.inter_token_us,
+                    has_token=True)
+                if last:
+                    self._finalize(resp, req)
+                    final_sent = True
+                yield resp
+            if not final_sent:
+                resp = pb.GenerateResponse(request_id=req.request_id, index=len(req.tokens))
+                yield self._finalize(resp, req)
+        finally:
+            if not req.finished:
+                log.info("client of request %s went away: cancelling it", req.request_id)
+                self.engine.cancel(req)
+        if req.finish is Finish.ERROR:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, req.error)
+
+    @staticmethod
+    def _finalize(resp: pb.GenerateResponse, req: GenRequest) -> pb.GenerateResponse:
+        c = req.counters
+        resp.finished = True
+        resp.finish_reason = int(req.finish)
+        resp.error_message = req.error
+        resp.stats.CopyFrom(pb.FinalStats(hits=c.hits, misses=c.misses, bytes_moved=c.bytes_moved))
+        return resp
+
+
+async def _set_health(health: health_aio.HealthServicer, serving: bool) -> None:
+    status = (health_pb2.HealthCheckResponse.SERVING if serving
+              else health_pb2.HealthCheckResponse.NOT_SERVING)
+    for name in HEALTH_NAMES:
+        await health.set(name, status)
+
+
+def build_server(cfg: EngineConfig, servicer: DecodeServicer,
+                 health: health_aio.HealthServicer) -> grpc.aio.Server:
+    server = grpc.aio.server(options=[("grpc.keepalive_time_ms", 10_000),
+                                      ("grpc.keepalive_timeout_ms", 5_000)])
+    pb_grpc.add_DecodeServiceServicer_to_server(servicer, server)
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+         reflection.SERVICE_NAME), server)
+    if cfg.uds:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(cfg.uds)  # a socket left by a killed engine
+    old = os.umask(0o177)  # the socket file is created 0600
+    try:
+        for target in cfg.listen_targets:
+            server.add_insecure_port(target)
+    finally:
+        os.umask(old)
+    return server
+
+
+async def _watch_failure(engine: Engine, health: health_aio.HealthServicer) -> None:
+    await engine.failed.wait()
+    log.error("KV service lost: health NOT_SERVING; restart the engine once the service is back")
+    await _set_health(health, False)
+
+
+async def serve(cfg: EngineConfig) -> int:
+    """Run until SIGTERM/SIGINT. Returns the exit status."""
+    import torch
+
+    from engine_client.factory import build_engine
+
+    torch.set_num_threads(cfg.cpu_threads)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    health = health_aio.HealthServicer()
+    await _set_health(health, False)
+    servicer = DecodeServicer()
+    server = build_server(cfg, servicer, health)
+    await server.start()
+    log.info("listening on %s (NOT_SERVING while the engine is built)", ", ".join(cfg.listen_targets))
+    engine: Engine | None = None
+    watcher = None
+    try:
+        engine = await build_engine(cfg)
+        servicer.engine = engine
+        engine.start()
+        watcher = asyncio.create_task(_watch_failure(engine, health))
+        await _set_health(health, True)
+        log.info("SERVING: kv mode %s, device %s, max batch %d", cfg.kv_mode,
+                 engine.compute.model.device, engine.compute.max_batch)
+        await stop.wait()
+        log.info("stop requested")
+    finally:
+        await _set_health(health, False)
+        if watcher is not None:
+            watcher.cancel()
+        if engine is not None:
+            # With a state file the requests stay with the service (lease) for a restarted
+            # engine to resume; without one they are released now.
+            await engine.stop(keep_requests=cfg.resumable)
+        await server.stop(STOP_GRACE_SECONDS)
+        if cfg.uds:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(cfg.uds)
+        log.info("stopped")
+    return 0
+
+
+def run(cfg: EngineConfig) -> int:
+    import uvloop
+    return uvloop.run(serve(cfg))

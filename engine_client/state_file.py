@@ -1,0 +1,124 @@
+"""The engine's resume state (`serve --state-file PATH`): what a restarted engine needs to continue
+the requests that the KV service still holds for its session.
+
+The file is a JSON-lines log, appended to and flushed before a token is sent to any client, so a
+client never sees a token the file does not have:
+  {"session": ID, "epoch": N}                       first line: the KV session to resume
+  {"start": RID, "prompt": [...], "max_new_tokens": N, "temperature": T, "seed": S, "stop": [...]}
+  {"tokens": {RID: [new token ids], ...}}           one line per step
+  {"end": RID}                                      the request finished and was released
+Sampling draws token i from a generator seeded by (seed, i), so prompt + tokens + seed are the
+whole sampling state. A restart rewrites the file compactly (atomic rename). Writes are flushed
+but not fsynced: they survive the process being killed, not the machine losing power.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from engine_client.scheduler import GenRequest, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SavedRequest:
+    request_id: str
+    prompt: tuple[int, ...]
+    max_new_tokens: int
+    sampling: SamplingParams
+    tokens: list[int] = field(default_factory=list)
+
+
+@dataclass
+class SavedState:
+    session_id: str = ""
+    epoch: int = 0
+    requests: dict[str, SavedRequest] = field(default_factory=dict)
+
+
+def _start_record(r: GenRequest | SavedRequest) -> dict:
+    s = r.sampling
+    return {"start": r.request_id, "prompt": list(r.prompt), "max_new_tokens": r.max_new_tokens,
+            "temperature": s.temperature, "seed": s.seed, "stop": list(s.stop_token_ids)}
+
+
+def _apply(state: SavedState, rec: dict) -> None:
+    if "session" in rec:
+        state.session_id, state.epoch = rec["session"], int(rec["epoch"])
+    elif "start" in rec:
+        sampling = SamplingParams(float(rec["temperature"]), int(rec["seed"]),
+                                  tuple(int(t) for t in rec["stop"]))
+        state.requests[rec["start"]] = SavedRequest(rec["start"], tuple(rec["prompt"]),
+                                                    int(rec["max_new_tokens"]), sampling)
+    elif "tokens" in rec:
+        for rid, toks in rec["tokens"].items():
+            if rid in state.requests:
+                state.requests[rid].tokens.extend(int(t) for t in toks)
+    elif "end" in rec:
+        state.requests.pop(rec["end"], None)
+
+
+def load(path: str) -> SavedState:
+    """The state in `path`; empty if the file does not exist. A torn last line (the engine was
+    killed mid-write) is ignored."""
+    state = SavedState()
+    try:
+        lines = Path(path).read_text().splitlines()
+    except FileNotFoundError:
+        return state
+    for n, line in enumerate(lines, 1):
+        try:
+            _apply(state, json.loads(line))
+        except (ValueError, KeyError, TypeError) as e:
+            log.warning("%s:%d: unreadable record ignored (%s)", path, n, e)
+    return state
+
+
+class StateFile:
+    """Appends the engine's progress to `path`; see the module docstring for the format."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._f: IO[str] | None = None
+
+    def rewrite(self, session_id: str, epoch: int, live: list[GenRequest] | list[SavedRequest]) -> None:
+        """Start the file over: the session line and every live request, compactly."""
+        tmp = f"{self.path}.tmp"
+        with open(tmp, "w") as f:
+            f.write(json.dumps({"session": session_id, "epoch": epoch}) + "\n")
+            for r in live:
+                f.write(json.dumps(_start_record(r)) + "\n")
+                if r.tokens:
+                    f.write(json.dumps({"tokens": {r.request_id: list(r.tokens)}}) + "\n")
+        os.replace(tmp, self.path)
+        if self._f is not None:
+            self._f.close()
+        self._f = open(self.path, "a")
+        log.info("state file %s: session %s, %d live requests", self.path, session_id, len(live))
+
+    def _append(self, rec: dict) -> None:
+        if self._f is None:
+            raise RuntimeError("state file not started: call rewrite() first")
+        self._f.write(json.dumps(rec, separators=(",", ":")) + "\n")
+        self._f.flush()
+
+    def started(self, r: GenRequest) -> None:
+        self._append(_start_record(r))
+
+    def tokens(self, new: dict[str, list[int]]) -> None:
+        if new:
+            self._append({"tokens": new})
+
+    def ended(self, request_id: str) -> None:
+        self._append({"end": request_id})
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None

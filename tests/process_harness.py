@@ -1,0 +1,101 @@
+"""Multi-process fixtures of the engine tests: a `python -m kv_service` and `python -m
+engine_client serve` on sockets in a short temp dir, ready when grpc health says SERVING.
+
+The service side reuses tests/service_harness.ServiceProcess (its own shm dir per service, so
+leftover segment files are easy to check); engines come from engine_client.procs, the code the
+demo uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import grpc
+
+from engine_client.config import EngineConfig, LocalLayout
+from engine_client.procs import ManagedProcess, engine_process
+from kv_service.layout import KVLayout
+from proto.kvcache.v1 import kvcache_pb2 as kpb
+from proto.kvcache.v1 import kvcache_pb2_grpc as kpb_grpc
+from tests.service_harness import ServiceProcess, short_tmpdir
+
+# Fits the tiny preset (2 layers, top-k 16). 12 + 12 tokens fit the 32 hot slots (resident);
+# longer requests are offloaded and decode through the host tier.
+LOCAL = LocalLayout(max_requests=4, hot_slots=32, window=8, page_size=8, num_pages=48,
+                    max_context=128)
+LAYOUT = LOCAL.layout(num_layers=2, topk=16)
+
+
+def layout_with(**changes) -> KVLayout:
+    return KVLayout(**{**LAYOUT.to_dict(), **changes})
+
+
+def local_flags(local: LocalLayout = LOCAL) -> list[str]:
+    return [x for name in ("max_requests", "hot_slots", "window", "page_size", "num_pages",
+                           "max_context")
+            for x in (f"--{name.replace('_', '-')}", str(getattr(local, name)))]
+
+
+@contextmanager
+def workdir(prefix: str = "hse") -> Iterator[str]:
+    path = short_tmpdir(prefix)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+class CpuServiceProcess(ServiceProcess):
+    """A `--device cpu` service that runs its Triton kernels (remote swap) under the
+    interpreter even on a machine with a GPU, where kernels/__init__ would not switch it on."""
+
+    def start(self) -> "CpuServiceProcess":
+        old = os.environ.get("TRITON_INTERPRET")
+        os.environ["TRITON_INTERPRET"] = "1"
+        try:
+            return super().start()
+        finally:
+            if old is None:
+                del os.environ["TRITON_INTERPRET"]
+            else:
+                os.environ["TRITON_INTERPRET"] = old
+
+
+def start_service(path: str, layout: KVLayout = LAYOUT, lease: float = 30.0) -> ServiceProcess:
+    svc = CpuServiceProcess(path, f"t{os.getpid()}x{len(os.listdir(path))}", "--lease-seconds",
+                            str(lease), "--drain-timeout", "2", layout=layout)
+    return svc.start().wait_serving(60)
+
+
+def start_engine(path: str, kv_mode: str, service: ServiceProcess | None = None,
+                 name: str = "engine", extra: tuple[str, ...] = ()) -> ManagedProcess:
+    flags = list(extra) + ([] if service else local_flags())
+    eng = engine_process(path, kv_mode, service_uds=service.uds if service else "", name=name,
+                         extra=["--device", "cpu", "--rpc-timeout", "3", *flags])
+    return eng.start().wait_serving(60)
+
+
+def engine_config(kv_mode: str, service: ServiceProcess | None = None, **kw) -> EngineConfig:
+    """In-process engine config (tests build the engine with factory.build_engine)."""
+    return EngineConfig(kv_mode=kv_mode, uds="/tmp/unused.sock", device="cpu",
+                        service=service.uds if service else "", local=LOCAL, max_batch=4,
+                        prefill_chunk=8, rpc_timeout=3.0, admit_retry=0.1, **kw)
+
+
+def service_stats(svc: ServiceProcess) -> kpb.GetStatsResponse:
+    return kpb_grpc.KVCacheServiceStub(svc.channel).GetStats(kpb.GetStatsRequest(), timeout=5)
+
+
+async def wait_until(predicate, timeout: float = 10.0) -> None:
+    """Await a condition that an event loop task will make true (no blind sleeping: yield)."""
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.01)
+
+
+def engine_channel(eng: ManagedProcess) -> grpc.aio.Channel:
+    return grpc.aio.insecure_channel(eng.target)

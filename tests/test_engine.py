@@ -1,0 +1,194 @@
+"""The real engine in-process (factory.build_engine), against a real `python -m kv_service`
+subprocess over UDS in the service modes: identical tokens and logits in every KV mode, queueing
+under admission refusal, cancel, sampling."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from engine_client.factory import build_engine
+from engine_client.scheduler import Finish, GenRequest, SamplingParams, sample
+from tests.process_harness import (engine_config, layout_with, service_stats, start_service,
+                                   workdir)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+
+@pytest.fixture(autouse=True)
+def one_cpu_thread():
+    """As `serve --cpu-threads 1` does: OpenMP threads spinning against the service
+    subprocess (and other tests) make CPU decode steps 10-30x slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+# (prompt, max_new_tokens, sampling): resident, offloaded (prompt + new > 32 hot slots), sampled.
+JOBS = [
+    (tuple(range(3, 15)), 12, SamplingParams()),
+    (tuple((7 * i) % 250 + 1 for i in range(40)), 14, SamplingParams()),
+    (tuple(range(100, 120)), 16, SamplingParams(temperature=0.9, seed=7)),
+]
+
+
+async def _run_jobs(cfg, jobs=JOBS) -> tuple[list[list[int]], list[torch.Tensor], dict]:
+    """Tokens of every job, and every decode step's logits, through one engine."""
+    engine = await build_engine(cfg)
+    logits: list[torch.Tensor] = []
+    step = engine.compute.runner.step
+
+    def recording_step(*args):
+        out = step(*args)
+        logits.append(out.clone())
+        return out
+
+    engine.compute.runner.step = recording_step
+    reqs = [engine.submit(p, n, s) for p, n, s in jobs]
+    engine.start()
+    try:
+        for req in reqs:
+            async for _ in req.follow():
+                pass
+        totals = dict(engine.totals)
+        assert all(r.finish is Finish.LENGTH for r in reqs), [(r.finish, r.error) for r in reqs]
+    finally:
+        await engine.stop()
+    return [r.tokens for r in reqs], logits, totals
+
+
+def test_four_modes_give_identical_tokens_and_logits() -> None:
+    with workdir() as path:
+        svc = start_service(path)
+        try:
+            runs = {mode: asyncio.run(_run_jobs(engine_config(mode, svc if "service" in mode else None)))
+                    for mode in ("baseline", "embedded", "service", "service-remote-swap")}
+            stats = service_stats(svc)
+            assert stats.requests == 0 and stats.host_pages.used == 0
+        finally:
+            assert svc.stop() == 0, svc.log()
+        assert svc.segment_files() == []
+    base_tokens, base_logits, _ = runs["baseline"]
+    assert [len(t) for t in base_tokens] == [n for _, n, _ in JOBS]
+    for mode, (tokens, logits, totals) in runs.items():
+        assert tokens == base_tokens, mode
+        assert len(logits) == len(base_logits), mode
+        assert all(torch.equal(a, b) for a, b in zip(logits, base_logits)), mode
+        if mode != "baseline":
+            # The offloaded request decoded through the host tier.
+            assert totals["misses"] > 0 and totals["bytes_moved"] == totals["misses"] * 1152, mode
+    # Same swap decisions in-stream and remote.
+    assert runs["service"][2] == runs["service-remote-swap"][2]
+
+
+def test_refused_admissions_wait_in_the_queue() -> None:
+    # Pages for one 20 + 12 token request only (4 pages of 8); three are submitted.
+    with workdir() as path:
+        svc = start_service(path, layout_with(num_pages=5))
+        try:
+            cfg = engine_config("service", svc)
+            jobs = [(tuple(range(1 + i, 21 + i)), 12, SamplingParams()) for i in range(3)]
+            tokens, _, _ = asyncio.run(_run_jobs(cfg, jobs))
+            assert [len(t) for t in tokens] == [12, 12, 12]
+            stats = service_stats(svc)
+            assert stats.rejected_total > 0 and stats.admitted_total == 3
+            assert stats.requests == 0 and stats.host_pages.used == 0
+        finally:
+            assert svc.stop() == 0, svc.log()
+
+
+async def _cancel_running(cfg) -> tuple[GenRequest, dict]:
+    engine = await build_engine(cfg)
+    engine.start()
+    try:
+        req = engine.submit(tuple(range(1, 30)), 60, SamplingParams())
+        async for ev in req.follow():
+            if ev.index == 2:
+                engine.cancel(req)
+                break
+        async for _ in req.follow():
+            pass
+        await asyncio.wait_for(_until_released(engine, req), 10)
+        return req, await _stats(engine)
+    finally:
+        await engine.stop()
+
+
+async def _until_released(engine, req) -> None:
+    while req.request_id in engine.requests:
+        engine._wake.set()
+        await asyncio.sleep(0)
+
+
+async def _stats(engine) -> dict:
+    s = await engine.control.stats()
+    return {"requests": s.requests, "pages_used": s.pages_used, "slots_used": s.slots_used}
+
+
+def test_cancel_releases_at_once() -> None:
+    with workdir() as path:
+        svc = start_service(path)
+        try:
+            req, stats = asyncio.run(_cancel_running(engine_config("service", svc)))
+            assert req.finish is Finish.CANCELLED and len(req.tokens) < 60
+            assert stats == {"requests": 0, "pages_used": 0, "slots_used": 0}
+        finally:
+            assert svc.stop() == 0, svc.log()
+
+
+def test_embedded_cancel_and_stop_tokens() -> None:
+    req, stats = asyncio.run(_cancel_running(engine_config("embedded")))
+    assert req.finish is Finish.CANCELLED and stats["requests"] == 0
+    tokens, _, _ = asyncio.run(_run_jobs(engine_config("baseline"), JOBS[:1]))
+    stop = tokens[0][4]
+    first = tokens[0].index(stop)
+    stopped, _, _ = asyncio.run(_run_stop(stop))
+    assert stopped == tokens[0][: first + 1]
+
+
+async def _run_stop(stop_token: int):
+    engine = await build_engine(engine_config("baseline"))
+    engine.start()
+    try:
+        p, n, _ = JOBS[0]
+        req = engine.submit(p, n, SamplingParams(stop_token_ids=(stop_token,)))
+        async for _ in req.follow():
+            pass
+        assert req.finish is Finish.STOP
+        return req.tokens, None, None
+    finally:
+        await engine.stop()
+
+
+def test_sampling_is_a_function_of_seed_and_index() -> None:
+    logits = torch.randn(256, generator=torch.Generator().manual_seed(0))
+    hot = SamplingParams(temperature=1.0, seed=3)
+    draws = [sample(logits, hot, i) for i in range(20)]
+    assert draws == [sample(logits, hot, i) for i in range(20)]
+    assert draws != [sample(logits, SamplingParams(temperature=1.0, seed=4), i) for i in range(20)]
+    assert sample(logits, SamplingParams(), 5) == int(torch.argmax(logits))
+
+
+def test_state_file_round_trip_and_torn_last_line(tmp_path) -> None:
+    from engine_client import state_file
+    path = str(tmp_path / "state.jsonl")
+    f = state_file.StateFile(path)
+    done = GenRequest("done", (1, 2), 4, SamplingParams())
+    live = GenRequest("live", (3, 4, 5), 8, SamplingParams(temperature=0.5, seed=9,
+                                                             stop_token_ids=(7,)))
+    f.rewrite("sess", 42, [])
+    for r in (done, live):
+        f.started(r)
+    f.tokens({"done": [10], "live": [11]})
+    f.tokens({"live": [12]})
+    f.ended("done")
+    f.close()
+    with open(path, "a") as torn:
+        torn.write('{"tokens": {"live": [1')  # the engine was killed mid-write
+    saved = state_file.load(path)
+    assert (saved.session_id, saved.epoch, list(saved.requests)) == ("sess", 42, ["live"])
+    r = saved.requests["live"]
+    assert (r.prompt, r.max_new_tokens, r.sampling, r.tokens) == ((3, 4, 5), 8, live.sampling,
+                                                                  [11, 12])

@@ -1,0 +1,121 @@
+"""Engine and KV service as separate processes over UDS: faults and restarts (CPU).
+
+- the service is killed mid-stream: the client's stream ends with UNAVAILABLE within seconds;
+- the engine is SIGKILLed mid-stream: a new engine on the same state file re-attaches to the
+  session, and the resumed stream gives exactly the tokens of an uninterrupted run;
+- a client that cancels its stream frees the request's KV at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import grpc
+import pytest
+
+from engine_client import errors
+from engine_client.config import GenerateConfig
+from engine_client.decode_client import GenerationResult, generate_stream
+from proto.kvcache.v1 import kvcache_pb2 as kpb
+from proto.kvcache.v1 import kvcache_pb2_grpc as kpb_grpc
+from tests.process_harness import (engine_channel, service_stats, start_engine, start_service,
+                                   workdir)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+PROMPT = tuple((5 * i) % 200 + 3 for i in range(30))
+SAMPLED = GenerateConfig(target="", prompt=PROMPT, max_new_tokens=40, temperature=0.9, seed=11,
+                         timeout=60)
+
+
+async def _stream(eng, cfg: GenerateConfig, stop_after: int | None = None,
+                  skip_below: int = 0) -> GenerationResult:
+    """Stream a generation; with stop_after, return once that many tokens arrived (the stream
+    stays open until the caller's loop ends)."""
+    result = GenerationResult()
+    async with engine_channel(eng) as channel:
+        async for index, _ in generate_stream(channel, cfg, result, skip_below):
+            if stop_after is not None and len(result.tokens) >= stop_after:
+                break
+    return result
+
+
+def test_service_killed_mid_stream_fails_fast_with_unavailable() -> None:
+    with workdir() as path:
+        svc = start_service(path)
+        eng = start_engine(path, "service", svc)
+        try:
+            async def run() -> float:
+                result = GenerationResult()
+                async with engine_channel(eng) as channel:
+                    with pytest.raises(errors.ServiceUnavailable) as err:
+                        async for index, _ in generate_stream(channel, SAMPLED, result):
+                            if index == 2:
+                                svc.kill()
+                                killed = time.monotonic()
+                    assert err.value.code is grpc.StatusCode.UNAVAILABLE
+                    return time.monotonic() - killed
+
+            assert asyncio.run(run()) < 5.0
+        finally:
+            assert eng.stop() == 0, eng.log()
+            svc.kill()
+
+
+def test_engine_killed_then_resumed_gives_identical_tokens() -> None:
+    with workdir() as path:
+        svc = start_service(path)
+        state = os.path.join(path, "engine.state")
+        eng = start_engine(path, "service", svc, extra=("--state-file", state))
+        try:
+            reference = asyncio.run(_stream(eng, SAMPLED))
+            assert len(reference.tokens) == SAMPLED.max_new_tokens
+
+            async def interrupted() -> GenerationResult:
+                result = GenerationResult()
+                async with engine_channel(eng) as channel:
+                    async for index, _ in generate_stream(channel, SAMPLED, result):
+                        if index == 9:
+                            eng.signal(9)  # SIGKILL: no cleanup, no detach
+                            break
+                return result
+
+            first = asyncio.run(interrupted())
+            eng.proc.wait(10)
+            eng2 = start_engine(path, "service", svc, name="engine2",
+                                extra=("--state-file", state))
+            try:
+                resume = GenerateConfig(target="", prompt=(), max_new_tokens=1,
+                                        resume_request_id=first.request_id, timeout=60)
+                rest = asyncio.run(_stream(eng2, resume, skip_below=len(first.tokens)))
+                assert rest.finish_reason == "LENGTH", rest.error
+                assert len(first.tokens) == 10 and f"resumed request {first.request_id}" in eng2.log()
+                assert first.tokens + rest.tokens == reference.tokens
+                stats = service_stats(svc)
+                assert stats.requests == 0 and stats.host_pages.used == 0
+            finally:
+                assert eng2.stop() == 0, eng2.log()
+        finally:
+            eng.kill()
+            assert svc.stop() == 0, svc.log()
+        assert svc.segment_files() == []
+
+
+def test_client_cancel_frees_the_request() -> None:
+    with workdir() as path:
+        svc = start_service(path)
+        eng = start_engine(path, "service", svc)
+        try:
+            partial = asyncio.run(_stream(eng, SAMPLED, stop_after=3))
+            assert len(partial.tokens) == 3
+            # Drain waits (event-driven, with a deadline) until no request is admitted.
+            drained = kpb_grpc.KVCacheServiceStub(svc.channel).Drain(
+                kpb.DrainRequest(timeout_seconds=10), timeout=15)
+            assert drained.drained
+            stats = service_stats(svc)
+            assert stats.requests == 0 and stats.host_pages.used == 0 and stats.request_slots.used == 0
+        finally:
+            assert eng.stop() == 0, eng.log()
+            assert svc.stop() == 0, svc.log()

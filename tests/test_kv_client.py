@@ -1,0 +1,198 @@
+"""KVClient against a real `python -m kv_service` over UDS, the error mapping, and the two
+in-process controls."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+import pytest
+
+from engine_client import errors
+from engine_client.control import BaselineControl, EmbeddedControl, StepReport
+from engine_client.kv_client import KVClient
+from kv_service.layout import MODE_OFFLOADED, MODE_RESIDENT
+from tests.process_harness import LAYOUT, layout_with, start_service, workdir
+
+pytestmark = [pytest.mark.timeout(120)]
+
+
+@pytest.fixture(scope="module")
+def svc():
+    with workdir("hsk") as path:
+        service = start_service(path, lease=30.0)
+        yield service
+        assert service.stop() == 0, service.log()
+        assert service.segment_files() == []
+
+
+async def _connect(svc, **kw) -> KVClient:
+    kw.setdefault("expected_layout", LAYOUT)
+    return await KVClient.connect(f"unix:{svc.uds}", engine_name="test", rpc_timeout=3,
+                                  attach_timeout=5, heartbeat_interval=0.2, **kw)
+
+
+@pytest.mark.slow
+def test_session_lifecycle_and_typed_errors(svc) -> None:
+    async def run() -> None:
+        c = await _connect(svc)
+        try:
+            assert c.tensors is not None and c.tensors.layout == LAYOUT and c.device == "cpu"
+            small = await c.admit("small", 8, 8)
+            big = await c.admit("big", 40, 20)
+            assert small.mode == MODE_RESIDENT and big.mode == MODE_OFFLOADED
+            # The service wrote the page table into memory this process maps.
+            assert c.tensors.page_table[big.slot, : len(big.pages)].tolist() == list(big.pages)
+            fillers = []
+            with pytest.raises(errors.CapacityError) as cap:
+                for i in range(LAYOUT.max_requests):
+                    fillers.append((await c.admit(f"fill{i}", 100, 28)).request_id)
+            assert int(cap.value.details["pages_needed"]) > int(cap.value.details["pages_free"])
+            for rid in fillers:
+                await c.release(rid)
+            with pytest.raises(errors.AlreadyExists):
+                await c.admit("small", 8, 8)
+            await c.commit("big", 40)
+            await c.step_end(StepReport(1, (("big", 41), ("small", 9)), 10, 2, 2304))
+            with pytest.raises(errors.InvalidArgument):
+                await c.commit("small", 999)
+            with pytest.raises(errors.UnknownRequest):
+                await c.release("nope")
+            s = await c.stats()
+            assert (s.requests, s.hits, s.misses, s.bytes_moved) == (2, 10, 2, 2304)
+            # Heartbeats run meanwhile (every 0.2 s); the stream stays healthy.
+            await asyncio.sleep(0.5)
+            for rid in ("small", "big"):
+                await c.release(rid)
+            assert (await c.stats()).pages_used == 0
+        finally:
+            await c.close(detach=True)
+
+    asyncio.run(run())
+
+
+@pytest.mark.slow
+def test_layout_mismatch_is_refused(svc) -> None:
+    with pytest.raises(errors.LayoutMismatch):
+        asyncio.run(_connect(svc, expected_layout=layout_with(topk=8)))
+
+
+@pytest.mark.slow
+def test_stream_drop_reattaches_to_the_same_session(svc) -> None:
+    async def run() -> None:
+        c = await _connect(svc)
+        try:
+            await c.admit("keep", 8, 8)
+            session = c.session_id
+            c._stream._call.cancel()  # a dropped stream, the service still up
+            await c.commit("keep", 8)  # waits for the re-attach, then goes through
+            assert c.session_id == session and [h.request_id for h in c.held] == ["keep"]
+            await c.release("keep")
+        finally:
+            await c.close(detach=True)
+
+    asyncio.run(run())
+
+
+@pytest.mark.slow
+def test_remote_swap_runs_in_the_service(svc) -> None:
+    async def run() -> None:
+        c = await _connect(svc, remote_swap=True)
+        try:
+            adm = await c.admit("r", 4, 4)
+            x = c.exchange
+            x["xchg_topk"][0].fill_(-1)
+            x["xchg_topk"][0, :3] = torch_arange(3)
+            x["xchg_seq_lens"][0] = 3
+            x["xchg_req_slots"][0] = adm.slot
+            reply = await asyncio.get_running_loop().run_in_executor(None, c.remote_swap, 0, 1)
+            # Resident request: position t is hot slot t, never a miss.
+            assert (reply.hits, reply.misses) == (3, 0)
+            assert x["xchg_slots"][0, :3].tolist() == [0, 1, 2]
+            await c.release("r")
+        finally:
+            await c.close(detach=True)
+
+    asyncio.run(run())
+
+
+def torch_arange(n: int):
+    import torch
+    return torch.arange(n, dtype=torch.int32)
+
+
+@pytest.mark.slow
+def test_killed_service_fails_pending_calls_fast_and_drops_memory() -> None:
+    with workdir("hsk") as path:
+        service = start_service(path)
+
+        async def run() -> float:
+            c = await _connect(service)
+            try:
+                await c.admit("r", 8, 8)
+                service.kill()
+                started = time.monotonic()
+                with pytest.raises(errors.ServiceUnavailable):
+                    for _ in range(100):  # never returns normally once the service is gone
+                        await c.commit("r", 8)
+                elapsed = time.monotonic() - started
+                with pytest.raises(errors.ServiceUnavailable):
+                    c.check_alive()
+                assert c.tensors is None  # nothing stale can be read
+                with pytest.raises(errors.ServiceUnavailable):
+                    await c.admit("again", 8, 8)
+                return elapsed
+            finally:
+                await c.close()
+
+        assert asyncio.run(run()) < 3.0
+
+
+def test_error_mapping() -> None:
+    cases = {5: errors.UnknownRequest, 8: errors.CapacityError, 3: errors.InvalidArgument,
+             9: errors.EpochMismatch, 16: errors.Unauthenticated, 14: errors.ServiceUnavailable,
+             4: errors.DeadlineExceeded, 6: errors.AlreadyExists}
+    for code, cls in cases.items():
+        err = errors.from_status(code, "m", {"a": "1"})
+        assert type(err) is cls and err.details == {"a": "1"}
+    other = errors.from_status(grpc.StatusCode.INTERNAL, "boom")
+    assert type(other) is errors.KVClientError and other.code is grpc.StatusCode.INTERNAL
+    assert isinstance(errors.DeadlineExceeded("x"), errors.ServiceUnavailable)
+
+
+def test_baseline_control_capacity_and_release() -> None:
+    async def run() -> None:
+        ctl = BaselineControl(layout_with(max_requests=1))
+        a = await ctl.admit("a", 4, 4)
+        with pytest.raises(errors.CapacityError):
+            await ctl.admit("b", 4, 4)
+        with pytest.raises(errors.InvalidArgument):
+            await ctl.admit("c", 200, 4)
+        await ctl.release("a")
+        assert (await ctl.admit("b", 4, 4)).slot == a.slot
+        with pytest.raises(errors.UnknownRequest):
+            await ctl.release("a")
+
+    asyncio.run(run())
+
+
+def test_embedded_control_maps_core_errors() -> None:
+    from kv_service.core import ServiceCore
+    from kv_service.memory import allocate_local
+
+    async def run() -> None:
+        ctl = EmbeddedControl(ServiceCore(allocate_local(layout_with(num_pages=4)),
+                                          lease_seconds=5), "test")
+        await ctl.admit("a", 20, 12)
+        with pytest.raises(errors.CapacityError) as cap:
+            await ctl.admit("b", 8, 8)
+        assert cap.value.details["pages_free"] == "0"
+        with pytest.raises(errors.UnknownRequest):
+            await ctl.commit("zz", 1)
+        await ctl.step_end(StepReport(1, (("a", 21),), 3, 1, 1152))
+        assert (await ctl.stats()).misses == 1
+        await ctl.release("a")
+        await ctl.close(detach=True)
+
+    asyncio.run(run())
