@@ -104,6 +104,10 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     config, args = parse(argv, os.environ if env is None else env)
     logging.basicConfig(level=args.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if config.device == "cpu":
+        # CPU tensors need Triton's interpreter even on a machine with a GPU, where
+        # kernels/__init__ would leave it off; it must be set before any kernel is defined.
+        os.environ["TRITON_INTERPRET"] = "1"
     # Imported here so --help and flag errors do not pay for torch and grpc.
     from kv_service.server import run
 
