@@ -12,5 +12,5 @@ else
 fi
 export PYTHONUNBUFFERED=1
 nvidia-smi -L
-python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 300 "${@:-tests}" 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
+timeout ${GPU_TEST_BUDGET_S:-900} python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 300 "${@:-tests}" 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
 python3 bench/kernels.py --out "$OUT/kernels.json" 2>&1 | tee "$OUT/kernels.log"

@@ -9,6 +9,8 @@ swap counters. Everything here runs on the engine's single compute thread.
 
 from __future__ import annotations
 
+import importlib
+import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -19,7 +21,7 @@ from engine_client.graph import DecodeConfig, DecodeRunner
 from engine_client.hisparse_backend import HiSparseBackend, RemoteSwapBackend
 from engine_client.kernel_set import KernelSet
 from engine_client.kv_backend import AttnRows, BaselineBackend, BaselineConfig, KVBackend
-from engine_client.model import Model
+from engine_client.model import Model, TopkSource
 from engine_client.preset import ModelConfig
 from engine_client.scheduler import GenRequest, sample
 from kv_service.layout import KVLayout
@@ -77,11 +79,13 @@ class StepResult:
 
 class Compute:
     def __init__(self, model: Model, runner: DecodeRunner, counting: CountingBackend,
-                 layout: KVLayout, prefill_chunk: int) -> None:
+                 layout: KVLayout, prefill_chunk: int, synthetic_context: int = 0) -> None:
         self.model, self.runner, self.counting = model, runner, counting
         self.layout = layout
         self.prefill_chunk = prefill_chunk
         self.row_bytes = layout.row_bytes
+        # Prompts start with this many placeholder tokens whose KV is filled synthetically.
+        self.synthetic_context = synthetic_context
 
     @property
     def max_batch(self) -> int:
@@ -90,6 +94,9 @@ class Compute:
     def prefill_step(self, req: GenRequest) -> int | None:
         """Prefill the next chunk of `req`; the first token once the prompt is done."""
         s = req.prefilled
+        if s == 0 and self.synthetic_context:
+            self.model.backend.fill_synthetic(req.slot, self.synthetic_context, seed=req.slot)
+            s = req.prefilled = self.synthetic_context
         e = min(s + self.prefill_chunk, req.prompt_len)
         logits = self.model.prefill(req.slot, req.prompt[s:e], start=s, chunk_size=e - s)
         req.prefilled = e
@@ -134,16 +141,29 @@ def build_backend(mode: str, layout: KVLayout, tensors: KVTensors | None, kernel
     return HiSparseBackend(tensors, kernels=kernels, max_batch=max_batch)
 
 
+def load_topk_source(spec: str, model_cfg: ModelConfig, layout: KVLayout,
+                     device: str) -> TopkSource | None:
+    """None for "indexer"; else MODULE:FUNC[:JSON kwargs], called as
+    FUNC(model_cfg, layout, device, **kwargs) -> TopkSource (benchmarks: bench.trace)."""
+    if spec == "indexer":
+        return None
+    module, func, *rest = spec.split(":", 2)
+    kwargs = json.loads(rest[0]) if rest else {}
+    return getattr(importlib.import_module(module), func)(model_cfg, layout, device, **kwargs)
+
+
 def build_compute(model_cfg: ModelConfig, weights: dict[str, torch.Tensor], backend: KVBackend,
                   layout: KVLayout, max_batch: int, prefill_chunk: int,
-                  use_graphs: bool = True) -> Compute:
+                  use_graphs: bool = True, topk_source: TopkSource | None = None,
+                  synthetic_context: int = 0) -> Compute:
     counting = CountingBackend(backend)
     model = Model(model_cfg, weights, counting)  # type: ignore[arg-type]
+    model.topk_source = topk_source  # before capture: the graphs must contain it
     runner = DecodeRunner(model, DecodeConfig(max_batch, use_graphs=use_graphs))
     if runner.use_graphs:
         runner.capture()
         log.info("captured decode graphs for batch buckets %s", runner.cfg.buckets)
-    return Compute(model, runner, counting, layout, prefill_chunk)
+    return Compute(model, runner, counting, layout, prefill_chunk, synthetic_context)
 
 
 def check_model_fits(model_cfg: ModelConfig, layout: KVLayout) -> None:

@@ -18,7 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from engine_client import errors, state_file
-from engine_client.compute import build_backend, build_compute, check_model_fits, choose_kernels
+from engine_client.compute import (build_backend, build_compute, check_model_fits,
+                                   choose_kernels, load_topk_source)
 from engine_client.config import EngineConfig
 from engine_client.control import BaselineControl, EmbeddedControl, HeldRequest, KVControl
 from engine_client.engine import Engine
@@ -65,8 +66,9 @@ def local_control(cfg: EngineConfig, mcfg: ModelConfig, device: str) -> KVContro
 
 def _compute_thread(device: str) -> ThreadPoolExecutor:
     # Triton launches on the thread's current CUDA device: pin the compute thread to ours.
-    init = (lambda: torch.cuda.set_device(torch.device(device))) if device.startswith("cuda") \
-        else None
+    # "cuda" (--device cuda/auto) has no index: it means the current device, 0.
+    init = (lambda: torch.cuda.set_device(torch.device(device).index or 0)) \
+        if device.startswith("cuda") else None
     return ThreadPoolExecutor(1, thread_name_prefix="engine-compute", initializer=init)
 
 
@@ -81,8 +83,10 @@ def _build_compute(cfg: EngineConfig, mcfg: ModelConfig, control: KVControl, dev
     max_batch = min(cfg.max_batch, control.layout.max_requests)
     backend = build_backend(cfg.kv_mode, control.layout, control.tensors, kernels, max_batch,
                             device, swap_fn, exchange)
+    source = load_topk_source(cfg.topk_source, mcfg, control.layout, device)
     return build_compute(mcfg, weights, backend, control.layout, max_batch, cfg.prefill_chunk,
-                         use_graphs=cfg.cuda_graphs)
+                         use_graphs=cfg.cuda_graphs, topk_source=source,
+                         synthetic_context=cfg.synthetic_context)
 
 
 def _resumed(held: HeldRequest, saved: state_file.SavedRequest) -> GenRequest | None:

@@ -3,6 +3,9 @@
 bf16: the 128 bf16 values (256 B). fp8: 128 float8_e4m3fn values then one fp32 scale (132 B),
 with value = fp8 * scale and scale = amax / 448 per key, like DeepSeek-V3.2's per-token fp8
 indexer cache. Both encoders are plain tensor ops without host sync (usable in a CUDA graph).
+These are append rows; in the index pool fp8 pages are page-blocked (a page's P x 128 values,
+then its P scales: kernels.reference.fp8_page_views), which kv_append and the baseline backend's
+store take care of.
 """
 
 from __future__ import annotations

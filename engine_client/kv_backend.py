@@ -20,6 +20,7 @@ import torch
 
 from engine_client.index_keys import encode_index_keys
 from engine_client.kernel_set import KernelSet
+from kernels.reference import write_index_rows
 from kv_service.layout import INDEX_FORMATS, KVLayout
 
 ROW_DIM = 576
@@ -175,10 +176,12 @@ class BaselineBackend(KVBackend):
         ok = (r >= 0) & (r < cfg.max_requests) & (t >= 0) & (t < seq_lens.clamp(max=cfg.max_context))
         trash_kv = cfg.max_requests * cfg.max_context
         self._kv[layer].index_copy_(0, torch.where(ok, r * cfg.max_context + t, trash_kv), kv_rows)
-        # Page r * ppr + t // P, row t % P: request r's keys are contiguous.
+        # Page r * ppr + t // P, slot t % P: request r's keys are contiguous. fp8 pages are
+        # page-blocked (values, then scales), so the store goes through the layout's views.
         per_req = cfg.pages_per_request * cfg.page_size
-        pool = self._pool[layer].view(-1, self._pool.shape[-1])
-        pool.index_copy_(0, torch.where(ok, r * per_req + t, cfg.max_requests * per_req), index_rows)
+        token = torch.where(ok, r * per_req + t, cfg.max_requests * per_req)
+        write_index_rows(self._pool[layer], token // cfg.page_size, token % cfg.page_size,
+                         index_rows)
 
     def select(self, layer: int, topk: torch.Tensor, req_slots: torch.Tensor,
                seq_lens: torch.Tensor) -> AttnRows:

@@ -11,23 +11,23 @@ Failure rules:
   good: `check_alive` raises, so the engine launches nothing more on the mapped memory and
   discards the step that was running (unmapped at close, once no step can use it);
 - gRPC errors become typed errors through `engine_client.errors`: failed calls in
-  `errors.rpc_errors`, in-band Error replies in `_result`.
+  `errors.rpc_errors`, in-band Error replies in `_result`;
+- what Attach returns is checked and mapped in `engine_client.attachment`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 
 import grpc
 
-from engine_client import errors
+from engine_client import attachment, errors
 from engine_client.control import Admission, HeldRequest, KVStats, StepReport
 from engine_client.session_stream import NotSent, SessionStream
 from kv_service import segment
-from kv_service.layout import KVLayout, LayoutError
+from kv_service.layout import KVLayout
 from kv_service.memory import KVTensors
 from proto.kvcache.v1 import kvcache_pb2 as pb
 from proto.kvcache.v1 import kvcache_pb2_grpc as pb_grpc
@@ -36,29 +36,6 @@ log = logging.getLogger(__name__)
 
 CHANNEL_OPTIONS = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
                    ("grpc.keepalive_permit_without_calls", 1)]
-
-
-def layout_from_proto(msg: pb.Layout) -> KVLayout:
-    return KVLayout(**{f.name: getattr(msg, f.name) for f in dataclasses.fields(KVLayout)})
-
-
-def layout_to_proto(layout: KVLayout) -> pb.Layout:
-    return pb.Layout(**layout.to_dict())
-
-
-def handle_from_proto(h: pb.TensorHandle) -> dict:
-    return {"name": h.name, "kind": h.kind, "shape": list(h.shape), "dtype": h.dtype,
-            "path": h.shm_path, "ipc": h.cuda_ipc, "nbytes": h.nbytes}
-
-
-def cuda_device_with_uuid(uuid: str) -> str:
-    """The visible CUDA device ("cuda:N") whose UUID is `uuid` (nvidia-smi form, "GPU-...")."""
-    import torch
-    for i in range(torch.cuda.device_count()):
-        if f"GPU-{torch.cuda.get_device_properties(i).uuid}" == uuid:
-            return f"cuda:{i}"
-    raise errors.LayoutMismatch(f"the service's GPU {uuid} is not visible to this engine: "
-                                "run both on the same GPU (CUDA_VISIBLE_DEVICES)")
 
 
 class KVClient:
@@ -111,10 +88,7 @@ class KVClient:
 
     async def _attach(self, resume: str, expected: KVLayout | None,
                       wait: bool) -> pb.AttachResponse:
-        req = pb.AttachRequest(engine_name=self.engine_name, resume_session_id=resume,
-                               remote_swap=self.with_remote_swap)
-        if expected is not None:
-            req.expected_layout.CopyFrom(layout_to_proto(expected))
+        req = attachment.request(self.engine_name, resume, self.with_remote_swap, expected)
         try:
             with errors.rpc_errors("Attach"):
                 reply = await self._stub.Attach(req, timeout=self.attach_timeout,
@@ -122,39 +96,20 @@ class KVClient:
         except errors.InvalidArgument as e:
             # The only argument the service checks at attach is our layout.
             raise errors.LayoutMismatch(e.message, e.details) from e
-        try:
-            layout = layout_from_proto(reply.layout)
-        except LayoutError as e:
-            raise errors.LayoutMismatch(f"service layout: {e}") from e
-        if expected is not None and layout != expected:
-            raise errors.LayoutMismatch(f"service layout {layout} is not {expected}")
-        if reply.device not in ("cpu", "cuda"):
-            raise errors.LayoutMismatch(f"service reports unknown device {reply.device!r}")
-        device = cuda_device_with_uuid(reply.gpu_uuid) if reply.device == "cuda" else "cpu"
+        layout, device = attachment.check(reply, expected)
         if self.session_id and device != self.device:
             raise errors.EpochMismatch(f"service moved from {self.device} to {device}")
         self.session_id, self.epoch, self.layout = reply.session_id, reply.epoch, layout
         self.device = device
-        self.held = tuple(HeldRequest(r.request_id, r.slot, int(r.mode), r.seq_len, r.prompt_len,
-                                      r.max_new_tokens) for r in reply.requests)
+        self.held = attachment.held_requests(reply)
         log.info("attached to %s: session %s, epoch %d, %s, %d held requests", self.target,
                  self.session_id, self.epoch, self.device, len(self.held))
         return reply
 
     def _map(self, reply: pb.AttachResponse) -> None:
-        handles = [handle_from_proto(h) for h in reply.tensors]
-        kv_handles = [h for h in handles if not h["name"].startswith("xchg_")]
-        try:
-            self.tensors = segment.map_segments(self.layout, kv_handles, self.device)
-            xchg = [h for h in handles if h["name"].startswith("xchg_")]
-            self.exchange = segment.map_extra(xchg, self.device) if xchg else {}
-        except (LayoutError, OSError) as e:
-            raise errors.LayoutMismatch(f"cannot map the service's memory: {e}") from e
-        if self.with_remote_swap and not self.exchange:
-            raise errors.LayoutMismatch("remote swap asked but no exchange tensors exported")
+        self.tensors, self.exchange, self._owner_files = attachment.map_memory(
+            reply, self.layout, self.device, self.with_remote_swap)
         self._mapped, self._mapped_exchange = self.tensors, self.exchange
-        # The shm files carry the service's pid; checking them is a stat and a kill(pid, 0).
-        self._owner_files = [h for h in kv_handles if h["kind"] == "shm"]
 
     async def _open_stream(self) -> None:
         self._stream = SessionStream(self._stub.Session(metadata=self._metadata),

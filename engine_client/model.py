@@ -15,7 +15,8 @@ V3.2's Hadamard rotation of indexer q/k and fp8 activation quantization are not 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -26,28 +27,48 @@ from engine_client.kv_backend import AttnRows, KVBackend
 from engine_client.preset import ModelConfig
 from engine_client.rope import RopeTable, apply_rope
 from engine_client.weights import check_weights, layer_prefix
+from kernels.sparse_attention import AttnWorkspace, decode_num_splits
+from kernels.topk import TopkWorkspace
+
+
+# Benchmarks: fn(layer, req_slots, seq_lens, topk) overwriting a decode step's top-k [n, k] in
+# place (graph-safe), e.g. a replayed trace (bench/trace.py).
+TopkSource = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None]
 
 
 @dataclass(frozen=True)
 class Workspace:
     """Per-forward scratch: scores [n, S] fp32, topk [n, k] int32, attention out [n, H, 512]
-    bf16 and lse [n, H] fp32. Decode keeps one at fixed addresses; prefill makes one per chunk."""
+    bf16 and lse [n, H] fp32, plus the kernels' own scratch (segmented top-k; split-k attention
+    when attn_scratch is set). Decode keeps one at fixed addresses; prefill makes one per chunk."""
 
     scores: torch.Tensor
     topk: torch.Tensor
     attn_out: torch.Tensor
     lse: torch.Tensor
+    topk_scratch: TopkWorkspace | None = None
+    attn_scratch: AttnWorkspace | None = None
 
     @classmethod
-    def allocate(cls, cfg: ModelConfig, n: int, width: int, device: torch.device) -> "Workspace":
+    def allocate(cls, cfg: ModelConfig, n: int, width: int, device: torch.device, *,
+                 attn_splits: int | None = None) -> "Workspace":
+        """attn_splits: attention's split count; by default a function of cfg.topk alone, so a
+        row's bits never depend on the batch it is in. 1 = single pass, no scratch."""
+        splits = decode_num_splits(cfg.topk) if attn_splits is None else attn_splits
+        attn = (AttnWorkspace.allocate(n, cfg.num_heads, splits, d_v=cfg.kv_lora_rank,
+                                       device=device) if splits > 1 else None)
         return cls(scores=torch.empty((n, width), dtype=torch.float32, device=device),
                    topk=torch.empty((n, cfg.topk), dtype=torch.int32, device=device),
                    attn_out=torch.empty((n, cfg.num_heads, cfg.kv_lora_rank), dtype=cfg.torch_dtype,
                                         device=device),
-                   lse=torch.empty((n, cfg.num_heads), dtype=torch.float32, device=device))
+                   lse=torch.empty((n, cfg.num_heads), dtype=torch.float32, device=device),
+                   topk_scratch=TopkWorkspace.allocate(n, width, device=device),
+                   attn_scratch=attn)
 
     def rows(self, n: int) -> "Workspace":
-        return Workspace(self.scores[:n], self.topk[:n], self.attn_out[:n], self.lse[:n])
+        # The kernels' scratch serves any batch up to its capacity: kept whole.
+        return dataclasses.replace(self, scores=self.scores[:n], topk=self.topk[:n],
+                                   attn_out=self.attn_out[:n], lse=self.lse[:n])
 
 
 @dataclass(frozen=True)
@@ -92,6 +113,7 @@ class Model:
             w["model.embed_tokens.weight"], w["model.norm.weight"], w["lm_head.weight"])
         self.layers = [self._layer_weights(w, i) for i in range(cfg.num_layers)]
         self.rope = RopeTable(cfg.rope_dim, backend.max_context, cfg.rope_theta, self.device)
+        self.topk_source: TopkSource | None = None
 
     def _layer_weights(self, w: dict[str, torch.Tensor], i: int) -> dict[str, torch.Tensor]:
         cfg, p = self.cfg, layer_prefix(i)
@@ -142,7 +164,8 @@ class Model:
             pos = torch.arange(start + s, start + e, dtype=torch.int32, device=self.device)
             slots = torch.full_like(pos, req_slot)
             tok = Tokens(ids[s:e], slots, pos, pos + 1, torch.full_like(pos, start + e))
-            ws = Workspace.allocate(self.cfg, e - s, start + e, self.device)
+            # Chunks are wide batches: single-pass attention, no split scratch to allocate.
+            ws = Workspace.allocate(self.cfg, e - s, start + e, self.device, attn_splits=1)
             hidden = self.forward(tok, ws, PrefillChunk(req_slot, start + e))
         return self.logits(hidden[-1:])[0]
 
@@ -175,11 +198,14 @@ class Model:
         be.append(i, rows, encode_index_keys(ik, be.index_format), tok.req_slots, tok.positions,
                   tok.append_lens)
         be.index_scores(i, iq, iw, tok.req_slots, tok.seq_lens, ws.scores)
-        self.kernels.topk_select(ws.scores, tok.seq_lens, ws.topk)
+        self.kernels.topk_select(ws.scores, tok.seq_lens, ws.topk, workspace=ws.topk_scratch)
+        if prefill is None and self.topk_source is not None:
+            self.topk_source(i, tok.req_slots, tok.seq_lens, ws.topk)
         sel: AttnRows = (be.select(i, ws.topk, tok.req_slots, tok.seq_lens) if prefill is None
                          else be.gather(i, ws.topk, prefill.req_slot, prefill.seq_len))
         q_abs = torch.bmm(q[..., : cfg.qk_nope_dim].transpose(0, 1), lw["w_uk"]).transpose(0, 1)
         self.kernels.sparse_mla_decode(q_abs, q_pe, sel.kv, sel.row_base, sel.slots,
-                                       cfg.softmax_scale, ws.attn_out, ws.lse)
+                                       cfg.softmax_scale, ws.attn_out, ws.lse,
+                                       workspace=ws.attn_scratch)
         o = torch.bmm(ws.attn_out.transpose(0, 1), lw["w_uv_t"]).transpose(0, 1).reshape(n, -1)
         return x + F.linear(o, lw["self_attn.o_proj.weight"])

@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.reference import FP8_KEY_BYTES
 from kernels.uva import UVATensor
 
 ROWS_PER_PROGRAM = 4
@@ -33,12 +34,36 @@ def _store_rows(ptr, rows, mask, words, WORDS: tl.constexpr, BLOCK: tl.constexpr
              mask=mask[:, None] & (w < WORDS)[None, :])
 
 
+@triton.jit
+def _store_cols(ptr, starts, mask, words, LO: tl.constexpr, HI: tl.constexpr,
+                BLOCK: tl.constexpr):
+    """Words [LO, HI) of each row to ptr + starts[row] + (word - LO)."""
+    w = tl.arange(0, BLOCK)
+    tl.store(ptr + starts[:, None] + (w - LO)[None, :], words,
+             mask=mask[:, None] & ((w >= LO) & (w < HI))[None, :])
+
+
+@triton.jit
+def _store_index_rows(pool_ptr, page_row, t_in_page, ok, index, P: tl.constexpr,
+                      INDEX_WORDS: tl.constexpr, SCALE_WORDS: tl.constexpr,
+                      BLOCK: tl.constexpr):
+    """Index rows into their pool pages (page_row = layer * num_pages + page). With SCALE_WORDS
+    (fp8 keys) a page is page-blocked: P rows of values, then the P scales."""
+    VALUE_WORDS: tl.constexpr = INDEX_WORDS - SCALE_WORDS
+    page_start = page_row * (P * INDEX_WORDS)
+    _store_cols(pool_ptr, page_start + t_in_page * VALUE_WORDS, ok, index, 0, VALUE_WORDS, BLOCK)
+    if SCALE_WORDS > 0:
+        _store_cols(pool_ptr, page_start + P * VALUE_WORDS + t_in_page * SCALE_WORDS, ok, index,
+                    VALUE_WORDS, INDEX_WORDS, BLOCK)
+
+
 @triton.jit(do_not_specialize=["layer"])
 def _kv_append_kernel(kv_ptr, index_ptr, req_slots_ptr, positions_ptr, seq_lens_ptr,
                       req_mode_ptr, page_table_ptr, host_ptr, hot_ptr, pool_ptr,
                       layer, n, R, B, max_pages, num_pages, L: tl.constexpr, P: tl.constexpr,
                       W: tl.constexpr, KV_WORDS: tl.constexpr, INDEX_WORDS: tl.constexpr,
-                      BLOCK_KV: tl.constexpr, BLOCK_INDEX: tl.constexpr, ROWS: tl.constexpr):
+                      SCALE_WORDS: tl.constexpr, BLOCK_KV: tl.constexpr,
+                      BLOCK_INDEX: tl.constexpr, ROWS: tl.constexpr):
     # Rows move as int32 words (D and I are multiples of 4) so the copies vectorize.
     kv_ptr = kv_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
     index_ptr = index_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
@@ -65,8 +90,8 @@ def _kv_append_kernel(kv_ptr, index_ptr, req_slots_ptr, positions_ptr, seq_lens_
     _store_rows(hot_ptr, (layer * R + r).to(tl.int64) * B + slot, to_hot, kv, KV_WORDS, BLOCK_KV)
     _store_rows(host_ptr, (page * L + layer) * P + t % P, to_host, kv, KV_WORDS, BLOCK_KV)
     index = _load_rows(index_ptr, src, ok, INDEX_WORDS, BLOCK_INDEX)
-    _store_rows(pool_ptr, (layer * num_pages + page) * P + t % P, ok, index, INDEX_WORDS,
-                BLOCK_INDEX)
+    _store_index_rows(pool_ptr, layer * num_pages + page, t % P, ok, index, P, INDEX_WORDS,
+                      SCALE_WORDS, BLOCK_INDEX)
 
 
 def _check(specs: dict) -> None:
@@ -87,6 +112,9 @@ def kv_append(layer: int, kv_rows: torch.Tensor, index_rows: torch.Tensor,
     (seq_len of the row's request after this append); req_mode [R] int32;
     page_table [R, max_pages] int32; host_kv [num_pages, L, P, D] uint8 (its UVATensor on GPU);
     hot_kv [L, R, B, D] uint8; index_pool [L, num_pages, P, I] uint8. D and I multiples of 4.
+    An index row is 128 fp8 values + fp32 scale when I = 132: its page is then page-blocked
+    (values of the P tokens, then their P scales; kernels.reference.fp8_page_views), otherwise
+    it is stored as is.
     A row is written only if its slot is in [0, R) with mode 1 or 2, 0 <= position <
     min(seq_len, max_pages * P) and its page is in [0, num_pages); other rows write nothing.
     Launch-only: graph capturable.
@@ -109,5 +137,6 @@ def kv_append(layer: int, kv_rows: torch.Tensor, index_rows: torch.Tensor,
         kv_rows, index_rows, req_slots, positions, seq_lens, req_mode, page_table, host_kv,
         hot_kv, index_pool,
         layer, n, R, B, page_table.shape[1], num_pages, L=L, P=P, W=window, KV_WORDS=D // 4,
-        INDEX_WORDS=I // 4, BLOCK_KV=triton.next_power_of_2(D // 4),
+        INDEX_WORDS=I // 4, SCALE_WORDS=1 if I == FP8_KEY_BYTES else 0,
+        BLOCK_KV=triton.next_power_of_2(D // 4),
         BLOCK_INDEX=triton.next_power_of_2(I // 4), ROWS=ROWS_PER_PROGRAM, num_warps=4)

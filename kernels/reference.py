@@ -21,6 +21,44 @@ def _flat_rows(x) -> torch.Tensor:
     return t.view(-1, t.shape[-1])
 
 
+# --- index-key pool layout (written by kv_append, read by the indexer) ---
+
+# fp8 index keys are page-blocked in the pool (DeepSeek-V3.2's indexer cache layout): the bytes of
+# a page of P tokens are [P x 128 fp8 values | P x 4 B fp32 scales], so every token's values start
+# 16 B aligned (when P % 4 == 0). The pool keeps its [..., N, P, 132] byte shape; bf16 keys (and
+# any other row size) are stored row by row. Appends take rows of 128 values + scale either way.
+FP8_KEY_BYTES = 132
+
+
+def fp8_page_views(pool: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Views (values [..., N, P, 128], scales [..., N, P, 4]) of an fp8 index pool [..., N, P, 132]
+    whose last two dims are contiguous; writing into them writes the pool."""
+    P = pool.shape[-2]
+    flat = pool.view(*pool.shape[:-2], P * FP8_KEY_BYTES)
+    return (flat[..., : P * 128].unflatten(-1, (P, 128)),
+            flat[..., P * 128:].unflatten(-1, (P, 4)))
+
+
+def read_index_rows(pool: torch.Tensor, pages: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """Append-format rows [n, I] of tokens (pages[i], offs[i]) of an index pool [N, P, I]."""
+    if pool.shape[-1] != FP8_KEY_BYTES:
+        return pool[pages, offs]
+    values, scales = fp8_page_views(pool)
+    return torch.cat((values[pages, offs], scales[pages, offs]), dim=-1)
+
+
+def write_index_rows(pool: torch.Tensor, pages: torch.Tensor, offs: torch.Tensor,
+                     rows: torch.Tensor) -> None:
+    """Store append-format rows [n, I] at tokens (pages[i], offs[i]) of an index pool [N, P, I]
+    (plain tensor indexing: no host sync, graph-capturable on CUDA)."""
+    if pool.shape[-1] != FP8_KEY_BYTES:
+        pool[pages, offs] = rows
+        return
+    values, scales = fp8_page_views(pool)
+    values[pages, offs] = rows[..., :128]
+    scales[pages, offs] = rows[..., 128:]
+
+
 def _ref_plan_request(layer, r, row, seq_len, pages, token_slot, slot_token, lru_order,
                       num_layers, page_size, window):
     """Plan one offloaded (layer, request); returns (slots, [(host row, hot row)] per miss)."""
@@ -110,7 +148,8 @@ def ref_kv_append(layer, kv_rows, index_rows, req_slots, positions, seq_lens, re
         page = int(page_table[r, t // P])
         if not 0 <= page < num_pages:
             continue
-        index_pool[layer, page, t % P] = index_rows[i]
+        at = torch.tensor([[page], [t % P]], device=index_pool.device)
+        write_index_rows(index_pool[layer], at[0], at[1], index_rows[i:i + 1].to(index_pool.device))
         if mode == 1 and t < B:
             hot_kv[layer, r, t] = kv_rows[i]
         if mode == 2:
@@ -125,8 +164,9 @@ def ref_kv_append(layer, kv_rows, index_rows, req_slots, positions, seq_lens, re
 
 def ref_sparse_mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv: torch.Tensor,
                           row_base: torch.Tensor, slots: torch.Tensor, scale: float,
-                          out: torch.Tensor, lse: torch.Tensor) -> None:
-    """Absorbed MLA decode over the rows `row_base[b] + slots[b, i]` (slot < 0 skipped), fp64 math."""
+                          out: torch.Tensor, lse: torch.Tensor, *, workspace=None) -> None:
+    """Absorbed MLA decode over the rows `row_base[b] + slots[b, i]` (slot < 0 skipped), fp64 math.
+    `workspace` (the kernel's split-k scratch) is accepted and unused."""
     d_v = q_nope.shape[-1]
     valid = slots >= 0
     rows = torch.where(valid, row_base[:, None] + slots.long(), 0)
@@ -141,10 +181,11 @@ def ref_sparse_mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv: torch.Te
 
 
 def decode_index_keys(raw: torch.Tensor) -> torch.Tensor:
-    """Index-key bytes [..., I] to fp32 keys [..., 128]: I=256 is bf16, I=132 is fp8 e4m3 + fp32 scale."""
+    """Index-key rows [..., I] in append format to fp32 keys [..., 128]: I=256 is bf16, I=132 is
+    128 fp8 e4m3 values then one fp32 scale."""
     if raw.shape[-1] == 256:
         return raw.contiguous().view(torch.bfloat16).float()
-    if raw.shape[-1] == 132:
+    if raw.shape[-1] == FP8_KEY_BYTES:
         raw = raw.contiguous()
         vals = raw[..., :128].view(torch.float8_e4m3fn).float()
         return vals * raw[..., 128:].view(torch.float32)
@@ -166,7 +207,8 @@ def ref_indexer_scores(q: torch.Tensor, w: torch.Tensor, index_pool_layer: torch
         t = torch.arange(n, device=q.device)
         pages = page_table[r, t // page].long()
         ok = pages >= 0
-        keys = decode_index_keys(index_pool_layer[pages.clamp(min=0), t % page]).double()
+        rows = read_index_rows(index_pool_layer, pages.clamp(min=0), t % page)
+        keys = decode_index_keys(rows).double()
         s = torch.relu(q[b].double() @ keys.T)              # [64, n]
         score = w[b].double() @ s
         out_scores[b, :n] = torch.where(ok, score, float("-inf")).to(out_scores.dtype)
@@ -181,9 +223,10 @@ def order_key(scores: torch.Tensor) -> torch.Tensor:
     return bits ^ ((bits >> 31) & 0x7FFFFFFF)
 
 
-def ref_topk_select(scores: torch.Tensor, seq_lens: torch.Tensor, out_topk: torch.Tensor) -> None:
+def ref_topk_select(scores: torch.Tensor, seq_lens: torch.Tensor, out_topk: torch.Tensor, *,
+                    workspace=None) -> None:
     """The k = out_topk.shape[1] highest scores among positions < seq_len, ties to the lower
-    position, in ascending position order, padded with -1."""
+    position, in ascending position order, padded with -1 (`workspace` accepted, unused)."""
     k = out_topk.shape[1]
     out_topk.fill_(-1)
     for b in range(scores.shape[0]):

@@ -1,26 +1,20 @@
 """Shared memory segments: the service exports its KV tensors, an engine in another process maps them.
 
-One handle dict per tensor travels in the Attach reply:
-{"name", "kind": "shm" | "cuda_ipc", "shape", "dtype", "path", "ipc", "nbytes"}.
+Each tensor travels in the Attach reply as a handle dict (`kv_service.handle`):
 - "shm": a file in `shm_dir` (normally /dev/shm). The host tier always; every tensor in CPU mode.
   On GPU each process that maps it registers it with CUDA, so kernels load it zero-copy (UVA).
-- "cuda_ipc": device memory; `ipc` is the storage's CUDA IPC share tuple as JSON (never pickle:
-  these bytes arrive over the network).
-File names carry the creator's pid, hisparse-<instance>-<pid>-<name>: files left by a killed
-service can be found (`remove_stale_segments`) and an engine can tell that its service is gone
+- "cuda_ipc": device memory shared by CUDA IPC.
+File names carry the creator's pid (`kv_service.shm_file`): files left by a killed service can
+be found (`remove_stale_segments`) and an engine can tell that its service is gone
 (`is_owner_alive`). CUDA IPC handles carry the pid in their JSON for the same reason.
 """
 
 from __future__ import annotations
 
-import base64
-import errno
-import json
 import logging
 import math
 import os
 import re
-import stat
 import threading
 import time
 from collections.abc import Callable
@@ -30,6 +24,7 @@ from typing import TypeVar
 import torch
 
 from kernels.uva import UVATensor
+from kv_service import handle, shm_file
 from kv_service.layout import KVLayout, LayoutError
 from kv_service.memory import TENSOR_NAMES, KVTensors, clear_all, tensor_specs
 
@@ -37,11 +32,7 @@ log = logging.getLogger(__name__)
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_]+")
 _INSTANCE_RE = re.compile(r"[A-Za-z0-9_.-]+")
-# Instances may contain '-', tensor names may not: the pid is the second field from the end.
-_FILE_RE = re.compile(r"hisparse-(?P<instance>[A-Za-z0-9_.-]+)-(?P<pid>[0-9]+)-(?P<name>[A-Za-z0-9_]+)")
 _HOST_REGISTER_FLAGS = 1 | 2  # cudaHostRegisterPortable | cudaHostRegisterMapped
-# Types of torch's _share_cuda_() tuple, checked before the tuple reaches C++.
-_SHARE_TYPES = (int, bytes, int, int, bytes, int, bytes, bool)
 T = TypeVar("T")
 
 
@@ -57,7 +48,7 @@ class _SegmentSet:
         _unregister(self.registered)
         self.registered.clear()
         for path in self.paths:
-            if _unlink_quietly(path):
+            if shm_file.unlink_quietly(path):
                 log.info("removed segment %s", path)
         self.paths.clear()
 
@@ -103,7 +94,7 @@ def export_extra(tensors: dict[str, torch.Tensor], device: torch.device | str, s
 def map_segments(layout: KVLayout, handles: list[dict], device: torch.device | str) -> KVTensors:
     """Map a service's KV tensors in this process, refusing anything the layout does not imply."""
     device, specs = torch.device(device), tensor_specs(layout)
-    by_name = _by_name(handles)
+    by_name = handle.by_name(handles)
     if set(by_name) != set(specs):
         raise LayoutError(f"segment names differ: missing {sorted(set(specs) - set(by_name))}, "
                           f"unknown {sorted(set(by_name) - set(specs))}")
@@ -111,7 +102,7 @@ def map_segments(layout: KVLayout, handles: list[dict], device: torch.device | s
     def check(name: str, h: dict) -> None:
         shape, dtype = specs[name]
         kind = "shm" if device.type == "cpu" or name == "host_kv" else "cuda_ipc"
-        if _check_handle(h) != (list(shape), dtype) or h["kind"] != kind:
+        if handle.check(h) != (list(shape), dtype) or h["kind"] != kind:
             raise LayoutError(f"{name}: layout implies {kind} {list(shape)} {dtype}, handle is "
                               f"{h['kind']} {h['shape']} {h['dtype']}")
 
@@ -129,7 +120,7 @@ def map_extra(handles: list[dict], device: torch.device | str | None = None) -> 
     """Map extra tensors. `device` defaults to CUDA when any handle is CUDA IPC, else CPU."""
     if device is None:
         device = "cuda" if any(h.get("kind") == "cuda_ipc" for h in handles) else "cpu"
-    return _map_all(_by_name(handles), torch.device(device), lambda name, h: _check_handle(h))
+    return _map_all(handle.by_name(handles), torch.device(device), lambda name, h: handle.check(h))
 
 
 def unmap_segments(tensors: KVTensors | dict[str, torch.Tensor]) -> None:
@@ -153,17 +144,18 @@ def remove_segments(shm_dir: str, instance: str) -> None:
     for seg in sets:
         seg.release()
     # Files no set knows of (a crash between create and bookkeeping) go too.
-    for entry, m in _scan(shm_dir):
-        if m["instance"] == instance and int(m["pid"]) == os.getpid() and _unlink_quietly(entry.path):
+    for entry, m in shm_file.scan(shm_dir):
+        ours = m["instance"] == instance and int(m["pid"]) == os.getpid()
+        if ours and shm_file.unlink_quietly(entry.path):
             log.info("removed segment %s", entry.path)
 
 
 def remove_stale_segments(shm_dir: str) -> list[str]:
     """Remove the files of processes that no longer exist; return their paths."""
     removed = []
-    for entry, m in _scan(shm_dir):
+    for entry, m in shm_file.scan(shm_dir):
         pid = int(m["pid"])
-        if pid > 0 and not _pid_alive(pid) and _unlink_quietly(entry.path):
+        if pid > 0 and not shm_file.pid_alive(pid) and shm_file.unlink_quietly(entry.path):
             log.warning("removed stale segment %s: pid %d is gone", entry.path, pid)
             removed.append(entry.path)
     return removed
@@ -176,13 +168,13 @@ def is_owner_alive(handles: list[dict]) -> bool:
     pids = set()
     for h in handles:
         if h["kind"] == "shm":
-            m = _FILE_RE.fullmatch(os.path.basename(h["path"]))
+            m = shm_file.FILE_RE.fullmatch(os.path.basename(h["path"]))
             if m is None or not _same_file(h["path"]):
                 return False
             pids.add(int(m["pid"]))
         else:
-            pids.add(_decode_ipc(h["ipc"])[0])
-    return all(_pid_alive(pid) for pid in pids)
+            pids.add(handle.decode_ipc(h["ipc"])[0])
+    return all(shm_file.pid_alive(pid) for pid in pids)
 
 
 def _export(specs: list[tuple[str, tuple[int, ...], torch.dtype, bool]], device: torch.device,
@@ -195,7 +187,7 @@ def _export(specs: list[tuple[str, tuple[int, ...], torch.dtype, bool]], device:
                   for name, shape, dtype, in_file in specs}
         prepared = prepare({name: t for name, (t, _) in allocs.items()})
         # Shared after prepare: the IPC event a mapper waits on then covers its writes.
-        handles = [_describe(name, t, path) for name, (t, path) in allocs.items()]
+        handles = [handle.describe(name, t, path) for name, (t, path) in allocs.items()]
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     except BaseException:
@@ -212,11 +204,26 @@ def _map_all(by_name: dict[str, dict], device: torch.device,
     try:
         for name, h in by_name.items():
             check(name, h)
-            out[name] = _map_handle(h, device)
+            out[name] = _track(h, device)
     except BaseException:
         unmap_segments(out)
         raise
     return out
+
+
+def _track(h: dict, device: torch.device) -> torch.Tensor:
+    """Open one handle and record what this process mapped: the file's identity for
+    `is_owner_alive`, the host registration for `unmap_segments`."""
+    t, file_id = handle.open_tensor(h, device)
+    if file_id is None:
+        return t
+    with _lock:
+        _mapped_files[h["path"]] = file_id
+    if device.type == "cuda":
+        _register(t, device)
+        with _lock:
+            _mapped_registered[t.data_ptr()] = (t, device)
+    return t
 
 
 def _as_kv(layout: KVLayout, tensors: dict[str, torch.Tensor], device: torch.device) -> KVTensors:
@@ -235,40 +242,20 @@ def _allocate(name: str, shape: tuple[int, ...], dtype: torch.dtype, device: tor
                          "a name [A-Za-z0-9_]+ and an instance [A-Za-z0-9_.-]+")
     if not in_file:
         return torch.zeros(shape, dtype=dtype, device=device), ""
-    path = os.path.join(shm_dir, f"hisparse-{instance}-{os.getpid()}-{name}")
+    path = shm_file.path_for(shm_dir, instance, name)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     seg.paths.append(path)
     try:
         nbytes = numel * dtype.itemsize
         os.ftruncate(fd, nbytes)
-        _reserve(fd, nbytes, path)
-        t = _map_fd(fd, numel, dtype).view(shape)
+        shm_file.reserve(fd, nbytes, path)
+        t = shm_file.map_fd(fd, numel, dtype).view(shape)
     finally:
         os.close(fd)
     if device.type == "cuda":
         _register(t, device)
         seg.registered.append((t, device))
     return t, path
-
-
-def _reserve(fd: int, nbytes: int, path: str) -> None:
-    # tmpfs allocates pages on first touch; a full /dev/shm would show up later as SIGBUS in
-    # whichever process touches the page. Reserving now turns that into an error here.
-    try:
-        os.posix_fallocate(fd, 0, nbytes)
-    except OSError as e:
-        if e.errno == errno.ENOSPC:
-            raise OSError(errno.ENOSPC, f"no room for {nbytes} bytes in {os.path.dirname(path)} "
-                          "(docker: raise shm_size)", path) from e
-        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
-            raise
-        log.warning("%s: cannot reserve %d bytes (%s); pages come on first touch", path, nbytes, e.strerror)
-
-
-def _map_fd(fd: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
-    # Through /proc/self/fd so the mapping is of the file we opened even if its name is unlinked
-    # meanwhile: from_file on a missing name would create an empty file instead.
-    return torch.from_file(f"/proc/self/fd/{fd}", shared=True, size=numel, dtype=dtype)
 
 
 def _register(t: torch.Tensor, device: torch.device) -> None:
@@ -290,102 +277,6 @@ def _unregister(regs: list[tuple[torch.Tensor, torch.device]]) -> None:
             log.warning("cudaHostUnregister(%#x) failed with cudaError %d", t.data_ptr(), err)
 
 
-def _describe(name: str, t: torch.Tensor, path: str) -> dict:
-    ipc = b""
-    if not path:
-        share = t.untyped_storage()._share_cuda_()
-        fields = [{"b64": base64.b64encode(v).decode()} if isinstance(v, bytes) else v for v in share]
-        ipc = json.dumps({"pid": os.getpid(), "share": fields}).encode()
-    return {"name": name, "kind": "shm" if path else "cuda_ipc", "shape": list(t.shape),
-            "dtype": str(t.dtype).removeprefix("torch."), "path": path, "ipc": ipc,
-            "nbytes": t.numel() * t.element_size()}
-
-
-def _decode_ipc(ipc: bytes) -> tuple[int, list]:
-    try:
-        doc = json.loads(ipc)
-        pid = doc["pid"]
-        share = [base64.b64decode(v["b64"], validate=True) if isinstance(v, dict) else v
-                 for v in doc["share"]]
-    except (ValueError, KeyError, TypeError) as e:
-        raise LayoutError(f"malformed CUDA IPC handle: {e}") from e
-    if (type(pid) is not int or len(share) != len(_SHARE_TYPES)
-            or any(type(v) is not typ for v, typ in zip(share, _SHARE_TYPES))):
-        raise LayoutError("malformed CUDA IPC handle")
-    return pid, share
-
-
-def _by_name(handles: list[dict]) -> dict[str, dict]:
-    by_name: dict[str, dict] = {}
-    for h in handles:
-        name = h.get("name") if isinstance(h, dict) else None
-        if not isinstance(name, str) or name in by_name:
-            raise LayoutError(f"segment handle without a name, or duplicate: {name!r}")
-        by_name[name] = h
-    return by_name
-
-
-def _check_handle(h: dict) -> tuple[list[int], torch.dtype]:
-    """The handle's own consistency; returns its shape and dtype."""
-    try:
-        shape, dtype = list(h["shape"]), getattr(torch, h["dtype"], None)
-        kind, path, ipc, nbytes = h["kind"], h["path"], h["ipc"], h["nbytes"]
-    except (KeyError, TypeError) as e:
-        raise LayoutError(f"malformed segment handle {h['name']!r}: {e}") from e
-    if (not isinstance(dtype, torch.dtype) or not isinstance(path, str) or not isinstance(ipc, bytes)
-            or any(type(s) is not int or s < 0 for s in shape)):
-        raise LayoutError(f"{h['name']}: bad dtype {h['dtype']!r}, shape {shape} or path/ipc types")
-    if nbytes != math.prod(shape) * dtype.itemsize:
-        raise LayoutError(f"{h['name']}: {nbytes} bytes do not match {shape} {dtype}")
-    shm_ok = kind == "shm" and not ipc and _FILE_RE.fullmatch(os.path.basename(path))
-    if not shm_ok and not (kind == "cuda_ipc" and not path and ipc):
-        raise LayoutError(f"{h['name']}: bad kind {kind!r} for path {path!r}")
-    return shape, dtype
-
-
-def _map_handle(h: dict, device: torch.device) -> torch.Tensor:
-    shape, dtype = tuple(h["shape"]), getattr(torch, h["dtype"])
-    if h["kind"] == "cuda_ipc":
-        return _import_cuda(h, shape, dtype, device)
-    fd = os.open(h["path"], os.O_RDWR | os.O_NOFOLLOW)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size != h["nbytes"]:
-            raise LayoutError(f"{h['path']}: {st.st_size} bytes, handle says {h['nbytes']}")
-        t = _map_fd(fd, math.prod(shape), dtype).view(shape)
-    finally:
-        os.close(fd)
-    with _lock:
-        _mapped_files[h["path"]] = (st.st_dev, st.st_ino)
-    if device.type == "cuda":
-        _register(t, device)
-        with _lock:
-            _mapped_registered[t.data_ptr()] = (t, device)
-    return t
-
-
-def _import_cuda(h: dict, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    if device.type != "cuda":
-        raise LayoutError(f"{h['name']}: CUDA IPC handle cannot be mapped on {device}")
-    _, share = _decode_ipc(h["ipc"])
-    if share[2] != h["nbytes"]:
-        raise LayoutError(f"{h['name']}: shared storage has {share[2]} bytes, handle says {h['nbytes']}")
-    torch.cuda.init()  # the caching allocator opens IPC handles, and it exists only after init
-    # The exporter's device index means nothing here: the caller chose its device by GPU UUID.
-    share[0] = device.index if device.index is not None else torch.cuda.current_device()
-    storage = torch.UntypedStorage._new_shared_cuda(*share)
-    return torch.empty(0, dtype=dtype, device=storage.device).set_(storage, 0, shape)
-
-
-def _scan(shm_dir: str) -> list[tuple[os.DirEntry, re.Match]]:
-    """Our segment files in shm_dir; a directory that does not exist holds none."""
-    try:
-        entries = list(os.scandir(shm_dir))
-    except FileNotFoundError:
-        return []
-    return [(e, m) for e in entries if (m := _FILE_RE.fullmatch(e.name))]
-
-
 def _same_file(path: str) -> bool:
     try:
         st = os.stat(path)
@@ -394,24 +285,3 @@ def _same_file(path: str) -> bool:
     with _lock:
         seen = _mapped_files.get(path)
     return seen is None or seen == (st.st_dev, st.st_ino)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # exists, owned by another user
-    return True
-
-
-def _unlink_quietly(path: str) -> bool:
-    try:
-        os.unlink(path)
-        return True
-    except FileNotFoundError:
-        return False
-    except PermissionError as e:
-        log.warning("cannot remove %s: %s", path, e)
-        return False

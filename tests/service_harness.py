@@ -179,6 +179,10 @@ class SessionClient:
             pass
 
 
+def attach(svc: ServiceProcess, **kw) -> pb.AttachResponse:
+    return svc.stub().Attach(pb.AttachRequest(engine_name="test", **kw), metadata=svc.metadata)
+
+
 def handles_from_proto(tensors) -> list[dict]:
     return [{"name": t.name, "kind": t.kind, "shape": list(t.shape), "dtype": t.dtype,
              "path": t.shm_path, "ipc": t.cuda_ipc, "nbytes": t.nbytes} for t in tensors]

@@ -1,6 +1,6 @@
 """The compose deployment in docker/: both files validated by docker-compose, the resolved
-configuration checked for what CUDA IPC and the host tier need, the entry points run with
---help, and the health-check client run against a real service process.
+configuration checked for what CUDA IPC and the host tier need, and the entry points run with
+--help. The image's scripts themselves run in tests/test_docker_script.py.
 
 No Docker engine is needed: `docker-compose config` only parses, merges and interpolates.
 Without docker-compose this module fails (CI installs it) unless HISPARSE_SKIP_COMPOSE=1.
@@ -18,7 +18,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -28,7 +27,6 @@ from kv_service.layout import KVLayout
 from kv_service.memory import tensor_specs
 from proto.decode.v1 import decode_pb2
 from proto.kvcache.v1 import kvcache_pb2
-from tests.service_harness import SERVICE, ServiceProcess, short_tmpdir
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -36,7 +34,6 @@ REPO = Path(__file__).resolve().parent.parent
 DOCKER = REPO / "docker"
 GPU_FILE = DOCKER / "docker-compose.yml"
 CPU_FILE = DOCKER / "docker-compose.cpu.yml"
-HEALTHCHECK = DOCKER / "healthcheck.py"
 FAKE_UUID = "GPU-00000000-1111-2222-3333-444444444444"
 # Variables a developer's shell may set that would change what the files resolve to.
 ENV_PREFIXES = ("HISPARSE_", "KVS_", "ENGINE_", "COMPOSE_", "LOADGEN_")
@@ -256,74 +253,3 @@ def test_env_example_lists_every_variable() -> None:
     for f in (GPU_FILE, CPU_FILE):
         for var in set(re.findall(r"\$\{(HISPARSE_\w+)", f.read_text())):
             assert re.search(rf"^#? ?{var}=", example, re.M), f"{var} of {f.name} not in .env.example"
-
-
-def test_loadgen_script(tmp_path: Path) -> None:
-    """docker/loadgen.sh against a stand-in `python` that prints what `generate` prints."""
-    fake = tmp_path / "python"
-    fake.write_text("#!/bin/sh\necho 5 6 7\n"
-                    "echo 'request r1: 3 tokens, LENGTH, TTFT 50.0 ms, ITL mean 10.0 ms, p50 9.0 ms'\n"
-                    "exit ${FAKE_RC:-0}\n")
-    fake.chmod(0o755)
-    env = dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}", LOADGEN_STREAMS="3")
-    out = subprocess.run(["sh", str(DOCKER / "loadgen.sh")], env=env, capture_output=True,
-                         text=True, timeout=30)
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert re.search(r"^loadgen: 3 streams, 0 failed, 9 tokens in [\d.]+ s: [\d.]+ tok/s$",
-                     out.stdout, re.M), out.stdout
-    out = subprocess.run(["sh", str(DOCKER / "loadgen.sh")], env=dict(env, FAKE_RC="1"),
-                         capture_output=True, text=True, timeout=30)
-    assert out.returncode != 0 and "3 failed" in out.stdout, out.stdout
-
-
-def run_healthcheck(*args: str, **env: str) -> subprocess.CompletedProcess:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("HISPARSE_HEALTH_")}
-    return subprocess.run([sys.executable, str(HEALTHCHECK), *args], capture_output=True,
-                          text=True, timeout=30, env=dict(clean, **env))
-
-
-@pytest.fixture(scope="module")
-def service():
-    workdir = short_tmpdir("hc")
-    svc = ServiceProcess(workdir, f"hc{os.getpid()}").start()
-    try:
-        yield svc.wait_serving()
-        assert svc.stop() == 0, svc.log()
-    finally:
-        svc.kill()
-        shutil.rmtree(workdir)
-
-
-def test_healthcheck_against_running_service(service: ServiceProcess) -> None:
-    for name in (SERVICE, ""):
-        out = run_healthcheck(f"unix://{service.uds}", "--service", name)
-        assert out.returncode == 0, out.stderr
-        assert "SERVING" in out.stdout
-    # As the image's HEALTHCHECK runs it: everything from the environment.
-    out = run_healthcheck("--quiet", HISPARSE_HEALTH_ADDRESS=f"unix://{service.uds}",
-                          HISPARSE_HEALTH_SERVICE=SERVICE)
-    assert out.returncode == 0 and out.stdout == "", out.stderr
-    assert run_healthcheck(service.uds, "--service", "no.such.Service").returncode == 1
-
-
-def test_healthcheck_help_not_serving_and_nothing_listening() -> None:
-    import grpc
-    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-
-    workdir = short_tmpdir("hc")
-    server = grpc.server(ThreadPoolExecutor(2))
-    servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
-    servicer.set(SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
-    server.add_insecure_port(f"unix://{workdir}/up.sock")
-    server.start()
-    try:
-        out = run_healthcheck("--help")
-        assert out.returncode == 0 and "SERVING" in out.stdout
-        out = run_healthcheck(f"unix://{workdir}/up.sock", "--service", SERVICE)
-        assert out.returncode == 1 and "NOT_SERVING" in out.stderr
-        out = run_healthcheck(f"unix://{workdir}/none.sock", "--timeout", "1")
-        assert out.returncode == 2, out.stderr
-    finally:
-        server.stop(None)
-        shutil.rmtree(workdir)

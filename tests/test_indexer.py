@@ -7,20 +7,20 @@ import torch
 
 import kernels  # noqa: F401  (sets TRITON_INTERPRET without CUDA)
 from kernels.indexer import indexer_scores
-from kernels.reference import decode_index_keys, ref_indexer_scores
+from kernels.reference import decode_index_keys, read_index_rows, ref_indexer_scores
 
 HEADS, DIM = 64, 128
 
 
 def make_pool(fmt, num_pages, page, g):
-    """An index-key pool of one layer in the service's byte layout."""
+    """An index-key pool of one layer in the service's byte layout; fp8 pages are page-blocked:
+    the page's P x 128 fp8 values, then its P fp32 scales."""
     keys = torch.randn(num_pages, page, DIM, generator=g)
     if fmt == "bf16":
         return keys.to(torch.bfloat16).view(torch.uint8)
-    pool = torch.empty(num_pages, page, DIM + 4, dtype=torch.uint8)
-    pool[..., :DIM] = keys.to(torch.float8_e4m3fn).view(torch.uint8)
-    pool[..., DIM:] = (torch.rand(num_pages, page, 1, generator=g) + 0.05).view(torch.uint8)
-    return pool
+    values = keys.to(torch.float8_e4m3fn).view(torch.uint8).view(num_pages, page * DIM)
+    scales = (torch.rand(num_pages, page, generator=g) + 0.05).view(torch.uint8)
+    return torch.cat([values, scales], dim=1).view(num_pages, page, DIM + 4)
 
 
 def make_inputs(fmt, bs, page, seq_lens, cols, device, seed, requests=None):
@@ -83,11 +83,31 @@ def test_tokens_beyond_the_page_table_score_minus_inf(device):
     assert (out[0, 40:] == float("-inf")).all() and torch.isfinite(out[0, :40]).all()
 
 
+def test_fp8_queries_of_any_magnitude(device):
+    """fp8 keys are scored with an f16 copy of q scaled by a power of two: exact for q far
+    outside f16's range, and q = 0 gives 0, not 0 * inf."""
+    inputs = make_inputs("fp8", 4, 16, [77, 30, 5, 60], 100, device, seed=9)   # row 2: padding
+    inputs["q"][0] = 0
+    inputs["q"][1] *= 1e5
+    inputs["q"][3] *= 1e-7
+    out = check(inputs, 100)
+    assert (out[0, :77] == 0).all()
+
+
 def test_explicit_format_must_match_key_bytes(device):
     inputs = make_inputs("bf16", 1, 16, [10], 16, device, seed=5)
     out = torch.empty(1, 16, device=device)
     with pytest.raises(ValueError):
         indexer_scores(**inputs, out_scores=out, index_format="fp8")
+
+
+def test_fp8_pool_pages_are_value_rows_then_scales():
+    pool = make_pool("fp8", 3, 5, torch.Generator().manual_seed(1))
+    rows = read_index_rows(pool, torch.tensor([2, 0]), torch.tensor([4, 1]))
+    flat = pool.view(3, 5 * (DIM + 4))
+    assert torch.equal(rows[0, :DIM], flat[2, 4 * DIM:5 * DIM])
+    assert torch.equal(rows[0, DIM:], flat[2, 5 * DIM + 16:5 * DIM + 20])
+    assert torch.equal(rows[1, DIM:], flat[0, 5 * DIM + 4:5 * DIM + 8])
 
 
 def test_fp8_keys_decode_to_value_times_scale():

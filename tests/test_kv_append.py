@@ -142,3 +142,23 @@ def test_bad_rows_write_nothing(device):
     after = tiers.snapshot()
     for name in before:
         assert torch.equal(before[name], after[name]), name
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp8_index_rows_are_page_blocked(device):
+    """132 B index rows (128 fp8 values + fp32 scale): a page holds its P rows of values, then
+    its P scales, so every row's values start 16 B aligned."""
+    req_mode, page_table = control(device, [2, 1, 0, 0, 0], seed=6)
+    pages = page_table.cpu()
+    tiers = Tiers(device, 20, 132, seed=2)
+    before = tiers.snapshot()["pool"]
+    rows = [(0, t, 9) for t in range(9)] + [(1, 3, 4)]
+    _, index = append(kv_append, tiers, 1, rows, req_mode, page_table, seed=4)
+    after = tiers.snapshot()["pool"]
+    expect = before.clone()
+    flat = expect[GUARD:GUARD + L * PAGES * P * 132].view(L, PAGES, P * 132)
+    for i, (r, t, _) in enumerate(rows):
+        j = t % P
+        flat[1, pages[r, t // P], j * 128:(j + 1) * 128] = index[i, :128]
+        flat[1, pages[r, t // P], P * 128 + j * 4:P * 128 + (j + 1) * 4] = index[i, 128:]
+    assert torch.equal(after, expect)

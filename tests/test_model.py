@@ -147,6 +147,21 @@ def test_padding_rows_change_nothing(kernels, weights) -> None:
         assert torch.equal(before[name], after[name]), name
 
 
+def test_split_attention_workspace_matches_single_pass(kernels, weights) -> None:
+    backend = make_backend("baseline", kernels)
+    model = Model(CFG, weights, backend)
+    backend.fill_synthetic(1, 30, seed=1, chunk=16)
+    one = torch.ones(1, dtype=torch.int32)
+    tok = Tokens(ids=torch.tensor([7]), req_slots=one, positions=one * 30, seq_lens=one * 31,
+                 append_lens=one * 31)
+    logits = []
+    for splits in (1, 3):      # re-appending the same token stores the same bytes
+        ws = Workspace.allocate(CFG, 1, LAYOUT.max_context, backend.device, attn_splits=splits)
+        assert (ws.attn_scratch is None) == (splits == 1)
+        logits.append(model.logits(model.forward(tok, ws)))
+    assert ((logits[0] - logits[1]).norm() / logits[0].norm()) < 1e-2
+
+
 def test_decode_rejects_bad_batches(kernels, weights) -> None:
     model = Model(CFG, weights, make_backend("baseline", kernels))
     runner = DecodeRunner(model, DecodeConfig(max_batch=2))

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from kernels.uva import UVATensor
-from kv_service import segment
+from kv_service import handle, segment
 from kv_service.layout import KVLayout, LayoutError
 from kv_service.memory import TENSOR_NAMES, KVTensors
 
@@ -174,13 +174,13 @@ def test_mismatch_is_refused(tmp_path: Path) -> None:
 
 def test_ipc_handle_codec() -> None:
     share = (0, b"\x01" * 64, 4096, 512, b"/torch_1_2_3", 7, b"\x00" * 64, True)
-    pid, decoded = segment._decode_ipc(json.dumps(
+    pid, decoded = handle.decode_ipc(json.dumps(
         {"pid": 42, "share": [{"b64": base64.b64encode(v).decode()}
                               if isinstance(v, bytes) else v for v in share]}).encode())
     assert pid == 42 and tuple(decoded) == share
     for junk in (b"", b"{}", b'{"pid": 1, "share": [1, 2]}', b"\x80\x04K\x01."):
         with pytest.raises(LayoutError):
-            segment._decode_ipc(junk)
+            handle.decode_ipc(junk)
 
 
 def test_remove_segments_leaves_no_files(tmp_path: Path) -> None:

@@ -1,16 +1,16 @@
-"""The service as a separate process over a temp UDS, driven by the generated client (CPU)."""
+"""The service as a separate process over a temp UDS, driven by the generated client (CPU):
+the session protocol, its error codes, auth, leases and remote swap, against one shared service
+(the GPU variant starts its own).
+Drain, crash recovery and the CLI are in tests/test_service_lifecycle.py."""
 
 from __future__ import annotations
 
 import os
 import shutil
-import signal
 import stat
 import time
-import urllib.request
 
 import grpc
-from grpc_health.v1 import health_pb2
 import pytest
 import torch
 
@@ -18,8 +18,8 @@ from kv_service import segment
 from kv_service.layout import MODE_OFFLOADED
 from kv_service.servicer import layout_to_proto
 from proto.kvcache.v1 import kvcache_pb2 as pb
-from service_harness import (TINY, RemoteSwapEngine, ServiceProcess, SessionClient,
-                             free_port, handles_from_proto, short_tmpdir)
+from service_harness import (TINY, RemoteSwapEngine, ServiceProcess, SessionClient, attach,
+                             handles_from_proto, short_tmpdir)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 TOKEN = "s3cret-token"
@@ -39,10 +39,6 @@ def svc():
     finally:
         service.kill()
         shutil.rmtree(workdir, ignore_errors=True)
-
-
-def attach(svc: ServiceProcess, **kw) -> pb.AttachResponse:
-    return svc.stub().Attach(pb.AttachRequest(engine_name="test", **kw), metadata=svc.metadata)
 
 
 def code_of(call, *args, **kw) -> grpc.StatusCode:
@@ -238,76 +234,3 @@ def test_reflection_lists_services(svc: ServiceProcess) -> None:
     assert {"kvcache.v1.KVCacheService", "grpc.health.v1.Health"} <= names
     assert code_of(list, stub.ServerReflectionInfo(iter([ask]), timeout=10)) \
         == grpc.StatusCode.UNAUTHENTICATED
-
-
-def test_drain_rpc_then_sigterm_waits_for_requests() -> None:
-    workdir = short_tmpdir("kvsvc-d")
-    port = free_port()
-    svc = ServiceProcess(workdir, f"d{os.getpid()}", "--drain-timeout", "20",
-                         "--metrics-port", str(port))
-    try:
-        svc.start().wait_serving()
-        s = SessionClient(svc, attach(svc))
-        assert s.admit("inflight", 4, 4).HasField("admitted")
-        scraped = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
-        assert b"kvs_requests 1.0" in scraped and b"kvs_index_pages_used 2.0" in scraped
-        assert b'kvs_rpc_seconds_count{code="OK",method="Session/admit"} 1.0' in scraped
-        assert b'kvs_rpc_seconds_count{code="OK",method="Attach"} 1.0' in scraped
-        drain = svc.stub().Drain(pb.DrainRequest(timeout_seconds=0.2))
-        assert (drain.drained, drain.remaining_requests) == (False, 1)
-        svc.wait_status(health_pb2.HealthCheckResponse.NOT_SERVING, timeout=5)
-        refused = s.admit("late", 4, 4).error
-        assert refused.code == grpc.StatusCode.UNAVAILABLE.value[0]
-        svc.signal(signal.SIGTERM)
-        assert s.send(heartbeat=pb.Heartbeat()).ack.draining
-        assert svc.proc.poll() is None, "stopped before the in-flight request was released"
-        assert s.release("inflight").HasField("ack")
-        assert svc.wait_exit(15) == 0, svc.log()
-        assert not os.path.exists(svc.uds) and svc.segment_files() == []
-        assert "drained: no request left" in svc.log()
-    finally:
-        svc.kill()
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
-def test_sigkill_leftovers_removed_on_restart_and_drain_timeout() -> None:
-    workdir = short_tmpdir("kvsvc-k")
-    first = ServiceProcess(workdir, "crash")
-    second = ServiceProcess(workdir, "crash", "--drain-timeout", "0.5")
-    try:
-        first.start().wait_serving()
-        first.kill()
-        assert first.segment_files() and os.path.exists(first.uds)
-        second.start().wait_serving()
-        assert all(f"-{second.proc.pid}-" in name for name in second.segment_files())
-        assert "removed stale segment" in second.log() and "removed stale socket" in second.log()
-        s = SessionClient(second, attach(second))
-        s.admit("never-released", 4, 4)
-        second.signal(signal.SIGTERM)
-        assert second.wait_exit(15) == 0, second.log()
-        assert "drain timed out with 1 requests" in second.log()
-        assert second.segment_files() == [] and not os.path.exists(second.uds)
-    finally:
-        first.kill()
-        second.kill()
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
-def test_cli_flags_env_and_validation(capsys: pytest.CaptureFixture) -> None:
-    from kv_service.__main__ import parse
-
-    env = {"KVS_NUM_PAGES": "40", "KVS_TOKEN": "from-env", "KVS_SOCKET_MODE": "660",
-           "KVS_UDS": "/tmp/x.sock"}
-    config, _ = parse(["--num-layers", "3", "--lease-seconds", "2.5"], env)
-    assert (config.layout.num_pages, config.layout.num_layers, config.lease_seconds) == (40, 3, 2.5)
-    assert (config.token, config.socket_mode, config.uds) == ("from-env", 0o660, "/tmp/x.sock")
-    assert "from-env" not in repr(config)
-    for bad in (["--socket-mode", "644"], ["--uds", "/tmp/" + "x" * 120], ["--device", "tpu"],
-                ["--lease-seconds", "0"], ["--window", "4096"], ["--tcp", "nonsense"]):
-        with pytest.raises(SystemExit) as err:
-            parse(bad, {})
-        assert err.value.code == 2, bad
-    with pytest.raises(SystemExit):
-        parse(["--help"], env)
-    help_text = capsys.readouterr().out
-    assert "KVS_NUM_PAGES" in help_text and "from-env" not in help_text

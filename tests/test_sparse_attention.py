@@ -9,7 +9,7 @@ import torch
 
 import kernels  # noqa: F401  (sets TRITON_INTERPRET without CUDA)
 from kernels.reference import ref_sparse_mla_decode
-from kernels.sparse_attention import sparse_mla_decode
+from kernels.sparse_attention import AttnWorkspace, decode_num_splits, sparse_mla_decode
 
 D_V, D_PE = 512, 64
 
@@ -76,7 +76,32 @@ def test_every_token_selected_equals_dense_attention(device):
     torch.testing.assert_close(lse, torch.logsumexp(scores, dim=-1), rtol=0, atol=1e-3)
 
 
-def test_layouts_that_gather_the_same_rows_give_identical_bits(device):
+@pytest.mark.parametrize("splits,dtype", [(2, torch.float32), (3, torch.float32),
+                                          (4, torch.bfloat16), (8, torch.float32)])
+def test_split_k_matches_reference(splits, dtype, device):
+    args = make_inputs(3, 8, 150, 400, device, seed=splits)
+    args[-1][-1, :] = -1                                # one row with no valid slot
+    args[-1][0, :100] = -1                              # row 0: its first splits are empty
+    ws = AttnWorkspace.allocate(5, 8, splits, dtype=dtype, device=device)
+    scale = 1.0 / math.sqrt(D_V + D_PE)
+    out, lse = run_kernel(*args, scale, workspace=ws, block_n=16, slot_stage=32)
+    assert_close_to_reference(out, lse, *run_reference(*args, scale))
+
+
+def test_split_count_depends_on_k_only():
+    assert [decode_num_splits(k) for k in (8, 1023, 1024, 2048, 4096, 100000)] == [1, 1, 1, 2, 4, 8]
+
+
+def test_workspace_must_fit(device):
+    args = make_inputs(3, 8, 20, 40, device, seed=2)
+    for ws in (AttnWorkspace.allocate(2, 8, 2, device=device),
+               AttnWorkspace.allocate(3, 4, 2, device=device)):
+        with pytest.raises(ValueError):
+            run_kernel(*args, 0.1, workspace=ws)
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_layouts_that_gather_the_same_rows_give_identical_bits(splits, device):
     bs, heads, k, rows = 3, 8, 70, 100
     q_nope, q_pe, kv, row_base, slots = make_inputs(bs, heads, k, rows, device, seed=11)
     # Layout B: every row moved elsewhere in a larger buffer, slots remapped relative to new bases.
@@ -86,8 +111,9 @@ def test_layouts_that_gather_the_same_rows_give_identical_bits(device):
     base_b = torch.tensor([5, 0, 17], dtype=torch.int64, device=device)
     rows_a = row_base[:, None] + slots.long()
     slots_b = torch.where(slots >= 0, perm[rows_a.clamp(min=0)] - base_b[:, None], -1).to(torch.int32)
-    out_a, lse_a = run_kernel(q_nope, q_pe, kv, row_base, slots, 0.04)
-    out_b, lse_b = run_kernel(q_nope, q_pe, kv_b, base_b, slots_b, 0.04)
+    ws = AttnWorkspace.allocate(bs, heads, splits, device=device)
+    out_a, lse_a = run_kernel(q_nope, q_pe, kv, row_base, slots, 0.04, workspace=ws, block_n=16)
+    out_b, lse_b = run_kernel(q_nope, q_pe, kv_b, base_b, slots_b, 0.04, workspace=ws, block_n=16)
     assert torch.equal(out_a, out_b)
     assert torch.equal(lse_a, lse_b)
 
@@ -116,17 +142,26 @@ def test_rejects_bad_shapes(device):
         sparse_mla_decode(q_nope, q_pe, kv, row_base, slots, 1.0, out[:, :2], lse)
 
 
+GPU_CONFIGS = [dict(), dict(block_n=64, num_stages=2), dict(block_n=32, num_stages=4),
+               dict(splits=2), dict(splits=4, dtype=torch.bfloat16, block_n=64, num_stages=2)]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("bs,pad_frac", [(4, 0.0), (9, 0.3)])
-def test_gpu_deepseek_shapes(bs, pad_frac):
+@pytest.mark.parametrize("cfg", GPU_CONFIGS)
+def test_gpu_deepseek_shapes(bs, pad_frac, cfg):
+    cfg = dict(cfg)
+    splits, dtype = cfg.pop("splits", 1), cfg.pop("dtype", torch.float32)
+    ws = AttnWorkspace.allocate(bs, 128, splits, dtype=dtype, device="cuda")
     args = make_inputs(bs, 128, 2048, 4096, "cuda", seed=bs, pad_frac=pad_frac)
     scale = 1.0 / math.sqrt(D_V + D_PE)
-    out, lse = run_kernel(*args, scale)
+    out, lse = run_kernel(*args, scale, workspace=ws, **cfg)
     assert_close_to_reference(out, lse, *run_reference(*args, scale))
-    out2, lse2 = run_kernel(*args, scale)
+    out2, lse2 = run_kernel(*args, scale, workspace=ws, **cfg)
     assert torch.equal(out, out2) and torch.equal(lse, lse2)
 
 
 @pytest.mark.gpu
-def test_gpu_layouts_give_identical_bits():
-    test_layouts_that_gather_the_same_rows_give_identical_bits(torch.device("cuda"))
+@pytest.mark.parametrize("splits", [1, 3])
+def test_gpu_layouts_give_identical_bits(splits):
+    test_layouts_that_gather_the_same_rows_give_identical_bits(splits, torch.device("cuda"))

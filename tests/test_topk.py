@@ -7,7 +7,7 @@ import torch
 
 import kernels  # noqa: F401  (sets TRITON_INTERPRET without CUDA)
 from kernels.reference import ref_topk_select
-from kernels.topk import topk_select
+from kernels.topk import TopkWorkspace, topk_select
 
 
 def make_scores(kind, bs, cols, g):
@@ -82,9 +82,55 @@ def test_reference_matches_a_plain_sort():
         assert ref[b].tolist() == best + [-1] * (20 - len(best))
 
 
+def random_rows(kind, bs, cols, seed, device):
+    g = torch.Generator().manual_seed(seed)
+    scores = make_scores(kind, bs, cols, g).to(device)
+    seq_lens = torch.randint(0, cols + 1, (bs,), generator=g)
+    seq_lens[0], seq_lens[1], seq_lens[2] = cols, 0, cols + 50    # full, padding, clamped
+    return scores, seq_lens.to(device, torch.int32)
+
+
+@pytest.mark.parametrize("kind", ["normal", "ties", "special"])
+def test_segmented_matches_reference_and_reuses_its_workspace(kind, device):
+    scores, seq_lens = random_rows(kind, 4, 1030, len(kind), device)
+    ws = TopkWorkspace.allocate(6, 1100, segment=256, radix_bits=8, device=device)
+    first = check(scores, seq_lens, 300, workspace=ws, rows=16, width=32, block=64)
+    assert not ws.arrive.any()                              # counters are back to zero
+    again = check(scores, seq_lens, 300, workspace=ws, rows=16, width=32, block=128)
+    assert torch.equal(first, again)
+
+
+@pytest.mark.parametrize("radix_bits,segment", [(5, 512), (11, 128)])
+def test_segmented_radix_widths_agree(radix_bits, segment, device):
+    scores, seq_lens = random_rows("special", 3, 1500, radix_bits, device)
+    ws = TopkWorkspace.allocate(3, 1500, segment=segment, radix_bits=radix_bits, device=device)
+    check(scores, seq_lens, 257, workspace=ws, rows=16, width=64, block=256)
+
+
+def test_segmented_short_rows_and_ties(device):
+    scores = torch.zeros(3, 40, device=device)
+    scores[0, 35] = 1.0
+    seq_lens = torch.tensor([40, 30, 12], dtype=torch.int32, device=device)
+    ws = TopkWorkspace.allocate(3, 40, segment=16, device=device)
+    out = check(scores, seq_lens, 14, workspace=ws, rows=16, width=16, block=16)
+    assert out[0].tolist() == list(range(13)) + [35]
+    assert out[2].tolist() == list(range(12)) + [-1, -1]
+
+
+def test_segmented_workspace_must_fit(device):
+    scores = torch.randn(2, 100, device=device)
+    out = torch.empty(2, 8, dtype=torch.int32, device=device)
+    lens = torch.full((2,), 100, dtype=torch.int32, device=device)
+    for ws in (TopkWorkspace.allocate(1, 100, segment=16, device=device),
+               TopkWorkspace.allocate(2, 50, segment=16, device=device)):
+        with pytest.raises(ValueError):
+            topk_select(scores, lens, out, workspace=ws)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["normal", "ties", "special"])
-def test_gpu_deepseek_shapes(kind):
+@pytest.mark.parametrize("segmented", [False, True])
+def test_gpu_deepseek_shapes(kind, segmented):
     g = torch.Generator().manual_seed(len(kind))
     scores = make_scores(kind, 64, 32768, g).cuda()
     seq_lens = torch.randint(1, 32769, (64,), generator=g)
@@ -92,7 +138,8 @@ def test_gpu_deepseek_shapes(kind):
     seq_lens[8] = 2048
     seq_lens[9] = 100
     seq_lens = seq_lens.to("cuda", torch.int32)
-    out = check(scores, seq_lens, 2048)
+    kw = {"workspace": TopkWorkspace.allocate(64, 32768, device="cuda")} if segmented else {}
+    out = check(scores, seq_lens, 2048, **kw)
     again = torch.empty_like(out)
-    topk_select(scores, seq_lens, again)
+    topk_select(scores, seq_lens, again, **kw)
     assert torch.equal(out, again)

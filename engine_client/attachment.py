@@ -1,0 +1,87 @@
+"""Attaching to a KV service: the Attach request, the checks on its reply, and the mapping of
+the memory the reply describes.
+
+The reply comes from another process, so nothing in it is used before it is checked: a layout,
+device or tensor that is not what this engine expects is a `LayoutMismatch`, never memory read
+with the wrong shapes. The Attach call itself, and what a failed call means, stay in `kv_client`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from engine_client import errors
+from engine_client.control import HeldRequest
+from kv_service import segment
+from kv_service.layout import KVLayout, LayoutError
+from kv_service.memory import KVTensors
+from proto.kvcache.v1 import kvcache_pb2 as pb
+
+
+def layout_from_proto(msg: pb.Layout) -> KVLayout:
+    return KVLayout(**{f.name: getattr(msg, f.name) for f in dataclasses.fields(KVLayout)})
+
+
+def layout_to_proto(layout: KVLayout) -> pb.Layout:
+    return pb.Layout(**layout.to_dict())
+
+
+def handle_from_proto(h: pb.TensorHandle) -> dict:
+    return {"name": h.name, "kind": h.kind, "shape": list(h.shape), "dtype": h.dtype,
+            "path": h.shm_path, "ipc": h.cuda_ipc, "nbytes": h.nbytes}
+
+
+def cuda_device_with_uuid(uuid: str) -> str:
+    """The visible CUDA device ("cuda:N") whose UUID is `uuid` (nvidia-smi form, "GPU-...")."""
+    import torch
+    for i in range(torch.cuda.device_count()):
+        if f"GPU-{torch.cuda.get_device_properties(i).uuid}" == uuid:
+            return f"cuda:{i}"
+    raise errors.LayoutMismatch(f"the service's GPU {uuid} is not visible to this engine: "
+                                "run both on the same GPU (CUDA_VISIBLE_DEVICES)")
+
+
+def request(engine_name: str, resume: str, remote_swap: bool,
+            expected: KVLayout | None) -> pb.AttachRequest:
+    req = pb.AttachRequest(engine_name=engine_name, resume_session_id=resume,
+                           remote_swap=remote_swap)
+    if expected is not None:
+        req.expected_layout.CopyFrom(layout_to_proto(expected))
+    return req
+
+
+def check(reply: pb.AttachResponse, expected: KVLayout | None) -> tuple[KVLayout, str]:
+    """The reply's layout, and its device as this process names it ("cpu" or "cuda:N")."""
+    try:
+        layout = layout_from_proto(reply.layout)
+    except LayoutError as e:
+        raise errors.LayoutMismatch(f"service layout: {e}") from e
+    if expected is not None and layout != expected:
+        raise errors.LayoutMismatch(f"service layout {layout} is not {expected}")
+    if reply.device not in ("cpu", "cuda"):
+        raise errors.LayoutMismatch(f"service reports unknown device {reply.device!r}")
+    device = cuda_device_with_uuid(reply.gpu_uuid) if reply.device == "cuda" else "cpu"
+    return layout, device
+
+
+def held_requests(reply: pb.AttachResponse) -> tuple[HeldRequest, ...]:
+    return tuple(HeldRequest(r.request_id, r.slot, int(r.mode), r.seq_len, r.prompt_len,
+                             r.max_new_tokens) for r in reply.requests)
+
+
+def map_memory(reply: pb.AttachResponse, layout: KVLayout, device: str,
+               remote_swap: bool) -> tuple[KVTensors, dict, list[dict]]:
+    """The KV tensors and exchange tensors the reply exports, mapped here, and the handles of
+    the service's files, which tell whether it is still alive."""
+    handles = [handle_from_proto(h) for h in reply.tensors]
+    kv_handles = [h for h in handles if not h["name"].startswith("xchg_")]
+    try:
+        tensors = segment.map_segments(layout, kv_handles, device)
+        xchg = [h for h in handles if h["name"].startswith("xchg_")]
+        exchange = segment.map_extra(xchg, device) if xchg else {}
+    except (LayoutError, OSError) as e:
+        raise errors.LayoutMismatch(f"cannot map the service's memory: {e}") from e
+    if remote_swap and not exchange:
+        raise errors.LayoutMismatch("remote swap asked but no exchange tensors exported")
+    # The shm files carry the service's pid; checking them is a stat and a kill(pid, 0).
+    return tensors, exchange, [h for h in kv_handles if h["kind"] == "shm"]
