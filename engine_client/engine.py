@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 
 # Finished requests kept for a late resume of their stream.
 FINISHED_KEPT = 1024
+# How often an idle engine looks at its KV service, so that its health turns NOT_SERVING soon
+# after the service is lost even when no request would have noticed.
+IDLE_CHECK_SECONDS = 0.5
 
 
 class Engine:
@@ -130,14 +133,23 @@ class Engine:
         while not self._stopping:
             # Cleared before looking at the state: anything that happens from here on wakes us.
             self._wake.clear()
+            self._check_service()
             await self._reap()
             blocked = await self._admit()
             prefill = next((r for r in self.requests.values() if r.phase is Phase.PREFILL), None)
             batch = [r for r in self.requests.values() if r.phase is Phase.RUNNING]
             if prefill is None and not batch:
-                await self._idle(self.admit_retry if blocked else None)
+                await self._idle(self.admit_retry if blocked else IDLE_CHECK_SECONDS)
                 continue
             await self._step(prefill, batch[: self.compute.max_batch])
+
+    def _check_service(self) -> None:
+        if self.failure is not None:
+            return
+        try:
+            self.control.check_alive()
+        except errors.ServiceUnavailable as e:
+            self._fail_all(e)
 
     async def _idle(self, timeout: float | None) -> None:
         try:

@@ -64,6 +64,10 @@ class ManagedProcess:
 
     def wait_serving(self, timeout: float) -> "ManagedProcess":
         """Block until health reports SERVING; ChildFailed if the child dies or time runs out."""
+        return self.wait_status(health_pb2.HealthCheckResponse.SERVING, timeout)
+
+    def wait_status(self, status: int, timeout: float) -> "ManagedProcess":
+        """Block until health reports `status`; ChildFailed if the child dies or time runs out."""
         deadline = time.monotonic() + timeout
         request = health_pb2.HealthCheckRequest(service=self.health_service)
         with grpc.insecure_channel(self.target) as channel:
@@ -75,13 +79,14 @@ class ManagedProcess:
                 try:
                     with errors.rpc_errors(f"{self.name} health"):
                         for reply in stub.Watch(request, timeout=window, wait_for_ready=True):
-                            if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                            if reply.status == status:
                                 return self
                 except errors.ServiceUnavailable:
                     continue  # not listening yet, or no change within the window
                 except errors.KVClientError as e:
                     raise ChildFailed(str(e)) from e
-        raise ChildFailed(f"{self.name} not SERVING after {timeout:g}s:\n{self.log()}")
+        raise ChildFailed(f"{self.name} not in health status {status} after {timeout:g}s:\n"
+                          f"{self.log()}")
 
     def signal(self, sig: int) -> None:
         if self.alive():

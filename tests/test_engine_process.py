@@ -14,6 +14,7 @@ import time
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2
 
 from engine_client import errors
 from engine_client.config import GenerateConfig
@@ -62,6 +63,19 @@ def test_service_killed_mid_stream_fails_fast_with_unavailable() -> None:
         finally:
             assert eng.stop() == 0, eng.log()
             svc.kill()
+
+
+def test_idle_engine_turns_not_serving_when_the_service_dies() -> None:
+    with workdir() as path:
+        svc = start_service(path)
+        eng = start_engine(path, "service", svc)
+        try:
+            svc.kill()
+            killed = time.monotonic()
+            eng.wait_status(health_pb2.HealthCheckResponse.NOT_SERVING, timeout=10)
+            assert time.monotonic() - killed < 5.0
+        finally:
+            eng.kill()
 
 
 def test_engine_killed_then_resumed_gives_identical_tokens() -> None:
