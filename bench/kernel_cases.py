@@ -32,6 +32,12 @@ def miss_copy_case(ceil: dict, reps: int) -> list[Row]:
         uva = UVATensor(host)
         fn = lambda: miss_copy(uva, hot, src, dst, count)  # noqa: E731
         us = graph_time_us(fn, reps)
+        for rpp, nw in ((16, 4), (16, 8), (32, 8)):
+            v_us = graph_time_us(lambda: miss_copy(uva, hot, src, dst, count,
+                                                   rows_per_program=rpp, num_warps=nw), reps)
+            v_gbs = n_miss * d / v_us / 1e3
+            rows.append(Row("miss_copy", f"{d} B rows={rpp} warps={nw}", v_us,
+                            v_gbs / ceil["h2d_gbs"], f"{v_gbs:.1f} GB/s (variant)"))
         ok = torch.equal(hot[dst.view(-1)[:512]].cpu(), host[src.view(-1)[:512].cpu()])
         gbs = n_miss * d / us / 1e3
         rows.append(Row("miss_copy", f"{n_miss} rows x {d} B", us, gbs / ceil["h2d_gbs"],
@@ -61,10 +67,14 @@ class _PlanState:
         self.miss_count = torch.empty((BS,), dtype=torch.int32, device="cuda")
 
     def plan(self) -> None:
+        self.plan_with()
+
+    def plan_with(self, **knobs) -> None:
         from kernels.swap_plan import swap_plan
         swap_plan(0, self.topk, self.seq_lens, self.req_slots, self.req_mode, self.page_table,
                   self.token_slot, self.slot_token, self.lru_order, self.hit_flag, self.out_slots,
-                  self.miss_src, self.miss_dst, self.miss_count, num_layers=1, page_size=P, window=W)
+                  self.miss_src, self.miss_dst, self.miss_count, num_layers=1, page_size=P,
+                  window=W, **knobs)
 
     def snapshot(self) -> list[torch.Tensor]:
         return [t.clone() for t in (self.token_slot, self.slot_token, self.lru_order)]
@@ -81,6 +91,10 @@ def plan_case(ceil: dict, reps: int) -> list[Row]:
     st.plan()  # fills the LRU slots: every later call with the same selection is all hits
     nomiss = graph_time_us(st.plan, reps, inner=20)
     misses = int(st.miss_count.sum())
+    variants = []
+    for nw in (4, 16):
+        v = graph_time_us(lambda: st.plan_with(num_warps=nw), reps, inner=20)
+        variants.append(Row("swap_plan", f"0% miss, num_warps={nw}", v, v / 10.0, "variant"))
     rows = [Row("swap_plan", "bs64 k2048 B4096, 0% miss", nomiss, nomiss / 10.0,
                 f"target <=10us (ratio = us/10); misses seen {misses}; cpu/call {cpu_call_us(st.plan):.1f}us")]
     res = _PlanState(resident=True)
@@ -88,6 +102,7 @@ def plan_case(ceil: dict, reps: int) -> list[Row]:
     res.topk.copy_(_distinct(BS, K, 0, B).cuda())
     us = graph_time_us(res.plan, reps, inner=20)
     rows.append(Row("swap_plan", "resident fast path (seq_len<=B)", us, us / nomiss, "ratio vs 0% miss plan"))
+    rows.extend(variants)
     rows.append(_swap10(st, first, ceil, reps, nomiss))
     return rows
 

@@ -44,13 +44,15 @@ def _miss_copy_kernel(host_ptr, hot_ptr, src_ptr, dst_ptr, count_ptr, k, host_ro
 
 
 def miss_copy(host_rows: Union[torch.Tensor, UVATensor], hot_rows: torch.Tensor,
-              miss_src: torch.Tensor, miss_dst: torch.Tensor, miss_count: torch.Tensor) -> None:
+              miss_src: torch.Tensor, miss_dst: torch.Tensor, miss_count: torch.Tensor, *,
+              rows_per_program: int = ROWS_PER_PROGRAM, num_warps: int = 4) -> None:
     """Copy host row miss_src[b, j] to hot row miss_dst[b, j] for j < miss_count[b].
 
     host_rows: host_kv [N, L, P, D] uint8 (a CPU tensor on CPU, its UVATensor on GPU),
     hot_rows: hot_kv [L, R, B, D] uint8; both are addressed as flat [rows, D].
     miss_src, miss_dst [bs, k] int64 flat row numbers; miss_count [bs] int32 (clamped to k).
     D must be a multiple of 4. Rows out of range are skipped. Launch-only: graph capturable.
+    rows_per_program (a power of 2) and num_warps are tuning knobs for the benchmark.
     """
     D = host_rows.shape[-1]
     if hot_rows.shape[-1] != D or D % 4 != 0:
@@ -70,11 +72,11 @@ def miss_copy(host_rows: Union[torch.Tensor, UVATensor], hot_rows: torch.Tensor,
                              f"got {tuple(x.shape)} {x.dtype}")
     if bs == 0 or k == 0:
         return
-    grid = (bs, triton.cdiv(k, ROWS_PER_PROGRAM))
+    grid = (bs, triton.cdiv(k, rows_per_program))
     # The kernel reads the uint8 tiers as int32 words: passing them as they are spares building
     # views (for a UVATensor, a pinned-memory query) on every launch.
     _miss_copy_kernel[grid](host_rows, hot_rows, miss_src, miss_dst, miss_count, k,
                             math.prod(host_rows.shape) // D, hot_rows.numel() // D, WORDS=D // 4,
-                            BLOCK_W=triton.next_power_of_2(D // 4), ROWS=ROWS_PER_PROGRAM,
-                            num_warps=4)
+                            BLOCK_W=triton.next_power_of_2(D // 4), ROWS=rows_per_program,
+                            num_warps=num_warps)
 

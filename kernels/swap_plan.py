@@ -133,7 +133,7 @@ def swap_plan(layer: int, topk: torch.Tensor, seq_lens: torch.Tensor, req_slots:
               slot_token: torch.Tensor, lru_order: torch.Tensor, hit_flag: torch.Tensor,
               out_slots: torch.Tensor, out_miss_src: torch.Tensor, out_miss_dst: torch.Tensor,
               out_miss_count: torch.Tensor, *, num_layers: int, page_size: int,
-              window: int) -> None:
+              window: int, num_warps: int | None = None) -> None:
     """Plan one layer's swap-in for a batch; updates residency state in place.
 
     topk [bs, k] int32 (entries < 0 or >= seq_len are skipped), seq_lens [bs] int32,
@@ -168,4 +168,4 @@ def swap_plan(layer: int, topk: torch.Tensor, seq_lens: torch.Tensor, req_slots:
         hit_flag, out_slots, out_miss_src, out_miss_dst, out_miss_count,
         layer, k, R, C, B, page_table.shape[1], L=L, P=page_size, W=W,
         BLOCK_K=max(16, triton.next_power_of_2(k)), BLOCK_N=block_n,
-        num_warps=NUM_WARPS_LARGE if block_n >= 2048 else 4)
+        num_warps=num_warps or (NUM_WARPS_LARGE if block_n >= 2048 else 4))
