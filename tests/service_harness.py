@@ -66,7 +66,9 @@ class ServiceProcess:
         self.channel: grpc.Channel | None = None
 
     def start(self) -> ServiceProcess:
-        env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+        # Keep any PYTHONPATH already set (packages outside site-packages, as on the GPU box).
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p))
         env.pop("KVS_TOKEN", None)
         if self.token:
             env["KVS_TOKEN"] = self.token
