@@ -117,10 +117,6 @@ def service_process(workdir: str, instance: str, layout_flags: Sequence[str], *,
     args = [sys.executable, "-m", "kv_service", "--uds", uds, "--device", device,
             "--instance", instance, "--shm-dir", shm_dir, *layout_flags, *extra]
     env = dict(os.environ)
-    if device == "cpu":
-        # Its kernels (remote swap) must run under Triton's interpreter on CPU tensors, which
-        # kernels/__init__ only switches on when there is no GPU at all.
-        env["TRITON_INTERPRET"] = "1"
     # Its CPU work is bookkeeping: OpenMP threads would only spin against the engine's.
     env.setdefault("OMP_NUM_THREADS", "1")
     return ManagedProcess("kv_service", args, os.path.join(workdir, "kv_service.log"),

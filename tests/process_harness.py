@@ -49,24 +49,8 @@ def workdir(prefix: str = "hse") -> Iterator[str]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-class CpuServiceProcess(ServiceProcess):
-    """A `--device cpu` service that runs its Triton kernels (remote swap) under the
-    interpreter even on a machine with a GPU, where kernels/__init__ would not switch it on."""
-
-    def start(self) -> "CpuServiceProcess":
-        old = os.environ.get("TRITON_INTERPRET")
-        os.environ["TRITON_INTERPRET"] = "1"
-        try:
-            return super().start()
-        finally:
-            if old is None:
-                del os.environ["TRITON_INTERPRET"]
-            else:
-                os.environ["TRITON_INTERPRET"] = old
-
-
 def start_service(path: str, layout: KVLayout = LAYOUT, lease: float = 30.0) -> ServiceProcess:
-    svc = CpuServiceProcess(path, f"t{os.getpid()}x{len(os.listdir(path))}", "--lease-seconds",
+    svc = ServiceProcess(path, f"t{os.getpid()}x{len(os.listdir(path))}", "--lease-seconds",
                             str(lease), "--drain-timeout", "2", layout=layout)
     return svc.start().wait_serving(60)
 
