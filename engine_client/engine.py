@@ -133,12 +133,13 @@ class Engine:
         while not self._stopping:
             # Cleared before looking at the state: anything that happens from here on wakes us.
             self._wake.clear()
-            self._check_service()
             await self._reap()
             blocked = await self._admit()
             prefill = next((r for r in self.requests.values() if r.phase is Phase.PREFILL), None)
             batch = [r for r in self.requests.values() if r.phase is Phase.RUNNING]
             if prefill is None and not batch:
+                # A step checks the service itself; an idle engine must look too.
+                self._check_service()
                 await self._idle(self.admit_retry if blocked else IDLE_CHECK_SECONDS)
                 continue
             await self._step(prefill, batch[: self.compute.max_batch])
