@@ -160,7 +160,7 @@ def _generate(args: argparse.Namespace) -> int:
     try:
         result = asyncio.run(run_generation(cfg.target, cfg, show))
     except errors.KVClientError as e:
-        print(f"\nerror ({e.code.name}): {e}", file=sys.stderr)
+        print(f"\nerror ({errors.code_of(e).name}): {e}", file=sys.stderr)
         return 1
     print()
     print(result.summary())

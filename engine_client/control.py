@@ -154,7 +154,7 @@ def core_errors(what: str) -> Iterator[None]:
     try:
         yield
     except ServiceError as e:
-        raise errors.from_status(e.code, f"{what}: {e.message}", e.details) from e
+        raise e.prefixed(what) from e
     except LayoutError as e:
         raise errors.LayoutMismatch(f"{what}: {e}") from e
 

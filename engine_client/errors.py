@@ -1,10 +1,12 @@
-"""Typed errors of the engine client, and the one mapping from gRPC status codes to them.
+"""The client's names for the contract's errors, and the one place where a gRPC failure becomes
+one of them.
 
-Every failure of the KV service reaches engine code as one of these classes: an `AioRpcError`
-from a call, an in-band `Error` reply on the Session stream, or a lost connection. The mapping
-lives here (`from_status`) so that `kv_client` translates errors in a single place and the
-engine can decide by type: a `CapacityError` keeps a request queued, `ServiceUnavailable` fails
-every running request.
+Every failure of the KV service reaches engine code as a `contract.errors` class: from a failed
+call (`rpc_errors` / `from_rpc_error`, which decode the rich status: ErrorInfo reason and
+metadata), from an in-band `Error` reply on the Session stream (`from_status`, same reason and
+details), or from a lost connection. Embedded mode raises the same classes in-process. The
+engine decides by type: a `CapacityError` keeps a request queued unless it is `permanent`,
+`ServiceUnavailable` fails every running request.
 """
 
 from __future__ import annotations
@@ -13,84 +15,22 @@ import contextlib
 from collections.abc import Iterator, Mapping
 
 import grpc
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 
+from contract.errors import (BY_REASON, DOMAIN, AlreadyExists, CapacityError, DeadlineExceeded,
+                             Draining, EpochMismatch, InvalidArgument, KVError, LayoutMismatch,
+                             ServiceUnavailable, Unauthenticated, UnknownRequest, UnknownSession)
 
-class KVClientError(Exception):
-    """Base of every error the engine client raises. `code` is the gRPC status it maps to."""
+KVClientError = KVError
 
-    code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
+__all__ = ["AlreadyExists", "CapacityError", "DeadlineExceeded", "Draining", "EpochMismatch",
+           "InvalidArgument", "KVClientError", "LayoutMismatch", "ServiceUnavailable",
+           "Unauthenticated", "UnknownRequest", "UnknownSession", "code_of", "from_rpc_error",
+           "from_status", "rpc_errors", "status_code"]
 
-    def __init__(self, message: str, details: Mapping[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.details: dict[str, str] = dict(details or {})
-
-    def __str__(self) -> str:
-        if not self.details:
-            return self.message
-        extra = ", ".join(f"{k}={v}" for k, v in sorted(self.details.items()))
-        return f"{self.message} ({extra})"
-
-
-class ServiceUnavailable(KVClientError):
-    """The KV service is gone, unreachable, draining, or did not answer within the deadline.
-    Mapped memory must not be used after this."""
-
-    code = grpc.StatusCode.UNAVAILABLE
-
-
-class Draining(ServiceUnavailable):
-    """The service is shutting down: it refuses new admissions but keeps serving the requests
-    it has until they are released."""
-
-
-class CapacityError(KVClientError):
-    """The service has no request slot or host pages for the request right now. Retry later."""
-
-    code = grpc.StatusCode.RESOURCE_EXHAUSTED
-
-
-class UnknownRequest(KVClientError):
-    """The service does not know the request (or session) id."""
-
-    code = grpc.StatusCode.NOT_FOUND
-
-
-class InvalidArgument(KVClientError):
-    """A field the service refused: bad lengths, bad layout, bad indices."""
-
-    code = grpc.StatusCode.INVALID_ARGUMENT
-
-
-class LayoutMismatch(InvalidArgument):
-    """The service's memory layout, device or GPU differs from what the engine was built for."""
-
-
-class EpochMismatch(KVClientError):
-    """The service restarted (new epoch): everything mapped from the old one is stale."""
-
-    code = grpc.StatusCode.FAILED_PRECONDITION
-
-
-class Unauthenticated(KVClientError):
-    """The service wants a token the client did not send, or a different one."""
-
-    code = grpc.StatusCode.UNAUTHENTICATED
-
-
-class AlreadyExists(KVClientError):
-    """The request id is already live in this session."""
-
-    code = grpc.StatusCode.ALREADY_EXISTS
-
-
-class DeadlineExceeded(ServiceUnavailable):
-    """A call to the service did not complete within its deadline."""
-
-    code = grpc.StatusCode.DEADLINE_EXCEEDED
-
-
-_BY_CODE: dict[grpc.StatusCode, type[KVClientError]] = {
+# Without an ErrorInfo (a proxy, grpc itself, an old service) the status code decides.
+_BY_CODE: dict[grpc.StatusCode, type[KVError]] = {
     grpc.StatusCode.UNAVAILABLE: ServiceUnavailable,
     grpc.StatusCode.CANCELLED: ServiceUnavailable,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
@@ -101,7 +41,8 @@ _BY_CODE: dict[grpc.StatusCode, type[KVClientError]] = {
     grpc.StatusCode.FAILED_PRECONDITION: EpochMismatch,
     grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
 }
-
+_CODE_OF: dict[type[KVError], grpc.StatusCode] = {cls: code for code, cls in _BY_CODE.items()
+                                                  if code is not grpc.StatusCode.CANCELLED}
 _BY_VALUE: dict[int, grpc.StatusCode] = {code.value[0]: code for code in grpc.StatusCode}
 
 
@@ -112,29 +53,54 @@ def status_code(value: int | grpc.StatusCode) -> grpc.StatusCode:
     return _BY_VALUE.get(int(value), grpc.StatusCode.UNKNOWN)
 
 
+def code_of(err: BaseException) -> grpc.StatusCode:
+    """The gRPC status code an error class stands for (for messages and exit codes)."""
+    code = getattr(err, "status", None)
+    if isinstance(code, grpc.StatusCode):
+        return code
+    for base in type(err).__mro__:
+        if base in _CODE_OF:
+            return _CODE_OF[base]
+    return grpc.StatusCode.UNKNOWN
+
+
 def from_status(code: int | grpc.StatusCode, message: str,
-                details: Mapping[str, str] | None = None) -> KVClientError:
-    """The typed error for a gRPC status code; unknown codes give the base class."""
+                details: Mapping[str, str] | None = None, reason: str = "") -> KVError:
+    """The typed error for a status: by ErrorInfo reason when known, else by status code.
+    An unknown code gives the base class with the code kept in `status`."""
     code = status_code(code)
-    cls = _BY_CODE.get(code, KVClientError)
+    details = dict(details or {})
+    cls = BY_REASON.get(reason) or _BY_CODE.get(code, KVError)
+    if issubclass(cls, CapacityError):
+        permanent = details.pop("permanent", "false") == "true"
+        return cls(message or code.name, details, permanent=permanent)
     err = cls(message or code.name, details)
-    if cls is KVClientError:
-        err.code = code
+    if cls is KVError:
+        err.status = code  # type: ignore[attr-defined]
     return err
 
 
-# The service sends the numbers of a unary RPC's error as trailing metadata with this prefix.
-DETAIL_PREFIX = "kv-detail-"
+def _error_info(err: grpc.RpcError) -> error_details_pb2.ErrorInfo | None:
+    """The service's ErrorInfo from the call's rich status, if it sent one."""
+    try:
+        status = rpc_status.from_call(err)  # type: ignore[arg-type]
+    except (ValueError, AttributeError, TypeError):
+        return None
+    for packed in status.details if status is not None else ():
+        info = error_details_pb2.ErrorInfo()
+        if packed.Is(info.DESCRIPTOR) and packed.Unpack(info) and info.domain == DOMAIN:
+            return info
+    return None
 
 
-def from_rpc_error(err: grpc.RpcError, what: str) -> KVClientError:
+def from_rpc_error(err: grpc.RpcError, what: str) -> KVError:
     """The typed error for a failed call; `what` names the call for the message."""
     code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
     detail = err.details() if hasattr(err, "details") else str(err)
-    trailers = err.trailing_metadata() if hasattr(err, "trailing_metadata") else None
-    details = {key[len(DETAIL_PREFIX):].replace("-", "_"): str(value)
-               for key, value in (trailers or ()) if key.startswith(DETAIL_PREFIX)}
-    return from_status(code, f"{what}: {detail or code.name}", details)
+    info = _error_info(err)
+    details = dict(info.metadata) if info is not None else {}
+    return from_status(code, f"{what}: {detail or code.name}", details,
+                       info.reason if info is not None else "")
 
 
 @contextlib.contextmanager

@@ -209,7 +209,7 @@ class KVClient:
             if errors.status_code(e.code) is grpc.StatusCode.UNAVAILABLE:
                 # In band, so the service is up: it is draining.
                 raise errors.Draining(f"{what}: {e.message}", dict(e.details))
-            raise errors.from_status(e.code, f"{what}: {e.message}", dict(e.details))
+            raise errors.from_status(e.code, f"{what}: {e.message}", dict(e.details), e.reason)
         return reply
 
     async def admit(self, request_id: str, prompt_len: int, max_new_tokens: int) -> Admission:

@@ -1,17 +1,20 @@
 """The one server interceptor: shared-token authentication for every RPC, and the mapping of
-typed errors (kv_service.errors.status_of) plus latency metrics for every KVCacheService RPC."""
+typed errors (kv_service.status) to rich statuses plus latency metrics for every
+KVCacheService RPC."""
 
 from __future__ import annotations
 
 import hmac
 import time
+from dataclasses import dataclass
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
 
-from kv_service.errors import Status, Unauthenticated, status_of, trailing_metadata
+from kv_service.errors import InvalidArgument, Unauthenticated
 from kv_service.metrics import ServiceMetrics
+from kv_service.status import Status, rich_status, status_of
 
 SERVICE_PREFIX = "/kvcache.v1.KVCacheService/"
 # Health stays open so orchestrators can probe without the secret; it reveals nothing else.
@@ -28,15 +31,50 @@ def _kind(handler: grpc.RpcMethodHandler) -> tuple[str, Callable[..., Any]]:
     return "stream_stream", handler.stream_stream
 
 
+@dataclass(frozen=True)
+class _Malformed:
+    """Stands for a request that did not parse. grpc answers INTERNAL for a deserializer that
+    raises; passing this on instead lets the handler answer INVALID_ARGUMENT."""
+
+    error: str
+
+
+def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserialize is None:
+        return None
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except Exception as exc:  # DecodeError, invalid UTF-8 in a string field, ...
+            return _Malformed(f"{type(exc).__name__}: {exc}")
+    return parse
+
+
+def _checked(request: Any) -> Any:
+    if isinstance(request, _Malformed):
+        raise InvalidArgument(f"malformed message: {request.error}")
+    return request
+
+
+async def _checked_stream(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    async for request in requests:
+        yield _checked(request)
+
+
 def _rebuild(handler: grpc.RpcMethodHandler, behavior: Callable[..., Any]) -> grpc.RpcMethodHandler:
     kind, _ = _kind(handler)
     factory = getattr(grpc, f"{kind}_rpc_method_handler")
-    return factory(behavior, request_deserializer=handler.request_deserializer,
+    return factory(behavior, request_deserializer=_tolerant(handler.request_deserializer),
                    response_serializer=handler.response_serializer)
 
 
+def _request(kind: str, request: Any) -> Any:
+    return _checked(request) if kind.startswith("unary") else _checked_stream(request)
+
+
 async def _abort(context: grpc.aio.ServicerContext, status: Status) -> None:
-    await context.abort(status.code, status.message, trailing_metadata=trailing_metadata(status))
+    await context.abort_with_status(rich_status(status))
 
 
 class ServiceInterceptor(grpc.aio.ServerInterceptor):
@@ -80,7 +118,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             try:
                 if refuse is not None:
                     raise refuse
-                return await inner(request, context)
+                return await inner(_request(kind, request), context)
             except grpc.aio.AbortError:
                 code = "ABORTED_BY_HANDLER"
                 raise
@@ -95,7 +133,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             try:
                 if refuse is not None:
                     raise refuse
-                async for reply in inner(request, context):
+                async for reply in inner(_request(kind, request), context):
                     yield reply
             except grpc.aio.AbortError:
                 raise

@@ -56,7 +56,7 @@ def test_service_killed_mid_stream_fails_fast_with_unavailable() -> None:
                             if index == 2:
                                 svc.kill()
                                 killed = time.monotonic()
-                    assert err.value.code is grpc.StatusCode.UNAVAILABLE
+                    assert errors.code_of(err.value) is grpc.StatusCode.UNAVAILABLE
                     return time.monotonic() - killed
 
             assert asyncio.run(run()) < 5.0

@@ -675,10 +675,15 @@ class Error(_message.Message):
     CODE_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
     DETAILS_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
     code: _builtins.int
     """grpc.StatusCode value, e.g. 8 RESOURCE_EXHAUSTED, 5 NOT_FOUND."""
     message: _builtins.str
     """Human-readable reason."""
+    reason: _builtins.str
+    """google.rpc.ErrorInfo reason, as unary RPCs send it in their rich status, e.g.
+    "CAPACITY_EXHAUSTED" (contract.errors names one class per reason).
+    """
     @_builtins.property
     def details(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Machine-readable numbers, e.g. {"pages_needed": "4", "pages_free": "1"}."""
@@ -689,10 +694,11 @@ class Error(_message.Message):
         code: _builtins.int = ...,
         message: _builtins.str = ...,
         details: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "details", b"details", "message", b"message"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "details", b"details", "message", b"message", "reason", b"reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,94 @@
+"""The one mapping from a raised exception to what a client sees: a gRPC status code, a message,
+and rich details (google.rpc.Status with ErrorInfo, plus QuotaFailure for capacity numbers).
+
+Unary RPCs abort with the rich status (grpcio-status); the Session stream puts the same code,
+reason and details into its in-band `Error` reply.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from contract import errors
+from kv_service.layout import LayoutError
+
+log = logging.getLogger(__name__)
+
+CODES: dict[type[errors.KVError], grpc.StatusCode] = {
+    errors.KVError: grpc.StatusCode.INTERNAL,
+    errors.CapacityError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.UnknownRequest: grpc.StatusCode.NOT_FOUND,
+    errors.AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
+    errors.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    errors.EpochMismatch: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
+    errors.ServiceUnavailable: grpc.StatusCode.UNAVAILABLE,
+    errors.DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+# Capacity details come as <unit>_needed / <unit>_free / <unit>_total.
+_QUOTA_SUFFIXES = ("_needed", "_free", "_total")
+
+
+@dataclass(frozen=True)
+class Status:
+    code: grpc.StatusCode
+    message: str
+    reason: str
+    details: dict[str, str] = field(default_factory=dict)
+
+
+def code_for(cls: type[BaseException]) -> grpc.StatusCode:
+    """The status code of an error class: that of its nearest mapped ancestor."""
+    for base in cls.__mro__:
+        if base in CODES:
+            return CODES[base]
+    return grpc.StatusCode.INTERNAL
+
+
+def status_of(exc: BaseException) -> Status:
+    """What a client gets for `exc`. Unexpected exceptions become INTERNAL without leaking their
+    text; they are logged here with the traceback."""
+    if isinstance(exc, LayoutError):
+        exc = errors.LayoutMismatch(str(exc))
+    if isinstance(exc, errors.KVError):
+        details = dict(exc.details)
+        if isinstance(exc, errors.CapacityError):
+            details["permanent"] = str(exc.permanent).lower()
+        return Status(code_for(type(exc)), exc.message, exc.reason, details)
+    log.error("internal error", exc_info=exc)
+    return Status(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}",
+                  errors.KVError.reason)
+
+
+def _packed(message: object) -> any_pb2.Any:
+    packed = any_pb2.Any()
+    packed.Pack(message)
+    return packed
+
+
+def _quota(details: dict[str, str]) -> error_details_pb2.QuotaFailure | None:
+    units = sorted({k[: -len("_needed")] for k in details if k.endswith("_needed")})
+    if not units:
+        return None
+    violations = [error_details_pb2.QuotaFailure.Violation(
+        subject=unit, description=", ".join(f"{s[1:]} {details.get(unit + s, '?')}"
+                                            for s in _QUOTA_SUFFIXES)) for unit in units]
+    return error_details_pb2.QuotaFailure(violations=violations)
+
+
+def rich_status(status: Status) -> grpc.Status:
+    """The google.rpc.Status of `status`, ready for `context.abort_with_status`."""
+    info = error_details_pb2.ErrorInfo(reason=status.reason, domain=errors.DOMAIN,
+                                       metadata=status.details)
+    extra = [_packed(info)]
+    quota = _quota(status.details) if status.code is grpc.StatusCode.RESOURCE_EXHAUSTED else None
+    if quota is not None:
+        extra.append(_packed(quota))
+    proto = status_pb2.Status(code=status.code.value[0], message=status.message, details=extra)
+    return rpc_status.to_status(proto)
