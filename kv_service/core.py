@@ -27,7 +27,6 @@ from kv_service.pool import PagePool, SlotPool, reserve
 log = logging.getLogger(__name__)
 
 MAX_ID_BYTES = 128
-MAX_COUNTER = 2**63 - 1
 
 
 @dataclass
@@ -73,6 +72,10 @@ class CoreStats:
     draining: bool
     uptime_seconds: float
     epoch: int
+
+
+# Lengths beyond any layout's max_context; larger values are malformed, not merely too big.
+MAX_TOKENS = 2**40
 
 
 def check_id(name: str, value: str) -> None:
@@ -133,6 +136,7 @@ class ServiceCore:
         return session
 
     def session(self, session_id: str) -> SessionRecord:
+        check_id("session_id", session_id)
         session = self.sessions.get(session_id)
         if session is None:
             raise UnknownSession(f"no session {session_id!r} (never attached, detached or "
@@ -190,8 +194,9 @@ class ServiceCore:
         if self.draining:
             raise Draining("the service is draining and admits no new request")
         check_id("request_id", request_id)
-        check_range("prompt_len", prompt_len, 1, self.layout.max_context)
-        check_range("max_new_tokens", max_new_tokens, 0, self.layout.max_context - prompt_len)
+        check_range("prompt_len", prompt_len, 1, MAX_TOKENS)
+        check_range("max_new_tokens", max_new_tokens, 0, MAX_TOKENS)
+        self.check_fits(prompt_len + max_new_tokens)
         if request_id in session.requests:
             raise AlreadyExists(f"request {request_id!r} is already admitted", request_id=request_id)
         tokens = prompt_len + max_new_tokens
@@ -207,6 +212,19 @@ class ServiceCore:
         session.requests[request_id] = request
         self._counters["admitted_total"] += 1
         return request
+
+    def check_fits(self, tokens: int) -> None:
+        """Refuse at once, as permanent, a request that would not fit even on an empty service:
+        queueing it could only end in a timeout, and block smaller requests meanwhile."""
+        lay = self.layout
+        pages = -(-tokens // lay.page_size)
+        if tokens > lay.max_context or pages > self.pages.total:
+            self._counters["rejected_total"] += 1
+            raise CapacityError(
+                f"{tokens} tokens can never fit: at most {lay.max_context} tokens per request "
+                f"and {self.pages.total} pages of {lay.page_size} tokens in all",
+                permanent=True, tokens_needed=tokens, tokens_total=lay.max_context,
+                pages_needed=pages, pages_free=self.pages.free, pages_total=self.pages.total)
 
     def request(self, session_id: str, request_id: str) -> RequestRecord:
         check_id("request_id", request_id)
@@ -227,6 +245,11 @@ class ServiceCore:
         """Commit every (request id, seq_len) and add the step's counters. All or nothing: one bad
         entry changes nothing."""
         self.touch(session_id)
+        progress = list(progress)
+        if len(progress) > self.layout.max_requests:
+            raise InvalidArgument(f"{len(progress)} progress entries, more than the "
+                                  f"{self.layout.max_requests} request slots",
+                                  entries=len(progress), max_entries=self.layout.max_requests)
         updates: dict[str, tuple[RequestRecord, int]] = {}
         for request_id, seq_len in progress:
             request = self.request(session_id, request_id)
@@ -239,8 +262,14 @@ class ServiceCore:
             request.seq_len = seq_len
 
     def add_counters(self, hits: int, misses: int, bytes_moved: int) -> None:
-        for name, value in (("hits", hits), ("misses", misses), ("bytes_moved", bytes_moved)):
-            check_range(name, value, 0, MAX_COUNTER)
+        """Add one step's counters, refusing what no step can do: every layer of every request
+        slot selects at most topk positions, and each miss moves at most one KV row and one
+        index key. Totals are Python ints; `stats` readers clamp them to their field."""
+        lay = self.layout
+        positions = lay.num_layers * lay.topk * lay.max_requests
+        check_range("hits", hits, 0, positions)
+        check_range("misses", misses, 0, positions - hits)
+        check_range("bytes_moved", bytes_moved, 0, positions * (lay.row_bytes + lay.index_bytes))
         for name, value in (("hits", hits), ("misses", misses), ("bytes_moved", bytes_moved)):
             self._counters[name] += value
 

@@ -15,15 +15,23 @@ from dataclasses import dataclass
 import grpc
 
 from kv_service.core import RequestRecord, ServiceCore
-from kv_service.errors import InvalidArgument, Unavailable, status_of
+from kv_service.errors import InvalidArgument, Unavailable
 from kv_service.layout import KVLayout
 from kv_service.metrics import ServiceMetrics
 from kv_service.remote_swap import RemoteSwapper
+from kv_service.status import status_of
 from proto.kvcache.v1 import kvcache_pb2 as pb
 from proto.kvcache.v1 import kvcache_pb2_grpc as pb_grpc
 
 
 CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
+UINT64_MAX = 2**64 - 1
+
+
+def u64(value: int) -> int:
+    """A total for a uint64 field: totals are unbounded Python ints, the field is not, and
+    GetStats must never fail for a number."""
+    return min(max(int(value), 0), UINT64_MAX)
 
 
 @dataclass
@@ -60,7 +68,8 @@ def request_to_proto(r: RequestRecord) -> pb.RequestState:
 
 def error_to_proto(exc: BaseException) -> pb.Error:
     status = status_of(exc)
-    return pb.Error(code=status.code.value[0], message=status.message, details=status.details)
+    return pb.Error(code=status.code.value[0], message=status.message, details=status.details,
+                    reason=status.reason)
 
 
 class KVCacheServicer(pb_grpc.KVCacheServiceServicer):
@@ -186,10 +195,11 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer):
         return pb.GetStatsResponse(
             host_pages=pb.PoolUsage(used=s.pages_used, total=s.pages_total),
             request_slots=pb.PoolUsage(used=s.slots_used, total=s.slots_total),
-            sessions=s.sessions, requests=s.requests, hits=s.hits, misses=s.misses,
-            bytes_moved=s.bytes_moved, uptime_seconds=s.uptime_seconds, epoch=s.epoch,
-            draining=s.draining, admitted_total=s.admitted_total, rejected_total=s.rejected_total,
-            expired_sessions_total=s.expired_sessions_total)
+            sessions=s.sessions, requests=s.requests, hits=u64(s.hits), misses=u64(s.misses),
+            bytes_moved=u64(s.bytes_moved), uptime_seconds=s.uptime_seconds, epoch=u64(s.epoch),
+            draining=s.draining, admitted_total=u64(s.admitted_total),
+            rejected_total=u64(s.rejected_total),
+            expired_sessions_total=u64(s.expired_sessions_total))
 
     async def Drain(self, request: pb.DrainRequest,
                     context: grpc.aio.ServicerContext) -> pb.DrainResponse:

@@ -104,12 +104,40 @@ def test_sessions_cannot_touch_each_others_requests(core: ServiceCore) -> None:
 
 @pytest.mark.parametrize("rid,prompt,new", [
     ("", 1, 1), ("x" * 129, 1, 1), ("bad\nid", 1, 1), ("a", 0, 1), ("a", -1, 1),
-    ("a", 1, -1), ("a", 65, 0), ("a", 60, 5), ("a", 2**40, 1)])
+    ("a", 1, -1), ("a", 2**40 + 1, 1), ("a", 1, 2**62)])
 def test_admit_validation(core: ServiceCore, rid: str, prompt: int, new: int) -> None:
     sid = core.attach("eng").session_id
     with pytest.raises(InvalidArgument):
         core.admit(sid, rid, prompt, new)
     assert core.is_empty()
+
+
+@pytest.mark.parametrize("prompt,new", [(65, 0), (60, 5), (2**40, 1)])
+def test_admit_that_can_never_fit_is_permanent(core: ServiceCore, prompt: int, new: int) -> None:
+    sid = core.attach("eng").session_id
+    with pytest.raises(CapacityError) as err:
+        core.admit(sid, "a", prompt, new)
+    assert err.value.permanent and err.value.details["tokens_needed"] == str(prompt + new)
+    assert err.value.details["tokens_total"] == "64" and core.is_empty()
+    # A request that fits an empty service but not the free pages now is not permanent.
+    core.admit(sid, "big", 60, 4)
+    core.admit(sid, "big2", 60, 4)
+    with pytest.raises(CapacityError) as busy:
+        core.admit(sid, "c", 8, 8)
+    assert not busy.value.permanent and busy.value.details["pages_free"] == "0"
+
+
+def test_step_counters_are_bounded_by_what_a_step_can_do(core: ServiceCore) -> None:
+    sid = core.attach("eng").session_id
+    positions = LAYOUT.num_layers * LAYOUT.topk * LAYOUT.max_requests
+    for hits, misses, nbytes in ((2**63 - 1, 0, 0), (positions + 1, 0, 0),
+                                 (positions, 1, 0), (0, 0, -1), (-1, 0, 0),
+                                 (0, 1, positions * 10**6)):
+        with pytest.raises(InvalidArgument):
+            core.step_end(sid, [], hits, misses, nbytes)
+    core.step_end(sid, [], positions - 3, 3, 3 * LAYOUT.row_bytes)
+    stats = core.stats()
+    assert (stats.hits, stats.misses, stats.bytes_moved) == (positions - 3, 3, 3 * LAYOUT.row_bytes)
 
 
 def test_commit_and_step_end_validation(core: ServiceCore) -> None:
