@@ -64,6 +64,8 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "admitted requests to be released before stopping")
     add("--metrics-port", "METRICS_PORT", _optional_port, "", "serve Prometheus /metrics on this "
         "port; empty disables")
+    add("--metrics-address", "METRICS_ADDRESS", str, "127.0.0.1", "address the metrics port "
+        "binds: 127.0.0.1 keeps it on this host; 0.0.0.0 or :: exposes it (it has no auth)")
     add("--shm-dir", "SHM_DIR", str, "/dev/shm", "directory of the shared-memory segment files")
     add("--instance", "INSTANCE", str, "hisparse-kv", "instance name, part of segment file names")
     add("--socket-mode", "SOCKET_MODE", _octal, "600", "socket file mode, 600 or 660 (octal)")
@@ -83,7 +85,7 @@ def config_from_args(args: argparse.Namespace) -> ServiceConfig:
     return ServiceConfig(
         layout=layout, uds=args.uds, tcp=args.tcp, device=args.device, token=args.token,
         lease_seconds=args.lease_seconds, drain_timeout=args.drain_timeout,
-        metrics_port=args.metrics_port, shm_dir=args.shm_dir, instance=args.instance,
+        metrics_port=args.metrics_port, metrics_address=args.metrics_address, shm_dir=args.shm_dir, instance=args.instance,
         socket_mode=args.socket_mode, max_message_bytes=args.max_message_bytes,
         warmup=args.warmup)
 
@@ -113,8 +115,9 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 
     try:
         return run(config)
-    except Exception:
-        logging.getLogger("kv_service").exception("service failed")
+    except Exception as exc:
+        # serve() logged the traceback where it happened.
+        logging.getLogger("kv_service").error("service failed: %s: %s", type(exc).__name__, exc)
         return 1
 
 

@@ -35,6 +35,8 @@ class ServiceConfig:
     lease_seconds: float = 30.0
     drain_timeout: float = 30.0
     metrics_port: int | None = None
+    # Loopback by default: the metrics page needs no token and names sessions' load.
+    metrics_address: str = "127.0.0.1"
     shm_dir: str = "/dev/shm"
     instance: str = "hisparse-kv"
     socket_mode: int = 0o600
@@ -59,6 +61,9 @@ class ServiceConfig:
             raise ValueError(f"drain_timeout must be in [0, 3600], got {self.drain_timeout}")
         if self.metrics_port is not None and not 0 < self.metrics_port < 65536:
             raise ValueError(f"metrics_port must be in 1..65535, got {self.metrics_port}")
+        if not re.fullmatch(r"[0-9A-Za-z.:_-]+", self.metrics_address):
+            raise ValueError(f"metrics_address must be an IP address or host name, "
+                             f"got {self.metrics_address!r}")
         if not Path(self.shm_dir).is_dir():
             raise ValueError(f"shm_dir is not a directory: {self.shm_dir}")
         if not INSTANCE_RE.match(self.instance):

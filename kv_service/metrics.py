@@ -65,7 +65,7 @@ class ServiceMetrics:
     def observe_rpc(self, method: str, code: str, seconds: float) -> None:
         self.rpc_seconds.labels(method=method, code=code).observe(seconds)
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> Callable[[], None]:
+    def serve(self, port: int, addr: str = "127.0.0.1") -> Callable[[], None]:
         """Start the /metrics HTTP endpoint; returns its stop function."""
         server, thread = start_http_server(port, addr=addr, registry=self.registry)
 

@@ -265,7 +265,9 @@ def _register(t: torch.Tensor, device: torch.device) -> None:
     with torch.cuda.device(device):
         err = int(torch.cuda.cudart().cudaHostRegister(t.data_ptr(), nbytes, _HOST_REGISTER_FLAGS))
     if err != 0:
-        raise RuntimeError(f"cudaHostRegister of {nbytes} bytes failed with cudaError {err}")
+        raise RuntimeError(f"cudaHostRegister of {nbytes} bytes failed with cudaError {err}; a "
+                           "file outside tmpfs (here: a segment file) cannot be pinned on "
+                           "Linux >= 6.5: put --shm-dir on /dev/shm or another tmpfs")
     log.info("registered %d host bytes with %s in %.2f s", nbytes, device, time.monotonic() - start)
 
 

@@ -24,7 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from kv_service import segment
+from kv_service import segment, shm_file
 from kv_service.config import ServiceConfig
 from kv_service.core import ServiceCore
 from kv_service.interceptor import ServiceInterceptor
@@ -54,6 +54,15 @@ def gpu_uuid(device: torch.device) -> str:
     if device.type != "cuda":
         return ""
     return f"GPU-{torch.cuda.get_device_properties(device).uuid}"
+
+
+def _check_shm_dir(config: ServiceConfig, device: torch.device) -> None:
+    fs = shm_file.fs_type(config.shm_dir)
+    if device.type == "cuda" and fs not in shm_file.PINNABLE_FS:
+        # Linux >= 6.5 refuses cudaHostRegister's long-term pin of a writable file mapping on
+        # other filesystems: allocation would fail with a CUDA error that does not say why.
+        log.warning("shm dir %s is on %s, not tmpfs: registering the host tier with CUDA may "
+                    "fail; use /dev/shm or another tmpfs", config.shm_dir, fs or "an unknown fs")
 
 
 def build_runtime(config: ServiceConfig, device: torch.device) -> Runtime:
@@ -173,8 +182,8 @@ async def _bring_up(config: ServiceConfig, device: torch.device, servicer: KVCac
     servicer.ready(runtime)
     metrics.bind(runtime.core.stats)
     if config.metrics_port is not None:
-        started.stop_metrics = metrics.serve(config.metrics_port)
-        log.info("metrics on http port %d", config.metrics_port)
+        started.stop_metrics = metrics.serve(config.metrics_port, config.metrics_address)
+        log.info("metrics on http://%s:%d/metrics", config.metrics_address, config.metrics_port)
     started.expiry = asyncio.create_task(
         _expire_leases(servicer, min(config.lease_seconds / 4, 1.0)))
     return runtime
@@ -207,6 +216,7 @@ async def serve(config: ServiceConfig) -> int:
     await _set_health(health, False)
     started = _Started()
     try:
+        _check_shm_dir(config, device)
         await _listen(server, config)
         started.listening = True
         runtime = await _bring_up(config, device, servicer, metrics, started)
@@ -216,6 +226,11 @@ async def serve(config: ServiceConfig) -> int:
                      runtime.core.epoch, device, runtime.gpu_uuid, config.layout)
         await stop.wait()
         await _drain(servicer, health, config.drain_timeout)
+    except BaseException:
+        # Logged here, before the socket closes: whoever watches health and then reads the log
+        # must find the cause, not only "stopped".
+        log.exception("service stopping on an error")
+        raise
     finally:
         await _shut_down(server, config, started)
     return 0

@@ -63,6 +63,29 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+# Filesystems whose pages CUDA may pin for good (cudaHostRegister of a shared file mapping).
+PINNABLE_FS = ("tmpfs", "hugetlbfs", "shm")
+
+
+def fs_type(path: str) -> str:
+    """The filesystem type of `path` from /proc/self/mountinfo ("" when it cannot be told)."""
+    real, best, kind = os.path.realpath(path), "", ""
+    try:
+        with open("/proc/self/mountinfo") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return ""
+    for line in lines:
+        fields = line.split(" - ")
+        if len(fields) != 2:
+            continue
+        mount_point = fields[0].split()[4].replace("\\040", " ")
+        inside = real == mount_point or real.startswith(mount_point.rstrip("/") + "/")
+        if inside and len(mount_point) >= len(best):
+            best, kind = mount_point, fields[1].split()[0]
+    return kind
+
+
 def unlink_quietly(path: str) -> bool:
     try:
         os.unlink(path)

@@ -3,6 +3,7 @@ client. Readiness comes from grpc health (Watch with a deadline), never from sle
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import signal
@@ -50,10 +51,10 @@ class ServiceProcess:
     """One service subprocess with its own socket, shm dir and log."""
 
     def __init__(self, workdir: str, instance: str, *extra: str, token: str | None = None,
-                 layout: KVLayout = TINY) -> None:
+                 layout: KVLayout = TINY, shm_dir: str | None = None) -> None:
         self.workdir = workdir
         self.uds = os.path.join(workdir, "kv.sock")
-        self.shm_dir = os.path.join(workdir, "shm")
+        self.shm_dir = shm_dir or os.path.join(workdir, "shm")
         os.makedirs(self.shm_dir, exist_ok=True)
         self.log_path = os.path.join(workdir, f"{instance}.log")
         self.instance = instance
@@ -110,7 +111,12 @@ class ServiceProcess:
                     return
             except grpc.RpcError as exc:
                 if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
-                    raise AssertionError(f"health watch failed: {exc.code()}\n{self.log()}") from exc
+                    # A stopping service closes its socket before it logs why: let it finish.
+                    if self.proc is not None:
+                        with contextlib.suppress(subprocess.TimeoutExpired):
+                            self.proc.wait(10)
+                    raise AssertionError(f"health watch failed: {exc.code()}, service exit "
+                                         f"{self.proc and self.proc.poll()}\n{self.log()}") from exc
 
     def wait_serving(self, timeout: float = 30.0) -> ServiceProcess:
         self.wait_status(health_pb2.HealthCheckResponse.SERVING, timeout)
