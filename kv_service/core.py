@@ -128,7 +128,7 @@ class ServiceCore:
                      engine_name, len(session.requests))
             return session
         if len(self.sessions) >= self.max_sessions:
-            raise CapacityError("too many sessions", sessions=len(self.sessions),
+            raise CapacityError("too many sessions", sessions_needed=1, sessions_free=0,
                                 sessions_total=self.max_sessions)
         session = SessionRecord(secrets.token_hex(16), engine_name, self._clock())
         self.sessions[session.session_id] = session

@@ -97,7 +97,7 @@ class RemoteSwapper:
         """Raise unless `session_id` ("" for a session not yet created) may own the exchange."""
         if self.owner not in (None, session_id):
             raise CapacityError("remote swap exchange is owned by another session",
-                                exchanges_free=0, exchanges_total=1)
+                                exchanges_needed=1, exchanges_free=0, exchanges_total=1)
 
     def claim(self, session_id: str) -> None:
         self.check_free(session_id)
