@@ -4,9 +4,11 @@ Each tensor travels in the Attach reply as a handle dict (`kv_service.handle`):
 - "shm": a file in `shm_dir` (normally /dev/shm). The host tier always; every tensor in CPU mode.
   On GPU each process that maps it registers it with CUDA, so kernels load it zero-copy (UVA).
 - "cuda_ipc": device memory shared by CUDA IPC.
-File names carry the creator's pid (`kv_service.shm_file`): files left by a killed service can
-be found (`remove_stale_segments`) and an engine can tell that its service is gone
-(`is_owner_alive`). CUDA IPC handles carry the pid in their JSON for the same reason.
+File names carry the creator's pid (`kv_service.shm_file`), and the creator holds a lock file
+beside them for its whole life: files left by a killed service of the same instance can be
+found and removed (`remove_stale_segments`) without ever touching a live owner's, even one in
+another PID namespace; an engine can tell that its service is gone (`is_owner_alive`). CUDA IPC
+handles carry the pid in their JSON for the same reason.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class _SegmentSet:
 
 _lock = threading.Lock()
 _created: dict[tuple[str, str], list[_SegmentSet]] = {}  # (realpath(shm_dir), instance) -> sets
+_owner_locks: dict[tuple[str, str], shm_file.OwnerLock] = {}  # same keys
 _mapped_registered: dict[int, tuple[torch.Tensor, torch.device]] = {}  # by data_ptr
 _mapped_files: dict[str, tuple[int, int]] = {}  # path -> (st_dev, st_ino) at map time
 
@@ -138,27 +141,26 @@ def unmap_segments(tensors: KVTensors | dict[str, torch.Tensor]) -> None:
 
 
 def remove_segments(shm_dir: str, instance: str) -> None:
-    """Unregister and unlink every file this process created for `instance`. Idempotent."""
+    """Unregister and unlink every file this process created for `instance`, then its lock file.
+    Only paths it created itself: a file with the same pid in its name may belong to a process
+    in another PID namespace. Idempotent."""
+    key = (os.path.realpath(shm_dir), instance)
     with _lock:
-        sets = _created.pop((os.path.realpath(shm_dir), instance), [])
+        sets = _created.pop(key, [])
+        owner = _owner_locks.pop(key, None)
     for seg in sets:
         seg.release()
-    # Files no set knows of (a crash between create and bookkeeping) go too.
-    for entry, m in shm_file.scan(shm_dir):
-        ours = m["instance"] == instance and int(m["pid"]) == os.getpid()
-        if ours and shm_file.unlink_quietly(entry.path):
-            log.info("removed segment %s", entry.path)
+    if owner is not None:
+        owner.release()
 
 
-def remove_stale_segments(shm_dir: str) -> list[str]:
-    """Remove the files of processes that no longer exist; return their paths."""
-    removed = []
-    for entry, m in shm_file.scan(shm_dir):
-        pid = int(m["pid"])
-        if pid > 0 and not shm_file.pid_alive(pid) and shm_file.unlink_quietly(entry.path):
-            log.warning("removed stale segment %s: pid %d is gone", entry.path, pid)
-            removed.append(entry.path)
-    return removed
+def remove_stale_segments(shm_dir: str, instance: str) -> list[str]:
+    """Remove the files of dead owners of `instance` (their lock can be taken); return their
+    paths. Live owners' files, other instances' files, and files without a lock file (a
+    version before lock files; removed by hand) are left alone."""
+    with _lock:
+        mine = (os.path.realpath(shm_dir), instance) in _owner_locks
+    return shm_file.remove_stale(shm_dir, instance, skip_pid=os.getpid() if mine else None)
 
 
 def is_owner_alive(handles: list[dict]) -> bool:
@@ -181,6 +183,9 @@ def _export(specs: list[tuple[str, tuple[int, ...], torch.dtype, bool]], device:
             shm_dir: str, instance: str, prepare: Callable[[dict[str, torch.Tensor]], T]
             ) -> tuple[T, list[dict]]:
     """Allocate (name, shape, dtype, in_file) specs, fill them with `prepare`, describe them."""
+    shm_file.check_room(shm_dir, {name: math.prod(shape) * dtype.itemsize
+                                  for name, shape, dtype, in_file in specs if in_file})
+    _hold_owner_lock(shm_dir, instance)
     seg = _SegmentSet()
     try:
         allocs = {name: _allocate(name, shape, dtype, device, in_file, shm_dir, instance, seg)
@@ -192,10 +197,32 @@ def _export(specs: list[tuple[str, tuple[int, ...], torch.dtype, bool]], device:
             torch.cuda.synchronize(device)
     except BaseException:
         seg.release()
+        _release_unused_lock(shm_dir, instance)
         raise
     with _lock:
         _created.setdefault((os.path.realpath(shm_dir), instance), []).append(seg)
     return prepared, handles
+
+
+def _hold_owner_lock(shm_dir: str, instance: str) -> None:
+    """Lock before the first file exists, so no segment of ours is ever seen without a lock."""
+    if not _INSTANCE_RE.fullmatch(instance):
+        raise ValueError(f"instance {instance!r} must match [A-Za-z0-9_.-]+")
+    key = (os.path.realpath(shm_dir), instance)
+    with _lock:
+        if key in _owner_locks:
+            return
+    owner = shm_file.OwnerLock(shm_dir, instance)
+    with _lock:
+        _owner_locks[key] = owner
+
+
+def _release_unused_lock(shm_dir: str, instance: str) -> None:
+    key = (os.path.realpath(shm_dir), instance)
+    with _lock:
+        owner = None if _created.get(key) else _owner_locks.pop(key, None)
+    if owner is not None:
+        owner.release()
 
 
 def _map_all(by_name: dict[str, dict], device: torch.device,

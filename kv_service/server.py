@@ -67,8 +67,10 @@ def _check_shm_dir(config: ServiceConfig, device: torch.device) -> None:
 
 def build_runtime(config: ServiceConfig, device: torch.device) -> Runtime:
     """Allocate and export every shared tensor, then warm up. Runs in a worker thread."""
-    for path in segment.remove_stale_segments(config.shm_dir):
-        log.warning("removed stale segment of a dead service: %s", path)
+    removed = segment.remove_stale_segments(config.shm_dir, config.instance)
+    if removed:
+        log.warning("removed %d stale segments of a dead service of instance %s",
+                    len(removed), config.instance)
     kv, handles = segment.create_segments(config.layout, device, config.shm_dir, config.instance)
     exchange, exchange_handles = create_exchange(config.layout, device, config.shm_dir,
                                                  config.instance)

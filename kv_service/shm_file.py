@@ -1,15 +1,22 @@
-"""Segment files in a shm directory (normally /dev/shm), named hisparse-<instance>-<pid>-<name>.
+"""Segment files in a shm directory (normally /dev/shm), named hisparse-<instance>-<pid>-<name>,
+and their owner's lock file hisparse-<instance>-<pid>.lock.
 
-The creator's pid in the name is what lets files left by a killed service be found and removed,
-and an engine tell that the service whose memory it maps is gone.
+The owner holds an exclusive flock on its lock file for as long as it lives; the kernel drops it
+when the process dies, however it dies. A lock that can be taken therefore means a dead owner,
+in any PID namespace: services in two containers sharing one /dev/shm cannot see each other's
+pids, but they see each other's locks. The pid in the names groups files by owner and lets an
+engine in the same namespace tell that its service is gone.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import re
+import secrets
+from collections.abc import Callable
 
 import torch
 
@@ -19,9 +26,122 @@ log = logging.getLogger(__name__)
 FILE_RE = re.compile(r"hisparse-(?P<instance>[A-Za-z0-9_.-]+)-(?P<pid>[0-9]+)-(?P<name>[A-Za-z0-9_]+)")
 
 
+# Segment files and lock files: every file an owner leaves.
+ANY_RE = re.compile(r"hisparse-(?P<instance>[A-Za-z0-9_.-]+)-(?P<pid>[0-9]+)(-[A-Za-z0-9_]+|\.lock)")
+LOCK_RE = re.compile(r"hisparse-(?P<instance>[A-Za-z0-9_.-]+)-(?P<pid>[0-9]+)\.lock")
+
+
+def lock_path(shm_dir: str, instance: str, pid: int) -> str:
+    return os.path.join(shm_dir, f"hisparse-{instance}-{pid}.lock")
+
+
+class OwnerLock:
+    """This process's lock file for `instance` in `shm_dir`, held until `release`."""
+
+    def __init__(self, shm_dir: str, instance: str) -> None:
+        self.path = lock_path(shm_dir, instance, os.getpid())
+        # Locked under a private name, then linked into place: nobody can find the final name
+        # unlocked and take it for a dead owner's.
+        tmp = f"{self.path}.{secrets.token_hex(4)}.tmp"
+        self.fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self._link(tmp)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        finally:
+            unlink_quietly(tmp)
+
+    def _link(self, tmp: str) -> None:
+        try:
+            os.link(tmp, self.path)
+            return
+        except FileExistsError:
+            pass
+        held = take_if_dead(self.path)
+        if held is None:
+            raise RuntimeError(f"{self.path} is locked by a live process with our pid: another "
+                               "service of this instance runs in another PID namespace (a "
+                               "container) on this shm dir; give each one its own --instance")
+        unlink_quietly(self.path)
+        os.close(held)
+        os.link(tmp, self.path)
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            unlink_quietly(self.path)
+            os.close(self.fd)
+            self.fd = -1
+
+
+def take_if_dead(path: str) -> int | None:
+    """An fd holding the lock at `path` if its owner is dead (the caller removes the owner's files,
+    then the lock file, then closes the fd); None if a live process holds it. FileNotFoundError
+    when there is no lock file."""
+    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def path_for(shm_dir: str, instance: str, name: str) -> str:
     """The file this process creates for tensor `name` of `instance`."""
     return os.path.join(shm_dir, f"hisparse-{instance}-{os.getpid()}-{name}")
+
+
+def check_room(shm_dir: str, wanted: dict[str, int],
+               statvfs: Callable[[str], os.statvfs_result] = os.statvfs) -> None:
+    """Raise ENOSPC, saying what is there, unless `wanted` ({segment name: bytes}) fits."""
+    st = statvfs(shm_dir)
+    if sum(wanted.values()) > st.f_bavail * st.f_frsize:
+        raise OSError(errno.ENOSPC, no_room_message(shm_dir, wanted, st), shm_dir)
+
+
+def no_room_message(shm_dir: str, wanted: dict[str, int], st: os.statvfs_result) -> str:
+    """What an operator needs when segments do not fit: the sizes wanted, the space free, the
+    other hisparse files present with their owners, and space held by no visible file."""
+    free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+    sizes = ", ".join(f"{name} {n}" for name, n in sorted(wanted.items()))
+    owners: dict[tuple[str, int], int] = {}
+    visible = 0
+    for entry, m in scan(shm_dir, ANY_RE):
+        size = _size(entry)
+        visible += size
+        key = (m["instance"], int(m["pid"]))
+        owners[key] = owners.get(key, 0) + size
+    others = "; ".join(f"instance {inst} pid {pid}: {n} bytes ({_owner_state(shm_dir, inst, pid)})"
+                       for (inst, pid), n in sorted(owners.items())) or "none"
+    hidden = max(0, total - st.f_bfree * st.f_frsize - visible)
+    return (f"no room for {sum(wanted.values())} bytes of segments ({sizes}) in {shm_dir}: "
+            f"{free} of {total} bytes free; other hisparse files: {others}; {hidden} bytes used "
+            "by files that are not hisparse's or are deleted but still mapped (an engine still "
+            "holding a dead service's segments lets go when it notices). Free them, or raise "
+            "the size of the shm filesystem (docker: shm_size)")
+
+
+def _size(entry: os.DirEntry) -> int:
+    try:
+        return entry.stat(follow_symlinks=False).st_size
+    except OSError:
+        return 0
+
+
+def _owner_state(shm_dir: str, instance: str, pid: int) -> str:
+    try:
+        held = take_if_dead(lock_path(shm_dir, instance, pid))
+    except OSError:
+        return "no lock file: owner unknown"
+    if held is None:
+        return "owner alive"
+    os.close(held)
+    return "owner dead"
 
 
 def reserve(fd: int, nbytes: int, path: str) -> None:
@@ -31,8 +151,9 @@ def reserve(fd: int, nbytes: int, path: str) -> None:
         os.posix_fallocate(fd, 0, nbytes)
     except OSError as e:
         if e.errno == errno.ENOSPC:
-            raise OSError(errno.ENOSPC, f"no room for {nbytes} bytes in {os.path.dirname(path)} "
-                          "(docker: raise shm_size)", path) from e
+            shm_dir = os.path.dirname(path)
+            raise OSError(errno.ENOSPC, no_room_message(shm_dir, {os.path.basename(path): nbytes},
+                                                        os.statvfs(shm_dir)), path) from e
         if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
             raise
         log.warning("%s: cannot reserve %d bytes (%s); pages come on first touch", path, nbytes, e.strerror)
@@ -44,13 +165,13 @@ def map_fd(fd: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.from_file(f"/proc/self/fd/{fd}", shared=True, size=numel, dtype=dtype)
 
 
-def scan(shm_dir: str) -> list[tuple[os.DirEntry, re.Match]]:
-    """Our segment files in shm_dir; a directory that does not exist holds none."""
+def scan(shm_dir: str, pattern: re.Pattern = FILE_RE) -> list[tuple[os.DirEntry, re.Match]]:
+    """Our segment files (or lock files) in shm_dir; a directory that does not exist holds none."""
     try:
         entries = list(os.scandir(shm_dir))
     except FileNotFoundError:
         return []
-    return [(e, m) for e in entries if (m := FILE_RE.fullmatch(e.name))]
+    return [(e, m) for e in entries if (m := pattern.fullmatch(e.name))]
 
 
 def pid_alive(pid: int) -> bool:
@@ -84,6 +205,42 @@ def fs_type(path: str) -> str:
         if inside and len(mount_point) >= len(best):
             best, kind = mount_point, fields[1].split()[0]
     return kind
+
+
+def remove_stale(shm_dir: str, instance: str, skip_pid: int | None) -> list[str]:
+    """Remove the segment and lock files of every dead owner of `instance`; return the segment
+    paths removed. The caller's own group (skip_pid) is never looked at."""
+    groups: dict[int, list[str]] = {}
+    for entry, m in scan(shm_dir):
+        if m["instance"] == instance:
+            groups.setdefault(int(m["pid"]), []).append(entry.path)
+    for _, m in scan(shm_dir, LOCK_RE):
+        if m["instance"] == instance:
+            groups.setdefault(int(m["pid"]), [])
+    removed = []
+    for pid, paths in sorted(groups.items()):
+        if pid != skip_pid:
+            removed += _remove_if_dead(lock_path(shm_dir, instance, pid), pid, paths)
+    return removed
+
+
+def _remove_if_dead(lock: str, pid: int, paths: list[str]) -> list[str]:
+    try:
+        held = take_if_dead(lock)
+    except FileNotFoundError:
+        log.warning("segments of pid %d have no lock file; left alone: %s", pid, paths)
+        return []
+    if held is None:
+        log.info("segments of pid %d belong to a live owner; left alone", pid)
+        return []
+    try:
+        removed = [p for p in sorted(paths) if unlink_quietly(p)]
+        for path in removed:
+            log.warning("removed stale segment %s: its owner (pid %d) is gone", path, pid)
+        unlink_quietly(lock)
+    finally:
+        os.close(held)
+    return removed
 
 
 def unlink_quietly(path: str) -> bool:

@@ -224,10 +224,11 @@ def test_stale_segments_of_killed_process_are_removed(tmp_path: Path) -> None:
     parent.write_bytes(b"")
     try:
         assert not segment.is_owner_alive(dead)
-        removed = segment.remove_stale_segments(str(tmp_path))
+        removed = segment.remove_stale_segments(str(tmp_path), "dead")
         assert sorted(removed) == sorted(h["path"] for h in dead)
-        assert sorted(os.listdir(tmp_path)) == sorted([parent.name] + [Path(h["path"]).name for h in live])
-        assert segment.remove_stale_segments(str(tmp_path)) == []
+        assert sorted(os.listdir(tmp_path)) == sorted([parent.name, f"hisparse-live-{os.getpid()}.lock"]
+                                                   + [Path(h["path"]).name for h in live])
+        assert segment.remove_stale_segments(str(tmp_path), "dead") == []
     finally:
         segment.remove_segments(str(tmp_path), "live")
 

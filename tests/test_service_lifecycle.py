@@ -57,7 +57,9 @@ def test_sigkill_leftovers_removed_on_restart_and_drain_timeout() -> None:
         first.kill()
         assert first.segment_files() and os.path.exists(first.uds)
         second.start().wait_serving()
-        assert all(f"-{second.proc.pid}-" in name for name in second.segment_files())
+        pid = second.proc.pid
+        assert all(f"-{pid}-" in name or name.endswith(f"-{pid}.lock")
+                   for name in second.segment_files())
         assert "removed stale segment" in second.log() and "removed stale socket" in second.log()
         s = SessionClient(second, attach(second))
         s.admit("never-released", 4, 4)
