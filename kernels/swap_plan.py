@@ -136,7 +136,9 @@ def swap_plan(layer: int, topk: torch.Tensor, seq_lens: torch.Tensor, req_slots:
               window: int, num_warps: int | None = None) -> None:
     """Plan one layer's swap-in for a batch; updates residency state in place.
 
-    topk [bs, k] int32 (entries < 0 or >= seq_len are skipped), seq_lens [bs] int32,
+    topk [bs, k] int32 (entries < 0 or >= seq_len are skipped; valid entries of a row must be
+    distinct: a repeated miss would get two victims and orphan one; the engine's top-k never
+    repeats, and remote swap refuses rows that do), seq_lens [bs] int32,
     req_slots [bs] int32 (-1: padding row), req_mode [R] int32, page_table [R, max_pages] int32,
     token_slot [L, R, C] int32, slot_token [L, R, B] int32, lru_order [L, R, B - W] int32,
     hit_flag [R, B] int8 (zero before and after).

@@ -8,6 +8,12 @@ the engine's stream by two interprocess events: the engine records "xchg_ready" 
 the inputs and before sending the RPC; the service waits on it, runs the kernels, records
 "xchg_done", and the engine's stream waits on that after the reply. On CPU everything is
 synchronous.
+
+Each top-k row must hold distinct positions (negative padding may repeat): the plan gives each
+missing position one victim, and two copies of one would orphan a slot. Our own top-k never
+repeats; rows from other engines are checked here and refused with INVALID_ARGUMENT. On CUDA the
+check runs on the device and turns such rows into padding before the plan, so the refusal costs
+no extra host sync.
 """
 
 from __future__ import annotations
@@ -69,6 +75,8 @@ class RemoteSwapper:
                 raise ValueError(f"{name}: expected {shape} {dtype} on {kv.device}")
         self.kv = kv
         self.x = exchange
+        # The plan's view of xchg_req_slots: rows with repeated positions become padding (-1).
+        self._req_slots = torch.full_like(exchange["xchg_req_slots"], -1)
         self.owner: str | None = None
         self._cuda = kv.device.type == "cuda"
         self.events: dict[str, torch.cuda.Event] = {}
@@ -125,8 +133,21 @@ class RemoteSwapper:
         else:
             self._check_slots(batch_size, allowed_slots)
             counts = self._launch(layer, batch_size)
-        hits, misses = (int(c) for c in counts.tolist())
+        hits, misses, repeated = (int(c) for c in counts.tolist())
+        if repeated:
+            raise InvalidArgument(f"{repeated} top-k rows repeat a position; each row must hold "
+                                  "distinct positions (only negative padding may repeat); those "
+                                  "rows were not planned", repeated_rows=repeated)
         return SwapResult(hits, misses, misses * lay.row_bytes, time.perf_counter() - started)
+
+    def _mask_repeated_rows(self, bs: int) -> torch.Tensor:
+        """Copy req_slots into the plan's view, with -1 for rows that repeat a position; return
+        how many rows did. O(k log k) per row, on the device, no host sync."""
+        topk = self.x["xchg_topk"][:bs]
+        ordered = torch.sort(topk, dim=1).values
+        repeated = ((ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)).any(dim=1)
+        self._req_slots[:bs].copy_(self.x["xchg_req_slots"][:bs]).masked_fill_(repeated, -1)
+        return repeated.sum()
 
     def _check_slots(self, batch_size: int, allowed: set[int]) -> None:
         # Kernels bound-check slots, but a session must not plan another session's request.
@@ -146,13 +167,15 @@ class RemoteSwapper:
         return counts
 
     def _launch(self, layer: int, bs: int) -> torch.Tensor:
-        """Plan and copy; returns [hits, misses] on the device, not yet synchronized."""
+        """Plan and copy; returns [hits, misses, repeated rows] on the device, not yet
+        synchronized."""
         from kernels.miss_copy import miss_copy
         from kernels.swap_plan import swap_plan
 
         kv, x, lay = self.kv, self.x, self.kv.layout
+        repeated = self._mask_repeated_rows(bs)
         out = {name: x[name][:bs] for name in x}
-        swap_plan(layer, out["xchg_topk"], out["xchg_seq_lens"], out["xchg_req_slots"],
+        swap_plan(layer, out["xchg_topk"], out["xchg_seq_lens"], self._req_slots[:bs],
                   kv.req_mode, kv.page_table, kv.token_slot, kv.slot_token, kv.lru_order,
                   kv.hit_flag, out["xchg_slots"], out["xchg_miss_src"], out["xchg_miss_dst"],
                   out["xchg_miss_count"], num_layers=lay.num_layers, page_size=lay.page_size,
@@ -161,4 +184,4 @@ class RemoteSwapper:
                   out["xchg_miss_count"])
         placed = (out["xchg_slots"] >= 0).sum()
         misses = out["xchg_miss_count"].clamp(0, lay.topk).sum()
-        return torch.stack([placed - misses, misses])
+        return torch.stack([placed - misses, misses, repeated])

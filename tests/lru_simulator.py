@@ -62,3 +62,17 @@ class LRUSim:
             slots[i] = v
             misses.append((i, t, v))
         return slots, misses, evicted
+
+
+def check_bijection(slot_token: list[int], token_slot: list[int], lru_order: list[int],
+                    window: int) -> None:
+    """The residency invariant of one (layer, request): lru_order is a permutation of the LRU
+    slots [W, B), and resident tokens and LRU slots map one to one (slot_token[s] = t exactly
+    when token_slot[t] = s). Duplicate positions in a top-k row used to break it."""
+    B = len(slot_token)
+    assert sorted(lru_order) == list(range(window, B)), "lru_order is not a permutation"
+    held = {s: t for s, t in enumerate(slot_token) if s >= window and t >= 0}
+    placed = {t: s for t, s in enumerate(token_slot) if s >= 0}
+    assert all(0 <= t < len(token_slot) for t in held.values()), "slot holds a bad token"
+    assert {t: s for s, t in held.items()} == placed, "slot_token and token_slot disagree"
+    assert len(set(held.values())) == len(held), "two slots hold one token"

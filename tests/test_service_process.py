@@ -20,6 +20,7 @@ from kv_service import segment
 from kv_service.layout import MODE_OFFLOADED
 from kv_service.servicer import layout_to_proto
 from proto.kvcache.v1 import kvcache_pb2 as pb
+from lru_simulator import check_bijection
 from service_harness import (TINY, RemoteSwapEngine, ServiceProcess, SessionClient, attach,
                              handles_from_proto, short_tmpdir)
 
@@ -169,6 +170,23 @@ def test_lease_expiry_and_reattach(svc: ServiceProcess) -> None:
                    metadata=svc.metadata) == grpc.StatusCode.NOT_FOUND
 
 
+def residency(engine: RemoteSwapEngine, layer: int, slot: int) -> list[list[int]]:
+    kv = engine.kv
+    return [kv.slot_token[layer, slot].tolist(), kv.token_slot[layer, slot].tolist(),
+            kv.lru_order[layer, slot].tolist()]
+
+
+def check_repeated_positions_refused(engine: RemoteSwapEngine, slot: int) -> None:
+    """A row [2, 2, 9, 9, w, w] once gave both copies of a miss a victim and orphaned a slot."""
+    before = residency(engine, 1, slot)
+    check_bijection(*before, TINY.window)
+    with pytest.raises(grpc.RpcError) as err:
+        engine.swap(1, slot, 30, [12, 12, 20, 20, 29, 29, -1, -1])
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "distinct positions" in err.value.details()
+    assert residency(engine, 1, slot) == before
+
+
 def check_remote_swap(svc: ServiceProcess, device: str) -> None:
     """Misses copy the right host rows into the hot buffer; a repeat is all hits."""
     a = attach(svc, remote_swap=True)
@@ -187,6 +205,7 @@ def check_remote_swap(svc: ServiceProcess, device: str) -> None:
     second = engine.swap(1, r.slot, 30, [0, 1, 2, 3, 29, -1, 40, 5])
     assert (second.hits, second.misses) == (6, 0)
     assert engine.slots()[4:7] == [29 % TINY.window, -1, -1]
+    check_repeated_positions_refused(engine, r.slot)
     with pytest.raises(grpc.RpcError) as err:
         engine.swap(2, r.slot, 30, list(range(8)))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -11,7 +11,7 @@ import torch
 
 from kernels.reference import ref_swap_plan
 from kernels.swap_plan import swap_plan
-from lru_simulator import LRUSim
+from lru_simulator import LRUSim, check_bijection
 
 POISON = 12345
 GUARD = 64
@@ -113,6 +113,11 @@ def plan_both(st: State, layer: int, topk, seq_lens, req_slots) -> list[torch.Te
     return outs
 
 
+def check_residency(st: State, layer: int, r: int) -> None:
+    check_bijection(st.slot_token[layer, r].tolist(), st.token_slot[layer, r].tolist(),
+                    st.lru_order[layer, r].tolist(), st.cfg.W)
+
+
 def random_row(rng: random.Random, k: int, seq_len: int, C: int) -> list[int]:
     """Distinct valid positions mixed with padding and bad values, in random order."""
     valid = rng.sample(range(seq_len), rng.randint(0, min(k, seq_len))) if seq_len > 0 else []
@@ -140,6 +145,8 @@ def test_plan_matches_reference(device, bs, cfg):
         outs = plan_both(st, layer, topk, seq_lens, req_slots)
         count = outs[3].tolist()
         assert all(c == 0 for c, r in zip(count, req_slots) if r < 0)
+        for r in range(cfg.R):
+            check_residency(st, layer, r)
 
 
 def next_selection(rng, prev: list[int], seq_len: int, k: int, overlap: float) -> list[int]:
@@ -191,6 +198,7 @@ def test_plan_follows_lru_simulator(device, overlap):
                 if r < 0:
                     continue
                 prev[layer, r] = [t for t in row if t >= 0]
+                check_residency(st, layer, r)
                 evicted += len(check_against_sim(st, layer, r, row, s, b, outs, sims[layer, r]))
                 hits += sum(1 for t, v in zip(row, outs[0][b].tolist()) if 0 <= t < s - cfg.W
                             and v >= 0) - outs[3][b].item()
