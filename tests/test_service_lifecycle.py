@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import urllib.request
 
 import grpc
@@ -13,9 +14,27 @@ from grpc_health.v1 import health_pb2
 import pytest
 
 from proto.kvcache.v1 import kvcache_pb2 as pb
-from service_harness import ServiceProcess, SessionClient, attach, free_port, short_tmpdir
+from kv_service.layout import KVLayout
+from service_harness import (TINY, ServiceProcess, SessionClient, attach, free_port,
+                             short_tmpdir)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+
+def listen_addresses(port: int) -> list[str]:
+    """Local addresses of the TCP sockets listening on `port`, from /proc/net/tcp{,6}."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.read().splitlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                addr, hexport = local.split(":")
+                if state == "0A" and int(hexport, 16) == port:
+                    found.append(socket.inet_ntop(
+                        socket.AF_INET if len(addr) == 8 else socket.AF_INET6,
+                        b"".join(int(addr[i:i + 8], 16).to_bytes(4, "little")
+                                 for i in range(0, len(addr), 8))))
+    return found
 
 
 def test_drain_rpc_then_sigterm_waits_for_requests() -> None:
@@ -31,6 +50,7 @@ def test_drain_rpc_then_sigterm_waits_for_requests() -> None:
         assert b"kvs_requests 1.0" in scraped and b"kvs_index_pages_used 2.0" in scraped
         assert b'kvs_rpc_seconds_count{code="OK",method="Session/admit"} 1.0' in scraped
         assert b'kvs_rpc_seconds_count{code="OK",method="Attach"} 1.0' in scraped
+        assert listen_addresses(port) == ["127.0.0.1"]
         drain = svc.stub().Drain(pb.DrainRequest(timeout_seconds=0.2))
         assert (drain.drained, drain.remaining_requests) == (False, 1)
         svc.wait_status(health_pb2.HealthCheckResponse.NOT_SERVING, timeout=5)
@@ -87,7 +107,33 @@ def test_cli_flags_env_and_validation(capsys: pytest.CaptureFixture) -> None:
         with pytest.raises(SystemExit) as err:
             parse(bad, {})
         assert err.value.code == 2, bad
+    assert config.metrics_address == "127.0.0.1"
+    assert parse([], {"KVS_METRICS_ADDRESS": "0.0.0.0"})[0].metrics_address == "0.0.0.0"
+    assert parse(["--metrics-address", "::1"], {})[0].metrics_address == "::1"
+    with pytest.raises(SystemExit):
+        parse(["--metrics-address", "a b"], {})
     with pytest.raises(SystemExit):
         parse(["--help"], env)
     help_text = capsys.readouterr().out
     assert "KVS_NUM_PAGES" in help_text and "from-env" not in help_text
+
+
+def test_start_up_failure_is_logged_with_its_traceback() -> None:
+    workdir = short_tmpdir("kvsvc-f")
+    os.makedirs(os.path.join(workdir, "shm"))
+    st = os.statvfs(os.path.join(workdir, "shm"))
+    page_bytes = TINY.num_layers * TINY.page_size * TINY.row_bytes
+    too_many = st.f_bavail * st.f_frsize // page_bytes + 1
+    svc = ServiceProcess(workdir, "fail", layout=KVLayout(**(TINY.to_dict()
+                                                            | {"num_pages": too_many})))
+    try:
+        svc.start()
+        assert svc.wait_exit(60) == 1
+        log = svc.log()
+        # The cause, with its traceback, comes before the socket closes and "stopped".
+        assert log.index("service stopping on an error") < log.index("Traceback") \
+            < log.index("no room for") < log.index("stopped;"), log
+        assert svc.segment_files() == []
+    finally:
+        svc.kill()
+        shutil.rmtree(workdir, ignore_errors=True)

@@ -1,0 +1,50 @@
+"""The contract package imports neither side nor gRPC, the pools are plain Python, and both
+sides name the same error classes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def imported_after(statement: str) -> set[str]:
+    code = f"import sys; {statement}; print(' '.join(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         check=True, env={"PYTHONPATH": str(ROOT)})
+    return set(out.stdout.split())
+
+
+@pytest.mark.parametrize("statement", ["import contract.errors", "import kv_service.pool",
+                                       "import kv_service.errors"])
+def test_domain_modules_import_no_grpc_and_no_side(statement: str) -> None:
+    modules = imported_after(statement)
+    assert not {m for m in modules if m == "grpc" or m.startswith("grpc.")}
+    if statement.startswith("import contract"):
+        assert not {m for m in modules if m.split(".")[0] in ("kv_service", "engine_client")}
+
+
+def test_both_sides_raise_the_same_classes() -> None:
+    import contract.errors as c
+    from engine_client import errors as client
+    from kv_service import errors as service
+
+    assert client.KVClientError is service.ServiceError is c.KVError
+    for name in ("CapacityError", "UnknownRequest", "InvalidArgument", "AlreadyExists",
+                 "Unauthenticated", "Draining", "DeadlineExceeded", "LayoutMismatch"):
+        assert getattr(client, name) is getattr(service, name) is getattr(c, name), name
+    assert client.EpochMismatch is service.WrongEpoch
+    assert client.ServiceUnavailable is service.Unavailable
+    assert len(set(c.BY_REASON)) == len(c.BY_REASON) and c.BY_REASON["DRAINING"] is c.Draining
+
+
+def test_prefixed_keeps_class_details_and_permanence() -> None:
+    from contract.errors import CapacityError
+
+    err = CapacityError("no pages", permanent=True, pages_needed=9).prefixed("admit")
+    assert type(err) is CapacityError and err.permanent and err.details == {"pages_needed": "9"}
+    assert str(err) == "admit: no pages (pages_needed=9)"
