@@ -77,8 +77,9 @@ def _quota(details: dict[str, str]) -> error_details_pb2.QuotaFailure | None:
     if not units:
         return None
     violations = [error_details_pb2.QuotaFailure.Violation(
-        subject=unit, description=", ".join(f"{s[1:]} {details.get(unit + s, '?')}"
-                                            for s in _QUOTA_SUFFIXES)) for unit in units]
+        subject=unit, description=", ".join(f"{s[1:]} {details[unit + s]}"
+                                            for s in _QUOTA_SUFFIXES if unit + s in details))
+        for unit in units]
     return error_details_pb2.QuotaFailure(violations=violations)
 
 

@@ -52,7 +52,8 @@ def test_capacity_numbers_round_trip_as_rich_status(svc: ServiceProcess) -> None
     assert (info.reason, info.domain) == ("CAPACITY_EXHAUSTED", "hisparse.kv")
     assert dict(info.metadata) == {"exchanges_needed": "1", "exchanges_free": "0",
                                    "exchanges_total": "1", "permanent": "false"}
-    assert quota.violations[0].subject == "exchanges"
+    assert [(v.subject, v.description) for v in quota.violations] == \
+        [("exchanges", "needed 1, free 0, total 1")]
     decoded = errors.from_rpc_error(err, "Attach")
     assert type(decoded) is errors.CapacityError and decoded.permanent is False
     assert decoded.details == {"exchanges_needed": "1", "exchanges_free": "0",
