@@ -137,3 +137,30 @@ def test_start_up_failure_is_logged_with_its_traceback() -> None:
     finally:
         svc.kill()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_second_service_on_one_shm_dir_leaves_the_first_alone() -> None:
+    dirs = [short_tmpdir(f"kvsvc-{i}") for i in range(3)]
+    shm = os.path.join(dirs[0], "shm")
+    # Same instance while the first is alive, and another instance, on one shm dir.
+    first = ServiceProcess(dirs[0], "shared", shm_dir=shm)
+    second = ServiceProcess(dirs[1], "shared", shm_dir=shm)
+    other = ServiceProcess(dirs[2], "other", shm_dir=shm)
+    try:
+        first.start().wait_serving()
+        mine = first.segment_files()
+        second.start().wait_serving()
+        other.start().wait_serving()
+        assert set(mine) <= set(first.segment_files())
+        assert "removed stale segment" not in second.log() + other.log()
+        s = SessionClient(first, attach(first))
+        assert s.admit("still-served", 4, 4).HasField("admitted")
+        s.close()
+        for svc in (second, other, first):
+            assert svc.stop() == 0, svc.log()
+        assert first.segment_files() == []
+    finally:
+        for svc in (first, second, other):
+            svc.kill()
+        for path in dirs:
+            shutil.rmtree(path, ignore_errors=True)
