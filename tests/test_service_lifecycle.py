@@ -155,6 +155,8 @@ def test_second_service_on_one_shm_dir_leaves_the_first_alone() -> None:
         assert "removed stale segment" not in second.log() + other.log()
         s = SessionClient(first, attach(first))
         assert s.admit("still-served", 4, 4).HasField("admitted")
+        assert s.release("still-served").HasField("ack")
+        s.send(detach=pb.Detach())
         s.close()
         for svc in (second, other, first):
             assert svc.stop() == 0, svc.log()
