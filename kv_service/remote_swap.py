@@ -57,6 +57,16 @@ def create_exchange(layout: KVLayout, device: torch.device, shm_dir: str,
     return segment.export_extra(initial, device, shm_dir, instance)
 
 
+def mask_repeated_rows(topk: torch.Tensor, req_slots: torch.Tensor,
+                       out: torch.Tensor) -> torch.Tensor:
+    """out = req_slots with -1 for the rows of `topk` that repeat a position (negative padding
+    may repeat); returns how many rows did, on the device. O(k log k) per row, no host sync."""
+    ordered = torch.sort(topk, dim=1).values
+    repeated = ((ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)).any(dim=1)
+    out.copy_(req_slots).masked_fill_(repeated, -1)
+    return repeated.sum()
+
+
 @dataclass(frozen=True)
 class SwapResult:
     hits: int
@@ -140,15 +150,6 @@ class RemoteSwapper:
                                   "rows were not planned", repeated_rows=repeated)
         return SwapResult(hits, misses, misses * lay.row_bytes, time.perf_counter() - started)
 
-    def _mask_repeated_rows(self, bs: int) -> torch.Tensor:
-        """Copy req_slots into the plan's view, with -1 for rows that repeat a position; return
-        how many rows did. O(k log k) per row, on the device, no host sync."""
-        topk = self.x["xchg_topk"][:bs]
-        ordered = torch.sort(topk, dim=1).values
-        repeated = ((ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)).any(dim=1)
-        self._req_slots[:bs].copy_(self.x["xchg_req_slots"][:bs]).masked_fill_(repeated, -1)
-        return repeated.sum()
-
     def _check_slots(self, batch_size: int, allowed: set[int]) -> None:
         # Kernels bound-check slots, but a session must not plan another session's request.
         # Only on CPU: on CUDA this would cost a device sync before the launch.
@@ -173,7 +174,8 @@ class RemoteSwapper:
         from kernels.swap_plan import swap_plan
 
         kv, x, lay = self.kv, self.x, self.kv.layout
-        repeated = self._mask_repeated_rows(bs)
+        repeated = mask_repeated_rows(x["xchg_topk"][:bs], x["xchg_req_slots"][:bs],
+                                      self._req_slots[:bs])
         out = {name: x[name][:bs] for name in x}
         swap_plan(layer, out["xchg_topk"], out["xchg_seq_lens"], self._req_slots[:bs],
                   kv.req_mode, kv.page_table, kv.token_slot, kv.slot_token, kv.lru_order,
