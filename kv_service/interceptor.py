@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import hmac
 import time
-from dataclasses import dataclass
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc

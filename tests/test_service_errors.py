@@ -5,6 +5,7 @@ and stats that survive absurd counters."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 
@@ -16,6 +17,7 @@ from grpc_status import rpc_status
 from engine_client import errors
 from kv_service.servicer import layout_to_proto
 from proto.kvcache.v1 import kvcache_pb2 as pb
+from proto.kvcache.v1 import kvcache_pb2_grpc as pb_grpc
 from service_harness import TINY, ServiceProcess, SessionClient, attach, short_tmpdir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -74,6 +76,20 @@ def test_not_found_and_invalid_argument_round_trip(svc: ServiceProcess) -> None:
     mismatch = errors.from_rpc_error(
         rpc_error(stub.Attach, pb.AttachRequest(expected_layout=layout)), "Attach")
     assert type(mismatch) is errors.LayoutMismatch and "num_pages" in mismatch.message
+
+
+def test_aio_client_decodes_the_same_details(svc: ServiceProcess) -> None:
+    async def attach_missing() -> errors.KVError:
+        async with grpc.aio.insecure_channel(f"unix:{svc.uds}") as channel:
+            with pytest.raises(errors.KVError) as err:
+                with errors.rpc_errors("Attach"):
+                    await pb_grpc.KVCacheServiceStub(channel).Attach(
+                        pb.AttachRequest(resume_session_id="gone"), timeout=10)
+            return err.value
+
+    err = asyncio.run(attach_missing())
+    assert type(err) is errors.UnknownSession and err.details == {"session_id": "gone"}
+    assert errors.code_of(err) is C.NOT_FOUND and err.message.startswith("Attach: ")
 
 
 def test_request_that_can_never_fit_is_refused_at_once_as_permanent(svc: ServiceProcess) -> None:
