@@ -153,3 +153,16 @@ def test_segments_larger_than_free_space_are_refused_with_the_numbers(tmp_path: 
         segment.create_segments(huge, "cpu", str(tmp_path), "big")
     assert "no room for" in str(err.value) and f"host_kv {huge.host_tier_bytes}" in str(err.value)
     assert os.listdir(tmp_path) == []
+
+
+def test_unheld_lock_with_our_pid_is_a_dead_owner_and_replaced(tmp_path: Path) -> None:
+    # A dead process that had our pid (pid reuse) left its lock file.
+    left = Path(shm_file.lock_path(str(tmp_path), "kv", os.getpid()))
+    left.write_bytes(b"")
+    segment.create_segments(LAYOUT, "cpu", str(tmp_path), "kv")
+    try:
+        assert left.exists() and left.stat().st_size == 0
+        assert shm_file.take_if_dead(str(left)) is None  # now held, by us
+    finally:
+        segment.remove_segments(str(tmp_path), "kv")
+    assert os.listdir(tmp_path) == []
