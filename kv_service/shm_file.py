@@ -119,11 +119,33 @@ def no_room_message(shm_dir: str, wanted: dict[str, int], st: os.statvfs_result)
     others = "; ".join(f"instance {inst} pid {pid}: {n} bytes ({_owner_state(shm_dir, inst, pid)})"
                        for (inst, pid), n in sorted(owners.items())) or "none"
     hidden = max(0, total - st.f_bfree * st.f_frsize - visible)
+    mapped = "; ".join(f"pid {pid}: {n} bytes" for pid, n in
+                       sorted(deleted_mappings(shm_dir).items())) or "none visible from here"
     return (f"no room for {sum(wanted.values())} bytes of segments ({sizes}) in {shm_dir}: "
             f"{free} of {total} bytes free; other hisparse files: {others}; {hidden} bytes used "
             "by files that are not hisparse's or are deleted but still mapped (an engine still "
-            "holding a dead service's segments lets go when it notices). Free them, or raise "
-            "the size of the shm filesystem (docker: shm_size)")
+            "holding a dead service's segments lets go when it notices); deleted hisparse "
+            f"segments still mapped: {mapped}. Free them, or raise the size of the shm "
+            "filesystem (docker: shm_size)")
+
+
+def deleted_mappings(shm_dir: str) -> dict[int, int]:
+    """Bytes of deleted hisparse files of `shm_dir` each visible process still maps, by pid.
+    Only processes of this PID namespace that we may inspect are seen."""
+    prefix = os.path.join(os.path.realpath(shm_dir), "hisparse-")
+    found: dict[int, int] = {}
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/maps") as f:
+                lines = f.read().splitlines() if name.isdigit() else []
+        except OSError:
+            continue
+        for line in lines:
+            parts = line.split(maxsplit=5)
+            if len(parts) == 6 and parts[5].startswith(prefix) and parts[5].endswith(" (deleted)"):
+                start, end = (int(x, 16) for x in parts[0].split("-"))
+                found[int(name)] = found.get(int(name), 0) + end - start
+    return found
 
 
 def _size(entry: os.DirEntry) -> int:

@@ -166,3 +166,14 @@ def test_unheld_lock_with_our_pid_is_a_dead_owner_and_replaced(tmp_path: Path) -
     finally:
         segment.remove_segments(str(tmp_path), "kv")
     assert os.listdir(tmp_path) == []
+
+
+def test_no_room_message_names_processes_mapping_deleted_segments(tmp_path: Path) -> None:
+    kv, _ = segment.create_segments(LAYOUT, "cpu", str(tmp_path), "gone")
+    segment.remove_segments(str(tmp_path), "gone")  # names gone, kv still maps the files
+    held = shm_file.deleted_mappings(str(tmp_path))
+    assert held[os.getpid()] >= LAYOUT.host_tier_bytes
+    st = os.statvfs(tmp_path)
+    assert f"pid {os.getpid()}: {held[os.getpid()]} bytes" in shm_file.no_room_message(
+        str(tmp_path), {"host_kv": 1}, st)
+    del kv
