@@ -60,9 +60,11 @@ def create_exchange(layout: KVLayout, device: torch.device, shm_dir: str,
 def mask_repeated_rows(topk: torch.Tensor, req_slots: torch.Tensor,
                        out: torch.Tensor) -> torch.Tensor:
     """out = req_slots with -1 for the rows of `topk` that repeat a position (negative padding
-    may repeat); returns how many rows did, on the device. O(k log k) per row, no host sync."""
+    may repeat, and padding rows, req_slot < 0, are not looked at); returns how many rows did,
+    on the device. O(k log k) per row, no host sync."""
     ordered = torch.sort(topk, dim=1).values
-    repeated = ((ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)).any(dim=1)
+    repeated = ((ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)).any(dim=1) \
+        & (req_slots >= 0)
     out.copy_(req_slots).masked_fill_(repeated, -1)
     return repeated.sum()
 
