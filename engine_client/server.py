@@ -150,9 +150,13 @@ def build_server(cfg: EngineConfig, servicer: DecodeServicer,
 
 
 async def _watch_failure(engine: Engine, health: health_aio.HealthServicer) -> None:
-    await engine.failed.wait()
-    log.error("KV service lost: health NOT_SERVING; restart the engine once the service is back")
-    await _set_health(health, False)
+    while True:
+        await engine.failed.wait()
+        log.error("KV service lost: health NOT_SERVING until it is back and re-attached")
+        await _set_health(health, False)
+        await engine.recovered.wait()
+        log.info("KV service re-attached: health SERVING")
+        await _set_health(health, True)
 
 
 async def serve(cfg: EngineConfig) -> int:
