@@ -26,7 +26,7 @@ import logging
 
 import grpc
 
-from engine_client import attachment, errors
+from engine_client import attachment, errors, reachability
 from engine_client.control import Admission, HeldRequest, KVStats, MemoryUser, StepReport
 from engine_client.session_stream import NotSent, SessionStream
 from kv_service import segment
@@ -88,6 +88,10 @@ class KVClient:
         """Attach (resuming `resume_session_id` if given), map the memory, open the stream."""
         client = cls(target, **kwargs)
         try:
+            log.info("connecting to the KV service at %s (waiting up to %gs)", target,
+                     client.attach_timeout)
+            await reachability.wait_ready(client._channel, reachability.KV_SERVICE, target,
+                                          client.attach_timeout)
             reply = await client._attach(resume_session_id, expected_layout, wait=True)
             client._map(reply)
             await client._open_stream()

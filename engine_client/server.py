@@ -88,6 +88,8 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         req = await self._open(request, context)
+        # The id before any token: a client can resume the request even if we stop in prefill.
+        await context.send_initial_metadata((("request-id", req.request_id),))
         final_sent = False
         try:
             async for ev in req.follow(0):
