@@ -4,6 +4,11 @@ Starts a KV service (service modes) and an engine as child processes on sockets 
 directory, waits for their health, streams a few concurrent generations with a live progress
 line, prints per-request and overall stats (TTFT, ITL, tokens/s, hit rate, bytes moved), and
 stops both (SIGTERM), checking that no child and no /dev/shm segment is left behind.
+
+SIGTERM, SIGHUP and SIGINT (as `kill`, `timeout`, a closed terminal or Ctrl-C send them) stop
+the demo the same way: the children are stopped, their /dev/shm files and the temporary
+directory removed, and the demo exits with 128 + the signal number. If the demo itself is
+killed outright, its children get SIGTERM from the kernel (`procs`: parent-death signal).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import asyncio
 import os
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -148,11 +154,41 @@ def _shutdown(children: list[ManagedProcess], instance: str) -> bool:
     return clean and not left
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+class Stopped(SystemExit):
+    """A stop signal arrived. A SystemExit, so that neither `except Exception` nor asyncio's
+    callback error handling swallows it on its way out of whatever the demo was doing."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.name = signal.Signals(signum).name
+
+
+class _SignalGuard:
+    """Turns the stop signals into Stopped until cleanup begins, then ignores them: a second
+    `kill` (or Ctrl-C) must not interrupt the cleanup the first one started."""
+
+    def __init__(self) -> None:
+        self.cleaning = False
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if not self.cleaning:
+            raise Stopped(signum)
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
 def run_demo(cfg: DemoConfig) -> int:
+    guard = _SignalGuard()
     workdir = tempfile.mkdtemp(prefix="hisparse-demo-", dir="/tmp")
     instance = f"demo{os.getpid()}"
     children: list[ManagedProcess] = []
-    ok = False
+    ok, status = False, None
     try:
         svc, eng = _start(cfg, workdir, instance, children)
         print(f"streaming {cfg.requests} generations of {cfg.max_new_tokens} tokens "
@@ -161,10 +197,18 @@ def run_demo(cfg: DemoConfig) -> int:
         ok = _report(results, seconds)
         if svc is not None:
             print(_service_stats(svc))
+    except Stopped as e:
+        print(f"\ndemo stopped by {e.name}: stopping its processes", file=sys.stderr, flush=True)
+        status = e.code
     except Exception as e:  # noqa: BLE001 - the demo reports any failure and cleans up
         print(f"demo failed: {type(e).__name__}: {e}", file=sys.stderr)
     finally:
+        guard.cleaning = True
         ok = _shutdown(children, instance) and ok
         shutil.rmtree(workdir, ignore_errors=True)
+        guard.restore()
+    if status is not None:
+        print("demo stopped; processes and files cleaned up", flush=True)
+        return status
     print("demo finished cleanly" if ok else "demo FAILED", flush=True)
     return 0 if ok else 1

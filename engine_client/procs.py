@@ -7,6 +7,7 @@ watches that the child is still alive, so a child that dies at start-up fails fa
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -23,6 +24,19 @@ from engine_client import errors
 REPO_ROOT = Path(__file__).resolve().parent.parent
 KV_SERVICE_NAME = "kvcache.v1.KVCacheService"
 ENGINE_SERVICE_NAME = "decode.v1.DecodeService"
+
+
+_PR_SET_PDEATHSIG = 1
+# Loaded here, not in the forked child, which may only make the one call.
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: SIGTERM this child when the process that started it dies, even by SIGKILL,
+    so that a killed demo or test never leaves a service or engine behind. (The kernel sends it
+    when the forking *thread* ends: start children from a thread that lives as long as they.)"""
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class ChildFailed(RuntimeError):
@@ -45,7 +59,8 @@ class ManagedProcess:
     def start(self) -> "ManagedProcess":
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.args, cwd=REPO_ROOT, env=self.env, stdout=log,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         preexec_fn=_die_with_parent)
         return self
 
     @property
