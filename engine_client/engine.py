@@ -12,6 +12,10 @@ Each turn of the loop:
    the state file, then hand them to the client streams;
 5. send the step's StepEnd without waiting for the reply: it is bookkeeping, not on the path of
    the next step.
+
+When the KV service is lost every request fails (UNAVAILABLE), the control lets go of the
+service's memory at once (between steps, so nothing runs on it) and a recovery task waits for
+the control to re-attach to a restarted service; then new requests are served again.
 """
 
 from __future__ import annotations
@@ -321,6 +325,8 @@ class Engine:
             return
         finally:
             self._recovery = None
+        if self.state is not None:  # an engine restarted later resumes the new session
+            self.state.rewrite(self.control.session_id, getattr(self.control, "epoch", 0), [])
         self.failure = None
         self.failed.clear()
         self.recovered.set()

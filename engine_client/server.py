@@ -10,7 +10,8 @@ Resume (`resume_request_id`): the stream replays every token generated so far, w
 then follows live; a client that already has tokens skips the indexes it has. Across an engine
 restart this needs `serve --state-file` (see engine_client/state_file.py).
 
-Health is NOT_SERVING until the engine is built and once the KV service is lost.
+Health is NOT_SERVING until the engine is built, and from the loss of the KV service until the
+engine has re-attached to a restarted one.
 """
 
 from __future__ import annotations

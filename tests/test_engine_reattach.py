@@ -19,7 +19,7 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2
 
-from engine_client import attachment, errors
+from engine_client import attachment, errors, state_file
 from engine_client.config import GenerateConfig
 from engine_client.decode_client import GenerationResult, generate_stream
 from kv_service import segment
@@ -60,12 +60,14 @@ async def _generate(eng, cfg: GenerateConfig = GREEDY, kill_at: int | None = Non
 def test_engine_unmaps_a_killed_service_and_reattaches_to_its_successor(kv_mode: str) -> None:
     with workdir() as path:
         svc = start_service(path)
-        eng = start_engine(path, kv_mode, svc)
+        state = os.path.join(path, "engine.state")
+        eng = start_engine(path, kv_mode, svc, extra=("--state-file", state))
         svc2 = None
         try:
             reference = asyncio.run(_generate(eng))
             assert reference.finish_reason == "LENGTH", reference.error
             dead_pid = svc.proc.pid
+            old_session = state_file.load(state).session_id
             assert of_pid(mapped_segments(eng.pid), dead_pid)  # the engine maps its memory
 
             with pytest.raises(errors.ServiceUnavailable):
@@ -81,6 +83,7 @@ def test_engine_unmaps_a_killed_service_and_reattaches_to_its_successor(kv_mode:
             assert again.tokens == reference.tokens
             assert of_pid(mapped_segments(eng.pid), svc2.proc.pid)
             assert "re-attached" in eng.log()
+            assert state_file.load(state).session_id not in ("", old_session)
         finally:
             assert eng.stop() == 0, eng.log()
             if svc2 is not None:
