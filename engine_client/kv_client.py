@@ -28,6 +28,7 @@ import grpc
 
 from engine_client import attachment, errors, reachability
 from engine_client.control import Admission, HeldRequest, KVStats, MemoryUser, StepReport
+from engine_client.remote_swap_call import RemoteSwapCall
 from engine_client.session_stream import NotSent, SessionStream
 from kv_service import segment
 from kv_service.layout import KVLayout
@@ -62,9 +63,7 @@ class KVClient:
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
         self._stub = pb_grpc.KVCacheServiceStub(self._channel)
-        # RemoteSwap is a blocking call from the compute thread: a sync channel of its own.
-        self._sync_channel: grpc.Channel | None = None
-        self._sync_stub: pb_grpc.KVCacheServiceStub | None = None
+        self._swap_call = RemoteSwapCall(target, CHANNEL_OPTIONS, rpc_timeout, self._metadata)
         self.session_id = ""
         self.epoch = 0
         self.layout: KVLayout | None = None
@@ -324,22 +323,7 @@ class KVClient:
         """One layer's swap-in run by the service; blocks until its outputs are final."""
         if self._dead is not None:
             raise self._dead
-        if self._sync_stub is None:
-            self._sync_channel = grpc.insecure_channel(self.target, options=CHANNEL_OPTIONS)
-            self._sync_stub = pb_grpc.KVCacheServiceStub(self._sync_channel)
-        req = pb.RemoteSwapRequest(session_id=self.session_id, epoch=self.epoch, layer=layer,
-                                   batch_size=batch_size)
-        try:
-            with errors.rpc_errors("RemoteSwap"):
-                return self._sync_stub.RemoteSwap(req, timeout=self.rpc_timeout,
-                                                  metadata=self._metadata)
-        except errors.KVClientError as e:
-            # The gRPC error's frames lead back (f_back) to the compute step's, which hold the
-            # mapped memory: a stored error must not keep it mapped once the service is lost.
-            for cause in (e.__cause__, e.__context__):
-                if cause is not None:
-                    cause.__traceback__ = None
-            raise
+        return self._swap_call(self.session_id, self.epoch, layer, batch_size)
 
     async def close(self, detach: bool = False) -> None:
         """Stop the stream (detaching first if asked: the service frees every request now;
@@ -353,6 +337,5 @@ class KVClient:
         if self._stream is not None:
             await self._stream.aclose()
         self._unmap()
-        if self._sync_channel is not None:
-            self._sync_channel.close()
+        self._swap_call.close()
         await self._channel.close()
