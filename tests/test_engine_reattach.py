@@ -15,6 +15,7 @@ import gc
 import os
 import shutil
 
+import grpc
 import pytest
 import torch
 from grpc_health.v1 import health_pb2
@@ -70,8 +71,9 @@ def test_engine_unmaps_a_killed_service_and_reattaches_to_its_successor(kv_mode:
             old_session = state_file.load(state).session_id
             assert of_pid(mapped_segments(eng.pid), dead_pid)  # the engine maps its memory
 
-            with pytest.raises(errors.ServiceUnavailable):
+            with pytest.raises(errors.ServiceUnavailable) as err:
                 asyncio.run(_generate(eng, kill_at=2, svc=svc))
+            assert err.value.code is grpc.StatusCode.UNAVAILABLE
             eng.wait_status(health_pb2.HealthCheckResponse.NOT_SERVING, timeout=30)
             assert of_pid(mapped_segments(eng.pid), dead_pid) == []
 
@@ -89,6 +91,21 @@ def test_engine_unmaps_a_killed_service_and_reattaches_to_its_successor(kv_mode:
             if svc2 is not None:
                 assert svc2.stop() == 0, svc2.log()
             svc.kill()
+
+
+@pytest.mark.slow
+def test_engine_waiting_for_its_service_stops_cleanly() -> None:
+    """SIGTERM while the engine waits to re-attach: the wait is cancelled, exit status 0."""
+    with workdir() as path:
+        svc = start_service(path)
+        eng = start_engine(path, "service", svc)
+        try:
+            dead_pid = svc.proc.pid
+            svc.kill()
+            eng.wait_status(health_pb2.HealthCheckResponse.NOT_SERVING, timeout=30)
+            assert of_pid(mapped_segments(eng.pid), dead_pid) == []
+        finally:
+            assert eng.stop() == 0, eng.log()
 
 
 def _reply(handles: list[dict]) -> kpb.AttachResponse:
