@@ -89,10 +89,10 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         req = await self._open(request, context)
-        # The id before any token: a client can resume the request even if we stop in prefill.
-        await context.send_initial_metadata((("request-id", req.request_id),))
         final_sent = False
         try:
+            # The id before any token: a client can resume the request even if we stop in prefill.
+            await context.send_initial_metadata((("request-id", req.request_id),))
             async for ev in req.follow(0):
                 last = (req.finished and req.finish in (Finish.LENGTH, Finish.STOP)
                         and ev.index == len(req.tokens) - 1)
