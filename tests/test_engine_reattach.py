@@ -26,7 +26,8 @@ from engine_client.decode_client import GenerationResult, generate_stream
 from kv_service import segment
 from kv_service.remote_swap import exchange_specs
 from proto.kvcache.v1 import kvcache_pb2 as kpb
-from tests.process_harness import LAYOUT, engine_channel, start_engine, start_service, workdir
+from tests.process_harness import (LAYOUT, STARTUP, engine_channel, start_engine, start_service,
+                                   workdir)
 from tests.service_harness import short_tmpdir
 
 pytestmark = [pytest.mark.timeout(180)]
@@ -57,12 +58,15 @@ async def _generate(eng, cfg: GenerateConfig = GREEDY, kill_at: int | None = Non
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("kv_mode", ["service", "service-remote-swap"])
-def test_engine_unmaps_a_killed_service_and_reattaches_to_its_successor(kv_mode: str) -> None:
+def test_engine_unmaps_a_killed_service_and_reattaches_to_its_successor(kv_mode: str,
+                                                                        device: str) -> None:
     with workdir() as path:
-        svc = start_service(path)
+        svc = start_service(path, device=device)
         state = os.path.join(path, "engine.state")
-        eng = start_engine(path, kv_mode, svc, extra=("--state-file", state))
+        eng = start_engine(path, kv_mode, svc, extra=("--state-file", state), device=device)
         svc2 = None
         try:
             reference = asyncio.run(_generate(eng))
@@ -77,9 +81,9 @@ def test_engine_unmaps_a_killed_service_and_reattaches_to_its_successor(kv_mode:
             eng.wait_status(health_pb2.HealthCheckResponse.NOT_SERVING, timeout=30)
             assert of_pid(mapped_segments(eng.pid), dead_pid) == []
 
-            svc2 = start_service(path)  # same socket, same shm dir, new epoch
+            svc2 = start_service(path, device=device)  # same socket, same shm dir, new epoch
             assert svc2.uds == svc.uds
-            eng.wait_serving(60)
+            eng.wait_serving(STARTUP[device])
             again = asyncio.run(_generate(eng))
             assert again.finish_reason == "LENGTH", again.error
             assert again.tokens == reference.tokens
