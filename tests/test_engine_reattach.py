@@ -112,6 +112,58 @@ def test_engine_waiting_for_its_service_stops_cleanly() -> None:
             assert eng.stop() == 0, eng.log()
 
 
+class _User:
+    """Records what the client binds it to, as the engine's compute would use it."""
+
+    def __init__(self) -> None:
+        self.bound: list[object] = []
+
+    def bind_kv(self, tensors, exchange: dict) -> None:
+        self.bound.append(tensors)
+
+
+@pytest.mark.slow
+def test_kv_client_lets_go_and_reattaches() -> None:
+    from engine_client.kv_client import KVClient
+
+    with workdir("hsr") as path:
+        svc = start_service(path)
+        svc2 = None
+
+        async def run() -> None:
+            nonlocal svc2
+            c = await KVClient.connect(f"unix:{svc.uds}", engine_name="t", rpc_timeout=3,
+                                       attach_timeout=5, heartbeat_interval=0.2,
+                                       expected_layout=LAYOUT)
+            try:
+                user, dead_pid, epoch = _User(), svc.proc.pid, c.epoch
+                await c.admit("r", 8, 8)
+                with pytest.raises(RuntimeError):
+                    await c.reattach(user)  # not lost: nothing to re-attach
+                svc.kill()
+                with pytest.raises(errors.ServiceUnavailable):
+                    await c.commit("r", 9)
+                c.let_go(user)
+                assert user.bound == [None] and c.tensors is None
+                assert of_pid(mapped_segments(), dead_pid) == []
+                svc2 = start_service(path)
+                await c.reattach(user)
+                assert c.epoch != epoch and user.bound[-1] is c.tensors is not None
+                assert of_pid(mapped_segments(), svc2.proc.pid)
+                c.check_alive()
+                await c.admit("r", 8, 8)  # a new session: the old request is gone
+                await c.release("r")
+            finally:
+                await c.close(detach=True)
+
+        try:
+            asyncio.run(run())
+        finally:
+            if svc2 is not None:
+                assert svc2.stop() == 0, svc2.log()
+            svc.kill()
+
+
 def _reply(handles: list[dict]) -> kpb.AttachResponse:
     return kpb.AttachResponse(tensors=[kpb.TensorHandle(
         name=h["name"], kind=h["kind"], shape=h["shape"], dtype=h["dtype"], shm_path=h["path"],
