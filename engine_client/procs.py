@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import grpc
@@ -77,12 +77,15 @@ class ManagedProcess:
         except FileNotFoundError:
             return ""
 
-    def wait_serving(self, timeout: float) -> "ManagedProcess":
+    def wait_serving(self, timeout: float,
+                     abort: Callable[[], bool] | None = None) -> "ManagedProcess":
         """Block until health reports SERVING; ChildFailed if the child dies or time runs out."""
-        return self.wait_status(health_pb2.HealthCheckResponse.SERVING, timeout)
+        return self.wait_status(health_pb2.HealthCheckResponse.SERVING, timeout, abort)
 
-    def wait_status(self, status: int, timeout: float) -> "ManagedProcess":
-        """Block until health reports `status`; ChildFailed if the child dies or time runs out."""
+    def wait_status(self, status: int, timeout: float,
+                    abort: Callable[[], bool] | None = None) -> "ManagedProcess":
+        """Block until health reports `status`; ChildFailed if the child dies, time runs out,
+        or `abort()` (asked about once a second) says to stop waiting."""
         deadline = time.monotonic() + timeout
         request = health_pb2.HealthCheckRequest(service=self.health_service)
         with grpc.insecure_channel(self.target) as channel:
@@ -90,6 +93,8 @@ class ManagedProcess:
             while time.monotonic() < deadline:
                 if not self.alive():
                     raise ChildFailed(f"{self.name} exited with {self.proc.returncode}:\n{self.log()}")
+                if abort is not None and abort():
+                    raise ChildFailed(f"{self.name}: start-up abandoned")
                 window = min(1.0, max(0.05, deadline - time.monotonic()))
                 try:
                     with errors.rpc_errors(f"{self.name} health"):

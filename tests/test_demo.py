@@ -36,6 +36,17 @@ def _demo(*args: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+def _until_streaming(proc: subprocess.Popen, start: str = "streaming ") -> str:
+    """The demo's output up to the line that starts with `start` (by default the one that says
+    the generations stream)."""
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith(start):
+            break
+    return "".join(seen)
+
+
 def test_demo_runs_and_cleans_up() -> None:
     proc = _demo("--requests", "3", "--max-new-tokens", "16")
     out, _ = proc.communicate(timeout=100)
@@ -52,16 +63,12 @@ def test_demo_runs_and_cleans_up() -> None:
     assert not os.path.exists(workdir)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT],
-                         ids=["term", "hup", "int"])
-def test_demo_stopped_by_a_signal_cleans_up(sig: signal.Signals) -> None:
+@pytest.mark.parametrize("sig,when", [(signal.SIGTERM, "streaming "), (signal.SIGHUP, "streaming "),
+                                      (signal.SIGINT, "streaming "), (signal.SIGTERM, "engine pid")],
+                         ids=["term", "hup", "int", "term-at-start"])
+def test_demo_stopped_by_a_signal_cleans_up(sig: signal.Signals, when: str) -> None:
     proc = _demo("--requests", "2", "--max-new-tokens", "200")
-    seen = []
-    for line in proc.stdout:  # until the generations stream
-        seen.append(line)
-        if line.startswith("streaming "):
-            break
-    out = "".join(seen)
+    out = _until_streaming(proc, when)
     pids = [int(p) for p in re.findall(r"pid (\d+)", out)]
     assert len(pids) == 2 and all(_alive(p) for p in pids), out
     workdir = re.search(r"on unix:(/tmp/hisparse-demo-[^/]+)/", out).group(1)
@@ -81,12 +88,7 @@ def test_children_of_a_killed_demo_stop_too() -> None:
     """SIGKILL leaves the demo no chance to clean up: the parent-death signal stops its
     children, and the service removes its own segment files on the way out."""
     proc = _demo("--requests", "1", "--max-new-tokens", "200")
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if line.startswith("streaming "):
-            break
-    out = "".join(seen)
+    out = _until_streaming(proc)
     pids = [int(p) for p in re.findall(r"pid (\d+)", out)]
     workdir = re.search(r"on unix:(/tmp/hisparse-demo-[^/]+)/", out).group(1)
     exits = [os.pidfd_open(p) for p in pids]  # readable once the process has exited
