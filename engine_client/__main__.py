@@ -68,7 +68,8 @@ SERVE_FLAGS = [
      "restarted engine continues its requests; service modes; empty disables"),
     ("--engine-name", str, "engine", "name shown in the service's logs"),
     ("--rpc-timeout", float, "5", "deadline in seconds of every call to the KV service"),
-    ("--attach-timeout", float, "30", "seconds to wait for the KV service at start"),
+    ("--attach-timeout", float, "5", "seconds to wait for the KV service at start (and for "
+     "each attach); the compose files wait 60"),
     ("--heartbeat-interval", float, "1", "seconds between Session heartbeats"),
     ("--admit-retry", float, "0.5", "seconds between admission retries while the service "
      "has no capacity"),
@@ -100,6 +101,10 @@ def add_serve(sub: argparse._SubParsersAction, env: Mapping[str, str]) -> None:
 
 def add_generate(sub: argparse._SubParsersAction, env: Mapping[str, str]) -> None:
     p = sub.add_parser("generate", help="stream one generation from an engine",
+                       description="Stream one generation: tokens on stdout, then a summary. "
+                       "The first line on stderr is the request id ('request ID'), printed as "
+                       "soon as the engine has queued the request: after an engine restart "
+                       "(serve --state-file) `generate --resume ID` continues it.",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--target", default=env.get("ENGINE_TARGET", default_uds(dict(env), "hisparse-engine.sock")),
                    help="engine address: socket path, unix:PATH or HOST:PORT [env ENGINE_TARGET]")
@@ -110,6 +115,8 @@ def add_generate(sub: argparse._SubParsersAction, env: Mapping[str, str]) -> Non
     p.add_argument("--stop", type=_ids, default=(), help="stop token ids")
     p.add_argument("--resume", default="", help="request id to resume after an engine restart")
     p.add_argument("--timeout", type=float, default=120.0, help="deadline of the whole stream (s)")
+    p.add_argument("--connect-timeout", type=float, default=5.0,
+                   help="seconds to wait for the engine to accept the connection")
 
 
 def add_demo(sub: argparse._SubParsersAction) -> None:
@@ -141,7 +148,7 @@ def engine_config(args: argparse.Namespace, env: Mapping[str, str]) -> EngineCon
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from engine_client import errors
+    from engine_client import errors, reachability
     from engine_client.config import grpc_target
     from engine_client.decode_client import run_generation
 
@@ -150,17 +157,31 @@ def _generate(args: argparse.Namespace) -> int:
                              max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                              seed=args.seed, stop_token_ids=args.stop,
                              resume_request_id=args.resume, timeout=args.timeout)
+        if not args.connect_timeout > 0:
+            raise ValueError(f"--connect-timeout must be > 0, got {args.connect_timeout}")
     except ValueError as e:
         print(f"generate: {e}", file=sys.stderr)
         return 2
 
+    shown = []
+
     def show(index: int, token: int) -> None:
+        shown.append(token)
         print(token, end=" ", flush=True)
 
+    def announce(request_id: str) -> None:
+        print(f"request {request_id}", file=sys.stderr, flush=True)
+
     try:
-        result = asyncio.run(run_generation(cfg.target, cfg, show))
+        result = asyncio.run(run_generation(cfg.target, cfg, show, announce,
+                                            connect_timeout=args.connect_timeout))
+    except reachability.Unreachable as e:
+        print(f"generate: {e}", file=sys.stderr)
+        return 1
     except errors.KVClientError as e:
-        print(f"\nerror ({errors.code_of(e).name}): {e}", file=sys.stderr)
+        lead = "\n" if shown else ""  # end the line of tokens first
+        print(f"{lead}generate: error ({errors.code_of(e).name}) from the engine at {cfg.target}: {e}",
+              file=sys.stderr)
         return 1
     print()
     print(result.summary())
@@ -168,6 +189,13 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    try:
+        return _main(argv, env)
+    except KeyboardInterrupt:
+        return 130  # Ctrl-C: the user knows, no traceback
+
+
+def _main(argv: Sequence[str] | None, env: Mapping[str, str] | None) -> int:
     env = os.environ if env is None else env
     parser = argparse.ArgumentParser(prog="python -m engine_client",
                                      description="HiSparse decode engine and its clients.")
@@ -194,9 +222,14 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         parser.error(str(e))
     logging.basicConfig(level=args.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from engine_client import errors
     from engine_client.server import run
     try:
         return run(cfg)
+    except errors.KVClientError as e:
+        # Expected failures (service unreachable, layout mismatch, ...): the message says it all.
+        logging.getLogger("engine_client").error("engine failed: %s", e)
+        return 1
     except Exception:
         logging.getLogger("engine_client").exception("engine failed")
         return 1

@@ -75,13 +75,22 @@ def map_memory(reply: pb.AttachResponse, layout: KVLayout, device: str,
     the service's files, which tell whether it is still alive."""
     handles = [handle_from_proto(h) for h in reply.tensors]
     kv_handles = [h for h in handles if not h["name"].startswith("xchg_")]
+    xchg = [h for h in handles if h["name"].startswith("xchg_")]
     try:
         tensors = segment.map_segments(layout, kv_handles, device)
-        xchg = [h for h in handles if h["name"].startswith("xchg_")]
-        exchange = segment.map_extra(xchg, device) if xchg else {}
     except (LayoutError, OSError) as e:
         raise errors.LayoutMismatch(f"cannot map the service's memory: {e}") from e
-    if remote_swap and not exchange:
-        raise errors.LayoutMismatch("remote swap asked but no exchange tensors exported")
+    try:
+        exchange = segment.map_extra(xchg, device) if xchg else {}
+        if remote_swap and not exchange:
+            raise LayoutError("remote swap asked but no exchange tensors exported")
+    except BaseException as e:
+        # The KV tensors are mapped already: nothing else would ever unmap them.
+        segment.unmap_segments(tensors)
+        segment.forget_files(kv_handles)
+        tensors = None  # noqa: F841 - the traceback keeps this frame, not the mappings
+        if isinstance(e, (LayoutError, OSError)):
+            raise errors.LayoutMismatch(f"cannot map the service's memory: {e}") from e
+        raise
     # The shm files carry the service's pid; checking them is a stat and a kill(pid, 0).
     return tensors, exchange, [h for h in kv_handles if h["kind"] == "shm"]

@@ -112,6 +112,12 @@ class Compute:
         return [greedy[i] if r.sampling.temperature == 0 else sample(logits[i], r.sampling, len(r.tokens))
                 for i, r in enumerate(batch)]
 
+    def bind_kv(self, tensors: KVTensors | None, exchange: dict) -> None:
+        """Point the backend at a restarted service's memory, or (None) at nothing once the
+        service is lost. Captured graphs hold the old addresses: dropped, recaptured on use."""
+        self.counting.rebind(tensors, exchange or None)
+        self.runner.graphs.clear()
+
     def step(self, prefill: GenRequest | None, batch: Sequence[GenRequest]) -> StepResult:
         first = self.prefill_step(prefill) if prefill is not None else None
         tokens = self.decode_step(batch) if batch else []

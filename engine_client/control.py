@@ -91,10 +91,34 @@ class KVControl(Protocol):
     def check_alive(self) -> None:
         """Raise ServiceUnavailable if the KV memory can no longer be trusted."""
 
+    def let_go(self, user: MemoryUser | None = None) -> None:
+        """Once the service is lost: unmap its memory (`user` drops its references first).
+        Only between compute steps."""
+
+    async def reattach(self, user: MemoryUser | None = None) -> None:
+        """After let_go: wait for a (restarted) service, attach, map, point `user` at it."""
+
     async def close(self, detach: bool = False) -> None: ...
 
 
-class BaselineControl:
+class MemoryUser(Protocol):
+    """What uses the mapped KV memory besides the control (the engine's compute): told to drop
+    it (None) when the service is lost, and to use the new mapping after a re-attach."""
+
+    def bind_kv(self, tensors: KVTensors | None, exchange: dict) -> None: ...
+
+
+class LocalMemory:
+    """let_go / reattach of the in-process controls: their memory is never lost."""
+
+    def let_go(self, user: MemoryUser | None = None) -> None:
+        return None
+
+    async def reattach(self, user: MemoryUser | None = None) -> None:
+        raise errors.ServiceUnavailable("in-process KV memory cannot be re-attached")
+
+
+class BaselineControl(LocalMemory):
     """Request slots of the engine's own cache; capacity is the slot count."""
 
     def __init__(self, layout: KVLayout) -> None:
@@ -159,7 +183,7 @@ def core_errors(what: str) -> Iterator[None]:
         raise errors.LayoutMismatch(f"{what}: {e}") from e
 
 
-class EmbeddedControl:
+class EmbeddedControl(LocalMemory):
     """A ServiceCore in this process. The engine and the core share the event loop's thread,
     which the core requires (it is not thread-safe)."""
 

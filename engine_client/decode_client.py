@@ -3,6 +3,8 @@
 `generate_stream` yields every token as it arrives and returns a `GenerationResult` with the
 client-side timing (TTFT, inter-token latencies) and the engine's per-request stats. A resumed
 stream replays tokens the client may already have: indexes below `skip_below` are dropped.
+The engine names the request in the stream's initial metadata (REQUEST_ID_KEY), before any
+token, so a client can resume it even if the engine stops during the prefill.
 """
 
 from __future__ import annotations
@@ -14,12 +16,15 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from engine_client import errors
+from engine_client import errors, reachability
 from engine_client.config import GenerateConfig
 from proto.decode.v1 import decode_pb2 as pb
 from proto.decode.v1 import decode_pb2_grpc as pb_grpc
 
 FINISH_NAMES = {v.number: v.name for v in pb.FinishReason.DESCRIPTOR.values}
+REQUEST_ID_KEY = "request-id"
+# How long `run_generation` waits for the engine to accept a connection.
+CONNECT_TIMEOUT = 5.0
 
 
 @dataclass
@@ -69,14 +74,21 @@ def build_request(cfg: GenerateConfig) -> pb.GenerateRequest:
 
 async def generate_stream(channel: grpc.aio.Channel, cfg: GenerateConfig,
                           result: GenerationResult, skip_below: int = 0,
+                          on_request_id: Callable[[str], None] | None = None,
                           ) -> AsyncIterator[tuple[int, int]]:
     """Yield (index, token) as they arrive; fill `result`. Raises a typed client error
-    (ServiceUnavailable, UnknownRequest, InvalidArgument, ...) if the stream fails."""
+    (ServiceUnavailable, UnknownRequest, InvalidArgument, ...) if the stream fails.
+    `on_request_id` is called with the request id as soon as the engine has queued it."""
     stub = pb_grpc.DecodeServiceStub(channel)
     started = time.monotonic()
     call = stub.Generate(build_request(cfg), timeout=cfg.timeout, wait_for_ready=True)
     try:
         with errors.rpc_errors(f"Generate {cfg.resume_request_id}".strip()):
+            metadata = dict(await call.initial_metadata() or ())
+            if metadata.get(REQUEST_ID_KEY):
+                result.request_id = metadata[REQUEST_ID_KEY]
+                if on_request_id is not None:
+                    on_request_id(result.request_id)
             async for resp in call:
                 result.request_id = resp.request_id
                 if resp.has_token and resp.index >= skip_below:
@@ -96,11 +108,16 @@ async def generate_stream(channel: grpc.aio.Channel, cfg: GenerateConfig,
 
 
 async def run_generation(target: str, cfg: GenerateConfig,
-                         on_token: Callable[[int, int], None] | None = None) -> GenerationResult:
-    """One whole generation on its own channel."""
+                         on_token: Callable[[int, int], None] | None = None,
+                         on_request_id: Callable[[str], None] | None = None,
+                         connect_timeout: float = CONNECT_TIMEOUT) -> GenerationResult:
+    """One whole generation on its own channel. An engine that does not accept the connection
+    within `connect_timeout` is `reachability.Unreachable`, naming the address."""
     result = GenerationResult(request_id=cfg.resume_request_id)
     async with grpc.aio.insecure_channel(target) as channel:
-        async for index, token in generate_stream(channel, cfg, result):
+        await reachability.wait_ready(channel, reachability.ENGINE, target, connect_timeout)
+        async for index, token in generate_stream(channel, cfg, result,
+                                                  on_request_id=on_request_id):
             if on_token is not None:
                 on_token(index, token)
     return result

@@ -4,6 +4,11 @@ Starts a KV service (service modes) and an engine as child processes on sockets 
 directory, waits for their health, streams a few concurrent generations with a live progress
 line, prints per-request and overall stats (TTFT, ITL, tokens/s, hit rate, bytes moved), and
 stops both (SIGTERM), checking that no child and no /dev/shm segment is left behind.
+
+SIGTERM, SIGHUP and SIGINT (as `kill`, `timeout`, a closed terminal or Ctrl-C send them) stop
+the demo the same way: the children are stopped, their /dev/shm files and the temporary
+directory removed, and the demo exits with 128 + the signal number. If the demo itself is
+killed outright, its children get SIGTERM from the kernel (`procs`: parent-death signal).
 """
 
 from __future__ import annotations
@@ -12,22 +17,27 @@ import asyncio
 import os
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 import grpc
 
 from engine_client import errors
 from engine_client.config import DemoConfig, GenerateConfig
 from engine_client.decode_client import GenerationResult, generate_stream
-from engine_client.procs import ManagedProcess, engine_process, segment_files, service_process
+from engine_client.procs import (ChildFailed, ManagedProcess, engine_process, segment_files,
+                                 service_process)
 
 SHM_DIR = "/dev/shm"
 # Tiny preset (2 layers, top-k 16). A request of 24 + 24 tokens exceeds the 32 hot slots, so
 # decoding goes through the host tier: hits, misses and bytes moved are all exercised.
 LAYOUT = {"num-layers": 2, "topk": 16, "max-requests": 8, "hot-slots": 32, "window": 8,
           "page-size": 16, "num-pages": 64, "max-context": 256}
+T = TypeVar("T")
 ENGINE_LAYOUT = ("max-requests", "hot-slots", "window", "page-size", "num-pages", "max-context")
 
 
@@ -109,9 +119,10 @@ def _report(results: list[GenerationResult], seconds: float) -> bool:
     return ok
 
 
-def _start(cfg: DemoConfig, workdir: str, instance: str,
-           children: list[ManagedProcess]) -> tuple[ManagedProcess | None, ManagedProcess]:
-    """Start the children; each one goes to the front of `children` (stop order) once started."""
+def _start(cfg: DemoConfig, workdir: str, instance: str, children: list[ManagedProcess],
+           abort: Callable[[], bool]) -> tuple[ManagedProcess | None, ManagedProcess]:
+    """Start the children; each one goes to the front of `children` (stop order) once started.
+    ChildFailed as soon as `abort()` says so."""
     svc = None
     extra = ["--max-batch", str(min(cfg.requests, LAYOUT["max-requests"]))]
     if cfg.kv_mode.startswith("service"):
@@ -119,16 +130,18 @@ def _start(cfg: DemoConfig, workdir: str, instance: str,
                               extra=["--lease-seconds", "5", "--drain-timeout", "2"]).start()
         children.insert(0, svc)
         print(f"kv_service pid {svc.pid} on {svc.target}", flush=True)
-        svc.wait_serving(cfg.startup_timeout)
+        svc.wait_serving(cfg.startup_timeout, abort)
         service_uds = svc.target.removeprefix("unix:")
         eng = engine_process(workdir, cfg.kv_mode, service_uds=service_uds, extra=extra)
     else:
         eng = engine_process(workdir, cfg.kv_mode,
                              extra=extra + ["--device", cfg.device] + _flags(ENGINE_LAYOUT))
+    if abort():
+        raise ChildFailed("start-up abandoned")
     eng.start()
     children.insert(0, eng)
     print(f"engine pid {eng.pid} on {eng.target} ({cfg.kv_mode})", flush=True)
-    eng.wait_serving(cfg.startup_timeout)
+    eng.wait_serving(cfg.startup_timeout, abort)
     return svc, eng
 
 
@@ -148,23 +161,81 @@ def _shutdown(children: list[ManagedProcess], instance: str) -> bool:
     return clean and not left
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+class StopSignals:
+    """Records the first stop signal and interrupts what the demo waits for: the streams (their
+    asyncio task is cancelled) or a child's start-up (`requested` is polled). The handler never
+    raises, so nothing is cut off half-way (an event loop being built, the cleanup); later
+    signals are only ignored."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task | None = None
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.signum is None:
+            self.signum = signum
+            if self._task is not None:
+                self._loop.call_soon_threadsafe(self._task.cancel)
+
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum else ""
+
+    async def run(self, coro: Coroutine[Any, Any, T]) -> T | None:
+        """Await `coro`; None if a stop signal came first or cancelled it."""
+        self._loop, self._task = asyncio.get_running_loop(), asyncio.current_task()
+        try:
+            if self.signum is not None:
+                coro.close()
+                return None
+            return await coro
+        except asyncio.CancelledError:
+            if self.signum is None:
+                raise
+            return None
+        finally:
+            self._loop = self._task = None
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
 def run_demo(cfg: DemoConfig) -> int:
+    stop = StopSignals()
     workdir = tempfile.mkdtemp(prefix="hisparse-demo-", dir="/tmp")
     instance = f"demo{os.getpid()}"
     children: list[ManagedProcess] = []
     ok = False
     try:
-        svc, eng = _start(cfg, workdir, instance, children)
+        svc, eng = _start(cfg, workdir, instance, children, stop.requested)
         print(f"streaming {cfg.requests} generations of {cfg.max_new_tokens} tokens "
               f"(prompt {cfg.prompt_len} tokens; even requests greedy, odd sampled)", flush=True)
-        results, seconds = asyncio.run(_stream_all(eng.target, cfg))
-        ok = _report(results, seconds)
-        if svc is not None:
-            print(_service_stats(svc))
+        streamed = asyncio.run(stop.run(_stream_all(eng.target, cfg)))
+        if streamed is not None:
+            ok = _report(*streamed)
+            if svc is not None:
+                print(_service_stats(svc))
     except Exception as e:  # noqa: BLE001 - the demo reports any failure and cleans up
-        print(f"demo failed: {type(e).__name__}: {e}", file=sys.stderr)
+        if not stop.requested():
+            print(f"demo failed: {type(e).__name__}: {e}", file=sys.stderr)
     finally:
+        if stop.requested():
+            print(f"\ndemo stopped by {stop.name}: stopping its processes", file=sys.stderr,
+                  flush=True)
         ok = _shutdown(children, instance) and ok
         shutil.rmtree(workdir, ignore_errors=True)
+        stop.restore()
+    if stop.requested():
+        print("demo stopped; processes and files cleaned up", flush=True)
+        return 128 + stop.signum
     print("demo finished cleanly" if ok else "demo FAILED", flush=True)
     return 0 if ok else 1

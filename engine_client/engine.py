@@ -12,6 +12,10 @@ Each turn of the loop:
    the state file, then hand them to the client streams;
 5. send the step's StepEnd without waiting for the reply: it is bookkeeping, not on the path of
    the next step.
+
+When the KV service is lost every request fails (UNAVAILABLE), the control lets go of the
+service's memory at once (between steps, so nothing runs on it) and a recovery task waits for
+the control to re-attach to a restarted service; then new requests are served again.
 """
 
 from __future__ import annotations
@@ -53,8 +57,11 @@ class Engine:
         self.failure: errors.KVClientError | None = None
         self.totals = {"hits": 0, "misses": 0, "bytes_moved": 0, "tokens": 0}
         self._wake = asyncio.Event()
-        # Set once the KV service is lost.
+        # Set once the KV service is lost (and its memory let go of); `recovered` once the
+        # control re-attached to a restarted service and new requests are served again.
         self.failed = asyncio.Event()
+        self.recovered = asyncio.Event()
+        self._recovery: asyncio.Task | None = None
         # One thread runs every model call, in order (it holds the CUDA device and stream).
         self._executor = executor
         self._inflight: set[asyncio.Task] = set()
@@ -107,6 +114,8 @@ class Engine:
         release them all and end the session."""
         self._stopping = True
         self._wake.set()
+        if self._recovery is not None:
+            self._recovery.cancel()
         if self._task is not None:
             await self._task
         await asyncio.gather(*self._inflight, return_exceptions=True)
@@ -295,7 +304,31 @@ class Engine:
             log.error("failing %d requests: %s", len(self.requests), why)
         self.failure = why if isinstance(why, errors.ServiceUnavailable) \
             else errors.ServiceUnavailable(str(why))
+        if isinstance(why, errors.ServiceUnavailable) and self._recovery is None:
+            # The traceback holds the failed step's frames, and through them the lost memory.
+            why.__traceback__ = None
+            # Called between steps only: nothing runs on the memory that is unmapped here.
+            self.control.let_go(self.compute)
+            self.recovered.clear()
+            self._recovery = asyncio.get_running_loop().create_task(self._recover())
         self.failed.set()
         self.waiting.clear()
         for req in list(self.requests.values()):
             self._finish(req, Finish.ERROR, str(why))
+
+    async def _recover(self) -> None:
+        """Serve again once the control is attached to a restarted KV service."""
+        try:
+            await self.control.reattach(self.compute)
+        except errors.KVClientError as e:
+            log.error("KV service not re-attached: %s", e)
+            return
+        finally:
+            self._recovery = None
+        if self.state is not None:  # an engine restarted later resumes the new session
+            self.state.rewrite(self.control.session_id, getattr(self.control, "epoch", 0), [])
+        self.failure = None
+        self.failed.clear()
+        self.recovered.set()
+        self._wake.set()
+        log.info("KV service re-attached: serving new requests")

@@ -46,10 +46,24 @@ class HiSparseBackend(KVBackend):
         self.miss_dst = torch.zeros((n, k), dtype=torch.int64, device=self.device)
         self.miss_count = torch.zeros((n,), dtype=torch.int32, device=self.device)
         self.counters = torch.zeros(2, dtype=torch.int64, device=self.device)
+        self._hot_rows = self._hot_views(kv)
+
+    def _hot_views(self, kv: KVTensors) -> list[torch.Tensor]:
         # Per-layer bf16 views of the hot buffers, made once so a captured graph keeps them.
-        R, B = lay.max_requests, lay.hot_slots
-        self._hot_rows = [kv.hot_kv[l].view(torch.bfloat16).view(R * B, ROW_DIM)
-                          for l in range(lay.num_layers)]
+        R, B = self.layout.max_requests, self.layout.hot_slots
+        return [kv.hot_kv[l].view(torch.bfloat16).view(R * B, ROW_DIM)
+                for l in range(self.layout.num_layers)]
+
+    def rebind(self, kv: KVTensors | None, xchg: dict[str, torch.Tensor] | None = None) -> None:
+        """Use another mapping of the same layout (a restarted service's memory), or none:
+        with kv None every reference to the lost service's memory is dropped, so that it can be
+        unmapped, and a stray launch fails here instead of reading it. Graphs captured on the
+        old memory must be dropped by the caller."""
+        if kv is not None and (kv.layout != self.layout or kv.device != self.device):
+            raise ValueError(f"cannot rebind to {kv.layout} on {kv.device}: the backend was "
+                             f"built for {self.layout} on {self.device}")
+        self.kv = kv  # type: ignore[assignment]
+        self._hot_rows = [] if kv is None else self._hot_views(kv)
 
     @property
     def page_table(self) -> torch.Tensor:
@@ -178,14 +192,24 @@ class RemoteSwapBackend(HiSparseBackend):
                  max_batch: int | None = None) -> None:
         super().__init__(kv, kernels=kernels, max_batch=max_batch)
         self.capturable = False
-        self.xchg = xchg if xchg is not None else allocate_exchange(kv.layout, kv.device)
-        for name, (shape, dtype) in exchange_specs(kv.layout).items():
-            t = self.xchg.get(name)
-            if t is None or tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous():
-                raise ValueError(f"exchange tensor {name}: expected contiguous {shape} {dtype}")
+        self.xchg = self._checked(xchg)
         if events is not None and set(events) != set(EVENT_NAMES):
             raise ValueError(f"events must be {EVENT_NAMES}, got {sorted(events)}")
         self.swap_fn, self.events = swap_fn, events
+
+    def _checked(self, xchg: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+        xchg = xchg if xchg is not None else allocate_exchange(self.layout, self.device)
+        for name, (shape, dtype) in exchange_specs(self.layout).items():
+            t = xchg.get(name)
+            if t is None or tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous():
+                raise ValueError(f"exchange tensor {name}: expected contiguous {shape} {dtype}")
+        return xchg
+
+    def rebind(self, kv: KVTensors | None, xchg: dict[str, torch.Tensor] | None = None) -> None:
+        """As HiSparseBackend.rebind, with the exchange tensors of the new mapping."""
+        new_xchg = self._checked(xchg) if kv is not None else {}
+        super().rebind(kv)
+        self.xchg = new_xchg
 
     def select(self, layer: int, topk: torch.Tensor, req_slots: torch.Tensor,
                seq_lens: torch.Tensor) -> AttnRows:

@@ -7,9 +7,12 @@ Failure rules:
 - one reader task matches replies to requests by seq; when the stream breaks, every pending
   request fails at once with ServiceUnavailable;
 - after a break the client re-attaches once with its session id. A service that is gone, or
-  that restarted (new epoch, or it no longer knows the session), makes the client dead for
-  good: `check_alive` raises, so the engine launches nothing more on the mapped memory and
-  discards the step that was running (unmapped at close, once no step can use it);
+  that restarted (new epoch, or it no longer knows the session), makes the client dead:
+  `check_alive` raises, so the engine launches nothing more on the mapped memory and discards
+  the step that was running. Between steps the engine then calls `let_go`, which unmaps every
+  segment of the lost service (a deleted /dev/shm file stays allocated while mapped), and
+  `reattach`, which waits for a service at the same address (a new epoch), attaches as a new
+  session, maps its memory and points the compute at it;
 - gRPC errors become typed errors through `engine_client.errors`: failed calls in
   `errors.rpc_errors`, in-band Error replies in `_result`;
 - what Attach returns is checked and mapped in `engine_client.attachment`.
@@ -23,8 +26,9 @@ import logging
 
 import grpc
 
-from engine_client import attachment, errors
-from engine_client.control import Admission, HeldRequest, KVStats, StepReport
+from engine_client import attachment, errors, reachability
+from engine_client.control import Admission, HeldRequest, KVStats, MemoryUser, StepReport
+from engine_client.remote_swap_call import RemoteSwapCall
 from engine_client.session_stream import NotSent, SessionStream
 from kv_service import segment
 from kv_service.layout import KVLayout
@@ -35,7 +39,13 @@ from proto.kvcache.v1 import kvcache_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 
 CHANNEL_OPTIONS = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
-                   ("grpc.keepalive_permit_without_calls", 1)]
+                   ("grpc.keepalive_permit_without_calls", 1),
+                   # A restarted service is found within a second (gRPC's default backs off to 2 min).
+                   ("grpc.initial_reconnect_backoff_ms", 100),
+                   ("grpc.max_reconnect_backoff_ms", 1000)]
+# Between two failed re-attach attempts (doubling): a service that answers but refuses us.
+REATTACH_BACKOFF = (0.1, 5.0)
+
 
 
 class KVClient:
@@ -53,9 +63,7 @@ class KVClient:
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
         self._stub = pb_grpc.KVCacheServiceStub(self._channel)
-        # RemoteSwap is a blocking call from the compute thread: a sync channel of its own.
-        self._sync_channel: grpc.Channel | None = None
-        self._sync_stub: pb_grpc.KVCacheServiceStub | None = None
+        self._swap_call = RemoteSwapCall(target, CHANNEL_OPTIONS, rpc_timeout, self._metadata)
         self.session_id = ""
         self.epoch = 0
         self.layout: KVLayout | None = None
@@ -64,6 +72,7 @@ class KVClient:
         self.exchange: dict = {}
         self.held: tuple[HeldRequest, ...] = ()
         self._owner_files: list[dict] = []
+        self._handles: list[dict] = []
         self._mapped: KVTensors | None = None
         self._mapped_exchange: dict = {}
         self._stream: SessionStream | None = None
@@ -78,6 +87,10 @@ class KVClient:
         """Attach (resuming `resume_session_id` if given), map the memory, open the stream."""
         client = cls(target, **kwargs)
         try:
+            log.info("connecting to the KV service at %s (waiting up to %gs)", target,
+                     client.attach_timeout)
+            await reachability.wait_ready(client._channel, reachability.KV_SERVICE, target,
+                                          client.attach_timeout)
             reply = await client._attach(resume_session_id, expected_layout, wait=True)
             client._map(reply)
             await client._open_stream()
@@ -110,6 +123,7 @@ class KVClient:
         self.tensors, self.exchange, self._owner_files = attachment.map_memory(
             reply, self.layout, self.device, self.with_remote_swap)
         self._mapped, self._mapped_exchange = self.tensors, self.exchange
+        self._handles = [attachment.handle_from_proto(h) for h in reply.tensors]
 
     async def _open_stream(self) -> None:
         self._stream = SessionStream(self._stub.Session(metadata=self._metadata),
@@ -154,9 +168,9 @@ class KVClient:
             self._recovering = False
 
     def _die(self, why: errors.KVClientError) -> None:
-        """Dead for good. The memory is only unmapped in close(): a step may still be running
-        on it in the compute thread; the engine discards that step (check_alive) and launches
-        no other."""
+        """Dead until `reattach`. The memory is only unmapped in let_go() or close(): a step may
+        still be running on it in the compute thread; the engine discards that step
+        (check_alive) and launches no other."""
         if self._dead is not None:
             return
         log.error("%s; failing every request, no longer using the mapped memory", why)
@@ -172,6 +186,68 @@ class KVClient:
         if self._owner_files and not segment.is_owner_alive(self._owner_files):
             self._die(errors.ServiceUnavailable(f"KV service at {self.target} is gone"))
             raise self._dead
+
+    # --- after the service is lost: let go of it, attach to its successor ---
+
+    def let_go(self, user: MemoryUser | None = None) -> None:
+        """Unmap every segment of the service now: `user` drops its references first, then the
+        client. Only while no step runs on the memory (the engine calls it between steps).
+        Idempotent."""
+        if self._recover_task is not None:
+            self._recover_task.cancel()  # a same-session re-attach would find nothing mapped
+        self._die(errors.ServiceUnavailable(f"KV service at {self.target} let go of"))
+        if user is not None:
+            user.bind_kv(None, {})
+        self._unmap()
+
+    def _unmap(self) -> None:
+        if self._mapped is not None:
+            segment.unmap_segments(self._mapped)
+        segment.unmap_segments(self._mapped_exchange)
+        segment.forget_files(self._handles)
+        self.tensors, self.exchange, self._mapped, self._mapped_exchange = None, {}, None, {}
+        self._owner_files, self._handles = [], []
+
+    async def reattach(self, user: MemoryUser | None = None) -> None:
+        """After the service was lost and let go of: wait for a service at the same address,
+        attach to it as a new session, map its memory and point `user` at it. Retries with
+        backoff until it succeeds (a service that is down is waited for on the channel);
+        cancel the call, or close the client, to give up."""
+        if self._dead is None or self._mapped is not None:
+            raise RuntimeError("reattach() needs a lost service, let go of first")
+        delay = REATTACH_BACKOFF[0]
+        while True:
+            if self._closing:
+                raise errors.ServiceUnavailable(f"KV client of {self.target} closed")
+            try:
+                await self._attach_again()
+                break
+            except errors.KVClientError as e:
+                log.warning("re-attach to %s failed: %s; next try in %.1fs", self.target, e, delay)
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, REATTACH_BACKOFF[1])
+        if user is not None:
+            user.bind_kv(self.tensors, self.exchange)
+
+    async def _attach_again(self) -> None:
+        old_epoch = self.epoch
+        reply = await self._attach("", self.layout, wait=True)
+        # A stream that breaks while it opens kills the client again (no same-session retry).
+        self._recovering = True
+        try:
+            self._map(reply)
+            self._dead = None
+            await self._open_stream()
+        except BaseException as e:
+            self._dead = self._dead or errors.ServiceUnavailable(f"re-attach failed: {e}")
+            if self._stream is not None:
+                self._stream.stop(self._dead)
+            self._unmap()
+            raise
+        finally:
+            self._recovering = False
+        log.info("re-attached to %s as session %s: epoch %d -> %d", self.target, self.session_id,
+                 old_epoch, self.epoch)
 
     # --- session messages ---
 
@@ -247,13 +323,7 @@ class KVClient:
         """One layer's swap-in run by the service; blocks until its outputs are final."""
         if self._dead is not None:
             raise self._dead
-        if self._sync_stub is None:
-            self._sync_channel = grpc.insecure_channel(self.target, options=CHANNEL_OPTIONS)
-            self._sync_stub = pb_grpc.KVCacheServiceStub(self._sync_channel)
-        req = pb.RemoteSwapRequest(session_id=self.session_id, epoch=self.epoch, layer=layer,
-                                   batch_size=batch_size)
-        with errors.rpc_errors("RemoteSwap"):
-            return self._sync_stub.RemoteSwap(req, timeout=self.rpc_timeout, metadata=self._metadata)
+        return self._swap_call(self.session_id, self.epoch, layer, batch_size)
 
     async def close(self, detach: bool = False) -> None:
         """Stop the stream (detaching first if asked: the service frees every request now;
@@ -266,10 +336,6 @@ class KVClient:
             self._recover_task.cancel()
         if self._stream is not None:
             await self._stream.aclose()
-        if self._mapped is not None:
-            segment.unmap_segments(self._mapped)
-        segment.unmap_segments(self._mapped_exchange)
-        self.tensors, self.exchange, self._mapped, self._mapped_exchange = None, {}, None, {}
-        if self._sync_channel is not None:
-            self._sync_channel.close()
+        self._unmap()
+        self._swap_call.close()
         await self._channel.close()

@@ -7,12 +7,13 @@ watches that the child is still alive, so a child that dies at start-up fails fa
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import grpc
@@ -23,6 +24,19 @@ from engine_client import errors
 REPO_ROOT = Path(__file__).resolve().parent.parent
 KV_SERVICE_NAME = "kvcache.v1.KVCacheService"
 ENGINE_SERVICE_NAME = "decode.v1.DecodeService"
+
+
+_PR_SET_PDEATHSIG = 1
+# Loaded here, not in the forked child, which may only make the one call.
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: SIGTERM this child when the process that started it dies, even by SIGKILL,
+    so that a killed demo or test never leaves a service or engine behind. (The kernel sends it
+    when the forking *thread* ends: start children from a thread that lives as long as they.)"""
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class ChildFailed(RuntimeError):
@@ -45,7 +59,8 @@ class ManagedProcess:
     def start(self) -> "ManagedProcess":
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.args, cwd=REPO_ROOT, env=self.env, stdout=log,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         preexec_fn=_die_with_parent)
         return self
 
     @property
@@ -62,12 +77,15 @@ class ManagedProcess:
         except FileNotFoundError:
             return ""
 
-    def wait_serving(self, timeout: float) -> "ManagedProcess":
+    def wait_serving(self, timeout: float,
+                     abort: Callable[[], bool] | None = None) -> "ManagedProcess":
         """Block until health reports SERVING; ChildFailed if the child dies or time runs out."""
-        return self.wait_status(health_pb2.HealthCheckResponse.SERVING, timeout)
+        return self.wait_status(health_pb2.HealthCheckResponse.SERVING, timeout, abort)
 
-    def wait_status(self, status: int, timeout: float) -> "ManagedProcess":
-        """Block until health reports `status`; ChildFailed if the child dies or time runs out."""
+    def wait_status(self, status: int, timeout: float,
+                    abort: Callable[[], bool] | None = None) -> "ManagedProcess":
+        """Block until health reports `status`; ChildFailed if the child dies, time runs out,
+        or `abort()` (asked about once a second) says to stop waiting."""
         deadline = time.monotonic() + timeout
         request = health_pb2.HealthCheckRequest(service=self.health_service)
         with grpc.insecure_channel(self.target) as channel:
@@ -75,6 +93,8 @@ class ManagedProcess:
             while time.monotonic() < deadline:
                 if not self.alive():
                     raise ChildFailed(f"{self.name} exited with {self.proc.returncode}:\n{self.log()}")
+                if abort is not None and abort():
+                    raise ChildFailed(f"{self.name}: start-up abandoned")
                 window = min(1.0, max(0.05, deadline - time.monotonic()))
                 try:
                     with errors.rpc_errors(f"{self.name} health"):

@@ -10,7 +10,8 @@ Resume (`resume_request_id`): the stream replays every token generated so far, w
 then follows live; a client that already has tokens skips the indexes it has. Across an engine
 restart this needs `serve --state-file` (see engine_client/state_file.py).
 
-Health is NOT_SERVING until the engine is built and once the KV service is lost.
+Health is NOT_SERVING until the engine is built, and from the loss of the KV service until the
+engine has re-attached to a restarted one.
 """
 
 from __future__ import annotations
@@ -90,6 +91,8 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):
         req = await self._open(request, context)
         final_sent = False
         try:
+            # The id before any token: a client can resume the request even if we stop in prefill.
+            await context.send_initial_metadata((("request-id", req.request_id),))
             async for ev in req.follow(0):
                 last = (req.finished and req.finish in (Finish.LENGTH, Finish.STOP)
                         and ev.index == len(req.tokens) - 1)
@@ -150,9 +153,13 @@ def build_server(cfg: EngineConfig, servicer: DecodeServicer,
 
 
 async def _watch_failure(engine: Engine, health: health_aio.HealthServicer) -> None:
-    await engine.failed.wait()
-    log.error("KV service lost: health NOT_SERVING; restart the engine once the service is back")
-    await _set_health(health, False)
+    while True:
+        await engine.failed.wait()
+        log.error("KV service lost: health NOT_SERVING until it is back and re-attached")
+        await _set_health(health, False)
+        await engine.recovered.wait()
+        log.info("KV service re-attached: health SERVING")
+        await _set_health(health, True)
 
 
 async def serve(cfg: EngineConfig) -> int:

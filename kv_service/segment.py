@@ -114,6 +114,7 @@ def map_segments(layout: KVLayout, handles: list[dict], device: torch.device | s
         kv = _as_kv(layout, tensors, device)
     except BaseException:
         unmap_segments(tensors)
+        tensors.clear()  # the traceback keeps this frame: it must not keep the mappings
         raise
     log.info("mapped %d segments on %s", len(by_name), device)
     return kv
@@ -138,6 +139,14 @@ def unmap_segments(tensors: KVTensors | dict[str, torch.Tensor]) -> None:
     _unregister(regs)
     if isinstance(tensors, KVTensors):
         tensors.host_rows = None
+
+
+def forget_files(handles: list[dict]) -> None:
+    """Drop what `is_owner_alive` remembers of these handles' files: their mappings are gone.
+    A service restarted under the same pid would otherwise look replaced, never alive."""
+    with _lock:
+        for h in handles:
+            _mapped_files.pop(h.get("path", ""), None)
 
 
 def remove_segments(shm_dir: str, instance: str) -> None:
@@ -234,6 +243,7 @@ def _map_all(by_name: dict[str, dict], device: torch.device,
             out[name] = _track(h, device)
     except BaseException:
         unmap_segments(out)
+        out.clear()  # the traceback keeps this frame: it must not keep the mappings
         raise
     return out
 

@@ -49,18 +49,26 @@ def workdir(prefix: str = "hse") -> Iterator[str]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def start_service(path: str, layout: KVLayout = LAYOUT, lease: float = 30.0) -> ServiceProcess:
+# Seconds a child may take to report SERVING: on a GPU the service registers its host tier and
+# the engine compiles and captures its kernels first.
+STARTUP = {"cpu": 60, "cuda": 300}
+
+
+def start_service(path: str, layout: KVLayout = LAYOUT, lease: float = 30.0,
+                  device: str = "cpu") -> ServiceProcess:
+    # The last --device wins over the harness's "--device cpu".
     svc = ServiceProcess(path, f"t{os.getpid()}x{len(os.listdir(path))}", "--lease-seconds",
-                            str(lease), "--drain-timeout", "2", layout=layout)
-    return svc.start().wait_serving(60)
+                         str(lease), "--drain-timeout", "2", "--device", device, layout=layout)
+    return svc.start().wait_serving(STARTUP[device])
 
 
 def start_engine(path: str, kv_mode: str, service: ServiceProcess | None = None,
-                 name: str = "engine", extra: tuple[str, ...] = ()) -> ManagedProcess:
+                 name: str = "engine", extra: tuple[str, ...] = (),
+                 device: str = "cpu") -> ManagedProcess:
     flags = list(extra) + ([] if service else local_flags())
     eng = engine_process(path, kv_mode, service_uds=service.uds if service else "", name=name,
-                         extra=["--device", "cpu", "--rpc-timeout", "3", *flags])
-    return eng.start().wait_serving(60)
+                         extra=["--device", device, "--rpc-timeout", "3", *flags])
+    return eng.start().wait_serving(STARTUP[device])
 
 
 def engine_config(kv_mode: str, service: ServiceProcess | None = None, **kw) -> EngineConfig:

@@ -1,10 +1,14 @@
 """`python -m engine_client demo`, as a user runs it: exit 0, stats printed, nothing left behind
-(no child process, no /dev/shm segment, no temp dir)."""
+(no child process, no /dev/shm segment, no temp dir); and the same cleanup when a signal
+(SIGTERM, SIGHUP, SIGINT) stops it mid-stream."""
 
 from __future__ import annotations
 
 import os
 import re
+import select
+import shutil
+import signal
 import subprocess
 import sys
 
@@ -16,19 +20,35 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 
 def _alive(pid: int) -> bool:
+    """Running, or a zombie nobody reaped yet (a stopped child is reaped by its parent)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
         return False
-    return True
+    return state != "Z"
+
+
+def _demo(*args: str) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ENGINE_", "KVS_"))}
+    return subprocess.Popen([sys.executable, "-m", "engine_client", "demo", "--no-progress",
+                             "--device", "cpu", *args], cwd=REPO_ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _until_streaming(proc: subprocess.Popen, start: str = "streaming ") -> str:
+    """The demo's output up to the line that starts with `start` (by default the one that says
+    the generations stream)."""
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith(start):
+            break
+    return "".join(seen)
 
 
 def test_demo_runs_and_cleans_up() -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ENGINE_", "KVS_"))}
-    proc = subprocess.Popen([sys.executable, "-m", "engine_client", "demo", "--no-progress",
-                             "--requests", "3", "--max-new-tokens", "16", "--device", "cpu"],
-                            cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = _demo("--requests", "3", "--max-new-tokens", "16")
     out, _ = proc.communicate(timeout=100)
     assert proc.returncode == 0, out
     assert "demo finished cleanly" in out
@@ -41,3 +61,48 @@ def test_demo_runs_and_cleans_up() -> None:
     assert [n for n in os.listdir("/dev/shm") if n.startswith(prefix)] == []
     workdir = re.search(r"on unix:(/tmp/hisparse-demo-[^/]+)/", out).group(1)
     assert not os.path.exists(workdir)
+
+
+@pytest.mark.parametrize("sig,when", [(signal.SIGTERM, "streaming "), (signal.SIGHUP, "streaming "),
+                                      (signal.SIGINT, "streaming "), (signal.SIGTERM, "engine pid")],
+                         ids=["term", "hup", "int", "term-at-start"])
+def test_demo_stopped_by_a_signal_cleans_up(sig: signal.Signals, when: str) -> None:
+    proc = _demo("--requests", "2", "--max-new-tokens", "200")
+    out = _until_streaming(proc, when)
+    pids = [int(p) for p in re.findall(r"pid (\d+)", out)]
+    assert len(pids) == 2 and all(_alive(p) for p in pids), out
+    workdir = re.search(r"on unix:(/tmp/hisparse-demo-[^/]+)/", out).group(1)
+    prefix = f"hisparse-demo{proc.pid}-"
+    assert [n for n in os.listdir("/dev/shm") if n.startswith(prefix)]
+    proc.send_signal(sig)
+    rest, _ = proc.communicate(timeout=60)
+    out += rest
+    assert proc.returncode == 128 + sig, out
+    assert f"demo stopped by {sig.name}" in out and "Traceback" not in out, out
+    assert not any(_alive(p) for p in pids), out
+    assert [n for n in os.listdir("/dev/shm") if n.startswith(prefix)] == []
+    assert not os.path.exists(workdir)
+
+
+def test_children_of_a_killed_demo_stop_too() -> None:
+    """SIGKILL leaves the demo no chance to clean up: the parent-death signal stops its
+    children, and the service removes its own segment files on the way out."""
+    proc = _demo("--requests", "1", "--max-new-tokens", "200")
+    out = _until_streaming(proc)
+    pids = [int(p) for p in re.findall(r"pid (\d+)", out)]
+    workdir = re.search(r"on unix:(/tmp/hisparse-demo-[^/]+)/", out).group(1)
+    exits = [os.pidfd_open(p) for p in pids]  # readable once the process has exited
+    try:
+        proc.kill()
+        proc.communicate(timeout=30)
+        for pid, fd in zip(pids, exits):
+            readable, _, _ = select.select([fd], [], [], 60)
+            assert readable, f"child {pid} still runs after its parent was killed"
+        prefix = f"hisparse-demo{proc.pid}-"
+        assert [n for n in os.listdir("/dev/shm") if n.startswith(prefix)] == []
+    finally:
+        for pid, fd in zip(pids, exits):
+            if _alive(pid):
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+            os.close(fd)
+        shutil.rmtree(workdir, ignore_errors=True)
