@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from engine_client.factory import build_engine
-from engine_client.scheduler import Finish, GenRequest, SamplingParams, sample
+from engine_client.request import Finish, GenRequest, SamplingParams
+from engine_client.sampler import sample
 from tests.process_harness import (engine_config, layout_with, service_stats, start_service,
                                    workdir)
 
@@ -164,11 +165,11 @@ async def _run_stop(stop_token: int):
 
 def test_sampling_is_a_function_of_seed_and_index() -> None:
     logits = torch.randn(256, generator=torch.Generator().manual_seed(0))
-    hot = SamplingParams(temperature=1.0, seed=3)
-    draws = [sample(logits, hot, i) for i in range(20)]
-    assert draws == [sample(logits, hot, i) for i in range(20)]
-    assert draws != [sample(logits, SamplingParams(temperature=1.0, seed=4), i) for i in range(20)]
-    assert sample(logits, SamplingParams(), 5) == int(torch.argmax(logits))
+    draws = [sample(logits, 1.0, 3, i) for i in range(20)]
+    assert draws == [sample(logits, 1.0, 3, i) for i in range(20)]
+    assert draws != [sample(logits, 1.0, 4, i) for i in range(20)]
+    assert len(set(draws)) > 5  # a draw, not the argmax
+    assert sample(logits, 0.0, 5, 5) == int(torch.argmax(logits))
 
 
 def test_state_file_round_trip_and_torn_last_line(tmp_path) -> None:
