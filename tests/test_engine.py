@@ -35,8 +35,13 @@ JOBS = [
 ]
 
 
-async def _run_jobs(cfg, jobs=JOBS) -> tuple[list[list[int]], list[torch.Tensor], dict]:
-    """Tokens of every job, and every decode step's logits, through one engine."""
+MODES = ("baseline", "embedded", "service", "service-remote-swap")
+
+
+async def _run_jobs(cfg, jobs=JOBS, finishes: list | None = None
+                    ) -> tuple[list[list[int]], list[torch.Tensor], dict]:
+    """Tokens of every job, and every decode step's logits, through one engine. Every job must
+    end by length unless `finishes` is given: it then receives the finish reasons."""
     engine = await build_engine(cfg)
     logits: list[torch.Tensor] = []
     step = engine.compute.runner.step
@@ -54,34 +59,70 @@ async def _run_jobs(cfg, jobs=JOBS) -> tuple[list[list[int]], list[torch.Tensor]
             async for _ in req.follow():
                 pass
         totals = dict(engine.totals)
-        assert all(r.finish is Finish.LENGTH for r in reqs), [(r.finish, r.error) for r in reqs]
+        if finishes is None:
+            assert all(r.finish is Finish.LENGTH for r in reqs), [(r.finish, r.error) for r in reqs]
+        else:
+            finishes.extend(r.finish for r in reqs)
     finally:
         await engine.stop()
     return [r.tokens for r in reqs], logits, totals
 
 
-def test_four_modes_give_identical_tokens_and_logits() -> None:
+def test_four_modes_give_identical_tokens_and_logits_with_overlap_on_and_off() -> None:
     with workdir() as path:
         svc = start_service(path)
         try:
-            runs = {mode: asyncio.run(_run_jobs(engine_config(mode, svc if "service" in mode else None)))
-                    for mode in ("baseline", "embedded", "service", "service-remote-swap")}
+            runs = {(mode, overlap): asyncio.run(_run_jobs(engine_config(
+                        mode, svc if "service" in mode else None, overlap=overlap)))
+                    for mode in MODES for overlap in (False, True)}
             stats = service_stats(svc)
             assert stats.requests == 0 and stats.host_pages.used == 0
         finally:
             assert svc.stop() == 0, svc.log()
         assert svc.segment_files() == []
-    base_tokens, base_logits, _ = runs["baseline"]
+    base_tokens, base_logits, _ = runs["baseline", False]
     assert [len(t) for t in base_tokens] == [n for _, n, _ in JOBS]
-    for mode, (tokens, logits, totals) in runs.items():
-        assert tokens == base_tokens, mode
-        assert len(logits) == len(base_logits), mode
-        assert all(torch.equal(a, b) for a, b in zip(logits, base_logits)), mode
+    for (mode, overlap), (tokens, logits, totals) in runs.items():
+        assert tokens == base_tokens, (mode, overlap)
+        assert len(logits) == len(base_logits), (mode, overlap)
+        assert all(torch.equal(a, b) for a, b in zip(logits, base_logits)), (mode, overlap)
         if mode != "baseline":
             # The offloaded request decoded through the host tier.
             assert totals["misses"] > 0 and totals["bytes_moved"] == totals["misses"] * 1152, mode
-    # Same swap decisions in-stream and remote.
-    assert runs["service"][2] == runs["service-remote-swap"][2]
+    # Same swap decisions in-stream and remote, with and without overlap.
+    assert (runs["service", False][2] == runs["service-remote-swap", False][2]
+            == runs["service", True][2] == runs["service-remote-swap", True][2])
+
+
+def test_stop_tokens_end_requests_identically_with_overlap_on_and_off() -> None:
+    """With overlap, a request that stops at step t is already in step t + 1: that row is
+    computed and dropped, and its slot is released only after step t + 1. Clients see the same
+    tokens either way, and the service ends with nothing held."""
+    tokens, _, _ = asyncio.run(_run_jobs(engine_config("baseline"), JOBS))
+    greedy_stop, sampled_stop = tokens[1][3], tokens[2][5]
+    jobs = JOBS + [(JOBS[1][0], 14, SamplingParams(stop_token_ids=(greedy_stop,))),
+                   (JOBS[2][0], 16, SamplingParams(0.9, 7, stop_token_ids=(sampled_stop,)))]
+    with workdir() as path:
+        svc = start_service(path)
+        try:
+            runs = {}
+            for mode in MODES:
+                for overlap in (False, True):
+                    finishes: list = []
+                    cfg = engine_config(mode, svc if "service" in mode else None, overlap=overlap)
+                    got, logits, _ = asyncio.run(_run_jobs(cfg, jobs, finishes))
+                    runs[mode, overlap] = got, finishes, sum(x.shape[0] for x in logits)
+            stats = service_stats(svc)
+            assert stats.requests == 0 and stats.host_pages.used == 0
+        finally:
+            assert svc.stop() == 0, svc.log()
+    expected = tokens + [tokens[1][: tokens[1].index(greedy_stop) + 1],
+                         tokens[2][: tokens[2].index(sampled_stop) + 1]]
+    for key, (got, finishes, _) in runs.items():
+        assert got == expected, key
+        assert finishes == [Finish.LENGTH] * 3 + [Finish.STOP] * 2, key
+    for mode in MODES:  # overlap computed (and dropped) a row after each stop
+        assert runs[mode, True][2] == runs[mode, False][2] + 2, mode
 
 
 def test_refused_admissions_wait_in_the_queue() -> None:
