@@ -5,6 +5,7 @@ under admission refusal, cancel, sampling."""
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 import torch
@@ -220,10 +221,18 @@ def test_state_file_round_trip_and_torn_last_line(tmp_path) -> None:
     done = GenRequest("done", (1, 2), 4, SamplingParams())
     live = GenRequest("live", (3, 4, 5), 8, SamplingParams(temperature=0.5, seed=9,
                                                              stop_token_ids=(7,)))
+    with open(path, "w") as old:  # a file of an older engine, world-readable
+        old.write("{}\n")
+    os.chmod(path, 0o644)
     f.rewrite("sess", 42, [])
+    assert os.stat(path).st_mode & 0o777 == 0o600  # it holds prompts
     for r in (done, live):
         f.started(r)
+    with open(path) as check:  # start records wait for the step's single write
+        assert len(check.readlines()) == 1
     f.tokens({"done": [10], "live": [11]})
+    with open(path) as check:
+        assert len(check.readlines()) == 4
     f.tokens({"live": [12]})
     f.ended("done")
     f.close()
