@@ -107,12 +107,13 @@ class EngineMetrics:
         self.queue_depth.set(waiting)
         self.running.set(running)
 
-    def serve(self, port: int, addr: str = "127.0.0.1") -> Callable[[], None]:
-        """Start the /metrics HTTP endpoint; returns its stop function."""
+    def serve(self, port: int, addr: str = "127.0.0.1") -> tuple[tuple[str, int], Callable[[], None]]:
+        """Start the /metrics HTTP endpoint (port 0: any free port); returns the address it
+        listens on and its stop function."""
         server, thread = start_http_server(port, addr=addr, registry=self.registry)
 
         def stop() -> None:
             server.shutdown()
             server.server_close()
             thread.join(timeout=5)
-        return stop
+        return server.server_address[:2], stop

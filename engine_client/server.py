@@ -185,8 +185,9 @@ async def serve(cfg: EngineConfig) -> int:
         engine = await build_engine(cfg)
         servicer.engine = engine
         if cfg.metrics_port is not None:
-            stop_metrics = engine.metrics.serve(cfg.metrics_port, cfg.metrics_address)
-            log.info("metrics on http://%s:%d/metrics", cfg.metrics_address, cfg.metrics_port)
+            (host, port), stop_metrics = engine.metrics.serve(cfg.metrics_port,
+                                                              cfg.metrics_address)
+            log.info("metrics on http://%s:%d/metrics", host, port)
         engine.start()
         watcher = asyncio.create_task(_watch_failure(engine, health))
         await _set_health(health, True)

@@ -132,3 +132,37 @@ def test_max_queue_wait_ends_a_request_that_waits_too_long() -> None:
     big = asyncio.run(run())
     assert big.finish is Finish.ERROR and big.status is FailStatus.RESOURCE_EXHAUSTED
     assert "max queue wait 0.2 s" in big.error
+
+
+def test_metrics_count_tokens_steps_and_device_time() -> None:
+    from urllib.request import urlopen
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async def run():
+        engine = await build_engine(engine_config("baseline"))
+        engine.start()
+        try:
+            reqs = [engine.submit(*SMALL, SamplingParams()) for _ in range(3)]
+            await asyncio.wait_for(asyncio.gather(*map(_done, reqs)), 60)
+            (host, port), stop = engine.metrics.serve(0)
+            try:
+                text = await asyncio.to_thread(
+                    lambda: urlopen(f"http://{host}:{port}/metrics", timeout=10).read().decode())
+            finally:
+                stop()
+            return host, text, engine.steps
+        finally:
+            await engine.stop()
+    host, text, steps = asyncio.run(run())
+    assert host == "127.0.0.1"
+    samples = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if not s.labels or s.name.endswith(("_count", "_sum"))}
+    n_tokens = 3 * SMALL[1]
+    assert samples["engine_time_to_first_token_seconds_count"] == 3
+    assert samples["engine_inter_token_latency_seconds_count"] == n_tokens - 3
+    assert samples["engine_steps_total"] == steps > 0
+    assert samples["engine_step_gpu_seconds_count"] == steps
+    assert samples["engine_gpu_busy_seconds_total"] > 0
+    assert 0 <= samples["engine_gpu_idle_fraction"] < 1
+    assert samples["engine_queue_depth"] == 0 and samples["engine_running_requests"] == 0
