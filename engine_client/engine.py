@@ -70,6 +70,8 @@ class Engine:
         self.failure: errors.KVClientError | None = None
         # Set once the KV service is lost.
         self.failed = asyncio.Event()
+        # Set after every post-processed step (waiters clear it).
+        self.stepped = asyncio.Event()
         self._wake = asyncio.Event()
         # One thread runs every model call, in order (it holds the CUDA device and stream).
         self._executor = executor
@@ -216,6 +218,7 @@ class Engine:
             if self.failure is None:
                 self.postprocess(adv.done)
                 self.steps += 1
+                self.stepped.set()
                 self.metrics.step(len(adv.done.batch.decode), adv.done.device_seconds,
                                   adv.done.idle_before)
         launch = adv.launched.launch_seconds if adv.launched is not None and self.runner.cuda else 0.0
