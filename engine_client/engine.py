@@ -72,6 +72,9 @@ class Engine:
         self.failed = asyncio.Event()
         # Set after every post-processed step (waiters clear it).
         self.stepped = asyncio.Event()
+        # Set while no step is in flight on the device.
+        self._quiet = asyncio.Event()
+        self._quiet.set()
         self._wake = asyncio.Event()
         # One thread runs every model call, in order (it holds the CUDA device and stream).
         self._executor = executor
@@ -177,6 +180,11 @@ class Engine:
         if self._inflight is not None:  # stopping: let the launched step finish and deliver
             await self._run_step(None, time.perf_counter())
 
+    async def wait_device_quiet(self) -> None:
+        """Until no launched step runs on the device: after `failed`, the KV memory of the lost
+        service may be unmapped once this returns (the loop waits for the step in flight)."""
+        await self._quiet.wait()
+
     def _check_service(self) -> None:
         if self.failure is not None:
             return
@@ -208,6 +216,7 @@ class Engine:
                                                   self._inflight)
         ran = time.perf_counter() - t0
         self._inflight = adv.launched
+        (self._quiet.clear if adv.launched is not None else self._quiet.set)()
         # Steps finish in launch order: all but the one in flight are done.
         self.done_step = (adv.launched.batch.step - 1 if adv.launched is not None
                           else self.scheduler.next_step - 1)

@@ -97,13 +97,17 @@ class Advance:
 class StepRunner:
     def __init__(self, compute: Compute, *, overlap: bool) -> None:
         self.compute, self.overlap = compute, overlap
-        dev = compute.model.device
-        self.cuda = dev.type == "cuda"
-        m = compute.max_batch
-        self._out = torch.zeros(m + 1, dtype=torch.int64, device=dev)  # decode rows, then prefill
-        slots = compute.counting.max_requests
-        self._bufs = [_Buffers(m + 1, slots, self.cuda) for _ in range(BUFFER_SETS)]
+        self.cuda = compute.model.device.type == "cuda"
+        self._out: torch.Tensor | None = None
+        self._bufs: list[_Buffers] = []
         self._last: LaunchedStep | None = None
+
+    def _allocate(self) -> None:
+        """On the compute thread, at the first launch: CUDA work stays on that thread."""
+        m, dev = self.compute.max_batch, self.compute.model.device
+        self._out = torch.zeros(m + 1, dtype=torch.int64, device=dev)  # decode rows, then prefill
+        slots = self.compute.counting.max_requests
+        self._bufs = [_Buffers(m + 1, slots, self.cuda) for _ in range(BUFFER_SETS)]
 
     def idle(self) -> None:
         """The engine waited for work: the next step's idle gap is not the device's fault."""
@@ -127,6 +131,8 @@ class StepRunner:
             torch.cuda.current_stream().synchronize()
 
     def launch(self, batch: Batch) -> LaunchedStep:
+        if self._out is None:
+            self._allocate()
         bufs = self._bufs[batch.step % BUFFER_SETS]
         bufs.cpu_start = time.perf_counter()
         if bufs.start is not None:
