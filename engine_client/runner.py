@@ -34,6 +34,9 @@ class _Buffers:
 
     def __init__(self, rows: int, slots: int, cuda: bool) -> None:
         self.tokens = torch.zeros(rows, dtype=torch.int64, pin_memory=cuda)
+        # Sampling inputs on their way to the device (pageable memory could sync the stream).
+        self.temps = torch.zeros(rows, dtype=torch.float32, pin_memory=cuda)
+        self.keys = torch.zeros(rows, dtype=torch.int64, pin_memory=cuda)
         self.counts = torch.zeros((slots, 2), dtype=torch.int64, pin_memory=cuda)
         self.start = torch.cuda.Event(enable_timing=True) if cuda else None
         self.end = torch.cuda.Event(enable_timing=True) if cuda else None
@@ -105,7 +108,10 @@ class StepRunner:
     def _allocate(self) -> None:
         """On the compute thread, at the first launch: CUDA work stays on that thread."""
         m, dev = self.compute.max_batch, self.compute.model.device
-        self._out = torch.zeros(m + 1, dtype=torch.int64, device=dev)  # decode rows, then prefill
+        # Rows [0, m): decode; row m: the prefill's first token.
+        self._out = torch.zeros(m + 1, dtype=torch.int64, device=dev)
+        self._temps = torch.zeros(m + 1, dtype=torch.float32, device=dev)
+        self._keys = torch.zeros(m + 1, dtype=torch.int64, device=dev)
         slots = self.compute.counting.max_requests
         self._bufs = [_Buffers(m + 1, slots, self.cuda) for _ in range(BUFFER_SETS)]
 
@@ -138,9 +144,9 @@ class StepRunner:
         if bufs.start is not None:
             bufs.start.record()
         if batch.prefill is not None:
-            self._prefill(batch)
+            self._prefill(batch, bufs)
         if batch.decode:
-            self._decode(batch)
+            self._decode(batch, bufs)
         counts = self.compute.counting.counts
         bufs.tokens.copy_(self._out, non_blocking=True)
         bufs.counts.copy_(counts, non_blocking=True)
@@ -152,14 +158,19 @@ class StepRunner:
         self._last = step
         return step
 
-    def _sampling(self, temps: list[float] | None, keys: list[int] | None):
+    def _sampling(self, bufs: _Buffers, temps: list[float] | None, keys: list[int] | None,
+                  start: int):
+        """Device views of the rows' temperatures and keys, staged through pinned memory."""
         if temps is None:
             return None, None
-        dev = self._out.device
-        return (torch.tensor(temps, dtype=torch.float32).to(dev, non_blocking=True),
-                torch.tensor(keys, dtype=torch.int64).to(dev, non_blocking=True))
+        end = start + len(temps)
+        bufs.temps[start:end] = torch.tensor(temps, dtype=torch.float32)
+        bufs.keys[start:end] = torch.tensor(keys, dtype=torch.int64)
+        self._temps[start:end].copy_(bufs.temps[start:end], non_blocking=True)
+        self._keys[start:end].copy_(bufs.keys[start:end], non_blocking=True)
+        return self._temps[start:end], self._keys[start:end]
 
-    def _prefill(self, batch: Batch) -> None:
+    def _prefill(self, batch: Batch, bufs: _Buffers) -> None:
         c, req = self.compute, batch.prefill
         start, end = batch.prefill_range
         if batch.synthetic:
@@ -168,15 +179,16 @@ class StepRunner:
                                  chunk_size=end - start)
         if batch.first is not None:
             temp, key = batch.first
-            temps, keys = self._sampling([temp], [key]) if temp else (None, None)
+            m = self.compute.max_batch
+            temps, keys = self._sampling(bufs, [temp], [key], m) if temp else (None, None)
             token = sample_rows(logits[None], temps, keys)
             self._out[-1:].copy_(token)
             c.runner.remember_slot(req.slot, token)
 
-    def _decode(self, batch: Batch) -> None:
+    def _decode(self, batch: Batch, bufs: _Buffers) -> None:
         c, n = self.compute, len(batch.decode)
         logits = c.runner.step(batch.ids, batch.positions, batch.slots,
                                [p + 1 for p in batch.positions])
-        tokens = sample_rows(logits, *self._sampling(batch.temps, batch.keys))
+        tokens = sample_rows(logits, *self._sampling(bufs, batch.temps, batch.keys, 0))
         self._out[:n].copy_(tokens)
         c.runner.remember(tokens, n)

@@ -243,3 +243,24 @@ def test_state_file_round_trip_and_torn_last_line(tmp_path) -> None:
     r = saved.requests["live"]
     assert (r.prompt, r.max_new_tokens, r.sampling, r.tokens) == ((3, 4, 5), 8, live.sampling,
                                                                   [11, 12])
+
+
+@pytest.mark.gpu
+def test_overlap_on_and_off_identical_on_gpu() -> None:
+    """The same jobs, plus stop tokens, on CUDA (graphs, Triton kernels) in the in-process KV
+    modes: identical tokens with overlap on and off; identical logits without stop tokens."""
+    import dataclasses
+
+    def cfg(mode: str, overlap: bool):
+        return dataclasses.replace(engine_config(mode, overlap=overlap), device="cuda")
+
+    base, base_logits, _ = asyncio.run(_run_jobs(cfg("baseline", False)))
+    jobs = JOBS + [(JOBS[1][0], 14, SamplingParams(stop_token_ids=(base[1][3],)))]
+    expected = base + [base[1][: base[1].index(base[1][3]) + 1]]
+    for mode in ("baseline", "embedded"):
+        for overlap in (False, True):
+            tokens, logits, _ = asyncio.run(_run_jobs(cfg(mode, overlap)))
+            assert tokens == base, (mode, overlap)
+            assert all(torch.equal(a, b) for a, b in zip(logits, base_logits)), (mode, overlap)
+            got, _, _ = asyncio.run(_run_jobs(cfg(mode, overlap), jobs, []))
+            assert got == expected, (mode, overlap)
