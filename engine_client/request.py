@@ -94,19 +94,11 @@ class GenRequest:
     cancelled: bool = False
     launched: int = 0
     last_step: int = -1
-    released: bool = False
     _listeners: set[asyncio.Event] = field(default_factory=set)
 
     @property
     def prompt_len(self) -> int:
         return len(self.prompt)
-
-    @property
-    def stored_len(self) -> int:
-        """Tokens whose KV is stored: the prompt, and every generated token but the last."""
-        if self.phase is Phase.PREFILL:
-            return self.prefilled
-        return self.prompt_len + max(0, len(self.tokens) - 1)
 
     @property
     def finished(self) -> bool:
