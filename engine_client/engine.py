@@ -180,6 +180,11 @@ class Engine:
         if self._inflight is not None:  # stopping: let the launched step finish and deliver
             await self._run_step(None, time.perf_counter())
 
+    def set_control(self, control: KVControl) -> None:
+        """Use another KV control from now on (a re-attach): the scheduler admits through it and
+        StepEnd / release go to it."""
+        self.control = self.scheduler.control = self.reports.control = control
+
     async def wait_device_quiet(self) -> None:
         """Until no launched step runs on the device: after `failed`, the KV memory of the lost
         service may be unmapped once this returns (the loop waits for the step in flight)."""

@@ -59,7 +59,7 @@ class Gate:
 async def _engine(limit: int, permanent: bool, **cfg):
     engine = await build_engine(engine_config("baseline", **cfg))
     gate = Gate(engine.control, limit, permanent)
-    engine.control = engine.scheduler.control = gate
+    engine.set_control(gate)
     engine.start()
     return engine, gate
 
