@@ -104,6 +104,7 @@ class StepRunner:
         self._out: torch.Tensor | None = None
         self._bufs: list[_Buffers] = []
         self._last: LaunchedStep | None = None
+        self._launches = 0
 
     def _allocate(self) -> None:
         """On the compute thread, at the first launch: CUDA work stays on that thread."""
@@ -139,7 +140,8 @@ class StepRunner:
     def launch(self, batch: Batch) -> LaunchedStep:
         if self._out is None:
             self._allocate()
-        bufs = self._bufs[batch.step % BUFFER_SETS]
+        bufs = self._bufs[self._launches % BUFFER_SETS]
+        self._launches += 1
         bufs.cpu_start = time.perf_counter()
         if bufs.start is not None:
             bufs.start.record()
