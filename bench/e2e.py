@@ -125,6 +125,7 @@ class Children:
         self.service_key: tuple | None = None
         self.metrics_port: int | None = None
         self.engine: ManagedProcess | None = None
+        self.engine_metrics_port: int | None = None
 
     def service_for(self, run: plan.Run) -> ManagedProcess | None:
         key = (run.context, run.slots, run.hot_slots, run.max_context)
@@ -145,8 +146,11 @@ class Children:
 
     def start_engine(self, run: plan.Run, name: str) -> ManagedProcess:
         uds = self.service.target.removeprefix("unix:") if run.mode.startswith("service") else ""
+        # The engine's /metrics: step GPU time and GPU idle, next to the clients' ITL.
+        self.engine_metrics_port = free_port()
         self.engine = engine_process(self.workdir, run.mode, service_uds=uds, name=name,
-                                     extra=plan.engine_flags(self.sizes, run))
+                                     extra=plan.engine_flags(self.sizes, run)
+                                     + ["--metrics-port", str(self.engine_metrics_port)])
         return self.engine.start().wait_serving(self.timeout)
 
     def stop_engine(self) -> int:
@@ -180,7 +184,8 @@ async def run_phase(ctx: dict, run: plan.Run, phase: plan.Phase, i: int) -> dict
     """One phase: `concurrency` streams at once, sampled, then analyzed."""
     ch, load, s = ctx["children"], ctx["load"], ctx["sizes"]
     pids = {"engine": ch.engine.pid, **({"service": ch.service.pid} if ch.service else {})}
-    sampler = Sampler(ch.service.target if ch.service else None, ch.metrics_port, pids)
+    sampler = Sampler(ch.service.target if ch.service else None, ch.metrics_port, pids,
+                      engine_metrics_port=ch.engine_metrics_port)
     sampler.start()
     task = asyncio.create_task(load.run(ch.engine.target, phase.concurrency, s.prompt_len,
                                         s.vocab, phase.new_tokens, ctx["stream_timeout"]))

@@ -150,6 +150,16 @@ def parse_rpc_metrics(text: str) -> dict[str, list[float]]:
     return out
 
 
+_ENGINE_RE = re.compile(r"^(engine_step_gpu_seconds_sum|engine_step_gpu_seconds_count|"
+                        r"engine_gpu_busy_seconds_total|engine_gpu_idle_seconds_total) (\S+)$",
+                        re.MULTILINE)
+
+
+def parse_engine_metrics(text: str) -> dict[str, float]:
+    """The engine's step GPU time (sum, count) and GPU busy / idle seconds (engine_client.metrics)."""
+    return {name: float(value) for name, value in _ENGINE_RE.findall(text)}
+
+
 def _rss_bytes(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -179,8 +189,9 @@ class Sampler:
     a service is given), GPU memory and RSS of the children (by name -> pid)."""
 
     def __init__(self, kv_target: str | None, metrics_port: int | None, pids: dict[str, int],
-                 period: float = 0.1) -> None:
+                 period: float = 0.1, engine_metrics_port: int | None = None) -> None:
         self.kv_target, self.metrics_port, self.pids = kv_target, metrics_port, pids
+        self.engine_metrics_port = engine_metrics_port
         self.period = period
         self.samples: list[dict] = []
         self._task: asyncio.Task | None = None
@@ -226,6 +237,14 @@ class Sampler:
                 text = await asyncio.to_thread(
                     lambda: urllib.request.urlopen(url, timeout=5).read().decode())
                 s["rpc"] = parse_rpc_metrics(text)
+            except OSError:
+                pass
+        if self.engine_metrics_port is not None:
+            url = f"http://127.0.0.1:{self.engine_metrics_port}/metrics"
+            try:
+                text = await asyncio.to_thread(
+                    lambda: urllib.request.urlopen(url, timeout=5).read().decode())
+                s["engine"] = parse_engine_metrics(text)
             except OSError:
                 pass
         self.samples.append(s)

@@ -41,6 +41,16 @@ def print_table(payload: dict) -> None:
     print("TTFT: burst arrival (one prefill per step). ITL, tok/s, H2D: steady window at N. "
           "%pin: of the same run's pinned copy. ctl%: service time in Session messages and "
           "RemoteSwap calls / wall time. GPU GiB: engine + service (nvidia-smi).")
+    print("\noverlap: client ITL p50 vs the engine's step GPU time in the same window "
+          "(targets: <= 1.10x at max N, <= 1.05x at batch 1, GPU idle <= 5%)")
+    for r in payload["runs"]:
+        for name, p in r.get("phases", {}).items():
+            if p.get("step_gpu_s") is not None:
+                print(f"  {r['context']:>8} {r['mode']:<20} {r['source']:<8} {name:<8} "
+                      f"N={p['concurrency']:<4} ITL50 {_f(p['itl_p50_s'], 1e3, '{:.2f}')} ms, "
+                      f"step {_f(p['step_gpu_s'], 1e3, '{:.2f}')} ms, "
+                      f"{_f(p['itl_p50_over_step'], 1, '{:.2f}')}x, "
+                      f"GPU idle {_f(p['gpu_idle_frac'], 100)}%")
     for skipped in payload.get("skipped", []):
         print(f"  skipped (time budget): {skipped}")
     print("\nratios (same run; tok/s unless named)")

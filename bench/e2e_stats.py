@@ -56,6 +56,20 @@ def _service_window(samples: list[dict], a: float, b: float, itl: float | None) 
     return out
 
 
+def _engine_window(samples: list[dict], a: float, b: float, itl_p50: float | None) -> dict:
+    """The engine's own view of the window: mean step GPU time (the graphed step at this N),
+    GPU idle between back-to-back steps, and the clients' ITL p50 over that step time."""
+    eng = _in_window(samples, "engine", a, b)
+    if not eng:
+        return {}
+    d = {k: eng[1]["engine"].get(k, 0.0) - eng[0]["engine"].get(k, 0.0) for k in eng[1]["engine"]}
+    steps = d.get("engine_step_gpu_seconds_count", 0.0)
+    step = d.get("engine_step_gpu_seconds_sum", 0.0) / steps if steps else None
+    busy, idle = d.get("engine_gpu_busy_seconds_total", 0.0), d.get("engine_gpu_idle_seconds_total", 0.0)
+    return {"step_gpu_s": step, "gpu_idle_frac": idle / (busy + idle) if busy + idle else None,
+            "itl_p50_over_step": itl_p50 / step if itl_p50 is not None and step else None}
+
+
 def _peaks(samples: list[dict], key: str) -> dict:
     peak: dict = {}
     for s in samples:
@@ -96,6 +110,7 @@ def analyze(recs: list[dict], samples: list[dict], concurrency: int,
     out["h2d_gbs"] = gbs
     out["h2d_frac_of_pinned"] = gbs / h2d_ceiling_gbs if gbs is not None and h2d_ceiling_gbs else None
     out.update(_service_window(samples, a, b, itl_mean))
+    out.update(_engine_window(samples, a, b, out["itl_p50_s"]))
     out["gpu_mib_peak"] = _peaks(samples, "gpu_mib")
     out["rss_bytes_peak"] = _peaks(samples, "rss")
     return out

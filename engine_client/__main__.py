@@ -73,6 +73,14 @@ SERVE_FLAGS = [
     ("--heartbeat-interval", float, "1", "seconds between Session heartbeats"),
     ("--admit-retry", float, "0.5", "seconds between admission retries while the service "
      "has no capacity"),
+    ("--overlap", _bool, "1", "launch decode step t + 1 before step t's tokens reach the host "
+     "(0: wait for every step; debugging)"),
+    ("--skip-ahead", float, "5", "seconds smaller requests may pass a queue head that waits "
+     "for KV capacity"),
+    ("--max-queue-wait", float, "300", "seconds a request may wait for admission before it "
+     "fails with RESOURCE_EXHAUSTED; 0: no limit"),
+    ("--metrics-port", _optional_int, "", "serve Prometheus /metrics on this port; empty: off"),
+    ("--metrics-address", str, "127.0.0.1", "address of the /metrics endpoint"),
     ("--log-level", str.upper, "INFO", "logging level"),
 ]
 
@@ -144,7 +152,9 @@ def engine_config(args: argparse.Namespace, env: Mapping[str, str]) -> EngineCon
         token=args.token or _optional(env.get("ENGINE_TOKEN", "")),
         rpc_timeout=args.rpc_timeout, attach_timeout=args.attach_timeout,
         heartbeat_interval=args.heartbeat_interval, admit_retry=args.admit_retry,
-        synthetic_context=args.synthetic_context, topk_source=args.topk_source)
+        synthetic_context=args.synthetic_context, topk_source=args.topk_source,
+        overlap=args.overlap, skip_ahead=args.skip_ahead, max_queue_wait=args.max_queue_wait,
+        metrics_port=args.metrics_port, metrics_address=args.metrics_address)
 
 
 def _generate(args: argparse.Namespace) -> int:

@@ -12,8 +12,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import torch
 
@@ -23,7 +22,6 @@ from engine_client.kernel_set import KernelSet
 from engine_client.kv_backend import AttnRows, BaselineBackend, BaselineConfig, KVBackend
 from engine_client.model import Model, TopkSource
 from engine_client.preset import ModelConfig
-from engine_client.scheduler import GenRequest, sample
 from kv_service.layout import KVLayout
 from kv_service.memory import KVTensors
 
@@ -33,7 +31,8 @@ log = logging.getLogger(__name__)
 class CountingBackend:
     """A KV backend that also counts, per request slot, the top-k positions each decode step
     selected and the ones it had to copy from the host. Device-side adds only, so a captured
-    decode graph keeps counting; `take()` reads and resets them between steps."""
+    decode graph keeps counting; the runner copies `counts` to the host asynchronously and
+    zeroes it after each step."""
 
     def __init__(self, inner: KVBackend) -> None:
         self._inner = inner
@@ -61,23 +60,17 @@ class CountingBackend:
             self._counts[:, 1].index_add_(0, idx, misses[:n].long().clamp(min=0))
         return rows
 
-    def take(self) -> list[tuple[int, int]]:
-        """(selected, misses) per request slot since the last call."""
-        out = self._counts[:-1].tolist()
-        self._counts.zero_()
-        return [(s, m) for s, m in out]
-
-
-@dataclass(frozen=True)
-class StepResult:
-    """Tokens of one compute call: prefill_token is set when a prefill finished."""
-
-    prefill_token: int | None
-    decode_tokens: list[int]
-    per_slot: list[tuple[int, int]]
+    @property
+    def counts(self) -> torch.Tensor:
+        """(selected, misses) [R, 2] int64 per request slot since the last zero_()."""
+        return self._counts[:-1]
 
 
 class Compute:
+    """What one engine runs on its compute thread: the model, its decode runner (static
+    buffers, CUDA graphs), the counting backend, and the prefill sizes. The steps themselves
+    are launched by engine_client.runner.StepRunner."""
+
     def __init__(self, model: Model, runner: DecodeRunner, counting: CountingBackend,
                  layout: KVLayout, prefill_chunk: int, synthetic_context: int = 0) -> None:
         self.model, self.runner, self.counting = model, runner, counting
@@ -91,37 +84,11 @@ class Compute:
     def max_batch(self) -> int:
         return self.runner.cfg.max_batch
 
-    def prefill_step(self, req: GenRequest) -> int | None:
-        """Prefill the next chunk of `req`; the first token once the prompt is done."""
-        s = req.prefilled
-        if s == 0 and self.synthetic_context:
-            self.model.backend.fill_synthetic(req.slot, self.synthetic_context, seed=req.slot)
-            s = req.prefilled = self.synthetic_context
-        e = min(s + self.prefill_chunk, req.prompt_len)
-        logits = self.model.prefill(req.slot, req.prompt[s:e], start=s, chunk_size=e - s)
-        req.prefilled = e
-        return sample(logits, req.sampling, 0) if e == req.prompt_len else None
-
-    def decode_step(self, batch: Sequence[GenRequest]) -> list[int]:
-        """One decode step: each request appends its last token and draws the next one."""
-        pos = [r.prompt_len + len(r.tokens) - 1 for r in batch]
-        logits = self.runner.step([r.tokens[-1] for r in batch], pos, [r.slot for r in batch],
-                                  [p + 1 for p in pos])
-        # One argmax and one device->host copy for every greedy row of the batch.
-        greedy = logits.argmax(dim=-1).tolist()
-        return [greedy[i] if r.sampling.temperature == 0 else sample(logits[i], r.sampling, len(r.tokens))
-                for i, r in enumerate(batch)]
-
     def bind_kv(self, tensors: KVTensors | None, exchange: dict) -> None:
         """Point the backend at a restarted service's memory, or (None) at nothing once the
         service is lost. Captured graphs hold the old addresses: dropped, recaptured on use."""
         self.counting.rebind(tensors, exchange or None)
         self.runner.graphs.clear()
-
-    def step(self, prefill: GenRequest | None, batch: Sequence[GenRequest]) -> StepResult:
-        first = self.prefill_step(prefill) if prefill is not None else None
-        tokens = self.decode_step(batch) if batch else []
-        return StepResult(first, tokens, self.counting.take())
 
 
 def choose_kernels(name: str, device: str) -> KernelSet:

@@ -95,6 +95,16 @@ class EngineConfig:
     # "indexer" or a source factory "MODULE:FUNC[:JSON kwargs]" (e.g. bench.trace:trace_source).
     synthetic_context: int = 0
     topk_source: str = "indexer"
+    # The engine loop (engine_client/engine.py): overlap launches step t + 1 before step t's
+    # tokens reach the host; off, every step is waited for (debugging, equality tests).
+    overlap: bool = True
+    # Queue policy (engine_client/scheduler.py): smaller requests may pass a head refused for
+    # capacity for skip_ahead seconds; a request waits at most max_queue_wait (0: no limit).
+    skip_ahead: float = 5.0
+    max_queue_wait: float = 300.0
+    # Prometheus /metrics of the engine; None: not served.
+    metrics_port: int | None = None
+    metrics_address: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         if self.kv_mode not in KV_MODES:
@@ -133,6 +143,13 @@ class EngineConfig:
             raise ValueError("engine_name must be 1..128 characters")
         if self.synthetic_context < 0:
             raise ValueError(f"synthetic_context must be >= 0, got {self.synthetic_context}")
+        for name in ("skip_ahead", "max_queue_wait"):
+            if not 0 <= getattr(self, name) <= 86400:
+                raise ValueError(f"{name} must be in [0, 86400] seconds, got {getattr(self, name)}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics_port must be in 0..65535, got {self.metrics_port}")
+        if not self.metrics_address:
+            raise ValueError("metrics_address must not be empty")
         if self.topk_source != "indexer" and ":" not in self.topk_source:
             raise ValueError(f"topk_source must be 'indexer' or MODULE:FUNC, got {self.topk_source!r}")
 

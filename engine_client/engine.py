@@ -1,21 +1,23 @@
-"""The continuous-batching decode engine: one asyncio task schedules, one compute thread runs the
-model.
+"""The continuous-batching decode engine: an asyncio loop that, each turn, runs
 
-Each turn of the loop:
-1. release requests that finished or were cancelled (their slots are free before the next step);
-2. admit waiting requests in order while the batch has room. A capacity refusal
-   (CapacityError / RESOURCE_EXHAUSTED) leaves the request queued; it is retried when one of our
-   requests ends, or after `admit_retry` seconds (another engine may have freed capacity);
-3. run one compute call on the compute thread: the next prefill chunk of one request, and one
-   decode step over every running request (padded to a batch bucket by the runner);
-4. check the KV memory is still trusted (service alive, same epoch), persist the new tokens to
-   the state file, then hand them to the client streams;
-5. send the step's StepEnd without waiting for the reply: it is bookkeeping, not on the path of
-   the next step.
+    schedule  ->  run  ->  postprocess
 
-When the KV service is lost every request fails (UNAVAILABLE), the control lets go of the
-service's memory at once (between steps, so nothing runs on it) and a recovery task waits for
-the control to re-attach to a restarted service; then new requests are served again.
+1. release: requests that ended give their KV slot back, but only once the newest step that read
+   it has finished on the device (`GenRequest.last_step` <= `done_step`): cancels, stop tokens,
+   max-length finishes and errors all wait for that, so no launched step reads freed or reused
+   KV and no new request is admitted into a slot a step still reads;
+2. schedule (engine_client.scheduler): admission under the queue policy, then the batch;
+3. run (engine_client.runner, on the compute thread): launch this turn's step, then wait for the
+   previous one (overlap) or for this one (--no-overlap). The KV memory is checked before a
+   launch and before a step's results are trusted;
+4. postprocess (engine_client.postprocess): tokens to the state file and the client streams,
+   requests ended, StepEnd queued in the background.
+
+With overlap the device runs step t while the host does 4 for t - 1 and 1-2 for t + 1.
+Failure: a lost KV service fails every request (`_fail_all`, `failure`); an idle engine looks at
+its service every IDLE_CHECK_SECONDS (`_check_service`). A recovery task then waits until no step
+is in flight, lets go of the lost service's memory (the `failed` event: NOT_SERVING), and waits
+for the control to re-attach to a restarted service (`recovered`: new requests are served).
 """
 
 from __future__ import annotations
@@ -24,13 +26,18 @@ import asyncio
 import logging
 import time
 import uuid
-from collections import OrderedDict, deque
+from collections import OrderedDict
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 from engine_client import errors
-from engine_client.compute import Compute, StepResult
-from engine_client.control import KVControl, StepReport
-from engine_client.scheduler import Finish, GenRequest, Phase, SamplingParams
+from engine_client.compute import Compute
+from engine_client.control import KVControl
+from engine_client.metrics import EngineMetrics
+from engine_client.postprocess import Postprocessor, ReportSender
+from engine_client.request import FailStatus, Finish, GenRequest, Phase, SamplingParams
+from engine_client.runner import Advance, LaunchedStep, StepRunner
+from engine_client.scheduler import Batch, QueuePolicy, Scheduler
 from engine_client.state_file import StateFile
 
 log = logging.getLogger(__name__)
@@ -44,29 +51,53 @@ IDLE_CHECK_SECONDS = 0.5
 
 class Engine:
     def __init__(self, compute: Compute, control: KVControl, *, executor: ThreadPoolExecutor,
-                 max_active: int, admit_retry: float, state: StateFile | None = None) -> None:
-        self.compute = compute
-        self.control = control
-        self.max_active = max_active
-        self.admit_retry = admit_retry
-        self.state = state
-        self.requests: dict[str, GenRequest] = {}
+                 max_active: int, admit_retry: float = 0.5, state: StateFile | None = None,
+                 policy: QueuePolicy | None = None, overlap: bool = True,
+                 metrics: EngineMetrics | None = None) -> None:
+        self.compute, self.control, self.state = compute, control, state
+        self.policy = policy or QueuePolicy(admit_retry=admit_retry)
+        self.metrics = metrics or EngineMetrics()
+        self.scheduler = Scheduler(control, self.policy, max_active=max_active,
+                                   max_batch=compute.max_batch, prefill_chunk=compute.prefill_chunk,
+                                   synthetic_context=compute.synthetic_context,
+                                   finish=self._finish, lost=self._fail_all,
+                                   admitted=self._admitted)
+        self.runner = StepRunner(compute, overlap=overlap)
+        self.reports = ReportSender(control)
+        self.postprocess = Postprocessor(compute.row_bytes, state, self.reports, self.metrics,
+                                         self._finish)
         self.finished: OrderedDict[str, GenRequest] = OrderedDict()
-        self.waiting: deque[GenRequest] = deque()
         self.steps = 0
+        self.done_step = -1  # every step up to this one has finished on the device
         self.failure: errors.KVClientError | None = None
-        self.totals = {"hits": 0, "misses": 0, "bytes_moved": 0, "tokens": 0}
-        self._wake = asyncio.Event()
         # Set once the KV service is lost (and its memory let go of); `recovered` once the
         # control re-attached to a restarted service and new requests are served again.
         self.failed = asyncio.Event()
         self.recovered = asyncio.Event()
         self._recovery: asyncio.Task | None = None
+        # Set after every post-processed step (waiters clear it).
+        self.stepped = asyncio.Event()
+        # Set while no step is in flight on the device.
+        self._quiet = asyncio.Event()
+        self._quiet.set()
+        self._wake = asyncio.Event()
         # One thread runs every model call, in order (it holds the CUDA device and stream).
         self._executor = executor
-        self._inflight: set[asyncio.Task] = set()
+        self._inflight: LaunchedStep | None = None
         self._task: asyncio.Task | None = None
         self._stopping = False
+
+    @property
+    def requests(self) -> dict[str, GenRequest]:
+        return self.scheduler.requests
+
+    @property
+    def waiting(self):
+        return self.scheduler.waiting
+
+    @property
+    def totals(self) -> dict[str, int]:
+        return self.postprocess.totals
 
     # --- requests from the server ---
 
@@ -75,8 +106,7 @@ class Engine:
         if self.failure is not None:
             raise self.failure
         req = GenRequest(uuid.uuid4().hex, prompt, max_new_tokens, sampling)
-        self.requests[req.request_id] = req
-        self.waiting.append(req)
+        self.scheduler.enqueue(req)
         self._wake.set()
         log.info("request %s queued: %d prompt tokens, up to %d new", req.request_id,
                  len(prompt), max_new_tokens)
@@ -94,12 +124,13 @@ class Engine:
             return
         req.cancelled = True
         if req.phase is Phase.WAITING:
-            self.waiting.remove(req)
+            self.scheduler.dequeue(req)
             self._finish(req, Finish.CANCELLED)
         self._wake.set()
 
     def adopt(self, req: GenRequest) -> None:
         """A request resumed from the state file whose slot the service still holds."""
+        req.launched = len(req.tokens)
         self.requests[req.request_id] = req
         self._wake.set()
 
@@ -118,11 +149,11 @@ class Engine:
             self._recovery.cancel()
         if self._task is not None:
             await self._task
-        await asyncio.gather(*self._inflight, return_exceptions=True)
+        await self.reports.flush()
         if not keep_requests:
             for req in list(self.requests.values()):
-                req.cancelled = True
-            await self._reap()
+                self._finish(req, Finish.CANCELLED)
+            await self._release_ended()
         for req in list(self.requests.values()):
             req.end(Finish.ERROR, "the engine stopped; resume with this request id")
         self._executor.shutdown(wait=True)
@@ -142,16 +173,29 @@ class Engine:
         while not self._stopping:
             # Cleared before looking at the state: anything that happens from here on wakes us.
             self._wake.clear()
-            await self._reap()
-            blocked = await self._admit()
-            prefill = next((r for r in self.requests.values() if r.phase is Phase.PREFILL), None)
-            batch = [r for r in self.requests.values() if r.phase is Phase.RUNNING]
-            if prefill is None and not batch:
+            began = time.perf_counter()
+            await self._release_ended()
+            batch = await self.scheduler.schedule()
+            self.metrics.queue(len(self.waiting), self.scheduler.active())
+            if batch is None and self._inflight is None:
                 # A step checks the service itself; an idle engine must look too.
                 self._check_service()
-                await self._idle(self.admit_retry if blocked else IDLE_CHECK_SECONDS)
+                self.runner.idle()
+                await self._idle(self.policy.admit_retry if self.waiting else IDLE_CHECK_SECONDS)
                 continue
-            await self._step(prefill, batch[: self.compute.max_batch])
+            await self._run_step(batch, began)
+        if self._inflight is not None:  # stopping: let the launched step finish and deliver
+            await self._run_step(None, time.perf_counter())
+
+    def set_control(self, control: KVControl) -> None:
+        """Use another KV control from now on (a re-attach): the scheduler admits through it and
+        StepEnd / release go to it."""
+        self.control = self.scheduler.control = self.reports.control = control
+
+    async def wait_device_quiet(self) -> None:
+        """Until no launched step runs on the device: after `failed`, the KV memory of the lost
+        service may be unmapped once this returns (the loop waits for the step in flight)."""
+        await self._quiet.wait()
 
     def _check_service(self) -> None:
         if self.failure is not None:
@@ -168,116 +212,67 @@ class Engine:
         except TimeoutError:
             pass
 
-    async def _admit(self) -> bool:
-        """Admit queued requests while there is room; True if the KV side refused capacity."""
-        while self.waiting and self._active() < self.max_active and self.failure is None:
-            req = self.waiting[0]
+    async def _run_step(self, batch: Batch | None, began: float) -> None:
+        """Launch `batch` (if the KV memory is still trusted) and post-process the step that
+        finished, if any."""
+        if batch is not None and self.failure is None:
             try:
-                adm = await self.control.admit(req.request_id, req.prompt_len, req.max_new_tokens)
-            except errors.CapacityError as e:
-                log.debug("request %s stays queued: %s", req.request_id, e)
-                return True
-            except errors.Draining as e:
-                self.waiting.popleft()
-                self._finish(req, Finish.ERROR, f"KV service unavailable: {e}")
-                continue
+                self.control.check_alive()  # never launch on memory of a lost service
             except errors.ServiceUnavailable as e:
                 self._fail_all(e)
-                return False
-            except errors.KVClientError as e:
-                self.waiting.popleft()
-                self._finish(req, Finish.ERROR, f"admission refused: {e}")
-                continue
-            self.waiting.popleft()
-            req.slot, req.phase = adm.slot, Phase.PREFILL
-            if self.state is not None:
-                self.state.started(req)
-            log.info("request %s admitted to slot %d (mode %d)", req.request_id, adm.slot, adm.mode)
-        return False
-
-    def _active(self) -> int:
-        return sum(r.phase in (Phase.PREFILL, Phase.RUNNING) for r in self.requests.values())
-
-    async def _step(self, prefill: GenRequest | None, batch: list[GenRequest]) -> None:
+        if self.failure is not None:
+            batch = None  # its requests have failed: nothing to launch
         loop = asyncio.get_running_loop()
-        try:
-            self.control.check_alive()  # never launch on memory of a lost service
-            result = await loop.run_in_executor(self._executor, self.compute.step, prefill, batch)
-            self.control.check_alive()  # nor trust what a step read while it was being lost
-        except errors.ServiceUnavailable as e:
-            self._fail_all(e)
-            return
-        except Exception as e:  # a failed step leaves these requests' KV undefined
-            log.exception("compute step failed")
-            for req in ([prefill] if prefill else []) + batch:
-                self._finish(req, Finish.ERROR, f"compute failed: {type(e).__name__}: {e}")
-            return
-        self.steps += 1
-        self._deliver(prefill, batch, result)
+        t0 = time.perf_counter()
+        adv: Advance = await loop.run_in_executor(self._executor, self.runner.advance, batch,
+                                                  self._inflight)
+        ran = time.perf_counter() - t0
+        self._inflight = adv.launched
+        (self._quiet.clear if adv.launched is not None else self._quiet.set)()
+        # Steps finish in launch order: all but the one in flight are done.
+        self.done_step = (adv.launched.batch.step - 1 if adv.launched is not None
+                          else self.scheduler.next_step - 1)
+        if adv.error is not None:
+            self._step_failed(batch.requests if batch else (), adv.error)
+        if adv.done is not None:
+            self._check_service()  # nor trust what a step read while it was being lost
+            if self.failure is None:
+                self.postprocess(adv.done)
+                self.steps += 1
+                self.stepped.set()
+                self.metrics.step(len(adv.done.batch.decode), adv.done.device_seconds,
+                                  adv.done.idle_before)
+        launch = adv.launched.launch_seconds if adv.launched is not None and self.runner.cuda else 0.0
+        rows = len(batch.requests) if batch is not None else 0
+        self.metrics.host(time.perf_counter() - began - ran + launch, rows)
 
-    def _deliver(self, prefill: GenRequest | None, batch: list[GenRequest],
-                 result: StepResult) -> None:
-        now = time.monotonic()
-        new: dict[str, list[int]] = {}
-        if prefill is not None and result.prefill_token is not None:
-            new[prefill.request_id] = [result.prefill_token]
-        for req, tok in zip(batch, result.decode_tokens):
-            new[req.request_id] = [tok]
-        if self.state is not None:
-            self.state.tokens(new)  # before any client can see them
-        if prefill is not None and result.prefill_token is not None:
-            prefill.phase = Phase.RUNNING
-        hits = misses = 0
-        for req in batch:
-            sel, miss = result.per_slot[req.slot]
-            req.counters.hits += sel - miss
-            req.counters.misses += miss
-            req.counters.bytes_moved += miss * self.compute.row_bytes
-            hits, misses = hits + sel - miss, misses + miss
-        for rid, toks in new.items():
-            req = self.requests[rid]
-            reason = req.add_token(toks[0], now)
-            self.totals["tokens"] += 1
-            if reason is not None:
-                req.cancelled = False
-                self._finish(req, reason)
-        self._report(batch, prefill, hits, misses)
-
-    def _report(self, batch: list[GenRequest], prefill: GenRequest | None, hits: int,
-                misses: int) -> None:
-        nbytes = misses * self.compute.row_bytes
-        for key, value in (("hits", hits), ("misses", misses), ("bytes_moved", nbytes)):
-            self.totals[key] += value
-        progress = tuple((r.request_id, r.stored_len) for r in batch + ([prefill] if prefill else [])
-                         if not r.finished)
-        report = StepReport(self.steps, progress, hits, misses, nbytes)
-        task = asyncio.get_running_loop().create_task(self._send_report(report))
-        self._inflight.add(task)
-        task.add_done_callback(self._inflight.discard)
-
-    async def _send_report(self, report: StepReport) -> None:
-        try:
-            await self.control.step_end(report)
-        except errors.ServiceUnavailable:
-            pass  # the next step's liveness check fails the requests
-        except errors.KVClientError as e:
-            log.warning("StepEnd %d refused: %s", report.step, e)
+    def _step_failed(self, requests: Iterable[GenRequest], e: Exception) -> None:
+        """A failed step leaves these requests' KV undefined."""
+        log.error("compute step failed: %s: %s", type(e).__name__, e, exc_info=e)
+        for req in requests:
+            self._finish(req, Finish.ERROR, f"compute failed: {type(e).__name__}: {e}",
+                         FailStatus.INTERNAL)
 
     # --- ends ---
 
-    def _finish(self, req: GenRequest, reason: Finish, error: str = "") -> None:
-        """Mark the request ended; its slot is released at the start of the next turn."""
+    def _admitted(self, req: GenRequest) -> None:
+        if self.state is not None:
+            self.state.started(req)
+
+    def _finish(self, req: GenRequest, reason: Finish, error: str = "",
+                status: FailStatus = FailStatus.UNAVAILABLE) -> None:
+        """Mark the request ended; its slot is released once no launched step reads it."""
+        if req.finished:
+            return
         if reason is Finish.ERROR:
             log.warning("request %s failed: %s", req.request_id, error)
-        req.end(reason, error)
+        req.end(reason, error, status)
         self._wake.set()
 
-    async def _reap(self) -> None:
+    async def _release_ended(self) -> None:
         for req in list(self.requests.values()):
-            if req.cancelled and not req.finished:
-                self._finish(req, Finish.CANCELLED)
-            if not req.finished:
-                continue
+            if not req.finished or req.last_step > self.done_step:
+                continue  # live, or a launched step still reads its KV
             await self._release(req)
             del self.requests[req.request_id]
             self.finished[req.request_id] = req
@@ -287,11 +282,12 @@ class Engine:
     async def _release(self, req: GenRequest) -> None:
         if req.slot >= 0 and self.failure is None:
             # A StepEnd still on its way may name this request: it must arrive first.
-            await asyncio.gather(*self._inflight, return_exceptions=True)
+            await self.reports.flush()
             try:
                 await self.control.release(req.request_id)
             except errors.KVClientError as e:
                 log.warning("release of %s failed: %s", req.request_id, e)
+            self.scheduler.released()
         if self.state is not None and req.slot >= 0:
             self.state.ended(req.request_id)
         log.info("request %s %s after %d tokens", req.request_id, req.finish.name.lower(),
@@ -299,26 +295,31 @@ class Engine:
 
     def _fail_all(self, why: errors.KVClientError) -> None:
         """The KV service is gone (or the loop broke): every request fails now, new ones are
-        refused with UNAVAILABLE."""
+        refused with UNAVAILABLE. A step still in flight finishes before any slot is let go."""
         if self.failure is None:
             log.error("failing %d requests: %s", len(self.requests), why)
         self.failure = why if isinstance(why, errors.ServiceUnavailable) \
             else errors.ServiceUnavailable(str(why))
-        if isinstance(why, errors.ServiceUnavailable) and self._recovery is None:
-            # The traceback holds the failed step's frames, and through them the lost memory.
-            why.__traceback__ = None
-            # Called between steps only: nothing runs on the memory that is unmapped here.
-            self.control.let_go(self.compute)
-            self.recovered.clear()
-            self._recovery = asyncio.get_running_loop().create_task(self._recover())
-        self.failed.set()
-        self.waiting.clear()
+        if isinstance(why, errors.ServiceUnavailable):
+            if self._recovery is None:
+                # The traceback holds the failed step's frames, and through them the lost memory.
+                why.__traceback__ = None
+                self.recovered.clear()
+                self._recovery = asyncio.get_running_loop().create_task(self._recover())
+        else:
+            self.failed.set()
+        for req in list(self.waiting):
+            self.scheduler.dequeue(req)
         for req in list(self.requests.values()):
             self._finish(req, Finish.ERROR, str(why))
 
     async def _recover(self) -> None:
-        """Serve again once the control is attached to a restarted KV service."""
+        """Let go of the lost service's memory once no launched step reads it, then serve
+        again once the control is attached to a restarted KV service."""
         try:
+            await self.wait_device_quiet()
+            self.control.let_go(self.compute)
+            self.failed.set()
             await self.control.reattach(self.compute)
         except errors.KVClientError as e:
             log.error("KV service not re-attached: %s", e)

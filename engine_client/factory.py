@@ -25,7 +25,8 @@ from engine_client.control import BaselineControl, EmbeddedControl, HeldRequest,
 from engine_client.engine import Engine
 from engine_client.kv_client import KVClient
 from engine_client.preset import ModelConfig, preset
-from engine_client.scheduler import Finish, GenRequest, Phase
+from engine_client.request import Finish, GenRequest, Phase
+from engine_client.scheduler import QueuePolicy
 from engine_client.weights import load_safetensors, random_weights
 
 log = logging.getLogger(__name__)
@@ -144,8 +145,10 @@ async def build_engine(cfg: EngineConfig) -> Engine:
         await control.close()
         raise
     state = state_file.StateFile(cfg.state_file) if cfg.resumable else None
-    engine = Engine(compute, control, executor=executor, max_active=cfg.max_batch,
-                    admit_retry=cfg.admit_retry, state=state)
+    policy = QueuePolicy(skip_ahead_seconds=cfg.skip_ahead, max_queue_wait=cfg.max_queue_wait,
+                         admit_retry=cfg.admit_retry)
+    engine = Engine(compute, control, executor=executor, max_active=cfg.max_batch, state=state,
+                    policy=policy, overlap=cfg.overlap)
     await restore(engine, control, saved)
     if state is not None:
         state.rewrite(control.session_id, getattr(control, "epoch", 0),

@@ -5,6 +5,11 @@ request slot -1 rows, which change no state), then replays the bucket's graph (o
 code eagerly: on CPU, with graphs off, or for a backend that cannot be captured). The captured
 code allocates only from the graph's private pool, never synchronizes and reads no device value
 on the host; its output is the static `logits` buffer.
+
+Token feedback: `last_token[r]` holds the newest sampled token of request slot r on the device.
+A row staged with token id -1 reads its input token from there, so the engine can launch step
+t + 1 before step t's tokens reach the host (overlap). The engine writes it after sampling
+(`remember`), in stream order, so the next step reads the value of the step before it.
 """
 
 from __future__ import annotations
@@ -55,10 +60,14 @@ class DecodeRunner:
         self.model, self.cfg, self.device = model, cfg, model.device
         m = cfg.max_batch
         self.inputs = torch.zeros((4, m), dtype=torch.int32, device=self.device)
-        self._staging = torch.zeros((4, m), dtype=torch.int32,
-                                    pin_memory=self.device.type == "cuda")
-        # Recorded after each staging copy: the pinned buffer is rewritten only once it is read.
-        self._staged = torch.cuda.Event() if self.device.type == "cuda" else None
+        cuda = self.device.type == "cuda"
+        # Two pinned staging buffers, alternated: with overlap one may still be in its copy.
+        self._staging = [torch.zeros((4, m), dtype=torch.int32, pin_memory=cuda) for _ in range(2)]
+        # Recorded after each staging copy: a pinned buffer is rewritten only once it is read.
+        self._staged = [torch.cuda.Event() if cuda else None for _ in range(2)]
+        # Entry R (padding rows) stays 0.
+        self.last_token = torch.zeros(be.max_requests + 1, dtype=torch.int32, device=self.device)
+        self._pad_slot = be.max_requests
         self.logits = torch.zeros((m, model.cfg.vocab_size), dtype=torch.float32, device=self.device)
         self.ws = Workspace.allocate(model.cfg, m, be.max_context, self.device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -69,7 +78,9 @@ class DecodeRunner:
     def _body(self, bs: int) -> None:
         x = self.inputs[:, :bs]
         lens = x[_LENS]
-        tok = Tokens(ids=x[_IDS], req_slots=x[_SLOTS], positions=x[_POS], seq_lens=lens,
+        fed = self.last_token[torch.where(x[_SLOTS] >= 0, x[_SLOTS], self._pad_slot).long()]
+        ids = torch.where(x[_IDS] >= 0, x[_IDS], fed)
+        tok = Tokens(ids=ids, req_slots=x[_SLOTS], positions=x[_POS], seq_lens=lens,
                      append_lens=lens)
         hidden = self.model.forward(tok, self.ws.rows(bs))
         self.logits[:bs].copy_(self.model.logits(hidden))
@@ -79,33 +90,45 @@ class DecodeRunner:
         n, be = len(token_ids), self.model.backend
         if not 0 < n <= self.cfg.max_batch or not n == len(positions) == len(req_slots) == len(seq_lens):
             raise ValueError(f"a step takes 1..{self.cfg.max_batch} rows of equal-length inputs")
-        if len(set(req_slots)) != n or not all(0 <= r < be.max_requests for r in req_slots):
+        # Builtins over the lists: this runs on the host path of every step.
+        if len(set(req_slots)) != n or not 0 <= min(req_slots) <= max(req_slots) < be.max_requests:
             raise ValueError(f"request slots must be distinct and in [0, {be.max_requests})")
-        if not all(0 <= p < be.max_context and s == p + 1 for p, s in zip(positions, seq_lens)):
+        if (not 0 <= min(positions) <= max(positions) < be.max_context
+                or any(s - p != 1 for p, s in zip(positions, seq_lens))):
             raise ValueError(f"need 0 <= position < {be.max_context} and seq_len == position + 1")
-        if not all(0 <= t < self.model.cfg.vocab_size for t in token_ids):
-            raise ValueError(f"token ids must be in [0, {self.model.cfg.vocab_size})")
+        if not -1 <= min(token_ids) <= max(token_ids) < self.model.cfg.vocab_size:
+            raise ValueError(f"token ids must be in [0, {self.model.cfg.vocab_size}) or -1 "
+                             "(the slot's last sampled token)")
 
     def _stage(self, rows: list[Sequence[int]]) -> None:
         """Copy the batch, padded, into the static inputs: one host -> device copy."""
-        if self._staged is not None:
-            self._staged.synchronize()
-        st = self._staging
-        st.zero_()
-        st[_SLOTS].fill_(-1)
+        k = self.steps % 2
+        if self._staged[k] is not None:
+            self._staged[k].synchronize()  # the copy of two steps ago: long done
+        st = self._staging[k]
         n = len(rows[0])
-        for i, row in enumerate(rows):
-            st[i, :n] = torch.tensor(row, dtype=torch.int32)
+        st[:, :n] = torch.tensor(rows, dtype=torch.int32)
+        st[:, n:] = 0
+        st[_SLOTS, n:] = -1
         # The whole buffer: both sides contiguous, and rows past bs are padding anyway.
         self.inputs.copy_(st, non_blocking=True)
-        if self._staged is not None:
-            self._staged.record()
+        if self._staged[k] is not None:
+            self._staged[k].record()
+
+    def remember(self, tokens: torch.Tensor, n: int) -> None:
+        """Store tokens [n] (device) as the last tokens of the request slots of the step just
+        run, for the next step to read (rows staged with token id -1)."""
+        self.last_token.index_copy_(0, self.inputs[_SLOTS, :n].long(), tokens.to(torch.int32))
+
+    def remember_slot(self, req_slot: int, token: torch.Tensor) -> None:
+        """Store token [1] (device) as the last token of `req_slot` (a prefill's first token)."""
+        self.last_token[req_slot: req_slot + 1].copy_(token.to(torch.int32))
 
     def step(self, token_ids: Sequence[int], positions: Sequence[int], req_slots: Sequence[int],
              seq_lens: Sequence[int]) -> torch.Tensor:
-        """One decode step: each row appends token_ids[i] at positions[i] of request slot
-        req_slots[i] (seq_lens[i] = positions[i] + 1, the length after the append), runs every
-        layer, and returns fp32 logits [n, vocab] (a view of the static buffer)."""
+        """One decode step: each row appends token_ids[i] (-1: the slot's `last_token`) at
+        positions[i] of request slot req_slots[i] (seq_lens[i] = positions[i] + 1, the length
+        after the append), runs every layer, and returns fp32 logits [n, vocab] (a view of the static buffer)."""
         self._check(token_ids, positions, req_slots, seq_lens)
         n = len(token_ids)
         bs = self.cfg.bucket(n)

@@ -1,158 +1,251 @@
-"""Per-request state of the engine and its sampling.
+"""The scheduler: decides what the next engine step runs.
 
-A `GenRequest` goes waiting -> prefill -> running -> finished. Its tokens are kept so that any
-number of client streams can read them from any index: a resumed stream replays what was
-generated before it joined, then follows live. Sampling is a pure function of (logits, seed,
-token index), so a request resumed by another engine process draws the same tokens without any
-saved RNG state.
+Each turn it
+1. ends requests whose client went away (they leave the batch; their slot is released later,
+   once the last step that read it has finished on the device);
+2. admits queued requests into free request slots (the KV side reserves prompt +
+   max_new_tokens), under the queue policy below;
+3. builds the batch: the next prefill chunk of one request, and one decode row for every running
+   request that still has tokens to produce.
+
+It counts tokens as *launched* (`GenRequest.launched`): with overlap, step t + 1 is scheduled
+before step t's tokens reach the host, so a decode row does not know its input token. The row
+then names it -1 and the device reads the slot's last sampled token (engine_client.graph).
+
+Queue policy (issue 11):
+- A request the KV side refuses as permanently too large (CapacityError.permanent) ends at once
+  with RESOURCE_EXHAUSTED and its numbers; the requests behind it go on.
+- FIFO with bounded skip-ahead: while the head of the queue is refused for capacity, smaller
+  requests behind it (fewer reserved tokens) may be admitted, but only until the head has waited
+  `skip_ahead_seconds`; from then on nothing passes it, so the capacity our running requests free
+  goes to the head and it cannot starve.
+- A request queued longer than `max_queue_wait` ends with RESOURCE_EXHAUSTED and a message.
+- After a refusal, admission is retried when one of our requests was released or `admit_retry`
+  seconds later, not at every step (each attempt is an RPC in service modes).
 """
 
 from __future__ import annotations
 
-import asyncio
 import enum
-import hashlib
+import logging
 import time
-from collections.abc import AsyncIterator
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch
+from engine_client import errors
+from engine_client.control import KVControl
+from engine_client.request import FailStatus, Finish, GenRequest, Phase
+from engine_client.sampler import token_key
 
+log = logging.getLogger(__name__)
 
-class Phase(enum.Enum):
-    WAITING = "waiting"
-    PREFILL = "prefill"
-    RUNNING = "running"
-    FINISHED = "finished"
-
-
-class Finish(enum.IntEnum):
-    """Values equal decode.v1.FinishReason."""
-
-    LENGTH = 1
-    STOP = 2
-    CANCELLED = 3
-    ERROR = 4
+# Refused admission attempts per turn, head included: each costs an RPC in service modes.
+MAX_REFUSALS_PER_TURN = 4
 
 
 @dataclass(frozen=True)
-class SamplingParams:
-    """temperature 0 is greedy; seed makes a sampled generation reproducible."""
+class QueuePolicy:
+    """skip_ahead_seconds: how long smaller requests may pass a head refused for capacity;
+    max_queue_wait: seconds a request may wait for admission (0: no limit); admit_retry: seconds
+    between admission retries while refused."""
 
-    temperature: float = 0.0
-    seed: int = 0
-    stop_token_ids: tuple[int, ...] = ()
+    skip_ahead_seconds: float = 5.0
+    max_queue_wait: float = 300.0
+    admit_retry: float = 0.5
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-
-
-@dataclass(frozen=True)
-class TokenEvent:
-    token_id: int
-    index: int
-    time_since_start_us: int
-    inter_token_us: int
+        if not 0 <= self.skip_ahead_seconds <= 86400 or not 0 <= self.max_queue_wait <= 86400:
+            raise ValueError("skip_ahead_seconds and max_queue_wait must be in [0, 86400]")
+        if not 0 < self.admit_retry <= 3600:
+            raise ValueError(f"admit_retry must be in (0, 3600], got {self.admit_retry}")
 
 
 @dataclass
-class RequestCounters:
-    """Top-k positions of this request served from the hot buffer / copied from the host."""
+class Batch:
+    """One step: `prefill` runs prompt positions prefill_range (after filling `synthetic` tokens
+    of synthetic context when > 0); `decode` rows append ids[i] (-1: on the device) at
+    positions[i] of slots[i]. temps/keys: the rows' sampling, None when every row is greedy.
+    first: (temperature, key) of the prefill's first token when this chunk ends the prompt."""
 
-    hits: int = 0
-    misses: int = 0
-    bytes_moved: int = 0
-
-
-@dataclass
-class GenRequest:
-    request_id: str
-    prompt: tuple[int, ...]
-    max_new_tokens: int
-    sampling: SamplingParams
-    phase: Phase = Phase.WAITING
-    tokens: list[int] = field(default_factory=list)
-    times: list[float] = field(default_factory=list)
-    slot: int = -1
-    prefilled: int = 0
-    finish: Finish | None = None
-    error: str = ""
-    counters: RequestCounters = field(default_factory=RequestCounters)
-    started: float = field(default_factory=time.monotonic)
-    cancelled: bool = False
-    _listeners: set[asyncio.Event] = field(default_factory=set)
+    step: int
+    prefill: GenRequest | None = None
+    prefill_range: tuple[int, int] = (0, 0)
+    synthetic: int = 0
+    first: tuple[float, int] | None = None
+    decode: list[GenRequest] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+    temps: list[float] | None = None
+    keys: list[int] | None = None
 
     @property
-    def prompt_len(self) -> int:
-        return len(self.prompt)
+    def requests(self) -> list[GenRequest]:
+        return ([self.prefill] if self.prefill is not None else []) + self.decode
 
-    @property
-    def stored_len(self) -> int:
-        """Tokens whose KV is stored: the prompt, and every generated token but the last."""
-        if self.phase is Phase.PREFILL:
-            return self.prefilled
-        return self.prompt_len + max(0, len(self.tokens) - 1)
 
-    @property
-    def finished(self) -> bool:
-        return self.phase is Phase.FINISHED
+class Admit(enum.Enum):
+    ADMITTED = 1
+    REFUSED = 2  # no capacity now
+    ENDED = 3  # the request ended (refused for good, or an error)
+    LOST = 4  # the KV service is gone
 
-    def add_token(self, token: int, now: float) -> Finish | None:
-        """Record a generated token; return why the request ends with it, if it does."""
-        self.tokens.append(token)
-        self.times.append(now)
-        self._notify()
-        if token in self.sampling.stop_token_ids:
-            return Finish.STOP
-        if len(self.tokens) >= self.max_new_tokens:
-            return Finish.LENGTH
-        return None
 
-    def end(self, finish: Finish, error: str = "") -> None:
-        if self.phase is Phase.FINISHED:
+def reserved_tokens(req: GenRequest) -> int:
+    return req.prompt_len + req.max_new_tokens
+
+
+class Scheduler:
+    """Owns the queue and the admitted requests (`requests`: every request not yet released)."""
+
+    def __init__(self, control: KVControl, policy: QueuePolicy, *, max_active: int,
+                 max_batch: int, prefill_chunk: int, synthetic_context: int,
+                 finish: Callable[..., None], lost: Callable[[errors.KVClientError], None],
+                 admitted: Callable[[GenRequest], None],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.control, self.policy = control, policy
+        self.max_active, self.max_batch = max_active, max_batch
+        self.prefill_chunk, self.synthetic_context = prefill_chunk, synthetic_context
+        self._finish, self._lost, self._admitted, self.clock = finish, lost, admitted, clock
+        self.requests: dict[str, GenRequest] = {}
+        self.waiting: deque[GenRequest] = deque()
+        self.queued_at: dict[str, float] = {}
+        self.next_step = 0
+        self.refused = False  # the last admission attempt was refused for capacity
+        self._retry_at = 0.0
+
+    # --- the queue ---
+
+    def enqueue(self, req: GenRequest) -> None:
+        self.requests[req.request_id] = req
+        self.waiting.append(req)
+        self.queued_at[req.request_id] = self.clock()
+
+    def dequeue(self, req: GenRequest) -> None:
+        self.waiting.remove(req)
+        self.queued_at.pop(req.request_id, None)
+
+    def released(self) -> None:
+        """One of our requests gave its capacity back: retry admission now."""
+        self._retry_at = 0.0
+
+    def active(self) -> int:
+        return sum(r.phase in (Phase.PREFILL, Phase.RUNNING) for r in self.requests.values())
+
+    # --- one turn ---
+
+    async def schedule(self) -> Batch | None:
+        for req in self.requests.values():
+            if req.cancelled and not req.finished:
+                self._finish(req, Finish.CANCELLED)
+        self._expire()
+        if self.waiting and self.clock() >= self._retry_at:
+            await self._admit()
+        return self._batch()
+
+    def _expire(self) -> None:
+        limit = self.policy.max_queue_wait
+        if not limit:
             return
-        self.phase, self.finish, self.error = Phase.FINISHED, finish, error
-        self._notify()
+        now = self.clock()
+        for req in [r for r in self.waiting if now - self.queued_at[r.request_id] > limit]:
+            waited = now - self.queued_at[req.request_id]
+            self.dequeue(req)
+            self._finish(req, Finish.ERROR, f"waited {waited:.1f} s for KV capacity for "
+                         f"{reserved_tokens(req)} tokens (max queue wait {limit:g} s)",
+                         FailStatus.RESOURCE_EXHAUSTED)
 
-    def event(self, i: int) -> TokenEvent:
-        t = self.times[i]
-        prev = self.times[i - 1] if i else self.started
-        return TokenEvent(self.tokens[i], i, int((t - self.started) * 1e6), int((t - prev) * 1e6))
+    async def _admit(self) -> None:
+        """Admit in queue order; smaller requests may pass a refused head while it is young."""
+        self.refused = False
+        head: GenRequest | None = None
+        refusals = 0
+        for req in list(self.waiting):
+            if self.active() >= self.max_active or refusals >= MAX_REFUSALS_PER_TURN:
+                break
+            if head is not None:
+                waited = self.clock() - self.queued_at[head.request_id]
+                if waited >= self.policy.skip_ahead_seconds:
+                    break  # the head has waited long enough: capacity is kept for it
+                if reserved_tokens(req) >= reserved_tokens(head):
+                    continue
+            outcome = await self._try_admit(req)
+            if outcome is Admit.LOST:
+                return
+            if outcome is Admit.REFUSED:
+                refusals += 1
+                head = head or req
+        if refusals:
+            self.refused = True
+            self._retry_at = self.clock() + self.policy.admit_retry
 
-    def _notify(self) -> None:
-        for ev in self._listeners:
-            ev.set()
-
-    async def follow(self, start: int = 0) -> AsyncIterator[TokenEvent]:
-        """Every token from index `start`, as it is generated, until the request finishes."""
-        wake = asyncio.Event()
-        self._listeners.add(wake)
+    async def _try_admit(self, req: GenRequest) -> Admit:
         try:
-            i = start
-            while True:
-                while i < len(self.tokens):
-                    yield self.event(i)
-                    i += 1
-                if self.finished:
-                    return
-                await wake.wait()
-                wake.clear()
-        finally:
-            self._listeners.discard(wake)
+            adm = await self.control.admit(req.request_id, req.prompt_len, req.max_new_tokens)
+        except errors.CapacityError as e:
+            if not getattr(e, "permanent", False):
+                log.debug("request %s stays queued: %s", req.request_id, e)
+                return Admit.REFUSED
+            self.dequeue(req)
+            self._finish(req, Finish.ERROR, f"the request can never fit the KV capacity: {e}",
+                         FailStatus.RESOURCE_EXHAUSTED)
+            return Admit.ENDED
+        except errors.Draining as e:
+            self.dequeue(req)
+            self._finish(req, Finish.ERROR, f"KV service unavailable: {e}")
+            return Admit.ENDED
+        except errors.ServiceUnavailable as e:
+            self._lost(e)
+            return Admit.LOST
+        except errors.KVClientError as e:
+            self.dequeue(req)
+            self._finish(req, Finish.ERROR, f"admission refused: {e}")
+            return Admit.ENDED
+        self.dequeue(req)
+        req.slot, req.phase = adm.slot, Phase.PREFILL
+        self._admitted(req)
+        log.info("request %s admitted to slot %d (mode %d)", req.request_id, adm.slot, adm.mode)
+        return Admit.ADMITTED
 
+    # --- the batch ---
 
-def _token_seed(seed: int, index: int) -> int:
-    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+    def _batch(self) -> Batch | None:
+        live = [r for r in self.requests.values() if not r.finished]
+        prefill = next((r for r in live if r.phase is Phase.PREFILL), None)
+        decode = [r for r in live if r.phase is Phase.RUNNING
+                  and r.launched < r.max_new_tokens][: self.max_batch]
+        if prefill is None and not decode:
+            return None
+        batch = Batch(self.next_step)
+        self.next_step += 1
+        if prefill is not None:
+            self._add_prefill(batch, prefill)
+        for req in decode:
+            self._add_decode(batch, req)
+        if any(r.sampling.temperature > 0 for r in decode):
+            batch.temps = [r.sampling.temperature for r in decode]
+            batch.keys = [token_key(r.sampling.seed, r.launched - 1) if r.sampling.temperature
+                          else 0 for r in decode]
+        return batch
 
+    def _add_prefill(self, batch: Batch, req: GenRequest) -> None:
+        start = req.prefilled
+        if start == 0 and self.synthetic_context:
+            batch.synthetic = start = self.synthetic_context
+        end = min(start + self.prefill_chunk, req.prompt_len)
+        batch.prefill, batch.prefill_range = req, (start, end)
+        req.prefilled, req.last_step = end, batch.step
+        if end == req.prompt_len:
+            s = req.sampling
+            batch.first = (s.temperature, token_key(s.seed, 0))
+            req.phase, req.launched = Phase.RUNNING, 1
 
-def sample(logits: torch.Tensor, params: SamplingParams, index: int) -> int:
-    """Token `index` of a request from its fp32 logits [vocab]: argmax (lowest id on ties) when
-    greedy, else a draw from softmax(logits / T) with a generator seeded by (seed, index)."""
-    if params.temperature == 0:
-        return int(torch.argmax(logits))
-    probs = torch.softmax(logits.detach().to("cpu", torch.float64) / params.temperature, dim=-1)
-    gen = torch.Generator()
-    gen.manual_seed(_token_seed(params.seed, index))
-    return int(torch.multinomial(probs, 1, generator=gen))
+    def _add_decode(self, batch: Batch, req: GenRequest) -> None:
+        # The row appends the newest token: known on the host only once it was delivered.
+        batch.ids.append(req.tokens[-1] if len(req.tokens) == req.launched else -1)
+        batch.positions.append(req.prompt_len + req.launched - 1)
+        batch.slots.append(req.slot)
+        batch.decode.append(req)
+        req.launched += 1
+        req.last_step = batch.step

@@ -4,7 +4,9 @@ and reflection, UDS (+ optional TCP).
 Generate streams one response per token with the request id and per-token timing. The token that
 ends a request (max tokens or a stop token) carries finished = true and the request's stats; a
 request that ends otherwise gets a final response without a token. An engine or KV-service
-failure ends the stream with that final ERROR response and then status UNAVAILABLE.
+failure ends the stream with that final ERROR response and then status UNAVAILABLE; a request
+that can never fit the KV capacity, or waited longer than --max-queue-wait, ends the same way
+with RESOURCE_EXHAUSTED; a failed compute step with INTERNAL.
 
 Resume (`resume_request_id`): the stream replays every token generated so far, with its index,
 then follows live; a client that already has tokens skips the indexes it has. Across an engine
@@ -31,7 +33,7 @@ from grpc_reflection.v1alpha import reflection
 from engine_client import errors
 from engine_client.config import EngineConfig
 from engine_client.engine import Engine
-from engine_client.scheduler import Finish, GenRequest, SamplingParams
+from engine_client.request import FailStatus, Finish, GenRequest, SamplingParams
 from proto.decode.v1 import decode_pb2 as pb
 from proto.decode.v1 import decode_pb2_grpc as pb_grpc
 
@@ -40,6 +42,10 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["DecodeService"].full_name
 HEALTH_NAMES = ("", SERVICE_NAME)
 STOP_GRACE_SECONDS = 2.0
+# The status a stream that ended with an ERROR finish closes with.
+FAIL_CODES = {FailStatus.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+              FailStatus.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+              FailStatus.INTERNAL: grpc.StatusCode.INTERNAL}
 
 
 class DecodeServicer(pb_grpc.DecodeServiceServicer):
@@ -112,7 +118,7 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):
                 log.info("client of request %s went away: cancelling it", req.request_id)
                 self.engine.cancel(req)
         if req.finish is Finish.ERROR:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, req.error)
+            await context.abort(FAIL_CODES[req.status], req.error)
 
     @staticmethod
     def _finalize(resp: pb.GenerateResponse, req: GenRequest) -> pb.GenerateResponse:
@@ -181,9 +187,14 @@ async def serve(cfg: EngineConfig) -> int:
     log.info("listening on %s (NOT_SERVING while the engine is built)", ", ".join(cfg.listen_targets))
     engine: Engine | None = None
     watcher = None
+    stop_metrics = None
     try:
         engine = await build_engine(cfg)
         servicer.engine = engine
+        if cfg.metrics_port is not None:
+            (host, port), stop_metrics = engine.metrics.serve(cfg.metrics_port,
+                                                              cfg.metrics_address)
+            log.info("metrics on http://%s:%d/metrics", host, port)
         engine.start()
         watcher = asyncio.create_task(_watch_failure(engine, health))
         await _set_health(health, True)
@@ -200,6 +211,8 @@ async def serve(cfg: EngineConfig) -> int:
             # engine to resume; without one they are released now.
             await engine.stop(keep_requests=cfg.resumable)
         await server.stop(STOP_GRACE_SECONDS)
+        if stop_metrics is not None:
+            stop_metrics()
         if cfg.uds:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(cfg.uds)

@@ -1,19 +1,26 @@
 """The engine's resume state (`serve --state-file PATH`): what a restarted engine needs to continue
 the requests that the KV service still holds for its session.
 
-The file is a JSON-lines log, appended to and flushed before a token is sent to any client, so a
-client never sees a token the file does not have:
+The file is a JSON-lines log, mode 0600 (it holds prompts). Records are buffered and written
+together, with one write() and flush per engine step, when the step's tokens are recorded:
+before any of them is sent to a client, so a client never sees a token the file does not have.
   {"session": ID, "epoch": N}                       first line: the KV session to resume
   {"start": RID, "prompt": [...], "max_new_tokens": N, "temperature": T, "seed": S, "stop": [...]}
   {"tokens": {RID: [new token ids], ...}}           one line per step
   {"end": RID}                                      the request finished and was released
 Sampling draws token i from a generator seeded by (seed, i), so prompt + tokens + seed are the
-whole sampling state. A restart rewrites the file compactly (atomic rename). Writes are flushed
-but not fsynced: they survive the process being killed, not the machine losing power.
+whole sampling state. A restart rewrites the file compactly (atomic rename).
+
+Durability: flushed to the OS, never fsynced. The file survives the engine process being killed
+(the case resume exists for: the KV service keeps the KV for its lease), not the machine losing
+power, which also loses the service's KV. A start or end record is buffered until the next
+step's write: a start lost with the process belongs to a request that sent no token (the
+restarted engine releases it); a lost end only names a request the service no longer holds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -21,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from engine_client.scheduler import GenRequest, SamplingParams
+from engine_client.request import GenRequest, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -86,17 +93,21 @@ class StateFile:
     def __init__(self, path: str) -> None:
         self.path = path
         self._f: IO[str] | None = None
+        self._buffer: list[str] = []
 
     def rewrite(self, session_id: str, epoch: int, live: list[GenRequest] | list[SavedRequest]) -> None:
         """Start the file over: the session line and every live request, compactly."""
         tmp = f"{self.path}.tmp"
-        with open(tmp, "w") as f:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)  # a leftover of a killed engine, maybe with wider permissions
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
             f.write(json.dumps({"session": session_id, "epoch": epoch}) + "\n")
             for r in live:
                 f.write(json.dumps(_start_record(r)) + "\n")
                 if r.tokens:
                     f.write(json.dumps({"tokens": {r.request_id: list(r.tokens)}}) + "\n")
         os.replace(tmp, self.path)
+        self._buffer.clear()  # records of the file just replaced
         if self._f is not None:
             self._f.close()
         self._f = open(self.path, "a")
@@ -105,20 +116,29 @@ class StateFile:
     def _append(self, rec: dict) -> None:
         if self._f is None:
             raise RuntimeError("state file not started: call rewrite() first")
-        self._f.write(json.dumps(rec, separators=(",", ":")) + "\n")
-        self._f.flush()
+        self._buffer.append(json.dumps(rec, separators=(",", ":")) + "\n")
+
+    def flush(self) -> None:
+        """Write every buffered record: one write() and flush."""
+        if self._buffer and self._f is not None:
+            self._f.write("".join(self._buffer))
+            self._f.flush()
+        self._buffer.clear()
 
     def started(self, r: GenRequest) -> None:
         self._append(_start_record(r))
 
     def tokens(self, new: dict[str, list[int]]) -> None:
+        """A step's tokens: written at once, with the records buffered before them."""
         if new:
             self._append({"tokens": new})
+        self.flush()
 
     def ended(self, request_id: str) -> None:
         self._append({"end": request_id})
 
     def close(self) -> None:
         if self._f is not None:
+            self.flush()
             self._f.close()
             self._f = None

@@ -61,3 +61,8 @@ def test_e2e_smoke_runs_every_mode(tmp_path: Path) -> None:
     assert len([r for r in data["runs"] if r["tag"] != "main"]) == 2  # hit rate vs B
     assert data["leftover_segments"] == [] and data["skipped"] == []
     assert "ratios (same run" in log and "wall time" in log
+    # The engine's own metrics, in the same windows: step time and GPU idle next to the ITL.
+    views = [p for r in main for p in r["phases"].values() if p.get("step_gpu_s")]
+    assert views and all(0 <= p["gpu_idle_frac"] <= 1 and p["itl_p50_over_step"] > 0
+                         for p in views), views
+    assert "overlap: client ITL p50" in log

@@ -5,12 +5,14 @@ under admission refusal, cancel, sampling."""
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 import torch
 
 from engine_client.factory import build_engine
-from engine_client.scheduler import Finish, GenRequest, SamplingParams, sample
+from engine_client.request import Finish, GenRequest, SamplingParams
+from engine_client.sampler import sample
 from tests.process_harness import (engine_config, layout_with, service_stats, start_service,
                                    workdir)
 
@@ -34,8 +36,13 @@ JOBS = [
 ]
 
 
-async def _run_jobs(cfg, jobs=JOBS) -> tuple[list[list[int]], list[torch.Tensor], dict]:
-    """Tokens of every job, and every decode step's logits, through one engine."""
+MODES = ("baseline", "embedded", "service", "service-remote-swap")
+
+
+async def _run_jobs(cfg, jobs=JOBS, finishes: list | None = None
+                    ) -> tuple[list[list[int]], list[torch.Tensor], dict]:
+    """Tokens of every job, and every decode step's logits, through one engine. Every job must
+    end by length unless `finishes` is given: it then receives the finish reasons."""
     engine = await build_engine(cfg)
     logits: list[torch.Tensor] = []
     step = engine.compute.runner.step
@@ -53,34 +60,70 @@ async def _run_jobs(cfg, jobs=JOBS) -> tuple[list[list[int]], list[torch.Tensor]
             async for _ in req.follow():
                 pass
         totals = dict(engine.totals)
-        assert all(r.finish is Finish.LENGTH for r in reqs), [(r.finish, r.error) for r in reqs]
+        if finishes is None:
+            assert all(r.finish is Finish.LENGTH for r in reqs), [(r.finish, r.error) for r in reqs]
+        else:
+            finishes.extend(r.finish for r in reqs)
     finally:
         await engine.stop()
     return [r.tokens for r in reqs], logits, totals
 
 
-def test_four_modes_give_identical_tokens_and_logits() -> None:
+def test_four_modes_give_identical_tokens_and_logits_with_overlap_on_and_off() -> None:
     with workdir() as path:
         svc = start_service(path)
         try:
-            runs = {mode: asyncio.run(_run_jobs(engine_config(mode, svc if "service" in mode else None)))
-                    for mode in ("baseline", "embedded", "service", "service-remote-swap")}
+            runs = {(mode, overlap): asyncio.run(_run_jobs(engine_config(
+                        mode, svc if "service" in mode else None, overlap=overlap)))
+                    for mode in MODES for overlap in (False, True)}
             stats = service_stats(svc)
             assert stats.requests == 0 and stats.host_pages.used == 0
         finally:
             assert svc.stop() == 0, svc.log()
         assert svc.segment_files() == []
-    base_tokens, base_logits, _ = runs["baseline"]
+    base_tokens, base_logits, _ = runs["baseline", False]
     assert [len(t) for t in base_tokens] == [n for _, n, _ in JOBS]
-    for mode, (tokens, logits, totals) in runs.items():
-        assert tokens == base_tokens, mode
-        assert len(logits) == len(base_logits), mode
-        assert all(torch.equal(a, b) for a, b in zip(logits, base_logits)), mode
+    for (mode, overlap), (tokens, logits, totals) in runs.items():
+        assert tokens == base_tokens, (mode, overlap)
+        assert len(logits) == len(base_logits), (mode, overlap)
+        assert all(torch.equal(a, b) for a, b in zip(logits, base_logits)), (mode, overlap)
         if mode != "baseline":
             # The offloaded request decoded through the host tier.
             assert totals["misses"] > 0 and totals["bytes_moved"] == totals["misses"] * 1152, mode
-    # Same swap decisions in-stream and remote.
-    assert runs["service"][2] == runs["service-remote-swap"][2]
+    # Same swap decisions in-stream and remote, with and without overlap.
+    assert (runs["service", False][2] == runs["service-remote-swap", False][2]
+            == runs["service", True][2] == runs["service-remote-swap", True][2])
+
+
+def test_stop_tokens_end_requests_identically_with_overlap_on_and_off() -> None:
+    """With overlap, a request that stops at step t is already in step t + 1: that row is
+    computed and dropped, and its slot is released only after step t + 1. Clients see the same
+    tokens either way, and the service ends with nothing held."""
+    tokens, _, _ = asyncio.run(_run_jobs(engine_config("baseline"), JOBS))
+    greedy_stop, sampled_stop = tokens[1][3], tokens[2][5]
+    jobs = JOBS + [(JOBS[1][0], 14, SamplingParams(stop_token_ids=(greedy_stop,))),
+                   (JOBS[2][0], 16, SamplingParams(0.9, 7, stop_token_ids=(sampled_stop,)))]
+    with workdir() as path:
+        svc = start_service(path)
+        try:
+            runs = {}
+            for mode in MODES:
+                for overlap in (False, True):
+                    finishes: list = []
+                    cfg = engine_config(mode, svc if "service" in mode else None, overlap=overlap)
+                    got, logits, _ = asyncio.run(_run_jobs(cfg, jobs, finishes))
+                    runs[mode, overlap] = got, finishes, sum(x.shape[0] for x in logits)
+            stats = service_stats(svc)
+            assert stats.requests == 0 and stats.host_pages.used == 0
+        finally:
+            assert svc.stop() == 0, svc.log()
+    expected = tokens + [tokens[1][: tokens[1].index(greedy_stop) + 1],
+                         tokens[2][: tokens[2].index(sampled_stop) + 1]]
+    for key, (got, finishes, _) in runs.items():
+        assert got == expected, key
+        assert finishes == [Finish.LENGTH] * 3 + [Finish.STOP] * 2, key
+    for mode in MODES:  # overlap computed (and dropped) a row after each stop
+        assert runs[mode, True][2] == runs[mode, False][2] + 2, mode
 
 
 def test_refused_admissions_wait_in_the_queue() -> None:
@@ -164,11 +207,11 @@ async def _run_stop(stop_token: int):
 
 def test_sampling_is_a_function_of_seed_and_index() -> None:
     logits = torch.randn(256, generator=torch.Generator().manual_seed(0))
-    hot = SamplingParams(temperature=1.0, seed=3)
-    draws = [sample(logits, hot, i) for i in range(20)]
-    assert draws == [sample(logits, hot, i) for i in range(20)]
-    assert draws != [sample(logits, SamplingParams(temperature=1.0, seed=4), i) for i in range(20)]
-    assert sample(logits, SamplingParams(), 5) == int(torch.argmax(logits))
+    draws = [sample(logits, 1.0, 3, i) for i in range(20)]
+    assert draws == [sample(logits, 1.0, 3, i) for i in range(20)]
+    assert draws != [sample(logits, 1.0, 4, i) for i in range(20)]
+    assert len(set(draws)) > 5  # a draw, not the argmax
+    assert sample(logits, 0.0, 5, 5) == int(torch.argmax(logits))
 
 
 def test_state_file_round_trip_and_torn_last_line(tmp_path) -> None:
@@ -178,10 +221,18 @@ def test_state_file_round_trip_and_torn_last_line(tmp_path) -> None:
     done = GenRequest("done", (1, 2), 4, SamplingParams())
     live = GenRequest("live", (3, 4, 5), 8, SamplingParams(temperature=0.5, seed=9,
                                                              stop_token_ids=(7,)))
+    with open(path, "w") as old:  # a file of an older engine, world-readable
+        old.write("{}\n")
+    os.chmod(path, 0o644)
     f.rewrite("sess", 42, [])
+    assert os.stat(path).st_mode & 0o777 == 0o600  # it holds prompts
     for r in (done, live):
         f.started(r)
+    with open(path) as check:  # start records wait for the step's single write
+        assert len(check.readlines()) == 1
     f.tokens({"done": [10], "live": [11]})
+    with open(path) as check:
+        assert len(check.readlines()) == 4
     f.tokens({"live": [12]})
     f.ended("done")
     f.close()
@@ -192,3 +243,24 @@ def test_state_file_round_trip_and_torn_last_line(tmp_path) -> None:
     r = saved.requests["live"]
     assert (r.prompt, r.max_new_tokens, r.sampling, r.tokens) == ((3, 4, 5), 8, live.sampling,
                                                                   [11, 12])
+
+
+@pytest.mark.gpu
+def test_overlap_on_and_off_identical_on_gpu() -> None:
+    """The same jobs, plus stop tokens, on CUDA (graphs, Triton kernels) in the in-process KV
+    modes: identical tokens with overlap on and off; identical logits without stop tokens."""
+    import dataclasses
+
+    def cfg(mode: str, overlap: bool):
+        return dataclasses.replace(engine_config(mode, overlap=overlap), device="cuda")
+
+    base, base_logits, _ = asyncio.run(_run_jobs(cfg("baseline", False)))
+    jobs = JOBS + [(JOBS[1][0], 14, SamplingParams(stop_token_ids=(base[1][3],)))]
+    expected = base + [base[1][: base[1].index(base[1][3]) + 1]]
+    for mode in ("baseline", "embedded"):
+        for overlap in (False, True):
+            tokens, logits, _ = asyncio.run(_run_jobs(cfg(mode, overlap)))
+            assert tokens == base, (mode, overlap)
+            assert all(torch.equal(a, b) for a, b in zip(logits, base_logits)), (mode, overlap)
+            got, _, _ = asyncio.run(_run_jobs(cfg(mode, overlap), jobs, []))
+            assert got == expected, (mode, overlap)

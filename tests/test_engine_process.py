@@ -133,3 +133,35 @@ def test_client_cancel_frees_the_request() -> None:
         finally:
             assert eng.stop() == 0, eng.log()
             assert svc.stop() == 0, svc.log()
+
+
+def test_queue_wait_limit_gives_resource_exhausted_with_a_message() -> None:
+    """One request slot (--max-batch 1): a second request waits behind a long first one and
+    fails with RESOURCE_EXHAUSTED once it waited --max-queue-wait; the first goes on."""
+    long_job = GenerateConfig(target="", prompt=PROMPT[:8], max_new_tokens=110, timeout=60)
+    short_job = GenerateConfig(target="", prompt=PROMPT[:8], max_new_tokens=4, timeout=60)
+    with workdir() as path:
+        eng = start_engine(path, "baseline",
+                           extra=("--max-batch", "1", "--max-queue-wait", "0.05"))
+        try:
+            async def run():
+                started = asyncio.Event()
+
+                async def long_stream():
+                    async with engine_channel(eng) as channel:
+                        async for _ in generate_stream(channel, long_job, GenerationResult()):
+                            started.set()  # decoding: the next request must queue
+
+                task = asyncio.create_task(long_stream())
+                await started.wait()
+                with pytest.raises(errors.KVClientError) as err:
+                    await _stream(eng, short_job)
+                done = task.done()
+                task.cancel()
+                return err.value, done
+            err, long_done = asyncio.run(run())
+            assert not long_done
+            assert err.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "max queue wait 0.05 s" in str(err)
+        finally:
+            assert eng.stop() == 0, eng.log()

@@ -1,0 +1,119 @@
+"""Prometheus metrics of one engine, in its own registry (no process-global state).
+
+Per-token latencies go through a `BatchHistogram`: a step observes all its tokens in one call
+(a bisect per value), cheaper than prometheus_client's locked `observe` per token on the per-step
+host path. Everything else is updated once per step. Names follow Prometheus conventions: base
+units (seconds), `_total` only on counters.
+
+`/metrics` listens on 127.0.0.1 unless told otherwise (`--metrics-address`), like the service's.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+# Token latencies: 1 ms .. 20 s. Step times: 50 us .. 2 s.
+TOKEN_BUCKETS = (1e-3, 2e-3, 4e-3, 8e-3, 12e-3, 16e-3, 20e-3, 25e-3, 30e-3, 40e-3, 60e-3, 0.1,
+                 0.2, 0.5, 1.0, 2.0, 5.0, 20.0)
+STEP_BUCKETS = (50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 4e-3, 8e-3, 12e-3, 16e-3, 20e-3,
+                25e-3, 32e-3, 50e-3, 0.1, 0.25, 0.5, 1.0, 2.0)
+# Steps over which the GPU idle fraction gauge is computed.
+IDLE_WINDOW = 64
+
+
+class BatchHistogram(Collector):
+    """A histogram fed many values at a time from one thread, read by the scrape thread."""
+
+    def __init__(self, name: str, doc: str, buckets: tuple[float, ...]) -> None:
+        self.name, self.doc, self.bounds = name, doc, list(buckets)
+        self._counts = [0] * (len(buckets) + 1)
+        self._sum = 0.0
+        self._lock = threading.Lock()
+
+    def observe_many(self, values: Iterable[float]) -> None:
+        counts, bounds = self._counts, self.bounds
+        total = 0.0
+        with self._lock:
+            for v in values:
+                counts[bisect.bisect_left(bounds, v)] += 1
+                total += v
+            self._sum += total
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        with self._lock:
+            counts, total = list(self._counts), self._sum
+        cumulative, buckets = 0, []
+        for bound, c in zip(self.bounds + [float("inf")], counts):
+            cumulative += c
+            buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
+        yield HistogramMetricFamily(self.name, self.doc, buckets=buckets, sum_value=total)
+
+
+class EngineMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.ttft = BatchHistogram("engine_time_to_first_token_seconds",
+                                   "submit to first token delivered", TOKEN_BUCKETS)
+        self.itl = BatchHistogram("engine_inter_token_latency_seconds",
+                                  "time between two tokens of a request, as delivered", TOKEN_BUCKETS)
+        r.register(self.ttft)
+        r.register(self.itl)
+        self.batch_size = Gauge("engine_batch_size", "decode rows in the last step", registry=r)
+        self.queue_depth = Gauge("engine_queue_depth", "requests waiting for admission", registry=r)
+        self.running = Gauge("engine_running_requests", "admitted requests (prefill or decode)",
+                             registry=r)
+        self.step_gpu = Histogram("engine_step_gpu_seconds", "device busy time of one step "
+                                  "(CPU mode: its compute time)", buckets=STEP_BUCKETS, registry=r)
+        self.step_host = Histogram("engine_step_host_seconds", "host time of one engine turn "
+                                   "(schedule, launch, post-process), waits excluded",
+                                   buckets=STEP_BUCKETS, registry=r)
+        self.host_per_request = Gauge("engine_step_host_seconds_per_request",
+                                      "host time of the last step / its requests", registry=r)
+        self.gpu_idle_fraction = Gauge("engine_gpu_idle_fraction", "device idle time between "
+                                       f"back-to-back steps / wall time, last {IDLE_WINDOW} steps",
+                                       registry=r)
+        self.gpu_busy = Counter("engine_gpu_busy_seconds", "device busy time in steps", registry=r)
+        self.gpu_idle = Counter("engine_gpu_idle_seconds", "device idle time between "
+                                "back-to-back steps", registry=r)
+        self.steps = Counter("engine_steps", "steps run", registry=r)
+        self._window: deque[tuple[float, float]] = deque(maxlen=IDLE_WINDOW)
+
+    def step(self, rows: int, gpu_seconds: float, idle_before: float | None) -> None:
+        self.steps.inc()
+        self.batch_size.set(rows)
+        self.step_gpu.observe(gpu_seconds)
+        self.gpu_busy.inc(gpu_seconds)
+        if idle_before is not None:
+            idle = max(0.0, idle_before)
+            self.gpu_idle.inc(idle)
+            self._window.append((gpu_seconds, idle))
+            busy = sum(b for b, _ in self._window)
+            idle_sum = sum(i for _, i in self._window)
+            self.gpu_idle_fraction.set(idle_sum / (busy + idle_sum) if busy + idle_sum else 0.0)
+
+    def host(self, seconds: float, requests: int) -> None:
+        self.step_host.observe(seconds)
+        if requests:
+            self.host_per_request.set(seconds / requests)
+
+    def queue(self, waiting: int, running: int) -> None:
+        self.queue_depth.set(waiting)
+        self.running.set(running)
+
+    def serve(self, port: int, addr: str = "127.0.0.1") -> tuple[tuple[str, int], Callable[[], None]]:
+        """Start the /metrics HTTP endpoint (port 0: any free port); returns the address it
+        listens on and its stop function."""
+        server, thread = start_http_server(port, addr=addr, registry=self.registry)
+
+        def stop() -> None:
+            server.shutdown()
+            server.server_close()
+            thread.join(timeout=5)
+        return server.server_address[:2], stop

@@ -1,0 +1,123 @@
+"""Post-processing of a finished step: deliver its tokens, end requests, report to the KV side.
+
+Per step, on the host, while the device already runs the next step (overlap):
+1. drop the rows of requests that ended while the step was in flight (a stop token found in the
+   step before, or a cancel): the device computed them, nobody receives them;
+2. append the step's tokens to the state file, one record for the whole step, before any client
+   can see them;
+3. hand each token to its request (one wake-up per stream), end requests on a stop token or at
+   max_new_tokens; their slots are released later by the engine, once no launched step reads
+   them;
+4. queue the step's StepEnd: sent in the background, at most one in flight, later ones merged
+   into one message while it is (coalesced).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from engine_client import errors
+from engine_client.control import KVControl, StepReport
+from engine_client.metrics import EngineMetrics
+from engine_client.request import Finish, GenRequest
+from engine_client.runner import StepOutput
+from engine_client.state_file import StateFile
+
+log = logging.getLogger(__name__)
+
+
+def merge_reports(a: StepReport, b: StepReport) -> StepReport:
+    """One report for steps a then b: b's stored lengths win, counters add up."""
+    progress = dict(a.progress)
+    progress.update(b.progress)
+    return StepReport(b.step, tuple(progress.items()), a.hits + b.hits, a.misses + b.misses,
+                      a.bytes_moved + b.bytes_moved)
+
+
+class ReportSender:
+    """StepEnd off the critical path: `send` never waits; `flush` waits until every report
+    handed to it has been answered (a release must come after the reports that name it)."""
+
+    def __init__(self, control: KVControl) -> None:
+        self.control = control
+        self._pending: StepReport | None = None
+        self._task: asyncio.Task | None = None
+        self.sent = 0
+
+    def send(self, report: StepReport) -> None:
+        self._pending = report if self._pending is None else merge_reports(self._pending, report)
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        try:
+            while self._pending is not None:
+                report, self._pending = self._pending, None
+                self.sent += 1
+                try:
+                    await self.control.step_end(report)
+                except errors.ServiceUnavailable:
+                    pass  # the next step's liveness check fails the requests
+                except errors.KVClientError as e:
+                    log.warning("StepEnd %d refused: %s", report.step, e)
+        finally:
+            self._task = None
+
+    async def flush(self) -> None:
+        task = self._task
+        if task is not None:
+            await asyncio.shield(task)
+
+
+class Postprocessor:
+    def __init__(self, row_bytes: int, state: StateFile | None, reports: ReportSender,
+                 metrics: EngineMetrics, finish: Callable[..., None]) -> None:
+        self.row_bytes, self.state, self.reports = row_bytes, state, reports
+        self.metrics, self._finish = metrics, finish
+        self.totals = {"hits": 0, "misses": 0, "bytes_moved": 0, "tokens": 0}
+
+    def __call__(self, out: StepOutput) -> None:
+        batch = out.batch
+        rows: list[tuple[GenRequest, int]] = list(zip(batch.decode, out.decode_tokens))
+        if out.prefill_token is not None:
+            rows.insert(0, (batch.prefill, out.prefill_token))
+        rows = [(r, t) for r, t in rows if not r.finished]
+        if self.state is not None and rows:
+            self.state.tokens({r.request_id: [t] for r, t in rows})
+        hits, misses = self._count(batch.decode, out.per_slot)
+        self._deliver(rows)
+        # Stored lengths once the step is done: what it appended, whatever was delivered.
+        stored = list(zip(batch.decode, (p + 1 for p in batch.positions)))
+        if batch.prefill is not None:
+            stored.insert(0, (batch.prefill, batch.prefill_range[1]))
+        progress = tuple((r.request_id, n) for r, n in stored if not r.finished)
+        self.reports.send(StepReport(batch.step, progress, hits, misses, misses * self.row_bytes))
+
+    def _count(self, decode: list[GenRequest], per_slot: list[tuple[int, int]]) -> tuple[int, int]:
+        hits = misses = 0
+        for req in decode:
+            sel, miss = per_slot[req.slot]
+            c = req.counters
+            c.hits, c.misses, c.bytes_moved = (c.hits + sel - miss, c.misses + miss,
+                                               c.bytes_moved + miss * self.row_bytes)
+            hits, misses = hits + sel - miss, misses + miss
+        t = self.totals
+        t["hits"], t["misses"] = t["hits"] + hits, t["misses"] + misses
+        t["bytes_moved"] += misses * self.row_bytes
+        return hits, misses
+
+    def _deliver(self, rows: list[tuple[GenRequest, int]]) -> None:
+        now = time.monotonic()
+        first, gaps = [], []
+        for req, token in rows:
+            (gaps.append(now - req.times[-1]) if req.times else first.append(now - req.started))
+            reason = req.add_token(token, now)
+            if reason is not None:
+                req.cancelled = False
+                self._finish(req, reason)
+        self.totals["tokens"] += len(rows)
+        self.metrics.ttft.observe_many(first)
+        self.metrics.itl.observe_many(gaps)

@@ -1,0 +1,150 @@
+"""Per-request state of the engine.
+
+A `GenRequest` goes waiting -> prefill -> running -> finished. Its tokens are kept so that any
+number of client streams can read them from any index: a resumed stream replays what was
+generated before it joined, then follows live. Sampling (engine_client.sampler) is a pure
+function of (logits, seed, token index), so a request resumed by another engine process draws
+the same tokens without any saved RNG state.
+
+Two counts matter with overlapped steps: `launched` is how many tokens the steps launched so far
+will have produced (the scheduler's view), `len(tokens)` how many arrived on the host (the
+clients' view). `last_step` is the newest launched step that reads the request's KV: its slot is
+released only once that step has finished on the device.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+
+class Phase(enum.Enum):
+    WAITING = "waiting"
+    PREFILL = "prefill"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Finish(enum.IntEnum):
+    """Values equal decode.v1.FinishReason."""
+
+    LENGTH = 1
+    STOP = 2
+    CANCELLED = 3
+    ERROR = 4
+
+
+class FailStatus(enum.Enum):
+    """Why an ERROR finish happened, as the status the client gets (server.py maps it)."""
+
+    UNAVAILABLE = "unavailable"  # the KV service or the engine is gone
+    RESOURCE_EXHAUSTED = "resource_exhausted"  # never fits, or waited too long for capacity
+    INTERNAL = "internal"  # a compute step failed
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 is greedy; seed makes a sampled generation reproducible."""
+
+    temperature: float = 0.0
+    seed: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    token_id: int
+    index: int
+    time_since_start_us: int
+    inter_token_us: int
+
+
+@dataclass
+class RequestCounters:
+    """Top-k positions of this request served from the hot buffer / copied from the host."""
+
+    hits: int = 0
+    misses: int = 0
+    bytes_moved: int = 0
+
+
+@dataclass
+class GenRequest:
+    request_id: str
+    prompt: tuple[int, ...]
+    max_new_tokens: int
+    sampling: SamplingParams
+    phase: Phase = Phase.WAITING
+    tokens: list[int] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+    slot: int = -1
+    prefilled: int = 0
+    finish: Finish | None = None
+    error: str = ""
+    status: FailStatus = FailStatus.UNAVAILABLE
+    counters: RequestCounters = field(default_factory=RequestCounters)
+    started: float = field(default_factory=time.monotonic)
+    cancelled: bool = False
+    launched: int = 0
+    last_step: int = -1
+    _listeners: set[asyncio.Event] = field(default_factory=set)
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt)
+
+    @property
+    def finished(self) -> bool:
+        return self.phase is Phase.FINISHED
+
+    def add_token(self, token: int, now: float) -> Finish | None:
+        """Record a generated token; return why the request ends with it, if it does."""
+        self.tokens.append(token)
+        self.times.append(now)
+        self._notify()
+        if token in self.sampling.stop_token_ids:
+            return Finish.STOP
+        if len(self.tokens) >= self.max_new_tokens:
+            return Finish.LENGTH
+        return None
+
+    def end(self, finish: Finish, error: str = "",
+            status: FailStatus = FailStatus.UNAVAILABLE) -> None:
+        if self.phase is Phase.FINISHED:
+            return
+        self.phase, self.finish, self.error, self.status = Phase.FINISHED, finish, error, status
+        self._notify()
+
+    def event(self, i: int) -> TokenEvent:
+        t = self.times[i]
+        prev = self.times[i - 1] if i else self.started
+        return TokenEvent(self.tokens[i], i, int((t - self.started) * 1e6), int((t - prev) * 1e6))
+
+    def _notify(self) -> None:
+        for ev in self._listeners:
+            ev.set()
+
+    async def follow(self, start: int = 0) -> AsyncIterator[TokenEvent]:
+        """Every token from index `start`, as it is generated, until the request finishes."""
+        wake = asyncio.Event()
+        self._listeners.add(wake)
+        try:
+            i = start
+            while True:
+                while i < len(self.tokens):
+                    yield self.event(i)
+                    i += 1
+                if self.finished:
+                    return
+                await wake.wait()
+                wake.clear()
+        finally:
+            self._listeners.discard(wake)
+

@@ -1,0 +1,196 @@
+"""The runner: launches one engine step on the device and hands its results back later.
+
+`launch(batch)` enqueues the step and returns at once on a GPU: the prefill chunk (if any), the
+decode graph, sampling on the device (engine_client.sampler), the sampled tokens written back as
+the slots' last tokens for the next step, and an asynchronous copy of the tokens and swap
+counters into one of three pinned host buffers, followed by an event. `LaunchedStep.wait()`
+waits for that event only, then reads the pinned buffer.
+
+Overlap (`advance`): launch step t, then wait for step t - 1. The device runs t while the host
+post-processes t - 1 and schedules t + 1, so it never waits for the host. Without overlap the
+runner waits for the step it just launched. On CPU the device is synchronous: launch computes
+the step and the events are absent, but the code path is the same.
+
+Three buffer sets, because when step t + 1 is launched, step t's buffers are not read yet and
+step t - 1's end event is still needed for step t's idle gap.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from engine_client.compute import Compute
+from engine_client.sampler import sample_rows
+from engine_client.scheduler import Batch
+
+BUFFER_SETS = 3
+
+
+class _Buffers:
+    """Pinned host copies of one step's outputs, and its device timing events."""
+
+    def __init__(self, rows: int, slots: int, cuda: bool) -> None:
+        self.tokens = torch.zeros(rows, dtype=torch.int64, pin_memory=cuda)
+        # Sampling inputs on their way to the device (pageable memory could sync the stream).
+        self.temps = torch.zeros(rows, dtype=torch.float32, pin_memory=cuda)
+        self.keys = torch.zeros(rows, dtype=torch.int64, pin_memory=cuda)
+        self.counts = torch.zeros((slots, 2), dtype=torch.int64, pin_memory=cuda)
+        self.start = torch.cuda.Event(enable_timing=True) if cuda else None
+        self.end = torch.cuda.Event(enable_timing=True) if cuda else None
+        self.cpu_start = self.cpu_end = 0.0
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """What one step produced, on the host. decode_tokens[i] belongs to batch.decode[i];
+    per_slot[r] = (top-k positions selected, misses) of request slot r in this step;
+    device_seconds: the step's busy time on the device; idle_before: device idle time between
+    the previous step and this one (None after the engine was idle)."""
+
+    batch: Batch
+    decode_tokens: list[int]
+    prefill_token: int | None
+    per_slot: list[tuple[int, int]]
+    device_seconds: float
+    idle_before: float | None
+
+
+class LaunchedStep:
+    def __init__(self, batch: Batch, bufs: _Buffers, previous: "LaunchedStep | None") -> None:
+        self.batch, self.bufs, self.previous = batch, bufs, previous
+
+    @property
+    def launch_seconds(self) -> float:
+        """Host time spent launching (on CPU: computing) the step."""
+        return self.bufs.cpu_end - self.bufs.cpu_start
+
+    def wait(self) -> StepOutput:
+        """Block until the step has finished on the device; its results (no other sync)."""
+        b, batch = self.bufs, self.batch
+        if b.end is not None:
+            b.end.synchronize()
+            busy = b.start.elapsed_time(b.end) / 1e3
+            prev = self.previous
+            idle = prev.bufs.end.elapsed_time(b.start) / 1e3 if prev is not None else None
+        else:
+            busy = b.cpu_end - b.cpu_start
+            prev = self.previous
+            idle = b.cpu_start - prev.bufs.cpu_end if prev is not None else None
+        self.previous = None  # only the idle gap needed it
+        n = len(batch.decode)
+        tokens = b.tokens[:n].tolist()
+        first = int(b.tokens[-1]) if batch.first is not None else None
+        per_slot = [(s, m) for s, m in b.counts.tolist()]
+        return StepOutput(batch, tokens[:n], first, per_slot, busy, idle)
+
+
+@dataclass(frozen=True)
+class Advance:
+    """One turn of the runner: the step now in flight, the results of a finished one, and the
+    error of a step that could not be launched (its work has drained from the device)."""
+
+    launched: LaunchedStep | None
+    done: StepOutput | None
+    error: Exception | None = None
+
+
+class StepRunner:
+    def __init__(self, compute: Compute, *, overlap: bool) -> None:
+        self.compute, self.overlap = compute, overlap
+        self.cuda = compute.model.device.type == "cuda"
+        self._out: torch.Tensor | None = None
+        self._bufs: list[_Buffers] = []
+        self._last: LaunchedStep | None = None
+        self._launches = 0
+
+    def _allocate(self) -> None:
+        """On the compute thread, at the first launch: CUDA work stays on that thread."""
+        m, dev = self.compute.max_batch, self.compute.model.device
+        # Rows [0, m): decode; row m: the prefill's first token.
+        self._out = torch.zeros(m + 1, dtype=torch.int64, device=dev)
+        self._temps = torch.zeros(m + 1, dtype=torch.float32, device=dev)
+        self._keys = torch.zeros(m + 1, dtype=torch.int64, device=dev)
+        slots = self.compute.counting.max_requests
+        self._bufs = [_Buffers(m + 1, slots, self.cuda) for _ in range(BUFFER_SETS)]
+
+    def idle(self) -> None:
+        """The engine waited for work: the next step's idle gap is not the device's fault."""
+        self._last = None
+
+    def advance(self, batch: Batch | None, inflight: LaunchedStep | None) -> Advance:
+        """Launch `batch`, then wait for `inflight` (overlap) or for `batch` itself."""
+        launched = error = None
+        if batch is not None:
+            try:
+                launched = self.launch(batch)
+            except Exception as e:  # noqa: BLE001 - handed to the engine with its batch
+                self.synchronize()  # whatever it enqueued is done before its requests are freed
+                self._last, error = None, e
+        if not self.overlap and launched is not None:
+            return Advance(None, launched.wait(), error)
+        return Advance(launched, inflight.wait() if inflight is not None else None, error)
+
+    def synchronize(self) -> None:
+        if self.cuda:
+            torch.cuda.current_stream().synchronize()
+
+    def launch(self, batch: Batch) -> LaunchedStep:
+        if self._out is None:
+            self._allocate()
+        bufs = self._bufs[self._launches % BUFFER_SETS]
+        self._launches += 1
+        bufs.cpu_start = time.perf_counter()
+        if bufs.start is not None:
+            bufs.start.record()
+        if batch.prefill is not None:
+            self._prefill(batch, bufs)
+        if batch.decode:
+            self._decode(batch, bufs)
+        counts = self.compute.counting.counts
+        bufs.tokens.copy_(self._out, non_blocking=True)
+        bufs.counts.copy_(counts, non_blocking=True)
+        counts.zero_()
+        if bufs.end is not None:
+            bufs.end.record()
+        bufs.cpu_end = time.perf_counter()
+        step = LaunchedStep(batch, bufs, self._last)
+        self._last = step
+        return step
+
+    def _sampling(self, bufs: _Buffers, temps: list[float] | None, keys: list[int] | None,
+                  start: int):
+        """Device views of the rows' temperatures and keys, staged through pinned memory."""
+        if temps is None:
+            return None, None
+        end = start + len(temps)
+        bufs.temps[start:end] = torch.tensor(temps, dtype=torch.float32)
+        bufs.keys[start:end] = torch.tensor(keys, dtype=torch.int64)
+        self._temps[start:end].copy_(bufs.temps[start:end], non_blocking=True)
+        self._keys[start:end].copy_(bufs.keys[start:end], non_blocking=True)
+        return self._temps[start:end], self._keys[start:end]
+
+    def _prefill(self, batch: Batch, bufs: _Buffers) -> None:
+        c, req = self.compute, batch.prefill
+        start, end = batch.prefill_range
+        if batch.synthetic:
+            c.model.backend.fill_synthetic(req.slot, batch.synthetic, seed=req.slot)
+        logits = c.model.prefill(req.slot, req.prompt[start:end], start=start,
+                                 chunk_size=end - start)
+        if batch.first is not None:
+            temp, key = batch.first
+            m = self.compute.max_batch
+            temps, keys = self._sampling(bufs, [temp], [key], m) if temp else (None, None)
+            token = sample_rows(logits[None], temps, keys)
+            self._out[-1:].copy_(token)
+            c.runner.remember_slot(req.slot, token)
+
+    def _decode(self, batch: Batch, bufs: _Buffers) -> None:
+        c, n = self.compute, len(batch.decode)
+        logits = c.runner.step(batch.ids, batch.positions, batch.slots,
+                               [p + 1 for p in batch.positions])
+        tokens = sample_rows(logits, *self._sampling(bufs, batch.temps, batch.keys, 0))
+        self._out[:n].copy_(tokens)
+        c.runner.remember(tokens, n)

@@ -1,0 +1,107 @@
+"""Overlap under churn: at every step new requests arrive (the queue kept at two) and now and
+then a running one is cancelled, among requests that end by stop token, by length, greedy and
+sampled, for hundreds of steps. Every
+end frees a slot that a step launched in overlap may still read, and new admissions reuse those
+slots at once: the release must wait for that step (engine_client/engine.py). At the end the KV
+side holds nothing and the device reports no error.
+
+On CUDA (gpu marker) in embedded mode with CUDA graphs and the Triton kernels; a short CPU run
+keeps the same code path in CI. `bench/sanitize.sh` runs the GPU case under compute-sanitizer.
+STRESS_STEPS overrides the step count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import random
+
+import pytest
+import torch
+
+from engine_client.factory import build_engine
+from engine_client.request import Finish, SamplingParams
+from tests.process_harness import engine_config, wait_until
+
+pytestmark = [pytest.mark.timeout(1800)]
+
+
+async def _churn(kv_mode: str, device: str, steps: int) -> tuple[dict, dict, int]:
+    cfg = dataclasses.replace(engine_config(kv_mode, max_queue_wait=0), device=device)
+    engine = await build_engine(cfg)
+    violations = _watch_slots(engine)
+    rng = random.Random(0)
+    vocab = engine.compute.model.cfg.vocab_size
+    reqs = []
+    engine.start()
+    try:
+        while engine.steps < steps:
+            prompt = tuple(rng.randrange(1, vocab) for _ in range(rng.randrange(1, 40)))
+            sampling = SamplingParams(temperature=rng.choice((0.0, 0.8)), seed=rng.randrange(99),
+                                      stop_token_ids=tuple(rng.sample(range(vocab), 8)))
+            if len(engine.waiting) < 2:  # keep the slots full, the queue short
+                reqs.append(engine.submit(prompt, rng.randrange(1, 24), sampling))
+            running = [r for r in reqs if r.tokens and not r.finished]
+            if running and rng.random() < 0.2:
+                engine.cancel(rng.choice(running))
+            engine.stepped.clear()
+            await engine.stepped.wait()  # one round per finished step
+        for r in reqs:
+            engine.cancel(r)
+        await wait_until(lambda: not engine.requests, timeout=60)
+        if device == "cuda":
+            torch.cuda.synchronize()  # an illegal address would surface here at the latest
+        s = await engine.control.stats()
+        held = {"requests": s.requests, "pages_used": s.pages_used, "slots_used": s.slots_used}
+        ends = {f: sum(r.finish is f for r in reqs) for f in Finish}
+        assert violations == [], violations[:5]
+        return held, ends, len(reqs)
+    finally:
+        await engine.stop()
+
+
+def _watch_slots(engine) -> list[str]:
+    """Record every release of a request, or admission into a slot, that a step still in
+    flight reads: the race the engine must never run."""
+    control, violations = engine.control, []
+
+    def in_flight() -> list:
+        step = engine._inflight
+        return step.batch.requests if step is not None else []
+
+    async def release(request_id: str) -> None:
+        if any(r.request_id == request_id for r in in_flight()):
+            violations.append(f"released {request_id} while a step reads it")
+        await real_release(request_id)
+
+    async def admit(*args):
+        adm = await real_admit(*args)
+        if any(r.slot == adm.slot for r in in_flight()):
+            violations.append(f"admitted into slot {adm.slot} while a step reads it")
+        return adm
+
+    real_release, real_admit = control.release, control.admit
+    control.release, control.admit = release, admit
+    return violations
+
+
+def _check(held: dict, ends: dict, n: int) -> None:
+    assert held == {"requests": 0, "pages_used": 0, "slots_used": 0}
+    assert ends[Finish.ERROR] == 0
+    assert sum(ends.values()) == n
+    # Every way out was taken, many times.
+    assert min(ends[Finish.STOP], ends[Finish.LENGTH], ends[Finish.CANCELLED]) >= 3, ends
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kv_mode", ["embedded", "baseline"])
+def test_churn_under_overlap_on_cpu(kv_mode) -> None:
+    torch.set_num_threads(1)
+    _check(*asyncio.run(_churn(kv_mode, "cpu", int(os.environ.get("STRESS_STEPS", 80)))))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_mode", ["embedded", "baseline"])
+def test_churn_under_overlap_on_gpu(kv_mode) -> None:
+    _check(*asyncio.run(_churn(kv_mode, "cuda", int(os.environ.get("STRESS_STEPS", 600)))))
