@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine_client.preset import PRESETS
-from kv_service.layout import INDEX_FORMATS, KVLayout
+from kv_service.layout import INDEX_FORMATS, ROW_FORMATS, KVLayout
 
 KV_MODES = ("baseline", "embedded", "service", "service-remote-swap")
 DEVICES = ("auto", "cpu", "cuda")
@@ -57,11 +57,12 @@ class LocalLayout:
         if self.index_format not in INDEX_FORMATS:
             raise ValueError(f"index_format must be one of {sorted(INDEX_FORMATS)}")
 
-    def layout(self, num_layers: int, topk: int) -> KVLayout:
+    def layout(self, num_layers: int, topk: int, row_format: str = "bf16") -> KVLayout:
         return KVLayout(num_layers=num_layers, max_requests=self.max_requests,
                         hot_slots=self.hot_slots, window=self.window, topk=topk,
                         page_size=self.page_size, num_pages=self.num_pages,
-                        max_context=self.max_context, index_format=self.index_format)
+                        max_context=self.max_context, index_format=self.index_format,
+                        row_format=row_format)
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,8 @@ class EngineConfig:
     # "indexer" or a source factory "MODULE:FUNC[:JSON kwargs]" (e.g. bench.trace:trace_source).
     synthetic_context: int = 0
     topk_source: str = "indexer"
+    # KV row format ("bf16" / "fp8"); None: the preset's (v32: fp8). Must match the service's.
+    row_format: str | None = None
 
     def __post_init__(self) -> None:
         if self.kv_mode not in KV_MODES:
@@ -133,6 +136,9 @@ class EngineConfig:
             raise ValueError("engine_name must be 1..128 characters")
         if self.synthetic_context < 0:
             raise ValueError(f"synthetic_context must be >= 0, got {self.synthetic_context}")
+        if self.row_format is not None and self.row_format not in ROW_FORMATS:
+            raise ValueError(f"row_format must be one of {sorted(ROW_FORMATS)}, "
+                             f"got {self.row_format!r}")
         if self.topk_source != "indexer" and ":" not in self.topk_source:
             raise ValueError(f"topk_source must be 'indexer' or MODULE:FUNC, got {self.topk_source!r}")
 

@@ -59,11 +59,15 @@ async def _run_jobs(cfg, jobs=JOBS) -> tuple[list[list[int]], list[torch.Tensor]
     return [r.tokens for r in reqs], logits, totals
 
 
-def test_four_modes_give_identical_tokens_and_logits() -> None:
+@pytest.mark.parametrize("row_format,row_bytes", [("bf16", 1152), ("fp8", 656)])
+def test_four_modes_give_identical_tokens_and_logits(row_format, row_bytes) -> None:
+    """With either row format (fp8: DeepSeek-V3.2's 656 B rows, quantized by every mode's
+    append, the baseline's included)."""
     with workdir() as path:
-        svc = start_service(path)
+        svc = start_service(path, layout_with(row_format=row_format))
         try:
-            runs = {mode: asyncio.run(_run_jobs(engine_config(mode, svc if "service" in mode else None)))
+            runs = {mode: asyncio.run(_run_jobs(engine_config(
+                        mode, svc if "service" in mode else None, row_format=row_format)))
                     for mode in ("baseline", "embedded", "service", "service-remote-swap")}
             stats = service_stats(svc)
             assert stats.requests == 0 and stats.host_pages.used == 0
@@ -78,7 +82,7 @@ def test_four_modes_give_identical_tokens_and_logits() -> None:
         assert all(torch.equal(a, b) for a, b in zip(logits, base_logits)), mode
         if mode != "baseline":
             # The offloaded request decoded through the host tier.
-            assert totals["misses"] > 0 and totals["bytes_moved"] == totals["misses"] * 1152, mode
+            assert totals["misses"] > 0 and totals["bytes_moved"] == totals["misses"] * row_bytes, mode
     # Same swap decisions in-stream and remote.
     assert runs["service"][2] == runs["service-remote-swap"][2]
 
