@@ -63,3 +63,32 @@ def test_attach_refuses_a_row_format_mismatch() -> None:
         finally:
             eng.kill()
             assert svc.stop() == 0, svc.log()
+
+
+def test_e2e_sizes_both_formats_in_the_same_budget() -> None:
+    """fp8 rows (656 B) fit more requests in the same GPU KV budget, in every mode, and the
+    engine is started with the run's row format so it matches the service."""
+    from dataclasses import replace
+
+    from bench import e2e_plan as plan
+    from bench.e2e import parse_args, sizes_from_args
+    from bench.row_formats import summary
+
+    bf16 = replace(sizes_from_args(parse_args([]), "cuda"), row_format="bf16")
+    fp8 = replace(bf16, row_format="fp8")
+    a, b = plan.plan_context(bf16, 32768), plan.plan_context(fp8, 32768)
+    assert b.n_baseline > a.n_baseline and b.n_hisparse > a.n_hisparse
+    run = plan.build_matrix(fp8, ("baseline", "service"), ("trace",))[0]
+    flags = plan.engine_flags(fp8, run)
+    assert flags[flags.index("--row-format") + 1] == "fp8"
+    svc = plan.service_flags(fp8, run)
+    assert svc[svc.index("--row-format") + 1] == "fp8"
+    payload = {"sizes": {"row_format": "fp8"}, "attention_probe": {str(b.n_hisparse): 1.5},
+               "plans": {"32768": b.to_dict(fp8)},
+               "runs": [{"context": 32768, "mode": m, "source": "trace", "tag": "main",
+                         "phases": {"max": {"tok_s": t, "h2d_gbs": 3.0}}}
+                        for m, t in (("baseline", 100.0), ("service", 250.0))]}
+    [line] = summary(payload)
+    assert line["max_req_baseline"] == b.n_baseline and line["max_req_hisparse"] == b.n_hisparse
+    assert (line["tok_s_baseline"], line["tok_s_service"]) == (100.0, 250.0)
+    assert line["miss_gbs_service"] == 3.0 and line["attn_us_per_req_layer"] == 1.5
