@@ -81,8 +81,9 @@ def load_fp8_block(kv_ptr, row, valid, D_V: tl.constexpr, D_PE: tl.constexpr):
     """Dequantized rows `row` (int64 [N]) of uint8 [n, 656] rows: (latent [N, D_V] bf16,
     rope [N, D_PE] bf16). Invalid rows are not read and come back as zeros."""
     dv = tl.arange(0, D_V)
-    codes_ptr = kv_ptr.to(tl.pointer_type(tl.float8e4nv), bitcast=True)
-    q = tl.load(codes_ptr + row[:, None] * 656 + dv[None, :], mask=valid[:, None], other=0.0)
+    # Loaded as bytes (padding reads 0, no fp8 constant to convert), then viewed as e4m3.
+    codes = tl.load(kv_ptr + row[:, None] * 656 + dv[None, :], mask=valid[:, None], other=0)
+    q = codes.to(tl.float8e4nv, bitcast=True)
     scale_ptr = (kv_ptr + 512).to(tl.pointer_type(tl.float32), bitcast=True)
     s0 = tl.load(scale_ptr + row * 164, mask=valid, other=0.0)
     s1 = tl.load(scale_ptr + row * 164 + 1, mask=valid, other=0.0)
