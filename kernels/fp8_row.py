@@ -77,7 +77,8 @@ def store_fp8_rows(base_ptr, rows, mask, codes, scale, rope):
 
 
 @triton.jit
-def load_fp8_block(kv_ptr, row, valid, D_V: tl.constexpr, D_PE: tl.constexpr):
+def load_fp8_block(kv_ptr, row, valid, D_V: tl.constexpr, D_PE: tl.constexpr,
+                   UPCAST: tl.constexpr):
     """Dequantized rows `row` (int64 [N]) of uint8 [n, 656] rows: (latent [N, D_V] bf16,
     rope [N, D_PE] bf16). Invalid rows are not read and come back as zeros."""
     dv = tl.arange(0, D_V)
@@ -93,8 +94,12 @@ def load_fp8_block(kv_ptr, row, valid, D_V: tl.constexpr, D_PE: tl.constexpr):
     blk = dv[None, :] // 128
     s = tl.where(blk == 0, s0[:, None], tl.where(blk == 1, s1[:, None],
                                                  tl.where(blk == 2, s2[:, None], s3[:, None])))
-    # fp8 * 2^k is exact in bf16, so this product rounds nothing.
-    k_nope = (q.to(tl.float32) * s).to(tl.bfloat16)
+    # fp8 * 2^k is exact in bf16, so neither product rounds anything. On GPU the bf16 one
+    # stays packed (fewer conversions); the interpreter multiplies bf16 bits, so it goes fp32.
+    if UPCAST:
+        k_nope = (q.to(tl.float32) * s).to(tl.bfloat16)
+    else:
+        k_nope = q.to(tl.bfloat16) * s.to(tl.bfloat16)
     rope_ptr = (kv_ptr + 528).to(tl.pointer_type(tl.bfloat16), bitcast=True)
     k_pe = tl.load(rope_ptr + row[:, None] * 328 + tl.arange(0, D_PE)[None, :],
                    mask=valid[:, None], other=0.0)

@@ -47,7 +47,7 @@ def _attend_block(q_nope, q_pe, kv_ptr, row, s_kv, valid, m_i, l_i, acc, qk_scal
     # Masked rows are never read, so a padding slot costs no memory traffic.
     if ROW_FP8:
         # Dequantized in registers: exact bf16 values, then the same math as bf16 rows.
-        k_nope, k_pe = load_fp8_block(kv_ptr, row, valid, D_V, D_PE)
+        k_nope, k_pe = load_fp8_block(kv_ptr, row, valid, D_V, D_PE, UPCAST)
     else:
         dv = tl.arange(0, D_V)
         dp = tl.arange(0, D_PE)
