@@ -214,9 +214,11 @@ def attention_case(ceil: dict, reps: int) -> list[Row]:
 
 
 # Both row formats run these; the fp8 kernel keeps the bf16 tiling (its tiles are dequantized
-# in registers), so the same knobs apply. The last one is the engine's decode setting.
+# in registers), so the same knobs apply; fp8 tiles stage in less shared memory, so deeper
+# pipelines may fit only for them (an ERROR row for bf16). The last one is the engine's setting.
 ATTN_FORMAT_VARIANTS = [ATTN_VARIANTS[0], ATTN_VARIANTS[1],
                         ("single bn64 st3", None, dict(block_n=64, num_stages=3)),
+                        ("single bn64 st4", None, dict(block_n=64, num_stages=4)),
                         ("split2 bn32 st3", (2, torch.float32), dict(block_n=32, num_stages=3))]
 
 

@@ -9,7 +9,8 @@ kernels, the torch reference and every KV mode produce the same bytes and the sa
 
 The fp32 -> e4m3 rounding is done with integer ops, not Triton's fp8 cast: Triton 3.9's
 interpreter drops the carry when a mantissa rounds up into the next binade (126.6 -> 64).
-Reading uses the native fp8 -> bf16 conversion, which is exact on GPU and in the interpreter.
+Reading uses the native conversions (fp8 -> bf16 on GPU, fp8 -> fp32 under the interpreter, whose
+bf16 arithmetic is not usable), exact both ways.
 """
 
 from __future__ import annotations
