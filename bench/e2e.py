@@ -3,6 +3,7 @@ at an equal GPU KV budget, with the kv service and the engine as separate proces
 
     python bench/e2e.py                 # GPU: contexts 32K and 128K, preset bench (< 10 min)
     python bench/e2e.py --smoke         # CPU: tiny preset and sizes, the whole harness (~1 min)
+    python bench/e2e.py --row-formats bf16,fp8   # every run once per KV row format
 
 Per context, each run starts `python -m engine_client serve` (and `python -m kv_service`, shared
 by the service-mode runs of a context) on sockets in a temp dir, waits for grpc health, and
@@ -26,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -35,6 +36,7 @@ from bench import e2e_plan as plan  # noqa: E402
 from bench.e2e_load import LoadGen, Sampler  # noqa: E402
 from bench.e2e_report import charts, print_table, write_json  # noqa: E402
 from bench.e2e_stats import analyze, ratios  # noqa: E402
+from bench.row_formats import print_summary, probe_attention  # noqa: E402
 from bench.trace import TraceParams, simulate  # noqa: E402
 from engine_client.procs import (REPO_ROOT, ManagedProcess, engine_process,  # noqa: E402
                                  segment_files, service_process)
@@ -58,7 +60,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--no-sweep", action="store_true", help="skip the hit-rate-vs-B runs")
     ap.add_argument("--client-procs", type=int, default=None, help="load worker processes [4; smoke 1]")
     ap.add_argument("--budget-s", type=float, default=None, help="skip runs that would end "
-                    "after this many seconds [540; smoke none]")
+                    "after this many seconds [540; smoke none]; per row format")
+    ap.add_argument("--row-formats", default="bf16", help="KV row formats, each a full run "
+                    "(baseline and HiSparse in the same format): bf16 (1152 B), fp8 (656 B); "
+                    "with several, each JSON gets a -<format> suffix and a summary is printed")
     return ap.parse_args(argv)
 
 
@@ -275,11 +280,26 @@ def simulate_trace(sizes: plan.Sizes, steady_steps: int) -> tuple[dict, dict]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    t0 = time.monotonic()
     import torch
     device = "cpu" if args.smoke or not torch.cuda.is_available() else "cuda"
-    sizes = sizes_from_args(args, device)
     ceilings = measure_ceilings() if device == "cuda" else None
+    formats = args.row_formats.split(",")
+    payloads, code = [], 0
+    for fmt in formats:
+        sizes = replace(sizes_from_args(args, device), row_format=fmt)
+        suffix = f"-{fmt}" if len(formats) > 1 else ""
+        payload, failed = run_format(args, sizes, ceilings, suffix)
+        payloads.append(payload)
+        code = code or failed
+    if len(formats) > 1 or formats != ["bf16"]:
+        print_summary(payloads)
+    return code
+
+
+def run_format(args: argparse.Namespace, sizes: plan.Sizes, ceilings: dict | None,
+               suffix: str) -> tuple[dict, int]:
+    """The whole matrix in one row format: (payload, 1 if a run failed or left segments)."""
+    t0, device = time.monotonic(), sizes.device
     runs = plan.build_matrix(sizes, tuple(args.modes.split(",")), tuple(args.sources.split(",")))
     sims = simulate_trace(sizes, 200 if device == "cuda" else 120)
     budget = args.budget_s if args.budget_s is not None else (None if args.smoke else 540.0)
@@ -295,12 +315,16 @@ def main(argv: list[str] | None = None) -> int:
         load.close()
         shutil.rmtree(workdir, ignore_errors=True)
     out = Path(args.out) if args.out else default_out(args.smoke)
+    out = out.with_name(out.stem + suffix + out.suffix)
     payload = build_payload(args, sizes, ceilings, sims, results, skipped, left, out, t0)
+    if device == "cuda":
+        n = sorted({plan.plan_context(sizes, c).n_hisparse for c in sizes.contexts})
+        payload["attention_probe"] = probe_attention(sizes.row_format, n)
     payload["charts"] = charts(payload, out)
     write_json(payload, out)
     print_table(payload)
     failed = [r for r in results if r.get("error") or r.get("engine_exit")]
-    return 1 if failed or left else 0
+    return payload, 1 if failed or left else 0
 
 
 if __name__ == "__main__":

@@ -2,11 +2,12 @@
 matrix (one run = one engine process, with its phases of concurrent streams).
 
 Budget G (bytes of GPU memory for KV state) is the same for every mode:
-- baseline: full KV rows [L, C, 1152 B] + index keys [L, C, I] per request slot;
-- HiSparse (embedded / service / service-remote-swap): hot buffers [L, B, 1152 B], index keys
+- baseline: full KV rows [L, C, D] + index keys [L, C, I] per request slot;
+- HiSparse (embedded / service / service-remote-swap): hot buffers [L, B, D], index keys
   [L, C, I] (every page a request reserves has its keys on the GPU), residency state
   (token_slot [L, C], slot_token [L, B], lru_order [L, B - W] int32), page table, mode, hit flags.
-Max concurrent requests of a mode = floor(G / per-request bytes). Index keys are fp8 (132 B).
+Max concurrent requests of a mode = floor(G / per-request bytes). Index keys are fp8 (132 B);
+rows D are bf16 (1152 B) or fp8 (656 B, `Sizes.row_format`), the same in every mode of a run.
 C is the largest request any phase makes (synthetic context + prompt + new tokens), page-rounded.
 """
 
@@ -201,7 +202,8 @@ def service_flags(s: Sizes, run: Run) -> list[str]:
 
 def engine_flags(s: Sizes, run: Run) -> list[str]:
     source = TRACE_SOURCE if run.source == "trace" else "indexer"
-    flags = ["--preset", s.preset, "--max-batch", str(run.slots), "--prefill-chunk",
+    flags = ["--preset", s.preset, "--row-format", s.row_format, "--max-batch", str(run.slots),
+             "--prefill-chunk",
              str(s.prompt_len), "--synthetic-context", str(run.context), "--topk-source", source,
              "--rpc-timeout", "60", "--attach-timeout", "120", "--log-level", "WARNING"]
     if run.mode in ("baseline", "embedded"):

@@ -171,9 +171,15 @@ ATTN_SMALL_BATCH = [ATTN_VARIANTS[1], ("split4 bn32 st3", (4, torch.float32), di
                     ("split8 bn32 st3", (8, torch.float32), dict())]
 
 
-def _attention_sweep(bs: int, variants: list, ceil: dict, reps: int) -> list[Row]:
+def _attention_sweep(bs: int, variants: list, ceil: dict, reps: int,
+                     row_format: str = "bf16") -> list[Row]:
+    from kernels.fp8_row import kv_quantize
     from kernels.sparse_attention import AttnWorkspace, sparse_mla_decode
     kv = torch.randn((bs * B, 576), device="cuda", dtype=torch.bfloat16)
+    row_bytes = 1152
+    if row_format == "fp8":
+        kv, row_bytes = torch.empty((bs * B, 656), device="cuda", dtype=torch.uint8), 656
+        kv_quantize(torch.randn((bs * B, 576), device="cuda", dtype=torch.bfloat16), kv)
     q_nope = torch.randn((bs, H, 512), device="cuda", dtype=torch.bfloat16)
     q_pe = torch.randn((bs, H, 64), device="cuda", dtype=torch.bfloat16)
     row_base = (torch.arange(bs, device="cuda", dtype=torch.int64) * B)
@@ -186,7 +192,7 @@ def _attention_sweep(bs: int, variants: list, ceil: dict, reps: int) -> list[Row
         w = None if ws is None else AttnWorkspace.allocate(bs, H, ws[0], dtype=ws[1], device="cuda")
         fns[label] = (lambda o=outs[label], w=w, kw=kw: sparse_mla_decode(  # noqa: E731
             q_nope, q_pe, kv, row_base, slots, 576 ** -0.5, o, lse, workspace=w, **kw))
-    nbytes = bs * K * 1152 + q_nope.nbytes + q_pe.nbytes + outs[variants[0][0]].nbytes + lse.nbytes
+    nbytes = bs * K * row_bytes + q_nope.nbytes + q_pe.nbytes + outs[variants[0][0]].nbytes + lse.nbytes
     flops = 2 * bs * H * K * (576 + 512)
     floor = max(nbytes / (ceil["d2d_gbs"] * 1e3), flops / (ceil["mm_tflops"] * 1e6))
     first = outs[variants[0][0]]
@@ -197,13 +203,43 @@ def _attention_sweep(bs: int, variants: list, ceil: dict, reps: int) -> list[Row
         return us / floor, (f"roofline floor {floor:.1f}us; target ratio <=2; max|out - "
                             f"{variants[0][0]}| {diff:.1e}; cpu/call {cpu:.1f}us")
 
-    return _sweep("sparse_attn", f"bs{bs} H128 k2048", fns, reps, judge)
+    return _sweep("sparse_attn", f"bs{bs} H128 k2048{' fp8' if row_format == 'fp8' else ''}",
+                  fns, reps, judge)
 
 
 def attention_case(ceil: dict, reps: int) -> list[Row]:
     # bs 64 is the target; bs 8 shows what split-k buys when programs are few.
     return (_attention_sweep(BS, ATTN_VARIANTS, ceil, reps)
             + _attention_sweep(8, ATTN_SMALL_BATCH, ceil, reps))
+
+
+# Both row formats run these; the fp8 kernel keeps the bf16 tiling (its tiles are dequantized
+# in registers), so the same knobs apply; fp8 tiles stage in less shared memory, so deeper
+# pipelines may fit only for them (an ERROR row for bf16). The last one is the engine's setting.
+ATTN_FORMAT_VARIANTS = [ATTN_VARIANTS[0], ATTN_VARIANTS[1],
+                        ("single bn64 st3", None, dict(block_n=64, num_stages=3)),
+                        ("single bn64 st4", None, dict(block_n=64, num_stages=4)),
+                        ("split2 bn32 st3", (2, torch.float32), dict(block_n=32, num_stages=3))]
+
+
+def attention_formats_case(ceil: dict, reps: int) -> list[Row]:
+    """fp8 rows (656 B) against bf16 rows (1152 B), best variant of each, same run, N >= 64."""
+    rows, engine_cfg = [], ATTN_FORMAT_VARIANTS[-1][0]
+    for bs in (64, 128):
+        best, engine = {}, {}
+        for fmt in ("bf16", "fp8"):
+            swept = _attention_sweep(bs, ATTN_FORMAT_VARIANTS, ceil, reps, row_format=fmt)
+            rows += swept
+            best[fmt] = min((r.us for r in swept if "BEST" in r.case), default=float("nan"))
+            engine[fmt] = next((r.us for r in swept if r.case.endswith(f"[{engine_cfg}]")),
+                               float("nan"))
+        rows.append(Row("sparse_attn", f"bs{bs} fp8/bf16 [{engine_cfg}]", engine["fp8"],
+                        engine["fp8"] / engine["bf16"], "the engine's setting; target <=0.7"))
+        rows.append(Row("sparse_attn", f"bs{bs} fp8/bf16 (best of each)", best["fp8"],
+                        best["fp8"] / best["bf16"],
+                        f"per request-layer: fp8 {best['fp8'] / bs:.2f}us, bf16 "
+                        f"{best['bf16'] / bs:.2f}us; target ratio <=0.7"))
+    return rows
 
 
 # Per key format: (label, indexer keywords); the first is the default.
@@ -288,4 +324,5 @@ def topk_case(ceil: dict, reps: int) -> list[Row]:
     return _sweep("topk_select", "bs64 32K k2048", fns, reps, judge)
 
 
-ALL = [miss_copy_case, plan_case, attention_case, indexer_case, topk_case]
+ALL = [miss_copy_case, plan_case, attention_case, attention_formats_case, indexer_case,
+       topk_case]

@@ -1,6 +1,6 @@
 """Kernel benchmark: every kernel against its comparison, measured in one run.
 
-    python bench/kernels.py [--out bench/results/kernels.json] [--quick]
+    python bench/kernels.py [--out bench/results/kernels.json] [--quick] [--cases a,b]
 
 Needs CUDA. Prints a table last and writes JSON. GPU times come from CUDA graphs replayed
 between events, so Python launch cost is excluded; the CPU cost of one wrapper call is
@@ -28,6 +28,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="bench/results/kernels.json", help="JSON results path")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions (smoke run)")
+    ap.add_argument("--cases", default="", help="comma-separated case names of "
+                    "bench/kernel_cases.ALL to run (default: all), e.g. "
+                    "miss_copy_case,attention_formats_case")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench/kernels.py needs CUDA", file=sys.stderr)
@@ -37,7 +40,11 @@ def main() -> int:
     print(f"ceilings: pinned H2D {ceil['h2d_gbs']:.1f} GB/s, D2D {ceil['d2d_gbs']:.0f} GB/s "
           f"(read+write), bf16 matmul {ceil['mm_tflops']:.0f} TFLOP/s", flush=True)
     rows: list[Row] = []
-    for case in cases.ALL:
+    chosen = [c for c in cases.ALL if not args.cases or c.__name__ in args.cases.split(",")]
+    if not chosen:
+        print(f"no case named in {args.cases!r}", file=sys.stderr)
+        return 2
+    for case in chosen:
         t0 = time.time()
         try:
             rows.extend(case(ceil, reps))

@@ -60,6 +60,8 @@ SERVE_FLAGS = [
     ("--num-pages", int, "256", "embedded: pages of the host tier"),
     ("--max-context", int, "512", "baseline/embedded: most tokens per request"),
     ("--index-format", str, "bf16", "baseline/embedded: indexer key format, bf16 or fp8"),
+    ("--row-format", _optional, "", "KV row format, bf16 (1152 B) or fp8 (656 B, DeepSeek-V3.2's "
+     "FlashMLA rows); empty: the preset's (v32: fp8); service modes: must match the service"),
     ("--synthetic-context", int, "0", "benchmarks: prefix every prompt with this many synthetic "
      "context tokens, filled with random KV instead of a prefill"),
     ("--topk-source", str, "indexer", "benchmarks: decode top-k from the model's indexer, or "
@@ -154,7 +156,8 @@ def engine_config(args: argparse.Namespace, env: Mapping[str, str]) -> EngineCon
         heartbeat_interval=args.heartbeat_interval, admit_retry=args.admit_retry,
         synthetic_context=args.synthetic_context, topk_source=args.topk_source,
         overlap=args.overlap, skip_ahead=args.skip_ahead, max_queue_wait=args.max_queue_wait,
-        metrics_port=args.metrics_port, metrics_address=args.metrics_address)
+        metrics_port=args.metrics_port, metrics_address=args.metrics_address,
+        row_format=args.row_format)
 
 
 def _generate(args: argparse.Namespace) -> int:

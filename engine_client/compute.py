@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import torch
 
+from engine_client.errors import LayoutMismatch
 from engine_client.graph import DecodeConfig, DecodeRunner
 from engine_client.hisparse_backend import HiSparseBackend, RemoteSwapBackend
 from engine_client.kernel_set import KernelSet
@@ -144,5 +145,9 @@ def check_model_fits(model_cfg: ModelConfig, layout: KVLayout) -> None:
     if layout.num_layers != model_cfg.num_layers or layout.topk != model_cfg.topk:
         raise ValueError(f"KV layout (layers {layout.num_layers}, top-k {layout.topk}) does not "
                          f"fit the model (layers {model_cfg.num_layers}, top-k {model_cfg.topk})")
-    if layout.row_format != "bf16":
-        raise ValueError(f"the engine writes bf16 KV rows; the layout has {layout.row_format}")
+    if layout.row_format != model_cfg.row_format:
+        raise LayoutMismatch(
+            f"KV row format mismatch: the engine writes {model_cfg.row_format} rows but the KV "
+            f"layout has {layout.row_format} rows; start the engine and the service with the same "
+            f"row format (engine --row-format / ENGINE_ROW_FORMAT, service --row-format / "
+            f"KVS_ROW_FORMAT)")

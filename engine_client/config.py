@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine_client.preset import PRESETS
-from kv_service.layout import INDEX_FORMATS, KVLayout
+from kv_service.layout import INDEX_FORMATS, ROW_FORMATS, KVLayout
 
 KV_MODES = ("baseline", "embedded", "service", "service-remote-swap")
 DEVICES = ("auto", "cpu", "cuda")
@@ -57,11 +57,12 @@ class LocalLayout:
         if self.index_format not in INDEX_FORMATS:
             raise ValueError(f"index_format must be one of {sorted(INDEX_FORMATS)}")
 
-    def layout(self, num_layers: int, topk: int) -> KVLayout:
+    def layout(self, num_layers: int, topk: int, row_format: str = "bf16") -> KVLayout:
         return KVLayout(num_layers=num_layers, max_requests=self.max_requests,
                         hot_slots=self.hot_slots, window=self.window, topk=topk,
                         page_size=self.page_size, num_pages=self.num_pages,
-                        max_context=self.max_context, index_format=self.index_format)
+                        max_context=self.max_context, index_format=self.index_format,
+                        row_format=row_format)
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,8 @@ class EngineConfig:
     # Prometheus /metrics of the engine; None: not served.
     metrics_port: int | None = None
     metrics_address: str = "127.0.0.1"
+    # KV row format ("bf16" / "fp8"); None: the preset's (v32: fp8). Must match the service's.
+    row_format: str | None = None
 
     def __post_init__(self) -> None:
         if self.kv_mode not in KV_MODES:
@@ -150,6 +153,9 @@ class EngineConfig:
             raise ValueError(f"metrics_port must be in 0..65535, got {self.metrics_port}")
         if not self.metrics_address:
             raise ValueError("metrics_address must not be empty")
+        if self.row_format is not None and self.row_format not in ROW_FORMATS:
+            raise ValueError(f"row_format must be one of {sorted(ROW_FORMATS)}, "
+                             f"got {self.row_format!r}")
         if self.topk_source != "indexer" and ":" not in self.topk_source:
             raise ValueError(f"topk_source must be 'indexer' or MODULE:FUNC, got {self.topk_source!r}")
 

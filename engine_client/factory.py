@@ -36,7 +36,10 @@ EMBEDDED_LEASE_SECONDS = 30.0
 
 
 def model_config(cfg: EngineConfig) -> ModelConfig:
-    return preset(cfg.preset, **({"num_layers": cfg.num_layers} if cfg.num_layers else {}))
+    overrides = {"num_layers": cfg.num_layers} if cfg.num_layers else {}
+    if cfg.row_format:
+        overrides["row_format"] = cfg.row_format
+    return preset(cfg.preset, **overrides)
 
 
 async def connect_service(cfg: EngineConfig, saved: state_file.SavedState) -> KVClient:
@@ -56,7 +59,7 @@ async def connect_service(cfg: EngineConfig, saved: state_file.SavedState) -> KV
 
 
 def local_control(cfg: EngineConfig, mcfg: ModelConfig, device: str) -> KVControl:
-    layout = cfg.local.layout(mcfg.num_layers, mcfg.topk)
+    layout = cfg.local.layout(mcfg.num_layers, mcfg.topk, mcfg.row_format)
     if cfg.kv_mode == "baseline":
         return BaselineControl(layout)
     from kv_service.core import ServiceCore

@@ -30,12 +30,11 @@ class HiSparseBackend(KVBackend):
 
     def __init__(self, kv: KVTensors, *, kernels: KernelSet, max_batch: int | None = None) -> None:
         lay = kv.layout
-        if lay.row_format != "bf16":
-            raise ValueError(f"the engine writes bf16 KV rows; layout has {lay.row_format!r}")
         self.kv, self.layout, self.kernels = kv, lay, kernels
         self.device = kv.device
         self.num_layers, self.max_requests = lay.num_layers, lay.max_requests
         self.max_context, self.topk, self.index_format = lay.max_context, lay.topk, lay.index_format
+        self.row_format = lay.row_format
         self.capturable = kernels.capturable
         n, k = max_batch or lay.max_requests, lay.topk
         if not 0 < n <= lay.max_requests:
@@ -49,10 +48,13 @@ class HiSparseBackend(KVBackend):
         self._hot_rows = self._hot_views(kv)
 
     def _hot_views(self, kv: KVTensors) -> list[torch.Tensor]:
-        # Per-layer bf16 views of the hot buffers, made once so a captured graph keeps them.
-        R, B = self.layout.max_requests, self.layout.hot_slots
-        return [kv.hot_kv[l].view(torch.bfloat16).view(R * B, ROW_DIM)
-                for l in range(self.layout.num_layers)]
+        # Per-layer row views of the hot buffers, made once so a captured graph keeps them.
+        return [self._rows(kv.hot_kv[l]) for l in range(self.layout.num_layers)]
+
+    def _rows(self, raw: torch.Tensor) -> torch.Tensor:
+        """Rows as attention reads them: bf16 [n, 576], or fp8 rows [n, 656] uint8 as stored."""
+        flat = raw.view(-1, self.layout.row_bytes)
+        return flat.view(torch.bfloat16).view(-1, ROW_DIM) if self.row_format == "bf16" else flat
 
     def rebind(self, kv: KVTensors | None, xchg: dict[str, torch.Tensor] | None = None) -> None:
         """Use another mapping of the same layout (a restarted service's memory), or none:
@@ -75,7 +77,8 @@ class HiSparseBackend(KVBackend):
     def append(self, layer: int, kv_rows: torch.Tensor, index_rows: torch.Tensor,
                req_slots: torch.Tensor, positions: torch.Tensor, seq_lens: torch.Tensor) -> None:
         kv = self.kv
-        self.kernels.kv_append(layer, kv_rows.view(torch.uint8), index_rows, req_slots, positions,
+        # bf16 rows: kv_append stores them as bytes, or quantizes them for fp8 tiers.
+        self.kernels.kv_append(layer, kv_rows, index_rows, req_slots, positions,
                                seq_lens, kv.req_mode, kv.page_table, kv.host_rows, kv.hot_kv,
                                kv.index_pool, window=self.layout.window)
 
@@ -122,7 +125,7 @@ class HiSparseBackend(KVBackend):
 
     def _read_host(self, layer: int, req_slot: int, positions: torch.Tensor) -> torch.Tensor:
         """Host rows of `positions` [m, w] (ascending, -1 padding at the end of each row) into
-        a fresh [m * w, 576] bf16 buffer, row i * w + j holding positions[i, j]."""
+        a fresh row buffer (attention's format), row i * w + j holding positions[i, j]."""
         lay, dev = self.layout, self.device
         m, w = positions.shape
         t = positions.long().clamp(min=0)
@@ -133,7 +136,7 @@ class HiSparseBackend(KVBackend):
         count = (positions >= 0).sum(dim=1, dtype=torch.int32)
         scratch = torch.zeros((m * w, lay.row_bytes), dtype=torch.uint8, device=dev)
         self.kernels.miss_copy(self.kv.host_rows, scratch, src, dst, count)
-        return scratch.view(torch.bfloat16).view(m * w, ROW_DIM)
+        return self._rows(scratch)
 
     def stats(self) -> dict[str, int]:
         selected, misses = self.counters.tolist()

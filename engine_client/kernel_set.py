@@ -19,10 +19,13 @@ class KernelSet:
     sparse_mla_decode: Callable[..., None]
     indexer_scores: Callable[..., None]
     topk_select: Callable[..., None]
+    # rows [n, 576] bf16 -> fp8 rows [n, 656] uint8 (the bytes kv_append writes for fp8 tiers).
+    kv_quantize: Callable[..., None] | None = None
     capturable: bool = True
 
     @classmethod
     def triton(cls) -> "KernelSet":
+        from kernels.fp8_row import kv_quantize
         from kernels.indexer import indexer_scores
         from kernels.kv_append import kv_append
         from kernels.miss_copy import miss_copy
@@ -31,7 +34,7 @@ class KernelSet:
         from kernels.topk import topk_select
         return cls(kv_append=kv_append, swap_plan=swap_plan, miss_copy=miss_copy,
                    sparse_mla_decode=sparse_mla_decode, indexer_scores=indexer_scores,
-                   topk_select=topk_select)
+                   topk_select=topk_select, kv_quantize=kv_quantize)
 
     @classmethod
     def reference(cls) -> "KernelSet":
@@ -39,4 +42,4 @@ class KernelSet:
         return cls(kv_append=ref.ref_kv_append, swap_plan=ref.ref_swap_plan,
                    miss_copy=ref.ref_miss_copy, sparse_mla_decode=ref.ref_sparse_mla_decode,
                    indexer_scores=ref.ref_indexer_scores, topk_select=ref.ref_topk_select,
-                   capturable=False)
+                   kv_quantize=ref.ref_quantize_kv_rows, capturable=False)

@@ -21,14 +21,15 @@ import torch
 from engine_client.index_keys import encode_index_keys
 from engine_client.kernel_set import KernelSet
 from kernels.reference import write_index_rows
-from kv_service.layout import INDEX_FORMATS, KVLayout
+from kv_service.layout import INDEX_FORMATS, ROW_FORMATS, KVLayout
 
 ROW_DIM = 576
 
 
 @dataclass(frozen=True)
 class AttnRows:
-    """What attention reads: rows kv [rows, 576] bf16, row_base [n] int64, slots [n, k] int32."""
+    """What attention reads: rows kv ([rows, 576] bf16, or fp8 rows [rows, 656] uint8),
+    row_base [n] int64, slots [n, k] int32."""
 
     kv: torch.Tensor
     row_base: torch.Tensor
@@ -43,6 +44,7 @@ class KVBackend(ABC):
     max_context: int
     topk: int
     index_format: str
+    row_format: str = "bf16"
     device: torch.device
     kernels: KernelSet
     # The decode path (append, index_scores, select) may be captured in a CUDA graph.
@@ -51,7 +53,8 @@ class KVBackend(ABC):
     @abstractmethod
     def append(self, layer: int, kv_rows: torch.Tensor, index_rows: torch.Tensor,
                req_slots: torch.Tensor, positions: torch.Tensor, seq_lens: torch.Tensor) -> None:
-        """Store rows kv_rows [n, 576] bf16 and index_rows [n, I] uint8 at (req_slot, position).
+        """Store rows kv_rows [n, 576] bf16 (quantized here when row_format is fp8) and
+        index_rows [n, I] uint8 at (req_slot, position).
         seq_lens: each request's stored length once this append is done (the window ring of an
         offloaded request keeps only tokens >= seq_len - W, so pass a chunk's end, not pos + 1)."""
 
@@ -116,6 +119,7 @@ class BaselineConfig:
     topk: int
     page_size: int = 64
     index_format: str = "bf16"
+    row_format: str = "bf16"
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "max_requests", "max_context", "topk", "page_size"):
@@ -123,11 +127,13 @@ class BaselineConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.index_format not in INDEX_FORMATS:
             raise ValueError(f"index_format must be one of {sorted(INDEX_FORMATS)}")
+        if self.row_format not in ROW_FORMATS:
+            raise ValueError(f"row_format must be one of {sorted(ROW_FORMATS)}")
 
     @classmethod
     def from_layout(cls, layout: KVLayout, max_requests: int | None = None) -> "BaselineConfig":
         return cls(layout.num_layers, max_requests or layout.max_requests, layout.max_context,
-                   layout.topk, layout.page_size, layout.index_format)
+                   layout.topk, layout.page_size, layout.index_format, layout.row_format)
 
     @property
     def pages_per_request(self) -> int:
@@ -135,14 +141,15 @@ class BaselineConfig:
 
     @property
     def cache_bytes(self) -> int:
-        kv = self.num_layers * self.max_requests * self.max_context * ROW_DIM * 2
+        kv = self.num_layers * self.max_requests * self.max_context * ROW_FORMATS[self.row_format]
         index = (self.num_layers * self.max_requests * self.pages_per_request * self.page_size
                  * INDEX_FORMATS[self.index_format])
         return kv + index
 
 
 class BaselineBackend(KVBackend):
-    """All KV on the device: a full cache [L, R, C, 576] bf16 and an index-key pool with a fixed
+    """All KV on the device: a full cache [L, R, C, 576] bf16 (fp8 rows: [L, R, C, 656] uint8,
+    quantized by the same kernel as the HiSparse appends) and an index-key pool with a fixed
     page table (request r owns pages [r * ppr, (r + 1) * ppr)). One extra row per layer of
     each (the last) absorbs the writes of padding rows, so appends need no data-dependent
     branch and stay graph-safe."""
@@ -154,10 +161,13 @@ class BaselineBackend(KVBackend):
         self.device = torch.device(device)
         self.num_layers, self.max_requests = cfg.num_layers, cfg.max_requests
         self.max_context, self.topk, self.index_format = cfg.max_context, cfg.topk, cfg.index_format
+        self.row_format = cfg.row_format
         L, R, C, P, ppr = cfg.num_layers, cfg.max_requests, cfg.max_context, cfg.page_size, cfg.pages_per_request
         ib = INDEX_FORMATS[cfg.index_format]
-        self._kv = torch.zeros((L, R * C + 1, ROW_DIM), dtype=torch.bfloat16, device=self.device)
-        self.full_kv = self._kv[:, : R * C].view(L, R, C, ROW_DIM)
+        width, dtype = (ROW_DIM, torch.bfloat16) if cfg.row_format == "bf16" else \
+            (ROW_FORMATS[cfg.row_format], torch.uint8)
+        self._kv = torch.zeros((L, R * C + 1, width), dtype=dtype, device=self.device)
+        self.full_kv = self._kv[:, : R * C].view(L, R, C, width)
         self._pool = torch.zeros((L, R * ppr + 1, P, ib), dtype=torch.uint8, device=self.device)
         self._page_table = torch.arange(R * ppr, dtype=torch.int32, device=self.device).view(R, ppr)
         self.capturable = kernels.capturable
@@ -175,6 +185,11 @@ class BaselineBackend(KVBackend):
         r, t = req_slots.long(), positions.long()
         ok = (r >= 0) & (r < cfg.max_requests) & (t >= 0) & (t < seq_lens.clamp(max=cfg.max_context))
         trash_kv = cfg.max_requests * cfg.max_context
+        if cfg.row_format == "fp8":
+            fp8 = torch.empty((kv_rows.shape[0], self._kv.shape[-1]), dtype=torch.uint8,
+                              device=self.device)
+            self.kernels.kv_quantize(kv_rows, fp8)
+            kv_rows = fp8
         self._kv[layer].index_copy_(0, torch.where(ok, r * cfg.max_context + t, trash_kv), kv_rows)
         # Page r * ppr + t // P, slot t % P: request r's keys are contiguous. fp8 pages are
         # page-blocked (values, then scales), so the store goes through the layout's views.

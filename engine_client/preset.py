@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kv_service.layout import ROW_FORMATS
+
 # Fixed by kv_service.layout: ROW_FORMATS["bf16"] = (512 + 64) * 2 and INDEX_FORMATS (128 values).
 KV_LORA_RANK = 512
 ROPE_DIM = 64
@@ -42,6 +44,8 @@ class ModelConfig:
     rope_theta      RoPE base; plain RoPE (V3.2's YaRN long-context scaling is not modelled)
     norm_eps        RMSNorm / LayerNorm epsilon
     dtype           weight and activation dtype; only "bf16"
+    row_format      KV rows the engine writes: "bf16" (1152 B) or "fp8" (656 B, DeepSeek-V3.2's
+                    FlashMLA format); the service's layout must have the same
     """
 
     vocab_size: int
@@ -60,6 +64,7 @@ class ModelConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
     dtype: str = "bf16"
+    row_format: str = "bf16"
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "q_lora_rank",
@@ -74,6 +79,9 @@ class ModelConfig:
             raise ConfigError(f"mlp_hidden must be >= 0 (0 = no MLP), got {self.mlp_hidden}")
         if self.dtype not in _DTYPES:
             raise ConfigError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if self.row_format not in ROW_FORMATS:
+            raise ConfigError(f"row_format must be one of {sorted(ROW_FORMATS)}, "
+                              f"got {self.row_format!r}")
         if not self.rope_theta > 0 or not self.norm_eps > 0:
             raise ConfigError("rope_theta and norm_eps must be positive")
 
@@ -118,7 +126,8 @@ BENCH = ModelConfig(vocab_size=32000, hidden_size=7168, num_layers=4, mlp_hidden
 
 # Full DeepSeek-V3.2 attention shapes on 61 layers, without MLP (attention weights alone are
 # 0.40 GB per layer, 24.5 GB for 61 layers; MoE weights would not fit beside a KV budget).
-V32 = ModelConfig(vocab_size=129280, hidden_size=7168, num_layers=61)
+# KV rows in fp8 (656 B), as V3.2 is served in production.
+V32 = ModelConfig(vocab_size=129280, hidden_size=7168, num_layers=61, row_format="fp8")
 
 PRESETS = {"tiny": TINY, "bench": BENCH, "v32": V32}
 

@@ -14,7 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.reference import FP8_KEY_BYTES
+from kernels.fp8_row import quantize_rows, store_fp8_rows
+from kernels.reference import FP8_KEY_BYTES, FP8_ROW_BYTES
 from kernels.uva import UVATensor
 
 ROWS_PER_PROGRAM = 4
@@ -63,12 +64,10 @@ def _kv_append_kernel(kv_ptr, index_ptr, req_slots_ptr, positions_ptr, seq_lens_
                       layer, n, R, B, max_pages, num_pages, L: tl.constexpr, P: tl.constexpr,
                       W: tl.constexpr, KV_WORDS: tl.constexpr, INDEX_WORDS: tl.constexpr,
                       SCALE_WORDS: tl.constexpr, BLOCK_KV: tl.constexpr,
-                      BLOCK_INDEX: tl.constexpr, ROWS: tl.constexpr):
-    # Rows move as int32 words (D and I are multiples of 4) so the copies vectorize.
-    kv_ptr = kv_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+                      BLOCK_INDEX: tl.constexpr, ROWS: tl.constexpr, QUANT: tl.constexpr):
+    # Rows move as int32 words (D and I are multiples of 4) so the copies vectorize. QUANT:
+    # kv_ptr holds bf16 [n, 576] rows, quantized here into fp8 rows (kernels.fp8_row).
     index_ptr = index_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
-    host_ptr = host_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
-    hot_ptr = hot_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
     pool_ptr = pool_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
     i = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     live = i < n
@@ -86,9 +85,21 @@ def _kv_append_kernel(kv_ptr, index_ptr, req_slots_ptr, positions_ptr, seq_lens_
     to_hot = (ok & (mode == 1) & (t < B)) | (to_host & (t >= seq_len - W))
     slot = tl.where(mode == 1, t, t % W)
     src = i.to(tl.int64)
-    kv = _load_rows(kv_ptr, src, ok, KV_WORDS, BLOCK_KV)
-    _store_rows(hot_ptr, (layer * R + r).to(tl.int64) * B + slot, to_hot, kv, KV_WORDS, BLOCK_KV)
-    _store_rows(host_ptr, (page * L + layer) * P + t % P, to_host, kv, KV_WORDS, BLOCK_KV)
+    hot_row = (layer * R + r).to(tl.int64) * B + slot
+    host_row = (page * L + layer) * P + t % P
+    if QUANT:
+        codes, scale, rope = quantize_rows(kv_ptr, src, ok)
+        hot_ptr = hot_ptr.to(tl.pointer_type(tl.uint8), bitcast=True)
+        host_ptr = host_ptr.to(tl.pointer_type(tl.uint8), bitcast=True)
+        store_fp8_rows(hot_ptr, hot_row, to_hot, codes, scale, rope)
+        store_fp8_rows(host_ptr, host_row, to_host, codes, scale, rope)
+    else:
+        kv_ptr = kv_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+        hot_ptr = hot_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+        host_ptr = host_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+        kv = _load_rows(kv_ptr, src, ok, KV_WORDS, BLOCK_KV)
+        _store_rows(hot_ptr, hot_row, to_hot, kv, KV_WORDS, BLOCK_KV)
+        _store_rows(host_ptr, host_row, to_host, kv, KV_WORDS, BLOCK_KV)
     index = _load_rows(index_ptr, src, ok, INDEX_WORDS, BLOCK_INDEX)
     _store_index_rows(pool_ptr, layer * num_pages + page, t % P, ok, index, P, INDEX_WORDS,
                       SCALE_WORDS, BLOCK_INDEX)
@@ -108,8 +119,11 @@ def kv_append(layer: int, kv_rows: torch.Tensor, index_rows: torch.Tensor,
               index_pool: torch.Tensor, *, window: int) -> None:
     """Store N new tokens' rows of layer `layer`.
 
-    kv_rows [N, D] uint8, index_rows [N, I] uint8; req_slots, positions, seq_lens [N] int32
-    (seq_len of the row's request after this append); req_mode [R] int32;
+    kv_rows [N, D] uint8 (stored as they are), or [N, 576] bf16: stored as bf16 bytes when
+    D = 1152, quantized into DeepSeek-V3.2's fp8 row when D = 656 (kernels.fp8_row; the same
+    bytes as kernels.reference.ref_quantize_kv_rows); index_rows [N, I] uint8; req_slots,
+    positions, seq_lens [N] int32 (seq_len of the row's request after this append);
+    req_mode [R] int32;
     page_table [R, max_pages] int32; host_kv [num_pages, L, P, D] uint8 (its UVATensor on GPU);
     hot_kv [L, R, B, D] uint8; index_pool [L, num_pages, P, I] uint8. D and I multiples of 4.
     An index row is 128 fp8 values + fp32 scale when I = 132: its page is then page-blocked
@@ -125,7 +139,11 @@ def kv_append(layer: int, kv_rows: torch.Tensor, index_rows: torch.Tensor,
     if hot_kv.is_cuda and isinstance(host_kv, torch.Tensor) and not host_kv.is_cuda:
         raise TypeError("on GPU pass the host tier as a kernels.uva.UVATensor")
     u8, i32 = torch.uint8, torch.int32
-    _check({"kv_rows": (kv_rows, u8, (n, D)), "index_rows": (index_rows, u8, (n, I)),
+    quant = kv_rows.dtype == torch.bfloat16 and D == FP8_ROW_BYTES
+    if kv_rows.dtype == torch.bfloat16 and not quant:
+        kv_rows = kv_rows.view(u8)
+    _check({"kv_rows": (kv_rows, kv_rows.dtype if quant else u8, (n, 576) if quant else (n, D)),
+            "index_rows": (index_rows, u8, (n, I)),
             "req_slots": (req_slots, i32, (n,)), "positions": (positions, i32, (n,)),
             "seq_lens": (seq_lens, i32, (n,)), "req_mode": (req_mode, i32, (R,)),
             "page_table": (page_table, i32, (R, page_table.shape[1])),
@@ -139,4 +157,5 @@ def kv_append(layer: int, kv_rows: torch.Tensor, index_rows: torch.Tensor,
         layer, n, R, B, page_table.shape[1], num_pages, L=L, P=P, W=window, KV_WORDS=D // 4,
         INDEX_WORDS=I // 4, SCALE_WORDS=1 if I == FP8_KEY_BYTES else 0,
         BLOCK_KV=triton.next_power_of_2(D // 4),
-        BLOCK_INDEX=triton.next_power_of_2(I // 4), ROWS=ROWS_PER_PROGRAM, num_warps=4)
+        BLOCK_INDEX=triton.next_power_of_2(I // 4), ROWS=ROWS_PER_PROGRAM, QUANT=quant,
+        num_warps=4)

@@ -140,6 +140,7 @@ def ref_kv_append(layer, kv_rows, index_rows, req_slots, positions, seq_lens, re
     num_pages, _, P, _ = host.shape
     R, B = hot_kv.shape[1], hot_kv.shape[2]
     limit = page_table.shape[1] * P
+    kv_rows = kv_rows_for_store(kv_rows, host.shape[-1])
     rows = zip(req_slots.tolist(), positions.tolist(), seq_lens.tolist())
     for i, (r, t, seq_len) in enumerate(rows):
         mode = int(req_mode[r]) if 0 <= r < R else 0
@@ -160,17 +161,78 @@ def ref_kv_append(layer, kv_rows, index_rows, req_slots, positions, seq_lens, re
 
 # --- end swap-in ---
 
+# --- fp8 KV rows (written by kv_append.py, read by sparse_attention.py) ---
+
+# DeepSeek-V3.2's FlashMLA fp8 row (656 B): bytes [0, 512) are the 512 latent values as fp8 e4m3,
+# [512, 528) four fp32 scales (one per 128 latent values), [528, 656) the 64 rope values as bf16.
+FP8_ROW_BYTES = 656
+FP8_MAX = 448.0
+# Rows whose 128-value block is all (near) zero still get a finite scale.
+FP8_AMAX_FLOOR = 1e-4
+
+
+def fp8_block_scales(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale, 1 / scale) fp32 of per-block maxima: scale = 2^ceil(log2(max(amax, 1e-4) / 448)),
+    the smallest power of two with amax / scale <= 448. Powers of two make x / scale and the
+    dequantized fp8 * scale exact, so every implementation gets the same bytes and bf16 values."""
+    bits = amax.float().clamp(min=FP8_AMAX_FLOOR).view(torch.int32)
+    # amax = m * 2^e, m in [1, 2): amax / 448 = (m / 1.75) * 2^(e - 8).
+    s = (bits >> 23) - 127 - 8 + ((bits & 0x7FFFFF) > 0x600000).to(torch.int32)
+    return ((s + 127) << 23).view(torch.float32), ((127 - s) << 23).view(torch.float32)
+
+
+def ref_quantize_kv_rows(rows: torch.Tensor, out: torch.Tensor) -> None:
+    """rows [n, 576] (bf16, or any float: rounded to bf16 first) -> out [n, 656] uint8 fp8 rows.
+    Values x / scale are clamped to +-448 and rounded to nearest even by the fp8 cast."""
+    n = rows.shape[0]
+    x = rows.to(torch.bfloat16).float()
+    nope = x[:, :512].reshape(n, 4, 128)
+    scale, inv = fp8_block_scales(nope.abs().amax(dim=-1))
+    q = (nope * inv[..., None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    out[:, :512] = q.view(torch.uint8).reshape(n, 512)
+    out[:, 512:528] = scale.contiguous().view(torch.uint8)
+    out[:, 528:] = x[:, 512:].to(torch.bfloat16).contiguous().view(torch.uint8)
+
+
+def ref_dequantize_kv_rows(raw: torch.Tensor) -> torch.Tensor:
+    """fp8 rows [..., 656] uint8 -> [..., 576] bf16 (exact: fp8 * a power of two fits bf16)."""
+    raw = raw.contiguous()
+    lead = raw.shape[:-1]
+    q = raw[..., :512].view(torch.float8_e4m3fn).float().reshape(*lead, 4, 128)
+    scale = raw[..., 512:528].contiguous().view(torch.float32)
+    nope = (q * scale[..., None]).reshape(*lead, 512)
+    rope = raw[..., 528:].contiguous().view(torch.bfloat16).float()
+    return torch.cat((nope, rope), dim=-1).to(torch.bfloat16)
+
+
+def kv_rows_for_store(kv_rows: torch.Tensor, row_bytes: int) -> torch.Tensor:
+    """Rows as the tiers store them ([n, row_bytes] uint8): bf16 [n, 576] rows are quantized for
+    fp8 tiers (656 B) or taken as bytes for bf16 tiers; uint8 rows are stored as they are."""
+    if kv_rows.dtype == torch.uint8:
+        return kv_rows
+    if row_bytes == FP8_ROW_BYTES:
+        out = torch.empty((kv_rows.shape[0], FP8_ROW_BYTES), dtype=torch.uint8,
+                          device=kv_rows.device)
+        ref_quantize_kv_rows(kv_rows, out)
+        return out
+    return kv_rows.to(torch.bfloat16).contiguous().view(torch.uint8)
+
+# --- end fp8 KV rows ---
+
+
 # --- attention and indexer (owned by kernels/sparse_attention.py, indexer.py) ---
 
 def ref_sparse_mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv: torch.Tensor,
                           row_base: torch.Tensor, slots: torch.Tensor, scale: float,
                           out: torch.Tensor, lse: torch.Tensor, *, workspace=None) -> None:
     """Absorbed MLA decode over the rows `row_base[b] + slots[b, i]` (slot < 0 skipped), fp64 math.
-    `workspace` (the kernel's split-k scratch) is accepted and unused."""
+    kv: bf16 [rows, 576] or fp8 rows [rows, 656] uint8 (dequantized first). `workspace` (the
+    kernel's split-k scratch) is accepted and unused."""
     d_v = q_nope.shape[-1]
     valid = slots >= 0
     rows = torch.where(valid, row_base[:, None] + slots.long(), 0)
-    k = torch.where(valid[..., None], kv[rows].double(), 0.0)  # [bs, k, 576]
+    picked = ref_dequantize_kv_rows(kv[rows]) if kv.dtype == torch.uint8 else kv[rows]
+    k = torch.where(valid[..., None], picked.double(), 0.0)  # [bs, k, 576]
     q = torch.cat([q_nope, q_pe], dim=-1).double()          # [bs, H, 576]
     s = scale * torch.einsum("bhd,bkd->bhk", q, k)
     s = s.masked_fill(~valid[:, None, :], float("-inf"))

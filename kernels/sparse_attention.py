@@ -18,6 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.fp8_row import load_fp8_block
+from kernels.reference import FP8_ROW_BYTES
+
 # Read once: kernels/__init__.py sets TRITON_INTERPRET before this module is imported.
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -37,14 +40,20 @@ def bf16_dot(a, b, acc, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _attend_block(q_nope, q_pe, row_ptr, valid, m_i, l_i, acc, qk_scale,
-                  D_V: tl.constexpr, D_PE: tl.constexpr, UPCAST: tl.constexpr):
+def _attend_block(q_nope, q_pe, kv_ptr, row, s_kv, valid, m_i, l_i, acc, qk_scale,
+                  D_V: tl.constexpr, D_PE: tl.constexpr, UPCAST: tl.constexpr,
+                  ROW_FP8: tl.constexpr):
     """One online-softmax step over BLOCK_N gathered rows; scores are in log2 units."""
-    dv = tl.arange(0, D_V)
-    dp = tl.arange(0, D_PE)
     # Masked rows are never read, so a padding slot costs no memory traffic.
-    k_nope = tl.load(row_ptr[:, None] + dv[None, :], mask=valid[:, None], other=0.0)
-    k_pe = tl.load(row_ptr[:, None] + D_V + dp[None, :], mask=valid[:, None], other=0.0)
+    if ROW_FP8:
+        # Dequantized in registers: exact bf16 values, then the same math as bf16 rows.
+        k_nope, k_pe = load_fp8_block(kv_ptr, row, valid, D_V, D_PE, UPCAST)
+    else:
+        dv = tl.arange(0, D_V)
+        dp = tl.arange(0, D_PE)
+        row_ptr = kv_ptr + row * s_kv
+        k_nope = tl.load(row_ptr[:, None] + dv[None, :], mask=valid[:, None], other=0.0)
+        k_pe = tl.load(row_ptr[:, None] + D_V + dp[None, :], mask=valid[:, None], other=0.0)
     s = bf16_dot(q_pe, tl.trans(k_pe), bf16_dot(q_nope, tl.trans(k_nope), None, UPCAST), UPCAST)
     s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -61,7 +70,8 @@ def _attend_block(q_nope, q_pe, row_ptr, valid, m_i, l_i, acc, qk_scale,
 def _attend_range(q_nope_ptr, q_pe_ptr, kv_ptr, row_base_ptr, slots_ptr, b, heads, H, start,
                   stop, qk_scale, s_qn_b, s_qn_h, s_qp_b, s_qp_h, s_kv, s_sl_b,
                   D_V: tl.constexpr, D_PE: tl.constexpr, BLOCK_H: tl.constexpr,
-                  BLOCK_N: tl.constexpr, STAGE: tl.constexpr, UPCAST: tl.constexpr):
+                  BLOCK_N: tl.constexpr, STAGE: tl.constexpr, UPCAST: tl.constexpr,
+                  ROW_FP8: tl.constexpr):
     """Online softmax of `heads` of row b over slots [start, stop): (max, log2 units; sum; acc)."""
     hmask = heads[:, None] < H
     dv = tl.arange(0, D_V)
@@ -84,9 +94,9 @@ def _attend_range(q_nope_ptr, q_pe_ptr, kv_ptr, row_base_ptr, slots_ptr, b, head
         ids = tl.reshape(ids, [NB, BLOCK_N])
         for j in range(0, tl.cdiv(tl.minimum(stop - staged, STAGE), BLOCK_N)):
             slot = tl.sum(tl.where(tl.arange(0, NB)[:, None] == j, ids, 0), axis=0)
-            row_ptr = kv_ptr + (base + slot.to(tl.int64)) * s_kv
-            m_i, l_i, acc = _attend_block(q_nope, q_pe, row_ptr, slot >= 0, m_i, l_i, acc,
-                                          qk_scale, D_V, D_PE, UPCAST)
+            m_i, l_i, acc = _attend_block(q_nope, q_pe, kv_ptr, base + slot.to(tl.int64), s_kv,
+                                          slot >= 0, m_i, l_i, acc, qk_scale, D_V, D_PE, UPCAST,
+                                          ROW_FP8)
     return m_i, l_i, acc
 
 
@@ -96,13 +106,13 @@ def _sparse_mla_decode_kernel(
         qk_scale, H, K,
         s_qn_b, s_qn_h, s_qp_b, s_qp_h, s_kv, s_sl_b, s_o_b, s_o_h, s_l_b,
         D_V: tl.constexpr, D_PE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-        STAGE: tl.constexpr, UPCAST: tl.constexpr):
+        STAGE: tl.constexpr, UPCAST: tl.constexpr, ROW_FP8: tl.constexpr):
     b = tl.program_id(1)
     heads = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)
     hmask = heads < H
     m_i, l_i, acc = _attend_range(q_nope_ptr, q_pe_ptr, kv_ptr, row_base_ptr, slots_ptr, b, heads,
                                   H, 0, K, qk_scale, s_qn_b, s_qn_h, s_qp_b, s_qp_h, s_kv, s_sl_b,
-                                  D_V, D_PE, BLOCK_H, BLOCK_N, STAGE, UPCAST)
+                                  D_V, D_PE, BLOCK_H, BLOCK_N, STAGE, UPCAST, ROW_FP8)
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     dv = tl.arange(0, D_V)
@@ -118,7 +128,7 @@ def _split_kernel(
         qk_scale, H, K, CHUNK,
         s_qn_b, s_qn_h, s_qp_b, s_qp_h, s_kv, s_sl_b, s_po_b, s_po_s, s_po_h, s_pm_b, s_pm_s,
         D_V: tl.constexpr, D_PE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-        STAGE: tl.constexpr, UPCAST: tl.constexpr):
+        STAGE: tl.constexpr, UPCAST: tl.constexpr, ROW_FP8: tl.constexpr):
     # Head blocks vary fastest, so the programs that read the same rows run side by side and the
     # second read of each row comes from L2.
     split = tl.program_id(1)
@@ -129,7 +139,7 @@ def _split_kernel(
     m_i, l_i, acc = _attend_range(q_nope_ptr, q_pe_ptr, kv_ptr, row_base_ptr, slots_ptr, b, heads,
                                   H, start, tl.minimum(start + CHUNK, K), qk_scale, s_qn_b,
                                   s_qn_h, s_qp_b, s_qp_h, s_kv, s_sl_b, D_V, D_PE, BLOCK_H,
-                                  BLOCK_N, STAGE, UPCAST)
+                                  BLOCK_N, STAGE, UPCAST, ROW_FP8)
     # Normalized partials keep a bf16 workspace as accurate as the bf16 output itself.
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     dv = tl.arange(0, D_V)
@@ -217,11 +227,19 @@ def _check_args(q_nope, q_pe, kv, row_base, slots, out, lse) -> None:
     d_pe = q_pe.shape[-1]
     _check_rowmajor("q_nope", q_nope, torch.bfloat16, 3)
     _check_rowmajor("q_pe", q_pe, torch.bfloat16, 3)
-    _check_rowmajor("kv", kv, torch.bfloat16, 2)
+    if kv.dtype == torch.uint8:
+        # fp8 rows: the kernel hard-codes the 656 B layout of a 512 + 64 row.
+        if kv.dim() != 2 or kv.shape[1] != FP8_ROW_BYTES or kv.stride() != (FP8_ROW_BYTES, 1) \
+                or (d_v, d_pe) != (512, 64):
+            raise ValueError(f"kv: fp8 rows must be contiguous [n, {FP8_ROW_BYTES}] uint8 with "
+                             f"512 + 64 values, got {tuple(kv.shape)} strides {kv.stride()}")
+    else:
+        _check_rowmajor("kv", kv, torch.bfloat16, 2)
     _check_rowmajor("slots", slots, torch.int32, 2)
     _check_rowmajor("out", out, torch.bfloat16, 3)
     _check_rowmajor("lse", lse, torch.float32, 2)
-    if (tuple(q_pe.shape[:2]) != (bs, n_heads) or kv.shape[1] != d_v + d_pe
+    if (tuple(q_pe.shape[:2]) != (bs, n_heads)
+            or (kv.dtype != torch.uint8 and kv.shape[1] != d_v + d_pe)
             or slots.shape[0] != bs or tuple(out.shape) != (bs, n_heads, d_v)
             or tuple(lse.shape) != (bs, n_heads)):
         raise ValueError("shape mismatch between q_nope, q_pe, kv, slots, out and lse")
@@ -249,7 +267,8 @@ def sparse_mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv: torch.Tensor
                       combine_warps: int = 4) -> None:
     """Absorbed MLA decode over the KV rows `row_base[b] + slots[b, i]`; slots < 0 are skipped.
 
-    q_nope [bs, H, 512] bf16, q_pe [bs, H, 64] bf16, kv [n_rows, 576] bf16 (latent then rope key),
+    q_nope [bs, H, 512] bf16, q_pe [bs, H, 64] bf16, kv [n_rows, 576] bf16 (latent then rope key)
+    or DeepSeek-V3.2 fp8 rows [n_rows, 656] uint8 (kernels.fp8_row), dequantized in registers,
     row_base [bs] int64, slots [bs, k] int32, out [bs, H, 512] bf16, lse [bs, H] fp32.
     score_i = scale * (q_nope . kv[row, :512] + q_pe . kv[row, 512:]); out = softmax . kv[row, :512];
     lse = natural-log log-sum-exp of the scores. A row with no valid slot gets out = 0, lse = -inf.
@@ -273,7 +292,8 @@ def sparse_mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv: torch.Tensor
     strides = (q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), kv.stride(0),
                slots.stride(0))
     meta = dict(D_V=d_v, D_PE=q_pe.shape[-1], BLOCK_H=block_h, BLOCK_N=block_n, STAGE=stage,
-                UPCAST=INTERPRETED, num_warps=num_warps, num_stages=num_stages)
+                UPCAST=INTERPRETED, ROW_FP8=kv.dtype == torch.uint8, num_warps=num_warps,
+                num_stages=num_stages)
     if splits == 1:
         _sparse_mla_decode_kernel[(triton.cdiv(n_heads, block_h), bs)](
             q_nope, q_pe, kv, row_base, slots, out, lse, scale * _LOG2E, n_heads, k,

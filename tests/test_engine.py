@@ -69,13 +69,20 @@ async def _run_jobs(cfg, jobs=JOBS, finishes: list | None = None
     return [r.tokens for r in reqs], logits, totals
 
 
-def test_four_modes_give_identical_tokens_and_logits_with_overlap_on_and_off() -> None:
+@pytest.mark.parametrize("row_format,row_bytes,overlaps", [("bf16", 1152, (False, True)),
+                                                         ("fp8", 656, (True,))])
+def test_four_modes_give_identical_tokens_and_logits(row_format, row_bytes, overlaps) -> None:
+    """Overlap on and off (bf16), and fp8 rows (DeepSeek-V3.2's 656 B rows, quantized by every
+    mode's append, the baseline's included) with overlap on: every run equals the baseline
+    without overlap."""
     with workdir() as path:
-        svc = start_service(path)
+        svc = start_service(path, layout_with(row_format=row_format))
         try:
             runs = {(mode, overlap): asyncio.run(_run_jobs(engine_config(
-                        mode, svc if "service" in mode else None, overlap=overlap)))
-                    for mode in MODES for overlap in (False, True)}
+                        mode, svc if "service" in mode else None, overlap=overlap,
+                        row_format=row_format)))
+                    for mode in MODES for overlap in (False, True)
+                    if overlap in overlaps or mode == "baseline"}
             stats = service_stats(svc)
             assert stats.requests == 0 and stats.host_pages.used == 0
         finally:
@@ -89,10 +96,10 @@ def test_four_modes_give_identical_tokens_and_logits_with_overlap_on_and_off() -
         assert all(torch.equal(a, b) for a, b in zip(logits, base_logits)), (mode, overlap)
         if mode != "baseline":
             # The offloaded request decoded through the host tier.
-            assert totals["misses"] > 0 and totals["bytes_moved"] == totals["misses"] * 1152, mode
+            assert totals["misses"] > 0 and totals["bytes_moved"] == totals["misses"] * row_bytes, mode
     # Same swap decisions in-stream and remote, with and without overlap.
-    assert (runs["service", False][2] == runs["service-remote-swap", False][2]
-            == runs["service", True][2] == runs["service-remote-swap", True][2])
+    swaps = [runs[mode, overlap][2] for mode in MODES[2:] for overlap in overlaps]
+    assert all(s == swaps[0] for s in swaps), swaps
 
 
 def test_stop_tokens_end_requests_identically_with_overlap_on_and_off() -> None:

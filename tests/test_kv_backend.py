@@ -36,8 +36,8 @@ def service_tensors(layout: KVLayout = LAYOUT):
     return kv
 
 
-def fp8_layout() -> KVLayout:
-    return KVLayout(**(LAYOUT.to_dict() | {"index_format": "fp8"}))
+def fp8_layout(row_format: str = "bf16") -> KVLayout:
+    return KVLayout(**(LAYOUT.to_dict() | {"index_format": "fp8", "row_format": row_format}))
 
 
 def filled(layout: KVLayout = LAYOUT):
@@ -64,11 +64,12 @@ def test_index_key_encoding_matches_the_kernels_reading(fmt, nbytes) -> None:
         assert torch.allclose(scale[:4], keys[:4].abs().amax(1) / 448)
 
 
-@pytest.mark.parametrize("lay", [LAYOUT, fp8_layout()], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("lay", [LAYOUT, fp8_layout(), fp8_layout("fp8")],
+                         ids=["bf16", "fp8-keys", "fp8-keys-fp8-rows"])
 def test_synthetic_fill_lands_at_every_store_address(lay) -> None:
     base, hs = filled(lay)
     kv = hs.kv
-    host = kv.host_kv.view(-1, 1152)
+    host = kv.host_kv.view(-1, lay.row_bytes)
     for layer in range(lay.num_layers):
         for slot, (mode, n) in REQS.items():
             want = base.full_kv[layer, slot, :n].contiguous().view(torch.uint8)
@@ -98,8 +99,9 @@ def test_synthetic_fill_lands_at_every_store_address(lay) -> None:
                                base.index_pool_layer(1)[base.page_table[slot, p]])
 
 
-def test_prefill_gather_reads_the_same_rows_and_moves_no_state() -> None:
-    base, hs = filled()
+@pytest.mark.parametrize("lay", [LAYOUT, fp8_layout("fp8")], ids=["bf16", "fp8-rows"])
+def test_prefill_gather_reads_the_same_rows_and_moves_no_state(lay) -> None:
+    base, hs = filled(lay)
     before = {name: getattr(hs.kv, name).clone() for name in TENSOR_NAMES if name != "hot_kv"}
     # 3 chunk tokens x 8 < 27 positions: per-token reads; 5 x 8 >= 27: one read of the context.
     for slot, (_, n), rows in [(s, r, m) for s, r in REQS.items() for m in (3, 5)]:
@@ -161,8 +163,9 @@ def remote_with_service_swapper(kv) -> RemoteSwapBackend:
                              kernels=KERNELS, xchg=xchg, max_batch=2)
 
 
-def test_fp8_index_keys_identical_across_modes() -> None:
-    lay = KVLayout(**(LAYOUT.to_dict() | {"index_format": "fp8"}))
+@pytest.mark.parametrize("row_format", ["bf16", "fp8"])
+def test_fp8_index_keys_identical_across_modes(row_format) -> None:
+    lay = fp8_layout(row_format)
     base = BaselineBackend(BaselineConfig.from_layout(lay), kernels=KERNELS)
     assert base.index_pool_layer(0).shape[-1] == 132
     hs = HiSparseBackend(service_tensors(lay), kernels=KERNELS, max_batch=2)
@@ -181,9 +184,6 @@ def test_backend_arguments_are_checked() -> None:
     kv = service_tensors()
     with pytest.raises(ValueError, match="max_batch"):
         HiSparseBackend(kv, kernels=KERNELS, max_batch=4)
-    with pytest.raises(ValueError, match="bf16 KV rows"):
-        HiSparseBackend(allocate_local(KVLayout(**(LAYOUT.to_dict() | {"row_format": "fp8"}))),
-                        kernels=KERNELS)
     xchg = allocate_exchange(LAYOUT)
     swap = local_swap_fn(kv, xchg, KERNELS)
     bad = dict(xchg, xchg_topk=torch.zeros((3, 4), dtype=torch.int32))

@@ -191,21 +191,22 @@ GPU_LAYOUT = KVLayout(num_layers=2, max_requests=4, hot_slots=4096, window=128, 
                       page_size=64, num_pages=512, max_context=16384)
 
 
-def gpu_run(mode: str, use_graphs: bool, weights) -> list[torch.Tensor]:
+def gpu_run(mode: str, use_graphs: bool, weights,
+            layout: KVLayout = GPU_LAYOUT) -> list[torch.Tensor]:
     kernels = KernelSet.triton()
     reqs = {0: (0, 1000), 1: (9000, 1200), 2: (5000, 900)}
     if mode == "baseline":
-        backend = BaselineBackend(BaselineConfig.from_layout(GPU_LAYOUT), kernels=kernels, device="cuda")
+        backend = BaselineBackend(BaselineConfig.from_layout(layout), kernels=kernels, device="cuda")
     else:
-        kv = allocate_local(GPU_LAYOUT, "cuda")
+        kv = allocate_local(layout, "cuda")
         for slot, (ctx, n) in reqs.items():
             total = ctx + n + 8
-            mode_ = MODE_RESIDENT if total <= GPU_LAYOUT.hot_slots else MODE_OFFLOADED
-            reset_request(kv, slot, mode_, list(range(slot * 170, slot * 170 + GPU_LAYOUT.pages_for(total))))
+            mode_ = MODE_RESIDENT if total <= layout.hot_slots else MODE_OFFLOADED
+            reset_request(kv, slot, mode_, list(range(slot * 170, slot * 170 + layout.pages_for(total))))
         if mode == "embedded":
             backend = HiSparseBackend(kv, kernels=kernels)
         else:
-            xchg = allocate_exchange(GPU_LAYOUT, "cuda")
+            xchg = allocate_exchange(layout, "cuda")
             backend = RemoteSwapBackend(kv, local_swap_fn(kv, xchg, kernels), kernels=kernels, xchg=xchg)
     model = Model(GPU_CFG, weights, backend)
     runner = DecodeRunner(model, DecodeConfig(max_batch=4, use_graphs=use_graphs))
@@ -228,10 +229,12 @@ def gpu_run(mode: str, use_graphs: bool, weights) -> list[torch.Tensor]:
 
 
 @pytest.mark.gpu
-def test_gpu_modes_and_graphs_identical() -> None:
+@pytest.mark.parametrize("row_format", ["bf16", "fp8"])
+def test_gpu_modes_and_graphs_identical(row_format) -> None:
+    layout = KVLayout(**(GPU_LAYOUT.to_dict() | {"row_format": row_format}))
     weights = random_weights(GPU_CFG, seed=0, device="cuda")
-    ref = gpu_run("baseline", False, weights)
+    ref = gpu_run("baseline", False, weights, layout)
     for mode, graphs in (("baseline", True), ("embedded", False), ("embedded", True), ("remote", True)):
-        got = gpu_run(mode, graphs, weights)
+        got = gpu_run(mode, graphs, weights, layout)
         for i, (a, b) in enumerate(zip(ref, got)):
             assert torch.equal(a, b), f"{mode} graphs={graphs}: output {i} differs"
