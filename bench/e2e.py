@@ -35,6 +35,7 @@ from bench import e2e_plan as plan  # noqa: E402
 from bench.e2e_load import LoadGen, Sampler  # noqa: E402
 from bench.e2e_report import charts, print_table, write_json  # noqa: E402
 from bench.e2e_stats import analyze, ratios  # noqa: E402
+from bench.roofline import analyze as roofline  # noqa: E402
 from bench.trace import TraceParams, simulate  # noqa: E402
 from engine_client.procs import (REPO_ROOT, ManagedProcess, engine_process,  # noqa: E402
                                  segment_files, service_process)
@@ -291,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
     out = Path(args.out) if args.out else default_out(args.smoke)
     payload = build_payload(args, sizes, ceilings, sims, results, skipped, left, out, t0)
+    payload["roofline"] = roofline(payload)
     payload["charts"] = charts(payload, out)
     write_json(payload, out)
     print_table(payload)
