@@ -26,7 +26,13 @@ VARIANTS = [("rows8 w4 default grid", {}),
             ("rows16 w8", dict(rows_per_program=16, num_warps=8)),
             ("rows8 w4 2/SM", dict(programs_per_sm=2)),
             ("rows8 w4 4/SM", dict(programs_per_sm=4)),
-            ("rows8 w4 16/SM", dict(programs_per_sm=16))]
+            ("rows8 w4 16/SM", dict(programs_per_sm=16)),
+            # Few CTAs: how small a grid still moves PCIe's worth (the side-stream copy
+            # that overlaps compute should leave the other SMs to the compute).
+            ("rows8 w4 16 CTAs", dict(programs=16)),
+            ("rows16 w4 32 CTAs", dict(programs=32, rows_per_program=16)),
+            ("rows8 w4 66 CTAs", dict(programs=66)),
+            ("rows8 w4 132 CTAs", dict(programs=132))]
 
 
 def miss_lists(bs: int, rate: float, host_rows: int, g: torch.Generator):
