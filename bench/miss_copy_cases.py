@@ -41,7 +41,7 @@ def miss_lists(bs: int, rate: float, host_rows: int, g: torch.Generator):
     mean = rate * K
     counts = (mean * (0.5 + torch.rand(bs, generator=g))).round().clamp(0, K).to(torch.int32)
     src = torch.randint(0, host_rows, (bs, K), generator=g, dtype=torch.int64)
-    dst = torch.argsort(torch.rand((bs, B), generator=g), dim=1)[:, :K]
+    dst = torch.argsort(torch.rand((bs, B), generator=g), dim=1)[:, :K].contiguous()
     dst += torch.arange(bs, dtype=torch.int64)[:, None] * B
     return src.cuda(), dst.cuda(), counts.cuda()
 

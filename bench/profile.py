@@ -112,7 +112,8 @@ def build(args: argparse.Namespace, device: torch.device):
     if not graphed:
         kernels = named_kernels(kernels)
     P = args.page_size
-    max_ctx = -(-(args.context + args.warmup + 2 * args.steps + 8) // P) * P
+    # Decode positions: warm-up, timed, profiled and (fallback) eager-profiled steps.
+    max_ctx = -(-(args.context + args.warmup + 3 * args.steps + 8) // P) * P
     window = args.window or min(128, cfg.topk // 2)
     lay = KVLayout(num_layers=cfg.num_layers, max_requests=args.batch,
                    hot_slots=args.hot_slots or 2 * cfg.topk, window=window, topk=cfg.topk,
