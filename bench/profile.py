@@ -51,7 +51,7 @@ from kv_service.memory import allocate_local, reset_request  # noqa: E402
 CATEGORIES = (
     ("miss copy", r"miss_copy"),
     ("plan", r"swap_plan"),
-    ("append", r"kv_append|index_copy|indexFunc"),
+    ("append", r"kv_append|index_copy|index_put|indexFunc"),
     ("indexer", r"indexer"),
     ("top-k", r"topk|_pass_kernel|_compact_kernel|radix"),
     ("attention", r"sparse_mla|_split_kernel|_combine_kernel|attention"),
