@@ -86,7 +86,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--microbatches", type=int, default=1, help="embedded: decode parts whose "
                     "miss copy overlaps the other parts' compute (side stream) [1: off]")
     ap.add_argument("--copy-programs", type=int, default=0, help="CTAs of the side-stream miss "
-                    "copy [0: the kernel's default grid]")
+                    "copy [0: the backend's default, OVERLAP_COPY_PROGRAMS]")
     ap.add_argument("--no-ceilings", action="store_true", help="skip the pinned-copy measurement")
     ap.add_argument("--out", default="", help="JSON path [none]")
     return ap.parse_args(argv)

@@ -23,6 +23,10 @@ from kv_service.remote_swap import EVENT_NAMES, exchange_specs
 # Counter slots in HiSparseBackend.counters (int64, on the device, updated without sync).
 # Padding rows add nothing, so graph warm-ups and captures leave them unchanged.
 _SELECTED, _MISSES = 0, 1
+# CTAs of the side-stream miss copy when micro-batches overlap it with compute: a persistent
+# grid holds its SMs for the whole copy, so it must leave most of them to the compute; 64 CTAs
+# keep ~0.6 MB of rows in flight, far more than PCIe bandwidth x latency.
+OVERLAP_COPY_PROGRAMS = 64
 
 
 class HiSparseBackend(KVBackend):
@@ -30,7 +34,7 @@ class HiSparseBackend(KVBackend):
 
     microbatches > 1: the model splits each decode layer's batch into that many parts (see
     Model._attention); on CUDA each part's miss copy then runs on a side stream, with a grid of
-    `copy_programs` CTAs (None: the kernel's default), while the main stream scores and plans
+    `copy_programs` CTAs (default OVERLAP_COPY_PROGRAMS), while the main stream scores and plans
     the next part and attends the previous one. Results are bitwise the same: every kernel is
     row-independent and each part owns its rows of the plan's output buffers."""
 
@@ -57,7 +61,8 @@ class HiSparseBackend(KVBackend):
             raise ValueError(f"microbatches and copy_programs must be positive, got "
                              f"{microbatches}, {copy_programs}")
         self.microbatches, self.copy_programs = microbatches, copy_programs
-        overlap = microbatches > 1 and self.device.type == "cuda"
+        # The side stream serves the Triton kernels (the references take no grid size).
+        overlap = microbatches > 1 and self.device.type == "cuda" and kernels.capturable
         self._copy_stream = torch.cuda.Stream(self.device) if overlap else None
         self._copied: dict[int, torch.cuda.Event] = {}   # by a part's first row
         # Per-layer bf16 views of the hot buffers, made once so a captured graph keeps them.
@@ -107,9 +112,9 @@ class HiSparseBackend(KVBackend):
         main, side = torch.cuda.current_stream(self.device), self._copy_stream
         done = self._copied.setdefault(row0, torch.cuda.Event())
         side.wait_stream(main)
-        kw = {} if self.copy_programs is None else {"programs": self.copy_programs}
         with torch.cuda.stream(side):
-            self.kernels.miss_copy(self.kv.host_rows, self.kv.hot_kv, src, dst, count, **kw)
+            self.kernels.miss_copy(self.kv.host_rows, self.kv.hot_kv, src, dst, count,
+                                   programs=self.copy_programs or OVERLAP_COPY_PROGRAMS)
             done.record(side)
 
     def attention_ready(self, row0: int) -> None:
