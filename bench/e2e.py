@@ -58,6 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--sources", default="trace,indexer", help="top-k sources: trace, indexer")
     ap.add_argument("--no-sweep", action="store_true", help="skip the hit-rate-vs-B runs")
     ap.add_argument("--client-procs", type=int, default=None, help="load worker processes [4; smoke 1]")
+    ap.add_argument("--microbatches", type=int, default=1, help="embedded/service engines: "
+                    "decode parts whose miss copy overlaps compute [1: off]")
     ap.add_argument("--budget-s", type=float, default=None, help="skip runs that would end "
                     "after this many seconds [540; smoke none]")
     return ap.parse_args(argv)
@@ -74,7 +76,7 @@ def sizes_from_args(args: argparse.Namespace, device: str) -> plan.Sizes:
         window=pick(args.window, 8, 128), page_size=16 if smoke else 64,
         prompt_len=8 if smoke else 16, steady_steps=pick(args.steady_steps, 8, 128),
         batch1_tokens=8 if smoke else 64, device=device, sweep_requests=4 if smoke else 16,
-        sweep_factors=() if args.no_sweep else (1, 4))
+        sweep_factors=() if args.no_sweep else (1, 4), decode_microbatches=args.microbatches)
 
 
 def measure_ceilings() -> dict | None:

@@ -64,6 +64,8 @@ SERVE_FLAGS = [
      "context tokens, filled with random KV instead of a prefill"),
     ("--topk-source", str, "indexer", "benchmarks: decode top-k from the model's indexer, or "
      "from MODULE:FUNC[:JSON] (e.g. bench.trace:trace_source)"),
+    ("--decode-microbatches", int, "1", "embedded/service: split each decode step into this "
+     "many parts whose host->GPU miss copy overlaps the other parts' compute; 1 = off"),
     ("--state-file", _optional, "", "resume state (session id, prompts, tokens, seeds) so a "
      "restarted engine continues its requests; service modes; empty disables"),
     ("--engine-name", str, "engine", "name shown in the service's logs"),
@@ -137,7 +139,8 @@ def engine_config(args: argparse.Namespace, env: Mapping[str, str]) -> EngineCon
         token=args.token or _optional(env.get("ENGINE_TOKEN", "")),
         rpc_timeout=args.rpc_timeout, attach_timeout=args.attach_timeout,
         heartbeat_interval=args.heartbeat_interval, admit_retry=args.admit_retry,
-        synthetic_context=args.synthetic_context, topk_source=args.topk_source)
+        synthetic_context=args.synthetic_context, topk_source=args.topk_source,
+        decode_microbatches=args.decode_microbatches)
 
 
 def _generate(args: argparse.Namespace) -> int:

@@ -130,7 +130,7 @@ def choose_kernels(name: str, device: str) -> KernelSet:
 
 def build_backend(mode: str, layout: KVLayout, tensors: KVTensors | None, kernels: KernelSet,
                   max_batch: int, device: str, swap_fn: Callable[[int, int], None] | None,
-                  exchange: dict | None) -> KVBackend:
+                  exchange: dict | None, microbatches: int = 1) -> KVBackend:
     if mode == "baseline":
         return BaselineBackend(BaselineConfig.from_layout(layout), kernels=kernels, device=device)
     if tensors is None:
@@ -140,7 +140,8 @@ def build_backend(mode: str, layout: KVLayout, tensors: KVTensors | None, kernel
             raise ValueError("service-remote-swap needs a swap function")
         return RemoteSwapBackend(tensors, swap_fn, kernels=kernels, xchg=exchange or None,
                                  max_batch=max_batch)
-    return HiSparseBackend(tensors, kernels=kernels, max_batch=max_batch)
+    return HiSparseBackend(tensors, kernels=kernels, max_batch=max_batch,
+                           microbatches=microbatches)
 
 
 def load_topk_source(spec: str, model_cfg: ModelConfig, layout: KVLayout,

@@ -95,6 +95,9 @@ class EngineConfig:
     # "indexer" or a source factory "MODULE:FUNC[:JSON kwargs]" (e.g. bench.trace:trace_source).
     synthetic_context: int = 0
     topk_source: str = "indexer"
+    # embedded/service: decode parts whose miss copy overlaps the other parts' compute on a
+    # side stream (HiSparseBackend.microbatches); 1 = off.
+    decode_microbatches: int = 1
 
     def __post_init__(self) -> None:
         if self.kv_mode not in KV_MODES:
@@ -133,6 +136,8 @@ class EngineConfig:
             raise ValueError("engine_name must be 1..128 characters")
         if self.synthetic_context < 0:
             raise ValueError(f"synthetic_context must be >= 0, got {self.synthetic_context}")
+        if not 1 <= self.decode_microbatches <= 64:
+            raise ValueError(f"decode_microbatches must be in 1..64, got {self.decode_microbatches}")
         if self.topk_source != "indexer" and ":" not in self.topk_source:
             raise ValueError(f"topk_source must be 'indexer' or MODULE:FUNC, got {self.topk_source!r}")
 
