@@ -33,22 +33,25 @@ def test_parts_cover_the_rows_once():
 
 
 def decode(microbatches: int, device: str, graphs: bool, kernels: KernelSet, weights,
-           copy_programs: int | None = None, bucket: int = 5):
-    kv = allocate_local(LAYOUT, device)
-    for slot, ctx in CONTEXTS.items():
-        pages = list(range(slot * 12, slot * 12 + LAYOUT.pages_for(ctx + STEPS)))
-        reset_request(kv, slot, MODE_RESIDENT if ctx + STEPS <= 9 else MODE_OFFLOADED, pages)
+           copy_programs: int | None = None, bucket: int = 5, shapes=None):
+    cfg, lay, contexts = shapes or (CFG, LAYOUT, CONTEXTS)
+    kv = allocate_local(lay, device)
+    per = lay.num_pages // len(contexts)
+    for slot, ctx in contexts.items():
+        pages = list(range(slot * per, slot * per + lay.pages_for(ctx + STEPS)))
+        resident = ctx + STEPS <= lay.hot_slots
+        reset_request(kv, slot, MODE_RESIDENT if resident else MODE_OFFLOADED, pages)
     inner = HiSparseBackend(kv, kernels=kernels, microbatches=microbatches,
                             copy_programs=copy_programs)
     backend = CountingBackend(inner)
-    model = Model(CFG, weights, backend)  # type: ignore[arg-type]
+    model = Model(cfg, weights, backend)  # type: ignore[arg-type]
     runner = DecodeRunner(model, DecodeConfig(max_batch=bucket, buckets=(bucket,),
                                               use_graphs=graphs))
-    for slot, ctx in CONTEXTS.items():
-        inner.fill_synthetic(slot, ctx, seed=slot, chunk=16)
-    slots, last, out, counts = list(CONTEXTS), [1, 2, 3, 4], [], []
+    for slot, ctx in contexts.items():
+        inner.fill_synthetic(slot, ctx, seed=slot, chunk=16 if device == "cpu" else 4096)
+    slots, last, out, counts = list(contexts), [1, 2, 3, 4], [], []
     for step in range(STEPS):
-        pos = [CONTEXTS[s] + step for s in slots]
+        pos = [contexts[s] + step for s in slots]
         logits = runner.step(last, pos, slots, [p + 1 for p in pos])
         out.append(logits.clone().cpu())
         counts.append(backend.take())
@@ -84,3 +87,20 @@ def test_microbatches_graphed_bitwise_on_gpu(copy_programs):
     assert one[3]["misses"] > 0
     two = decode(2, "cuda", True, kernels, weights, copy_programs=copy_programs, bucket=8)
     assert_same(one, two)
+
+
+# Bench attention shapes (k 2048, B 4096, split-k attention, segmented top-k) on 2 layers.
+BENCH_CFG = preset("bench", num_layers=2, mlp_hidden=1024, vocab_size=4096)
+BENCH_LAYOUT = KVLayout(num_layers=2, max_requests=8, hot_slots=4096, window=128, topk=2048,
+                        page_size=64, num_pages=1024, max_context=16384)
+
+
+@pytest.mark.gpu
+def test_microbatches_graphed_bitwise_at_bench_shapes():
+    kernels = KernelSet.triton()
+    weights = random_weights(BENCH_CFG, seed=0, device="cuda")
+    shapes = (BENCH_CFG, BENCH_LAYOUT, {0: 9000, 1: 5000, 2: 12000, 3: 3000})
+    one = decode(1, "cuda", False, kernels, weights, shapes=shapes)
+    assert one[3]["misses"] > 0
+    for m in (2, 3):
+        assert_same(one, decode(m, "cuda", True, kernels, weights, bucket=8, shapes=shapes))
