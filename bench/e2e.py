@@ -37,6 +37,7 @@ from bench.e2e_load import LoadGen, Sampler  # noqa: E402
 from bench.e2e_report import charts, print_table, write_json  # noqa: E402
 from bench.e2e_stats import analyze, ratios  # noqa: E402
 from bench.row_formats import print_summary, probe_attention  # noqa: E402
+from bench.roofline import analyze as roofline  # noqa: E402
 from bench.trace import TraceParams, simulate  # noqa: E402
 from engine_client.procs import (REPO_ROOT, ManagedProcess, engine_process,  # noqa: E402
                                  segment_files, service_process)
@@ -59,6 +60,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--sources", default="trace,indexer", help="top-k sources: trace, indexer")
     ap.add_argument("--no-sweep", action="store_true", help="skip the hit-rate-vs-B runs")
     ap.add_argument("--client-procs", type=int, default=None, help="load worker processes [4; smoke 1]")
+    ap.add_argument("--microbatches", type=int, default=1, help="embedded/service engines: "
+                    "decode parts whose miss copy overlaps compute [1: off]")
     ap.add_argument("--budget-s", type=float, default=None, help="skip runs that would end "
                     "after this many seconds [540; smoke none]; per row format")
     ap.add_argument("--row-formats", default="bf16", help="KV row formats, each a full run "
@@ -78,7 +81,7 @@ def sizes_from_args(args: argparse.Namespace, device: str) -> plan.Sizes:
         window=pick(args.window, 8, 128), page_size=16 if smoke else 64,
         prompt_len=8 if smoke else 16, steady_steps=pick(args.steady_steps, 8, 128),
         batch1_tokens=8 if smoke else 64, device=device, sweep_requests=4 if smoke else 16,
-        sweep_factors=() if args.no_sweep else (1, 4))
+        sweep_factors=() if args.no_sweep else (1, 4), decode_microbatches=args.microbatches)
 
 
 def measure_ceilings() -> dict | None:
@@ -320,6 +323,7 @@ def run_format(args: argparse.Namespace, sizes: plan.Sizes, ceilings: dict | Non
     if device == "cuda":
         n = sorted({plan.plan_context(sizes, c).n_hisparse for c in sizes.contexts})
         payload["attention_probe"] = probe_attention(sizes.row_format, n)
+    payload["roofline"] = roofline(payload)
     payload["charts"] = charts(payload, out)
     write_json(payload, out)
     print_table(payload)

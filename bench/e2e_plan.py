@@ -41,6 +41,7 @@ class Sizes:
     sweep_factors: tuple[int, ...] = (1, 4)
     index_format: str = "fp8"
     row_format: str = "bf16"
+    decode_microbatches: int = 1   # embedded/service engines: copy/compute overlap parts
 
     @property
     def num_layers(self) -> int:
@@ -208,4 +209,6 @@ def engine_flags(s: Sizes, run: Run) -> list[str]:
              "--rpc-timeout", "60", "--attach-timeout", "120", "--log-level", "WARNING"]
     if run.mode in ("baseline", "embedded"):
         flags += ["--device", s.device] + layout_flags(s, run)
+    if run.mode in ("embedded", "service") and s.decode_microbatches > 1:
+        flags += ["--decode-microbatches", str(s.decode_microbatches)]
     return flags

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from bench.roofline import print_roofline
 from bench.trace import TARGET_MISS
 
 
@@ -24,7 +25,7 @@ def print_table(payload: dict) -> None:
               f"{plan['hisparse']['host_tier_bytes'] / 2**30:.2f} GiB")
     head = (f"{'context':>8} {'mode':<20} {'topk':<8} {'phase':<12} {'N':>4} {'tok/s':>9} "
             f"{'TTFT50':>8} {'TTFT99':>8} {'ITL50':>7} {'ITL99':>7} {'hit%':>6} "
-            f"{'H2D GB/s':>9} {'%pin':>5} {'ctl%':>5} {'GPU GiB':>7}  notes")
+            f"{'H2D GB/s':>9} {'%pin':>5} {'ctl%':>5} {'GPU GiB':>7} {'roof%':>5}  notes")
     print("\n" + head + "\n" + "-" * len(head))
     for r in payload["runs"]:
         if r.get("error"):
@@ -37,10 +38,13 @@ def print_table(payload: dict) -> None:
                   f"{_f(p['ttft_p99_s'], 1e3):>8} {_f(p['itl_p50_s'], 1e3, '{:.2f}'):>7} "
                   f"{_f(p['itl_p99_s'], 1e3, '{:.2f}'):>7} {_f(p['hit_rate'], 100):>6} "
                   f"{_f(p['h2d_gbs'], 1, '{:.2f}'):>9} {_f(p['h2d_frac_of_pinned'], 100, '{:.0f}'):>5} "
-                  f"{_f(p.get('ctl_share'), 100, '{:.2f}'):>5} {_gpu_gib(p):>7}  {notes[:60]}")
+                  f"{_f(p.get('ctl_share'), 100, '{:.2f}'):>5} {_gpu_gib(p):>7} "
+                  f"{_f((p.get('roofline') or {}).get('achieved_over_limit'), 100, '{:.0f}'):>5}"
+                  f"  {notes[:60]}")
     print("TTFT: burst arrival (one prefill per step). ITL, tok/s, H2D: steady window at N. "
           "%pin: of the same run's pinned copy. ctl%: service time in Session messages and "
-          "RemoteSwap calls / wall time. GPU GiB: engine + service (nvidia-smi).")
+          "RemoteSwap calls / wall time. GPU GiB: engine + service (nvidia-smi). roof%: tok/s "
+          "over the roofline limit without overlap (below).")
     print("\noverlap: client ITL p50 vs the engine's step GPU time in the same window "
           "(targets: <= 1.10x at max N, <= 1.05x at batch 1, GPU idle <= 5%)")
     for r in payload["runs"]:
@@ -56,6 +60,7 @@ def print_table(payload: dict) -> None:
     print("\nratios (same run; tok/s unless named)")
     for key, rs in payload["ratios"].items():
         print(f"  {key}: " + ", ".join(f"{k} {v:.2f}x" for k, v in rs.items()))
+    print_roofline(payload)
     print(f"\nwall time {payload['wall_s']:.0f} s; JSON {payload['out']}")
 
 
@@ -102,10 +107,11 @@ def _throughput_chart(plt, payload: dict, path: Path) -> Path | None:
         for r in payload["runs"]:
             if r["context"] != ctx or r["source"] != "trace" or r["tag"] != "main":
                 continue
-            pts = sorted((p["concurrency"], p["tok_s"]) for p in r.get("phases", {}).values()
-                         if p["tok_s"])
+            phases = sorted(r.get("phases", {}).values(), key=lambda p: p["concurrency"])
+            pts = [(p["concurrency"], p["tok_s"]) for p in phases if p["tok_s"]]
             if pts:
-                ax.plot(*zip(*pts), marker="o", label=r["mode"])
+                line, = ax.plot(*zip(*pts), marker="o", label=r["mode"])
+                _roofline_curve(ax, phases, line.get_color(), r["mode"])
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrent requests")
         ax.set_ylabel("decode tokens/s")
@@ -116,6 +122,14 @@ def _throughput_chart(plt, payload: dict, path: Path) -> Path | None:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def _roofline_curve(ax, phases: list[dict], color: str, mode: str) -> None:
+    """The mode's roofline limit (no overlap) at its measured N, dashed in its colour."""
+    lim = [(p["concurrency"], p["roofline"]["limit_tok_s"]) for p in phases if p.get("roofline")]
+    if lim:
+        ax.plot(*zip(*lim), linestyle="--", marker="x", color=color, alpha=0.6,
+                label=f"{mode} roofline")
 
 
 def _hit_rate_chart(plt, payload: dict, path: Path) -> Path | None:

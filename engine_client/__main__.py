@@ -66,6 +66,8 @@ SERVE_FLAGS = [
      "context tokens, filled with random KV instead of a prefill"),
     ("--topk-source", str, "indexer", "benchmarks: decode top-k from the model's indexer, or "
      "from MODULE:FUNC[:JSON] (e.g. bench.trace:trace_source)"),
+    ("--decode-microbatches", int, "1", "embedded/service: split each decode step into this "
+     "many parts whose host->GPU miss copy overlaps the other parts' compute; 1 = off"),
     ("--state-file", _optional, "", "resume state (session id, prompts, tokens, seeds) so a "
      "restarted engine continues its requests; service modes; empty disables"),
     ("--engine-name", str, "engine", "name shown in the service's logs"),
@@ -157,7 +159,8 @@ def engine_config(args: argparse.Namespace, env: Mapping[str, str]) -> EngineCon
         synthetic_context=args.synthetic_context, topk_source=args.topk_source,
         overlap=args.overlap, skip_ahead=args.skip_ahead, max_queue_wait=args.max_queue_wait,
         metrics_port=args.metrics_port, metrics_address=args.metrics_address,
-        row_format=args.row_format)
+        row_format=args.row_format,
+        decode_microbatches=args.decode_microbatches)
 
 
 def _generate(args: argparse.Namespace) -> int:

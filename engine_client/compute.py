@@ -44,21 +44,23 @@ class CountingBackend:
     def __getattr__(self, name: str):
         return getattr(self._inner, name)
 
-    def _miss_counts(self, n: int) -> torch.Tensor | None:
+    def _miss_counts(self, n: int, row0: int = 0) -> torch.Tensor | None:
         xchg = getattr(self._inner, "xchg", None)
         if xchg is not None:
             return xchg["xchg_miss_count"][:n]
-        return getattr(self._inner, "miss_count", None)
+        counts = getattr(self._inner, "miss_count", None)
+        return None if counts is None else counts[row0:row0 + n]
 
     def select(self, layer: int, topk: torch.Tensor, req_slots: torch.Tensor,
-               seq_lens: torch.Tensor) -> AttnRows:
-        rows = self._inner.select(layer, topk, req_slots, seq_lens)
+               seq_lens: torch.Tensor, **part) -> AttnRows:
+        """part: row0 of a micro-batch (HiSparseBackend.microbatches > 1), passed through."""
+        rows = self._inner.select(layer, topk, req_slots, seq_lens, **part)
         n = topk.shape[0]
         idx = torch.where(req_slots >= 0, req_slots, self._counts.shape[0] - 1).long()
         self._counts[:, 0].index_add_(0, idx, (topk >= 0).sum(dim=1))
-        misses = self._miss_counts(n)
+        misses = self._miss_counts(n, part.get("row0", 0))
         if misses is not None:
-            self._counts[:, 1].index_add_(0, idx, misses[:n].long().clamp(min=0))
+            self._counts[:, 1].index_add_(0, idx, misses.long().clamp(min=0))
         return rows
 
     @property
@@ -102,7 +104,7 @@ def choose_kernels(name: str, device: str) -> KernelSet:
 
 def build_backend(mode: str, layout: KVLayout, tensors: KVTensors | None, kernels: KernelSet,
                   max_batch: int, device: str, swap_fn: Callable[[int, int], None] | None,
-                  exchange: dict | None) -> KVBackend:
+                  exchange: dict | None, microbatches: int = 1) -> KVBackend:
     if mode == "baseline":
         return BaselineBackend(BaselineConfig.from_layout(layout), kernels=kernels, device=device)
     if tensors is None:
@@ -112,7 +114,8 @@ def build_backend(mode: str, layout: KVLayout, tensors: KVTensors | None, kernel
             raise ValueError("service-remote-swap needs a swap function")
         return RemoteSwapBackend(tensors, swap_fn, kernels=kernels, xchg=exchange or None,
                                  max_batch=max_batch)
-    return HiSparseBackend(tensors, kernels=kernels, max_batch=max_batch)
+    return HiSparseBackend(tensors, kernels=kernels, max_batch=max_batch,
+                           microbatches=microbatches)
 
 
 def load_topk_source(spec: str, model_cfg: ModelConfig, layout: KVLayout,

@@ -108,6 +108,9 @@ class EngineConfig:
     metrics_address: str = "127.0.0.1"
     # KV row format ("bf16" / "fp8"); None: the preset's (v32: fp8). Must match the service's.
     row_format: str | None = None
+    # embedded/service: decode parts whose miss copy overlaps the other parts' compute on a
+    # side stream (HiSparseBackend.microbatches); 1 = off.
+    decode_microbatches: int = 1
 
     def __post_init__(self) -> None:
         if self.kv_mode not in KV_MODES:
@@ -156,6 +159,8 @@ class EngineConfig:
         if self.row_format is not None and self.row_format not in ROW_FORMATS:
             raise ValueError(f"row_format must be one of {sorted(ROW_FORMATS)}, "
                              f"got {self.row_format!r}")
+        if not 1 <= self.decode_microbatches <= 64:
+            raise ValueError(f"decode_microbatches must be in 1..64, got {self.decode_microbatches}")
         if self.topk_source != "indexer" and ":" not in self.topk_source:
             raise ValueError(f"topk_source must be 'indexer' or MODULE:FUNC, got {self.topk_source!r}")
 

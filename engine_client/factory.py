@@ -86,7 +86,7 @@ def _build_compute(cfg: EngineConfig, mcfg: ModelConfig, control: KVControl, dev
         swap_fn, exchange = (lambda layer, bs: control.remote_swap(layer, bs)), control.exchange
     max_batch = min(cfg.max_batch, control.layout.max_requests)
     backend = build_backend(cfg.kv_mode, control.layout, control.tensors, kernels, max_batch,
-                            device, swap_fn, exchange)
+                            device, swap_fn, exchange, cfg.decode_microbatches)
     source = load_topk_source(cfg.topk_source, mcfg, control.layout, device)
     return build_compute(mcfg, weights, backend, control.layout, max_batch, cfg.prefill_chunk,
                          use_graphs=cfg.cuda_graphs, topk_source=source,

@@ -23,12 +23,23 @@ from kv_service.remote_swap import EVENT_NAMES, exchange_specs
 # Counter slots in HiSparseBackend.counters (int64, on the device, updated without sync).
 # Padding rows add nothing, so graph warm-ups and captures leave them unchanged.
 _SELECTED, _MISSES = 0, 1
+# CTAs of the side-stream miss copy when micro-batches overlap it with compute: a persistent
+# grid holds its SMs for the whole copy, so it must leave most of them to the compute; 64 CTAs
+# keep ~0.6 MB of rows in flight, far more than PCIe bandwidth x latency.
+OVERLAP_COPY_PROGRAMS = 64
 
 
 class HiSparseBackend(KVBackend):
-    """In-stream swap on service memory. Decode buffers are sized for `max_batch` rows."""
+    """In-stream swap on service memory. Decode buffers are sized for `max_batch` rows.
 
-    def __init__(self, kv: KVTensors, *, kernels: KernelSet, max_batch: int | None = None) -> None:
+    microbatches > 1: the model splits each decode layer's batch into that many parts (see
+    Model._attention); on CUDA each part's miss copy then runs on a side stream, with a grid of
+    `copy_programs` CTAs (default OVERLAP_COPY_PROGRAMS), while the main stream scores and plans
+    the next part and attends the previous one. Results are bitwise the same: every kernel is
+    row-independent and each part owns its rows of the plan's output buffers."""
+
+    def __init__(self, kv: KVTensors, *, kernels: KernelSet, max_batch: int | None = None,
+                 microbatches: int = 1, copy_programs: int | None = None) -> None:
         lay = kv.layout
         self.kv, self.layout, self.kernels = kv, lay, kernels
         self.device = kv.device
@@ -45,6 +56,14 @@ class HiSparseBackend(KVBackend):
         self.miss_dst = torch.zeros((n, k), dtype=torch.int64, device=self.device)
         self.miss_count = torch.zeros((n,), dtype=torch.int32, device=self.device)
         self.counters = torch.zeros(2, dtype=torch.int64, device=self.device)
+        if microbatches < 1 or (copy_programs is not None and copy_programs < 1):
+            raise ValueError(f"microbatches and copy_programs must be positive, got "
+                             f"{microbatches}, {copy_programs}")
+        self.microbatches, self.copy_programs = microbatches, copy_programs
+        # The side stream serves the Triton kernels (the references take no grid size).
+        overlap = microbatches > 1 and self.device.type == "cuda" and kernels.capturable
+        self._copy_stream = torch.cuda.Stream(self.device) if overlap else None
+        self._copied: dict[int, torch.cuda.Event] = {}   # by a part's first row
         self._hot_rows = self._hot_views(kv)
 
     def _hot_views(self, kv: KVTensors) -> list[torch.Tensor]:
@@ -91,12 +110,34 @@ class HiSparseBackend(KVBackend):
         self.counters[_MISSES] += miss_count.sum()
 
     def select(self, layer: int, topk: torch.Tensor, req_slots: torch.Tensor,
-               seq_lens: torch.Tensor) -> AttnRows:
+               seq_lens: torch.Tensor, row0: int = 0) -> AttnRows:
+        """row0: first row of this part of the batch in the plan's output buffers."""
         n = topk.shape[0]
-        out = (self.out_slots[:n], self.miss_src[:n], self.miss_dst[:n], self.miss_count[:n])
-        run_swap(self.kv, self.kernels, layer, topk, seq_lens, req_slots, *out)
+        rows = slice(row0, row0 + n)
+        out = (self.out_slots[rows], self.miss_src[rows], self.miss_dst[rows], self.miss_count[rows])
+        if self._copy_stream is None:
+            run_swap(self.kv, self.kernels, layer, topk, seq_lens, req_slots, *out)
+        else:
+            plan_swap(self.kv, self.kernels, layer, topk, seq_lens, req_slots, *out)
+            self._copy_aside(row0, *out[1:])
         self._count(topk, out[3])
         return self._hot(layer, req_slots, out[0])
+
+    def _copy_aside(self, row0: int, src: torch.Tensor, dst: torch.Tensor,
+                    count: torch.Tensor) -> None:
+        """The miss copy on the side stream, after what the main stream queued so far."""
+        main, side = torch.cuda.current_stream(self.device), self._copy_stream
+        done = self._copied.setdefault(row0, torch.cuda.Event())
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            self.kernels.miss_copy(self.kv.host_rows, self.kv.hot_kv, src, dst, count,
+                                   programs=self.copy_programs or OVERLAP_COPY_PROGRAMS)
+            done.record(side)
+
+    def attention_ready(self, row0: int) -> None:
+        """Before attention reads the rows of the part starting at row0: wait for its copy."""
+        if self._copy_stream is not None:
+            torch.cuda.current_stream(self.device).wait_event(self._copied[row0])
 
     def gather(self, layer: int, topk: torch.Tensor, req_slot: int, seq_len: int) -> AttnRows:
         """Resident: token t is hot slot t. Offloaded: read the rows from the host tier (the only
@@ -151,12 +192,20 @@ def run_swap(kv: KVTensors, kernels: KernelSet, layer: int, topk: torch.Tensor,
              seq_lens: torch.Tensor, req_slots: torch.Tensor, out_slots: torch.Tensor,
              miss_src: torch.Tensor, miss_dst: torch.Tensor, miss_count: torch.Tensor) -> None:
     """One layer's swap-in: plan (updates residency/LRU), then copy the misses host -> hot."""
+    plan_swap(kv, kernels, layer, topk, seq_lens, req_slots, out_slots, miss_src, miss_dst,
+              miss_count)
+    kernels.miss_copy(kv.host_rows, kv.hot_kv, miss_src, miss_dst, miss_count)
+
+
+def plan_swap(kv: KVTensors, kernels: KernelSet, layer: int, topk: torch.Tensor,
+              seq_lens: torch.Tensor, req_slots: torch.Tensor, out_slots: torch.Tensor,
+              miss_src: torch.Tensor, miss_dst: torch.Tensor, miss_count: torch.Tensor) -> None:
+    """The plan of run_swap: hits, victims and the miss lists, residency/LRU updated."""
     lay = kv.layout
     kernels.swap_plan(layer, topk, seq_lens, req_slots, kv.req_mode, kv.page_table, kv.token_slot,
                       kv.slot_token, kv.lru_order, kv.hit_flag, out_slots, miss_src, miss_dst,
                       miss_count, num_layers=lay.num_layers, page_size=lay.page_size,
                       window=lay.window)
-    kernels.miss_copy(kv.host_rows, kv.hot_kv, miss_src, miss_dst, miss_count)
 
 
 def allocate_exchange(layout: KVLayout, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:

@@ -92,6 +92,12 @@ class PrefillChunk:
     seq_len: int
 
 
+def _parts(n: int, m: int) -> list[slice]:
+    """Rows [0, n) cut into at most m contiguous, non-empty, near-equal parts."""
+    bounds = [n * j // m for j in range(m + 1)]
+    return [slice(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
@@ -182,6 +188,19 @@ class Model:
         w = F.linear(h, lw["self_attn.indexer.weights_proj.weight"]).float() * cfg.index_weight_scale
         return q, w, k
 
+    def _select(self, i: int, r: slice, iq: torch.Tensor, iw: torch.Tensor, tok: Tokens,
+                ws: Workspace, prefill: PrefillChunk | None) -> AttnRows:
+        """Indexer scores, top-k and the backend's rows for batch rows r."""
+        be, slots, lens = self.backend, tok.req_slots[r], tok.seq_lens[r]
+        be.index_scores(i, iq[r], iw[r], slots, lens, ws.scores[r])
+        self.kernels.topk_select(ws.scores[r], lens, ws.topk[r], workspace=ws.topk_scratch)
+        if prefill is not None:
+            return be.gather(i, ws.topk[r], prefill.req_slot, prefill.seq_len)
+        if self.topk_source is not None:
+            self.topk_source(i, slots, lens, ws.topk[r])
+        part = {"row0": r.start} if r.start else {}
+        return be.select(i, ws.topk[r], slots, lens, **part)
+
     def _attention(self, i: int, lw: dict, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    tok: Tokens, ws: Workspace, prefill: PrefillChunk | None) -> torch.Tensor:
         cfg, n, eps = self.cfg, x.shape[0], self.cfg.norm_eps
@@ -197,15 +216,17 @@ class Model:
         be = self.backend
         be.append(i, rows, encode_index_keys(ik, be.index_format), tok.req_slots, tok.positions,
                   tok.append_lens)
-        be.index_scores(i, iq, iw, tok.req_slots, tok.seq_lens, ws.scores)
-        self.kernels.topk_select(ws.scores, tok.seq_lens, ws.topk, workspace=ws.topk_scratch)
-        if prefill is None and self.topk_source is not None:
-            self.topk_source(i, tok.req_slots, tok.seq_lens, ws.topk)
-        sel: AttnRows = (be.select(i, ws.topk, tok.req_slots, tok.seq_lens) if prefill is None
-                         else be.gather(i, ws.topk, prefill.req_slot, prefill.seq_len))
         q_abs = torch.bmm(q[..., : cfg.qk_nope_dim].transpose(0, 1), lw["w_uk"]).transpose(0, 1)
-        self.kernels.sparse_mla_decode(q_abs, q_pe, sel.kv, sel.row_base, sel.slots,
-                                       cfg.softmax_scale, ws.attn_out, ws.lse,
-                                       workspace=ws.attn_scratch)
+        # Decode micro-batches (backend.microbatches > 1): every part is scored and planned
+        # before any is attended, so a part's miss copy (the backend's side stream) overlaps
+        # the next part's indexer, top-k and plan and the previous part's attention.
+        parts = _parts(n, getattr(be, "microbatches", 1) if prefill is None else 1)
+        sels = [self._select(i, r, iq, iw, tok, ws, prefill) for r in parts]
+        for r, sel in zip(parts, sels):
+            if len(parts) > 1:
+                be.attention_ready(r.start)
+            self.kernels.sparse_mla_decode(q_abs[r], q_pe[r], sel.kv, sel.row_base, sel.slots,
+                                           cfg.softmax_scale, ws.attn_out[r], ws.lse[r],
+                                           workspace=ws.attn_scratch)
         o = torch.bmm(ws.attn_out.transpose(0, 1), lw["w_uv_t"]).transpose(0, 1).reshape(n, -1)
         return x + F.linear(o, lw["self_attn.o_proj.weight"])

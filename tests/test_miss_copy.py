@@ -62,6 +62,81 @@ def test_copy_matches_reference(device, D, bs):
     assert (hot_buf[:GUARD] == SENTINEL).all() and (hot_buf[-GUARD:] == SENTINEL).all()
 
 
+def _check_copy(device, D, bs, k, counts, programs=None, rows_per_program=8, seed=0):
+    """One miss_copy on poisoned, guarded buffers against ref_miss_copy."""
+    rng, g = random.Random(seed), torch.Generator().manual_seed(seed)
+    on_gpu = torch.device(device).type == "cuda"
+    host_n, hot_n = 3 * bs * k + 5, 2 * bs * k + 7
+    host, _ = rows_tensor((host_n, D), device, g, pinned=on_gpu)
+    hot, hot_buf = rows_tensor((hot_n, D), device, g)
+    want = hot_buf.clone()
+    src, dst, _ = miss_lists(rng, bs, k, host_n, hot_n, device)
+    count = torch.tensor(counts, dtype=torch.int32, device=device)
+    miss_copy(UVATensor(host) if on_gpu else host, hot, src, dst, count, programs=programs,
+              rows_per_program=rows_per_program)
+    ref_miss_copy(host, want[GUARD:-GUARD].view(hot.shape), src, dst, count)
+    assert torch.equal(hot_buf, want)
+    assert (hot_buf[:GUARD] == SENTINEL).all() and (hot_buf[-GUARD:] == SENTINEL).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("pattern", ["none", "full", "one", "padding", "negative"])
+@pytest.mark.parametrize("programs", [None, 1, 3])
+def test_work_list_patterns(device, pattern, programs):
+    """Every count pattern the plan can write, walked by grids smaller and larger than the
+    work list: no misses, every list full, one busy request among empty ones, padding rows
+    (count 0 with garbage lists) and negative or oversized counts."""
+    bs, k = 6, 11
+    counts = {"none": [0] * bs, "full": [k] * bs, "one": [0, 0, 0, 7, 0, 0],
+              "padding": [k, 3, 0, 0, 0, 0], "negative": [-5, 2**31 - 1, -2**31, 4, k + 1, 1]}
+    _check_copy(device, 656, bs, k, counts[pattern], programs=programs, seed=len(pattern))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bs,k,rows_per_program", [(300, 3, 8), (257, 5, 16), (1, 37, 4)])
+def test_batch_past_one_scan_block(device, bs, k, rows_per_program):
+    """More requests than one vector step of the work-list search (BATCH_BLOCK), and a single
+    long list, with random counts."""
+    rng = random.Random(bs)
+    counts = [rng.choice([0, k, rng.randint(0, k)]) for _ in range(bs)]
+    _check_copy(device, 20, bs, k, counts, rows_per_program=rows_per_program, seed=bs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [1152, 656])
+@pytest.mark.parametrize("bs", [1, 64, 174])
+def test_real_shapes_default_grid(D, bs):
+    """k 2048 and the engine's batch sizes on the default persistent grid, ~13% misses with
+    some empty and some full lists; checked against an indexed torch copy."""
+    k, host_n, hot_n = 2048, 1 << 17, bs * 4096
+    g = torch.Generator().manual_seed(bs + D)
+    host = torch.randint(0, 256, (host_n, D), dtype=torch.uint8, generator=g).pin_memory()
+    hot = torch.zeros((hot_n, D), dtype=torch.uint8, device="cuda")
+    counts = torch.randint(0, 2 * k * 13 // 100, (bs,), generator=g, dtype=torch.int32)
+    counts[::7] = 0
+    counts[3::11] = k
+    src = torch.randint(0, host_n, (bs, k), generator=g)
+    dst = torch.randperm(hot_n, generator=g)[:bs * k].view(bs, k)
+    miss_copy(UVATensor(host), hot, src.cuda(), dst.cuda(), counts.cuda())
+    live = torch.arange(k)[None, :] < counts[:, None].long()
+    want = torch.zeros((hot_n, D), dtype=torch.uint8)
+    want[dst[live]] = host[src[live]]
+    assert torch.equal(hot.cpu(), want)
+
+
+def test_rejects_bad_arguments():
+    host = torch.zeros((4, 16), dtype=torch.uint8)
+    hot = torch.zeros((4, 16), dtype=torch.uint8)
+    src = torch.zeros((2, 3), dtype=torch.int64)
+    count = torch.zeros(2, dtype=torch.int32)
+    with pytest.raises(ValueError):
+        miss_copy(host, hot, src, src, count.long())
+    with pytest.raises(ValueError):
+        miss_copy(host, torch.zeros((4, 12), dtype=torch.uint8), src, src, count)
+    with pytest.raises(ValueError):
+        miss_copy(host, hot, src, src, count, programs=0)
+
+
 class Truth:
     """The KV and index bytes every (request, layer, token) was appended with."""
 

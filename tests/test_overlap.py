@@ -1,0 +1,106 @@
+"""Decode micro-batches with the miss copy on a side stream (HiSparseBackend.microbatches):
+bitwise the same logits, KV state and per-request counters as one batch, and the step still
+captures into a CUDA graph."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine_client.compute import CountingBackend
+from engine_client.graph import DecodeConfig, DecodeRunner
+from engine_client.hisparse_backend import HiSparseBackend
+from engine_client.kernel_set import KernelSet
+from engine_client.model import Model, _parts
+from engine_client.preset import preset
+from engine_client.weights import random_weights
+from kv_service.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
+from kv_service.memory import TENSOR_NAMES, allocate_local, reset_request
+
+CFG = preset("tiny", topk=8)
+LAYOUT = KVLayout(num_layers=2, max_requests=8, hot_slots=9, window=1, topk=8, page_size=4,
+                  num_pages=60, max_context=48)
+# slot -> synthetic context; slot 3 is resident (fits in B), the others offloaded.
+CONTEXTS = {0: 30, 1: 21, 2: 40, 3: 4}
+STEPS = 3
+
+
+def test_parts_cover_the_rows_once():
+    assert _parts(7, 1) == [slice(0, 7)]
+    assert _parts(7, 2) == [slice(0, 3), slice(3, 7)]
+    assert _parts(2, 3) == [slice(0, 1), slice(1, 2)]
+    assert _parts(1, 4) == [slice(0, 1)]
+
+
+def decode(microbatches: int, device: str, graphs: bool, kernels: KernelSet, weights,
+           copy_programs: int | None = None, bucket: int = 5, shapes=None):
+    cfg, lay, contexts = shapes or (CFG, LAYOUT, CONTEXTS)
+    kv = allocate_local(lay, device)
+    per = lay.num_pages // len(contexts)
+    for slot, ctx in contexts.items():
+        pages = list(range(slot * per, slot * per + lay.pages_for(ctx + STEPS)))
+        resident = ctx + STEPS <= lay.hot_slots
+        reset_request(kv, slot, MODE_RESIDENT if resident else MODE_OFFLOADED, pages)
+    inner = HiSparseBackend(kv, kernels=kernels, microbatches=microbatches,
+                            copy_programs=copy_programs)
+    backend = CountingBackend(inner)
+    model = Model(cfg, weights, backend)  # type: ignore[arg-type]
+    runner = DecodeRunner(model, DecodeConfig(max_batch=bucket, buckets=(bucket,),
+                                              use_graphs=graphs))
+    for slot, ctx in contexts.items():
+        inner.fill_synthetic(slot, ctx, seed=slot, chunk=16 if device == "cpu" else 4096)
+    slots, last, out, counts = list(contexts), [1, 2, 3, 4], [], []
+    for step in range(STEPS):
+        pos = [contexts[s] + step for s in slots]
+        logits = runner.step(last, pos, slots, [p + 1 for p in pos])
+        out.append(logits.clone().cpu())
+        counts.append(backend.take())
+        last = logits.argmax(dim=-1).tolist()
+    state = {name: getattr(kv, name).clone().cpu() for name in TENSOR_NAMES}
+    return out, counts, state, inner.stats()
+
+
+def assert_same(a, b):
+    for x, y in zip(a[0], b[0]):
+        assert torch.equal(x, y)
+    assert a[1] == b[1] and a[3] == b[3]
+    for name in TENSOR_NAMES:
+        assert torch.equal(a[2][name], b[2][name]), name
+
+
+@pytest.mark.slow
+def test_microbatches_bitwise_on_cpu():
+    kernels, weights = KernelSet.triton(), random_weights(CFG, seed=3)
+    one = decode(1, "cpu", False, kernels, weights)
+    assert one[3]["misses"] > 0   # the offloaded requests really swap
+    assert_same(one, decode(2, "cpu", False, kernels, weights))
+    # Three parts of a padded bucket: the last part holds only padding rows.
+    assert_same(one, decode(3, "cpu", False, kernels, weights, bucket=8))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("copy_programs", [None, 4])
+def test_microbatches_graphed_bitwise_on_gpu(copy_programs):
+    """Side-stream copy inside the captured graph vs one eager batch: same bits."""
+    kernels, weights = KernelSet.triton(), random_weights(CFG, seed=3, device="cuda")
+    one = decode(1, "cuda", False, kernels, weights)
+    assert one[3]["misses"] > 0
+    two = decode(2, "cuda", True, kernels, weights, copy_programs=copy_programs, bucket=8)
+    assert_same(one, two)
+
+
+# Bench attention shapes (k 2048, B 4096, split-k attention, segmented top-k) on 2 layers.
+BENCH_CFG = preset("bench", num_layers=2, mlp_hidden=1024, vocab_size=4096)
+BENCH_LAYOUT = KVLayout(num_layers=2, max_requests=8, hot_slots=4096, window=128, topk=2048,
+                        page_size=64, num_pages=1024, max_context=16384)
+
+
+@pytest.mark.gpu
+def test_microbatches_graphed_bitwise_at_bench_shapes():
+    kernels = KernelSet.triton()
+    weights = random_weights(BENCH_CFG, seed=0, device="cuda")
+    shapes = (BENCH_CFG, BENCH_LAYOUT, {0: 9000, 1: 5000, 2: 12000, 3: 3000})
+    one = decode(1, "cuda", False, kernels, weights, shapes=shapes)
+    assert one[3]["misses"] > 0
+    for m in (2, 3):
+        assert_same(one, decode(m, "cuda", True, kernels, weights, bucket=8, shapes=shapes))
