@@ -54,7 +54,8 @@ def decode(microbatches: int, device: str, graphs: bool, kernels: KernelSet, wei
         pos = [contexts[s] + step for s in slots]
         logits = runner.step(last, pos, slots, [p + 1 for p in pos])
         out.append(logits.clone().cpu())
-        counts.append(backend.take())
+        counts.append(backend.counts.cpu().tolist())
+        backend.counts.zero_()
         last = logits.argmax(dim=-1).tolist()
     state = {name: getattr(kv, name).clone().cpu() for name in TENSOR_NAMES}
     return out, counts, state, inner.stats()
