@@ -232,7 +232,9 @@ class Engine:
         # Steps finish in launch order: all but the one in flight are done.
         self.done_step = (adv.launched.batch.step - 1 if adv.launched is not None
                           else self.scheduler.next_step - 1)
-        if adv.error is not None:
+        if isinstance(adv.error, errors.ServiceUnavailable):
+            self._fail_all(adv.error)  # the step lost its service (RemoteSwap): UNAVAILABLE
+        elif adv.error is not None:
             self._step_failed(batch.requests if batch else (), adv.error)
         if adv.done is not None:
             self._check_service()  # nor trust what a step read while it was being lost

@@ -179,6 +179,7 @@ def test_failed_exchange_mapping_unmaps_the_kv_tensors() -> None:
         kv, handles = segment.create_segments(LAYOUT, "cpu", shm, instance)
         xchg = {n: torch.zeros(shape, dtype=dtype) for n, (shape, dtype) in exchange_specs(LAYOUT).items()}
         shared, xhandles = segment.export_extra(xchg, "cpu", shm, instance)
+        gc.collect()  # mappings that earlier tests left to the collector must not count here
         exported = sorted(mapped_segments())
         tensors, exchange, _ = attachment.map_memory(_reply(handles + xhandles), LAYOUT, "cpu", True)
         assert len(mapped_segments()) > len(exported)
