@@ -4,7 +4,7 @@ handled by code, handling time) for every KVCacheService RPC and every refused o
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import hmac
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -113,48 +113,8 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
               refuse: BaseException | None) -> grpc.RpcMethodHandler:
         """Same kind of handler; `refuse` set means abort with it before running anything."""
         kind, inner = _kind(handler)
-        call = _RpcRecord(self._metrics, GRPC_TYPES[kind], method)
-
-        async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            started, code = call.start(), "UNKNOWN"
-            try:
-                if refuse is not None:
-                    raise refuse
-                reply = await inner(_request(kind, request), context)
-                code = _code_name(context, "OK")
-                return reply
-            except grpc.aio.AbortError:
-                code = _code_name(context, "UNKNOWN")
-                raise
-            except asyncio.CancelledError:
-                code = "CANCELLED"
-                raise
-            except Exception as exc:
-                status = status_of(exc)
-                code = status.code.name
-                await _abort(context, status)
-            finally:
-                call.done(code, started)
-
-        async def streaming(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            started, code = call.start(), "CANCELLED"  # unless it ends by itself
-            try:
-                if refuse is not None:
-                    raise refuse
-                async for reply in inner(_request(kind, request), context):
-                    yield reply
-                code = _code_name(context, "OK")
-            except grpc.aio.AbortError:
-                code = _code_name(context, "UNKNOWN")
-                raise
-            except Exception as exc:
-                status = status_of(exc)
-                code = status.code.name
-                await _abort(context, status)
-            finally:
-                call.done(code, started)
-
-        return _rebuild(handler, unary if kind.endswith("unary") else streaming)
+        call = _RecordedCall(self._metrics, kind, method, inner, refuse)
+        return _rebuild(handler, call.unary if kind.endswith("unary") else call.streaming)
 
 
 def _code_name(context: grpc.aio.ServicerContext, default: str) -> str:
@@ -168,18 +128,55 @@ def _code_name(context: grpc.aio.ServicerContext, default: str) -> str:
     return code.name if isinstance(code, grpc.StatusCode) else grpc.StatusCode(code).name
 
 
-class _RpcRecord:
-    """The metric labels of one method, resolved once per handler."""
+class _RecordedCall:
+    """The behaviour of one method behind the interceptor: typed errors become rich statuses,
+    and every call is counted with its code and time (grpc_server_* metrics)."""
 
-    def __init__(self, metrics: ServiceMetrics | None, grpc_type: str, method: str) -> None:
+    def __init__(self, metrics: ServiceMetrics | None, kind: str, method: str,
+                 inner: Callable[..., Any], refuse: BaseException | None) -> None:
         service, _, name = method.lstrip("/").rpartition("/")
-        self._metrics, self._labels = metrics, (grpc_type, service, name)
+        self._metrics, self._labels = metrics, (GRPC_TYPES[kind], service, name)
+        self._kind, self._inner, self._refuse = kind, inner, refuse
 
-    def start(self) -> float:
+    def _start(self) -> float:
         if self._metrics is not None:
             self._metrics.rpc_start(*self._labels)
         return time.perf_counter()
 
-    def done(self, code: str, started: float) -> None:
+    def _done(self, code: str, started: float) -> None:
         if self._metrics is not None:
             self._metrics.rpc_done(*self._labels, code, time.perf_counter() - started)
+
+    @contextlib.asynccontextmanager
+    async def _recorded(self, context: grpc.aio.ServicerContext) -> AsyncIterator[list[str]]:
+        """Count the call; the body sets the code it ends with on success. A domain error
+        aborts with its rich status."""
+        started, code = self._start(), ["CANCELLED"]  # unless it ends by itself
+        try:
+            yield code
+        except grpc.aio.AbortError:
+            code[0] = _code_name(context, "UNKNOWN")
+            raise
+        except Exception as exc:
+            status = status_of(exc)
+            code[0] = status.code.name
+            await _abort(context, status)
+        finally:
+            self._done(code[0], started)
+
+    async def unary(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async with self._recorded(context) as code:
+            if self._refuse is not None:
+                raise self._refuse
+            reply = await self._inner(_request(self._kind, request), context)
+            code[0] = _code_name(context, "OK")
+            return reply
+
+    async def streaming(self, request: Any,
+                        context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async with self._recorded(context) as code:
+            if self._refuse is not None:
+                raise self._refuse
+            async for reply in self._inner(_request(self._kind, request), context):
+                yield reply
+            code[0] = _code_name(context, "OK")
