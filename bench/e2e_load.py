@@ -136,17 +136,23 @@ class LoadGen:
             self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-_RPC_RE = re.compile(r'^kvs_rpc_seconds_(sum|count)\{([^}]*)\} (\S+)$', re.M)
+_RPC_RE = re.compile(r'^(kvs_session_message_seconds|grpc_server_handling_seconds)_(sum|count)'
+                     r'\{([^}]*)\} (\S+)$', re.M)
 
 
 def parse_rpc_metrics(text: str) -> dict[str, list[float]]:
     """{method: [seconds, count]} of the service's control-plane messages: Session/* messages
-    and RemoteSwap calls (not the Session stream as a whole, GetStats or health)."""
+    and RemoteSwap calls (not the Session stream as a whole, GetStats or health), all codes."""
     out: dict[str, list[float]] = {}
-    for kind, labels, value in _RPC_RE.findall(text):
-        method = dict(re.findall(r'(\w+)="([^"]*)"', labels)).get("method", "")
-        if method.startswith("Session/") or method == "RemoteSwap":
-            out.setdefault(method, [0.0, 0.0])[0 if kind == "sum" else 1] += float(value)
+    for family, kind, labels, value in _RPC_RE.findall(text):
+        label = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        if family == "kvs_session_message_seconds":
+            method = f"Session/{label.get('message', '')}"
+        elif label.get("grpc_method") == "RemoteSwap":
+            method = "RemoteSwap"
+        else:
+            continue
+        out.setdefault(method, [0.0, 0.0])[0 if kind == "sum" else 1] += float(value)
     return out
 
 

@@ -19,8 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.timing import (graph_time_us, measure_ceilings, cpu_call_us,  # noqa: E402
-                          Row, print_table)
+from bench.timing import Row, measure_ceilings, print_table  # noqa: E402
 from bench import kernel_cases as cases  # noqa: E402
 from bench import miss_copy_cases  # noqa: E402
 

@@ -88,7 +88,7 @@ def map_memory(reply: pb.AttachResponse, layout: KVLayout, device: str,
         # The KV tensors are mapped already: nothing else would ever unmap them.
         segment.unmap_segments(tensors)
         segment.forget_files(kv_handles)
-        tensors = None  # noqa: F841 - the traceback keeps this frame, not the mappings
+        del tensors  # the traceback keeps this frame, not the mappings
         if isinstance(e, (LayoutError, OSError)):
             raise errors.LayoutMismatch(f"cannot map the service's memory: {e}") from e
         raise

@@ -120,6 +120,7 @@ class KVClient:
         return reply
 
     def _map(self, reply: pb.AttachResponse) -> None:
+        assert self.layout is not None, "map only after an attach"
         self.tensors, self.exchange, self._owner_files = attachment.map_memory(
             reply, self.layout, self.device, self.with_remote_swap)
         self._mapped, self._mapped_exchange = self.tensors, self.exchange
@@ -184,8 +185,9 @@ class KVClient:
         if self._dead is not None:
             raise self._dead
         if self._owner_files and not segment.is_owner_alive(self._owner_files):
-            self._die(errors.ServiceUnavailable(f"KV service at {self.target} is gone"))
-            raise self._dead
+            gone = errors.ServiceUnavailable(f"KV service at {self.target} is gone")
+            self._die(gone)
+            raise gone
 
     # --- after the service is lost: let go of it, attach to its successor ---
 
@@ -251,17 +253,22 @@ class KVClient:
 
     # --- session messages ---
 
+    def _live_stream(self) -> SessionStream:
+        if self._stream is None:  # before the first attach or after a failed re-attach
+            raise self._dead or errors.ServiceUnavailable("no session stream to the KV service")
+        return self._stream
+
     async def _send(self, msg: pb.SessionMessage, what: str) -> pb.SessionReply:
         """Send on the session stream. A message the service never saw (the stream was
         already broken) is sent again once, after the re-attach."""
         await self._wait_recovered()
         try:
-            reply = await self._stream.request(self._message(msg), what)
+            reply = await self._live_stream().request(self._message(msg), what)
         except NotSent:
             if self._closing:
                 raise
             await self._wait_recovered()
-            reply = await self._stream.request(self._message(msg), what)
+            reply = await self._live_stream().request(self._message(msg), what)
         return self._result(reply, what)
 
     async def _wait_recovered(self) -> None:

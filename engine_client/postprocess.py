@@ -22,7 +22,7 @@ from collections.abc import Callable
 from engine_client import errors
 from engine_client.control import KVControl, StepReport
 from engine_client.metrics import EngineMetrics
-from engine_client.request import Finish, GenRequest
+from engine_client.request import GenRequest
 from engine_client.runner import StepOutput
 from engine_client.state_file import StateFile
 

@@ -100,7 +100,8 @@ class SessionStream:
             self.stop(e if isinstance(e, errors.ServiceUnavailable)
                       else errors.ServiceUnavailable(str(e)))
         except asyncio.CancelledError:
-            if asyncio.current_task().cancelling():
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
                 raise
             # Not our task being cancelled: grpc raises this when the call itself was cancelled.
             self.stop(errors.ServiceUnavailable("the session stream was cancelled"))

@@ -1,9 +1,10 @@
 """The one server interceptor: shared-token authentication for every RPC, and the mapping of
-typed errors (kv_service.status) to rich statuses plus latency metrics for every
-KVCacheService RPC."""
+typed errors (kv_service.status) to rich statuses plus the grpc_server_* metrics (started,
+handled by code, handling time) for every KVCacheService RPC and every refused one."""
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -19,6 +20,11 @@ from kv_service.status import Status, rich_status, status_of
 SERVICE_PREFIX = "/kvcache.v1.KVCacheService/"
 # Health stays open so orchestrators can probe without the secret; it reveals nothing else.
 UNAUTHENTICATED_PREFIXES = ("/grpc.health.v1.Health/",)
+
+
+# grpc_type label values of go-grpc-prometheus, by handler kind.
+GRPC_TYPES = {"unary_unary": "unary", "unary_stream": "server_stream",
+              "stream_unary": "client_stream", "stream_stream": "bidi_stream"}
 
 
 def _kind(handler: grpc.RpcMethodHandler) -> tuple[str, Callable[..., Any]]:
@@ -100,44 +106,77 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
                 and not self._authorized(details.invocation_metadata):
             return self._wrap(handler, method, Unauthenticated("missing or wrong bearer token"))
         if method.startswith(SERVICE_PREFIX):
-            return self._wrap(handler, method[len(SERVICE_PREFIX):], None)
+            return self._wrap(handler, method, None)
         return handler
-
-    def _observe(self, method: str, code: str, started: float) -> None:
-        if self._metrics is not None:
-            self._metrics.observe_rpc(method, code, time.perf_counter() - started)
 
     def _wrap(self, handler: grpc.RpcMethodHandler, method: str,
               refuse: BaseException | None) -> grpc.RpcMethodHandler:
         """Same kind of handler; `refuse` set means abort with it before running anything."""
         kind, inner = _kind(handler)
-        observe = self._observe
+        call = _RecordedCall(self._metrics, kind, method, inner, refuse)
+        return _rebuild(handler, call.unary if kind.endswith("unary") else call.streaming)
 
-        async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            started, code = time.perf_counter(), "OK"
-            try:
-                if refuse is not None:
-                    raise refuse
-                return await inner(_request(kind, request), context)
-            except grpc.aio.AbortError:
-                code = "ABORTED_BY_HANDLER"
-                raise
-            except Exception as exc:
-                status = status_of(exc)
-                code = status.code.name
-                await _abort(context, status)
-            finally:
-                observe(method, code, started)
 
-        async def streaming(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            try:
-                if refuse is not None:
-                    raise refuse
-                async for reply in inner(_request(kind, request), context):
-                    yield reply
-            except grpc.aio.AbortError:
-                raise
-            except Exception as exc:
-                await _abort(context, status_of(exc))
+def _code_name(context: grpc.aio.ServicerContext, default: str) -> str:
+    """The status code the handler set (set_code or abort), else `default`."""
+    try:
+        code = context.code()
+    except NotImplementedError:
+        return default
+    if code is None:
+        return default
+    return code.name if isinstance(code, grpc.StatusCode) else grpc.StatusCode(code).name
 
-        return _rebuild(handler, unary if kind.endswith("unary") else streaming)
+
+class _RecordedCall:
+    """The behaviour of one method behind the interceptor: typed errors become rich statuses,
+    and every call is counted with its code and time (grpc_server_* metrics)."""
+
+    def __init__(self, metrics: ServiceMetrics | None, kind: str, method: str,
+                 inner: Callable[..., Any], refuse: BaseException | None) -> None:
+        service, _, name = method.lstrip("/").rpartition("/")
+        self._metrics, self._labels = metrics, (GRPC_TYPES[kind], service, name)
+        self._kind, self._inner, self._refuse = kind, inner, refuse
+
+    def _start(self) -> float:
+        if self._metrics is not None:
+            self._metrics.rpc_start(*self._labels)
+        return time.perf_counter()
+
+    def _done(self, code: str, started: float) -> None:
+        if self._metrics is not None:
+            self._metrics.rpc_done(*self._labels, code, time.perf_counter() - started)
+
+    @contextlib.asynccontextmanager
+    async def _recorded(self, context: grpc.aio.ServicerContext) -> AsyncIterator[list[str]]:
+        """Count the call; the body sets the code it ends with on success. A domain error
+        aborts with its rich status."""
+        started, code = self._start(), ["CANCELLED"]  # unless it ends by itself
+        try:
+            yield code
+        except grpc.aio.AbortError:
+            code[0] = _code_name(context, "UNKNOWN")
+            raise
+        except Exception as exc:
+            status = status_of(exc)
+            code[0] = status.code.name
+            await _abort(context, status)
+        finally:
+            self._done(code[0], started)
+
+    async def unary(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async with self._recorded(context) as code:
+            if self._refuse is not None:
+                raise self._refuse
+            reply = await self._inner(_request(self._kind, request), context)
+            code[0] = _code_name(context, "OK")
+            return reply
+
+    async def streaming(self, request: Any,
+                        context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async with self._recorded(context) as code:
+            if self._refuse is not None:
+                raise self._refuse
+            async for reply in self._inner(_request(self._kind, request), context):
+                yield reply
+            code[0] = _code_name(context, "OK")

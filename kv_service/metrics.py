@@ -1,14 +1,20 @@
 """Prometheus metrics of one service, in its own registry (no process-global state).
 
 Counters and occupancy are read from the core at scrape time, so the core stays the single
-source of truth; only latencies are recorded as they happen.
+source of truth; only RPC outcomes and latencies are recorded as they happen.
+
+Names follow the Prometheus conventions: base units (seconds, bytes), `_total` only on counters
+(capacities are `_capacity` gauges), and the RPC series of go-grpc-prometheus
+(`grpc_server_started_total`, `grpc_server_handled_total`, `grpc_server_handling_seconds`, labelled
+`grpc_type`, `grpc_service`, `grpc_method` and, once finished, `grpc_code`) so stock gRPC
+dashboards work unchanged. The histogram keeps `grpc_code` too, to tell fast refusals from work.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -41,20 +47,28 @@ class _CoreCollector(Collector):
                 ("kvs_device_slots", "request slots (hot buffers) in use",
                  s.slots_used, s.slots_total)):
             yield GaugeMetricFamily(f"{name}_used", doc, value=used)
-            yield GaugeMetricFamily(f"{name}_total", doc, value=total)
+            yield GaugeMetricFamily(f"{name}_capacity", f"{doc}: capacity", value=total)
         yield GaugeMetricFamily("kvs_sessions", "live sessions", value=s.sessions)
         yield GaugeMetricFamily("kvs_requests", "live requests", value=s.requests)
         yield GaugeMetricFamily("kvs_draining", "1 while draining", value=int(s.draining))
 
 
 class ServiceMetrics:
-    """Latency histograms plus, once bound, the core's counters and occupancy."""
+    """RPC counters and latency histograms plus, once bound, the core's counters and occupancy."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        self.rpc_seconds = Histogram("kvs_rpc_seconds", "server time per RPC or Session message",
-                                     ["method", "code"], buckets=LATENCY_BUCKETS,
-                                     registry=self.registry)
+        r = self.registry = CollectorRegistry()
+        rpc = ["grpc_type", "grpc_service", "grpc_method"]
+        self.rpc_started = Counter("grpc_server_started_total", "RPCs started on the server",
+                                   rpc, registry=r)
+        self.rpc_handled = Counter("grpc_server_handled_total", "RPCs completed on the server, "
+                                   "by status code", rpc + ["grpc_code"], registry=r)
+        self.rpc_seconds = Histogram("grpc_server_handling_seconds", "server time per RPC, from "
+                                     "start to its status", rpc + ["grpc_code"],
+                                     buckets=LATENCY_BUCKETS, registry=r)
+        self.message_seconds = Histogram("kvs_session_message_seconds", "server time per message "
+                                         "of a Session stream", ["message", "code"],
+                                         buckets=LATENCY_BUCKETS, registry=r)
         self.swap_seconds = Histogram("kvs_remote_swap_seconds",
                                       "service time of one RemoteSwap layer",
                                       buckets=LATENCY_BUCKETS, registry=self.registry)
@@ -62,8 +76,17 @@ class ServiceMetrics:
     def bind(self, stats: Callable[[], CoreStats]) -> None:
         self.registry.register(_CoreCollector(stats))
 
-    def observe_rpc(self, method: str, code: str, seconds: float) -> None:
-        self.rpc_seconds.labels(method=method, code=code).observe(seconds)
+    def rpc_start(self, kind: str, service: str, method: str) -> None:
+        self.rpc_started.labels(kind, service, method).inc()
+
+    def rpc_done(self, kind: str, service: str, method: str, code: str, seconds: float) -> None:
+        """`kind` is grpc_type (unary, client_stream, server_stream, bidi_stream); `code` a
+        grpc.StatusCode name (OK, NOT_FOUND, ...)."""
+        self.rpc_handled.labels(kind, service, method, code).inc()
+        self.rpc_seconds.labels(kind, service, method, code).observe(seconds)
+
+    def observe_message(self, message: str, code: str, seconds: float) -> None:
+        self.message_seconds.labels(message=message, code=code).observe(seconds)
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> Callable[[], None]:
         """Start the /metrics HTTP endpoint; returns its stop function."""

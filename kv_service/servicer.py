@@ -120,8 +120,8 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer):
                 reply, done = self._answer(msg, bound)
                 code = CODE_NAMES.get(reply.error.code, "UNKNOWN") if reply.HasField("error") \
                     else "OK"
-                self._metrics.observe_rpc(f"Session/{msg.WhichOneof('body')}", code,
-                                          time.perf_counter() - started)
+                self._metrics.observe_message(str(msg.WhichOneof("body")), code,
+                                              time.perf_counter() - started)
                 yield reply
                 if done:
                     return

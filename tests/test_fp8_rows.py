@@ -13,7 +13,7 @@ import kernels  # noqa: F401  (sets TRITON_INTERPRET without CUDA)
 from kernels.fp8_row import kv_quantize
 from kernels.kv_append import kv_append
 from kernels.reference import (FP8_ROW_BYTES, fp8_block_scales, ref_dequantize_kv_rows,
-                               ref_kv_append, ref_quantize_kv_rows, ref_sparse_mla_decode)
+                               ref_kv_append, ref_quantize_kv_rows)
 from kernels.sparse_attention import AttnWorkspace, sparse_mla_decode
 from tests.test_kv_append import L, R, W, Tiers, control, random_rows
 from tests.test_sparse_attention import (assert_close_to_reference, make_inputs, run_kernel,

@@ -48,8 +48,9 @@ def test_drain_rpc_then_sigterm_waits_for_requests() -> None:
         assert s.admit("inflight", 4, 4).HasField("admitted")
         scraped = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
         assert b"kvs_requests 1.0" in scraped and b"kvs_index_pages_used 2.0" in scraped
-        assert b'kvs_rpc_seconds_count{code="OK",method="Session/admit"} 1.0' in scraped
-        assert b'kvs_rpc_seconds_count{code="OK",method="Attach"} 1.0' in scraped
+        assert b'kvs_session_message_seconds_count{code="OK",message="admit"} 1.0' in scraped
+        assert (b'grpc_server_handled_total{grpc_code="OK",grpc_method="Attach",'
+                b'grpc_service="kvcache.v1.KVCacheService",grpc_type="unary"} 1.0') in scraped
         assert listen_addresses(port) == ["127.0.0.1"]
         drain = svc.stub().Drain(pb.DrainRequest(timeout_seconds=0.2))
         assert (drain.drained, drain.remaining_requests) == (False, 1)
