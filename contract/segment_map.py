@@ -1,97 +1,38 @@
-"""Shared memory segments: the service exports its KV tensors, an engine in another process maps them.
+"""The engine's side of shared memory: mapping the KV tensors (and extra tensors) a service
+exported, unmapping them, and telling whether their owner still lives. The export side is the
+service's (`kv_service.segment`); each tensor travels as a handle dict (`contract.handle`).
 
-Each tensor travels in the Attach reply as a handle dict (`kv_service.handle`):
-- "shm": a file in `shm_dir` (normally /dev/shm). The host tier always; every tensor in CPU mode.
-  On GPU each process that maps it registers it with CUDA, so kernels load it zero-copy (UVA).
-- "cuda_ipc": device memory shared by CUDA IPC.
-File names carry the creator's pid (`kv_service.shm_file`), and the creator holds a lock file
-beside them for its whole life: files left by a killed service of the same instance can be
-found and removed (`remove_stale_segments`) without ever touching a live owner's, even one in
-another PID namespace; an engine can tell that its service is gone (`is_owner_alive`). CUDA IPC
-handles carry the pid in their JSON for the same reason.
+On GPU each process that maps a "shm" file registers it with CUDA, so kernels load it zero-copy
+(UVA); "cuda_ipc" handles are device memory shared by CUDA IPC. File names and IPC handles carry
+the exporter's pid: `is_owner_alive` checks it, and the file's identity as mapped.
+
+What this process mapped is kept in two process-wide tables, because it is a fact about the
+process, not about any one caller: the host registrations (by data pointer), which must be undone
+exactly once whoever unmaps, and the (st_dev, st_ino) of each mapped file, which tells a
+restarted service's new file from the one mapped.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
-import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TypeVar
 
 import torch
 
+from contract import handle
+from contract.layout import KVLayout, LayoutError
+from contract.tensors import TENSOR_NAMES, KVTensors, tensor_specs
 from kernels.uva import UVATensor
-from kv_service import handle, shm_file
-from kv_service.layout import KVLayout, LayoutError
-from kv_service.memory import TENSOR_NAMES, KVTensors, clear_all, tensor_specs
 
 log = logging.getLogger(__name__)
 
-_NAME_RE = re.compile(r"[A-Za-z0-9_]+")
-_INSTANCE_RE = re.compile(r"[A-Za-z0-9_.-]+")
 _HOST_REGISTER_FLAGS = 1 | 2  # cudaHostRegisterPortable | cudaHostRegisterMapped
-T = TypeVar("T")
-
-
-@dataclass
-class _SegmentSet:
-    """Files and CUDA host registrations made by one create/export call, released together."""
-
-    paths: list[str] = field(default_factory=list)
-    # The tensors are kept alive here: unregistering after the munmap would be an error.
-    registered: list[tuple[torch.Tensor, torch.device]] = field(default_factory=list)
-
-    def release(self) -> None:
-        _unregister(self.registered)
-        self.registered.clear()
-        for path in self.paths:
-            if shm_file.unlink_quietly(path):
-                log.info("removed segment %s", path)
-        self.paths.clear()
-
-
 _lock = threading.Lock()
-_created: dict[tuple[str, str], list[_SegmentSet]] = {}  # (realpath(shm_dir), instance) -> sets
-_owner_locks: dict[tuple[str, str], shm_file.OwnerLock] = {}  # same keys
 _mapped_registered: dict[int, tuple[torch.Tensor, torch.device]] = {}  # by data_ptr
 _mapped_files: dict[str, tuple[int, int]] = {}  # path -> (st_dev, st_ino) at map time
-
-
-def create_segments(layout: KVLayout, device: torch.device | str, shm_dir: str,
-                    instance: str) -> tuple[KVTensors, list[dict]]:
-    """Allocate every KV tensor as shared memory, cleared; return them and their handles."""
-    device, start = torch.device(device), time.monotonic()
-    specs = [(name, shape, dtype, device.type == "cpu" or name == "host_kv")
-             for name, (shape, dtype) in tensor_specs(layout).items()]
-
-    def prepare(tensors: dict[str, torch.Tensor]) -> KVTensors:
-        kv = _as_kv(layout, tensors, device)
-        clear_all(kv)
-        return kv
-
-    kv, handles = _export(specs, device, shm_dir, instance, prepare)
-    log.info("created %d segments of instance %s on %s in %s: %d bytes host, %d bytes total, %.2f s",
-             len(handles), instance, device, shm_dir, layout.host_tier_bytes,
-             sum(h["nbytes"] for h in handles), time.monotonic() - start)
-    return kv, handles
-
-
-def export_extra(tensors: dict[str, torch.Tensor], device: torch.device | str, shm_dir: str,
-                 instance: str) -> tuple[dict[str, torch.Tensor], list[dict]]:
-    """Shared copies of `tensors` and their handles. On GPU a CUDA tensor is exported by CUDA IPC
-    and a CPU tensor becomes a registered host file; in CPU mode all are files."""
-    device = torch.device(device)
-    specs = [(name, tuple(t.shape), t.dtype, device.type == "cpu" or t.device.type == "cpu")
-             for name, t in tensors.items()]
-    out, handles = _export(specs, device, shm_dir, instance,
-                           lambda shared: {n: t.copy_(tensors[n]) for n, t in shared.items()})
-    log.info("exported %d extra segments of instance %s: %s", len(out), instance, sorted(out))
-    return out, handles
 
 
 def map_segments(layout: KVLayout, handles: list[dict], device: torch.device | str) -> KVTensors:
@@ -111,7 +52,7 @@ def map_segments(layout: KVLayout, handles: list[dict], device: torch.device | s
 
     tensors = _map_all(by_name, device, check)
     try:
-        kv = _as_kv(layout, tensors, device)
+        kv = as_kv_tensors(layout, tensors, device)
     except BaseException:
         unmap_segments(tensors)
         tensors.clear()  # the traceback keeps this frame: it must not keep the mappings
@@ -136,7 +77,7 @@ def unmap_segments(tensors: KVTensors | dict[str, torch.Tensor]) -> None:
     with _lock:
         regs = [_mapped_registered.pop(t.data_ptr()) for t in items
                 if t.device.type == "cpu" and t.data_ptr() in _mapped_registered]
-    _unregister(regs)
+    unregister_host(regs)
     if isinstance(tensors, KVTensors):
         tensors.host_rows = None
 
@@ -149,29 +90,6 @@ def forget_files(handles: list[dict]) -> None:
             _mapped_files.pop(h.get("path", ""), None)
 
 
-def remove_segments(shm_dir: str, instance: str) -> None:
-    """Unregister and unlink every file this process created for `instance`, then its lock file.
-    Only paths it created itself: a file with the same pid in its name may belong to a process
-    in another PID namespace. Idempotent."""
-    key = (os.path.realpath(shm_dir), instance)
-    with _lock:
-        sets = _created.pop(key, [])
-        owner = _owner_locks.pop(key, None)
-    for seg in sets:
-        seg.release()
-    if owner is not None:
-        owner.release()
-
-
-def remove_stale_segments(shm_dir: str, instance: str) -> list[str]:
-    """Remove the files of dead owners of `instance` (their lock can be taken); return their
-    paths. Live owners' files, other instances' files, and files without a lock file (a
-    version before lock files; removed by hand) are left alone."""
-    with _lock:
-        mine = (os.path.realpath(shm_dir), instance) in _owner_locks
-    return shm_file.remove_stale(shm_dir, instance, skip_pid=os.getpid() if mine else None)
-
-
 def is_owner_alive(handles: list[dict]) -> bool:
     """Whether the process that exported these handles still runs and still owns its files.
     The engine checks this before it trusts a step's outputs: a dead service's memory may stay
@@ -179,59 +97,13 @@ def is_owner_alive(handles: list[dict]) -> bool:
     pids = set()
     for h in handles:
         if h["kind"] == "shm":
-            m = shm_file.FILE_RE.fullmatch(os.path.basename(h["path"]))
+            m = handle.FILE_RE.fullmatch(os.path.basename(h["path"]))
             if m is None or not _same_file(h["path"]):
                 return False
             pids.add(int(m["pid"]))
         else:
             pids.add(handle.decode_ipc(h["ipc"])[0])
-    return all(shm_file.pid_alive(pid) for pid in pids)
-
-
-def _export(specs: list[tuple[str, tuple[int, ...], torch.dtype, bool]], device: torch.device,
-            shm_dir: str, instance: str, prepare: Callable[[dict[str, torch.Tensor]], T]
-            ) -> tuple[T, list[dict]]:
-    """Allocate (name, shape, dtype, in_file) specs, fill them with `prepare`, describe them."""
-    shm_file.check_room(shm_dir, {name: math.prod(shape) * dtype.itemsize
-                                  for name, shape, dtype, in_file in specs if in_file})
-    _hold_owner_lock(shm_dir, instance)
-    seg = _SegmentSet()
-    try:
-        allocs = {name: _allocate(name, shape, dtype, device, in_file, shm_dir, instance, seg)
-                  for name, shape, dtype, in_file in specs}
-        prepared = prepare({name: t for name, (t, _) in allocs.items()})
-        # Shared after prepare: the IPC event a mapper waits on then covers its writes.
-        handles = [handle.describe(name, t, path) for name, (t, path) in allocs.items()]
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-    except BaseException:
-        seg.release()
-        _release_unused_lock(shm_dir, instance)
-        raise
-    with _lock:
-        _created.setdefault((os.path.realpath(shm_dir), instance), []).append(seg)
-    return prepared, handles
-
-
-def _hold_owner_lock(shm_dir: str, instance: str) -> None:
-    """Lock before the first file exists, so no segment of ours is ever seen without a lock."""
-    if not _INSTANCE_RE.fullmatch(instance):
-        raise ValueError(f"instance {instance!r} must match [A-Za-z0-9_.-]+")
-    key = (os.path.realpath(shm_dir), instance)
-    with _lock:
-        if key in _owner_locks:
-            return
-    owner = shm_file.OwnerLock(shm_dir, instance)
-    with _lock:
-        _owner_locks[key] = owner
-
-
-def _release_unused_lock(shm_dir: str, instance: str) -> None:
-    key = (os.path.realpath(shm_dir), instance)
-    with _lock:
-        owner = None if _created.get(key) else _owner_locks.pop(key, None)
-    if owner is not None:
-        owner.release()
+    return all(handle.pid_alive(pid) for pid in pids)
 
 
 def _map_all(by_name: dict[str, dict], device: torch.device,
@@ -257,45 +129,21 @@ def _track(h: dict, device: torch.device) -> torch.Tensor:
     with _lock:
         _mapped_files[h["path"]] = file_id
     if device.type == "cuda":
-        _register(t, device)
+        register_host(t, device)
         with _lock:
             _mapped_registered[t.data_ptr()] = (t, device)
     return t
 
 
-def _as_kv(layout: KVLayout, tensors: dict[str, torch.Tensor], device: torch.device) -> KVTensors:
+def as_kv_tensors(layout: KVLayout, tensors: dict[str, torch.Tensor], device: torch.device) -> KVTensors:
+    """The tensors as a KVTensors; on GPU its host rows are a UVA view of the pinned host tier."""
     kv = KVTensors(layout=layout, **tensors)
     if device.type == "cuda":
         kv.host_rows = UVATensor(kv.host_kv)
     return kv
 
 
-def _allocate(name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
-              in_file: bool, shm_dir: str, instance: str, seg: _SegmentSet) -> tuple[torch.Tensor, str]:
-    """One shared tensor, zeroed: a file (registered with CUDA on GPU), or device memory."""
-    numel = math.prod(shape)
-    if numel == 0 or not _NAME_RE.fullmatch(name) or not _INSTANCE_RE.fullmatch(instance):
-        raise ValueError(f"segment {name!r} of instance {instance!r}: needs at least one element, "
-                         "a name [A-Za-z0-9_]+ and an instance [A-Za-z0-9_.-]+")
-    if not in_file:
-        return torch.zeros(shape, dtype=dtype, device=device), ""
-    path = shm_file.path_for(shm_dir, instance, name)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    seg.paths.append(path)
-    try:
-        nbytes = numel * dtype.itemsize
-        os.ftruncate(fd, nbytes)
-        shm_file.reserve(fd, nbytes, path)
-        t = shm_file.map_fd(fd, numel, dtype).view(shape)
-    finally:
-        os.close(fd)
-    if device.type == "cuda":
-        _register(t, device)
-        seg.registered.append((t, device))
-    return t, path
-
-
-def _register(t: torch.Tensor, device: torch.device) -> None:
+def register_host(t: torch.Tensor, device: torch.device) -> None:
     # is_pinned() answers False until ATen's CUDA context is up; the first CUDA allocation does that.
     torch.empty(0, device=device)
     nbytes, start = t.numel() * t.element_size(), time.monotonic()
@@ -308,7 +156,7 @@ def _register(t: torch.Tensor, device: torch.device) -> None:
     log.info("registered %d host bytes with %s in %.2f s", nbytes, device, time.monotonic() - start)
 
 
-def _unregister(regs: list[tuple[torch.Tensor, torch.device]]) -> None:
+def unregister_host(regs: list[tuple[torch.Tensor, torch.device]]) -> None:
     for t, device in regs:
         torch.cuda.synchronize(device)  # no kernel may still be reading these pages
         err = int(torch.cuda.cudart().cudaHostUnregister(t.data_ptr()))

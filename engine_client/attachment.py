@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 
+from contract import segment_map
+from contract.layout import KVLayout, LayoutError
+from contract.tensors import KVTensors
 from engine_client import errors
 from engine_client.control import HeldRequest
-from kv_service import segment
-from kv_service.layout import KVLayout, LayoutError
-from kv_service.memory import KVTensors
 from proto.kvcache.v1 import kvcache_pb2 as pb
 
 
@@ -77,17 +77,17 @@ def map_memory(reply: pb.AttachResponse, layout: KVLayout, device: str,
     kv_handles = [h for h in handles if not h["name"].startswith("xchg_")]
     xchg = [h for h in handles if h["name"].startswith("xchg_")]
     try:
-        tensors = segment.map_segments(layout, kv_handles, device)
+        tensors = segment_map.map_segments(layout, kv_handles, device)
     except (LayoutError, OSError) as e:
         raise errors.LayoutMismatch(f"cannot map the service's memory: {e}") from e
     try:
-        exchange = segment.map_extra(xchg, device) if xchg else {}
+        exchange = segment_map.map_extra(xchg, device) if xchg else {}
         if remote_swap and not exchange:
             raise LayoutError("remote swap asked but no exchange tensors exported")
     except BaseException as e:
         # The KV tensors are mapped already: nothing else would ever unmap them.
-        segment.unmap_segments(tensors)
-        segment.forget_files(kv_handles)
+        segment_map.unmap_segments(tensors)
+        segment_map.forget_files(kv_handles)
         tensors = None  # noqa: F841 - the traceback keeps this frame, not the mappings
         if isinstance(e, (LayoutError, OSError)):
             raise errors.LayoutMismatch(f"cannot map the service's memory: {e}") from e

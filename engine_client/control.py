@@ -16,9 +16,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from contract.layout import MODE_RESIDENT, KVLayout, LayoutError
+from contract.tensors import KVTensors
 from engine_client import errors
-from kv_service.layout import MODE_RESIDENT, KVLayout, LayoutError
-from kv_service.memory import KVTensors
 
 
 @dataclass(frozen=True)

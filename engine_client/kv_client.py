@@ -26,13 +26,19 @@ import logging
 
 import grpc
 
+from contract import segment_map
+from contract.layout import KVLayout
+from contract.tensors import KVTensors
 from engine_client import attachment, errors, reachability
-from engine_client.control import Admission, HeldRequest, KVStats, MemoryUser, StepReport
+from engine_client.control import (
+    Admission,
+    HeldRequest,
+    KVStats,
+    MemoryUser,
+    StepReport,
+)
 from engine_client.remote_swap_call import RemoteSwapCall
 from engine_client.session_stream import NotSent, SessionStream
-from kv_service import segment
-from kv_service.layout import KVLayout
-from kv_service.memory import KVTensors
 from proto.kvcache.v1 import kvcache_pb2 as pb
 from proto.kvcache.v1 import kvcache_pb2_grpc as pb_grpc
 
@@ -146,7 +152,7 @@ class KVClient:
         if self._closing or self._dead is not None:
             return
         log.warning("session stream to %s lost: %s", self.target, why)
-        if self._recovering or not segment.is_owner_alive(self._owner_files):
+        if self._recovering or not segment_map.is_owner_alive(self._owner_files):
             self._die(errors.ServiceUnavailable(f"KV service at {self.target} is gone: {why}"))
             return
         self._recover_task = asyncio.get_running_loop().create_task(self._recover())
@@ -183,7 +189,7 @@ class KVClient:
         """Raise ServiceUnavailable unless the service and its memory are still ours."""
         if self._dead is not None:
             raise self._dead
-        if self._owner_files and not segment.is_owner_alive(self._owner_files):
+        if self._owner_files and not segment_map.is_owner_alive(self._owner_files):
             self._die(errors.ServiceUnavailable(f"KV service at {self.target} is gone"))
             raise self._dead
 
@@ -202,9 +208,9 @@ class KVClient:
 
     def _unmap(self) -> None:
         if self._mapped is not None:
-            segment.unmap_segments(self._mapped)
-        segment.unmap_segments(self._mapped_exchange)
-        segment.forget_files(self._handles)
+            segment_map.unmap_segments(self._mapped)
+        segment_map.unmap_segments(self._mapped_exchange)
+        segment_map.forget_files(self._handles)
         self.tensors, self.exchange, self._mapped, self._mapped_exchange = None, {}, None, {}
         self._owner_files, self._handles = [], []
 

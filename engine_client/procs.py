@@ -154,7 +154,7 @@ def engine_process(workdir: str, kv_mode: str, *, service_uds: str = "", name: s
 
 
 def segment_files(shm_dir: str, instance: str) -> list[str]:
-    """Shared-memory files of a service instance (kv_service.segment names them
+    """Shared-memory files of a service instance (kv_service.shm_file names them
     hisparse-<instance>-<pid>-<tensor>)."""
     prefix = f"hisparse-{instance}-"
     try:

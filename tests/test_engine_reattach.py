@@ -20,14 +20,20 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2
 
+from contract.exchange import exchange_specs
 from engine_client import attachment, errors, state_file
 from engine_client.config import GenerateConfig
 from engine_client.decode_client import GenerationResult, generate_stream
 from kv_service import segment
-from kv_service.remote_swap import exchange_specs
 from proto.kvcache.v1 import kvcache_pb2 as kpb
-from tests.process_harness import (LAYOUT, STARTUP, engine_channel, start_engine, start_service,
-                                   workdir)
+from tests.process_harness import (
+    LAYOUT,
+    STARTUP,
+    engine_channel,
+    start_engine,
+    start_service,
+    workdir,
+)
 from tests.service_harness import short_tmpdir
 
 pytestmark = [pytest.mark.timeout(180)]

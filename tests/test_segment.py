@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from contract import handle, segment_map
+from contract.layout import KVLayout, LayoutError
+from contract.tensors import TENSOR_NAMES, KVTensors
 from kernels.uva import UVATensor
-from kv_service import handle, segment
-from kv_service.layout import KVLayout, LayoutError
-from kv_service.memory import TENSOR_NAMES, KVTensors
+from kv_service import segment
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYOUT = KVLayout(num_layers=2, max_requests=3, hot_slots=24, window=4, topk=16, page_size=4,
@@ -65,9 +66,9 @@ def _run_child(target, *args) -> str:
 
 def _child_roundtrip(layout: dict, handles: list[dict], extra: list[dict], device: str, conn) -> None:
     try:
-        kv = segment.map_segments(KVLayout.from_dict(layout), handles, torch.device(device))
-        extras = segment.map_extra(extra, torch.device(device))
-        assert segment.is_owner_alive(handles) and segment.is_owner_alive(extra)
+        kv = segment_map.map_segments(KVLayout.from_dict(layout), handles, torch.device(device))
+        extras = segment_map.map_extra(extra, torch.device(device))
+        assert segment_map.is_owner_alive(handles) and segment_map.is_owner_alive(extra)
         assert not _mismatched(_as_dict(kv), 1), _mismatched(_as_dict(kv), 1)
         assert not _mismatched(extras, 3), _mismatched(extras, 3)
         if device == "cuda":
@@ -78,8 +79,8 @@ def _child_roundtrip(layout: dict, handles: list[dict], extra: list[dict], devic
         _fill(extras, 4)
         if device == "cuda":
             torch.cuda.synchronize()
-        segment.unmap_segments(kv)
-        segment.unmap_segments(extras)
+        segment_map.unmap_segments(kv)
+        segment_map.unmap_segments(extras)
         conn.send("ok")
     except BaseException:
         conn.send(traceback.format_exc())
@@ -162,11 +163,11 @@ def test_mismatch_is_refused(tmp_path: Path) -> None:
         ]
         for layout, hs in bad:
             with pytest.raises(LayoutError):
-                segment.map_segments(layout, hs, "cpu")
+                segment_map.map_segments(layout, hs, "cpu")
         with pytest.raises(LayoutError):
-            segment.map_extra(_tampered(handles, "req_mode", nbytes=5))
-        kv = segment.map_segments(LAYOUT, handles, "cpu")
-        segment.unmap_segments(kv)
+            segment_map.map_extra(_tampered(handles, "req_mode", nbytes=5))
+        kv = segment_map.map_segments(LAYOUT, handles, "cpu")
+        segment_map.unmap_segments(kv)
         assert kv.host_rows is None
     finally:
         segment.remove_segments(str(tmp_path), "mm")
@@ -187,10 +188,10 @@ def test_remove_segments_leaves_no_files(tmp_path: Path) -> None:
     kv, handles = segment.create_segments(LAYOUT, "cpu", str(tmp_path), "rm")
     segment.export_extra({"buf": torch.zeros(4)}, "cpu", str(tmp_path), "rm")
     (tmp_path / "unrelated").write_text("x")
-    assert segment.is_owner_alive(handles)
+    assert segment_map.is_owner_alive(handles)
     segment.remove_segments(str(tmp_path), "rm")
     assert os.listdir(tmp_path) == ["unrelated"]
-    assert not segment.is_owner_alive(handles)
+    assert not segment_map.is_owner_alive(handles)
     segment.remove_segments(str(tmp_path), "rm")
     kv.hot_kv.fill_(1)  # the mapping outlives the names; nothing may crash
 
@@ -199,7 +200,7 @@ CHILD = """
 import json, sys, time, torch
 from kernels.uva import UVATensor
 from kv_service import segment
-from kv_service.layout import KVLayout
+from contract.layout import KVLayout
 kv, handles = segment.create_segments(KVLayout(**json.loads(sys.argv[1])), "cpu", sys.argv[2], "dead")
 print(json.dumps([{**h, "ipc": ""} for h in handles]), flush=True)
 time.sleep(300)
@@ -214,7 +215,7 @@ def test_stale_segments_of_killed_process_are_removed(tmp_path: Path) -> None:
         line = proc.stdout.readline()
         assert line, "child failed to create segments"
         dead = [{**h, "ipc": b""} for h in json.loads(line)]
-        assert segment.is_owner_alive(dead)
+        assert segment_map.is_owner_alive(dead)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
@@ -223,7 +224,7 @@ def test_stale_segments_of_killed_process_are_removed(tmp_path: Path) -> None:
     parent = tmp_path / f"hisparse-other-{os.getppid()}-host_kv"
     parent.write_bytes(b"")
     try:
-        assert not segment.is_owner_alive(dead)
+        assert not segment_map.is_owner_alive(dead)
         removed = segment.remove_stale_segments(str(tmp_path), "dead")
         assert sorted(removed) == sorted(h["path"] for h in dead)
         assert sorted(os.listdir(tmp_path)) == sorted([parent.name, f"hisparse-live-{os.getpid()}.lock"]
@@ -260,6 +261,6 @@ def test_gpu_handles_and_cleanup() -> None:
     kv, handles = segment.create_segments(LAYOUT, "cuda", "/dev/shm", f"gpu-{os.getpid()}")
     kinds = {h["name"]: h["kind"] for h in handles}
     assert kinds.pop("host_kv") == "shm" and set(kinds.values()) == {"cuda_ipc"}
-    assert kv.host_kv.is_pinned() and kv.hot_kv.is_cuda and segment.is_owner_alive(handles)
+    assert kv.host_kv.is_pinned() and kv.hot_kv.is_cuda and segment_map.is_owner_alive(handles)
     segment.remove_segments("/dev/shm", f"gpu-{os.getpid()}")
-    assert not os.path.exists(handles[0]["path"]) and not segment.is_owner_alive(handles)
+    assert not os.path.exists(handles[0]["path"]) and not segment_map.is_owner_alive(handles)
