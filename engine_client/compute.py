@@ -18,7 +18,7 @@ import torch
 
 from contract.layout import KVLayout
 from contract.tensors import KVTensors
-from engine_client.errors import LayoutMismatch
+from engine_client.client.errors import LayoutMismatch
 from engine_client.graph import DecodeConfig, DecodeRunner
 from engine_client.hisparse_backend import HiSparseBackend, RemoteSwapBackend
 from engine_client.kernel_set import KernelSet

@@ -19,7 +19,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from engine_client import errors
+from engine_client.client import errors
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 KV_SERVICE_NAME = "kvcache.v1.KVCacheService"

@@ -21,7 +21,8 @@ import torch
 from grpc_health.v1 import health_pb2
 
 from contract.exchange import exchange_specs
-from engine_client import attachment, errors, state_file
+from engine_client import state_file
+from engine_client.client import attachment, errors
 from engine_client.config import GenerateConfig
 from engine_client.decode_client import GenerationResult, generate_stream
 from kv_service import segment
@@ -130,7 +131,7 @@ class _User:
 
 @pytest.mark.slow
 def test_kv_client_lets_go_and_reattaches() -> None:
-    from engine_client.kv_client import KVClient
+    from engine_client.client.kv_client import KVClient
 
     with workdir("hsr") as path:
         svc = start_service(path)

@@ -27,7 +27,7 @@ from service_harness import (
 
 from contract import segment_map
 from contract.layout import MODE_OFFLOADED
-from engine_client import errors
+from engine_client.client import errors
 from kv_service.servicer import layout_to_proto
 from proto.kvcache.v1 import kvcache_pb2 as pb
 

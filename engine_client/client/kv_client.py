@@ -13,9 +13,9 @@ Failure rules:
   segment of the lost service (a deleted /dev/shm file stays allocated while mapped), and
   `reattach`, which waits for a service at the same address (a new epoch), attaches as a new
   session, maps its memory and points the compute at it;
-- gRPC errors become typed errors through `engine_client.errors`: failed calls in
+- gRPC errors become typed errors through `engine_client.client.errors`: failed calls in
   `errors.rpc_errors`, in-band Error replies in `_result`;
-- what Attach returns is checked and mapped in `engine_client.attachment`.
+- what Attach returns is checked and mapped in `engine_client.client.attachment`.
 """
 
 from __future__ import annotations
@@ -29,16 +29,16 @@ import grpc
 from contract import segment_map
 from contract.layout import KVLayout
 from contract.tensors import KVTensors
-from engine_client import attachment, errors, reachability
-from engine_client.control import (
+from engine_client.client import attachment, errors, reachability
+from engine_client.client.control import (
     Admission,
     HeldRequest,
     KVStats,
     MemoryUser,
     StepReport,
 )
-from engine_client.remote_swap_call import RemoteSwapCall
-from engine_client.session_stream import NotSent, SessionStream
+from engine_client.client.remote_swap_call import RemoteSwapCall
+from engine_client.client.session_stream import NotSent, SessionStream
 from proto.kvcache.v1 import kvcache_pb2 as pb
 from proto.kvcache.v1 import kvcache_pb2_grpc as pb_grpc
 

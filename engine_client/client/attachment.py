@@ -13,8 +13,8 @@ import dataclasses
 from contract import segment_map
 from contract.layout import KVLayout, LayoutError
 from contract.tensors import KVTensors
-from engine_client import errors
-from engine_client.control import HeldRequest
+from engine_client.client import errors
+from engine_client.client.control import HeldRequest
 from proto.kvcache.v1 import kvcache_pb2 as pb
 
 
