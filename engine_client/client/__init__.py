@@ -26,10 +26,11 @@ _LAZY = {
     "MODE_RESIDENT": "contract.layout", "KVTensors": "contract.tensors",
 }
 
-__all__ = sorted(_LAZY)
+__all__ = ["MODE_OFFLOADED", "MODE_RESIDENT", "Admission", "HeldRequest", "KVClient",
+           "KVControl", "KVLayout", "KVStats", "KVTensors", "MemoryUser", "StepReport", "errors"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     if name == "errors":
         return importlib.import_module("engine_client.client.errors")
     if name in _LAZY:
