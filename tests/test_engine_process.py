@@ -166,7 +166,7 @@ def test_queue_wait_limit_gives_resource_exhausted_with_a_message() -> None:
                 return err.value, done
             err, long_done = asyncio.run(run())
             assert not long_done
-            assert err.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert errors.code_of(err) is grpc.StatusCode.RESOURCE_EXHAUSTED
             assert "max queue wait 0.05 s" in str(err)
         finally:
             assert eng.stop() == 0, eng.log()

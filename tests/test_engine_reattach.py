@@ -84,7 +84,7 @@ def test_engine_unmaps_a_killed_service_and_reattaches_to_its_successor(kv_mode:
 
             with pytest.raises(errors.ServiceUnavailable) as err:
                 asyncio.run(_generate(eng, kill_at=2, svc=svc))
-            assert err.value.code is grpc.StatusCode.UNAVAILABLE
+            assert errors.code_of(err.value) is grpc.StatusCode.UNAVAILABLE
             eng.wait_status(health_pb2.HealthCheckResponse.NOT_SERVING, timeout=30)
             assert of_pid(mapped_segments(eng.pid), dead_pid) == []
 
