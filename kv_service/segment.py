@@ -8,7 +8,8 @@ Each tensor travels in the Attach reply as a handle dict (`contract.handle`):
 File names carry the creator's pid (`kv_service.shm_file`), and the creator holds a lock file
 beside them for its whole life: files left by a killed service of the same instance can be
 found and removed (`remove_stale_segments`) without ever touching a live owner's, even one in
-another PID namespace; an engine can tell that its service is gone (`contract.segment_map.is_owner_alive`). CUDA IPC
+another PID namespace; an engine can tell that its service is gone
+(`contract.segment_map.SegmentMap.is_owner_alive`). CUDA IPC
 handles carry the pid in their JSON for the same reason.
 """
 

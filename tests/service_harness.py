@@ -203,13 +203,14 @@ class RemoteSwapEngine:
     def __init__(self, svc: ServiceProcess, attach: pb.AttachResponse, device: str) -> None:
         import torch
 
-        from contract import segment_map
+        from contract.segment_map import SegmentMap
 
         handles = handles_from_proto(attach.tensors)
         self.svc, self.attach, self.device = svc, attach, torch.device(device)
-        self.kv = segment_map.map_segments(svc.layout, [h for h in handles
-                                                    if not h["name"].startswith("xchg_")], device)
-        self.x = segment_map.map_extra([h for h in handles if h["name"].startswith("xchg_")], device)
+        segments = SegmentMap()
+        self.kv = segments.map_segments(svc.layout, [h for h in handles
+                                                     if not h["name"].startswith("xchg_")], device)
+        self.x = segments.map_extra([h for h in handles if h["name"].startswith("xchg_")], device)
         self.events = {e.name: torch.cuda.Event.from_ipc_handle(self.device, e.ipc_handle)
                        for e in attach.events}
 

@@ -21,6 +21,7 @@ import torch
 from grpc_health.v1 import health_pb2
 
 from contract.exchange import exchange_specs
+from contract.segment_map import SegmentMap
 from engine_client import state_file
 from engine_client.client import attachment, errors
 from engine_client.config import GenerateConfig
@@ -187,7 +188,8 @@ def test_failed_exchange_mapping_unmaps_the_kv_tensors() -> None:
         xchg = {n: torch.zeros(shape, dtype=dtype) for n, (shape, dtype) in exchange_specs(LAYOUT).items()}
         shared, xhandles = segment.export_extra(xchg, "cpu", shm, instance)
         exported = sorted(mapped_segments())
-        tensors, exchange, _ = attachment.map_memory(_reply(handles + xhandles), LAYOUT, "cpu", True)
+        tensors, exchange, _ = attachment.map_memory(_reply(handles + xhandles), LAYOUT, "cpu", True,
+                                                 SegmentMap())
         assert len(mapped_segments()) > len(exported)
         del tensors, exchange
         gc.collect()
@@ -195,11 +197,11 @@ def test_failed_exchange_mapping_unmaps_the_kv_tensors() -> None:
 
         bad = [dict(h, nbytes=h["nbytes"] + 4) if h["name"] == "xchg_slots" else h for h in xhandles]
         with pytest.raises(errors.LayoutMismatch) as err:
-            attachment.map_memory(_reply(handles + bad), LAYOUT, "cpu", True)
+            attachment.map_memory(_reply(handles + bad), LAYOUT, "cpu", True, SegmentMap())
         assert "xchg_slots" in str(err.value)
         assert sorted(mapped_segments()) == exported  # KV tensors unmapped, traceback or not
         with pytest.raises(errors.LayoutMismatch, match="no exchange"):
-            attachment.map_memory(_reply(handles), LAYOUT, "cpu", True)
+            attachment.map_memory(_reply(handles), LAYOUT, "cpu", True, SegmentMap())
         assert sorted(mapped_segments()) == exported
         del kv, shared
     finally:

@@ -25,8 +25,8 @@ from service_harness import (
     short_tmpdir,
 )
 
-from contract import segment_map
 from contract.layout import MODE_OFFLOADED
+from contract.segment_map import SegmentMap
 from engine_client.client import errors
 from kv_service.servicer import layout_to_proto
 from proto.kvcache.v1 import kvcache_pb2 as pb
@@ -61,7 +61,7 @@ def test_attach_admit_commit_step_release(svc: ServiceProcess) -> None:
     assert stat.S_IMODE(os.stat(svc.uds).st_mode) == 0o600
     a = attach(svc, expected_layout=layout_to_proto(TINY))
     assert a.device == "cpu" and a.gpu_uuid == "" and a.lease_seconds == LEASE and a.epoch
-    kv = segment_map.map_segments(TINY, handles_from_proto(a.tensors[:9]), "cpu")
+    kv = SegmentMap().map_segments(TINY, handles_from_proto(a.tensors[:9]), "cpu")
     s = SessionClient(svc, a)
     small = s.admit("small", 5, 5).admitted
     big = s.admit("big", 30, 10).admitted

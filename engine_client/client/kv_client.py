@@ -77,6 +77,7 @@ class KVClient:
         self.tensors: KVTensors | None = None
         self.exchange: dict = {}
         self.held: tuple[HeldRequest, ...] = ()
+        self._segments = segment_map.SegmentMap()  # what this client mapped
         self._owner_files: list[dict] = []
         self._handles: list[dict] = []
         self._mapped: KVTensors | None = None
@@ -127,7 +128,7 @@ class KVClient:
 
     def _map(self, reply: pb.AttachResponse) -> None:
         self.tensors, self.exchange, self._owner_files = attachment.map_memory(
-            reply, self.layout, self.device, self.with_remote_swap)
+            reply, self.layout, self.device, self.with_remote_swap, self._segments)
         self._mapped, self._mapped_exchange = self.tensors, self.exchange
         self._handles = [attachment.handle_from_proto(h) for h in reply.tensors]
 
@@ -152,7 +153,7 @@ class KVClient:
         if self._closing or self._dead is not None:
             return
         log.warning("session stream to %s lost: %s", self.target, why)
-        if self._recovering or not segment_map.is_owner_alive(self._owner_files):
+        if self._recovering or not self._segments.is_owner_alive(self._owner_files):
             self._die(errors.ServiceUnavailable(f"KV service at {self.target} is gone: {why}"))
             return
         self._recover_task = asyncio.get_running_loop().create_task(self._recover())
@@ -189,7 +190,7 @@ class KVClient:
         """Raise ServiceUnavailable unless the service and its memory are still ours."""
         if self._dead is not None:
             raise self._dead
-        if self._owner_files and not segment_map.is_owner_alive(self._owner_files):
+        if self._owner_files and not self._segments.is_owner_alive(self._owner_files):
             self._die(errors.ServiceUnavailable(f"KV service at {self.target} is gone"))
             raise self._dead
 
@@ -208,9 +209,9 @@ class KVClient:
 
     def _unmap(self) -> None:
         if self._mapped is not None:
-            segment_map.unmap_segments(self._mapped)
-        segment_map.unmap_segments(self._mapped_exchange)
-        segment_map.forget_files(self._handles)
+            self._segments.unmap(self._mapped)
+        self._segments.unmap(self._mapped_exchange)
+        self._segments.forget_files(self._handles)
         self.tensors, self.exchange, self._mapped, self._mapped_exchange = None, {}, None, {}
         self._owner_files, self._handles = [], []
 
