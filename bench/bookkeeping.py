@@ -14,8 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from contract.layout import KVLayout  # noqa: E402
 from kv_service.core import ServiceCore  # noqa: E402
-from kv_service.layout import KVLayout  # noqa: E402
 from kv_service.memory import allocate_local  # noqa: E402
 
 

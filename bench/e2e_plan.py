@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from contract.layout import INDEX_FORMATS, ROW_FORMATS
 from engine_client.preset import preset
-from kv_service.layout import INDEX_FORMATS, ROW_FORMATS
 
 HISPARSE_MODES = ("embedded", "service", "service-remote-swap")
 MODES = ("baseline",) + HISPARSE_MODES

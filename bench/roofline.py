@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kv_service.layout import INDEX_FORMATS, ROW_FORMATS  # noqa: E402
+from contract.layout import INDEX_FORMATS, ROW_FORMATS  # noqa: E402
 
 SCORE_BYTES = 4  # fp32 indexer score per context token
 HISPARSE = ("embedded", "service", "service-remote-swap")

@@ -2,7 +2,7 @@
 
 Domain code raises these; they carry a machine-readable `reason` (google.rpc.ErrorInfo.reason)
 and string `details`, never a transport status code. The server maps them to gRPC statuses in
-one place (`kv_service.status`); the client decodes them in one place (`engine_client.errors`),
+one place (`kv_service.status`); the client decodes them in one place (`engine_client.client.errors`),
 so an engine sees the same class whether the service runs in-process or behind gRPC.
 """
 

@@ -1,18 +1,26 @@
-"""The engine side: the KV-service client library and a DeepSeek-V3.2-shaped decode engine.
+"""The engine side, in two parts a newcomer can tell apart by folder:
 
-Compute side (torch; imported lazily so the gRPC-only modules stay light):
-- `preset.ModelConfig`, `preset.preset("tiny" | "bench" | "v32")`: model shapes
-- `weights.random_weights`, `weights.load_safetensors`, `weights.save_safetensors`
-- `model.Model`: forward and chunked prefill over a KV backend
-- `kv_backend.BaselineBackend`, `hisparse_backend.HiSparseBackend`,
-  `hisparse_backend.RemoteSwapBackend`: where KV lives (see each module)
-- `graph.DecodeRunner`: the decode step on static buffers, CUDA graphs per batch bucket
-- `kernel_set.KernelSet`: Triton kernels or their torch references
+- `engine_client/client/`: the client library an external engine adopts to use the KV service
+  (`KVClient`, the `KVControl` protocol, typed errors). It imports `contract`, never `kv_service`.
+  Documented in docs/CLIENT.md.
+- `engine_client/*.py`: our reference DeepSeek-V3.2-shaped decode engine built on it (`Engine`,
+  the Decode gRPC server, scheduler / runner / postprocess, model, KV backends), and the CLI
+  `python -m engine_client {serve,generate,demo}`.
+
+Public API, imported lazily so that `import engine_client` stays light (no torch, no gRPC):
+- `KVClient`, `KVControl`, `KVLayout`, `errors`: from `engine_client.client`
+- `Engine`, `build_engine`: the reference engine and its factory (torch-heavy)
+- `ModelConfig`, `Model`, `random_weights`, `load_safetensors`, `save_safetensors`,
+  `BaselineBackend`, `HiSparseBackend`, `RemoteSwapBackend`, `DecodeRunner`, `KernelSet`:
+  the compute side (see each module)
 """
 
 import importlib
 
 _LAZY = {
+    "KVClient": "engine_client.client", "KVControl": "engine_client.client",
+    "KVLayout": "engine_client.client", "errors": "engine_client.client",
+    "Engine": "engine_client.engine", "build_engine": "engine_client.factory",
     # Not `preset`: importing the submodule engine_client.preset would shadow the function.
     "ModelConfig": "engine_client.preset",
     "random_weights": "engine_client.weights", "load_safetensors": "engine_client.weights",
@@ -27,6 +35,8 @@ __all__ = sorted(_LAZY)
 
 
 def __getattr__(name: str):
+    if name == "errors":
+        return importlib.import_module("engine_client.client.errors")
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'engine_client' has no attribute {name!r}")

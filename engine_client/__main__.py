@@ -9,8 +9,16 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from engine_client.config import (DEVICES, KERNELS, KV_MODES, DemoConfig, EngineConfig,
-                                  GenerateConfig, LocalLayout, default_uds)
+from engine_client.config import (
+    DEVICES,
+    KERNELS,
+    KV_MODES,
+    DemoConfig,
+    EngineConfig,
+    GenerateConfig,
+    LocalLayout,
+    default_uds,
+)
 
 _BOOL = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
 
@@ -164,7 +172,7 @@ def engine_config(args: argparse.Namespace, env: Mapping[str, str]) -> EngineCon
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from engine_client import errors, reachability
+    from engine_client.client import errors, reachability
     from engine_client.config import grpc_target
     from engine_client.decode_client import run_generation
 
@@ -238,7 +246,7 @@ def _main(argv: Sequence[str] | None, env: Mapping[str, str] | None) -> int:
         parser.error(str(e))
     logging.basicConfig(level=args.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from engine_client import errors
+    from engine_client.client import errors
     from engine_client.server import run
     try:
         return run(cfg)

@@ -16,15 +16,20 @@ from collections.abc import Callable
 
 import torch
 
-from engine_client.errors import LayoutMismatch
+from contract.layout import KVLayout
+from contract.tensors import KVTensors
+from engine_client.client.errors import LayoutMismatch
 from engine_client.graph import DecodeConfig, DecodeRunner
 from engine_client.hisparse_backend import HiSparseBackend, RemoteSwapBackend
 from engine_client.kernel_set import KernelSet
-from engine_client.kv_backend import AttnRows, BaselineBackend, BaselineConfig, KVBackend
+from engine_client.kv_backend import (
+    AttnRows,
+    BaselineBackend,
+    BaselineConfig,
+    KVBackend,
+)
 from engine_client.model import Model, TopkSource
 from engine_client.preset import ModelConfig
-from kv_service.layout import KVLayout
-from kv_service.memory import KVTensors
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from contract.layout import INDEX_FORMATS, ROW_FORMATS, KVLayout
 from engine_client.preset import PRESETS
-from kv_service.layout import INDEX_FORMATS, ROW_FORMATS, KVLayout
 
 KV_MODES = ("baseline", "embedded", "service", "service-remote-swap")
 DEVICES = ("auto", "cpu", "cuda")

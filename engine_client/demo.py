@@ -26,11 +26,16 @@ from typing import Any, TypeVar
 
 import grpc
 
-from engine_client import errors
+from engine_client.client import errors
 from engine_client.config import DemoConfig, GenerateConfig
 from engine_client.decode_client import GenerationResult, generate_stream
-from engine_client.procs import (ChildFailed, ManagedProcess, engine_process, segment_files,
-                                 service_process)
+from engine_client.procs import (
+    ChildFailed,
+    ManagedProcess,
+    engine_process,
+    segment_files,
+    service_process,
+)
 
 SHM_DIR = "/dev/shm"
 # Tiny preset (2 layers, top-k 16). A request of 24 + 24 tokens exceeds the 32 hot slots, so

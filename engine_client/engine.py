@@ -30,9 +30,9 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
-from engine_client import errors
+from engine_client.client import errors
+from engine_client.client.control import KVControl
 from engine_client.compute import Compute
-from engine_client.control import KVControl
 from engine_client.metrics import EngineMetrics
 from engine_client.postprocess import Postprocessor, ReportSender
 from engine_client.request import FailStatus, Finish, GenRequest, Phase, SamplingParams

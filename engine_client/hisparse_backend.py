@@ -14,11 +14,11 @@ from typing import Callable
 
 import torch
 
+from contract.exchange import EVENT_NAMES, exchange_specs
+from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
+from contract.tensors import KVTensors
 from engine_client.kernel_set import KernelSet
 from engine_client.kv_backend import ROW_DIM, AttnRows, KVBackend
-from kv_service.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
-from kv_service.memory import KVTensors
-from kv_service.remote_swap import EVENT_NAMES, exchange_specs
 
 # Counter slots in HiSparseBackend.counters (int64, on the device, updated without sync).
 # Padding rows add nothing, so graph warm-ups and captures leave them unchanged.

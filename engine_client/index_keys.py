@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from kv_service.layout import INDEX_FORMATS
+from contract.layout import INDEX_FORMATS
 
 FP8_MAX = 448.0
 # Keys that are all zero still get a finite, positive scale.

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 import torch
 
+from contract.layout import INDEX_FORMATS, ROW_FORMATS, KVLayout
 from engine_client.index_keys import encode_index_keys
 from engine_client.kernel_set import KernelSet
 from kernels.reference import write_index_rows
-from kv_service.layout import INDEX_FORMATS, ROW_FORMATS, KVLayout
 
 ROW_DIM = 576
 

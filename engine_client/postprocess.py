@@ -19,8 +19,8 @@ import logging
 import time
 from collections.abc import Callable
 
-from engine_client import errors
-from engine_client.control import KVControl, StepReport
+from engine_client.client import errors
+from engine_client.client.control import KVControl, StepReport
 from engine_client.metrics import EngineMetrics
 from engine_client.request import GenRequest
 from engine_client.runner import StepOutput

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-from kv_service.layout import ROW_FORMATS
+from contract.layout import ROW_FORMATS
 
-# Fixed by kv_service.layout: ROW_FORMATS["bf16"] = (512 + 64) * 2 and INDEX_FORMATS (128 values).
+# Fixed by contract.layout: ROW_FORMATS["bf16"] = (512 + 64) * 2 and INDEX_FORMATS (128 values).
 KV_LORA_RANK = 512
 ROPE_DIM = 64
 INDEX_DIM = 128

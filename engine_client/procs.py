@@ -19,7 +19,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from engine_client import errors
+from engine_client.client import errors
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 KV_SERVICE_NAME = "kvcache.v1.KVCacheService"
@@ -154,7 +154,7 @@ def engine_process(workdir: str, kv_mode: str, *, service_uds: str = "", name: s
 
 
 def segment_files(shm_dir: str, instance: str) -> list[str]:
-    """Shared-memory files of a service instance (kv_service.segment names them
+    """Shared-memory files of a service instance (kv_service.shm_file names them
     hisparse-<instance>-<pid>-<tensor>)."""
     prefix = f"hisparse-{instance}-"
     try:

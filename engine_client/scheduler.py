@@ -33,8 +33,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from engine_client import errors
-from engine_client.control import KVControl
+from engine_client.client import errors
+from engine_client.client.control import KVControl
 from engine_client.request import FailStatus, Finish, GenRequest, Phase
 from engine_client.sampler import token_key
 

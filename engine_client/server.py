@@ -30,7 +30,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from engine_client import errors
+from engine_client.client import errors
 from engine_client.config import EngineConfig
 from engine_client.engine import Engine
 from engine_client.request import FailStatus, Finish, GenRequest, SamplingParams

@@ -8,8 +8,8 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
+from contract.layout import KVLayout
 from kv_service.config import ServiceConfig, default_uds_path
-from kv_service.layout import KVLayout
 
 # (flag, env suffix, type, default, help). Layout defaults are DeepSeek-V3.2-shaped.
 LAYOUT_FLAGS = [

@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kv_service.layout import KVLayout
+from contract.layout import KVLayout
 
 # sun_path of a sockaddr_un holds 108 bytes including the terminating NUL.
 MAX_UDS_PATH_BYTES = 107

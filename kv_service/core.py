@@ -17,11 +17,18 @@ from dataclasses import dataclass, field
 
 import torch
 
+from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
+from contract.tensors import KVTensors
 from kv_service import memory
-from kv_service.errors import (AlreadyExists, CapacityError, Draining, InvalidArgument,
-                               UnknownRequest, UnknownSession, WrongEpoch)
-from kv_service.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
-from kv_service.memory import KVTensors
+from kv_service.errors import (
+    AlreadyExists,
+    CapacityError,
+    Draining,
+    InvalidArgument,
+    UnknownRequest,
+    UnknownSession,
+    WrongEpoch,
+)
 from kv_service.pool import PagePool, SlotPool, reserve
 
 log = logging.getLogger(__name__)

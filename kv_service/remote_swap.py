@@ -23,25 +23,10 @@ from dataclasses import dataclass
 
 import torch
 
+from contract.exchange import EVENT_NAMES, exchange_specs
+from contract.layout import KVLayout
+from contract.tensors import KVTensors
 from kv_service.errors import CapacityError, InvalidArgument
-from kv_service.layout import KVLayout
-from kv_service.memory import KVTensors
-
-EVENT_NAMES = ("xchg_ready", "xchg_done")
-
-
-def exchange_specs(layout: KVLayout) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """Shape and dtype of every exchange tensor, by name; rows are batch rows."""
-    r, k = layout.max_requests, layout.topk
-    return {
-        "xchg_topk": ((r, k), torch.int32),
-        "xchg_seq_lens": ((r,), torch.int32),
-        "xchg_req_slots": ((r,), torch.int32),
-        "xchg_slots": ((r, k), torch.int32),
-        "xchg_miss_src": ((r, k), torch.int64),
-        "xchg_miss_dst": ((r, k), torch.int64),
-        "xchg_miss_count": ((r,), torch.int32),
-    }
 
 
 def create_exchange(layout: KVLayout, device: torch.device, shm_dir: str,

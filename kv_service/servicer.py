@@ -14,15 +14,14 @@ from dataclasses import dataclass
 
 import grpc
 
+from contract.layout import KVLayout
 from kv_service.core import RequestRecord, ServiceCore
 from kv_service.errors import InvalidArgument, Unavailable
-from kv_service.layout import KVLayout
 from kv_service.metrics import ServiceMetrics
 from kv_service.remote_swap import RemoteSwapper
 from kv_service.status import status_of
 from proto.kvcache.v1 import kvcache_pb2 as pb
 from proto.kvcache.v1 import kvcache_pb2_grpc as pb_grpc
-
 
 CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 UINT64_MAX = 2**64 - 1

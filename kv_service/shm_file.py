@@ -18,12 +18,9 @@ import re
 import secrets
 from collections.abc import Callable
 
-import torch
+from contract.handle import FILE_RE  # the file names both sides read
 
 log = logging.getLogger(__name__)
-
-# Instances may contain '-', tensor names may not: the pid is the second field from the end.
-FILE_RE = re.compile(r"hisparse-(?P<instance>[A-Za-z0-9_.-]+)-(?P<pid>[0-9]+)-(?P<name>[A-Za-z0-9_]+)")
 
 
 # Segment files and lock files: every file an owner leaves.
@@ -181,12 +178,6 @@ def reserve(fd: int, nbytes: int, path: str) -> None:
         log.warning("%s: cannot reserve %d bytes (%s); pages come on first touch", path, nbytes, e.strerror)
 
 
-def map_fd(fd: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
-    # Through /proc/self/fd so the mapping is of the file we opened even if its name is unlinked
-    # meanwhile: from_file on a missing name would create an empty file instead.
-    return torch.from_file(f"/proc/self/fd/{fd}", shared=True, size=numel, dtype=dtype)
-
-
 def scan(shm_dir: str, pattern: re.Pattern = FILE_RE) -> list[tuple[os.DirEntry, re.Match]]:
     """Our segment files (or lock files) in shm_dir; a directory that does not exist holds none."""
     try:
@@ -194,16 +185,6 @@ def scan(shm_dir: str, pattern: re.Pattern = FILE_RE) -> list[tuple[os.DirEntry,
     except FileNotFoundError:
         return []
     return [(e, m) for e in entries if (m := pattern.fullmatch(e.name))]
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # exists, owned by another user
-    return True
 
 
 # Filesystems whose pages CUDA may pin for good (cudaHostRegister of a shared file mapping).

@@ -16,7 +16,7 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from contract import errors
-from kv_service.layout import LayoutError
+from contract.layout import LayoutError
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ from contextlib import contextmanager
 
 import grpc
 
+from contract.layout import KVLayout
 from engine_client.config import EngineConfig, LocalLayout
 from engine_client.procs import ManagedProcess, engine_process
-from kv_service.layout import KVLayout
 from proto.kvcache.v1 import kvcache_pb2 as kpb
 from proto.kvcache.v1 import kvcache_pb2_grpc as kpb_grpc
 from tests.service_harness import ServiceProcess, short_tmpdir

@@ -9,16 +9,16 @@ import queue
 import signal
 import socket
 import subprocess
-import time
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from kv_service.layout import KVLayout
+from contract.layout import KVLayout
 from proto.kvcache.v1 import kvcache_pb2 as pb
 from proto.kvcache.v1 import kvcache_pb2_grpc as pb_grpc
 
@@ -203,13 +203,14 @@ class RemoteSwapEngine:
     def __init__(self, svc: ServiceProcess, attach: pb.AttachResponse, device: str) -> None:
         import torch
 
-        from kv_service import segment
+        from contract.segment_map import SegmentMap
 
         handles = handles_from_proto(attach.tensors)
         self.svc, self.attach, self.device = svc, attach, torch.device(device)
-        self.kv = segment.map_segments(svc.layout, [h for h in handles
-                                                    if not h["name"].startswith("xchg_")], device)
-        self.x = segment.map_extra([h for h in handles if h["name"].startswith("xchg_")], device)
+        segments = SegmentMap()
+        self.kv = segments.map_segments(svc.layout, [h for h in handles
+                                                     if not h["name"].startswith("xchg_")], device)
+        self.x = segments.map_extra([h for h in handles if h["name"].startswith("xchg_")], device)
         self.events = {e.name: torch.cuda.Event.from_ipc_handle(self.device, e.ipc_handle)
                        for e in attach.events}
 

@@ -30,7 +30,7 @@ def test_domain_modules_import_no_grpc_and_no_side(statement: str) -> None:
 
 def test_both_sides_raise_the_same_classes() -> None:
     import contract.errors as c
-    from engine_client import errors as client
+    from engine_client.client import errors as client
     from kv_service import errors as service
 
     assert client.KVClientError is service.ServiceError is c.KVError

@@ -5,10 +5,23 @@ from __future__ import annotations
 import pytest
 import torch
 
+from contract.layout import (
+    MODE_FREE,
+    MODE_OFFLOADED,
+    MODE_RESIDENT,
+    KVLayout,
+    LayoutError,
+)
 from kv_service.core import ServiceCore
-from kv_service.errors import (AlreadyExists, CapacityError, Draining, InvalidArgument,
-                               UnknownRequest, UnknownSession, WrongEpoch)
-from kv_service.layout import MODE_FREE, MODE_OFFLOADED, MODE_RESIDENT, KVLayout, LayoutError
+from kv_service.errors import (
+    AlreadyExists,
+    CapacityError,
+    Draining,
+    InvalidArgument,
+    UnknownRequest,
+    UnknownSession,
+    WrongEpoch,
+)
 from kv_service.memory import allocate_local
 
 LAYOUT = KVLayout(num_layers=2, max_requests=4, hot_slots=16, window=4, topk=8, page_size=4,

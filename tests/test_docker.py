@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
+from contract.layout import KVLayout
+from contract.tensors import tensor_specs
 from engine_client.preset import PRESETS
-from kv_service.layout import KVLayout
-from kv_service.memory import tensor_specs
 from proto.decode.v1 import decode_pb2
 from proto.kvcache.v1 import kvcache_pb2
 

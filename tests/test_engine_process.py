@@ -16,13 +16,18 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from engine_client import errors
+from engine_client.client import errors
 from engine_client.config import GenerateConfig
 from engine_client.decode_client import GenerationResult, generate_stream
 from proto.kvcache.v1 import kvcache_pb2 as kpb
 from proto.kvcache.v1 import kvcache_pb2_grpc as kpb_grpc
-from tests.process_harness import (engine_channel, service_stats, start_engine, start_service,
-                                   workdir)
+from tests.process_harness import (
+    engine_channel,
+    service_stats,
+    start_engine,
+    start_service,
+    workdir,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 

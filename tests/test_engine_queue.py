@@ -13,7 +13,7 @@ import asyncio
 import pytest
 import torch
 
-from engine_client import errors
+from engine_client.client import errors
 from engine_client.factory import build_engine
 from engine_client.request import FailStatus, Finish, SamplingParams
 from tests.process_harness import engine_config, wait_until

@@ -20,14 +20,22 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2
 
-from engine_client import attachment, errors, state_file
+from contract.exchange import exchange_specs
+from contract.segment_map import SegmentMap
+from engine_client import state_file
+from engine_client.client import attachment, errors
 from engine_client.config import GenerateConfig
 from engine_client.decode_client import GenerationResult, generate_stream
 from kv_service import segment
-from kv_service.remote_swap import exchange_specs
 from proto.kvcache.v1 import kvcache_pb2 as kpb
-from tests.process_harness import (LAYOUT, STARTUP, engine_channel, start_engine, start_service,
-                                   workdir)
+from tests.process_harness import (
+    LAYOUT,
+    STARTUP,
+    engine_channel,
+    start_engine,
+    start_service,
+    workdir,
+)
 from tests.service_harness import short_tmpdir
 
 pytestmark = [pytest.mark.timeout(180)]
@@ -124,7 +132,7 @@ class _User:
 
 @pytest.mark.slow
 def test_kv_client_lets_go_and_reattaches() -> None:
-    from engine_client.kv_client import KVClient
+    from engine_client.client.kv_client import KVClient
 
     with workdir("hsr") as path:
         svc = start_service(path)
@@ -181,7 +189,8 @@ def test_failed_exchange_mapping_unmaps_the_kv_tensors() -> None:
         shared, xhandles = segment.export_extra(xchg, "cpu", shm, instance)
         gc.collect()  # mappings that earlier tests left to the collector must not count here
         exported = sorted(mapped_segments())
-        tensors, exchange, _ = attachment.map_memory(_reply(handles + xhandles), LAYOUT, "cpu", True)
+        tensors, exchange, _ = attachment.map_memory(_reply(handles + xhandles), LAYOUT, "cpu", True,
+                                                 SegmentMap())
         assert len(mapped_segments()) > len(exported)
         del tensors, exchange
         gc.collect()
@@ -189,11 +198,11 @@ def test_failed_exchange_mapping_unmaps_the_kv_tensors() -> None:
 
         bad = [dict(h, nbytes=h["nbytes"] + 4) if h["name"] == "xchg_slots" else h for h in xhandles]
         with pytest.raises(errors.LayoutMismatch) as err:
-            attachment.map_memory(_reply(handles + bad), LAYOUT, "cpu", True)
+            attachment.map_memory(_reply(handles + bad), LAYOUT, "cpu", True, SegmentMap())
         assert "xchg_slots" in str(err.value)
         assert sorted(mapped_segments()) == exported  # KV tensors unmapped, traceback or not
         with pytest.raises(errors.LayoutMismatch, match="no exchange"):
-            attachment.map_memory(_reply(handles), LAYOUT, "cpu", True)
+            attachment.map_memory(_reply(handles), LAYOUT, "cpu", True, SegmentMap())
         assert sorted(mapped_segments()) == exported
         del kv, shared
     finally:

@@ -6,9 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
+from contract.tensors import TENSOR_NAMES
 from engine_client.graph import DecodeConfig, DecodeRunner
-from engine_client.hisparse_backend import (HiSparseBackend, RemoteSwapBackend, allocate_exchange,
-                                            local_swap_fn)
+from engine_client.hisparse_backend import (
+    HiSparseBackend,
+    RemoteSwapBackend,
+    allocate_exchange,
+    local_swap_fn,
+)
 from engine_client.index_keys import decode_index_keys, encode_index_keys
 from engine_client.kernel_set import KernelSet
 from engine_client.kv_backend import BaselineBackend, BaselineConfig
@@ -16,8 +22,7 @@ from engine_client.model import Model
 from engine_client.preset import preset
 from engine_client.weights import random_weights
 from kernels import reference
-from kv_service.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
-from kv_service.memory import TENSOR_NAMES, allocate_local, reset_request
+from kv_service.memory import allocate_local, reset_request
 from kv_service.remote_swap import RemoteSwapper
 
 CFG = preset("tiny", topk=8)

@@ -9,10 +9,11 @@ import time
 import grpc
 import pytest
 
-from engine_client import errors
-from engine_client.control import BaselineControl, EmbeddedControl, StepReport
-from engine_client.kv_client import KVClient
-from kv_service.layout import MODE_OFFLOADED, MODE_RESIDENT
+from contract.layout import MODE_OFFLOADED, MODE_RESIDENT
+from engine_client.client import errors
+from engine_client.client.control import StepReport
+from engine_client.client.kv_client import KVClient
+from engine_client.local_control import BaselineControl, EmbeddedControl
 from tests.process_harness import LAYOUT, layout_with, start_service, workdir
 
 pytestmark = [pytest.mark.timeout(120)]

@@ -1,8 +1,9 @@
 import pytest
 import torch
 
-from kv_service.layout import KVLayout, LayoutError, MODE_OFFLOADED, MODE_RESIDENT
-from kv_service.memory import allocate_local, free_request, reset_request, tensor_specs
+from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout, LayoutError
+from contract.tensors import tensor_specs
+from kv_service.memory import allocate_local, free_request, reset_request
 
 
 def small(**kw) -> KVLayout:

@@ -8,12 +8,12 @@ import random
 import pytest
 import torch
 
+from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
 from kernels.kv_append import kv_append
 from kernels.miss_copy import miss_copy
 from kernels.reference import ref_miss_copy
 from kernels.swap_plan import swap_plan
 from kernels.uva import UVATensor
-from kv_service.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
 from kv_service.memory import allocate_local, reset_request
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]

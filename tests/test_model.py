@@ -8,16 +8,21 @@ from __future__ import annotations
 import pytest
 import torch
 
+from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
+from contract.tensors import TENSOR_NAMES
 from engine_client.graph import DecodeConfig, DecodeRunner
-from engine_client.hisparse_backend import (HiSparseBackend, RemoteSwapBackend, allocate_exchange,
-                                            local_swap_fn)
+from engine_client.hisparse_backend import (
+    HiSparseBackend,
+    RemoteSwapBackend,
+    allocate_exchange,
+    local_swap_fn,
+)
 from engine_client.kernel_set import KernelSet
 from engine_client.kv_backend import BaselineBackend, BaselineConfig, KVBackend
 from engine_client.model import Model, Tokens, Workspace
 from engine_client.preset import preset
 from engine_client.weights import random_weights
-from kv_service.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
-from kv_service.memory import TENSOR_NAMES, allocate_local, reset_request
+from kv_service.memory import allocate_local, reset_request
 
 CFG = preset("tiny", topk=8)
 # B = 9 hot slots, W = 1: the LRU region holds exactly k rows, so a changing top-k evicts.

@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
+from contract.tensors import TENSOR_NAMES
 from engine_client.compute import CountingBackend
 from engine_client.graph import DecodeConfig, DecodeRunner
 from engine_client.hisparse_backend import HiSparseBackend
@@ -14,8 +16,7 @@ from engine_client.kernel_set import KernelSet
 from engine_client.model import Model, _parts
 from engine_client.preset import preset
 from engine_client.weights import random_weights
-from kv_service.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
-from kv_service.memory import TENSOR_NAMES, allocate_local, reset_request
+from kv_service.memory import allocate_local, reset_request
 
 CFG = preset("tiny", topk=8)
 LAYOUT = KVLayout(num_layers=2, max_requests=8, hot_slots=9, window=1, topk=8, page_size=4,

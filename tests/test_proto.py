@@ -76,7 +76,7 @@ def test_enum_zero_values_are_unspecified(source: Path) -> None:
 
 
 def test_modes_match_layout_constants() -> None:
-    from kv_service import layout
+    from contract import layout
     from proto.kvcache.v1 import kvcache_pb2 as pb
 
     assert pb.RESIDENT == layout.MODE_RESIDENT and pb.OFFLOADED == layout.MODE_OFFLOADED

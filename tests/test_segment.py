@@ -16,10 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from contract import handle
+from contract.layout import KVLayout, LayoutError
+from contract.segment_map import SegmentMap
+from contract.tensors import TENSOR_NAMES, KVTensors
 from kernels.uva import UVATensor
-from kv_service import handle, segment
-from kv_service.layout import KVLayout, LayoutError
-from kv_service.memory import TENSOR_NAMES, KVTensors
+from kv_service import segment
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYOUT = KVLayout(num_layers=2, max_requests=3, hot_slots=24, window=4, topk=16, page_size=4,
@@ -64,10 +66,11 @@ def _run_child(target, *args) -> str:
 
 
 def _child_roundtrip(layout: dict, handles: list[dict], extra: list[dict], device: str, conn) -> None:
+    segs = SegmentMap()
     try:
-        kv = segment.map_segments(KVLayout.from_dict(layout), handles, torch.device(device))
-        extras = segment.map_extra(extra, torch.device(device))
-        assert segment.is_owner_alive(handles) and segment.is_owner_alive(extra)
+        kv = segs.map_segments(KVLayout.from_dict(layout), handles, torch.device(device))
+        extras = segs.map_extra(extra, torch.device(device))
+        assert segs.is_owner_alive(handles) and segs.is_owner_alive(extra)
         assert not _mismatched(_as_dict(kv), 1), _mismatched(_as_dict(kv), 1)
         assert not _mismatched(extras, 3), _mismatched(extras, 3)
         if device == "cuda":
@@ -78,8 +81,8 @@ def _child_roundtrip(layout: dict, handles: list[dict], extra: list[dict], devic
         _fill(extras, 4)
         if device == "cuda":
             torch.cuda.synchronize()
-        segment.unmap_segments(kv)
-        segment.unmap_segments(extras)
+        segs.unmap(kv)
+        segs.unmap(extras)
         conn.send("ok")
     except BaseException:
         conn.send(traceback.format_exc())
@@ -144,6 +147,7 @@ def _tampered(handles: list[dict], name: str, **change) -> list[dict]:
 
 
 def test_mismatch_is_refused(tmp_path: Path) -> None:
+    segs = SegmentMap()
     _, handles = segment.create_segments(LAYOUT, "cpu", str(tmp_path), "mm")
     try:
         other = KVLayout(**{**LAYOUT.to_dict(), "num_pages": 6})
@@ -162,11 +166,11 @@ def test_mismatch_is_refused(tmp_path: Path) -> None:
         ]
         for layout, hs in bad:
             with pytest.raises(LayoutError):
-                segment.map_segments(layout, hs, "cpu")
+                segs.map_segments(layout, hs, "cpu")
         with pytest.raises(LayoutError):
-            segment.map_extra(_tampered(handles, "req_mode", nbytes=5))
-        kv = segment.map_segments(LAYOUT, handles, "cpu")
-        segment.unmap_segments(kv)
+            segs.map_extra(_tampered(handles, "req_mode", nbytes=5))
+        kv = segs.map_segments(LAYOUT, handles, "cpu")
+        segs.unmap(kv)
         assert kv.host_rows is None
     finally:
         segment.remove_segments(str(tmp_path), "mm")
@@ -184,13 +188,14 @@ def test_ipc_handle_codec() -> None:
 
 
 def test_remove_segments_leaves_no_files(tmp_path: Path) -> None:
+    segs = SegmentMap()
     kv, handles = segment.create_segments(LAYOUT, "cpu", str(tmp_path), "rm")
     segment.export_extra({"buf": torch.zeros(4)}, "cpu", str(tmp_path), "rm")
     (tmp_path / "unrelated").write_text("x")
-    assert segment.is_owner_alive(handles)
+    assert segs.is_owner_alive(handles)
     segment.remove_segments(str(tmp_path), "rm")
     assert os.listdir(tmp_path) == ["unrelated"]
-    assert not segment.is_owner_alive(handles)
+    assert not segs.is_owner_alive(handles)
     segment.remove_segments(str(tmp_path), "rm")
     kv.hot_kv.fill_(1)  # the mapping outlives the names; nothing may crash
 
@@ -199,7 +204,7 @@ CHILD = """
 import json, sys, time, torch
 from kernels.uva import UVATensor
 from kv_service import segment
-from kv_service.layout import KVLayout
+from contract.layout import KVLayout
 kv, handles = segment.create_segments(KVLayout(**json.loads(sys.argv[1])), "cpu", sys.argv[2], "dead")
 print(json.dumps([{**h, "ipc": ""} for h in handles]), flush=True)
 time.sleep(300)
@@ -207,6 +212,7 @@ time.sleep(300)
 
 
 def test_stale_segments_of_killed_process_are_removed(tmp_path: Path) -> None:
+    segs = SegmentMap()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(LAYOUT.to_dict()), str(tmp_path)],
                             stdout=subprocess.PIPE, env=env, text=True)
@@ -214,7 +220,7 @@ def test_stale_segments_of_killed_process_are_removed(tmp_path: Path) -> None:
         line = proc.stdout.readline()
         assert line, "child failed to create segments"
         dead = [{**h, "ipc": b""} for h in json.loads(line)]
-        assert segment.is_owner_alive(dead)
+        assert segs.is_owner_alive(dead)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
@@ -223,7 +229,7 @@ def test_stale_segments_of_killed_process_are_removed(tmp_path: Path) -> None:
     parent = tmp_path / f"hisparse-other-{os.getppid()}-host_kv"
     parent.write_bytes(b"")
     try:
-        assert not segment.is_owner_alive(dead)
+        assert not segs.is_owner_alive(dead)
         removed = segment.remove_stale_segments(str(tmp_path), "dead")
         assert sorted(removed) == sorted(h["path"] for h in dead)
         assert sorted(os.listdir(tmp_path)) == sorted([parent.name, f"hisparse-live-{os.getpid()}.lock"]
@@ -257,9 +263,10 @@ def test_gpu_writes_are_shared_both_ways(tmp_path: Path) -> None:
 
 @pytest.mark.gpu
 def test_gpu_handles_and_cleanup() -> None:
+    segs = SegmentMap()
     kv, handles = segment.create_segments(LAYOUT, "cuda", "/dev/shm", f"gpu-{os.getpid()}")
     kinds = {h["name"]: h["kind"] for h in handles}
     assert kinds.pop("host_kv") == "shm" and set(kinds.values()) == {"cuda_ipc"}
-    assert kv.host_kv.is_pinned() and kv.hot_kv.is_cuda and segment.is_owner_alive(handles)
+    assert kv.host_kv.is_pinned() and kv.hot_kv.is_cuda and segs.is_owner_alive(handles)
     segment.remove_segments("/dev/shm", f"gpu-{os.getpid()}")
-    assert not os.path.exists(handles[0]["path"]) and not segment.is_owner_alive(handles)
+    assert not os.path.exists(handles[0]["path"]) and not segs.is_owner_alive(handles)

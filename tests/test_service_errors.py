@@ -13,12 +13,12 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
+from service_harness import TINY, ServiceProcess, SessionClient, attach, short_tmpdir
 
-from engine_client import errors
+from engine_client.client import errors
 from kv_service.servicer import layout_to_proto
 from proto.kvcache.v1 import kvcache_pb2 as pb
 from proto.kvcache.v1 import kvcache_pb2_grpc as pb_grpc
-from service_harness import TINY, ServiceProcess, SessionClient, attach, short_tmpdir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 C = grpc.StatusCode

@@ -10,13 +10,19 @@ import socket
 import urllib.request
 
 import grpc
-from grpc_health.v1 import health_pb2
 import pytest
+from grpc_health.v1 import health_pb2
+from service_harness import (
+    TINY,
+    ServiceProcess,
+    SessionClient,
+    attach,
+    free_port,
+    short_tmpdir,
+)
 
+from contract.layout import KVLayout
 from proto.kvcache.v1 import kvcache_pb2 as pb
-from kv_service.layout import KVLayout
-from service_harness import (TINY, ServiceProcess, SessionClient, attach, free_port,
-                             short_tmpdir)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

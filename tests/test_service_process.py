@@ -14,15 +14,22 @@ import time
 import grpc
 import pytest
 import torch
+from lru_simulator import check_bijection
+from service_harness import (
+    TINY,
+    RemoteSwapEngine,
+    ServiceProcess,
+    SessionClient,
+    attach,
+    handles_from_proto,
+    short_tmpdir,
+)
 
-from engine_client import errors
-from kv_service import segment
-from kv_service.layout import MODE_OFFLOADED
+from contract.layout import MODE_OFFLOADED
+from contract.segment_map import SegmentMap
+from engine_client.client import errors
 from kv_service.servicer import layout_to_proto
 from proto.kvcache.v1 import kvcache_pb2 as pb
-from lru_simulator import check_bijection
-from service_harness import (TINY, RemoteSwapEngine, ServiceProcess, SessionClient, attach,
-                             handles_from_proto, short_tmpdir)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 TOKEN = "s3cret-token"
@@ -54,7 +61,7 @@ def test_attach_admit_commit_step_release(svc: ServiceProcess) -> None:
     assert stat.S_IMODE(os.stat(svc.uds).st_mode) == 0o600
     a = attach(svc, expected_layout=layout_to_proto(TINY))
     assert a.device == "cpu" and a.gpu_uuid == "" and a.lease_seconds == LEASE and a.epoch
-    kv = segment.map_segments(TINY, handles_from_proto(a.tensors[:9]), "cpu")
+    kv = SegmentMap().map_segments(TINY, handles_from_proto(a.tensors[:9]), "cpu")
     s = SessionClient(svc, a)
     small = s.admit("small", 5, 5).admitted
     big = s.admit("big", 30, 10).admitted

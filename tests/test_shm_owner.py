@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from contract import handle
+from contract.layout import KVLayout
 from kv_service import segment, shm_file
-from kv_service.layout import KVLayout
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYOUT = KVLayout(num_layers=1, max_requests=2, hot_slots=16, window=4, topk=8, page_size=4,
@@ -24,7 +25,7 @@ LAYOUT = KVLayout(num_layers=1, max_requests=2, hot_slots=16, window=4, topk=8, 
 OWNER = """
 import json, os, sys, time
 from kv_service import segment
-from kv_service.layout import KVLayout
+from contract.layout import KVLayout
 shm_dir, instance, fake_pid = sys.argv[2], sys.argv[3], sys.argv[4]
 segment.create_segments(KVLayout(**json.loads(sys.argv[1])), "cpu", shm_dir, instance)
 if fake_pid:  # how our files look from another PID namespace; the lock fd stays held
@@ -39,7 +40,7 @@ time.sleep(300)
 
 def unused_pid() -> int:
     pid = 4_000_000
-    while shm_file.pid_alive(pid):
+    while handle.pid_alive(pid):
         pid += 1
     return pid
 
@@ -78,7 +79,7 @@ def test_live_owner_with_invisible_pid_is_never_removed(tmp_path: Path, owners) 
     ghost = unused_pid()
     first = Owner(tmp_path, "kv", fake_pid=ghost)
     owners.append(first)
-    assert not shm_file.pid_alive(ghost)  # what made the old check call these files stale
+    assert not handle.pid_alive(ghost)  # what made the old check call these files stale
     assert segment.remove_stale_segments(str(tmp_path), "kv") == []
     _, _ = segment.create_segments(LAYOUT, "cpu", str(tmp_path), "other")
     try:

@@ -45,7 +45,7 @@ class _ResidencyModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Residen
     """Full KV in the host tier; hot buffer holds the window ring and LRU slots."""
 
 class ResidencyMode(_ResidencyMode, metaclass=_ResidencyModeEnumTypeWrapper):
-    """Residency of a request, fixed at admission. Values equal kv_service.layout.MODE_*."""
+    """Residency of a request, fixed at admission. Values equal contract.layout.MODE_*."""
 
 RESIDENCY_MODE_UNSPECIFIED: ResidencyMode.ValueType  # 0
 RESIDENT: ResidencyMode.ValueType  # 1
@@ -56,7 +56,7 @@ Global___ResidencyMode: _TypeAlias = ResidencyMode  # noqa: Y015
 
 @_typing.final
 class Layout(_message.Message):
-    """Every number of kv_service.layout.KVLayout; both sides must agree on all of them."""
+    """Every number of contract.layout.KVLayout; both sides must agree on all of them."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -92,7 +92,7 @@ class Layout(_message.Message):
     index_format: _builtins.str
     """"bf16" (256 B index keys) or "fp8" (132 B)."""
     version: _builtins.int
-    """kv_service.layout.LAYOUT_VERSION of the sender."""
+    """contract.layout.LAYOUT_VERSION of the sender."""
     def __init__(
         self,
         *,

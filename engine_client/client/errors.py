@@ -18,9 +18,22 @@ import grpc
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-from contract.errors import (BY_REASON, DOMAIN, AlreadyExists, CapacityError, DeadlineExceeded,
-                             Draining, EpochMismatch, InvalidArgument, KVError, LayoutMismatch,
-                             ServiceUnavailable, Unauthenticated, UnknownRequest, UnknownSession)
+from contract.errors import (
+    BY_REASON,
+    DOMAIN,
+    AlreadyExists,
+    CapacityError,
+    DeadlineExceeded,
+    Draining,
+    EpochMismatch,
+    InvalidArgument,
+    KVError,
+    LayoutMismatch,
+    ServiceUnavailable,
+    Unauthenticated,
+    UnknownRequest,
+    UnknownSession,
+)
 
 KVClientError = KVError
 

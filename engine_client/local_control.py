@@ -1,111 +1,26 @@
-"""The engine's control interface to its KV memory: admit, commit, step end, release.
-
-One protocol (`KVControl`), three implementations, so the engine has a single code path:
+"""The reference engine's in-process KV controls (`KVControl` without a service process):
 - `BaselineControl`: no service; request slots of the engine's own all-on-GPU cache.
-- `EmbeddedControl`: a `kv_service.core.ServiceCore` in this process, on locally allocated
-  tensors, called directly (no gRPC).
-- `kv_client.KVClient`: a separate `python -m kv_service` process over gRPC.
-
-Every implementation raises the typed errors of `engine_client.errors`.
+- `EmbeddedControl`: a service core (`kv_service.core.ServiceCore`) in this process, on
+  locally allocated tensors, called directly (no gRPC). The core is built by
+  `engine_client.factory`, the one place the engine imports `kv_service`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Protocol
 
-from engine_client import errors
-from kv_service.layout import MODE_RESIDENT, KVLayout, LayoutError
-from kv_service.memory import KVTensors
-
-
-@dataclass(frozen=True)
-class Admission:
-    """A request the KV side accepted: its slot, residency mode and reservation."""
-
-    request_id: str
-    slot: int
-    mode: int
-    reserved_tokens: int
-    pages: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class HeldRequest:
-    """A request the service still holds for a resumed session."""
-
-    request_id: str
-    slot: int
-    mode: int
-    seq_len: int
-    prompt_len: int
-    max_new_tokens: int
-
-
-@dataclass(frozen=True)
-class StepReport:
-    """Bookkeeping of one decode step: stored lengths and the swap counters of the step."""
-
-    step: int
-    progress: tuple[tuple[str, int], ...]
-    hits: int = 0
-    misses: int = 0
-    bytes_moved: int = 0
-
-
-@dataclass(frozen=True)
-class KVStats:
-    """Occupancy and counters of the KV side, in the units of GetStatsResponse."""
-
-    pages_used: int = 0
-    pages_total: int = 0
-    slots_used: int = 0
-    slots_total: int = 0
-    requests: int = 0
-    hits: int = 0
-    misses: int = 0
-    bytes_moved: int = 0
-    extra: dict[str, float] = field(default_factory=dict)
-
-
-class KVControl(Protocol):
-    """What the engine needs from the KV side. `tensors` is None in baseline mode."""
-
-    layout: KVLayout
-    tensors: KVTensors | None
-    session_id: str
-    held: tuple[HeldRequest, ...]
-
-    async def admit(self, request_id: str, prompt_len: int, max_new_tokens: int) -> Admission: ...
-
-    async def commit(self, request_id: str, seq_len: int) -> None: ...
-
-    async def step_end(self, report: StepReport) -> None: ...
-
-    async def release(self, request_id: str) -> None: ...
-
-    async def stats(self) -> KVStats: ...
-
-    def check_alive(self) -> None:
-        """Raise ServiceUnavailable if the KV memory can no longer be trusted."""
-
-    def let_go(self, user: MemoryUser | None = None) -> None:
-        """Once the service is lost: unmap its memory (`user` drops its references first).
-        Only between compute steps."""
-
-    async def reattach(self, user: MemoryUser | None = None) -> None:
-        """After let_go: wait for a (restarted) service, attach, map, point `user` at it."""
-
-    async def close(self, detach: bool = False) -> None: ...
-
-
-class MemoryUser(Protocol):
-    """What uses the mapped KV memory besides the control (the engine's compute): told to drop
-    it (None) when the service is lost, and to use the new mapping after a re-attach."""
-
-    def bind_kv(self, tensors: KVTensors | None, exchange: dict) -> None: ...
+from contract.errors import KVError
+from contract.layout import MODE_RESIDENT, KVLayout, LayoutError
+from contract.tensors import KVTensors
+from engine_client.client import errors
+from engine_client.client.control import (
+    Admission,
+    HeldRequest,
+    KVStats,
+    MemoryUser,
+    StepReport,
+)
 
 
 class LocalMemory:
@@ -173,11 +88,10 @@ class BaselineControl(LocalMemory):
 
 @contextmanager
 def core_errors(what: str) -> Iterator[None]:
-    """ServiceCore raises the service's typed errors; give the engine the client's."""
-    from kv_service.errors import ServiceError
+    """ServiceCore raises the contract's typed errors (the client's too); prefix the call."""
     try:
         yield
-    except ServiceError as e:
+    except KVError as e:
         raise e.prefixed(what) from e
     except LayoutError as e:
         raise errors.LayoutMismatch(f"{what}: {e}") from e

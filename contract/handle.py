@@ -6,7 +6,7 @@ One handle dict per tensor travels in the Attach reply:
 - "cuda_ipc": device memory; `ipc` is the storage's CUDA IPC share tuple as JSON (never pickle:
   these bytes arrive over the network). It carries the exporter's pid, as a file name does.
 Handles come from another process, so every field is checked before anything is opened.
-Host registration and the bookkeeping of what this process mapped stay in `segment`.
+Host registration and the bookkeeping of what this process mapped stay in `segment_map`.
 """
 
 from __future__ import annotations
@@ -15,12 +15,17 @@ import base64
 import json
 import math
 import os
+import re
 import stat
 
 import torch
 
-from kv_service import shm_file
-from kv_service.layout import LayoutError
+from contract.layout import LayoutError
+
+# Segment files: hisparse-<instance>-<pid>-<name> in a shm directory (`kv_service.shm_file`
+# creates them and their owner's lock). Instances may contain '-', tensor names may not: the pid
+# is the second field from the end.
+FILE_RE = re.compile(r"hisparse-(?P<instance>[A-Za-z0-9_.-]+)-(?P<pid>[0-9]+)-(?P<name>[A-Za-z0-9_]+)")
 
 # Types of torch's _share_cuda_() tuple, checked before the tuple reaches C++.
 _SHARE_TYPES = (int, bytes, int, int, bytes, int, bytes, bool)
@@ -73,7 +78,7 @@ def check(h: dict) -> tuple[list[int], torch.dtype]:
         raise LayoutError(f"{h['name']}: bad dtype {h['dtype']!r}, shape {shape} or path/ipc types")
     if nbytes != math.prod(shape) * dtype.itemsize:
         raise LayoutError(f"{h['name']}: {nbytes} bytes do not match {shape} {dtype}")
-    shm_ok = kind == "shm" and not ipc and shm_file.FILE_RE.fullmatch(os.path.basename(path))
+    shm_ok = kind == "shm" and not ipc and FILE_RE.fullmatch(os.path.basename(path))
     if not shm_ok and not (kind == "cuda_ipc" and not path and ipc):
         raise LayoutError(f"{h['name']}: bad kind {kind!r} for path {path!r}")
     return shape, dtype
@@ -90,7 +95,7 @@ def open_tensor(h: dict, device: torch.device) -> tuple[torch.Tensor, tuple[int,
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size != h["nbytes"]:
             raise LayoutError(f"{h['path']}: {st.st_size} bytes, handle says {h['nbytes']}")
-        t = shm_file.map_fd(fd, math.prod(shape), dtype).view(shape)
+        t = map_fd(fd, math.prod(shape), dtype).view(shape)
     finally:
         os.close(fd)
     return t, (st.st_dev, st.st_ino)
@@ -106,4 +111,23 @@ def _import_cuda(h: dict, shape: tuple[int, ...], dtype: torch.dtype, device: to
     # The exporter's device index means nothing here: the caller chose its device by GPU UUID.
     share[0] = device.index if device.index is not None else torch.cuda.current_device()
     storage = torch.UntypedStorage._new_shared_cuda(*share)
-    return torch.empty(0, dtype=dtype, device=storage.device).set_(storage, 0, shape)
+    strides = [1] * len(shape)  # contiguous, as exported
+    for i in range(len(shape) - 2, -1, -1):
+        strides[i] = strides[i + 1] * shape[i + 1]
+    return torch.empty(0, dtype=dtype, device=storage.device).set_(storage, 0, shape, strides)
+
+
+def map_fd(fd: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    # Through /proc/self/fd so the mapping is of the file we opened even if its name is unlinked
+    # meanwhile: from_file on a missing name would create an empty file instead.
+    return torch.from_file(f"/proc/self/fd/{fd}", shared=True, size=numel, dtype=dtype)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, owned by another user
+    return True

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 
-from engine_client import errors
+from engine_client.client import errors
 from proto.kvcache.v1 import kvcache_pb2 as pb
 
 log = logging.getLogger(__name__)

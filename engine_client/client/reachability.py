@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from engine_client import errors
+from engine_client.client import errors
 
 
 class Unreachable(errors.ServiceUnavailable):

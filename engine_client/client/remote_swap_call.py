@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import grpc
 
-from engine_client import errors
+from engine_client.client import errors
 from proto.kvcache.v1 import kvcache_pb2 as pb
 from proto.kvcache.v1 import kvcache_pb2_grpc as pb_grpc
 

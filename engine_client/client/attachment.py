@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from engine_client import errors
-from engine_client.control import HeldRequest
-from kv_service import segment
-from kv_service.layout import KVLayout, LayoutError
-from kv_service.memory import KVTensors
+from contract import segment_map
+from contract.layout import KVLayout, LayoutError
+from contract.tensors import KVTensors
+from engine_client.client import errors
+from engine_client.client.control import HeldRequest
 from proto.kvcache.v1 import kvcache_pb2 as pb
 
 
@@ -69,25 +69,25 @@ def held_requests(reply: pb.AttachResponse) -> tuple[HeldRequest, ...]:
                              r.max_new_tokens) for r in reply.requests)
 
 
-def map_memory(reply: pb.AttachResponse, layout: KVLayout, device: str,
-               remote_swap: bool) -> tuple[KVTensors, dict, list[dict]]:
+def map_memory(reply: pb.AttachResponse, layout: KVLayout, device: str, remote_swap: bool,
+               segments: segment_map.SegmentMap) -> tuple[KVTensors, dict, list[dict]]:
     """The KV tensors and exchange tensors the reply exports, mapped here, and the handles of
     the service's files, which tell whether it is still alive."""
     handles = [handle_from_proto(h) for h in reply.tensors]
     kv_handles = [h for h in handles if not h["name"].startswith("xchg_")]
     xchg = [h for h in handles if h["name"].startswith("xchg_")]
     try:
-        tensors = segment.map_segments(layout, kv_handles, device)
+        tensors = segments.map_segments(layout, kv_handles, device)
     except (LayoutError, OSError) as e:
         raise errors.LayoutMismatch(f"cannot map the service's memory: {e}") from e
     try:
-        exchange = segment.map_extra(xchg, device) if xchg else {}
+        exchange = segments.map_extra(xchg, device) if xchg else {}
         if remote_swap and not exchange:
             raise LayoutError("remote swap asked but no exchange tensors exported")
     except BaseException as e:
         # The KV tensors are mapped already: nothing else would ever unmap them.
-        segment.unmap_segments(tensors)
-        segment.forget_files(kv_handles)
+        segments.unmap(tensors)
+        segments.forget_files(kv_handles)
         del tensors  # the traceback keeps this frame, not the mappings
         if isinstance(e, (LayoutError, OSError)):
             raise errors.LayoutMismatch(f"cannot map the service's memory: {e}") from e

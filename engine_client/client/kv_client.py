@@ -13,9 +13,9 @@ Failure rules:
   segment of the lost service (a deleted /dev/shm file stays allocated while mapped), and
   `reattach`, which waits for a service at the same address (a new epoch), attaches as a new
   session, maps its memory and points the compute at it;
-- gRPC errors become typed errors through `engine_client.errors`: failed calls in
+- gRPC errors become typed errors through `engine_client.client.errors`: failed calls in
   `errors.rpc_errors`, in-band Error replies in `_result`;
-- what Attach returns is checked and mapped in `engine_client.attachment`.
+- what Attach returns is checked and mapped in `engine_client.client.attachment`.
 """
 
 from __future__ import annotations
@@ -26,13 +26,19 @@ import logging
 
 import grpc
 
-from engine_client import attachment, errors, reachability
-from engine_client.control import Admission, HeldRequest, KVStats, MemoryUser, StepReport
-from engine_client.remote_swap_call import RemoteSwapCall
-from engine_client.session_stream import NotSent, SessionStream
-from kv_service import segment
-from kv_service.layout import KVLayout
-from kv_service.memory import KVTensors
+from contract import segment_map
+from contract.layout import KVLayout
+from contract.tensors import KVTensors
+from engine_client.client import attachment, errors, reachability
+from engine_client.client.control import (
+    Admission,
+    HeldRequest,
+    KVStats,
+    MemoryUser,
+    StepReport,
+)
+from engine_client.client.remote_swap_call import RemoteSwapCall
+from engine_client.client.session_stream import NotSent, SessionStream
 from proto.kvcache.v1 import kvcache_pb2 as pb
 from proto.kvcache.v1 import kvcache_pb2_grpc as pb_grpc
 
@@ -71,6 +77,7 @@ class KVClient:
         self.tensors: KVTensors | None = None
         self.exchange: dict = {}
         self.held: tuple[HeldRequest, ...] = ()
+        self._segments = segment_map.SegmentMap()  # what this client mapped
         self._owner_files: list[dict] = []
         self._handles: list[dict] = []
         self._mapped: KVTensors | None = None
@@ -122,7 +129,7 @@ class KVClient:
     def _map(self, reply: pb.AttachResponse) -> None:
         assert self.layout is not None, "map only after an attach"
         self.tensors, self.exchange, self._owner_files = attachment.map_memory(
-            reply, self.layout, self.device, self.with_remote_swap)
+            reply, self.layout, self.device, self.with_remote_swap, self._segments)
         self._mapped, self._mapped_exchange = self.tensors, self.exchange
         self._handles = [attachment.handle_from_proto(h) for h in reply.tensors]
 
@@ -147,7 +154,7 @@ class KVClient:
         if self._closing or self._dead is not None:
             return
         log.warning("session stream to %s lost: %s", self.target, why)
-        if self._recovering or not segment.is_owner_alive(self._owner_files):
+        if self._recovering or not self._segments.is_owner_alive(self._owner_files):
             self._die(errors.ServiceUnavailable(f"KV service at {self.target} is gone: {why}"))
             return
         self._recover_task = asyncio.get_running_loop().create_task(self._recover())
@@ -184,7 +191,7 @@ class KVClient:
         """Raise ServiceUnavailable unless the service and its memory are still ours."""
         if self._dead is not None:
             raise self._dead
-        if self._owner_files and not segment.is_owner_alive(self._owner_files):
+        if self._owner_files and not self._segments.is_owner_alive(self._owner_files):
             gone = errors.ServiceUnavailable(f"KV service at {self.target} is gone")
             self._die(gone)
             raise gone
@@ -204,9 +211,9 @@ class KVClient:
 
     def _unmap(self) -> None:
         if self._mapped is not None:
-            segment.unmap_segments(self._mapped)
-        segment.unmap_segments(self._mapped_exchange)
-        segment.forget_files(self._handles)
+            self._segments.unmap(self._mapped)
+        self._segments.unmap(self._mapped_exchange)
+        self._segments.forget_files(self._handles)
         self.tensors, self.exchange, self._mapped, self._mapped_exchange = None, {}, None, {}
         self._owner_files, self._handles = [], []
 

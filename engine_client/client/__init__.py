@@ -1,0 +1,38 @@
+"""The KV-service client library: what any decode engine adopts to keep its KV cache in a
+`python -m kv_service` process. It imports the contract (`contract`), never the service.
+
+- `KVClient`: attach (maps the service's KV tensors into this process), admit / commit /
+  step_end / release over one Session stream, `remote_swap` in remote-swap mode, `let_go` /
+  `reattach` after a lost service, `close`.
+- `KVControl`, `Admission`, `HeldRequest`, `StepReport`, `KVStats`, `MemoryUser`: the control
+  protocol and the records it exchanges (`control`).
+- `errors`: the typed errors every call raises (the contract's taxonomy, decoded from rich
+  gRPC status in one place).
+- Contract types a caller needs: `KVLayout` (the layout descriptor), `KVTensors` (the mapped
+  tensor set; its fields are what the kernels take).
+
+docs/CLIENT.md documents the API with a runnable decode loop (`engine_client/client/example.py`).
+"""
+
+import importlib
+
+# Lazy, so that `engine_client.client.errors` (used by light CLIs) does not pull in torch.
+_LAZY = {
+    "KVClient": "engine_client.client.kv_client", "errors": "engine_client.client.errors",
+    "Admission": "engine_client.client.control", "HeldRequest": "engine_client.client.control",
+    "KVControl": "engine_client.client.control", "KVStats": "engine_client.client.control",
+    "MemoryUser": "engine_client.client.control", "StepReport": "engine_client.client.control",
+    "KVLayout": "contract.layout", "MODE_OFFLOADED": "contract.layout",
+    "MODE_RESIDENT": "contract.layout", "KVTensors": "contract.tensors",
+}
+
+__all__ = ["MODE_OFFLOADED", "MODE_RESIDENT", "Admission", "HeldRequest", "KVClient",
+           "KVControl", "KVLayout", "KVStats", "KVTensors", "MemoryUser", "StepReport", "errors"]
+
+
+def __getattr__(name: str) -> object:
+    if name == "errors":
+        return importlib.import_module("engine_client.client.errors")
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'engine_client.client' has no attribute {name!r}")

@@ -1,0 +1,106 @@
+"""The control interface an engine has to its KV memory: admit, commit, step end, release,
+and the records these calls exchange.
+
+One protocol (`KVControl`), so an engine has a single code path whichever side holds the memory:
+- `engine_client.client.KVClient`: a separate `python -m kv_service` process over gRPC (this
+  library);
+- `engine_client.local_control.BaselineControl` / `EmbeddedControl`: the reference engine's
+  in-process controls (no service; a service core in this process).
+
+Every implementation raises the typed errors of `engine_client.client.errors`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from contract.layout import KVLayout
+from contract.tensors import KVTensors
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A request the KV side accepted: its slot, residency mode and reservation."""
+
+    request_id: str
+    slot: int
+    mode: int
+    reserved_tokens: int
+    pages: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class HeldRequest:
+    """A request the service still holds for a resumed session."""
+
+    request_id: str
+    slot: int
+    mode: int
+    seq_len: int
+    prompt_len: int
+    max_new_tokens: int
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """Bookkeeping of one decode step: stored lengths and the swap counters of the step."""
+
+    step: int
+    progress: tuple[tuple[str, int], ...]
+    hits: int = 0
+    misses: int = 0
+    bytes_moved: int = 0
+
+
+@dataclass(frozen=True)
+class KVStats:
+    """Occupancy and counters of the KV side, in the units of GetStatsResponse."""
+
+    pages_used: int = 0
+    pages_total: int = 0
+    slots_used: int = 0
+    slots_total: int = 0
+    requests: int = 0
+    hits: int = 0
+    misses: int = 0
+    bytes_moved: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class KVControl(Protocol):
+    """What the engine needs from the KV side. `tensors` is None in baseline mode."""
+
+    layout: KVLayout
+    tensors: KVTensors | None
+    session_id: str
+    held: tuple[HeldRequest, ...]
+
+    async def admit(self, request_id: str, prompt_len: int, max_new_tokens: int) -> Admission: ...
+
+    async def commit(self, request_id: str, seq_len: int) -> None: ...
+
+    async def step_end(self, report: StepReport) -> None: ...
+
+    async def release(self, request_id: str) -> None: ...
+
+    async def stats(self) -> KVStats: ...
+
+    def check_alive(self) -> None:
+        """Raise ServiceUnavailable if the KV memory can no longer be trusted."""
+
+    def let_go(self, user: MemoryUser | None = None) -> None:
+        """Once the service is lost: unmap its memory (`user` drops its references first).
+        Only between compute steps."""
+
+    async def reattach(self, user: MemoryUser | None = None) -> None:
+        """After let_go: wait for a (restarted) service, attach, map, point `user` at it."""
+
+    async def close(self, detach: bool = False) -> None: ...
+
+
+class MemoryUser(Protocol):
+    """What uses the mapped KV memory besides the control (the engine's compute): told to drop
+    it (None) when the service is lost, and to use the new mapping after a re-attach."""
+
+    def bind_kv(self, tensors: KVTensors | None, exchange: dict) -> None: ...
