@@ -1,5 +1,7 @@
-"""Child processes of the demo (and of the multi-process tests): a KV service and an engine on
-sockets in a temporary directory, ready when their grpc health says SERVING.
+"""The one process supervisor of the demo, the benchmarks and the multi-process tests: a KV
+service or an engine as a child process on a socket in a temporary directory, ready when its
+grpc health says SERVING, stopped with SIGTERM (then SIGKILL), and ended by the kernel if the
+process that started it dies.
 
 Readiness is watched through grpc.health.v1 Watch with short deadlines, checking between two
 watches that the child is still alive, so a child that dies at start-up fails fast with its log.
@@ -71,13 +73,15 @@ class ManagedProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def log(self, tail: int = 4000) -> str:
+    def log(self, tail: int | None = 4000) -> str:
+        """The last `tail` characters of the child's output (None: all of it)."""
         try:
-            return Path(self.log_path).read_text(errors="replace")[-tail:]
+            text = Path(self.log_path).read_text(errors="replace")
+            return text if tail is None else text[-tail:]
         except FileNotFoundError:
             return ""
 
-    def wait_serving(self, timeout: float,
+    def wait_serving(self, timeout: float = 60.0,
                      abort: Callable[[], bool] | None = None) -> "ManagedProcess":
         """Block until health reports SERVING; ChildFailed if the child dies or time runs out."""
         return self.wait_status(health_pb2.HealthCheckResponse.SERVING, timeout, abort)
@@ -112,6 +116,11 @@ class ManagedProcess:
         if self.alive():
             self.proc.send_signal(sig)
 
+    def wait_exit(self, timeout: float = 30.0) -> int:
+        """The exit status once the child ends by itself (subprocess.TimeoutExpired if not)."""
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
     def stop(self, timeout: float = 15.0) -> int:
         """SIGTERM and wait; SIGKILL if it does not exit in time. Returns the exit status."""
         if self.proc is None:
@@ -130,17 +139,33 @@ class ManagedProcess:
             self.proc.wait(10)
 
 
-def service_process(workdir: str, instance: str, layout_flags: Sequence[str], *,
-                    device: str = "cpu", shm_dir: str = "/dev/shm",
-                    extra: Sequence[str] = ()) -> ManagedProcess:
-    uds = os.path.join(workdir, "kv.sock")
-    args = [sys.executable, "-m", "kv_service", "--uds", uds, "--device", device,
+def service_command(uds: str, instance: str, layout_flags: Sequence[str], *, device: str,
+                    shm_dir: str, extra: Sequence[str] = ()) -> list[str]:
+    """`python -m kv_service` on `uds`; flags later in the list (`extra`) win."""
+    return [sys.executable, "-m", "kv_service", "--uds", uds, "--device", device,
             "--instance", instance, "--shm-dir", shm_dir, *layout_flags, *extra]
-    env = dict(os.environ)
+
+
+def service_env(token: str | None = None) -> dict[str, str]:
+    """The service child's environment: ours without KVS_* (the command line says it all),
+    plus its token, which stays out of `ps`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVS_")}
     # Its CPU work is bookkeeping: OpenMP threads would only spin against the engine's.
     env.setdefault("OMP_NUM_THREADS", "1")
+    if token:
+        env["KVS_TOKEN"] = token
+    return env
+
+
+def service_process(workdir: str, instance: str, layout_flags: Sequence[str], *,
+                    device: str = "cpu", shm_dir: str = "/dev/shm",
+                    extra: Sequence[str] = (), token: str | None = None) -> ManagedProcess:
+    """`layout_flags`: contract.flags.to_flags(layout)."""
+    uds = os.path.join(workdir, "kv.sock")
+    args = service_command(uds, instance, layout_flags, device=device, shm_dir=shm_dir,
+                           extra=extra)
     return ManagedProcess("kv_service", args, os.path.join(workdir, "kv_service.log"),
-                          f"unix:{uds}", KV_SERVICE_NAME, env=env)
+                          f"unix:{uds}", KV_SERVICE_NAME, env=service_env(token))
 
 
 def engine_process(workdir: str, kv_mode: str, *, service_uds: str = "", name: str = "engine",
