@@ -21,8 +21,6 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from engine_client import errors
-
 REPO_ROOT = Path(__file__).resolve().parent.parent
 KV_SERVICE_NAME = "kvcache.v1.KVCacheService"
 ENGINE_SERVICE_NAME = "decode.v1.DecodeService"
@@ -39,6 +37,10 @@ def _die_with_parent() -> None:
     when the forking *thread* ends: start children from a thread that lives as long as they.)"""
     if _LIBC is not None:
         _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+# Health watch outcomes that only mean "not yet": no socket, or no change within the window.
+_NOT_YET = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 
 
 class ChildFailed(RuntimeError):
@@ -100,17 +102,28 @@ class ManagedProcess:
                 if abort is not None and abort():
                     raise ChildFailed(f"{self.name}: start-up abandoned")
                 window = min(1.0, max(0.05, deadline - time.monotonic()))
-                try:
-                    with errors.rpc_errors(f"{self.name} health"):
-                        for reply in stub.Watch(request, timeout=window, wait_for_ready=True):
-                            if reply.status == status:
-                                return self
-                except errors.ServiceUnavailable:
-                    continue  # not listening yet, or no change within the window
-                except errors.KVClientError as e:
-                    raise ChildFailed(str(e)) from e
+                if self._watch_once(stub, request, status, window):
+                    return self
         raise ChildFailed(f"{self.name} not in health status {status} after {timeout:g}s:\n"
                           f"{self.log()}")
+
+    def _watch_once(self, stub: health_pb2_grpc.HealthStub,
+                    request: health_pb2.HealthCheckRequest, status: int, window: float) -> bool:
+        """Whether health reports `status` within `window` (False: not listening yet, or no
+        change in time); ChildFailed on any other failure of the watch."""
+        try:
+            for reply in stub.Watch(request, timeout=window, wait_for_ready=True):
+                if reply.status == status:
+                    return True
+            return False
+        except grpc.RpcError as e:
+            # The failed call is its own exception and grpc's frames in its traceback refer to
+            # it: drop the traceback, or that cycle keeps our caller's frames (and whatever
+            # they hold, e.g. mapped memory) alive until the next gc.
+            e.__traceback__ = None
+            if e.code() in _NOT_YET:
+                return False
+            raise ChildFailed(f"{self.name} health: {e.code().name}: {e.details()}") from None
 
     def signal(self, sig: int) -> None:
         if self.alive():
