@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contract.layout import INDEX_FORMATS, ROW_FORMATS
+from contract import flags
+from engine_client.config import LocalLayout
 from engine_client.preset import preset
 
 HISPARSE_MODES = ("embedded", "service", "service-remote-swap")
@@ -188,27 +190,26 @@ def sweep_runs(s: Sizes, p: ContextPlan) -> list[Run]:
             for f in s.sweep_factors]
 
 
-def layout_flags(s: Sizes, run: Run) -> list[str]:
-    """Layout flags shared by kv_service and the engine's local (baseline/embedded) memory."""
-    pages = run.slots * run.max_context // s.page_size
-    return ["--max-requests", str(run.slots), "--hot-slots", str(run.hot_slots),
-            "--window", str(s.window), "--page-size", str(s.page_size), "--num-pages", str(pages),
-            "--max-context", str(run.max_context), "--index-format", s.index_format]
+def local_layout(s: Sizes, run: Run) -> LocalLayout:
+    """The run's KV memory: the engine's own (baseline/embedded) or, with the model's layers,
+    top-k and row format, the service's."""
+    return LocalLayout(max_requests=run.slots, hot_slots=run.hot_slots, window=s.window,
+                       page_size=s.page_size, num_pages=run.slots * run.max_context // s.page_size,
+                       max_context=run.max_context, index_format=s.index_format)
 
 
 def service_flags(s: Sizes, run: Run) -> list[str]:
-    return ["--num-layers", str(s.num_layers), "--topk", str(s.topk),
-            "--row-format", s.row_format] + layout_flags(s, run)
+    return flags.to_flags(local_layout(s, run).layout(s.num_layers, s.topk, s.row_format))
 
 
 def engine_flags(s: Sizes, run: Run) -> list[str]:
     source = TRACE_SOURCE if run.source == "trace" else "indexer"
-    flags = ["--preset", s.preset, "--row-format", s.row_format, "--max-batch", str(run.slots),
-             "--prefill-chunk",
-             str(s.prompt_len), "--synthetic-context", str(run.context), "--topk-source", source,
-             "--rpc-timeout", "60", "--attach-timeout", "120", "--log-level", "WARNING"]
+    argv = ["--preset", s.preset, "--row-format", s.row_format, "--max-batch", str(run.slots),
+            "--prefill-chunk", str(s.prompt_len), "--synthetic-context", str(run.context),
+            "--topk-source", source, "--rpc-timeout", "60", "--attach-timeout", "120",
+            "--log-level", "WARNING"]
     if run.mode in ("baseline", "embedded"):
-        flags += ["--device", s.device] + layout_flags(s, run)
+        argv += ["--device", s.device] + flags.to_flags(local_layout(s, run))
     if run.mode in ("embedded", "service") and s.decode_microbatches > 1:
-        flags += ["--decode-microbatches", str(s.decode_microbatches)]
-    return flags
+        argv += ["--decode-microbatches", str(s.decode_microbatches)]
+    return argv

@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from contract.flags import setting
+
 LAYOUT_VERSION = 1
 
 ROW_FORMATS = {
@@ -35,30 +37,20 @@ class LayoutError(ValueError):
 
 @dataclass(frozen=True)
 class KVLayout:
-    """Sizes of every KV tensor. All counts are per service (one GPU).
+    """Sizes of every KV tensor. All counts are per service (one GPU); each field's help says
+    what it sizes (the letters are the design card's)."""
 
-    num_layers      L  layers whose KV the service holds
-    max_requests    R  request slots, each with a hot buffer per layer
-    hot_slots       B  hot rows per (layer, request)
-    window          W  newest tokens kept resident as a ring in hot slots [0, W)
-    topk            k  selected tokens per (layer, request, step)
-    page_size       P  tokens per page of the host tier and the index-key pool
-    num_pages          pages in the host tier; the index-key pool has as many
-    max_context        most tokens one request may hold (prompt + generated)
-    row_format         "bf16" (1152 B rows) or "fp8" (656 B rows)
-    index_format       "bf16" (256 B index keys) or "fp8" (132 B)
-    """
-
-    num_layers: int
-    max_requests: int
-    hot_slots: int
-    window: int
-    topk: int
-    page_size: int
-    num_pages: int
-    max_context: int
-    row_format: str = "bf16"
-    index_format: str = "bf16"
+    num_layers: int = setting(help="L: layers whose KV the service holds")
+    max_requests: int = setting(help="R: request slots (concurrent requests)")
+    hot_slots: int = setting(help="B: hot rows per (layer, request) on the device")
+    window: int = setting(help="W: newest tokens always resident (ring in slots [0, W))")
+    topk: int = setting(help="k: tokens selected per (layer, request, step)")
+    page_size: int = setting(help="P: tokens per page of the host tier / index pool")
+    num_pages: int = setting(help="pages in the host tier (and the index-key pool); the host "
+                             "tier takes num_pages * L * P * row bytes of /dev/shm")
+    max_context: int = setting(help="most tokens per request (prompt + generated)")
+    row_format: str = setting("bf16", help="KV row format: bf16 (1152 B) or fp8 (656 B)")
+    index_format: str = setting("bf16", help="indexer key format: bf16 (256 B) or fp8 (132 B)")
     version: int = LAYOUT_VERSION
 
     def __post_init__(self) -> None:

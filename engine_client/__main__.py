@@ -9,96 +9,12 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from engine_client.config import (
-    DEVICES,
-    KERNELS,
-    KV_MODES,
-    DemoConfig,
-    EngineConfig,
-    GenerateConfig,
-    LocalLayout,
-    default_uds,
-)
-
-_BOOL = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
-
-
-def _bool(text: str) -> bool:
-    if text.lower() not in _BOOL:
-        raise argparse.ArgumentTypeError(f"expected 1/0, true/false or yes/no, got {text!r}")
-    return _BOOL[text.lower()]
-
-
-def _optional(text: str) -> str | None:
-    return text or None
-
-
-def _optional_int(text: str) -> int | None:
-    return int(text) if text else None
+from contract import flags
+from engine_client.config import DEVICES, KV_MODES, DemoConfig, EngineConfig, GenerateConfig, default_uds
 
 
 def _ids(text: str) -> tuple[int, ...]:
     return tuple(int(t) for t in text.replace(",", " ").split())
-
-
-# (flag, type, default, help) of `serve`; the env variable is ENGINE_<FLAG>.
-SERVE_FLAGS = [
-    ("--kv-mode", str, "service", f"where KV lives: {', '.join(KV_MODES)}"),
-    ("--uds", str, None, "Unix socket path the engine listens on"),
-    ("--tcp", _optional, "", "also listen on HOST:PORT (insecure)"),
-    ("--service", str, None, "KV service address (socket path, unix:PATH or HOST:PORT); "
-     "service modes only"),
-    ("--preset", str, "tiny", "model shapes: tiny, bench or v32"),
-    ("--num-layers", _optional_int, "", "override the preset's layer count"),
-    ("--checkpoint", _optional, "", "safetensors file or directory (DeepSeek-V3.2 names); "
-     "empty: seeded random weights"),
-    ("--weight-seed", int, "0", "seed of the random weights"),
-    ("--device", str, "auto", f"{', '.join(DEVICES)}; service modes use the service's GPU"),
-    ("--kernels", str, "auto", f"{', '.join(KERNELS)}: auto is Triton on CUDA and the torch "
-     "references on CPU (Triton's interpreter is ~30x slower)"),
-    ("--cuda-graphs", _bool, "1", "capture the decode step as CUDA graphs per batch bucket"),
-    ("--cpu-threads", int, "1", "torch CPU threads; more than the free cores makes OpenMP spin "
-     "against the KV service and slows CPU mode down by 10-30x"),
-    ("--max-batch", int, "8", "most requests admitted and decoded together"),
-    ("--prefill-chunk", int, "32", "prompt tokens per prefill chunk (one chunk per step)"),
-    ("--max-requests", int, "8", "baseline/embedded: request slots of the local KV memory"),
-    ("--hot-slots", int, "64", "embedded: hot rows per (layer, request)"),
-    ("--window", int, "8", "embedded: newest tokens always resident"),
-    ("--page-size", int, "16", "baseline/embedded: tokens per page"),
-    ("--num-pages", int, "256", "embedded: pages of the host tier"),
-    ("--max-context", int, "512", "baseline/embedded: most tokens per request"),
-    ("--index-format", str, "bf16", "baseline/embedded: indexer key format, bf16 or fp8"),
-    ("--row-format", _optional, "", "KV row format, bf16 (1152 B) or fp8 (656 B, DeepSeek-V3.2's "
-     "FlashMLA rows); empty: the preset's (v32: fp8); service modes: must match the service"),
-    ("--synthetic-context", int, "0", "benchmarks: prefix every prompt with this many synthetic "
-     "context tokens, filled with random KV instead of a prefill"),
-    ("--topk-source", str, "indexer", "benchmarks: decode top-k from the model's indexer, or "
-     "from MODULE:FUNC[:JSON] (e.g. bench.trace:trace_source)"),
-    ("--decode-microbatches", int, "1", "embedded/service: split each decode step into this "
-     "many parts whose host->GPU miss copy overlaps the other parts' compute; 1 = off"),
-    ("--state-file", _optional, "", "resume state (session id, prompts, tokens, seeds) so a "
-     "restarted engine continues its requests; service modes; empty disables"),
-    ("--engine-name", str, "engine", "name shown in the service's logs"),
-    ("--rpc-timeout", float, "5", "deadline in seconds of every call to the KV service"),
-    ("--attach-timeout", float, "5", "seconds to wait for the KV service at start (and for "
-     "each attach); the compose files wait 60"),
-    ("--heartbeat-interval", float, "1", "seconds between Session heartbeats"),
-    ("--admit-retry", float, "0.5", "seconds between admission retries while the service "
-     "has no capacity"),
-    ("--overlap", _bool, "1", "launch decode step t + 1 before step t's tokens reach the host "
-     "(0: wait for every step; debugging)"),
-    ("--skip-ahead", float, "5", "seconds smaller requests may pass a queue head that waits "
-     "for KV capacity"),
-    ("--max-queue-wait", float, "300", "seconds a request may wait for admission before it "
-     "fails with RESOURCE_EXHAUSTED; 0: no limit"),
-    ("--metrics-port", _optional_int, "", "serve Prometheus /metrics on this port; empty: off"),
-    ("--metrics-address", str, "127.0.0.1", "address of the /metrics endpoint"),
-    ("--log-level", str.upper, "INFO", "logging level"),
-]
-
-
-def _env_name(flag: str) -> str:
-    return "ENGINE_" + flag[2:].upper().replace("-", "_")
 
 
 def add_serve(sub: argparse._SubParsersAction, env: Mapping[str, str]) -> None:
@@ -110,13 +26,7 @@ def add_serve(sub: argparse._SubParsersAction, env: Mapping[str, str]) -> None:
                        "lease) and continues its requests; a client gets the rest with "
                        "`generate --resume REQUEST_ID` (tokens are replayed from index 0).",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    defaults = {"--uds": default_uds(dict(env), "hisparse-engine.sock"),
-                "--service": default_uds(dict(env), "hisparse-kv.sock")}
-    for flag, typ, default, text in SERVE_FLAGS:
-        value = env.get(_env_name(flag), defaults.get(flag, default))
-        p.add_argument(flag, type=typ, default=value, help=f"{text} [env {_env_name(flag)}]")
-    p.add_argument("--token", default=None, help="KV service token; prefer env ENGINE_TOKEN "
-                   "(flags are visible in ps)")
+    flags.add_arguments(p, EngineConfig, "ENGINE", env)
 
 
 def add_generate(sub: argparse._SubParsersAction, env: Mapping[str, str]) -> None:
@@ -152,23 +62,7 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
 
 
 def engine_config(args: argparse.Namespace, env: Mapping[str, str]) -> EngineConfig:
-    local = LocalLayout(max_requests=args.max_requests, hot_slots=args.hot_slots,
-                        window=args.window, page_size=args.page_size, num_pages=args.num_pages,
-                        max_context=args.max_context, index_format=args.index_format)
-    return EngineConfig(
-        kv_mode=args.kv_mode, uds=args.uds, tcp=args.tcp, service=args.service,
-        preset=args.preset, num_layers=args.num_layers, checkpoint=args.checkpoint,
-        weight_seed=args.weight_seed, device=args.device, kernels=args.kernels,
-        cuda_graphs=args.cuda_graphs, cpu_threads=args.cpu_threads, max_batch=args.max_batch, prefill_chunk=args.prefill_chunk,
-        local=local, state_file=args.state_file, engine_name=args.engine_name,
-        token=args.token or _optional(env.get("ENGINE_TOKEN", "")),
-        rpc_timeout=args.rpc_timeout, attach_timeout=args.attach_timeout,
-        heartbeat_interval=args.heartbeat_interval, admit_retry=args.admit_retry,
-        synthetic_context=args.synthetic_context, topk_source=args.topk_source,
-        overlap=args.overlap, skip_ahead=args.skip_ahead, max_queue_wait=args.max_queue_wait,
-        metrics_port=args.metrics_port, metrics_address=args.metrics_address,
-        row_format=args.row_format,
-        decode_microbatches=args.decode_microbatches)
+    return flags.build(EngineConfig, args, "ENGINE", env)
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -244,7 +138,7 @@ def _main(argv: Sequence[str] | None, env: Mapping[str, str] | None) -> int:
         cfg = engine_config(args, env)
     except ValueError as e:
         parser.error(str(e))
-    logging.basicConfig(level=args.log_level,
+    logging.basicConfig(level=cfg.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from engine_client.client import errors
     from engine_client.server import run

@@ -1,14 +1,17 @@
 """The engine's configuration: frozen, validated dataclasses built once in __main__ from flags
-(each flag's default comes from an ENGINE_* environment variable) and passed down explicitly."""
+and passed down explicitly. Each `setting` field is a flag of `serve` whose default comes from an
+ENGINE_* environment variable (contract.flags); `local`'s fields are flags too."""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from contract.layout import INDEX_FORMATS, ROW_FORMATS, KVLayout
+from contract.flags import setting
 from engine_client.preset import PRESETS
 
 KV_MODES = ("baseline", "embedded", "service", "service-remote-swap")
@@ -42,13 +45,13 @@ class LocalLayout:
     """Sizes of the KV memory the engine allocates itself in baseline and embedded modes
     (in service modes the service decides and the engine checks what it gets)."""
 
-    max_requests: int = 8
-    hot_slots: int = 64
-    window: int = 8
-    page_size: int = 16
-    num_pages: int = 256
-    max_context: int = 512
-    index_format: str = "bf16"
+    max_requests: int = setting(8, help="baseline/embedded: request slots of the local KV memory")
+    hot_slots: int = setting(64, help="embedded: hot rows per (layer, request)")
+    window: int = setting(8, help="embedded: newest tokens always resident")
+    page_size: int = setting(16, help="baseline/embedded: tokens per page")
+    num_pages: int = setting(256, help="embedded: pages of the host tier")
+    max_context: int = setting(512, help="baseline/embedded: most tokens per request")
+    index_format: str = setting("bf16", help="baseline/embedded: indexer key format, bf16 or fp8")
 
     def __post_init__(self) -> None:
         for name in ("max_requests", "hot_slots", "window", "page_size", "num_pages", "max_context"):
@@ -69,48 +72,65 @@ class LocalLayout:
 class EngineConfig:
     """Everything `python -m engine_client serve` can be told. See `--help` for each field."""
 
-    kv_mode: str = "baseline"
-    uds: str = ""
-    tcp: str | None = None
-    service: str = ""
-    preset: str = "tiny"
-    num_layers: int | None = None
-    checkpoint: str | None = None
-    weight_seed: int = 0
-    device: str = "auto"
-    kernels: str = "auto"
-    cuda_graphs: bool = True
-    cpu_threads: int = 1
-    max_batch: int = 8
-    prefill_chunk: int = 32
+    kv_mode: str = setting("service", help=f"where KV lives: {', '.join(KV_MODES)}")
+    uds: str = setting("", help="Unix socket path the engine listens on",
+                       cli_default=lambda env: default_uds(dict(env), "hisparse-engine.sock"))
+    tcp: str | None = setting(None, help="also listen on HOST:PORT (insecure)")
+    service: str = setting("", help="KV service address (socket path, unix:PATH or HOST:PORT); "
+                           "service modes only",
+                           cli_default=lambda env: default_uds(dict(env), "hisparse-kv.sock"))
+    preset: str = setting("tiny", help="model shapes: tiny, bench or v32")
+    num_layers: int | None = setting(None, help="override the preset's layer count")
+    checkpoint: str | None = setting(None, help="safetensors file or directory (DeepSeek-V3.2 "
+                                     "names); empty: seeded random weights")
+    weight_seed: int = setting(0, help="seed of the random weights")
+    device: str = setting("auto", help=f"{', '.join(DEVICES)}; service modes use the service's GPU")
+    kernels: str = setting("auto", help=f"{', '.join(KERNELS)}: auto is Triton on CUDA and the "
+                           "torch references on CPU (Triton's interpreter is ~30x slower)")
+    cuda_graphs: bool = setting(True, help="capture the decode step as CUDA graphs per batch bucket")
+    cpu_threads: int = setting(1, help="torch CPU threads; more than the free cores makes OpenMP "
+                               "spin against the KV service and slows CPU mode down by 10-30x")
+    max_batch: int = setting(8, help="most requests admitted and decoded together")
+    prefill_chunk: int = setting(32, help="prompt tokens per prefill chunk (one chunk per step)")
     local: LocalLayout = field(default_factory=LocalLayout)
-    state_file: str | None = None
-    engine_name: str = "engine"
-    token: str | None = field(default=None, repr=False)
-    rpc_timeout: float = 5.0
-    attach_timeout: float = 10.0
-    heartbeat_interval: float = 1.0
-    admit_retry: float = 0.5
-    # Benchmark hooks (bench/e2e.py): every prompt is preceded by this many synthetic context
-    # tokens (KVBackend.fill_synthetic instead of a prefill), and decode top-k comes from
-    # "indexer" or a source factory "MODULE:FUNC[:JSON kwargs]" (e.g. bench.trace:trace_source).
-    synthetic_context: int = 0
-    topk_source: str = "indexer"
-    # The engine loop (engine_client/engine.py): overlap launches step t + 1 before step t's
-    # tokens reach the host; off, every step is waited for (debugging, equality tests).
-    overlap: bool = True
-    # Queue policy (engine_client/scheduler.py): smaller requests may pass a head refused for
-    # capacity for skip_ahead seconds; a request waits at most max_queue_wait (0: no limit).
-    skip_ahead: float = 5.0
-    max_queue_wait: float = 300.0
-    # Prometheus /metrics of the engine; None: not served.
-    metrics_port: int | None = None
-    metrics_address: str = "127.0.0.1"
-    # KV row format ("bf16" / "fp8"); None: the preset's (v32: fp8). Must match the service's.
-    row_format: str | None = None
-    # embedded/service: decode parts whose miss copy overlaps the other parts' compute on a
-    # side stream (HiSparseBackend.microbatches); 1 = off.
-    decode_microbatches: int = 1
+    state_file: str | None = setting(None, help="resume state (session id, prompts, tokens, "
+                                     "seeds) so a restarted engine continues its requests; "
+                                     "service modes; empty disables")
+    engine_name: str = setting("engine", help="name shown in the service's logs")
+    token: str | None = setting(None, secret=True, help="KV service token; prefer the env "
+                                "variable (flags are visible in ps)")
+    rpc_timeout: float = setting(5.0, help="deadline in seconds of every call to the KV service")
+    attach_timeout: float = setting(5.0, help="seconds to wait for the KV service at start (and "
+                                    "for each attach); the compose files wait 60")
+    heartbeat_interval: float = setting(1.0, help="seconds between Session heartbeats")
+    admit_retry: float = setting(0.5, help="seconds between admission retries while the "
+                                 "service has no capacity")
+    # Benchmark hooks (bench/e2e.py): KVBackend.fill_synthetic instead of a prefill, and a top-k
+    # source factory "MODULE:FUNC[:JSON kwargs]".
+    synthetic_context: int = setting(0, help="benchmarks: prefix every prompt with this many "
+                                     "synthetic context tokens, filled with random KV instead "
+                                     "of a prefill")
+    topk_source: str = setting("indexer", help="benchmarks: decode top-k from the model's "
+                               "indexer, or from MODULE:FUNC[:JSON] (e.g. bench.trace:trace_source)")
+    # The engine loop (engine_client/engine.py).
+    overlap: bool = setting(True, help="launch decode step t + 1 before step t's tokens reach "
+                            "the host (0: wait for every step; debugging)")
+    # Queue policy (engine_client/scheduler.py).
+    skip_ahead: float = setting(5.0, help="seconds smaller requests may pass a queue head that "
+                                "waits for KV capacity")
+    max_queue_wait: float = setting(300.0, help="seconds a request may wait for admission "
+                                    "before it fails with RESOURCE_EXHAUSTED; 0: no limit")
+    metrics_port: int | None = setting(None, help="serve Prometheus /metrics on this port; "
+                                       "empty: off")
+    metrics_address: str = setting("127.0.0.1", help="address of the /metrics endpoint")
+    row_format: str | None = setting(None, help="KV row format, bf16 (1152 B) or fp8 (656 B, "
+                                     "DeepSeek-V3.2's FlashMLA rows); empty: the preset's (v32: "
+                                     "fp8); service modes: must match the service")
+    # HiSparseBackend.microbatches.
+    decode_microbatches: int = setting(1, help="embedded/service: split each decode step into "
+                                       "this many parts whose host->GPU miss copy overlaps the "
+                                       "other parts' compute; 1 = off")
+    log_level: str = setting("INFO", help="logging level", parse=str.upper)
 
     def __post_init__(self) -> None:
         if self.kv_mode not in KV_MODES:
@@ -163,6 +183,8 @@ class EngineConfig:
             raise ValueError(f"decode_microbatches must be in 1..64, got {self.decode_microbatches}")
         if self.topk_source != "indexer" and ":" not in self.topk_source:
             raise ValueError(f"topk_source must be 'indexer' or MODULE:FUNC, got {self.topk_source!r}")
+        if self.log_level not in logging.getLevelNamesMapping():
+            raise ValueError(f"log_level must be a logging level name, got {self.log_level!r}")
 
     @property
     def uses_service(self) -> bool:

@@ -26,8 +26,9 @@ from typing import Any, TypeVar
 
 import grpc
 
+from contract import flags
 from engine_client.client import errors
-from engine_client.config import DemoConfig, GenerateConfig
+from engine_client.config import DemoConfig, GenerateConfig, LocalLayout
 from engine_client.decode_client import GenerationResult, generate_stream
 from engine_client.procs import (
     ChildFailed,
@@ -40,14 +41,10 @@ from engine_client.procs import (
 SHM_DIR = "/dev/shm"
 # Tiny preset (2 layers, top-k 16). A request of 24 + 24 tokens exceeds the 32 hot slots, so
 # decoding goes through the host tier: hits, misses and bytes moved are all exercised.
-LAYOUT = {"num-layers": 2, "topk": 16, "max-requests": 8, "hot-slots": 32, "window": 8,
-          "page-size": 16, "num-pages": 64, "max-context": 256}
+LOCAL = LocalLayout(max_requests=8, hot_slots=32, window=8, page_size=16, num_pages=64,
+                    max_context=256)
+LAYOUT = LOCAL.layout(num_layers=2, topk=16)
 T = TypeVar("T")
-ENGINE_LAYOUT = ("max-requests", "hot-slots", "window", "page-size", "num-pages", "max-context")
-
-
-def _flags(names: tuple[str, ...] | None = None) -> list[str]:
-    return [x for k, v in LAYOUT.items() if names is None or k in names for x in (f"--{k}", str(v))]
 
 
 class Progress:
@@ -129,10 +126,10 @@ def _start(cfg: DemoConfig, workdir: str, instance: str, children: list[ManagedP
     """Start the children; each one goes to the front of `children` (stop order) once started.
     ChildFailed as soon as `abort()` says so."""
     svc = None
-    extra = ["--max-batch", str(min(cfg.requests, LAYOUT["max-requests"]))]
+    extra = ["--max-batch", str(min(cfg.requests, LOCAL.max_requests))]
     if cfg.kv_mode.startswith("service"):
-        svc = service_process(workdir, instance, _flags(), device=cfg.device, shm_dir=SHM_DIR,
-                              extra=["--lease-seconds", "5", "--drain-timeout", "2"]).start()
+        svc = service_process(workdir, instance, flags.to_flags(LAYOUT), device=cfg.device,
+                              shm_dir=SHM_DIR, extra=["--lease-seconds", "5", "--drain-timeout", "2"]).start()
         children.insert(0, svc)
         print(f"kv_service pid {svc.pid} on {svc.target}", flush=True)
         svc.wait_serving(cfg.startup_timeout, abort)
@@ -140,7 +137,7 @@ def _start(cfg: DemoConfig, workdir: str, instance: str, children: list[ManagedP
         eng = engine_process(workdir, cfg.kv_mode, service_uds=service_uds, extra=extra)
     else:
         eng = engine_process(workdir, cfg.kv_mode,
-                             extra=extra + ["--device", cfg.device] + _flags(ENGINE_LAYOUT))
+                             extra=extra + ["--device", cfg.device] + flags.to_flags(LOCAL))
     if abort():
         raise ChildFailed("start-up abandoned")
     eng.start()

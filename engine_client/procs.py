@@ -1,5 +1,7 @@
-"""Child processes of the demo (and of the multi-process tests): a KV service and an engine on
-sockets in a temporary directory, ready when their grpc health says SERVING.
+"""The one process supervisor of the demo, the benchmarks and the multi-process tests: a KV
+service or an engine as a child process on a socket in a temporary directory, ready when its
+grpc health says SERVING, stopped with SIGTERM (then SIGKILL), and ended by the kernel if the
+process that started it dies.
 
 Readiness is watched through grpc.health.v1 Watch with short deadlines, checking between two
 watches that the child is still alive, so a child that dies at start-up fails fast with its log.
@@ -19,8 +21,6 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from engine_client.client import errors
-
 REPO_ROOT = Path(__file__).resolve().parent.parent
 KV_SERVICE_NAME = "kvcache.v1.KVCacheService"
 ENGINE_SERVICE_NAME = "decode.v1.DecodeService"
@@ -37,6 +37,10 @@ def _die_with_parent() -> None:
     when the forking *thread* ends: start children from a thread that lives as long as they.)"""
     if _LIBC is not None:
         _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+# Health watch outcomes that only mean "not yet": no socket, or no change within the window.
+_NOT_YET = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 
 
 class ChildFailed(RuntimeError):
@@ -71,13 +75,15 @@ class ManagedProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def log(self, tail: int = 4000) -> str:
+    def log(self, tail: int | None = 4000) -> str:
+        """The last `tail` characters of the child's output (None: all of it)."""
         try:
-            return Path(self.log_path).read_text(errors="replace")[-tail:]
+            text = Path(self.log_path).read_text(errors="replace")
+            return text if tail is None else text[-tail:]
         except FileNotFoundError:
             return ""
 
-    def wait_serving(self, timeout: float,
+    def wait_serving(self, timeout: float = 60.0,
                      abort: Callable[[], bool] | None = None) -> "ManagedProcess":
         """Block until health reports SERVING; ChildFailed if the child dies or time runs out."""
         return self.wait_status(health_pb2.HealthCheckResponse.SERVING, timeout, abort)
@@ -96,21 +102,37 @@ class ManagedProcess:
                 if abort is not None and abort():
                     raise ChildFailed(f"{self.name}: start-up abandoned")
                 window = min(1.0, max(0.05, deadline - time.monotonic()))
-                try:
-                    with errors.rpc_errors(f"{self.name} health"):
-                        for reply in stub.Watch(request, timeout=window, wait_for_ready=True):
-                            if reply.status == status:
-                                return self
-                except errors.ServiceUnavailable:
-                    continue  # not listening yet, or no change within the window
-                except errors.KVClientError as e:
-                    raise ChildFailed(str(e)) from e
+                if self._watch_once(stub, request, status, window):
+                    return self
         raise ChildFailed(f"{self.name} not in health status {status} after {timeout:g}s:\n"
                           f"{self.log()}")
+
+    def _watch_once(self, stub: health_pb2_grpc.HealthStub,
+                    request: health_pb2.HealthCheckRequest, status: int, window: float) -> bool:
+        """Whether health reports `status` within `window` (False: not listening yet, or no
+        change in time); ChildFailed on any other failure of the watch."""
+        try:
+            for reply in stub.Watch(request, timeout=window, wait_for_ready=True):
+                if reply.status == status:
+                    return True
+            return False
+        except grpc.RpcError as e:
+            # The failed call is its own exception and grpc's frames in its traceback refer to
+            # it: drop the traceback, or that cycle keeps our caller's frames (and whatever
+            # they hold, e.g. mapped memory) alive until the next gc.
+            e.__traceback__ = None
+            if e.code() in _NOT_YET:
+                return False
+            raise ChildFailed(f"{self.name} health: {e.code().name}: {e.details()}") from None
 
     def signal(self, sig: int) -> None:
         if self.alive():
             self.proc.send_signal(sig)
+
+    def wait_exit(self, timeout: float = 30.0) -> int:
+        """The exit status once the child ends by itself (subprocess.TimeoutExpired if not)."""
+        assert self.proc is not None
+        return self.proc.wait(timeout)
 
     def stop(self, timeout: float = 15.0) -> int:
         """SIGTERM and wait; SIGKILL if it does not exit in time. Returns the exit status."""
@@ -130,17 +152,33 @@ class ManagedProcess:
             self.proc.wait(10)
 
 
-def service_process(workdir: str, instance: str, layout_flags: Sequence[str], *,
-                    device: str = "cpu", shm_dir: str = "/dev/shm",
-                    extra: Sequence[str] = ()) -> ManagedProcess:
-    uds = os.path.join(workdir, "kv.sock")
-    args = [sys.executable, "-m", "kv_service", "--uds", uds, "--device", device,
+def service_command(uds: str, instance: str, layout_flags: Sequence[str], *, device: str,
+                    shm_dir: str, extra: Sequence[str] = ()) -> list[str]:
+    """`python -m kv_service` on `uds`; flags later in the list (`extra`) win."""
+    return [sys.executable, "-m", "kv_service", "--uds", uds, "--device", device,
             "--instance", instance, "--shm-dir", shm_dir, *layout_flags, *extra]
-    env = dict(os.environ)
+
+
+def service_env(token: str | None = None) -> dict[str, str]:
+    """The service child's environment: ours without KVS_* (the command line says it all),
+    plus its token, which stays out of `ps`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVS_")}
     # Its CPU work is bookkeeping: OpenMP threads would only spin against the engine's.
     env.setdefault("OMP_NUM_THREADS", "1")
+    if token:
+        env["KVS_TOKEN"] = token
+    return env
+
+
+def service_process(workdir: str, instance: str, layout_flags: Sequence[str], *,
+                    device: str = "cpu", shm_dir: str = "/dev/shm",
+                    extra: Sequence[str] = (), token: str | None = None) -> ManagedProcess:
+    """`layout_flags`: contract.flags.to_flags(layout)."""
+    uds = os.path.join(workdir, "kv.sock")
+    args = service_command(uds, instance, layout_flags, device=device, shm_dir=shm_dir,
+                           extra=extra)
     return ManagedProcess("kv_service", args, os.path.join(workdir, "kv_service.log"),
-                          f"unix:{uds}", KV_SERVICE_NAME, env=env)
+                          f"unix:{uds}", KV_SERVICE_NAME, env=service_env(token))
 
 
 def engine_process(workdir: str, kv_mode: str, *, service_uds: str = "", name: str = "engine",

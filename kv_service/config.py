@@ -3,11 +3,13 @@ passed down explicitly."""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+from contract.flags import setting
 from contract.layout import KVLayout
 
 # sun_path of a sockaddr_un holds 108 bytes including the terminating NUL.
@@ -23,25 +25,42 @@ def default_uds_path(env: dict[str, str]) -> str:
     return str(Path(base) / "hisparse-kv.sock")
 
 
+# DeepSeek-V3.2-shaped: the service's layout when no flag or env says otherwise.
+DEFAULT_LAYOUT = KVLayout(num_layers=61, max_requests=64, hot_slots=4096, window=128, topk=2048,
+                          page_size=64, num_pages=2048, max_context=131072)
+LOG_LEVELS = tuple(logging.getLevelNamesMapping())
+
+
 @dataclass(frozen=True)
 class ServiceConfig:
-    """Everything `python -m kv_service` can be told. See `--help` for each field's meaning."""
+    """Everything `python -m kv_service` can be told: each field is a flag and a KVS_* env
+    variable (contract.flags), the layout's fields included."""
 
-    layout: KVLayout
-    uds: str
-    tcp: str | None = None
-    device: str = "auto"
-    token: str | None = field(default=None, repr=False)
-    lease_seconds: float = 30.0
-    drain_timeout: float = 30.0
-    metrics_port: int | None = None
+    layout: KVLayout = DEFAULT_LAYOUT
+    uds: str = setting("", help="Unix socket path to listen on",
+                       cli_default=lambda env: default_uds_path(dict(env)))
+    tcp: str | None = setting(None, help="also listen on HOST:PORT (insecure; use with a token)")
+    device: str = setting("auto", help="auto, cpu or cuda (pick the GPU with CUDA_VISIBLE_DEVICES)")
+    token: str | None = setting(None, secret=True, help="shared secret; clients send "
+                                "'authorization: Bearer <token>'. Prefer the env variable: "
+                                "flags are visible in ps")
+    lease_seconds: float = setting(30.0, help="how long a session's requests survive without "
+                                   "an open Session stream (engine restart window)")
+    drain_timeout: float = setting(30.0, help="on SIGTERM, seconds to wait for admitted "
+                                   "requests to be released before stopping")
+    metrics_port: int | None = setting(None, help="serve Prometheus /metrics on this port; "
+                                       "empty disables")
     # Loopback by default: the metrics page needs no token and names sessions' load.
-    metrics_address: str = "127.0.0.1"
-    shm_dir: str = "/dev/shm"
-    instance: str = "hisparse-kv"
-    socket_mode: int = 0o600
-    max_message_bytes: int = 4 * 1024 * 1024
-    warmup: bool = True
+    metrics_address: str = setting("127.0.0.1", help="address the metrics port binds: 127.0.0.1 "
+                                   "keeps it on this host; 0.0.0.0 or :: exposes it (it has no auth)")
+    shm_dir: str = setting("/dev/shm", help="directory of the shared-memory segment files")
+    instance: str = setting("hisparse-kv", help="instance name, part of segment file names")
+    socket_mode: int = setting(0o600, help="socket file mode, 600 or 660 (octal)",
+                               parse=lambda text: int(text, 8), show=lambda mode: f"{mode:o}")
+    max_message_bytes: int = setting(4 * 1024 * 1024, help="largest gRPC message accepted or sent")
+    warmup: bool = setting(True, help="on CUDA, compile and run the swap kernels once before "
+                           "reporting SERVING (0 disables)")
+    log_level: str = setting("INFO", help="logging level", parse=str.upper)
 
     def __post_init__(self) -> None:
         if not self.uds:
@@ -72,3 +91,5 @@ class ServiceConfig:
             raise ValueError(f"socket_mode must be 0600 or 0660, got {oct(self.socket_mode)}")
         if not 64 * 1024 <= self.max_message_bytes <= 1 << 30:
             raise ValueError(f"max_message_bytes must be in [64 KiB, 1 GiB], got {self.max_message_bytes}")
+        if self.log_level not in LOG_LEVELS:
+            raise ValueError(f"log_level must be one of {LOG_LEVELS}, got {self.log_level!r}")

@@ -1,9 +1,9 @@
 """Multi-process fixtures of the engine tests: a `python -m kv_service` and `python -m
 engine_client serve` on sockets in a short temp dir, ready when grpc health says SERVING.
 
-The service side reuses tests/service_harness.ServiceProcess (its own shm dir per service, so
-leftover segment files are easy to check); engines come from engine_client.procs, the code the
-demo uses.
+Both run under the supervisor of engine_client.procs, the code the demo and the benchmarks use;
+tests/service_harness.ServiceProcess adds a channel and its own shm dir per service (so leftover
+segment files are easy to check).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from contextlib import contextmanager
 import grpc
 
 from contract.layout import KVLayout
+from contract import flags
 from engine_client.config import EngineConfig, LocalLayout
 from engine_client.procs import ManagedProcess, engine_process
 from proto.kvcache.v1 import kvcache_pb2 as kpb
@@ -32,12 +33,6 @@ LAYOUT = LOCAL.layout(num_layers=2, topk=16)
 
 def layout_with(**changes) -> KVLayout:
     return KVLayout(**{**LAYOUT.to_dict(), **changes})
-
-
-def local_flags(local: LocalLayout = LOCAL) -> list[str]:
-    return [x for name in ("max_requests", "hot_slots", "window", "page_size", "num_pages",
-                           "max_context")
-            for x in (f"--{name.replace('_', '-')}", str(getattr(local, name)))]
 
 
 @contextmanager
@@ -65,9 +60,9 @@ def start_service(path: str, layout: KVLayout = LAYOUT, lease: float = 30.0,
 def start_engine(path: str, kv_mode: str, service: ServiceProcess | None = None,
                  name: str = "engine", extra: tuple[str, ...] = (),
                  device: str = "cpu") -> ManagedProcess:
-    flags = list(extra) + ([] if service else local_flags())
+    local = [] if service else flags.to_flags(LOCAL)
     eng = engine_process(path, kv_mode, service_uds=service.uds if service else "", name=name,
-                         extra=["--device", device, "--rpc-timeout", "3", *flags])
+                         extra=["--device", device, "--rpc-timeout", "3", *local, *extra])
     return eng.start().wait_serving(STARTUP[device])
 
 

@@ -1,31 +1,27 @@
-"""Start `python -m kv_service` as a subprocess on a temp UDS and talk to it with the generated
-client. Readiness comes from grpc health (Watch with a deadline), never from sleeping."""
+"""Start `python -m kv_service` as a subprocess on a temp UDS (engine_client.procs supervises
+it) and talk to it with the generated client. Readiness comes from grpc health (Watch with a
+deadline), never from sleeping."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import queue
-import signal
 import socket
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from contract import flags
+from engine_client.procs import KV_SERVICE_NAME, ManagedProcess, service_command, service_env
 from contract.layout import KVLayout
 from proto.kvcache.v1 import kvcache_pb2 as pb
 from proto.kvcache.v1 import kvcache_pb2_grpc as pb_grpc
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 TINY = KVLayout(num_layers=2, max_requests=4, hot_slots=16, window=4, topk=8, page_size=4,
                 num_pages=32, max_context=64)
-SERVICE = "kvcache.v1.KVCacheService"
+SERVICE = KV_SERVICE_NAME
 
 
 def short_tmpdir(prefix: str) -> str:
@@ -39,16 +35,9 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def layout_flags(layout: KVLayout) -> list[str]:
-    flags = []
-    for name, value in layout.to_dict().items():
-        if name != "version":
-            flags += [f"--{name.replace('_', '-')}", str(value)]
-    return flags
-
-
-class ServiceProcess:
-    """One service subprocess with its own socket, shm dir and log."""
+class ServiceProcess(ManagedProcess):
+    """One service subprocess with its own socket, shm dir and log, under the shared supervisor
+    (engine_client.procs), plus a channel to talk to it."""
 
     def __init__(self, workdir: str, instance: str, *extra: str, token: str | None = None,
                  layout: KVLayout = TINY, shm_dir: str | None = None) -> None:
@@ -56,28 +45,17 @@ class ServiceProcess:
         self.uds = os.path.join(workdir, "kv.sock")
         self.shm_dir = shm_dir or os.path.join(workdir, "shm")
         os.makedirs(self.shm_dir, exist_ok=True)
-        self.log_path = os.path.join(workdir, f"{instance}.log")
-        self.instance = instance
-        self.token = token
-        self.layout = layout
-        self.args = [sys.executable, "-m", "kv_service", "--uds", self.uds, "--device", "cpu",
-                     "--shm-dir", self.shm_dir, "--instance", instance, *layout_flags(layout),
-                     *extra]
-        self.proc: subprocess.Popen | None = None
+        self.instance, self.token, self.layout = instance, token, layout
+        args = service_command(self.uds, instance, flags.to_flags(layout), device="cpu",
+                               shm_dir=self.shm_dir, extra=extra)
+        super().__init__("kv_service", args, os.path.join(workdir, f"{instance}.log"),
+                         f"unix:{self.uds}", KV_SERVICE_NAME, env=service_env(token))
         self.channel: grpc.Channel | None = None
 
     def start(self) -> ServiceProcess:
-        # Keep any PYTHONPATH already set (packages outside site-packages, as on the GPU box).
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p))
-        env.pop("KVS_TOKEN", None)
-        if self.token:
-            env["KVS_TOKEN"] = self.token
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.args, cwd=REPO_ROOT, env=env, stdout=log,
-                                         stderr=subprocess.STDOUT)
+        super().start()
         # The socket appears only once the service listens: retry connecting fast meanwhile.
-        self.channel = grpc.insecure_channel(f"unix:{self.uds}", options=[
+        self.channel = grpc.insecure_channel(self.target, options=[
             ("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),
             ("grpc.max_reconnect_backoff_ms", 200)])
         return self
@@ -92,64 +70,34 @@ class ServiceProcess:
     def health_statuses(self, timeout: float = 30.0) -> Iterator[int]:
         """Health statuses of the KV service as they change; the first one at once."""
         stub = health_pb2_grpc.HealthStub(self.channel)
-        watch = stub.Watch(health_pb2.HealthCheckRequest(service=SERVICE), timeout=timeout,
-                           wait_for_ready=True)
+        watch = stub.Watch(health_pb2.HealthCheckRequest(service=KV_SERVICE_NAME),
+                           timeout=timeout, wait_for_ready=True)
         for reply in watch:
             yield reply.status
 
-    def wait_status(self, status: int, timeout: float = 30.0) -> None:
-        """Watch health in short windows so a service that died is reported at once, log and all."""
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise AssertionError(f"service exited with {self.proc.returncode}\n{self.log()}")
-            window = min(2.0, deadline - time.monotonic())
-            if window <= 0:
-                raise AssertionError(f"health never reached {status} in {timeout}s\n{self.log()}")
-            try:
-                if any(seen == status for seen in self.health_statuses(window)):
-                    return
-            except grpc.RpcError as exc:
-                if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
-                    # A stopping service closes its socket before it logs why: let it finish.
-                    if self.proc is not None:
-                        with contextlib.suppress(subprocess.TimeoutExpired):
-                            self.proc.wait(10)
-                    raise AssertionError(f"health watch failed: {exc.code()}, service exit "
-                                         f"{self.proc and self.proc.poll()}\n{self.log()}") from exc
-
-    def wait_serving(self, timeout: float = 30.0) -> ServiceProcess:
-        self.wait_status(health_pb2.HealthCheckResponse.SERVING, timeout)
-        return self
-
-    def signal(self, sig: int) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-
     def wait_exit(self, timeout: float = 30.0) -> int:
-        assert self.proc is not None
         try:
-            return self.proc.wait(timeout)
+            return super().wait_exit(timeout)
         finally:
-            if self.channel is not None:
-                self.channel.close()
+            self._close_channel()
 
     def stop(self, timeout: float = 30.0) -> int:
-        if self.proc is None or self.proc.poll() is not None:
-            return self.proc.returncode if self.proc else 0
-        self.signal(signal.SIGTERM)
-        return self.wait_exit(timeout)
+        try:
+            return super().stop(timeout)
+        finally:
+            self._close_channel()
 
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
+    def _close_channel(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
 
     def segment_files(self) -> list[str]:
         return sorted(os.listdir(self.shm_dir))
 
-    def log(self) -> str:
-        return Path(self.log_path).read_text(errors="replace")
+    def log(self, tail: int | None = None) -> str:
+        """The whole log by default: tests look for lines written at start-up."""
+        return super().log(tail)
 
 
 class SessionClient:

@@ -22,12 +22,12 @@ def test_presets_default_row_formats() -> None:
 
 
 def test_engine_row_format_overrides_the_preset() -> None:
-    cfg = EngineConfig(uds="/tmp/x.sock", preset="v32", num_layers=2)
+    cfg = EngineConfig(kv_mode="baseline", uds="/tmp/x.sock", preset="v32", num_layers=2)
     assert model_config(cfg).row_format == "fp8"
-    cfg = EngineConfig(uds="/tmp/x.sock", preset="v32", num_layers=2, row_format="bf16")
+    cfg = EngineConfig(kv_mode="baseline", uds="/tmp/x.sock", preset="v32", num_layers=2, row_format="bf16")
     assert model_config(cfg).row_format == "bf16"
     with pytest.raises(ValueError, match="row_format"):
-        EngineConfig(uds="/tmp/x.sock", row_format="int4")
+        EngineConfig(kv_mode="baseline", uds="/tmp/x.sock", row_format="int4")
 
 
 def test_flags_and_env(monkeypatch) -> None:

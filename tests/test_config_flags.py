@@ -1,0 +1,137 @@
+"""Each setting is declared once, as a config dataclass field: its flag, env variable, help and
+default all come from there (contract.flags), and `to_flags` goes back from a config to flags."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+
+from contract import flags
+from engine_client.__main__ import add_serve, engine_config
+from engine_client.config import EngineConfig, LocalLayout
+from kv_service.__main__ import build_parser, parse
+from kv_service.config import DEFAULT_LAYOUT, ServiceConfig
+from contract.layout import KVLayout
+
+CONFIGS = [(ServiceConfig, "KVS"), (EngineConfig, "ENGINE")]
+
+
+def _serve_parser(env: dict[str, str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="engine")
+    add_serve(parser.add_subparsers(dest="command"), env)
+    return parser
+
+
+def _engine(argv: list[str], env: dict[str, str]) -> EngineConfig:
+    return engine_config(_serve_parser(env).parse_args(["serve", *argv]), env)
+
+
+def _leaf_fields(cls: type) -> list[dataclasses.Field]:
+    out = []
+    for f in dataclasses.fields(cls):
+        if f.name in ("layout", "local"):
+            out += _leaf_fields({"layout": KVLayout, "local": LocalLayout}[f.name])
+        elif f.name != "version":  # the layout's wire version is no setting
+            out.append(f)
+    return out
+
+
+def _actions(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    """The parser's options by flag, those of a `serve` subcommand included."""
+    out = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            out.update(_actions(action.choices["serve"]))
+        out.update({flag: action for flag in action.option_strings})
+    return out
+
+
+@pytest.mark.parametrize("cls,prefix", CONFIGS)
+def test_every_field_has_a_flag_an_env_variable_and_help(cls: type, prefix: str) -> None:
+    actions = _actions(build_parser({}) if cls is ServiceConfig else _serve_parser({}))
+    fields = _leaf_fields(cls)
+    assert len(fields) > 20
+    for f in fields:
+        assert f.metadata.get("help"), f"{cls.__name__}.{f.name} has no help"
+        action = actions[flags.flag_name(f.name)]
+        assert action.help.endswith(f"[env {prefix}_{f.name.upper()}]"), f.name
+        assert action.dest == f.name
+
+
+def test_flag_beats_env_beats_default() -> None:
+    assert parse([], {})[0].lease_seconds == 30.0
+    assert parse([], {"KVS_LEASE_SECONDS": "7"})[0].lease_seconds == 7.0
+    assert parse(["--lease-seconds", "3"], {"KVS_LEASE_SECONDS": "7"})[0].lease_seconds == 3.0
+    # Nested (layout) settings, bools and optionals follow the same rule.
+    assert parse([], {})[0].layout == DEFAULT_LAYOUT
+    assert parse(["--topk", "64"], {"KVS_TOPK": "32"})[0].layout.topk == 64
+    assert parse([], {"KVS_WARMUP": "no"})[0].warmup is False
+    assert parse([], {"KVS_METRICS_PORT": "9100"})[0].metrics_port == 9100
+    assert parse(["--metrics-port", ""], {"KVS_METRICS_PORT": "9100"})[0].metrics_port is None
+    env = {"ENGINE_MAX_BATCH": "3", "ENGINE_HOT_SLOTS": "40", "ENGINE_OVERLAP": "0",
+           "ENGINE_TOKEN": "secret-env"}
+    cfg = _engine(["--max-batch", "5"], env)
+    assert (cfg.max_batch, cfg.local.hot_slots, cfg.overlap, cfg.token) == (5, 40, False, "secret-env")
+    assert _engine(["--token", "flag-token"], env).token == "flag-token"
+    default = _engine([], {})
+    assert (default.kv_mode, default.attach_timeout, default.num_layers) == ("service", 5.0, None)
+    assert default.uds.endswith("hisparse-engine.sock")
+
+
+def test_secrets_stay_out_of_help_and_flags() -> None:
+    env = {"KVS_TOKEN": "sekrit-value"}
+    assert "sekrit-value" not in build_parser(env).format_help()
+    config = parse([], env)[0]
+    assert config.token == "sekrit-value"
+    assert "--token" not in flags.to_flags(config) and "sekrit-value" not in repr(config)
+
+
+@pytest.mark.parametrize("env,needle", [
+    ({"KVS_NUM_LAYERS": "many"}, "KVS_NUM_LAYERS"),
+    ({"KVS_WARMUP": "maybe"}, "KVS_WARMUP"),
+    ({"KVS_SOCKET_MODE": "9"}, "KVS_SOCKET_MODE"),
+    ({"KVS_LEASE_SECONDS": "-1"}, "lease_seconds"),
+    ({"KVS_LOG_LEVEL": "chatty"}, "log_level"),
+])
+def test_bad_env_values_are_usage_errors(env: dict[str, str], needle: str,
+                                         capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as err:
+        parse([], env)
+    assert err.value.code == 2
+    message = capsys.readouterr().err
+    assert needle in message and "Traceback" not in message
+
+
+def test_bad_engine_env_value_names_its_variable(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        _engine([], {"ENGINE_CUDA_GRAPHS": "perhaps"})
+    assert "ENGINE_CUDA_GRAPHS" in capsys.readouterr().err
+
+
+def test_a_flag_overrides_a_bad_env_value() -> None:
+    assert parse(["--num-layers", "3"], {"KVS_NUM_LAYERS": "many"})[0].layout.num_layers == 3
+
+
+@pytest.mark.parametrize("config,prefix", [
+    (ServiceConfig(layout=dataclasses.replace(DEFAULT_LAYOUT, num_layers=3, row_format="fp8"),
+                   uds="/tmp/x.sock", tcp="127.0.0.1:5", metrics_port=9, socket_mode=0o660,
+                   warmup=False, lease_seconds=2.5),
+     "KVS"),
+    (EngineConfig(uds="/tmp/e.sock", service="/tmp/s.sock", num_layers=4, overlap=False,
+                  local=LocalLayout(hot_slots=48, index_format="fp8"), skip_ahead=0.25),
+     "ENGINE"),
+])
+def test_to_flags_round_trips_a_config(config: object, prefix: str) -> None:
+    argv = flags.to_flags(config)
+    parsed = parse(argv, {})[0] if prefix == "KVS" else _engine(argv, {})
+    assert parsed == config
+
+
+def test_layout_flags_are_the_layout_fields() -> None:
+    layout = KVLayout(num_layers=2, max_requests=4, hot_slots=16, window=4, topk=8, page_size=4,
+                      num_pages=32, max_context=64)
+    argv = flags.to_flags(layout)
+    assert argv[:4] == ["--num-layers", "2", "--max-requests", "4"] and "--version" not in argv
+    assert parse(argv, {})[0].layout == layout
