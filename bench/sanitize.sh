@@ -3,6 +3,7 @@
 # tiny preset, CUDA graphs, Triton kernels, cancels / stop tokens / admissions at every step).
 # Prints the test result and the sanitizer's error count; logs go to $OUT (or ./.gpuout).
 # Usage: bash bench/sanitize.sh            STRESS_STEPS=300 by default (memcheck is ~10-50x slower)
+#        SANITIZE_K="gpu and embedded" bash ...   one KV mode only (pytest -k)
 #        SANITIZE_NO_CACHING=1 bash ...    also bypass torch's caching allocator, so an access past
 #                                          a tensor inside a pooled block is caught too
 set -uo pipefail
@@ -16,7 +17,7 @@ if [ -z "$SAN" ]; then echo "compute-sanitizer not found (CUDA toolkit bin/)"; e
 LOG="$OUT/memcheck.log"
 "$SAN" --tool memcheck --target-processes all --log-file "$LOG" \
   python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 3000 \
-  tests/test_engine_stress.py -k gpu 2>&1 | tee "$OUT/sanitize_pytest.log" | tail -5
+  tests/test_engine_stress.py -k "${SANITIZE_K:-gpu}" 2>&1 | tee "$OUT/sanitize_pytest.log" | tail -5
 rc=${PIPESTATUS[0]}
 errors=$(grep -Eo "ERROR SUMMARY: [0-9]+ error" "$LOG" | awk '{s += $3} END {print s + 0}')
 summaries=$(grep -c "ERROR SUMMARY" "$LOG")

@@ -14,6 +14,7 @@ t + 1 before step t's tokens reach the host (overlap). The engine writes it afte
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -160,7 +161,15 @@ class DecodeRunner:
             torch.cuda.current_stream(dev).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             # thread_local: CUDA work of the engine's other threads must not abort the capture.
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-                self._body(bs)
+            # No garbage collection inside it: a collected pinned tensor (an earlier engine's in
+            # the same process) queries CUDA events on free, which invalidates a capture.
+            gc_was_on = gc.isenabled()
+            gc.disable()
+            try:
+                with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+                    self._body(bs)
+            finally:
+                if gc_was_on:
+                    gc.enable()
             self.graphs[bs] = graph
         torch.cuda.current_stream(dev).synchronize()

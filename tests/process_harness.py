@@ -42,6 +42,13 @@ def workdir(prefix: str = "hse") -> Iterator[str]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+        shutil.rmtree(cuda_shm_dir(path), ignore_errors=True)
+
+
+def cuda_shm_dir(path: str) -> str:
+    """A service on CUDA needs its host tier on tmpfs: since Linux 6.5 cudaHostRegister cannot
+    pin a file of another filesystem (/tmp is ext4 on the GPU box). Removed with `workdir`."""
+    return os.path.join("/dev/shm", os.path.basename(path) + "-shm")
 
 
 # Seconds a child may take to report SERVING: on a GPU the service registers its host tier and
@@ -53,7 +60,8 @@ def start_service(path: str, layout: KVLayout = LAYOUT, lease: float = 30.0,
                   device: str = "cpu") -> ServiceProcess:
     # The last --device wins over the harness's "--device cpu".
     svc = ServiceProcess(path, f"t{os.getpid()}x{len(os.listdir(path))}", "--lease-seconds",
-                         str(lease), "--drain-timeout", "2", "--device", device, layout=layout)
+                         str(lease), "--drain-timeout", "2", "--device", device, layout=layout,
+                         shm_dir=cuda_shm_dir(path) if device == "cuda" else None)
     return svc.start().wait_serving(STARTUP[device])
 
 

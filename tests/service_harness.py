@@ -159,8 +159,9 @@ class RemoteSwapEngine:
         self.kv = segments.map_segments(svc.layout, [h for h in handles
                                                      if not h["name"].startswith("xchg_")], device)
         self.x = segments.map_extra([h for h in handles if h["name"].startswith("xchg_")], device)
-        self.events = {e.name: torch.cuda.Event.from_ipc_handle(self.device, e.ipc_handle)
-                       for e in attach.events}
+        # Ordered by synchronizing, as the engine's RemoteSwapBackend does: opening the
+        # exported IPC events with torch 2.11 failed on the H200 (UnicodeDecodeError at record).
+        self.sync = self.device.type == "cuda"
 
     def fill_host(self, slot: int, seq_len: int) -> None:
         """Give every (layer, token) of the request a distinct host row."""
@@ -181,13 +182,11 @@ class RemoteSwapEngine:
         self.x["xchg_topk"][0] = torch.tensor(topk, dtype=torch.int32)
         self.x["xchg_seq_lens"][0] = seq_len
         self.x["xchg_req_slots"][0] = slot
-        if self.events:
-            self.events["xchg_ready"].record()
+        if self.sync:
+            torch.cuda.synchronize(self.device)
         reply = self.svc.stub().RemoteSwap(pb.RemoteSwapRequest(
             session_id=self.attach.session_id, epoch=self.attach.epoch, layer=layer,
             batch_size=1), metadata=self.svc.metadata)
-        if self.events:
-            torch.cuda.current_stream().wait_event(self.events["xchg_done"])
         return reply
 
     def slots(self) -> list[int]:
