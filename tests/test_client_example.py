@@ -8,8 +8,9 @@ import re
 import subprocess
 import sys
 
-from service_harness import REPO_ROOT, ServiceProcess, short_tmpdir
+from service_harness import ServiceProcess, short_tmpdir
 
+from engine_client.procs import REPO_ROOT
 from proto.kvcache.v1 import kvcache_pb2 as pb
 
 EXAMPLE = REPO_ROOT / "docs" / "client_example.py"
