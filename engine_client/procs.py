@@ -9,7 +9,6 @@ watches that the child is still alive, so a child that dies at start-up fails fa
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
@@ -26,17 +25,26 @@ KV_SERVICE_NAME = "kvcache.v1.KVCacheService"
 ENGINE_SERVICE_NAME = "decode.v1.DecodeService"
 
 
-_PR_SET_PDEATHSIG = 1
-# Loaded here, not in the forked child, which may only make the one call.
-_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+# Runs in the child before the real program: asks the kernel to SIGTERM it when its parent dies
+# (even by SIGKILL), then execs the program, which keeps that setting. A launcher rather than a
+# preexec_fn: a preexec_fn makes subprocess fork() the whole gRPC-using parent, whose fork
+# handlers raced with its poller threads (a child aborted with "epoll_wait: Bad file
+# descriptor"); without one, subprocess spawns with vfork and runs no fork handlers.
+_DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit('parent gone before start')\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n")
 
 
-def _die_with_parent() -> None:
-    """preexec_fn: SIGTERM this child when the process that started it dies, even by SIGKILL,
-    so that a killed demo or test never leaves a service or engine behind. (The kernel sends it
-    when the forking *thread* ends: start children from a thread that lives as long as they.)"""
-    if _LIBC is not None:
-        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+def _die_with_parent(args: list[str]) -> list[str]:
+    """`args` behind the launcher above, so that a killed demo or test never leaves a service
+    or engine behind. (The kernel signals when the starting *thread* ends: start children from
+    a thread that lives as long as they.)"""
+    if sys.platform != "linux":
+        return list(args)
+    return [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *args]
 
 
 # Health watch outcomes that only mean "not yet": no socket, or no change within the window.
@@ -62,9 +70,9 @@ class ManagedProcess:
 
     def start(self) -> "ManagedProcess":
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.args, cwd=REPO_ROOT, env=self.env, stdout=log,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         preexec_fn=_die_with_parent)
+            self.proc = subprocess.Popen(_die_with_parent(self.args), cwd=REPO_ROOT, env=self.env,
+                                         stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL)
         return self
 
     @property
