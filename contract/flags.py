@@ -3,7 +3,10 @@ each setting is declared once: as a field with its default and its `help`.
 
 A field declared with `setting(...)` becomes the flag `--field-name` whose default is the
 environment variable PREFIX_FIELD_NAME (else the field's default), parsed by the field's type:
-int, float, str, bool (1/0, true/false, yes/no) or `X | None` (an empty value is None). A field
+int, float, str, bool (1/0, true/false, yes/no), `tuple[int, ...]` (comma-separated) or
+`X | None` (an empty value is None). `flag=` names the flag and variable when the field's name is
+not the command line's word (`stop_token_ids` is `--stop`); `negated=True` makes a bool a switch
+without a value that turns it off (`progress` is `--no-progress`, env PREFIX_NO_PROGRESS=1). A field
 whose type is itself a config dataclass contributes its own settings, flat, with the same prefix.
 `to_flags` goes the other way: the flags that reproduce a config, for whoever launches a process.
 """
@@ -24,12 +27,13 @@ def setting(default: Any = dataclasses.MISSING, *, help: str,  # noqa: A002 - ar
             choices: tuple | None = None, parse: Callable[[str], Any] | None = None,
             show: Callable[[Any], str] | None = None,
             cli_default: Callable[[Mapping[str, str]], str] | None = None,
-            secret: bool = False, default_factory: Any = dataclasses.MISSING) -> Any:
+            secret: bool = False, flag: str | None = None, negated: bool = False,
+            default_factory: Any = dataclasses.MISSING) -> Any:
     """A dataclass field that is also a flag. `parse`/`show` override the text form of the
     type; `cli_default(env)` gives a default that depends on the environment (a socket path
     under $XDG_RUNTIME_DIR); a `secret` never shows in --help, repr or `to_flags`."""
     meta = {"help": help, "choices": choices, "parse": parse, "show": show,
-            "cli_default": cli_default, "secret": secret}
+            "cli_default": cli_default, "secret": secret, "flag": flag, "negated": negated}
     return dataclasses.field(default=default, default_factory=default_factory,
                              repr=not secret, metadata=meta)
 
@@ -48,6 +52,26 @@ def flag_name(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def stem(f: dataclasses.Field) -> str:
+    """The word of a setting's flag and environment variable: its `flag`, else its name."""
+    return f.metadata.get("flag") or f.name
+
+
+class _Switch(argparse.Action):
+    """A flag without a value that turns its bool setting off (`--no-progress`)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, False)
+
+
+def _parse_ids(text: str) -> tuple[int, ...]:
+    return tuple(int(t) for t in text.replace(",", " ").split())
+
+
 def _parse_bool(text: str) -> bool:
     if text.lower() not in _BOOL:
         raise ValueError(f"expected 1/0, true/false or yes/no, got {text!r}")
@@ -62,6 +86,8 @@ def _base_parser(hint: Any) -> tuple[Callable[[str], Any], bool]:
         return _base_parser(inner)[0], True
     if hint is bool:
         return _parse_bool, False
+    if hint == tuple[int, ...]:
+        return _parse_ids, False
     if hint in (int, float, str):
         return hint, False
     raise TypeError(f"no flag type for {hint!r}")
@@ -74,6 +100,8 @@ def _show(f: dataclasses.Field, value: Any) -> str:
         return ""
     if isinstance(value, bool):
         return "1" if value else "0"
+    if isinstance(value, tuple):
+        return ",".join(str(v) for v in value)
     return repr(value) if isinstance(value, float) else str(value)
 
 
@@ -102,6 +130,9 @@ def _settings(cls: type, default_obj: Any = None) -> Iterator[tuple[dataclasses.
 def _type_func(f: dataclasses.Field, hint: Any) -> Callable[[str], Any]:
     base, optional = _base_parser(hint)
     parse = f.metadata.get("parse") or base
+    if f.metadata.get("negated"):
+        # The switch's text (its env variable) says whether the setting is off.
+        parse = lambda text: not _parse_bool(text)  # noqa: E731
 
     def convert(text: str) -> Any:
         if optional and text == "":
@@ -121,10 +152,10 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, prefix: str,
     the field's default."""
     seen: set[str] = set()
     for f, hint, default in _settings(cls):
-        if f.name in seen:
-            raise TypeError(f"{cls.__name__}: setting {f.name} is declared twice")
-        seen.add(f.name)
-        name = env_name(prefix, f.name)
+        if stem(f) in seen:
+            raise TypeError(f"{cls.__name__}: setting {stem(f)} is declared twice")
+        seen.add(stem(f))
+        name = env_name(prefix, stem(f))
         text: str | None
         if f.metadata["secret"]:
             # Resolved in `build`, so the environment's secret never shows in --help.
@@ -134,11 +165,15 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, prefix: str,
             text.env_name = name
         elif f.metadata["cli_default"] is not None:
             text = f.metadata["cli_default"](env)
+        elif f.metadata["negated"]:
+            text = None if default is dataclasses.MISSING else _show(f, not default)
         else:
             text = None if default is dataclasses.MISSING else _show(f, default)
-        parser.add_argument(flag_name(f.name), dest=f.name, type=_type_func(f, hint),
-                            default=text, choices=f.metadata["choices"],
-                            help=f"{f.metadata['help']} [env {name}]")
+        extra = ({"action": _Switch} if f.metadata["negated"] else
+                 {"choices": f.metadata["choices"],
+                  "metavar": None if f.metadata["choices"] else stem(f).upper()})
+        parser.add_argument(flag_name(stem(f)), dest=f.name, type=_type_func(f, hint),
+                            default=text, help=f"{f.metadata['help']} [env {name}]", **extra)
 
 
 def build(cls: type, args: argparse.Namespace, prefix: str, env: Mapping[str, str]) -> Any:
@@ -151,7 +186,7 @@ def build(cls: type, args: argparse.Namespace, prefix: str, env: Mapping[str, st
             values[f.name] = build(hints[f.name], args, prefix, env)
         elif "help" in f.metadata:
             value = getattr(args, f.name)
-            name = env_name(prefix, f.name)
+            name = env_name(prefix, stem(f))
             if f.metadata["secret"] and value is None and env.get(name):
                 value = _type_func(f, hints[f.name])(env[name])
             values[f.name] = value
@@ -167,6 +202,8 @@ def to_flags(config: Any) -> list[str]:
         value = getattr(config, f.name)
         if _is_config(hints[f.name]):
             flags += to_flags(value)
+        elif "help" in f.metadata and f.metadata["negated"]:
+            flags += [] if value else [flag_name(stem(f))]
         elif "help" in f.metadata and not f.metadata["secret"]:
-            flags += [flag_name(f.name), _show(f, value)]
+            flags += [flag_name(stem(f)), _show(f, value)]
     return flags

@@ -1,4 +1,5 @@
-"""`python -m engine_client {serve,generate,demo}`. Flags of `serve` default to ENGINE_* env vars."""
+"""`python -m engine_client {serve,generate,demo}`. Flags of `serve` default to ENGINE_* env vars,
+those of `generate` to GENERATE_* and those of `demo` to DEMO_*."""
 
 from __future__ import annotations
 
@@ -10,11 +11,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from contract import flags
-from engine_client.config import DEVICES, KV_MODES, DemoConfig, EngineConfig, GenerateConfig, default_uds
-
-
-def _ids(text: str) -> tuple[int, ...]:
-    return tuple(int(t) for t in text.replace(",", " ").split())
+from engine_client.config import DemoConfig, EngineConfig, GenerateConfig
 
 
 def add_serve(sub: argparse._SubParsersAction, env: Mapping[str, str]) -> None:
@@ -34,49 +31,31 @@ def add_generate(sub: argparse._SubParsersAction, env: Mapping[str, str]) -> Non
                        description="Stream one generation: tokens on stdout, then a summary. "
                        "The first line on stderr is the request id ('request ID'), printed as "
                        "soon as the engine has queued the request: after an engine restart "
-                       "(serve --state-file) `generate --resume ID` continues it.",
+                       "(serve --state-file) `generate --resume ID` continues it. Every flag "
+                       "defaults to the environment variable in its help.",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--target", default=env.get("ENGINE_TARGET", default_uds(dict(env), "hisparse-engine.sock")),
-                   help="engine address: socket path, unix:PATH or HOST:PORT [env ENGINE_TARGET]")
-    p.add_argument("--prompt", type=_ids, default=(1, 2, 3, 4), help="prompt token ids, e.g. '1,2,3'")
-    p.add_argument("--max-new-tokens", type=int, default=16)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed")
-    p.add_argument("--stop", type=_ids, default=(), help="stop token ids")
-    p.add_argument("--resume", default="", help="request id to resume after an engine restart")
-    p.add_argument("--timeout", type=float, default=120.0, help="deadline of the whole stream (s)")
-    p.add_argument("--connect-timeout", type=float, default=5.0,
-                   help="seconds to wait for the engine to accept the connection")
+    flags.add_arguments(p, GenerateConfig, "GENERATE", env)
 
 
-def add_demo(sub: argparse._SubParsersAction) -> None:
+def add_demo(sub: argparse._SubParsersAction, env: Mapping[str, str]) -> None:
     p = sub.add_parser("demo", help="start a KV service and an engine, stream a few generations",
+                       description="Start a KV service and an engine as subprocesses and stream "
+                       "a few concurrent generations. Every flag defaults to the environment "
+                       "variable in its help (DEMO_*; ENGINE_* variables do not apply).",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--kv-mode", default="service", choices=KV_MODES)
-    p.add_argument("--requests", type=int, default=4, help="concurrent generations")
-    p.add_argument("--prompt-len", type=int, default=24)
-    p.add_argument("--max-new-tokens", type=int, default=24)
-    p.add_argument("--device", default="auto", choices=DEVICES)
-    p.add_argument("--startup-timeout", type=float, default=60.0)
-    p.add_argument("--no-progress", action="store_true", help="plain log lines, no live display")
+    flags.add_arguments(p, DemoConfig, "DEMO", env)
 
 
 def engine_config(args: argparse.Namespace, env: Mapping[str, str]) -> EngineConfig:
     return flags.build(EngineConfig, args, "ENGINE", env)
 
 
-def _generate(args: argparse.Namespace) -> int:
+def _generate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from engine_client.client import errors, reachability
-    from engine_client.config import grpc_target
     from engine_client.decode_client import run_generation
 
     try:
-        cfg = GenerateConfig(target=grpc_target(args.target), prompt=args.prompt,
-                             max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                             seed=args.seed, stop_token_ids=args.stop,
-                             resume_request_id=args.resume, timeout=args.timeout)
-        if not args.connect_timeout > 0:
-            raise ValueError(f"--connect-timeout must be > 0, got {args.connect_timeout}")
+        cfg = flags.build(GenerateConfig, args, "GENERATE", env)
     except ValueError as e:
         print(f"generate: {e}", file=sys.stderr)
         return 2
@@ -92,7 +71,7 @@ def _generate(args: argparse.Namespace) -> int:
 
     try:
         result = asyncio.run(run_generation(cfg.target, cfg, show, announce,
-                                            connect_timeout=args.connect_timeout))
+                                            connect_timeout=cfg.connect_timeout))
     except reachability.Unreachable as e:
         print(f"generate: {e}", file=sys.stderr)
         return 1
@@ -120,17 +99,14 @@ def _main(argv: Sequence[str] | None, env: Mapping[str, str] | None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     add_serve(sub, env)
     add_generate(sub, env)
-    add_demo(sub)
+    add_demo(sub, env)
     args = parser.parse_args(argv)
     if args.command == "generate":
-        return _generate(args)
+        return _generate(args, env)
     if args.command == "demo":
         from engine_client.demo import run_demo
         try:
-            cfg = DemoConfig(kv_mode=args.kv_mode, requests=args.requests,
-                             prompt_len=args.prompt_len, max_new_tokens=args.max_new_tokens,
-                             device=args.device, startup_timeout=args.startup_timeout,
-                             progress=not args.no_progress)
+            cfg = flags.build(DemoConfig, args, "DEMO", env)
         except ValueError as e:
             parser.error(str(e))
         return run_demo(cfg)

@@ -213,16 +213,23 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class GenerateConfig:
-    """One streaming generation from the `generate` subcommand."""
+    """One streaming generation from the `generate` subcommand (flags default to GENERATE_* env
+    variables, so that a compose file's ENGINE_* settings never steer a client)."""
 
-    target: str
-    prompt: tuple[int, ...]
-    max_new_tokens: int = 16
-    temperature: float = 0.0
-    seed: int = 0
-    stop_token_ids: tuple[int, ...] = ()
-    resume_request_id: str = ""
-    timeout: float = 120.0
+    target: str = setting(help="engine address: socket path, unix:PATH or HOST:PORT; default "
+                          "GENERATE_TARGET, else ENGINE_TARGET, else the engine's default socket",
+                          parse=grpc_target, cli_default=lambda env: env.get("ENGINE_TARGET")
+                          or default_uds(dict(env), "hisparse-engine.sock"))
+    prompt: tuple[int, ...] = setting((1, 2, 3, 4), help="prompt token ids, e.g. '1,2,3'")
+    max_new_tokens: int = setting(16, help="most tokens to generate")
+    temperature: float = setting(0.0, help="sampling temperature; 0 is greedy")
+    seed: int = setting(0, help="sampling seed")
+    stop_token_ids: tuple[int, ...] = setting((), flag="stop", help="stop token ids, e.g. '2,7'")
+    resume_request_id: str = setting("", flag="resume", help="request id to resume after an "
+                                     "engine restart (serve --state-file)")
+    timeout: float = setting(120.0, help="deadline in seconds of the whole stream")
+    connect_timeout: float = setting(5.0, help="seconds to wait for the engine to accept the "
+                                     "connection")
 
     def __post_init__(self) -> None:
         if not self.prompt and not self.resume_request_id:
@@ -235,19 +242,24 @@ class GenerateConfig:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.timeout <= 86400:
             raise ValueError(f"timeout must be in (0, 86400], got {self.timeout}")
+        if not 0 < self.connect_timeout <= 3600:
+            raise ValueError(f"connect_timeout must be in (0, 3600], got {self.connect_timeout}")
 
 
 @dataclass(frozen=True)
 class DemoConfig:
-    """The `demo` subcommand: a service and an engine subprocess, a few concurrent streams."""
+    """The `demo` subcommand: a service and an engine subprocess, a few concurrent streams.
+    Flags default to DEMO_* env variables (not ENGINE_*: a compose file must not steer it)."""
 
-    kv_mode: str = "service"
-    requests: int = 4
-    prompt_len: int = 24
-    max_new_tokens: int = 24
-    device: str = "auto"
-    startup_timeout: float = 60.0
-    progress: bool = True
+    kv_mode: str = setting("service", choices=KV_MODES, help="where KV lives")
+    requests: int = setting(4, help="concurrent generations")
+    prompt_len: int = setting(24, help="random prompt tokens per generation")
+    max_new_tokens: int = setting(24, help="tokens generated per generation")
+    device: str = setting("auto", choices=DEVICES, help="device of the service and the engine")
+    startup_timeout: float = setting(60.0, help="seconds to wait for the service and the engine "
+                                     "to become healthy")
+    progress: bool = setting(True, flag="no_progress", negated=True,
+                             help="plain log lines, no live display")
 
     def __post_init__(self) -> None:
         if self.kv_mode not in KV_MODES:

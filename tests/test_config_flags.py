@@ -9,23 +9,37 @@ import dataclasses
 import pytest
 
 from contract import flags
-from engine_client.__main__ import add_serve, engine_config
-from engine_client.config import EngineConfig, LocalLayout
+from engine_client.__main__ import add_demo, add_generate, add_serve, engine_config
+from engine_client.config import DemoConfig, EngineConfig, GenerateConfig, LocalLayout
 from kv_service.__main__ import build_parser, parse
 from kv_service.config import DEFAULT_LAYOUT, ServiceConfig
 from contract.layout import KVLayout
 
-CONFIGS = [(ServiceConfig, "KVS"), (EngineConfig, "ENGINE")]
+CONFIGS = [(ServiceConfig, "KVS", 20), (EngineConfig, "ENGINE", 20), (GenerateConfig, "GENERATE", 8),
+           (DemoConfig, "DEMO", 6)]
+SUBCOMMANDS = {EngineConfig: ("serve", add_serve), GenerateConfig: ("generate", add_generate),
+               DemoConfig: ("demo", add_demo)}
+
+
+def _sub_parser(cls: type, env: dict[str, str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="engine")
+    SUBCOMMANDS[cls][1](parser.add_subparsers(dest="command"), env)
+    return parser
 
 
 def _serve_parser(env: dict[str, str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="engine")
-    add_serve(parser.add_subparsers(dest="command"), env)
-    return parser
+    return _sub_parser(EngineConfig, env)
 
 
 def _engine(argv: list[str], env: dict[str, str]) -> EngineConfig:
     return engine_config(_serve_parser(env).parse_args(["serve", *argv]), env)
+
+
+def _client(cls: type, argv: list[str], env: dict[str, str]) -> object:
+    """A `generate` or `demo` config from its flags, as __main__ builds it."""
+    name = SUBCOMMANDS[cls][0]
+    args = _sub_parser(cls, env).parse_args([name, *argv])
+    return flags.build(cls, args, name.upper(), env)
 
 
 def _leaf_fields(cls: type) -> list[dataclasses.Field]:
@@ -39,24 +53,26 @@ def _leaf_fields(cls: type) -> list[dataclasses.Field]:
 
 
 def _actions(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
-    """The parser's options by flag, those of a `serve` subcommand included."""
+    """The parser's options by flag, those of its (one) subcommand included."""
     out = {}
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            out.update(_actions(action.choices["serve"]))
+            for sub in action.choices.values():
+                out.update(_actions(sub))
         out.update({flag: action for flag in action.option_strings})
     return out
 
 
-@pytest.mark.parametrize("cls,prefix", CONFIGS)
-def test_every_field_has_a_flag_an_env_variable_and_help(cls: type, prefix: str) -> None:
-    actions = _actions(build_parser({}) if cls is ServiceConfig else _serve_parser({}))
+@pytest.mark.parametrize("cls,prefix,least", CONFIGS)
+def test_every_field_has_a_flag_an_env_variable_and_help(cls: type, prefix: str,
+                                                         least: int) -> None:
+    actions = _actions(build_parser({}) if cls is ServiceConfig else _sub_parser(cls, {}))
     fields = _leaf_fields(cls)
-    assert len(fields) > 20
+    assert len(fields) >= least
     for f in fields:
         assert f.metadata.get("help"), f"{cls.__name__}.{f.name} has no help"
-        action = actions[flags.flag_name(f.name)]
-        assert action.help.endswith(f"[env {prefix}_{f.name.upper()}]"), f.name
+        action = actions[flags.flag_name(flags.stem(f))]
+        assert action.help.endswith(f"[env {prefix}_{flags.stem(f).upper()}]"), f.name
         assert action.dest == f.name
 
 
@@ -135,3 +151,55 @@ def test_layout_flags_are_the_layout_fields() -> None:
     argv = flags.to_flags(layout)
     assert argv[:4] == ["--num-layers", "2", "--max-requests", "4"] and "--version" not in argv
     assert parse(argv, {})[0].layout == layout
+
+
+def test_generate_flags_keep_their_names_and_env() -> None:
+    cfg = _client(GenerateConfig, ["--prompt", "5,6,7", "--stop", "2,9", "--resume", "r1",
+                                   "--target", "/tmp/e.sock"], {})
+    assert (cfg.prompt, cfg.stop_token_ids, cfg.resume_request_id) == ((5, 6, 7), (2, 9), "r1")
+    assert cfg.target == "unix:/tmp/e.sock" and cfg.connect_timeout == 5.0
+    default = _client(GenerateConfig, [], {})
+    assert (default.prompt, default.stop_token_ids, default.max_new_tokens) == ((1, 2, 3, 4), (), 16)
+    assert default.target.endswith("hisparse-engine.sock")
+    env = {"ENGINE_TARGET": "h:1", "GENERATE_STOP": "3", "GENERATE_CONNECT_TIMEOUT": "0.5"}
+    cfg = _client(GenerateConfig, [], env)
+    assert (cfg.target, cfg.stop_token_ids, cfg.connect_timeout) == ("h:1", (3,), 0.5)
+    # GENERATE_TARGET beats ENGINE_TARGET; a flag beats both.
+    assert _client(GenerateConfig, [], {**env, "GENERATE_TARGET": "g:2"}).target == "g:2"
+    assert _client(GenerateConfig, ["--target", "f:3"], {**env, "GENERATE_TARGET": "g:2"}).target == "f:3"
+
+
+def test_generate_refuses_a_bad_connect_timeout() -> None:
+    with pytest.raises(ValueError, match="connect_timeout"):
+        _client(GenerateConfig, ["--connect-timeout", "0"], {})
+
+
+def test_demo_reads_demo_variables_only() -> None:
+    compose = {"ENGINE_KV_MODE": "baseline", "ENGINE_DEVICE": "cuda", "ENGINE_MAX_NEW_TOKENS": "9"}
+    assert _client(DemoConfig, [], compose) == DemoConfig()
+    cfg = _client(DemoConfig, [], {"DEMO_KV_MODE": "embedded", "DEMO_NO_PROGRESS": "1"})
+    assert (cfg.kv_mode, cfg.progress) == ("embedded", False)
+    assert _client(DemoConfig, ["--no-progress"], {}).progress is False
+    assert _client(DemoConfig, [], {"DEMO_NO_PROGRESS": "no"}).progress is True
+
+
+def test_bad_demo_env_value_names_its_variable(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        _client(DemoConfig, [], {"DEMO_NO_PROGRESS": "perhaps"})
+    assert "DEMO_NO_PROGRESS" in capsys.readouterr().err
+    # argparse checks no choices on defaults: the config's validation refuses it (a usage error
+    # in __main__).
+    with pytest.raises(ValueError, match="nowhere"):
+        _client(DemoConfig, [], {"DEMO_KV_MODE": "nowhere"})
+
+
+@pytest.mark.parametrize("config", [
+    GenerateConfig(target="unix:/tmp/e.sock", prompt=(7, 8), stop_token_ids=(1, 2), seed=3,
+                   resume_request_id="abc", temperature=0.5, connect_timeout=1.5),
+    DemoConfig(kv_mode="embedded", requests=2, device="cpu", progress=False),
+    DemoConfig(progress=True),
+])
+def test_to_flags_round_trips_client_configs(config: object) -> None:
+    argv = flags.to_flags(config)
+    assert ("--no-progress" in argv) == (getattr(config, "progress", True) is False)
+    assert _client(type(config), argv, {}) == config
