@@ -3,8 +3,9 @@
 # overlap churn test, kernel benchmark cases and a profile of one decode step. Each stage has its
 # own time limit, so one slow stage cannot eat the others; logs and JSON go to $OUT.
 # Usage: bash bench/gpu_session.sh [stage ...]   stages: tests sanitize kernels profile e2e
-#   TESTS="tests/x.py ..."  TEST_S=240  SAN_S=90  KERN_S=100  PROF_S=100  E2E_S=480
-#   KERNEL_CASES=miss_copy,attention_formats  PROFILE_ARGS="--batch 64"  E2E_ARGS="..."
+#   TESTS="tests/x.py ..."  TEST_S=240  TEST_TIMEOUT=150  SAN_S=90  KERN_S=100  PROF_S=100
+#   E2E_S=480  KERNEL_CASES=miss_copy,attention_formats (empty: all)  KERNEL_QUICK=--quick (empty:
+#   full sizes)  PROFILE_ARGS="--batch 64"  E2E_ARGS="..."
 set -uo pipefail
 OUT=${OUT:-.gpuout}
 mkdir -p "$OUT"
@@ -32,11 +33,11 @@ STAGES="${*:-tests sanitize kernels profile}"
 for s in $STAGES; do
   case $s in
     tests) stage tests "${TEST_S:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider \
-             --timeout 150 ${TESTS:-tests} ;;
+             --timeout "${TEST_TIMEOUT:-150}" ${TESTS:-tests} ;;
     sanitize) stage sanitize "${SAN_S:-90}" env STRESS_STEPS=${STRESS_STEPS:-60} \
                 bash bench/sanitize.sh ;;
-    kernels) stage kernels "${KERN_S:-100}" python3 bench/kernels.py --quick \
-               --cases "${KERNEL_CASES:-miss_copy,attention_formats}" --out "$OUT/kernels.json" ;;
+    kernels) stage kernels "${KERN_S:-100}" python3 bench/kernels.py ${KERNEL_QUICK---quick} \
+               --cases "${KERNEL_CASES-miss_copy,attention_formats}" --out "$OUT/kernels.json" ;;
     profile) stage profile "${PROF_S:-100}" python3 bench/profile.py --preset bench \
                --context 32768 --mode embedded --warmup 8 ${PROFILE_ARGS:---batch 64} \
                --out "$OUT/profile.json" ;;

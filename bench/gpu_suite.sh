@@ -1,17 +1,6 @@
 #!/usr/bin/env bash
-# One device call: GPU tests, then the kernel benchmark. Output files go to $OUT (or ./.gpuout).
-# Usage: [KERNEL_CASES=a,b] bash bench/gpu_suite.sh [pytest selection...]
-# KERNEL_CASES: only these cases of bench/kernel_cases.ALL (default: all).
-set -uo pipefail
-OUT=${OUT:-.gpuout}
-mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site:$PWD
-else
-  export PYTHONPATH=$PWD
-fi
-export PYTHONUNBUFFERED=1
-nvidia-smi -L
-timeout ${GPU_TEST_BUDGET_S:-900} python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 300 "${@:-tests}" 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
-python3 bench/kernels.py --out "$OUT/kernels.json" ${KERNEL_CASES:+--cases "$KERNEL_CASES"} 2>&1 | tee "$OUT/kernels.log"
+# GPU tests, then the whole kernel benchmark at full sizes, in one device call; kept for the
+# commands recorded in docs/BENCHMARKS.md. bench/gpu_session.sh does the work; output in $OUT.
+# Usage: [KERNEL_CASES=a,b] [GPU_TEST_BUDGET_S=900] bash bench/gpu_suite.sh [pytest selection...]
+TESTS="${*:-tests}" TEST_S=${GPU_TEST_BUDGET_S:-900} TEST_TIMEOUT=300 KERN_S=${KERN_S:-1800} \
+  KERNEL_CASES="${KERNEL_CASES:-}" KERNEL_QUICK="" exec bash "$(dirname "$0")/gpu_session.sh" tests kernels
