@@ -39,7 +39,7 @@ from bench.e2e_stats import analyze, ratios  # noqa: E402
 from bench.row_formats import print_summary, probe_attention  # noqa: E402
 from bench.roofline import analyze as roofline  # noqa: E402
 from bench.trace import TraceParams, simulate  # noqa: E402
-from engine_client.procs import (REPO_ROOT, ManagedProcess, engine_process,  # noqa: E402
+from engine_client.serve.procs import (REPO_ROOT, ManagedProcess, engine_process,  # noqa: E402
                                  segment_files, service_process)
 
 SHM_DIR = "/dev/shm"

@@ -162,7 +162,7 @@ _ENGINE_RE = re.compile(r"^(engine_step_gpu_seconds_sum|engine_step_gpu_seconds_
 
 
 def parse_engine_metrics(text: str) -> dict[str, float]:
-    """The engine's step GPU time (sum, count) and GPU busy / idle seconds (engine_client.metrics)."""
+    """The engine's step GPU time (sum, count) and GPU busy / idle seconds (engine_client.loop.metrics)."""
     return {name: float(value) for name, value in _ENGINE_RE.findall(text)}
 
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from contract.layout import INDEX_FORMATS, ROW_FORMATS
 from contract import flags
-from engine_client.config import LocalLayout
-from engine_client.preset import preset
+from engine_client.serve.config import LocalLayout
+from engine_client.model.preset import preset
 
 HISPARSE_MODES = ("embedded", "service", "service-remote-swap")
 MODES = ("baseline",) + HISPARSE_MODES

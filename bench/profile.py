@@ -37,13 +37,13 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 
 from contract.layout import MODE_OFFLOADED, KVLayout  # noqa: E402
-from engine_client.graph import DecodeConfig, DecodeRunner  # noqa: E402
-from engine_client.hisparse_backend import HiSparseBackend  # noqa: E402
-from engine_client.kernel_set import KernelSet  # noqa: E402
-from engine_client.kv_backend import BaselineBackend, BaselineConfig  # noqa: E402
-from engine_client.model import Model  # noqa: E402
-from engine_client.preset import preset  # noqa: E402
-from engine_client.weights import random_weights  # noqa: E402
+from engine_client.model.graph import DecodeConfig, DecodeRunner  # noqa: E402
+from engine_client.kv.hisparse import HiSparseBackend  # noqa: E402
+from engine_client.kv.kernel_set import KernelSet  # noqa: E402
+from engine_client.kv.backend import BaselineBackend, BaselineConfig  # noqa: E402
+from engine_client.model.model import Model  # noqa: E402
+from engine_client.model.preset import preset  # noqa: E402
+from engine_client.model.weights import random_weights  # noqa: E402
 from kv_service.memory import allocate_local, reset_request  # noqa: E402
 
 # First match wins: GPU kernel names (Triton kernels, cuBLAS/CUTLASS GEMMs) and, on CPU, the

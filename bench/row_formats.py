@@ -42,7 +42,7 @@ for bs in map(int, sys.argv[5].split(",")):
     slots = torch.argsort(torch.rand(bs, B, device="cuda"), 1)[:, :K].to(torch.int32)
     o = torch.empty((bs, H, 512), device="cuda", dtype=torch.bfloat16)
     lse = torch.empty((bs, H), device="cuda", dtype=torch.float32)
-    splits = decode_num_splits(K)  # the engine's decode workspace (engine_client.model)
+    splits = decode_num_splits(K)  # the engine's decode workspace (engine_client.model.model)
     ws = AttnWorkspace.allocate(bs, H, splits, device="cuda") if splits > 1 else None
     us = graph_time_us(lambda: sparse_mla_decode(q, qp, kv, base, slots, 576 ** -0.5, o, lse,
                                                  workspace=ws), 20, inner=5)

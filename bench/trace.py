@@ -52,7 +52,7 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
 
 
 class TraceTopk:
-    """A top-k source for engine_client.model.Model.topk_source: overwrites the decode step's
+    """A top-k source for engine_client.model.model.Model.topk_source: overwrites the decode step's
     top-k [n, k] in place. Pure tensor ops on fixed shapes: capturable in a CUDA graph."""
 
     def __init__(self, num_layers: int, topk: int, device: torch.device | str,

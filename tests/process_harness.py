@@ -1,7 +1,7 @@
 """Multi-process fixtures of the engine tests: a `python -m kv_service` and `python -m
 engine_client serve` on sockets in a short temp dir, ready when grpc health says SERVING.
 
-Both run under the supervisor of engine_client.procs, the code the demo and the benchmarks use;
+Both run under the supervisor of engine_client.serve.procs, the code the demo and the benchmarks use;
 tests/service_harness.ServiceProcess adds a channel and its own shm dir per service (so leftover
 segment files are easy to check).
 """
@@ -18,8 +18,8 @@ import grpc
 
 from contract.layout import KVLayout
 from contract import flags
-from engine_client.config import EngineConfig, LocalLayout
-from engine_client.procs import ManagedProcess, engine_process
+from engine_client.serve.config import EngineConfig, LocalLayout
+from engine_client.serve.procs import ManagedProcess, engine_process
 from proto.kvcache.v1 import kvcache_pb2 as kpb
 from proto.kvcache.v1 import kvcache_pb2_grpc as kpb_grpc
 from tests.service_harness import ServiceProcess, short_tmpdir

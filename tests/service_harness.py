@@ -1,4 +1,4 @@
-"""Start `python -m kv_service` as a subprocess on a temp UDS (engine_client.procs supervises
+"""Start `python -m kv_service` as a subprocess on a temp UDS (engine_client.serve.procs supervises
 it) and talk to it with the generated client. Readiness comes from grpc health (Watch with a
 deadline), never from sleeping."""
 
@@ -14,7 +14,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from contract import flags
-from engine_client.procs import KV_SERVICE_NAME, ManagedProcess, service_command, service_env
+from engine_client.serve.procs import KV_SERVICE_NAME, ManagedProcess, service_command, service_env
 from contract.layout import KVLayout
 from proto.kvcache.v1 import kvcache_pb2 as pb
 from proto.kvcache.v1 import kvcache_pb2_grpc as pb_grpc
@@ -37,7 +37,7 @@ def free_port() -> int:
 
 class ServiceProcess(ManagedProcess):
     """One service subprocess with its own socket, shm dir and log, under the shared supervisor
-    (engine_client.procs), plus a channel to talk to it."""
+    (engine_client.serve.procs), plus a channel to talk to it."""
 
     def __init__(self, workdir: str, instance: str, *extra: str, token: str | None = None,
                  layout: KVLayout = TINY, shm_dir: str | None = None) -> None:

@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from engine_client.procs import REPO_ROOT, engine_process
+from engine_client.serve.procs import REPO_ROOT, engine_process
 from tests.process_harness import workdir
 
 pytestmark = [pytest.mark.timeout(180)]

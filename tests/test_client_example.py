@@ -10,7 +10,7 @@ import sys
 
 from service_harness import ServiceProcess, short_tmpdir
 
-from engine_client.procs import REPO_ROOT
+from engine_client.serve.procs import REPO_ROOT
 from proto.kvcache.v1 import kvcache_pb2 as pb
 
 EXAMPLE = REPO_ROOT / "docs" / "client_example.py"

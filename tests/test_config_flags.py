@@ -9,8 +9,9 @@ import dataclasses
 import pytest
 
 from contract import flags
-from engine_client.__main__ import add_demo, add_generate, add_serve, engine_config
-from engine_client.config import DemoConfig, EngineConfig, GenerateConfig, LocalLayout
+from engine_client.cli.main import add_demo, add_generate, add_serve, engine_config
+from engine_client.cli.config import DemoConfig, GenerateConfig
+from engine_client.serve.config import EngineConfig, LocalLayout
 from kv_service.__main__ import build_parser, parse
 from kv_service.config import DEFAULT_LAYOUT, ServiceConfig
 from contract.layout import KVLayout

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from engine_client.procs import REPO_ROOT
+from engine_client.serve.procs import REPO_ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

@@ -26,7 +26,7 @@ import pytest
 
 from contract.layout import KVLayout
 from contract.tensors import tensor_specs
-from engine_client.preset import PRESETS
+from engine_client.model.preset import PRESETS
 from proto.decode.v1 import decode_pb2
 from proto.kvcache.v1 import kvcache_pb2
 

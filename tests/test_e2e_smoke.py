@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_client.procs import REPO_ROOT
+from engine_client.serve.procs import REPO_ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

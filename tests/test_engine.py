@@ -10,9 +10,9 @@ import os
 import pytest
 import torch
 
-from engine_client.factory import build_engine
-from engine_client.request import Finish, GenRequest, SamplingParams
-from engine_client.sampler import sample
+from engine_client.serve.factory import build_engine
+from engine_client.loop.request import Finish, GenRequest, SamplingParams
+from engine_client.loop.sampler import sample
 from tests.process_harness import (engine_config, layout_with, service_stats, start_service,
                                    workdir)
 
@@ -222,7 +222,7 @@ def test_sampling_is_a_function_of_seed_and_index() -> None:
 
 
 def test_state_file_round_trip_and_torn_last_line(tmp_path) -> None:
-    from engine_client import state_file
+    from engine_client.loop import state_file
     path = str(tmp_path / "state.jsonl")
     f = state_file.StateFile(path)
     done = GenRequest("done", (1, 2), 4, SamplingParams())

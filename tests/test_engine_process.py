@@ -17,8 +17,8 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from engine_client.client import errors
-from engine_client.config import GenerateConfig
-from engine_client.decode_client import GenerationResult, generate_stream
+from engine_client.cli.config import GenerateConfig
+from engine_client.cli.generate import GenerationResult, generate_stream
 from proto.kvcache.v1 import kvcache_pb2 as kpb
 from proto.kvcache.v1 import kvcache_pb2_grpc as kpb_grpc
 from tests.process_harness import (

@@ -1,4 +1,4 @@
-"""The engine's queue policy (engine_client/scheduler.py), in-process on the baseline KV side
+"""The engine's queue policy (engine_client/loop/scheduler.py), in-process on the baseline KV side
 with an admission gate in front of it:
 - a request the KV side refuses as permanently too large ends at once with RESOURCE_EXHAUSTED
   and the numbers, and a small request behind it is served;
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from engine_client.client import errors
-from engine_client.factory import build_engine
-from engine_client.request import FailStatus, Finish, SamplingParams
+from engine_client.serve.factory import build_engine
+from engine_client.loop.request import FailStatus, Finish, SamplingParams
 from tests.process_harness import engine_config, wait_until
 
 pytestmark = [pytest.mark.timeout(120)]

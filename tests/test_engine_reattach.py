@@ -22,10 +22,10 @@ from grpc_health.v1 import health_pb2
 
 from contract.exchange import exchange_specs
 from contract.segment_map import SegmentMap
-from engine_client import state_file
+from engine_client.loop import state_file
 from engine_client.client import attachment, errors
-from engine_client.config import GenerateConfig
-from engine_client.decode_client import GenerationResult, generate_stream
+from engine_client.cli.config import GenerateConfig
+from engine_client.cli.generate import GenerationResult, generate_stream
 from kv_service import segment
 from proto.kvcache.v1 import kvcache_pb2 as kpb
 from tests.process_harness import (

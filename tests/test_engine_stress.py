@@ -2,7 +2,7 @@
 then a running one is cancelled, among requests that end by stop token, by length, greedy and
 sampled, for hundreds of steps. Every
 end frees a slot that a step launched in overlap may still read, and new admissions reuse those
-slots at once: the release must wait for that step (engine_client/engine.py). At the end the KV
+slots at once: the release must wait for that step (engine_client/loop/engine.py). At the end the KV
 side holds nothing and the device reports no error.
 
 On CUDA (gpu marker) in embedded mode with CUDA graphs and the Triton kernels; a short CPU run
@@ -20,8 +20,8 @@ import random
 import pytest
 import torch
 
-from engine_client.factory import build_engine
-from engine_client.request import Finish, SamplingParams
+from engine_client.serve.factory import build_engine
+from engine_client.loop.request import Finish, SamplingParams
 from tests.process_harness import engine_config, wait_until
 
 pytestmark = [pytest.mark.timeout(1800)]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-EMBEDDED_FACTORY = "engine_client/factory.py"  # the only engine module that may build a core
+EMBEDDED_FACTORY = "engine_client/serve/factory.py"  # the only engine module that may build a core
 
 
 def imports_of(path: Path) -> set[str]:

@@ -8,19 +8,19 @@ import torch
 
 from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
 from contract.tensors import TENSOR_NAMES
-from engine_client.graph import DecodeConfig, DecodeRunner
-from engine_client.hisparse_backend import (
+from engine_client.model.graph import DecodeConfig, DecodeRunner
+from engine_client.kv.hisparse import (
     HiSparseBackend,
     RemoteSwapBackend,
     allocate_exchange,
     local_swap_fn,
 )
-from engine_client.index_keys import decode_index_keys, encode_index_keys
-from engine_client.kernel_set import KernelSet
-from engine_client.kv_backend import BaselineBackend, BaselineConfig
-from engine_client.model import Model
-from engine_client.preset import preset
-from engine_client.weights import random_weights
+from engine_client.kv.index_keys import decode_index_keys, encode_index_keys
+from engine_client.kv.kernel_set import KernelSet
+from engine_client.kv.backend import BaselineBackend, BaselineConfig
+from engine_client.model.model import Model
+from engine_client.model.preset import preset
+from engine_client.model.weights import random_weights
 from kernels import reference
 from kv_service.memory import allocate_local, reset_request
 from kv_service.remote_swap import RemoteSwapper

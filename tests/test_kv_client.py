@@ -13,7 +13,7 @@ from contract.layout import MODE_OFFLOADED, MODE_RESIDENT
 from engine_client.client import errors
 from engine_client.client.control import StepReport
 from engine_client.client.kv_client import KVClient
-from engine_client.local_control import BaselineControl, EmbeddedControl
+from engine_client.kv.local_control import BaselineControl, EmbeddedControl
 from tests.process_harness import LAYOUT, layout_with, start_service, workdir
 
 pytestmark = [pytest.mark.timeout(120)]

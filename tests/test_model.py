@@ -10,18 +10,18 @@ import torch
 
 from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
 from contract.tensors import TENSOR_NAMES
-from engine_client.graph import DecodeConfig, DecodeRunner
-from engine_client.hisparse_backend import (
+from engine_client.model.graph import DecodeConfig, DecodeRunner
+from engine_client.kv.hisparse import (
     HiSparseBackend,
     RemoteSwapBackend,
     allocate_exchange,
     local_swap_fn,
 )
-from engine_client.kernel_set import KernelSet
-from engine_client.kv_backend import BaselineBackend, BaselineConfig, KVBackend
-from engine_client.model import Model, Tokens, Workspace
-from engine_client.preset import preset
-from engine_client.weights import random_weights
+from engine_client.kv.kernel_set import KernelSet
+from engine_client.kv.backend import BaselineBackend, BaselineConfig, KVBackend
+from engine_client.model.model import Model, Tokens, Workspace
+from engine_client.model.preset import preset
+from engine_client.model.weights import random_weights
 from kv_service.memory import allocate_local, reset_request
 
 CFG = preset("tiny", topk=8)

@@ -9,13 +9,13 @@ import torch
 
 from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
 from contract.tensors import TENSOR_NAMES
-from engine_client.compute import CountingBackend
-from engine_client.graph import DecodeConfig, DecodeRunner
-from engine_client.hisparse_backend import HiSparseBackend
-from engine_client.kernel_set import KernelSet
-from engine_client.model import Model, _parts
-from engine_client.preset import preset
-from engine_client.weights import random_weights
+from engine_client.model.compute import CountingBackend
+from engine_client.model.graph import DecodeConfig, DecodeRunner
+from engine_client.kv.hisparse import HiSparseBackend
+from engine_client.kv.kernel_set import KernelSet
+from engine_client.model.model import Model, _parts
+from engine_client.model.preset import preset
+from engine_client.model.weights import random_weights
 from kv_service.memory import allocate_local, reset_request
 
 CFG = preset("tiny", topk=8)

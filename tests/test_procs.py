@@ -1,4 +1,4 @@
-"""The one process supervisor (engine_client.procs) that the demo, the benchmarks and the
+"""The one process supervisor (engine_client.serve.procs) that the demo, the benchmarks and the
 multi-process tests share: a dead child is reported at once with its log, and `stop` ends a
 child that ignores SIGTERM with SIGKILL."""
 
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from engine_client.procs import KV_SERVICE_NAME, ChildFailed, ManagedProcess, service_env
+from engine_client.serve.procs import KV_SERVICE_NAME, ChildFailed, ManagedProcess, service_env
 from tests.service_harness import short_tmpdir
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from engine_client.__main__ import main as engine_main
-from engine_client.config import EngineConfig
-from engine_client.factory import model_config
-from engine_client.preset import ConfigError, preset
-from engine_client.procs import ChildFailed, engine_process
+from engine_client.cli.main import main as engine_main
+from engine_client.serve.config import EngineConfig
+from engine_client.serve.factory import model_config
+from engine_client.model.preset import ConfigError, preset
+from engine_client.serve.procs import ChildFailed, engine_process
 from kv_service.__main__ import parse as parse_service
 from tests.process_harness import layout_with, start_service, workdir
 
@@ -32,7 +32,7 @@ def test_engine_row_format_overrides_the_preset() -> None:
 
 def test_flags_and_env(monkeypatch) -> None:
     seen = {}
-    monkeypatch.setattr("engine_client.server.run", lambda cfg: seen.setdefault("cfg", cfg) and 0)
+    monkeypatch.setattr("engine_client.serve.server.run", lambda cfg: seen.setdefault("cfg", cfg) and 0)
     assert engine_main(["serve", "--kv-mode", "baseline", "--uds", "/tmp/x.sock"],
                        env={"ENGINE_ROW_FORMAT": "fp8"}) == 0
     assert seen.pop("cfg").row_format == "fp8"

@@ -1,11 +1,11 @@
-"""Device sampling (engine_client/sampler.py): a correct draw from softmax(logits / T), a pure
+"""Device sampling (engine_client/loop/sampler.py): a correct draw from softmax(logits / T), a pure
 function of (logits, seed, index), and row-independent inside a batch."""
 
 from __future__ import annotations
 
 import torch
 
-from engine_client.sampler import gumbel, sample_rows, token_key
+from engine_client.loop.sampler import gumbel, sample_rows, token_key
 
 
 def test_draws_follow_softmax_of_logits_over_temperature() -> None:

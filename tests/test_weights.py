@@ -8,11 +8,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from engine_client.kernel_set import KernelSet
-from engine_client.kv_backend import BaselineBackend, BaselineConfig
-from engine_client.model import Model
-from engine_client.preset import PRESETS, ConfigError, ModelConfig, preset
-from engine_client.weights import (CheckpointError, load_safetensors, random_weights,
+from engine_client.kv.kernel_set import KernelSet
+from engine_client.kv.backend import BaselineBackend, BaselineConfig
+from engine_client.model.model import Model
+from engine_client.model.preset import PRESETS, ConfigError, ModelConfig, preset
+from engine_client.model.weights import (CheckpointError, load_safetensors, random_weights,
                                    save_safetensors, weight_shapes)
 
 CFG = preset("tiny", topk=8)

@@ -4,7 +4,7 @@ and the records these calls exchange.
 One protocol (`KVControl`), so an engine has a single code path whichever side holds the memory:
 - `engine_client.client.KVClient`: a separate `python -m kv_service` process over gRPC (this
   library);
-- `engine_client.local_control.BaselineControl` / `EmbeddedControl`: the reference engine's
+- `engine_client.kv.local_control.BaselineControl` / `EmbeddedControl`: the reference engine's
   in-process controls (no service; a service core in this process).
 
 Every implementation raises the typed errors of `engine_client.client.errors`.

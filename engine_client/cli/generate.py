@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from engine_client.client import errors, reachability
-from engine_client.config import GenerateConfig
+from engine_client.cli.config import GenerateConfig
 from proto.decode.v1 import decode_pb2 as pb
 from proto.decode.v1 import decode_pb2_grpc as pb_grpc
 

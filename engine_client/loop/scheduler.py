@@ -10,7 +10,7 @@ Each turn it
 
 It counts tokens as *launched* (`GenRequest.launched`): with overlap, step t + 1 is scheduled
 before step t's tokens reach the host, so a decode row does not know its input token. The row
-then names it -1 and the device reads the slot's last sampled token (engine_client.graph).
+then names it -1 and the device reads the slot's last sampled token (engine_client.model.graph).
 
 Queue policy (issue 11):
 - A request the KV side refuses as permanently too large (CapacityError.permanent) ends at once
@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 
 from engine_client.client import errors
 from engine_client.client.control import KVControl
-from engine_client.request import FailStatus, Finish, GenRequest, Phase
-from engine_client.sampler import token_key
+from engine_client.loop.request import FailStatus, Finish, GenRequest, Phase
+from engine_client.loop.sampler import token_key
 
 log = logging.getLogger(__name__)
 

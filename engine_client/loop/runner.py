@@ -1,7 +1,7 @@
 """The runner: launches one engine step on the device and hands its results back later.
 
 `launch(batch)` enqueues the step and returns at once on a GPU: the prefill chunk (if any), the
-decode graph, sampling on the device (engine_client.sampler), the sampled tokens written back as
+decode graph, sampling on the device (engine_client.loop.sampler), the sampled tokens written back as
 the slots' last tokens for the next step, and an asynchronous copy of the tokens and swap
 counters into one of three pinned host buffers, followed by an event. `LaunchedStep.wait()`
 waits for that event only, then reads the pinned buffer.
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
-from engine_client.compute import Compute
-from engine_client.sampler import sample_rows
-from engine_client.scheduler import Batch
+from engine_client.model.compute import Compute
+from engine_client.loop.sampler import sample_rows
+from engine_client.loop.scheduler import Batch
 
 BUFFER_SETS = 3
 

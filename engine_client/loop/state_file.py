@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from engine_client.request import GenRequest, SamplingParams
+from engine_client.loop.request import GenRequest, SamplingParams
 
 log = logging.getLogger(__name__)
 

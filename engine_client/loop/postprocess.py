@@ -21,10 +21,10 @@ from collections.abc import Callable
 
 from engine_client.client import errors
 from engine_client.client.control import KVControl, StepReport
-from engine_client.metrics import EngineMetrics
-from engine_client.request import GenRequest
-from engine_client.runner import StepOutput
-from engine_client.state_file import StateFile
+from engine_client.loop.metrics import EngineMetrics
+from engine_client.loop.request import GenRequest
+from engine_client.loop.runner import StepOutput
+from engine_client.loop.state_file import StateFile
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ with RESOURCE_EXHAUSTED; a failed compute step with INTERNAL.
 
 Resume (`resume_request_id`): the stream replays every token generated so far, with its index,
 then follows live; a client that already has tokens skips the indexes it has. Across an engine
-restart this needs `serve --state-file` (see engine_client/state_file.py).
+restart this needs `serve --state-file` (see engine_client/loop/state_file.py).
 
 Health is NOT_SERVING until the engine is built, and from the loss of the KV service until the
 engine has re-attached to a restarted one.
@@ -31,9 +31,9 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from engine_client.client import errors
-from engine_client.config import EngineConfig
-from engine_client.engine import Engine
-from engine_client.request import FailStatus, Finish, GenRequest, SamplingParams
+from engine_client.serve.config import EngineConfig
+from engine_client.loop.engine import Engine
+from engine_client.loop.request import FailStatus, Finish, GenRequest, SamplingParams
 from proto.decode.v1 import decode_pb2 as pb
 from proto.decode.v1 import decode_pb2_grpc as pb_grpc
 
@@ -172,7 +172,7 @@ async def serve(cfg: EngineConfig) -> int:
     """Run until SIGTERM/SIGINT. Returns the exit status."""
     import torch
 
-    from engine_client.factory import build_engine
+    from engine_client.serve.factory import build_engine
 
     torch.set_num_threads(cfg.cpu_threads)
     loop = asyncio.get_running_loop()

@@ -2,7 +2,7 @@
 
 A `GenRequest` goes waiting -> prefill -> running -> finished. Its tokens are kept so that any
 number of client streams can read them from any index: a resumed stream replays what was
-generated before it joined, then follows live. Sampling (engine_client.sampler) is a pure
+generated before it joined, then follows live. Sampling (engine_client.loop.sampler) is a pure
 function of (logits, seed, token index), so a request resumed by another engine process draws
 the same tokens without any saved RNG state.
 

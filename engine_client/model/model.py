@@ -22,11 +22,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine_client.index_keys import encode_index_keys
-from engine_client.kv_backend import AttnRows, KVBackend
-from engine_client.preset import ModelConfig
-from engine_client.rope import RopeTable, apply_rope
-from engine_client.weights import check_weights, layer_prefix
+from engine_client.kv.index_keys import encode_index_keys
+from engine_client.kv.backend import AttnRows, KVBackend
+from engine_client.model.preset import ModelConfig
+from engine_client.model.rope import RopeTable, apply_rope
+from engine_client.model.weights import check_weights, layer_prefix
 from kernels.sparse_attention import AttnWorkspace, decode_num_splits
 from kernels.topk import TopkWorkspace
 

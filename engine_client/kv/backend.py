@@ -4,7 +4,7 @@ A backend stores new KV rows and indexer keys (`append`), scores the indexer key
 (`index_scores`), and hands attention the rows of a top-k selection as (kv rows, row_base, slots)
 (`select` for decode, `gather` for prefill). Attention reads row `row_base[b] + slots[b, i]` of
 `kv`, in slot-list order, so every backend that yields the same rows gives bitwise-identical
-output. The HiSparse backends (service memory) are in `engine_client.hisparse_backend`.
+output. The HiSparse backends (service memory) are in `engine_client.kv.hisparse`.
 
 Tensor conventions: req_slots, positions, seq_lens [n] int32; a row with req_slot -1 is padding
 and changes nothing; seq_lens count the stored tokens including the new one.
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import torch
 
 from contract.layout import INDEX_FORMATS, ROW_FORMATS, KVLayout
-from engine_client.index_keys import encode_index_keys
-from engine_client.kernel_set import KernelSet
+from engine_client.kv.index_keys import encode_index_keys
+from engine_client.kv.kernel_set import KernelSet
 from kernels.reference import write_index_rows
 
 ROW_DIM = 576

@@ -28,9 +28,10 @@ import grpc
 
 from contract import flags
 from engine_client.client import errors
-from engine_client.config import DemoConfig, GenerateConfig, LocalLayout
-from engine_client.decode_client import GenerationResult, generate_stream
-from engine_client.procs import (
+from engine_client.cli.config import DemoConfig, GenerateConfig
+from engine_client.serve.config import LocalLayout
+from engine_client.cli.generate import GenerationResult, generate_stream
+from engine_client.serve.procs import (
     ChildFailed,
     ManagedProcess,
     engine_process,

@@ -19,17 +19,17 @@ import torch
 from contract.layout import KVLayout
 from contract.tensors import KVTensors
 from engine_client.client.errors import LayoutMismatch
-from engine_client.graph import DecodeConfig, DecodeRunner
-from engine_client.hisparse_backend import HiSparseBackend, RemoteSwapBackend
-from engine_client.kernel_set import KernelSet
-from engine_client.kv_backend import (
+from engine_client.model.graph import DecodeConfig, DecodeRunner
+from engine_client.kv.hisparse import HiSparseBackend, RemoteSwapBackend
+from engine_client.kv.kernel_set import KernelSet
+from engine_client.kv.backend import (
     AttnRows,
     BaselineBackend,
     BaselineConfig,
     KVBackend,
 )
-from engine_client.model import Model, TopkSource
-from engine_client.preset import ModelConfig
+from engine_client.model.model import Model, TopkSource
+from engine_client.model.preset import ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class CountingBackend:
 class Compute:
     """What one engine runs on its compute thread: the model, its decode runner (static
     buffers, CUDA graphs), the counting backend, and the prefill sizes. The steps themselves
-    are launched by engine_client.runner.StepRunner."""
+    are launched by engine_client.loop.runner.StepRunner."""
 
     def __init__(self, model: Model, runner: DecodeRunner, counting: CountingBackend,
                  layout: KVLayout, prefill_chunk: int, synthetic_context: int = 0) -> None:

@@ -6,11 +6,11 @@
    it has finished on the device (`GenRequest.last_step` <= `done_step`): cancels, stop tokens,
    max-length finishes and errors all wait for that, so no launched step reads freed or reused
    KV and no new request is admitted into a slot a step still reads;
-2. schedule (engine_client.scheduler): admission under the queue policy, then the batch;
-3. run (engine_client.runner, on the compute thread): launch this turn's step, then wait for the
+2. schedule (engine_client.loop.scheduler): admission under the queue policy, then the batch;
+3. run (engine_client.loop.runner, on the compute thread): launch this turn's step, then wait for the
    previous one (overlap) or for this one (--no-overlap). The KV memory is checked before a
    launch and before a step's results are trusted;
-4. postprocess (engine_client.postprocess): tokens to the state file and the client streams,
+4. postprocess (engine_client.loop.postprocess): tokens to the state file and the client streams,
    requests ended, StepEnd queued in the background.
 
 With overlap the device runs step t while the host does 4 for t - 1 and 1-2 for t + 1.
@@ -32,13 +32,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 from engine_client.client import errors
 from engine_client.client.control import KVControl
-from engine_client.compute import Compute
-from engine_client.metrics import EngineMetrics
-from engine_client.postprocess import Postprocessor, ReportSender
-from engine_client.request import FailStatus, Finish, GenRequest, Phase, SamplingParams
-from engine_client.runner import Advance, LaunchedStep, StepRunner
-from engine_client.scheduler import Batch, QueuePolicy, Scheduler
-from engine_client.state_file import StateFile
+from engine_client.model.compute import Compute
+from engine_client.loop.metrics import EngineMetrics
+from engine_client.loop.postprocess import Postprocessor, ReportSender
+from engine_client.loop.request import FailStatus, Finish, GenRequest, Phase, SamplingParams
+from engine_client.loop.runner import Advance, LaunchedStep, StepRunner
+from engine_client.loop.scheduler import Batch, QueuePolicy, Scheduler
+from engine_client.loop.state_file import StateFile
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine_client.model import Model, Tokens, Workspace
+from engine_client.model.model import Model, Tokens, Workspace
 
 
 @dataclass(frozen=True)

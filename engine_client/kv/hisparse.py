@@ -17,8 +17,8 @@ import torch
 from contract.exchange import EVENT_NAMES, exchange_specs
 from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
 from contract.tensors import KVTensors
-from engine_client.kernel_set import KernelSet
-from engine_client.kv_backend import ROW_DIM, AttnRows, KVBackend
+from engine_client.kv.kernel_set import KernelSet
+from engine_client.kv.backend import ROW_DIM, AttnRows, KVBackend
 
 # Counter slots in HiSparseBackend.counters (int64, on the device, updated without sync).
 # Padding rows add nothing, so graph warm-ups and captures leave them unchanged.

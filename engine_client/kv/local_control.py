@@ -2,7 +2,7 @@
 - `BaselineControl`: no service; request slots of the engine's own all-on-GPU cache.
 - `EmbeddedControl`: a service core (`kv_service.core.ServiceCore`) in this process, on
   locally allocated tensors, called directly (no gRPC). The core is built by
-  `engine_client.factory`, the one place the engine imports `kv_service`.
+  `engine_client.serve.factory`, the one place the engine imports `kv_service`.
 """
 
 from __future__ import annotations

@@ -17,24 +17,24 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from engine_client import state_file
+from engine_client.loop import state_file
 from engine_client.client import errors
 from engine_client.client.control import HeldRequest, KVControl
 from engine_client.client.kv_client import KVClient
-from engine_client.compute import (
+from engine_client.model.compute import (
     build_backend,
     build_compute,
     check_model_fits,
     choose_kernels,
     load_topk_source,
 )
-from engine_client.config import EngineConfig
-from engine_client.engine import Engine
-from engine_client.local_control import BaselineControl, EmbeddedControl
-from engine_client.preset import ModelConfig, preset
-from engine_client.request import Finish, GenRequest, Phase
-from engine_client.scheduler import QueuePolicy
-from engine_client.weights import load_safetensors, random_weights
+from engine_client.serve.config import EngineConfig
+from engine_client.loop.engine import Engine
+from engine_client.kv.local_control import BaselineControl, EmbeddedControl
+from engine_client.model.preset import ModelConfig, preset
+from engine_client.loop.request import Finish, GenRequest, Phase
+from engine_client.loop.scheduler import QueuePolicy
+from engine_client.model.weights import load_safetensors, random_weights
 
 log = logging.getLogger(__name__)
 

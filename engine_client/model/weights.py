@@ -18,7 +18,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from engine_client.preset import ModelConfig
+from engine_client.model.preset import ModelConfig
 
 _FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
