@@ -20,13 +20,23 @@ from kv_service.memory import allocate_local  # noqa: E402
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--steps", type=int, default=200)
     args = ap.parse_args()
     n = args.requests
-    lay = KVLayout(num_layers=1, max_requests=n, hot_slots=48, window=8, topk=32, page_size=16,
-                   num_pages=n * 8, max_context=128)
+    lay = KVLayout(
+        num_layers=1,
+        max_requests=n,
+        hot_slots=48,
+        window=8,
+        topk=32,
+        page_size=16,
+        num_pages=n * 8,
+        max_context=128,
+    )
     core = ServiceCore(allocate_local(lay), lease_seconds=30)
     sid = core.attach("bench").session_id
     ids = [f"r{i}" for i in range(n)]

@@ -52,10 +52,16 @@ def _bump() -> None:
         _counter.value += 1
 
 
-async def _stream(stub: pb_grpc.DecodeServiceStub, req: pb.GenerateRequest,
-                  timeout: float) -> dict:
-    rec: dict = {"submitted": time.monotonic(), "arrivals": [], "hits": 0, "misses": 0,
-                 "bytes_moved": 0, "finish": "", "error": ""}
+async def _stream(stub: pb_grpc.DecodeServiceStub, req: pb.GenerateRequest, timeout: float) -> dict:
+    rec: dict = {
+        "submitted": time.monotonic(),
+        "arrivals": [],
+        "hits": 0,
+        "misses": 0,
+        "bytes_moved": 0,
+        "finish": "",
+        "error": "",
+    }
     call = stub.Generate(req, timeout=timeout, wait_for_ready=True)
     try:
         async for resp in call:
@@ -72,16 +78,21 @@ async def _stream(stub: pb_grpc.DecodeServiceStub, req: pb.GenerateRequest,
     return rec
 
 
-async def run_streams_async(target: str, first: int, n: int, prompt_len: int, vocab: int,
-                            new_tokens: int, timeout: float) -> list[dict]:
-    channels = [grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
-                for _ in range(-(-n // STREAMS_PER_CHANNEL))]
+async def run_streams_async(
+    target: str, first: int, n: int, prompt_len: int, vocab: int, new_tokens: int, timeout: float
+) -> list[dict]:
+    channels = [
+        grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        for _ in range(-(-n // STREAMS_PER_CHANNEL))
+    ]
     try:
         calls = []
         for i in range(first, first + n):
             rng = random.Random(i)
-            req = pb.GenerateRequest(prompt_token_ids=[rng.randrange(1, vocab) for _ in range(prompt_len)],
-                                     max_new_tokens=new_tokens)
+            req = pb.GenerateRequest(
+                prompt_token_ids=[rng.randrange(1, vocab) for _ in range(prompt_len)],
+                max_new_tokens=new_tokens,
+            )
             stub = pb_grpc.DecodeServiceStub(channels[(i - first) // STREAMS_PER_CHANNEL])
             calls.append(_stream(stub, req, timeout))
         return list(await asyncio.gather(*calls))
@@ -108,8 +119,9 @@ class LoadGen:
         if procs > 1:
             ctx = mp.get_context("spawn")  # never fork a process that holds grpc state
             self.counter: Any = ctx.Value("q", 0)
-            self.pool = ProcessPoolExecutor(procs, mp_context=ctx, initializer=_init_worker,
-                                            initargs=(self.counter,))
+            self.pool = ProcessPoolExecutor(
+                procs, mp_context=ctx, initializer=_init_worker, initargs=(self.counter,)
+            )
             for f in [self.pool.submit(_noop) for _ in range(procs)]:
                 f.result()  # start and import now, not inside a timed phase
         else:
@@ -119,16 +131,22 @@ class LoadGen:
     def received(self) -> int:
         return int(self.counter.value)
 
-    async def run(self, target: str, n: int, prompt_len: int, vocab: int, new_tokens: int,
-                  timeout: float) -> list[dict]:
+    async def run(
+        self, target: str, n: int, prompt_len: int, vocab: int, new_tokens: int, timeout: float
+    ) -> list[dict]:
         self.counter.value = 0
         if self.pool is None:
             return await run_streams_async(target, 0, n, prompt_len, vocab, new_tokens, timeout)
         loop = asyncio.get_running_loop()
         shares = [n // self.procs + (i < n % self.procs) for i in range(self.procs)]
         starts = [sum(shares[:i]) for i in range(self.procs)]
-        futs = [loop.run_in_executor(self.pool, run_streams, target, s, k, prompt_len, vocab,
-                                     new_tokens, timeout) for s, k in zip(starts, shares) if k]
+        futs = [
+            loop.run_in_executor(
+                self.pool, run_streams, target, s, k, prompt_len, vocab, new_tokens, timeout
+            )
+            for s, k in zip(starts, shares)
+            if k
+        ]
         return [rec for part in await asyncio.gather(*futs) for rec in part]
 
     def close(self) -> None:
@@ -136,8 +154,11 @@ class LoadGen:
             self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-_RPC_RE = re.compile(r'^(kvs_session_message_seconds|grpc_server_handling_seconds)_(sum|count)'
-                     r'\{([^}]*)\} (\S+)$', re.M)
+_RPC_RE = re.compile(
+    r"^(kvs_session_message_seconds|grpc_server_handling_seconds)_(sum|count)"
+    r"\{([^}]*)\} (\S+)$",
+    re.M,
+)
 
 
 def parse_rpc_metrics(text: str) -> dict[str, list[float]]:
@@ -156,13 +177,16 @@ def parse_rpc_metrics(text: str) -> dict[str, list[float]]:
     return out
 
 
-_ENGINE_RE = re.compile(r"^(engine_step_gpu_seconds_sum|engine_step_gpu_seconds_count|"
-                        r"engine_gpu_busy_seconds_total|engine_gpu_idle_seconds_total) (\S+)$",
-                        re.MULTILINE)
+_ENGINE_RE = re.compile(
+    r"^(engine_step_gpu_seconds_sum|engine_step_gpu_seconds_count|"
+    r"engine_gpu_busy_seconds_total|engine_gpu_idle_seconds_total) (\S+)$",
+    re.MULTILINE,
+)
 
 
 def parse_engine_metrics(text: str) -> dict[str, float]:
-    """The engine's step GPU time (sum, count) and GPU busy / idle seconds (engine_client.loop.metrics)."""
+    """The engine's step GPU time (sum, count) and GPU busy / idle seconds
+    (engine_client.loop.metrics)."""
     return {name: float(value) for name, value in _ENGINE_RE.findall(text)}
 
 
@@ -181,8 +205,12 @@ async def _gpu_mib() -> dict[int, int]:
         return {}
     try:
         proc = await asyncio.create_subprocess_exec(
-            "nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits",
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+            "nvidia-smi",
+            "--query-compute-apps=pid,used_memory",
+            "--format=csv,noheader,nounits",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
         out, _ = await asyncio.wait_for(proc.communicate(), 10)
     except (OSError, TimeoutError):
         return {}
@@ -194,8 +222,14 @@ class Sampler:
     """Samples every `period` s while running: service counters and control-plane metrics (when
     a service is given), GPU memory and RSS of the children (by name -> pid)."""
 
-    def __init__(self, kv_target: str | None, metrics_port: int | None, pids: dict[str, int],
-                 period: float = 0.1, engine_metrics_port: int | None = None) -> None:
+    def __init__(
+        self,
+        kv_target: str | None,
+        metrics_port: int | None,
+        pids: dict[str, int],
+        period: float = 0.1,
+        engine_metrics_port: int | None = None,
+    ) -> None:
         self.kv_target, self.metrics_port, self.pids = kv_target, metrics_port, pids
         self.engine_metrics_port = engine_metrics_port
         self.period = period
@@ -224,24 +258,29 @@ class Sampler:
             await asyncio.sleep(self.period)
 
     async def _sample(self, gpu: bool) -> None:
-        s: dict = {"t": time.monotonic(),
-                   "rss": {n: _rss_bytes(p) for n, p in self.pids.items()}}
+        s: dict = {"t": time.monotonic(), "rss": {n: _rss_bytes(p) for n, p in self.pids.items()}}
         if gpu:
             used = await _gpu_mib()
             s["gpu_mib"] = {n: used.get(p) for n, p in self.pids.items()}
         if self._channel is not None:
             try:
                 st = await kpb_grpc.KVCacheServiceStub(self._channel).GetStats(
-                    kpb.GetStatsRequest(), timeout=5)
-                s["kv"] = {"hits": st.hits, "misses": st.misses, "bytes_moved": st.bytes_moved,
-                           "requests": st.requests}
+                    kpb.GetStatsRequest(), timeout=5
+                )
+                s["kv"] = {
+                    "hits": st.hits,
+                    "misses": st.misses,
+                    "bytes_moved": st.bytes_moved,
+                    "requests": st.requests,
+                }
             except grpc.aio.AioRpcError:
                 pass
         if self.metrics_port is not None:
             url = f"http://127.0.0.1:{self.metrics_port}/metrics"
             try:
                 text = await asyncio.to_thread(
-                    lambda: urllib.request.urlopen(url, timeout=5).read().decode())
+                    lambda: urllib.request.urlopen(url, timeout=5).read().decode()
+                )
                 s["rpc"] = parse_rpc_metrics(text)
             except OSError:
                 pass
@@ -249,7 +288,8 @@ class Sampler:
             url = f"http://127.0.0.1:{self.engine_metrics_port}/metrics"
             try:
                 text = await asyncio.to_thread(
-                    lambda: urllib.request.urlopen(url, timeout=5).read().decode())
+                    lambda: urllib.request.urlopen(url, timeout=5).read().decode()
+                )
                 s["engine"] = parse_engine_metrics(text)
             except OSError:
                 pass

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contract.layout import INDEX_FORMATS, ROW_FORMATS
 from contract import flags
-from engine_client.serve.config import LocalLayout
+from contract.layout import INDEX_FORMATS, ROW_FORMATS
 from engine_client.model.preset import preset
+from engine_client.serve.config import LocalLayout
 
 HISPARSE_MODES = ("embedded", "service", "service-remote-swap")
 MODES = ("baseline",) + HISPARSE_MODES
@@ -43,7 +43,7 @@ class Sizes:
     sweep_factors: tuple[int, ...] = (1, 4)
     index_format: str = "fp8"
     row_format: str = "bf16"
-    decode_microbatches: int = 1   # embedded/service engines: copy/compute overlap parts
+    decode_microbatches: int = 1  # embedded/service engines: copy/compute overlap parts
 
     @property
     def num_layers(self) -> int:
@@ -92,16 +92,23 @@ class ContextPlan:
         return pages * s.num_layers * s.page_size * ROW_FORMATS[s.row_format]
 
     def to_dict(self, s: Sizes) -> dict:
-        return {"context": self.context, "max_context": self.max_context,
-                "gpu_kv_budget_bytes": s.gpu_kv_bytes,
-                "baseline": {"max_requests": self.n_baseline,
-                             "bytes_per_request": self.baseline_bytes,
-                             "gpu_kv_bytes": self.n_baseline * self.baseline_bytes},
-                "hisparse": {"max_requests": self.n_hisparse,
-                             "bytes_per_request": self.hisparse_bytes,
-                             "gpu_kv_bytes": self.n_hisparse * self.hisparse_bytes,
-                             "host_tier_bytes": self.host_tier_bytes(s)},
-                "capacity_ratio": self.n_hisparse / max(self.n_baseline, 1)}
+        return {
+            "context": self.context,
+            "max_context": self.max_context,
+            "gpu_kv_budget_bytes": s.gpu_kv_bytes,
+            "baseline": {
+                "max_requests": self.n_baseline,
+                "bytes_per_request": self.baseline_bytes,
+                "gpu_kv_bytes": self.n_baseline * self.baseline_bytes,
+            },
+            "hisparse": {
+                "max_requests": self.n_hisparse,
+                "bytes_per_request": self.hisparse_bytes,
+                "gpu_kv_bytes": self.n_hisparse * self.hisparse_bytes,
+                "host_tier_bytes": self.host_tier_bytes(s),
+            },
+            "capacity_ratio": self.n_hisparse / max(self.n_baseline, 1),
+        }
 
 
 def plan_context(s: Sizes, context: int) -> ContextPlan:
@@ -116,8 +123,14 @@ def plan_context(s: Sizes, context: int) -> ContextPlan:
     n_base = s.gpu_kv_bytes // baseline_request_bytes(s, max_ctx)
     if n_base < 1 or n_hs < 1:
         raise ValueError(f"budget {s.gpu_kv_bytes} B holds no request of {max_ctx} tokens")
-    return ContextPlan(context, max_ctx, n_base, n_hs, baseline_request_bytes(s, max_ctx),
-                       hisparse_request_bytes(s, max_ctx, s.hot_slots))
+    return ContextPlan(
+        context,
+        max_ctx,
+        n_base,
+        n_hs,
+        baseline_request_bytes(s, max_ctx),
+        hisparse_request_bytes(s, max_ctx, s.hot_slots),
+    )
 
 
 @dataclass(frozen=True)
@@ -144,13 +157,16 @@ class Run:
 
     @property
     def label(self) -> str:
-        return f"{self.context} {self.mode} {self.source}{'' if self.tag == 'main' else ' ' + self.tag}"
+        tag = "" if self.tag == "main" else " " + self.tag
+        return f"{self.context} {self.mode} {self.source}{tag}"
 
 
 def _phases(s: Sizes, names: tuple[str, ...], n_eq: int, n_max: int) -> tuple[Phase, ...]:
-    table = {"batch1": Phase("batch1", 1, s.batch1_tokens),
-             "equal": Phase("equal", n_eq, n_eq + s.steady_steps),
-             "max": Phase("max", n_max, n_max + s.steady_steps)}
+    table = {
+        "batch1": Phase("batch1", 1, s.batch1_tokens),
+        "equal": Phase("equal", n_eq, n_eq + s.steady_steps),
+        "max": Phase("max", n_max, n_max + s.steady_steps),
+    }
     return tuple(table[n] for n in names)
 
 
@@ -158,7 +174,8 @@ def _phase_names(mode: str, source: str) -> tuple[str, ...]:
     if source != "trace":  # the random model's own indexer: the capacity point only
         return ("max",) if mode in ("baseline", "service") else ()
     return {"baseline": ("batch1", "max"), "service-remote-swap": ("batch1", "equal")}.get(
-        mode, ("batch1", "equal", "max"))
+        mode, ("batch1", "equal", "max")
+    )
 
 
 def build_matrix(s: Sizes, modes: tuple[str, ...], sources: tuple[str, ...]) -> list[Run]:
@@ -175,8 +192,17 @@ def build_matrix(s: Sizes, modes: tuple[str, ...], sources: tuple[str, ...]) -> 
             names = _phase_names(mode, source)
             n = p.n_baseline if mode == "baseline" else p.n_hisparse
             if names:
-                runs.append(Run(c, mode, source, _phases(s, names, min(p.n_baseline, n), n),
-                                n, s.hot_slots, p.max_context))
+                runs.append(
+                    Run(
+                        c,
+                        mode,
+                        source,
+                        _phases(s, names, min(p.n_baseline, n), n),
+                        n,
+                        s.hot_slots,
+                        p.max_context,
+                    )
+                )
     if "trace" in sources and s.sweep_factors:
         runs += sweep_runs(s, plans[s.contexts[0]])
     return runs
@@ -185,17 +211,33 @@ def build_matrix(s: Sizes, modes: tuple[str, ...], sources: tuple[str, ...]) -> 
 def sweep_runs(s: Sizes, p: ContextPlan) -> list[Run]:
     """Hit rate vs B: embedded runs at LRU capacity f * k (B = f * k + W), few requests."""
     n = min(s.sweep_requests, p.n_hisparse)
-    return [Run(p.context, "embedded", "trace", (Phase("sweep", n, n + s.steady_steps),), n,
-                f * s.topk + s.window, p.max_context, tag=f"B={f * s.topk + s.window}")
-            for f in s.sweep_factors]
+    return [
+        Run(
+            p.context,
+            "embedded",
+            "trace",
+            (Phase("sweep", n, n + s.steady_steps),),
+            n,
+            f * s.topk + s.window,
+            p.max_context,
+            tag=f"B={f * s.topk + s.window}",
+        )
+        for f in s.sweep_factors
+    ]
 
 
 def local_layout(s: Sizes, run: Run) -> LocalLayout:
     """The run's KV memory: the engine's own (baseline/embedded) or, with the model's layers,
     top-k and row format, the service's."""
-    return LocalLayout(max_requests=run.slots, hot_slots=run.hot_slots, window=s.window,
-                       page_size=s.page_size, num_pages=run.slots * run.max_context // s.page_size,
-                       max_context=run.max_context, index_format=s.index_format)
+    return LocalLayout(
+        max_requests=run.slots,
+        hot_slots=run.hot_slots,
+        window=s.window,
+        page_size=s.page_size,
+        num_pages=run.slots * run.max_context // s.page_size,
+        max_context=run.max_context,
+        index_format=s.index_format,
+    )
 
 
 def service_flags(s: Sizes, run: Run) -> list[str]:
@@ -204,10 +246,26 @@ def service_flags(s: Sizes, run: Run) -> list[str]:
 
 def engine_flags(s: Sizes, run: Run) -> list[str]:
     source = TRACE_SOURCE if run.source == "trace" else "indexer"
-    argv = ["--preset", s.preset, "--row-format", s.row_format, "--max-batch", str(run.slots),
-            "--prefill-chunk", str(s.prompt_len), "--synthetic-context", str(run.context),
-            "--topk-source", source, "--rpc-timeout", "60", "--attach-timeout", "120",
-            "--log-level", "WARNING"]
+    argv = [
+        "--preset",
+        s.preset,
+        "--row-format",
+        s.row_format,
+        "--max-batch",
+        str(run.slots),
+        "--prefill-chunk",
+        str(s.prompt_len),
+        "--synthetic-context",
+        str(run.context),
+        "--topk-source",
+        source,
+        "--rpc-timeout",
+        "60",
+        "--attach-timeout",
+        "120",
+        "--log-level",
+        "WARNING",
+    ]
     if run.mode in ("baseline", "embedded"):
         argv += ["--device", s.device] + flags.to_flags(local_layout(s, run))
     if run.mode in ("embedded", "service") and s.decode_microbatches > 1:

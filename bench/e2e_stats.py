@@ -32,7 +32,9 @@ def _window(recs: list[dict]) -> tuple[float, float, bool]:
 def _in_window(samples: list[dict], key: str, a: float, b: float) -> tuple[dict, dict] | None:
     """First and last sample inside [a, b] that carry `key`."""
     inside = [s for s in samples if key in s and a <= s["t"] <= b]
-    return (inside[0], inside[-1]) if len(inside) >= 2 and inside[-1]["t"] > inside[0]["t"] else None
+    return (
+        (inside[0], inside[-1]) if len(inside) >= 2 and inside[-1]["t"] > inside[0]["t"] else None
+    )
 
 
 def _service_window(samples: list[dict], a: float, b: float, itl: float | None) -> dict:
@@ -65,9 +67,15 @@ def _engine_window(samples: list[dict], a: float, b: float, itl_p50: float | Non
     d = {k: eng[1]["engine"].get(k, 0.0) - eng[0]["engine"].get(k, 0.0) for k in eng[1]["engine"]}
     steps = d.get("engine_step_gpu_seconds_count", 0.0)
     step = d.get("engine_step_gpu_seconds_sum", 0.0) / steps if steps else None
-    busy, idle = d.get("engine_gpu_busy_seconds_total", 0.0), d.get("engine_gpu_idle_seconds_total", 0.0)
-    return {"step_gpu_s": step, "gpu_idle_frac": idle / (busy + idle) if busy + idle else None,
-            "itl_p50_over_step": itl_p50 / step if itl_p50 is not None and step else None}
+    busy, idle = (
+        d.get("engine_gpu_busy_seconds_total", 0.0),
+        d.get("engine_gpu_idle_seconds_total", 0.0),
+    )
+    return {
+        "step_gpu_s": step,
+        "gpu_idle_frac": idle / (busy + idle) if busy + idle else None,
+        "itl_p50_over_step": itl_p50 / step if itl_p50 is not None and step else None,
+    }
 
 
 def _peaks(samples: list[dict], key: str) -> dict:
@@ -79,14 +87,16 @@ def _peaks(samples: list[dict], key: str) -> dict:
     return peak
 
 
-def analyze(recs: list[dict], samples: list[dict], concurrency: int,
-            h2d_ceiling_gbs: float | None) -> dict:
+def analyze(
+    recs: list[dict], samples: list[dict], concurrency: int, h2d_ceiling_gbs: float | None
+) -> dict:
     """Every number of one phase (seconds in s, rates per s; None where not measurable)."""
     a, b, steady = _window(recs)
     # Only token gaps wholly inside the window: the gap that spans the last prefill step
     # belongs to the ramp. Throughput = sum of the streams' token rates in the window.
-    gaps = [[y - x for x, y in zip(r["arrivals"], r["arrivals"][1:]) if a <= x and y <= b]
-            for r in recs]
+    gaps = [
+        [y - x for x, y in zip(r["arrivals"], r["arrivals"][1:]) if a <= x and y <= b] for r in recs
+    ]
     itls = [g for gs in gaps for g in gs]
     in_win = len(itls)
     tok_s = sum(len(gs) / sum(gs) for gs in gaps if gs and sum(gs) > 0) if steady else None
@@ -97,18 +107,30 @@ def analyze(recs: list[dict], samples: list[dict], concurrency: int,
     hits, misses = sum(r["hits"] for r in recs), sum(r["misses"] for r in recs)
     moved = sum(r["bytes_moved"] for r in recs)
     itl_mean = statistics.fmean(itls) if itls else None
-    out = {"concurrency": concurrency, "streams_ok": sum(1 for r in recs if r["finish"] == "LENGTH"),
-           "errors": sorted({r["error"] for r in recs if r["error"]})[:5],
-           "tokens": tokens, "steady": steady, "window_s": b - a, "tokens_in_window": in_win,
-           "tok_s": tok_s, "ttft_p50_s": _pct(ttfts, 0.5), "ttft_p99_s": _pct(ttfts, 0.99),
-           "itl_p50_s": _pct(itls, 0.5), "itl_p99_s": _pct(itls, 0.99), "itl_mean_s": itl_mean,
-           "hit_rate": hits / (hits + misses) if hits + misses else None,
-           "bytes_moved": moved}
+    out = {
+        "concurrency": concurrency,
+        "streams_ok": sum(1 for r in recs if r["finish"] == "LENGTH"),
+        "errors": sorted({r["error"] for r in recs if r["error"]})[:5],
+        "tokens": tokens,
+        "steady": steady,
+        "window_s": b - a,
+        "tokens_in_window": in_win,
+        "tok_s": tok_s,
+        "ttft_p50_s": _pct(ttfts, 0.5),
+        "ttft_p99_s": _pct(ttfts, 0.99),
+        "itl_p50_s": _pct(itls, 0.5),
+        "itl_p99_s": _pct(itls, 0.99),
+        "itl_mean_s": itl_mean,
+        "hit_rate": hits / (hits + misses) if hits + misses else None,
+        "bytes_moved": moved,
+    }
     # Bytes per token are about the same at every step of the phase, so bytes/token x the
     # window's token rate is the window's PCIe traffic in every mode (embedded has no sampler).
     gbs = moved / tokens * tok_s / 1e9 if tokens and tok_s else None
     out["h2d_gbs"] = gbs
-    out["h2d_frac_of_pinned"] = gbs / h2d_ceiling_gbs if gbs is not None and h2d_ceiling_gbs else None
+    out["h2d_frac_of_pinned"] = (
+        gbs / h2d_ceiling_gbs if gbs is not None and h2d_ceiling_gbs else None
+    )
     out.update(_service_window(samples, a, b, itl_mean))
     out.update(_engine_window(samples, a, b, out["itl_p50_s"]))
     out["gpu_mib_peak"] = _peaks(samples, "gpu_mib")
@@ -133,16 +155,20 @@ def ratios(results: list[dict], contexts: list[int], sources: list[str]) -> dict
     for ctx in contexts:
         for src in sources:
             t = lambda mode, ph: _get(results, ctx, mode, src, ph, "tok_s")  # noqa: E731
-            r = {"service/baseline at max": _ratio(t("service", "max"), t("baseline", "max")),
-                 "service/baseline at equal": _ratio(t("service", "equal"), t("baseline", "max")),
-                 "batch-1 service/baseline": _ratio(t("service", "batch1"), t("baseline", "batch1")),
-                 "service/embedded at max": _ratio(t("service", "max"), t("embedded", "max")),
-                 "service/embedded at equal": _ratio(t("service", "equal"), t("embedded", "equal")),
-                 "remote-swap/service at equal": _ratio(t("service-remote-swap", "equal"),
-                                                        t("service", "equal")),
-                 "max concurrency service/baseline": _ratio(
-                     _get(results, ctx, "service", src, "max", "concurrency"),
-                     _get(results, ctx, "baseline", src, "max", "concurrency"))}
+            r = {
+                "service/baseline at max": _ratio(t("service", "max"), t("baseline", "max")),
+                "service/baseline at equal": _ratio(t("service", "equal"), t("baseline", "max")),
+                "batch-1 service/baseline": _ratio(t("service", "batch1"), t("baseline", "batch1")),
+                "service/embedded at max": _ratio(t("service", "max"), t("embedded", "max")),
+                "service/embedded at equal": _ratio(t("service", "equal"), t("embedded", "equal")),
+                "remote-swap/service at equal": _ratio(
+                    t("service-remote-swap", "equal"), t("service", "equal")
+                ),
+                "max concurrency service/baseline": _ratio(
+                    _get(results, ctx, "service", src, "max", "concurrency"),
+                    _get(results, ctx, "baseline", src, "max", "concurrency"),
+                ),
+            }
             r = {k: v for k, v in r.items() if v is not None}
             if r:
                 out[f"{ctx} {src}"] = r

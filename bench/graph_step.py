@@ -19,9 +19,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from contract.layout import MODE_OFFLOADED, KVLayout  # noqa: E402
-from engine_client.model.graph import DecodeConfig, DecodeRunner  # noqa: E402
 from engine_client.kv.hisparse import HiSparseBackend  # noqa: E402
 from engine_client.kv.kernel_set import KernelSet  # noqa: E402
+from engine_client.model.graph import DecodeConfig, DecodeRunner  # noqa: E402
 from engine_client.model.model import Model  # noqa: E402
 from engine_client.model.preset import preset  # noqa: E402
 from engine_client.model.weights import random_weights  # noqa: E402
@@ -29,9 +29,17 @@ from kv_service.memory import allocate_local, reset_request  # noqa: E402
 
 
 def run(args: argparse.Namespace, use_graphs: bool, weights, cfg) -> dict:
-    lay = KVLayout(num_layers=cfg.num_layers, max_requests=args.batch, hot_slots=4096, window=128,
-                   topk=cfg.topk, page_size=64, num_pages=args.batch * (args.context // 64 + 4),
-                   max_context=args.context + 256, index_format="fp8")
+    lay = KVLayout(
+        num_layers=cfg.num_layers,
+        max_requests=args.batch,
+        hot_slots=4096,
+        window=128,
+        topk=cfg.topk,
+        page_size=64,
+        num_pages=args.batch * (args.context // 64 + 4),
+        max_context=args.context + 256,
+        index_format="fp8",
+    )
     kv = allocate_local(lay, "cuda")
     per = lay.num_pages // args.batch
     for slot in range(args.batch):
@@ -59,12 +67,18 @@ def run(args: argparse.Namespace, use_graphs: bool, weights, cfg) -> dict:
     # Free memory now; pyflakes reads the lambdas' names as undefined after this (F821).
     del runner, model, backend, kv
     torch.cuda.empty_cache()
-    return {"graphs": use_graphs, "steps_per_s": args.steps / wall,
-            "ms_per_step": 1e3 * wall / args.steps, "cpu_ms_per_step": 1e3 * cpu / args.steps}
+    return {
+        "graphs": use_graphs,
+        "steps_per_s": args.steps / wall,
+        "ms_per_step": 1e3 * wall / args.steps,
+        "cpu_ms_per_step": 1e3 * cpu / args.steps,
+    }
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--context", type=int, default=8192)
     ap.add_argument("--steps", type=int, default=30)
@@ -79,10 +93,16 @@ def main() -> int:
     rows = [run(args, False, weights, cfg), run(args, True, weights, cfg)]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2))
-    print(f"\ndecode step, bench preset {args.layers} layers, batch {args.batch}, context {args.context}")
+    print(
+        f"\ndecode step, bench preset {args.layers} layers, batch {args.batch}, "
+        f"context {args.context}"
+    )
     for r in rows:
-        print(f"  graphs={r['graphs']!s:<5} {r['steps_per_s']:8.1f} steps/s  {r['ms_per_step']:7.2f} ms/step"
-              f"  CPU {r['cpu_ms_per_step']:7.2f} ms/step")
+        print(
+            f"  graphs={r['graphs']!s:<5} {r['steps_per_s']:8.1f} steps/s  "
+            f"{r['ms_per_step']:7.2f} ms/step"
+            f"  CPU {r['cpu_ms_per_step']:7.2f} ms/step"
+        )
     print(f"  graphs speed-up {rows[1]['steps_per_s'] / rows[0]['steps_per_s']:.2f}x")
     return 0
 

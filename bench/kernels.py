@@ -19,25 +19,31 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.timing import Row, measure_ceilings, print_table  # noqa: E402
 from bench import kernel_cases as cases  # noqa: E402
 from bench import miss_copy_cases  # noqa: E402
+from bench.timing import Row, measure_ceilings, print_table  # noqa: E402
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", default="bench/results/kernels.json", help="JSON results path")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions (smoke run)")
-    ap.add_argument("--cases", default="", help="comma-separated substrings of case names "
-                    "to run (default: all)")
+    ap.add_argument(
+        "--cases", default="", help="comma-separated substrings of case names to run (default: all)"
+    )
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench/kernels.py needs CUDA", file=sys.stderr)
         return 2
     reps = 5 if args.quick else 20
     ceil = measure_ceilings()
-    print(f"ceilings: pinned H2D {ceil['h2d_gbs']:.1f} GB/s, D2D {ceil['d2d_gbs']:.0f} GB/s "
-          f"(read+write), bf16 matmul {ceil['mm_tflops']:.0f} TFLOP/s", flush=True)
+    print(
+        f"ceilings: pinned H2D {ceil['h2d_gbs']:.1f} GB/s, D2D {ceil['d2d_gbs']:.0f} GB/s "
+        f"(read+write), bf16 matmul {ceil['mm_tflops']:.0f} TFLOP/s",
+        flush=True,
+    )
     rows: list[Row] = []
     wanted = [w for w in args.cases.split(",") if w]
     for case in cases.ALL + miss_copy_cases.ALL:
@@ -51,9 +57,13 @@ def main() -> int:
         print(f"  {case.__name__} done in {time.time() - t0:.1f}s", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-               "date": time.strftime("%Y-%m-%d"), "ceilings": ceil,
-               "rows": [r.__dict__ for r in rows]}
+    payload = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+        "ceilings": ceil,
+        "rows": [r.__dict__ for r in rows],
+    }
     out.write_text(json.dumps(payload, indent=2))
     print_table(rows)
     return 0

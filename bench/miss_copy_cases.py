@@ -21,18 +21,20 @@ HOST_TIER_BYTES = 4 << 30
 SMALL_TIERS = (256 << 20, 16 << 20)
 POISON = 0xA5
 # (label, miss_copy keywords): tuning variants at one in-situ point.
-VARIANTS = [("rows8 w4 default grid", {}),
-            ("rows16 w4", dict(rows_per_program=16)),
-            ("rows16 w8", dict(rows_per_program=16, num_warps=8)),
-            ("rows8 w4 2/SM", dict(programs_per_sm=2)),
-            ("rows8 w4 4/SM", dict(programs_per_sm=4)),
-            ("rows8 w4 16/SM", dict(programs_per_sm=16)),
-            # Few CTAs: how small a grid still moves PCIe's worth (the side-stream copy
-            # that overlaps compute should leave the other SMs to the compute).
-            ("rows8 w4 16 CTAs", dict(programs=16)),
-            ("rows16 w4 32 CTAs", dict(programs=32, rows_per_program=16)),
-            ("rows8 w4 66 CTAs", dict(programs=66)),
-            ("rows8 w4 132 CTAs", dict(programs=132))]
+VARIANTS = [
+    ("rows8 w4 default grid", {}),
+    ("rows16 w4", dict(rows_per_program=16)),
+    ("rows16 w8", dict(rows_per_program=16, num_warps=8)),
+    ("rows8 w4 2/SM", dict(programs_per_sm=2)),
+    ("rows8 w4 4/SM", dict(programs_per_sm=4)),
+    ("rows8 w4 16/SM", dict(programs_per_sm=16)),
+    # Few CTAs: how small a grid still moves PCIe's worth (the side-stream copy
+    # that overlaps compute should leave the other SMs to the compute).
+    ("rows8 w4 16 CTAs", dict(programs=16)),
+    ("rows16 w4 32 CTAs", dict(programs=32, rows_per_program=16)),
+    ("rows8 w4 66 CTAs", dict(programs=66)),
+    ("rows8 w4 132 CTAs", dict(programs=132)),
+]
 
 
 def miss_lists(bs: int, rate: float, host_rows: int, g: torch.Generator):
@@ -51,7 +53,7 @@ class _Tier:
 
     def __init__(self, nbytes: int) -> None:
         self.flat = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-        self.flat[: 64 << 20].random_(0, 255)   # the rows the checks read come from here too
+        self.flat[: 64 << 20].random_(0, 255)  # the rows the checks read come from here too
 
     def rows(self, d: int) -> torch.Tensor:
         n = self.flat.numel() // d
@@ -60,9 +62,11 @@ class _Tier:
 
 def _copy_fn(host: torch.Tensor, hot: torch.Tensor, lists, **kw):
     from kernels.miss_copy import default_programs, miss_copy
+
     per_sm = kw.pop("programs_per_sm", None)
     if per_sm is not None:
         from kernels.miss_copy import PROGRAMS_PER_SM
+
         kw["programs"] = default_programs(hot.device) * per_sm // PROGRAMS_PER_SM
     uva = UVATensor(host)
     return lambda: miss_copy(uva, hot, *lists, **kw)  # noqa: E731
@@ -75,8 +79,17 @@ def _bytes_ok(host: torch.Tensor, hot: torch.Tensor, lists) -> bool:
     return bool(torch.equal(hot[d.cuda()].cpu(), host[s])) if s.numel() else True
 
 
-def _case(tier: _Tier, bs: int, rate: float, d: int, ceil: dict, reps: int,
-          src_bytes: int | None = None, label: str = "", **kw) -> Row:
+def _case(
+    tier: _Tier,
+    bs: int,
+    rate: float,
+    d: int,
+    ceil: dict,
+    reps: int,
+    src_bytes: int | None = None,
+    label: str = "",
+    **kw,
+) -> Row:
     """src_bytes: draw the sources from the tier's first src_bytes only."""
     g = torch.Generator().manual_seed(bs * 1000 + int(rate * 100) + d)
     host = tier.rows(d)
@@ -91,10 +104,15 @@ def _case(tier: _Tier, bs: int, rate: float, d: int, ceil: dict, reps: int,
     flat_dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     same = graph_time_us(lambda: flat_dev.copy_(host.view(-1)[:nbytes], non_blocking=True), reps)
     gbs, same_gbs = nbytes / us / 1e3, nbytes / same / 1e3
-    return Row("miss_copy_situ", case, us, gbs / ceil["h2d_gbs"],
-               f"{n} rows {gbs:.1f} GB/s; pinned 1GiB {ceil['h2d_gbs']:.1f}, same-size copy "
-               f"{same_gbs:.1f} GB/s ({gbs / same_gbs:.2f}); target >=0.85; "
-               f"bytes ok={_bytes_ok(host, hot, lists)}")
+    return Row(
+        "miss_copy_situ",
+        case,
+        us,
+        gbs / ceil["h2d_gbs"],
+        f"{n} rows {gbs:.1f} GB/s; pinned 1GiB {ceil['h2d_gbs']:.1f}, same-size copy "
+        f"{same_gbs:.1f} GB/s ({gbs / same_gbs:.2f}); target >=0.85; "
+        f"bytes ok={_bytes_ok(host, hot, lists)}",
+    )
 
 
 def miss_copy_insitu_case(ceil: dict, reps: int) -> list[Row]:

@@ -37,10 +37,10 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 
 from contract.layout import MODE_OFFLOADED, KVLayout  # noqa: E402
-from engine_client.model.graph import DecodeConfig, DecodeRunner  # noqa: E402
+from engine_client.kv.backend import BaselineBackend, BaselineConfig  # noqa: E402
 from engine_client.kv.hisparse import HiSparseBackend  # noqa: E402
 from engine_client.kv.kernel_set import KernelSet  # noqa: E402
-from engine_client.kv.backend import BaselineBackend, BaselineConfig  # noqa: E402
+from engine_client.model.graph import DecodeConfig, DecodeRunner  # noqa: E402
 from engine_client.model.model import Model  # noqa: E402
 from engine_client.model.preset import preset  # noqa: E402
 from engine_client.model.weights import random_weights  # noqa: E402
@@ -68,7 +68,9 @@ def category(name: str) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--preset", default="bench")
     ap.add_argument("--layers", type=int, default=0, help="layers [the preset's]")
     ap.add_argument("--context", type=int, default=32768)
@@ -81,12 +83,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=24, help="steps before timing")
     ap.add_argument("--steps", type=int, default=5, help="steps timed, and steps profiled")
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--kernels", choices=("auto", "triton", "reference"), default="auto",
-                    help="auto: Triton on CUDA, the torch references on CPU")
-    ap.add_argument("--microbatches", type=int, default=1, help="embedded: decode parts whose "
-                    "miss copy overlaps the other parts' compute (side stream) [1: off]")
-    ap.add_argument("--copy-programs", type=int, default=0, help="CTAs of the side-stream miss "
-                    "copy [0: the backend's default, OVERLAP_COPY_PROGRAMS]")
+    ap.add_argument(
+        "--kernels",
+        choices=("auto", "triton", "reference"),
+        default="auto",
+        help="auto: Triton on CUDA, the torch references on CPU",
+    )
+    ap.add_argument(
+        "--microbatches",
+        type=int,
+        default=1,
+        help="embedded: decode parts whose "
+        "miss copy overlaps the other parts' compute (side stream) [1: off]",
+    )
+    ap.add_argument(
+        "--copy-programs",
+        type=int,
+        default=0,
+        help="CTAs of the side-stream miss copy [0: the backend's default, OVERLAP_COPY_PROGRAMS]",
+    )
     ap.add_argument("--no-ceilings", action="store_true", help="skip the pinned-copy measurement")
     ap.add_argument("--out", default="", help="JSON path [none]")
     return ap.parse_args(argv)
@@ -94,11 +109,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def named_kernels(ks: KernelSet) -> KernelSet:
     """The same kernels, each call inside a `kernel::<name>` profiler range (eager runs only)."""
+
     def wrap(name, fn):
         def call(*a, **kw):
             with record_function(KERNEL_RANGE + name):
                 return fn(*a, **kw)
+
         return call
+
     fields = [f.name for f in dataclasses.fields(ks) if f.name != "capturable"]
     return dataclasses.replace(ks, **{n: wrap(n, getattr(ks, n)) for n in fields})
 
@@ -115,10 +133,17 @@ def build(args: argparse.Namespace, device: torch.device):
     # Decode positions: warm-up, timed, profiled and (fallback) eager-profiled steps.
     max_ctx = -(-(args.context + args.warmup + 3 * args.steps + 8) // P) * P
     window = args.window or min(128, cfg.topk // 2)
-    lay = KVLayout(num_layers=cfg.num_layers, max_requests=args.batch,
-                   hot_slots=args.hot_slots or 2 * cfg.topk, window=window, topk=cfg.topk,
-                   page_size=P, num_pages=args.batch * max_ctx // P, max_context=max_ctx,
-                   index_format="fp8")
+    lay = KVLayout(
+        num_layers=cfg.num_layers,
+        max_requests=args.batch,
+        hot_slots=args.hot_slots or 2 * cfg.topk,
+        window=window,
+        topk=cfg.topk,
+        page_size=P,
+        num_pages=args.batch * max_ctx // P,
+        max_context=max_ctx,
+        index_format="fp8",
+    )
     if args.mode == "baseline":
         backend = BaselineBackend(BaselineConfig.from_layout(lay), kernels=kernels, device=device)
     else:
@@ -126,16 +151,22 @@ def build(args: argparse.Namespace, device: torch.device):
         per = lay.num_pages // args.batch
         for slot in range(args.batch):
             reset_request(kv, slot, MODE_OFFLOADED, list(range(slot * per, (slot + 1) * per)))
-        backend = HiSparseBackend(kv, kernels=kernels, microbatches=args.microbatches,
-                                  copy_programs=args.copy_programs or None)
+        backend = HiSparseBackend(
+            kv,
+            kernels=kernels,
+            microbatches=args.microbatches,
+            copy_programs=args.copy_programs or None,
+        )
     for slot in range(args.batch):
         backend.fill_synthetic(slot, args.context, seed=slot)
     model = Model(cfg, random_weights(cfg, seed=0, device=device), backend)
     if args.topk_source == "trace":
         from bench.trace import trace_source
+
         model.topk_source = trace_source(cfg, lay, str(device))
-    runner = DecodeRunner(model, DecodeConfig(max_batch=args.batch, buckets=(args.batch,),
-                                              use_graphs=graphed))
+    runner = DecodeRunner(
+        model, DecodeConfig(max_batch=args.batch, buckets=(args.batch,), use_graphs=graphed)
+    )
     return cfg, lay, backend, runner
 
 
@@ -199,8 +230,9 @@ def _charged_name(e) -> str:
     return e.name
 
 
-def report(args, cfg, lay, step_s: float, by_cat: dict[str, float], miss_rows: float,
-           h2d_gbs: float | None) -> dict:
+def report(
+    args, cfg, lay, step_s: float, by_cat: dict[str, float], miss_rows: float, h2d_gbs: float | None
+) -> dict:
     """Per category: µs per step, share of the step, µs per request-layer (+ the miss copy's
     in-situ bandwidth). Shares are of the timed step; GPU busy time can be less (idle gaps)."""
     n, L, steps = args.batch, cfg.num_layers, args.steps
@@ -212,12 +244,20 @@ def report(args, cfg, lay, step_s: float, by_cat: dict[str, float], miss_rows: f
     busy = sum(by_cat.values()) / steps
     copy_us = rows["miss copy"]["us_per_step"]
     gbs = miss_rows * lay.row_bytes / copy_us / 1e3 if copy_us > 0 and miss_rows else None
-    return {"args": vars(args), "device": _device_name(), "num_layers": L, "row_bytes": lay.row_bytes,
-            "step_us": step_us, "busy_us_per_step": busy, "categories": rows,
-            "miss_rows_per_step": miss_rows,
-            "miss_rate": miss_rows / (n * L * min(cfg.topk, args.context)),
-            "miss_copy_gbs": gbs, "pinned_h2d_gbs": h2d_gbs,
-            "miss_copy_over_pinned": gbs / h2d_gbs if gbs and h2d_gbs else None}
+    return {
+        "args": vars(args),
+        "device": _device_name(),
+        "num_layers": L,
+        "row_bytes": lay.row_bytes,
+        "step_us": step_us,
+        "busy_us_per_step": busy,
+        "categories": rows,
+        "miss_rows_per_step": miss_rows,
+        "miss_rate": miss_rows / (n * L * min(cfg.topk, args.context)),
+        "miss_copy_gbs": gbs,
+        "pinned_h2d_gbs": h2d_gbs,
+        "miss_copy_over_pinned": gbs / h2d_gbs if gbs and h2d_gbs else None,
+    }
 
 
 def _device_name() -> str:
@@ -226,29 +266,44 @@ def _device_name() -> str:
 
 def print_report(r: dict) -> None:
     a = r["args"]
-    print(f"\ndecode step profile: {r['device']}, preset {a['preset']} ({r['num_layers']} layers), "
-          f"{a['mode']}, context {a['context']}, N {a['batch']}, top-k {a['topk_source']}"
-          + (f", {a['microbatches']} micro-batches" if a.get("microbatches", 1) > 1 else ""))
-    print(f"step {r['step_us'] / 1e3:.3f} ms (timed), kernels busy {r['busy_us_per_step'] / 1e3:.3f} ms "
-          f"(profiled: {r.get('profiled', '?')})")
+    print(
+        f"\ndecode step profile: {r['device']}, preset {a['preset']} ({r['num_layers']} layers), "
+        f"{a['mode']}, context {a['context']}, N {a['batch']}, top-k {a['topk_source']}"
+        + (f", {a['microbatches']} micro-batches" if a.get("microbatches", 1) > 1 else "")
+    )
+    print(
+        f"step {r['step_us'] / 1e3:.3f} ms (timed), "
+        f"kernels busy {r['busy_us_per_step'] / 1e3:.3f} ms "
+        f"(profiled: {r.get('profiled', '?')})"
+    )
     print(f"{'category':<10} {'us/step':>10} {'share':>6} {'us/req-layer':>13}")
     for cat, v in r["categories"].items():
-        print(f"{cat:<10} {v['us_per_step']:>10.1f} {100 * v['share']:>5.1f}% "
-              f"{v['us_per_request_layer']:>13.3f}")
+        print(
+            f"{cat:<10} {v['us_per_step']:>10.1f} {100 * v['share']:>5.1f}% "
+            f"{v['us_per_request_layer']:>13.3f}"
+        )
     gbs, pin = r["miss_copy_gbs"], r["pinned_h2d_gbs"]
-    print(f"miss rows/step {r['miss_rows_per_step']:.0f} ({100 * r['miss_rate']:.1f}% of selected); "
-          f"miss copy in situ " + ("-" if gbs is None else f"{gbs:.1f} GB/s")
-          + ("" if not pin else f" vs pinned copy {pin:.1f} GB/s"
-             + ("" if gbs is None else f" = {gbs / pin:.2f}")))
+    print(
+        f"miss rows/step {r['miss_rows_per_step']:.0f} ({100 * r['miss_rate']:.1f}% of selected); "
+        f"miss copy in situ "
+        + ("-" if gbs is None else f"{gbs:.1f} GB/s")
+        + (
+            ""
+            if not pin
+            else f" vs pinned copy {pin:.1f} GB/s" + ("" if gbs is None else f" = {gbs / pin:.2f}")
+        )
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    dev = torch.device(args.device if args.device != "auto"
-                       else "cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(
+        args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
+    )
     h2d = None
     if dev.type == "cuda" and not args.no_ceilings:
         from bench.timing import measure_ceilings
+
         h2d = measure_ceilings()["h2d_gbs"]
     cfg, lay, backend, runner = build(args, dev)
     step = Stepper(runner, args.batch, args.context)

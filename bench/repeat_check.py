@@ -26,6 +26,7 @@ def rows(bs: int, k: int, context: int, device: torch.device) -> torch.Tensor:
 
 def gpu_us(call) -> float:
     from bench.timing import _events_ms, graph_time_us
+
     try:
         return graph_time_us(call, reps=50)
     except RuntimeError:  # not capturable: time it eagerly (includes launch gaps)
@@ -35,8 +36,10 @@ def gpu_us(call) -> float:
 def main() -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     print(f"device {device}; plan it guards: swap_plan bs 64, k 2048 = 10.28 us (H200, run 2)")
-    print(f"{'bs':>4} {'k':>6} {'gpu us' if device.type == 'cuda' else 'wall us':>10} "
-          f"{'launch us':>10}")
+    print(
+        f"{'bs':>4} {'k':>6} {'gpu us' if device.type == 'cuda' else 'wall us':>10} "
+        f"{'launch us':>10}"
+    )
     for bs, k in ((1, 2048), (16, 2048), (64, 2048), (64, 512)):
         topk = rows(bs, k, 32768, device)
         slots = torch.arange(bs, dtype=torch.int32, device=device)

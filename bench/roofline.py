@@ -52,11 +52,11 @@ class Ceilings:
 class Traffic:
     """Bytes one request moves for one layer of one decode step."""
 
-    index: float        # index keys read by the indexer
-    scores: float       # fp32 scores written by the indexer and read by top-k
-    attention: float    # selected rows read by attention
-    miss_write: float   # missed rows written into the hot buffer
-    pcie: float         # missed rows read from the host tier
+    index: float  # index keys read by the indexer
+    scores: float  # fp32 scores written by the indexer and read by top-k
+    attention: float  # selected rows read by attention
+    miss_write: float  # missed rows written into the hot buffer
+    pcie: float  # missed rows read from the host tier
 
     @property
     def hbm(self) -> float:
@@ -67,13 +67,19 @@ class Traffic:
         return self.hbm / (ceil.hbm_gbs * 1e9), self.pcie / (ceil.h2d_gbs * 1e9)
 
 
-def request_layer_traffic(context: int, topk: int, row_bytes: int, index_bytes: int,
-                          miss_rate: float) -> Traffic:
+def request_layer_traffic(
+    context: int, topk: int, row_bytes: int, index_bytes: int, miss_rate: float
+) -> Traffic:
     """Traffic of one request-layer at `context` tokens; miss_rate of the k selected rows."""
     k = min(topk, context)
     misses = miss_rate * k * row_bytes
-    return Traffic(index=context * index_bytes, scores=2 * SCORE_BYTES * context,
-                   attention=k * row_bytes, miss_write=misses, pcie=misses)
+    return Traffic(
+        index=context * index_bytes,
+        scores=2 * SCORE_BYTES * context,
+        attention=k * row_bytes,
+        miss_write=misses,
+        pcie=misses,
+    )
 
 
 def per_request_layer_s(t: Traffic, ceil: Ceilings, overlap: bool) -> float:
@@ -86,13 +92,15 @@ def fixed_cost_s(step1_s: float, t1: Traffic, ceil: Ceilings, num_layers: int) -
     return max(0.0, step1_s - num_layers * per_request_layer_s(t1, ceil, overlap=False))
 
 
-def step_limit_s(n: int, num_layers: int, fixed_s: float, t: Traffic, ceil: Ceilings,
-                 overlap: bool) -> float:
+def step_limit_s(
+    n: int, num_layers: int, fixed_s: float, t: Traffic, ceil: Ceilings, overlap: bool
+) -> float:
     return fixed_s + n * num_layers * per_request_layer_s(t, ceil, overlap)
 
 
-def limit_tok_s(n: int, num_layers: int, fixed_s: float, t: Traffic, ceil: Ceilings,
-                overlap: bool) -> float:
+def limit_tok_s(
+    n: int, num_layers: int, fixed_s: float, t: Traffic, ceil: Ceilings, overlap: bool
+) -> float:
     return n / step_limit_s(n, num_layers, fixed_s, t, ceil, overlap)
 
 
@@ -104,33 +112,50 @@ class Shape:
     topk: int
     row_bytes: int
     index_bytes: int
-    extra_tokens: int = 0   # prompt tokens on top of the synthetic context
+    extra_tokens: int = 0  # prompt tokens on top of the synthetic context
 
     @classmethod
     def from_sizes(cls, s: dict) -> "Shape":
-        return cls(s["num_layers"], s["topk"], ROW_FORMATS[s.get("row_format", "bf16")],
-                   INDEX_FORMATS[s.get("index_format", "fp8")], s.get("prompt_len", 0))
+        return cls(
+            s["num_layers"],
+            s["topk"],
+            ROW_FORMATS[s.get("row_format", "bf16")],
+            INDEX_FORMATS[s.get("index_format", "fp8")],
+            s.get("prompt_len", 0),
+        )
 
     def traffic(self, context: int, mode: str, hit_rate: float | None) -> Traffic:
         miss = (1.0 - hit_rate) if mode in HISPARSE and hit_rate is not None else 0.0
-        return request_layer_traffic(context + self.extra_tokens, self.topk, self.row_bytes,
-                                     self.index_bytes, miss)
+        return request_layer_traffic(
+            context + self.extra_tokens, self.topk, self.row_bytes, self.index_bytes, miss
+        )
 
 
-def point(shape: Shape, ceil: Ceilings, fixed_s: float, n: int, t: Traffic,
-          achieved_tok_s: float | None) -> dict:
+def point(
+    shape: Shape, ceil: Ceilings, fixed_s: float, n: int, t: Traffic, achieved_tok_s: float | None
+) -> dict:
     """Limit and achieved/limit at n requests, serial and overlapped, with the terms' shares."""
     L = shape.num_layers
     hbm, pcie = t.seconds(ceil)
     serial = step_limit_s(n, L, fixed_s, t, ceil, overlap=False)
     over = step_limit_s(n, L, fixed_s, t, ceil, overlap=True)
-    out = {"n": n, "miss_rate": t.pcie / max(t.attention, 1.0), "hbm_bytes": t.hbm,
-           "pcie_bytes": t.pcie, "fixed_ms": 1e3 * fixed_s, "step_limit_ms": 1e3 * serial,
-           "step_limit_overlap_ms": 1e3 * over, "limit_tok_s": n / serial,
-           "limit_tok_s_overlap": n / over,
-           "share": {"fixed": fixed_s / serial, "hbm": n * L * hbm / serial,
-                     "pcie": n * L * pcie / serial},
-           "achieved_tok_s": achieved_tok_s}
+    out = {
+        "n": n,
+        "miss_rate": t.pcie / max(t.attention, 1.0),
+        "hbm_bytes": t.hbm,
+        "pcie_bytes": t.pcie,
+        "fixed_ms": 1e3 * fixed_s,
+        "step_limit_ms": 1e3 * serial,
+        "step_limit_overlap_ms": 1e3 * over,
+        "limit_tok_s": n / serial,
+        "limit_tok_s_overlap": n / over,
+        "share": {
+            "fixed": fixed_s / serial,
+            "hbm": n * L * hbm / serial,
+            "pcie": n * L * pcie / serial,
+        },
+        "achieved_tok_s": achieved_tok_s,
+    }
     if achieved_tok_s:
         out["achieved_over_limit"] = achieved_tok_s * serial / n
         out["achieved_over_limit_overlap"] = achieved_tok_s * over / n
@@ -170,9 +195,11 @@ def analyze(payload: dict) -> dict:
                 if p.get("concurrency"):
                     t = shape.traffic(ctx, r["mode"], p.get("hit_rate"))
                     p["roofline"] = point(shape, ceil, fixed, p["concurrency"], t, p.get("tok_s"))
-        out["contexts"][str(ctx)] = {"fixed_ms": 1e3 * fixed,
-                                     "fixed_ms_by_mode": {m: 1e3 * v for m, v in by_mode.items()},
-                                     "ratios": limit_ratios(payload, ctx)}
+        out["contexts"][str(ctx)] = {
+            "fixed_ms": 1e3 * fixed,
+            "fixed_ms_by_mode": {m: 1e3 * v for m, v in by_mode.items()},
+            "ratios": limit_ratios(payload, ctx),
+        }
     return out
 
 
@@ -190,9 +217,11 @@ def limit_ratios(payload: dict, ctx: int) -> dict:
     if not (s and b and s.get("roofline") and b.get("roofline")):
         return {}
     rs, rb = s["roofline"], b["roofline"]
-    out = {"service/baseline at max, limit": rs["limit_tok_s"] / rb["limit_tok_s"],
-           "service/baseline at max, limit overlapped":
-               rs["limit_tok_s_overlap"] / rb["limit_tok_s_overlap"]}
+    out = {
+        "service/baseline at max, limit": rs["limit_tok_s"] / rb["limit_tok_s"],
+        "service/baseline at max, limit overlapped": rs["limit_tok_s_overlap"]
+        / rb["limit_tok_s_overlap"],
+    }
     if s.get("tok_s") and b.get("tok_s"):
         out["service/baseline at max, achieved"] = s["tok_s"] / b["tok_s"]
     return out
@@ -204,25 +233,35 @@ def print_roofline(payload: dict) -> None:
         print(f"\nroofline: {roof.get('skipped', 'not computed')}")
         return
     c = roof["ceilings"]
-    print(f"\nroofline (pinned H2D {c['h2d_gbs']:.1f} GB/s, HBM {c['hbm_gbs']:.0f} GB/s, same run; "
-          f"fixed cost from batch 1)")
-    print(f"{'context':>8} {'mode':<20} {'phase':<7} {'N':>4} {'miss%':>6} {'tok/s':>8} "
-          f"{'limit':>8} {'ach/lim':>7} {'lim ovl':>8} {'ach/ovl':>7}  fixed/HBM/PCIe share")
+    print(
+        f"\nroofline (pinned H2D {c['h2d_gbs']:.1f} GB/s, HBM {c['hbm_gbs']:.0f} GB/s, same run; "
+        f"fixed cost from batch 1)"
+    )
+    print(
+        f"{'context':>8} {'mode':<20} {'phase':<7} {'N':>4} {'miss%':>6} {'tok/s':>8} "
+        f"{'limit':>8} {'ach/lim':>7} {'lim ovl':>8} {'ach/ovl':>7}  fixed/HBM/PCIe share"
+    )
     for r in payload["runs"]:
         for name, p in r.get("phases", {}).items():
             q = p.get("roofline")
             if not q or r["tag"] != "main":
                 continue
             sh = q["share"]
-            print(f"{r['context']:>8} {r['mode'] + ('' if r['source'] == 'trace' else ' ' + r['source']):<20} "
-                  f"{name:<7} {q['n']:>4} {100 * q['miss_rate']:>6.1f} {_num(q['achieved_tok_s'])} "
-                  f"{q['limit_tok_s']:>8.0f} {_num(q.get('achieved_over_limit'), 7, 2)} "
-                  f"{q['limit_tok_s_overlap']:>8.0f} {_num(q.get('achieved_over_limit_overlap'), 7, 2)}"
-                  f"  {sh['fixed']:.2f}/{sh['hbm']:.2f}/{sh['pcie']:.2f}")
+            mode = r["mode"] + ("" if r["source"] == "trace" else " " + r["source"])
+            print(
+                f"{r['context']:>8} {mode:<20} "
+                f"{name:<7} {q['n']:>4} {100 * q['miss_rate']:>6.1f} {_num(q['achieved_tok_s'])} "
+                f"{q['limit_tok_s']:>8.0f} {_num(q.get('achieved_over_limit'), 7, 2)} "
+                f"{q['limit_tok_s_overlap']:>8.0f} "
+                f"{_num(q.get('achieved_over_limit_overlap'), 7, 2)}"
+                f"  {sh['fixed']:.2f}/{sh['hbm']:.2f}/{sh['pcie']:.2f}"
+            )
     for ctx, v in roof["contexts"].items():
         mode_fixed = ", ".join(f"{m} {ms:.2f}" for m, ms in v["fixed_ms_by_mode"].items())
-        print(f"  {ctx}: fixed {v['fixed_ms']:.2f} ms (by mode: {mode_fixed}); "
-              + ", ".join(f"{k} {x:.2f}x" for k, x in v["ratios"].items()))
+        print(
+            f"  {ctx}: fixed {v['fixed_ms']:.2f} ms (by mode: {mode_fixed}); "
+            + ", ".join(f"{k} {x:.2f}x" for k, x in v["ratios"].items())
+        )
 
 
 def _num(v: float | None, width: int = 8, digits: int = 0) -> str:
@@ -230,7 +269,9 @@ def _num(v: float | None, width: int = 8, digits: int = 0) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("json", help="an e2e JSON (bench/e2e.py --out)")
     ap.add_argument("--write", action="store_true", help="store the roofline into the JSON")
     args = ap.parse_args(argv)

@@ -54,11 +54,21 @@ print(json.dumps(out))
 
 def probe_attention(row_format: str, batches: list[int]) -> dict[int, float] | None:
     """Attention GPU µs per request-layer (bs H128 k2048 B4096) for each batch size."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p
+        ),
+    }
     args = [row_format, str(H), str(K), str(B), ",".join(map(str, batches))]
-    proc = subprocess.run([sys.executable, "-c", _PROBE, *args], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", _PROBE, *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if proc.returncode != 0:
         print(f"attention probe ({row_format}) failed: {proc.stderr[-500:]}", file=sys.stderr)
         return None
@@ -79,12 +89,18 @@ def summary(payload: dict) -> list[dict]:
     lines = []
     for ctx, p in payload["plans"].items():
         n_hs = p["hisparse"]["max_requests"]
-        lines.append({"row_format": fmt, "context": int(ctx),
-                      "max_req_baseline": p["baseline"]["max_requests"], "max_req_hisparse": n_hs,
-                      "tok_s_baseline": _phase(payload, int(ctx), "baseline", "tok_s"),
-                      "tok_s_service": _phase(payload, int(ctx), "service", "tok_s"),
-                      "miss_gbs_service": _phase(payload, int(ctx), "service", "h2d_gbs"),
-                      "attn_us_per_req_layer": probe.get(str(n_hs), probe.get(n_hs))})
+        lines.append(
+            {
+                "row_format": fmt,
+                "context": int(ctx),
+                "max_req_baseline": p["baseline"]["max_requests"],
+                "max_req_hisparse": n_hs,
+                "tok_s_baseline": _phase(payload, int(ctx), "baseline", "tok_s"),
+                "tok_s_service": _phase(payload, int(ctx), "service", "tok_s"),
+                "miss_gbs_service": _phase(payload, int(ctx), "service", "h2d_gbs"),
+                "attn_us_per_req_layer": probe.get(str(n_hs), probe.get(n_hs)),
+            }
+        )
     return lines
 
 
@@ -94,18 +110,25 @@ def _f(v, fmt: str = "{:.1f}") -> str:
 
 def print_summary(payloads: list[dict]) -> None:
     print("\nrow formats (baseline in the same format as HiSparse; trace top-k, max phase)")
-    head = (f"{'format':<6} {'context':>8} {'maxN base':>9} {'maxN HS':>8} {'tok/s base':>10} "
-            f"{'tok/s svc':>10} {'svc/base':>8} {'miss GB/s':>9} {'attn us/req-layer':>17}")
+    head = (
+        f"{'format':<6} {'context':>8} {'maxN base':>9} {'maxN HS':>8} {'tok/s base':>10} "
+        f"{'tok/s svc':>10} {'svc/base':>8} {'miss GB/s':>9} {'attn us/req-layer':>17}"
+    )
     print(head + "\n" + "-" * len(head))
     for payload in payloads:
         for s in summary(payload):
-            ratio = (s["tok_s_service"] / s["tok_s_baseline"]
-                     if s["tok_s_service"] and s["tok_s_baseline"] else None)
-            print(f"{s['row_format']:<6} {s['context']:>8} {s['max_req_baseline']:>9} "
-                  f"{s['max_req_hisparse']:>8} {_f(s['tok_s_baseline']):>10} "
-                  f"{_f(s['tok_s_service']):>10} {_f(ratio, '{:.2f}x'):>8} "
-                  f"{_f(s['miss_gbs_service'], '{:.2f}'):>9} "
-                  f"{_f(s['attn_us_per_req_layer'], '{:.2f}'):>17}")
+            ratio = (
+                s["tok_s_service"] / s["tok_s_baseline"]
+                if s["tok_s_service"] and s["tok_s_baseline"]
+                else None
+            )
+            print(
+                f"{s['row_format']:<6} {s['context']:>8} {s['max_req_baseline']:>9} "
+                f"{s['max_req_hisparse']:>8} {_f(s['tok_s_baseline']):>10} "
+                f"{_f(s['tok_s_service']):>10} {_f(ratio, '{:.2f}x'):>8} "
+                f"{_f(s['miss_gbs_service'], '{:.2f}'):>9} "
+                f"{_f(s['attn_us_per_req_layer'], '{:.2f}'):>17}"
+            )
 
 
 def main(argv: list[str]) -> int:

@@ -42,8 +42,9 @@ def _events_ms(fn: Callable[[], None], reps: int, setup: Callable[[], None] | No
     return statistics.median(times)
 
 
-def graph_time_us(fn: Callable[[], None], reps: int = 20, inner: int = 1,
-                  setup: Callable[[], None] | None = None) -> float:
+def graph_time_us(
+    fn: Callable[[], None], reps: int = 20, inner: int = 1, setup: Callable[[], None] | None = None
+) -> float:
     """Median GPU time of one `fn` call: `inner` calls captured in one CUDA graph, replayed.
 
     `setup` runs (untimed) before every replay, e.g. to restore state a call mutates.
@@ -96,5 +97,8 @@ def measure_ceilings() -> dict[str, float]:
     # Free memory now; pyflakes reads the lambdas' names as undefined after this (F821).
     del host, dev, dev2, a, b
     torch.cuda.empty_cache()
-    return {"h2d_gbs": nbytes / h2d_ms / 1e6, "d2d_gbs": 2 * nbytes / d2d_ms / 1e6,
-            "mm_tflops": 2 * n**3 / mm_ms / 1e9}
+    return {
+        "h2d_gbs": nbytes / h2d_ms / 1e6,
+        "d2d_gbs": 2 * nbytes / d2d_ms / 1e6,
+        "mm_tflops": 2 * n**3 / mm_ms / 1e9,
+    }

@@ -55,8 +55,13 @@ class TraceTopk:
     """A top-k source for engine_client.model.model.Model.topk_source: overwrites the decode step's
     top-k [n, k] in place. Pure tensor ops on fixed shapes: capturable in a CUDA graph."""
 
-    def __init__(self, num_layers: int, topk: int, device: torch.device | str,
-                 params: TraceParams = TraceParams()) -> None:
+    def __init__(
+        self,
+        num_layers: int,
+        topk: int,
+        device: torch.device | str,
+        params: TraceParams = TraceParams(),
+    ) -> None:
         self.k, self.params, self.device = topk, params, torch.device(device)
         lanes = torch.arange(topk, dtype=torch.int64)
         layers = torch.arange(num_layers, dtype=torch.int64)[:, None]
@@ -67,10 +72,11 @@ class TraceTopk:
         # Static lanes never flicker and keep one epoch for good.
         self.moving = (_mix(key + 0x5851F42D) % 1000 >= int(1000 * params.static)).to(self.device)
 
-    def __call__(self, layer: int, req_slots: torch.Tensor, seq_lens: torch.Tensor,
-                 out: torch.Tensor) -> None:
+    def __call__(
+        self, layer: int, req_slots: torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor
+    ) -> None:
         p = self.params
-        lens = seq_lens.long()[:, None].clamp(min=1)                    # [n, 1]
+        lens = seq_lens.long()[:, None].clamp(min=1)  # [n, 1]
         t = lens - 1
         ratio = (lens // self.k).clamp(min=1)
         # Largest power of two <= seq_len / k (exact for the int range used here).
@@ -78,7 +84,7 @@ class TraceTopk:
         base = _mix(self.key[layer] + req_slots.long()[:, None].clamp(min=0) * 0x61C88647)
         moving = self.moving[layer]
         epoch = torch.where(moving, (t + self.phase[layer]) // p.epoch, 0)
-        draw = _mix(base + t * 0x27D4EB2F)                              # per step
+        draw = _mix(base + t * 0x27D4EB2F)  # per step
         off_step = (draw & 0xFFFF) < int(65536 * p.flicker)
         alt = 1 + (draw >> 16) % p.alternates
         which = torch.where(moving & off_step, alt, 0)
@@ -96,8 +102,14 @@ def trace_source(model_cfg, layout, device: str, **kwargs) -> TraceTopk:
     return TraceTopk(model_cfg.num_layers, model_cfg.topk, device, TraceParams(**kwargs))
 
 
-def lru_miss_rate(select: Callable[[int], np.ndarray], seq_len0: int, capacity: int,
-                  window: int, steps: int, warmup: int) -> float:
+def lru_miss_rate(
+    select: Callable[[int], np.ndarray],
+    seq_len0: int,
+    capacity: int,
+    window: int,
+    steps: int,
+    warmup: int,
+) -> float:
     """Exact LRU of our plan (docs/ARCHITECTURE.md) over one (layer, request): per step, hits are
     selected positions in the window or the LRU set; m misses evict the m least recent
     non-hit entries; new order = untouched, hits (old order), misses (top-k order)."""
@@ -111,16 +123,22 @@ def lru_miss_rate(select: Callable[[int], np.ndarray], seq_len0: int, capacity: 
         hit = np.isin(order, x)
         misses = x[~np.isin(x, order)]
         free = order[~hit]
-        order = np.concatenate((free[len(misses):], order[hit], misses))
+        order = np.concatenate((free[len(misses) :], order[hit], misses))
         if step >= warmup:
             selected += valid
             missed += len(misses)
     return missed / max(selected, 1)
 
 
-def simulate(params: TraceParams, k: int = 2048, context: int = 32768, window: int = 128,
-             capacities: tuple[int, ...] = (1, 2, 4), steps: int = 300,
-             warmup: int = 50) -> dict[int, float]:
+def simulate(
+    params: TraceParams,
+    k: int = 2048,
+    context: int = 32768,
+    window: int = 128,
+    capacities: tuple[int, ...] = (1, 2, 4),
+    steps: int = 300,
+    warmup: int = 50,
+) -> dict[int, float]:
     """Miss rate of the trace for one (layer 0, slot 0) at LRU capacity c * k, steady state."""
     gen = TraceTopk(1, k, "cpu", params)
     out = torch.empty((1, k), dtype=torch.int32)
@@ -129,11 +147,16 @@ def simulate(params: TraceParams, k: int = 2048, context: int = 32768, window: i
     def select(seq_len: int) -> np.ndarray:
         gen(0, slots, torch.tensor([seq_len], dtype=torch.int32), out)
         return out[0].numpy().astype(np.int64)
-    return {c: lru_miss_rate(select, context, int(c * k), window, steps, warmup) for c in capacities}
+
+    return {
+        c: lru_miss_rate(select, context, int(c * k), window, steps, warmup) for c in capacities
+    }
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--calibrate", action="store_true", help="simulate the default parameters")
     ap.add_argument("--params", default="{}", help="TraceParams fields as JSON")
     ap.add_argument("--context", type=int, default=32768)
@@ -141,9 +164,17 @@ def main() -> int:
     args = ap.parse_args()
     params = TraceParams(**json.loads(args.params))
     rates = simulate(params, args.topk, args.context)
-    print(json.dumps({"params": asdict(params), "context": args.context,
-                      "miss_rate": {f"{c}k": round(r, 4) for c, r in rates.items()},
-                      "target": {f"{c}k": r for c, r in TARGET_MISS.items()}}, indent=1))
+    print(
+        json.dumps(
+            {
+                "params": asdict(params),
+                "context": args.context,
+                "miss_rate": {f"{c}k": round(r, 4) for c, r in rates.items()},
+                "target": {f"{c}k": r for c, r in TARGET_MISS.items()},
+            },
+            indent=1,
+        )
+    )
     return 0
 
 

@@ -2,7 +2,8 @@
 
 Domain code raises these; they carry a machine-readable `reason` (google.rpc.ErrorInfo.reason)
 and string `details`, never a transport status code. The server maps them to gRPC statuses in
-one place (`kv_service.status`); the client decodes them in one place (`engine_client.client.errors`),
+one place (`kv_service.status`); the client decodes them in one place
+(`engine_client.client.errors`),
 so an engine sees the same class whether the service runs in-process or behind gRPC.
 """
 
@@ -21,12 +22,14 @@ class KVError(Exception):
 
     reason: ClassVar[str] = "INTERNAL"
 
-    def __init__(self, message: str, details: Mapping[str, object] | None = None,
-                 **more: object) -> None:
+    def __init__(
+        self, message: str, details: Mapping[str, object] | None = None, **more: object
+    ) -> None:
         super().__init__(message)
         self.message = message
-        self.details: dict[str, str] = {str(k): str(v) for k, v in {**(details or {}),
-                                                                     **more}.items()}
+        self.details: dict[str, str] = {
+            str(k): str(v) for k, v in {**(details or {}), **more}.items()
+        }
 
     def __str__(self) -> str:
         if not self.details:
@@ -49,8 +52,14 @@ class CapacityError(KVError):
 
     reason = "CAPACITY_EXHAUSTED"
 
-    def __init__(self, message: str, details: Mapping[str, object] | None = None, *,
-                 permanent: bool = False, **more: object) -> None:
+    def __init__(
+        self,
+        message: str,
+        details: Mapping[str, object] | None = None,
+        *,
+        permanent: bool = False,
+        **more: object,
+    ) -> None:
         super().__init__(message, details, **more)
         self.permanent = bool(permanent)
 

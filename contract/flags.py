@@ -23,19 +23,35 @@ from typing import Any
 _BOOL = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
 
 
-def setting(default: Any = dataclasses.MISSING, *, help: str,  # noqa: A002 - argparse's word
-            choices: tuple | None = None, parse: Callable[[str], Any] | None = None,
-            show: Callable[[Any], str] | None = None,
-            cli_default: Callable[[Mapping[str, str]], str] | None = None,
-            secret: bool = False, flag: str | None = None, negated: bool = False,
-            default_factory: Any = dataclasses.MISSING) -> Any:
+def setting(
+    default: Any = dataclasses.MISSING,
+    *,
+    help: str,  # noqa: A002 - argparse's word
+    choices: tuple | None = None,
+    parse: Callable[[str], Any] | None = None,
+    show: Callable[[Any], str] | None = None,
+    cli_default: Callable[[Mapping[str, str]], str] | None = None,
+    secret: bool = False,
+    flag: str | None = None,
+    negated: bool = False,
+    default_factory: Any = dataclasses.MISSING,
+) -> Any:
     """A dataclass field that is also a flag. `parse`/`show` override the text form of the
     type; `cli_default(env)` gives a default that depends on the environment (a socket path
     under $XDG_RUNTIME_DIR); a `secret` never shows in --help, repr or `to_flags`."""
-    meta = {"help": help, "choices": choices, "parse": parse, "show": show,
-            "cli_default": cli_default, "secret": secret, "flag": flag, "negated": negated}
-    return dataclasses.field(default=default, default_factory=default_factory,
-                             repr=not secret, metadata=meta)
+    meta = {
+        "help": help,
+        "choices": choices,
+        "parse": parse,
+        "show": show,
+        "cli_default": cli_default,
+        "secret": secret,
+        "flag": flag,
+        "negated": negated,
+    }
+    return dataclasses.field(
+        default=default, default_factory=default_factory, repr=not secret, metadata=meta
+    )
 
 
 class _EnvText(str):
@@ -63,8 +79,13 @@ class _Switch(argparse.Action):
     def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
         super().__init__(option_strings, dest, nargs=0, **kwargs)
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
-                 values: Any, option_string: str | None = None) -> None:
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         setattr(namespace, self.dest, False)
 
 
@@ -142,12 +163,14 @@ def _type_func(f: dataclasses.Field, hint: Any) -> Callable[[str], Any]:
         except (TypeError, ValueError) as exc:
             where = f" (from env {text.env_name})" if isinstance(text, _EnvText) else ""
             raise argparse.ArgumentTypeError(f"invalid value {str(text)!r}{where}: {exc}") from None
+
     convert.__name__ = f.name
     return convert
 
 
-def add_arguments(parser: argparse.ArgumentParser, cls: type, prefix: str,
-                  env: Mapping[str, str]) -> None:
+def add_arguments(
+    parser: argparse.ArgumentParser, cls: type, prefix: str, env: Mapping[str, str]
+) -> None:
     """One flag per setting of `cls`; each flag's default is its environment variable, else
     the field's default."""
     seen: set[str] = set()
@@ -169,11 +192,22 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, prefix: str,
             text = None if default is dataclasses.MISSING else _show(f, not default)
         else:
             text = None if default is dataclasses.MISSING else _show(f, default)
-        extra = ({"action": _Switch} if f.metadata["negated"] else
-                 {"choices": f.metadata["choices"],
-                  "metavar": None if f.metadata["choices"] else stem(f).upper()})
-        parser.add_argument(flag_name(stem(f)), dest=f.name, type=_type_func(f, hint),
-                            default=text, help=f"{f.metadata['help']} [env {name}]", **extra)
+        extra = (
+            {"action": _Switch}
+            if f.metadata["negated"]
+            else {
+                "choices": f.metadata["choices"],
+                "metavar": None if f.metadata["choices"] else stem(f).upper(),
+            }
+        )
+        parser.add_argument(
+            flag_name(stem(f)),
+            dest=f.name,
+            type=_type_func(f, hint),
+            default=text,
+            help=f"{f.metadata['help']} [env {name}]",
+            **extra,
+        )
 
 
 def build(cls: type, args: argparse.Namespace, prefix: str, env: Mapping[str, str]) -> Any:

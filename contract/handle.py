@@ -25,7 +25,9 @@ from contract.layout import LayoutError
 # Segment files: hisparse-<instance>-<pid>-<name> in a shm directory (`kv_service.shm_file`
 # creates them and their owner's lock). Instances may contain '-', tensor names may not: the pid
 # is the second field from the end.
-FILE_RE = re.compile(r"hisparse-(?P<instance>[A-Za-z0-9_.-]+)-(?P<pid>[0-9]+)-(?P<name>[A-Za-z0-9_]+)")
+FILE_RE = re.compile(
+    r"hisparse-(?P<instance>[A-Za-z0-9_.-]+)-(?P<pid>[0-9]+)-(?P<name>[A-Za-z0-9_]+)"
+)
 
 # Types of torch's _share_cuda_() tuple, checked before the tuple reaches C++.
 _SHARE_TYPES = (int, bytes, int, int, bytes, int, bytes, bool)
@@ -35,23 +37,36 @@ def describe(name: str, t: torch.Tensor, path: str) -> dict:
     ipc = b""
     if not path:
         share = t.untyped_storage()._share_cuda_()
-        fields = [{"b64": base64.b64encode(v).decode()} if isinstance(v, bytes) else v for v in share]
+        fields = [
+            {"b64": base64.b64encode(v).decode()} if isinstance(v, bytes) else v for v in share
+        ]
         ipc = json.dumps({"pid": os.getpid(), "share": fields}).encode()
-    return {"name": name, "kind": "shm" if path else "cuda_ipc", "shape": list(t.shape),
-            "dtype": str(t.dtype).removeprefix("torch."), "path": path, "ipc": ipc,
-            "nbytes": t.numel() * t.element_size()}
+    return {
+        "name": name,
+        "kind": "shm" if path else "cuda_ipc",
+        "shape": list(t.shape),
+        "dtype": str(t.dtype).removeprefix("torch."),
+        "path": path,
+        "ipc": ipc,
+        "nbytes": t.numel() * t.element_size(),
+    }
 
 
 def decode_ipc(ipc: bytes) -> tuple[int, list]:
     try:
         doc = json.loads(ipc)
         pid = doc["pid"]
-        share = [base64.b64decode(v["b64"], validate=True) if isinstance(v, dict) else v
-                 for v in doc["share"]]
+        share = [
+            base64.b64decode(v["b64"], validate=True) if isinstance(v, dict) else v
+            for v in doc["share"]
+        ]
     except (ValueError, KeyError, TypeError) as e:
         raise LayoutError(f"malformed CUDA IPC handle: {e}") from e
-    if (type(pid) is not int or len(share) != len(_SHARE_TYPES)
-            or any(type(v) is not typ for v, typ in zip(share, _SHARE_TYPES))):
+    if (
+        type(pid) is not int
+        or len(share) != len(_SHARE_TYPES)
+        or any(type(v) is not typ for v, typ in zip(share, _SHARE_TYPES))
+    ):
         raise LayoutError("malformed CUDA IPC handle")
     return pid, share
 
@@ -73,8 +88,12 @@ def check(h: dict) -> tuple[list[int], torch.dtype]:
         kind, path, ipc, nbytes = h["kind"], h["path"], h["ipc"], h["nbytes"]
     except (KeyError, TypeError) as e:
         raise LayoutError(f"malformed segment handle {h['name']!r}: {e}") from e
-    if (not isinstance(dtype, torch.dtype) or not isinstance(path, str) or not isinstance(ipc, bytes)
-            or any(type(s) is not int or s < 0 for s in shape)):
+    if (
+        not isinstance(dtype, torch.dtype)
+        or not isinstance(path, str)
+        or not isinstance(ipc, bytes)
+        or any(type(s) is not int or s < 0 for s in shape)
+    ):
         raise LayoutError(f"{h['name']}: bad dtype {h['dtype']!r}, shape {shape} or path/ipc types")
     if nbytes != math.prod(shape) * dtype.itemsize:
         raise LayoutError(f"{h['name']}: {nbytes} bytes do not match {shape} {dtype}")
@@ -101,12 +120,16 @@ def open_tensor(h: dict, device: torch.device) -> tuple[torch.Tensor, tuple[int,
     return t, (st.st_dev, st.st_ino)
 
 
-def _import_cuda(h: dict, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def _import_cuda(
+    h: dict, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
     if device.type != "cuda":
         raise LayoutError(f"{h['name']}: CUDA IPC handle cannot be mapped on {device}")
     _, share = decode_ipc(h["ipc"])
     if share[2] != h["nbytes"]:
-        raise LayoutError(f"{h['name']}: shared storage has {share[2]} bytes, handle says {h['nbytes']}")
+        raise LayoutError(
+            f"{h['name']}: shared storage has {share[2]} bytes, handle says {h['nbytes']}"
+        )
     torch.cuda.init()  # the caching allocator opens IPC handles, and it exists only after init
     # The exporter's device index means nothing here: the caller chose its device by GPU UUID.
     share[0] = device.index if device.index is not None else torch.cuda.current_device()

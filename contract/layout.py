@@ -46,28 +46,44 @@ class KVLayout:
     window: int = setting(help="W: newest tokens always resident (ring in slots [0, W))")
     topk: int = setting(help="k: tokens selected per (layer, request, step)")
     page_size: int = setting(help="P: tokens per page of the host tier / index pool")
-    num_pages: int = setting(help="pages in the host tier (and the index-key pool); the host "
-                             "tier takes num_pages * L * P * row bytes of /dev/shm")
+    num_pages: int = setting(
+        help="pages in the host tier (and the index-key pool); the host "
+        "tier takes num_pages * L * P * row bytes of /dev/shm"
+    )
     max_context: int = setting(help="most tokens per request (prompt + generated)")
     row_format: str = setting("bf16", help="KV row format: bf16 (1152 B) or fp8 (656 B)")
     index_format: str = setting("bf16", help="indexer key format: bf16 (256 B) or fp8 (132 B)")
     version: int = LAYOUT_VERSION
 
     def __post_init__(self) -> None:
-        for name in ("num_layers", "max_requests", "hot_slots", "topk", "page_size",
-                     "num_pages", "max_context"):
+        for name in (
+            "num_layers",
+            "max_requests",
+            "hot_slots",
+            "topk",
+            "page_size",
+            "num_pages",
+            "max_context",
+        ):
             if getattr(self, name) <= 0:
                 raise LayoutError(f"{name} must be positive, got {getattr(self, name)}")
         if self.window < 1:
-            raise LayoutError(f"window must be at least 1 (the token being decoded), got {self.window}")
+            raise LayoutError(
+                f"window must be at least 1 (the token being decoded), got {self.window}"
+            )
         if self.hot_slots - self.window < self.topk:
             raise LayoutError(
                 f"hot_slots - window must be >= topk so every miss finds a victim: "
-                f"{self.hot_slots} - {self.window} < {self.topk}")
+                f"{self.hot_slots} - {self.window} < {self.topk}"
+            )
         if self.row_format not in ROW_FORMATS:
-            raise LayoutError(f"row_format must be one of {sorted(ROW_FORMATS)}, got {self.row_format!r}")
+            raise LayoutError(
+                f"row_format must be one of {sorted(ROW_FORMATS)}, got {self.row_format!r}"
+            )
         if self.index_format not in INDEX_FORMATS:
-            raise LayoutError(f"index_format must be one of {sorted(INDEX_FORMATS)}, got {self.index_format!r}")
+            raise LayoutError(
+                f"index_format must be one of {sorted(INDEX_FORMATS)}, got {self.index_format!r}"
+            )
         if self.version != LAYOUT_VERSION:
             raise LayoutError(f"layout version {self.version} is not {LAYOUT_VERSION}")
         if self.hot_slots >= 2**31 or self.max_context >= 2**31:
@@ -120,6 +136,9 @@ class KVLayout:
 
     def check_matches(self, other: "KVLayout") -> None:
         if self != other:
-            diff = {f.name: (getattr(self, f.name), getattr(other, f.name))
-                    for f in dataclasses.fields(self) if getattr(self, f.name) != getattr(other, f.name)}
+            diff = {
+                f.name: (getattr(self, f.name), getattr(other, f.name))
+                for f in dataclasses.fields(self)
+                if getattr(self, f.name) != getattr(other, f.name)
+            }
             raise LayoutError(f"layout mismatch (ours, theirs): {diff}")

@@ -41,21 +41,27 @@ class SegmentMap:
         self._registered: dict[int, tuple[torch.Tensor, torch.device]] = {}  # by data_ptr
         self._files: dict[str, tuple[int, int]] = {}  # path -> (st_dev, st_ino) at map time
 
-    def map_segments(self, layout: KVLayout, handles: list[dict],
-                     device: torch.device | str) -> KVTensors:
-        """Map a service's KV tensors in this process, refusing anything the layout does not imply."""
+    def map_segments(
+        self, layout: KVLayout, handles: list[dict], device: torch.device | str
+    ) -> KVTensors:
+        """Map a service's KV tensors in this process, refusing anything the layout does not
+        imply."""
         device, specs = torch.device(device), tensor_specs(layout)
         by_name = handle.by_name(handles)
         if set(by_name) != set(specs):
-            raise LayoutError(f"segment names differ: missing {sorted(set(specs) - set(by_name))}, "
-                              f"unknown {sorted(set(by_name) - set(specs))}")
+            raise LayoutError(
+                f"segment names differ: missing {sorted(set(specs) - set(by_name))}, "
+                f"unknown {sorted(set(by_name) - set(specs))}"
+            )
 
         def check(name: str, h: dict) -> None:
             shape, dtype = specs[name]
             kind = "shm" if device.type == "cpu" or name == "host_kv" else "cuda_ipc"
             if handle.check(h) != (list(shape), dtype) or h["kind"] != kind:
-                raise LayoutError(f"{name}: layout implies {kind} {list(shape)} {dtype}, handle is "
-                                  f"{h['kind']} {h['shape']} {h['dtype']}")
+                raise LayoutError(
+                    f"{name}: layout implies {kind} {list(shape)} {dtype}, handle is "
+                    f"{h['kind']} {h['shape']} {h['dtype']}"
+                )
 
         tensors = self._map_all(by_name, device, check)
         try:
@@ -67,23 +73,31 @@ class SegmentMap:
         log.info("mapped %d segments on %s", len(by_name), device)
         return kv
 
-    def map_extra(self, handles: list[dict],
-                  device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
+    def map_extra(
+        self, handles: list[dict], device: torch.device | str | None = None
+    ) -> dict[str, torch.Tensor]:
         """Map extra tensors. `device` defaults to CUDA when any handle is CUDA IPC, else CPU."""
         if device is None:
             device = "cuda" if any(h.get("kind") == "cuda_ipc" for h in handles) else "cpu"
-        return self._map_all(handle.by_name(handles), torch.device(device),
-                             lambda name, h: handle.check(h))
+        return self._map_all(
+            handle.by_name(handles), torch.device(device), lambda name, h: handle.check(h)
+        )
 
     def unmap(self, tensors: KVTensors | dict[str, torch.Tensor]) -> None:
         """Unregister the host memory registered for these mapped tensors. The caller drops its
         references afterwards; `host_rows` of a KVTensors is set to None so that a stray launch
         fails on the host instead of faulting on the GPU."""
-        items = ([getattr(tensors, n) for n in TENSOR_NAMES] if isinstance(tensors, KVTensors)
-                 else list(tensors.values()))
+        items = (
+            [getattr(tensors, n) for n in TENSOR_NAMES]
+            if isinstance(tensors, KVTensors)
+            else list(tensors.values())
+        )
         with self._lock:
-            regs = [self._registered.pop(t.data_ptr()) for t in items
-                    if t.device.type == "cpu" and t.data_ptr() in self._registered]
+            regs = [
+                self._registered.pop(t.data_ptr())
+                for t in items
+                if t.device.type == "cpu" and t.data_ptr() in self._registered
+            ]
         unregister_host(regs)
         if isinstance(tensors, KVTensors):
             tensors.host_rows = None
@@ -111,8 +125,9 @@ class SegmentMap:
                 pids.add(handle.decode_ipc(h["ipc"])[0])
         return all(handle.pid_alive(pid) for pid in pids)
 
-    def _map_all(self, by_name: dict[str, dict], device: torch.device,
-                 check: Callable[[str, dict], object]) -> dict[str, torch.Tensor]:
+    def _map_all(
+        self, by_name: dict[str, dict], device: torch.device, check: Callable[[str, dict], object]
+    ) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
         try:
             for name, h in by_name.items():
@@ -148,7 +163,9 @@ class SegmentMap:
         return seen is None or seen == (st.st_dev, st.st_ino)
 
 
-def as_kv_tensors(layout: KVLayout, tensors: dict[str, torch.Tensor], device: torch.device) -> KVTensors:
+def as_kv_tensors(
+    layout: KVLayout, tensors: dict[str, torch.Tensor], device: torch.device
+) -> KVTensors:
     """The tensors as a KVTensors; on GPU its host rows are a UVA view of the pinned host tier."""
     kv = KVTensors(layout=layout, **tensors)
     if device.type == "cuda":
@@ -157,15 +174,18 @@ def as_kv_tensors(layout: KVLayout, tensors: dict[str, torch.Tensor], device: to
 
 
 def register_host(t: torch.Tensor, device: torch.device) -> None:
-    # is_pinned() answers False until ATen's CUDA context is up; the first CUDA allocation does that.
+    # is_pinned() answers False until ATen's CUDA context is up; the first CUDA allocation does
+    # that.
     torch.empty(0, device=device)
     nbytes, start = t.numel() * t.element_size(), time.monotonic()
     with torch.cuda.device(device):
         err = int(torch.cuda.cudart().cudaHostRegister(t.data_ptr(), nbytes, _HOST_REGISTER_FLAGS))
     if err != 0:
-        raise RuntimeError(f"cudaHostRegister of {nbytes} bytes failed with cudaError {err}; a "
-                           "file outside tmpfs (here: a segment file) cannot be pinned on "
-                           "Linux >= 6.5: put --shm-dir on /dev/shm or another tmpfs")
+        raise RuntimeError(
+            f"cudaHostRegister of {nbytes} bytes failed with cudaError {err}; a "
+            "file outside tmpfs (here: a segment file) cannot be pinned on "
+            "Linux >= 6.5: put --shm-dir on /dev/shm or another tmpfs"
+        )
     log.info("registered %d host bytes with %s in %.2f s", nbytes, device, time.monotonic() - start)
 
 

@@ -14,8 +14,17 @@ import torch
 
 from contract.layout import KVLayout
 
-TENSOR_NAMES = ("host_kv", "hot_kv", "index_pool", "page_table", "req_mode",
-                "token_slot", "slot_token", "lru_order", "hit_flag")
+TENSOR_NAMES = (
+    "host_kv",
+    "hot_kv",
+    "index_pool",
+    "page_table",
+    "req_mode",
+    "token_slot",
+    "slot_token",
+    "lru_order",
+    "hit_flag",
+)
 
 
 def tensor_specs(layout: KVLayout) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
@@ -24,7 +33,10 @@ def tensor_specs(layout: KVLayout) -> dict[str, tuple[tuple[int, ...], torch.dty
     return {
         "host_kv": ((lay.num_pages, lay.num_layers, lay.page_size, lay.row_bytes), torch.uint8),
         "hot_kv": ((lay.num_layers, lay.max_requests, lay.hot_slots, lay.row_bytes), torch.uint8),
-        "index_pool": ((lay.num_layers, lay.num_pages, lay.page_size, lay.index_bytes), torch.uint8),
+        "index_pool": (
+            (lay.num_layers, lay.num_pages, lay.page_size, lay.index_bytes),
+            torch.uint8,
+        ),
         "page_table": ((lay.max_requests, lay.max_pages_per_request), torch.int32),
         "req_mode": ((lay.max_requests,), torch.int32),
         "token_slot": ((lay.num_layers, lay.max_requests, lay.max_context), torch.int32),
@@ -55,8 +67,9 @@ class KVTensors:
         for name, (shape, dtype) in tensor_specs(self.layout).items():
             t = getattr(self, name)
             if tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous():
-                raise ValueError(f"{name}: expected contiguous {shape} {dtype}, got "
-                                 f"{tuple(t.shape)} {t.dtype}")
+                raise ValueError(
+                    f"{name}: expected contiguous {shape} {dtype}, got {tuple(t.shape)} {t.dtype}"
+                )
         if self.host_rows is None:
             self.host_rows = self.host_kv
 

@@ -31,18 +31,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="healthcheck.py",
         description="Ask a gRPC server for its grpc.health.v1 status. "
-                    "Exit 0 iff SERVING, 1 if it answers otherwise, 2 if unreachable.")
+        "Exit 0 iff SERVING, 1 if it answers otherwise, 2 if unreachable.",
+    )
     parser.add_argument(
-        "address", nargs="?", default=os.environ.get("HISPARSE_HEALTH_ADDRESS"),
-        help="unix:///path/to.sock, /path/to.sock or host:port "
-             "(default: $HISPARSE_HEALTH_ADDRESS)")
+        "address",
+        nargs="?",
+        default=os.environ.get("HISPARSE_HEALTH_ADDRESS"),
+        help="unix:///path/to.sock, /path/to.sock or host:port (default: $HISPARSE_HEALTH_ADDRESS)",
+    )
     parser.add_argument(
-        "--service", "-s", default=os.environ.get("HISPARSE_HEALTH_SERVICE", ""),
+        "--service",
+        "-s",
+        default=os.environ.get("HISPARSE_HEALTH_SERVICE", ""),
         help='service name to check, e.g. kvcache.v1.KVCacheService; "" is the whole server '
-             "(default: $HISPARSE_HEALTH_SERVICE or \"\")")
+        '(default: $HISPARSE_HEALTH_SERVICE or "")',
+    )
     parser.add_argument(
-        "--timeout", "-t", type=float, default=float(os.environ.get("HISPARSE_HEALTH_TIMEOUT", "3")),
-        help="seconds to wait for the answer, connecting included (default: 3)")
+        "--timeout",
+        "-t",
+        type=float,
+        default=float(os.environ.get("HISPARSE_HEALTH_TIMEOUT", "3")),
+        help="seconds to wait for the answer, connecting included (default: 3)",
+    )
     parser.add_argument("--quiet", "-q", action="store_true", help="print nothing")
     args = parser.parse_args(argv)
     if not args.address:
@@ -63,8 +73,9 @@ def check(address: str, service: str, timeout: float) -> tuple[int, str]:
         try:
             # wait_for_ready: a server still binding its socket counts as slow, not as dead,
             # until the timeout runs out.
-            reply = stub.Check(health_pb2.HealthCheckRequest(service=service),
-                               timeout=timeout, wait_for_ready=True)
+            reply = stub.Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout, wait_for_ready=True
+            )
         except grpc.RpcError as err:
             code = err.code()
             if code == grpc.StatusCode.NOT_FOUND:

@@ -28,14 +28,29 @@ def append(kv: KVTensors, layer: int, slot: int, positions: list[int], seq_len: 
     dev, n = kv.device, len(positions)
     rows = torch.stack([row(kv.layout, layer, p) for p in positions]).to(dev)
     index_rows = torch.zeros((n, kv.layout.index_bytes), dtype=torch.uint8, device=dev)
-    slots, pos, lens = (torch.tensor(v, dtype=torch.int32, device=dev)
-                        for v in ([slot] * n, positions, [seq_len] * n))
-    kv_append(layer, rows, index_rows, slots, pos, lens,
-              kv.req_mode, kv.page_table, kv.host_rows, kv.hot_kv, kv.index_pool,
-              window=kv.layout.window)
+    slots, pos, lens = (
+        torch.tensor(v, dtype=torch.int32, device=dev)
+        for v in ([slot] * n, positions, [seq_len] * n)
+    )
+    kv_append(
+        layer,
+        rows,
+        index_rows,
+        slots,
+        pos,
+        lens,
+        kv.req_mode,
+        kv.page_table,
+        kv.host_rows,
+        kv.hot_kv,
+        kv.index_pool,
+        window=kv.layout.window,
+    )
 
 
-def swap_in(kv: KVTensors, layer: int, slot: int, topk: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, int]:
+def swap_in(
+    kv: KVTensors, layer: int, slot: int, topk: torch.Tensor, seq_len: int
+) -> tuple[torch.Tensor, int]:
     """Plan this layer's swap-in, copy the misses host -> hot; return the hot slots and misses."""
     lay, dev, k = kv.layout, kv.device, topk.shape[1]
     out = torch.full((1, k), -1, dtype=torch.int32, device=dev)
@@ -43,9 +58,25 @@ def swap_in(kv: KVTensors, layer: int, slot: int, topk: torch.Tensor, seq_len: i
     count = torch.zeros((1,), dtype=torch.int32, device=dev)
     seq_lens = torch.tensor([seq_len], dtype=torch.int32, device=dev)
     slots = torch.tensor([slot], dtype=torch.int32, device=dev)
-    swap_plan(layer, topk, seq_lens, slots, kv.req_mode, kv.page_table, kv.token_slot,
-              kv.slot_token, kv.lru_order, kv.hit_flag, out, src, dst, count,
-              num_layers=lay.num_layers, page_size=lay.page_size, window=lay.window)
+    swap_plan(
+        layer,
+        topk,
+        seq_lens,
+        slots,
+        kv.req_mode,
+        kv.page_table,
+        kv.token_slot,
+        kv.slot_token,
+        kv.lru_order,
+        kv.hit_flag,
+        out,
+        src,
+        dst,
+        count,
+        num_layers=lay.num_layers,
+        page_size=lay.page_size,
+        window=lay.window,
+    )
     miss_copy(kv.host_rows, kv.hot_kv, src, dst, count)
     return out[0], int(count[0])
 

@@ -18,17 +18,26 @@ Public API, imported lazily so that `import engine_client` stays light (no torch
 import importlib
 
 _LAZY = {
-    "KVClient": "engine_client.client", "KVControl": "engine_client.client",
-    "KVLayout": "engine_client.client", "errors": "engine_client.client",
-    "Engine": "engine_client.loop.engine", "build_engine": "engine_client.serve.factory",
+    "KVClient": "engine_client.client",
+    "KVControl": "engine_client.client",
+    "KVLayout": "engine_client.client",
+    "errors": "engine_client.client",
+    "Engine": "engine_client.loop.engine",
+    "build_engine": "engine_client.serve.factory",
     # Not `preset`: importing the submodule engine_client.model.preset would shadow the function.
     "ModelConfig": "engine_client.model.preset",
-    "random_weights": "engine_client.model.weights", "load_safetensors": "engine_client.model.weights",
-    "save_safetensors": "engine_client.model.weights", "Model": "engine_client.model.model",
-    "KVBackend": "engine_client.kv.backend", "BaselineBackend": "engine_client.kv.backend",
-    "BaselineConfig": "engine_client.kv.backend", "HiSparseBackend": "engine_client.kv.hisparse",
-    "RemoteSwapBackend": "engine_client.kv.hisparse", "DecodeRunner": "engine_client.model.graph",
-    "DecodeConfig": "engine_client.model.graph", "KernelSet": "engine_client.kv.kernel_set",
+    "random_weights": "engine_client.model.weights",
+    "load_safetensors": "engine_client.model.weights",
+    "save_safetensors": "engine_client.model.weights",
+    "Model": "engine_client.model.model",
+    "KVBackend": "engine_client.kv.backend",
+    "BaselineBackend": "engine_client.kv.backend",
+    "BaselineConfig": "engine_client.kv.backend",
+    "HiSparseBackend": "engine_client.kv.hisparse",
+    "RemoteSwapBackend": "engine_client.kv.hisparse",
+    "DecodeRunner": "engine_client.model.graph",
+    "DecodeConfig": "engine_client.model.graph",
+    "KernelSet": "engine_client.kv.kernel_set",
 }
 
 __all__ = sorted(_LAZY)

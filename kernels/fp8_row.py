@@ -30,8 +30,9 @@ def fp8_block_scales(amax):
     bits = tl.maximum(amax, 1e-4).to(tl.int32, bitcast=True)
     # amax = m * 2^e with m in [1, 2): amax / 448 = (m / 1.75) * 2^(e - 8).
     s = (bits >> 23) - 135 + ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)
-    return ((s + 127) << 23).to(tl.float32, bitcast=True), \
-        ((127 - s) << 23).to(tl.float32, bitcast=True)
+    return ((s + 127) << 23).to(tl.float32, bitcast=True), ((127 - s) << 23).to(
+        tl.float32, bitcast=True
+    )
 
 
 @triton.jit
@@ -55,12 +56,16 @@ def quantize_rows(src_ptr, rows, ok):
     rope [R, 64] bf16)."""
     c = tl.arange(0, 4)
     d = tl.arange(0, 128)
-    x = tl.load(src_ptr + rows[:, None, None] * 576 + c[None, :, None] * 128 + d[None, None, :],
-                mask=ok[:, None, None], other=0.0).to(tl.float32)
+    x = tl.load(
+        src_ptr + rows[:, None, None] * 576 + c[None, :, None] * 128 + d[None, None, :],
+        mask=ok[:, None, None],
+        other=0.0,
+    ).to(tl.float32)
     scale, inv = fp8_block_scales(tl.max(tl.abs(x), axis=2))
     codes = e4m3_code(x * inv[:, :, None]).to(tl.uint8)
-    rope = tl.load(src_ptr + rows[:, None] * 576 + 512 + tl.arange(0, 64)[None, :],
-                   mask=ok[:, None], other=0.0)
+    rope = tl.load(
+        src_ptr + rows[:, None] * 576 + 512 + tl.arange(0, 64)[None, :], mask=ok[:, None], other=0.0
+    )
     return codes, scale, rope
 
 
@@ -69,8 +74,11 @@ def store_fp8_rows(base_ptr, rows, mask, codes, scale, rope):
     """Store quantized rows at row numbers `rows` (int64) of a uint8 [n, 656] tensor."""
     c = tl.arange(0, 4)
     d = tl.arange(0, 128)
-    tl.store(base_ptr + rows[:, None, None] * 656 + c[None, :, None] * 128 + d[None, None, :],
-             codes, mask=mask[:, None, None])
+    tl.store(
+        base_ptr + rows[:, None, None] * 656 + c[None, :, None] * 128 + d[None, None, :],
+        codes,
+        mask=mask[:, None, None],
+    )
     scale_ptr = (base_ptr + 512).to(tl.pointer_type(tl.float32), bitcast=True)
     tl.store(scale_ptr + rows[:, None] * 164 + c[None, :], scale, mask=mask[:, None])
     rope_ptr = (base_ptr + 528).to(tl.pointer_type(tl.bfloat16), bitcast=True)
@@ -78,8 +86,7 @@ def store_fp8_rows(base_ptr, rows, mask, codes, scale, rope):
 
 
 @triton.jit
-def load_fp8_block(kv_ptr, row, valid, D_V: tl.constexpr, D_PE: tl.constexpr,
-                   UPCAST: tl.constexpr):
+def load_fp8_block(kv_ptr, row, valid, D_V: tl.constexpr, D_PE: tl.constexpr, UPCAST: tl.constexpr):
     """Dequantized rows `row` (int64 [N]) of uint8 [n, 656] rows: (latent [N, D_V] bf16,
     rope [N, D_PE] bf16). Invalid rows are not read and come back as zeros."""
     dv = tl.arange(0, D_V)
@@ -93,8 +100,11 @@ def load_fp8_block(kv_ptr, row, valid, D_V: tl.constexpr, D_PE: tl.constexpr,
     s3 = tl.load(scale_ptr + row * 164 + 3, mask=valid, other=0.0)
     # The scale of each 128-value block, by selects (no per-element scale loads, no reshape).
     blk = dv[None, :] // 128
-    s = tl.where(blk == 0, s0[:, None], tl.where(blk == 1, s1[:, None],
-                                                 tl.where(blk == 2, s2[:, None], s3[:, None])))
+    s = tl.where(
+        blk == 0,
+        s0[:, None],
+        tl.where(blk == 1, s1[:, None], tl.where(blk == 2, s2[:, None], s3[:, None])),
+    )
     # fp8 * 2^k is exact in bf16, so neither product rounds anything. On GPU the bf16 one
     # stays packed (fewer conversions); the interpreter multiplies bf16 bits, so it goes fp32.
     if UPCAST:
@@ -102,8 +112,9 @@ def load_fp8_block(kv_ptr, row, valid, D_V: tl.constexpr, D_PE: tl.constexpr,
     else:
         k_nope = q.to(tl.bfloat16) * s.to(tl.bfloat16)
     rope_ptr = (kv_ptr + 528).to(tl.pointer_type(tl.bfloat16), bitcast=True)
-    k_pe = tl.load(rope_ptr + row[:, None] * 328 + tl.arange(0, D_PE)[None, :],
-                   mask=valid[:, None], other=0.0)
+    k_pe = tl.load(
+        rope_ptr + row[:, None] * 328 + tl.arange(0, D_PE)[None, :], mask=valid[:, None], other=0.0
+    )
     return k_nope, k_pe
 
 
@@ -113,8 +124,9 @@ def _quantize_kernel(src_ptr, dst_ptr, n, ROWS: tl.constexpr):
     ok = i < n
     rows = i.to(tl.int64)
     codes, scale, rope = quantize_rows(src_ptr, rows, ok)
-    store_fp8_rows(dst_ptr.to(tl.pointer_type(tl.uint8), bitcast=True), rows, ok, codes, scale,
-                   rope)
+    store_fp8_rows(
+        dst_ptr.to(tl.pointer_type(tl.uint8), bitcast=True), rows, ok, codes, scale, rope
+    )
 
 
 def kv_quantize(rows: torch.Tensor, out: torch.Tensor) -> None:
@@ -122,12 +134,20 @@ def kv_quantize(rows: torch.Tensor, out: torch.Tensor) -> None:
     same bytes kv_append writes. Launch-only: graph capturable."""
     n = rows.shape[0]
     if rows.dtype != torch.bfloat16 or tuple(rows.shape) != (n, 576) or not rows.is_contiguous():
-        raise ValueError(f"rows: expected contiguous [n, 576] bf16, got {tuple(rows.shape)} "
-                         f"{rows.dtype}")
-    if out.dtype != torch.uint8 or tuple(out.shape) != (n, FP8_ROW_BYTES) or not out.is_contiguous():
-        raise ValueError(f"out: expected contiguous [{n}, {FP8_ROW_BYTES}] uint8, got "
-                         f"{tuple(out.shape)} {out.dtype}")
+        raise ValueError(
+            f"rows: expected contiguous [n, 576] bf16, got {tuple(rows.shape)} {rows.dtype}"
+        )
+    if (
+        out.dtype != torch.uint8
+        or tuple(out.shape) != (n, FP8_ROW_BYTES)
+        or not out.is_contiguous()
+    ):
+        raise ValueError(
+            f"out: expected contiguous [{n}, {FP8_ROW_BYTES}] uint8, got "
+            f"{tuple(out.shape)} {out.dtype}"
+        )
     if n == 0:
         return
-    _quantize_kernel[(triton.cdiv(n, ROWS_PER_PROGRAM),)](rows, out, n, ROWS=ROWS_PER_PROGRAM,
-                                                          num_warps=4)
+    _quantize_kernel[(triton.cdiv(n, ROWS_PER_PROGRAM),)](
+        rows, out, n, ROWS=ROWS_PER_PROGRAM, num_warps=4
+    )

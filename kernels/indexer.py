@@ -21,8 +21,17 @@ _KEY_BYTES = {"bf16": 2 * INDEX_DIM, "fp8": INDEX_DIM + 4}
 
 
 @triton.jit
-def _load_keys(pool_ptr, scale_ptr, page, in_page, ok, D: tl.constexpr, PAGE: tl.constexpr,
-               FP8: tl.constexpr, ALIGN: tl.constexpr):
+def _load_keys(
+    pool_ptr,
+    scale_ptr,
+    page,
+    in_page,
+    ok,
+    D: tl.constexpr,
+    PAGE: tl.constexpr,
+    FP8: tl.constexpr,
+    ALIGN: tl.constexpr,
+):
     """Keys [BLOCK_T, D] (bf16, or f16 for fp8 keys) and the per-token scale (1.0 for bf16)."""
     d = tl.arange(0, D)
     if FP8:
@@ -34,8 +43,9 @@ def _load_keys(pool_ptr, scale_ptr, page, in_page, ok, D: tl.constexpr, PAGE: tl
         keys = tl.load(pool_ptr + start[:, None] + d[None, :], mask=ok[:, None], other=0)
         # e4m3 -> f16 is exact and one native cvt per two values (-> bf16 costs two more).
         keys = keys.to(tl.float8e4nv, bitcast=True).to(tl.float16)
-        scale = tl.load(scale_ptr + page * (PAGE * (D + 4) // 4) + PAGE * (D // 4) + in_page,
-                        mask=ok, other=0.0)
+        scale = tl.load(
+            scale_ptr + page * (PAGE * (D + 4) // 4) + PAGE * (D // 4) + in_page, mask=ok, other=0.0
+        )
     else:
         start = tl.multiple_of((page * PAGE + in_page) * D, D)
         keys = tl.load(pool_ptr + start[:, None] + d[None, :], mask=ok[:, None], other=0)
@@ -57,24 +67,57 @@ def _f16_query(q):
 
 
 @triton.jit
-def _tile_keys(pool_ptr, scale_ptr, pages, i, t0, n, D: tl.constexpr, PAGE: tl.constexpr,
-               FP8: tl.constexpr, ALIGN: tl.constexpr, BLOCK_T: tl.constexpr,
-               TILES: tl.constexpr):
+def _tile_keys(
+    pool_ptr,
+    scale_ptr,
+    pages,
+    i,
+    t0,
+    n,
+    D: tl.constexpr,
+    PAGE: tl.constexpr,
+    FP8: tl.constexpr,
+    ALIGN: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    TILES: tl.constexpr,
+):
     """Tokens, validity, keys and scales of tile i (no token is valid for i >= TILES)."""
     t = t0 + i * BLOCK_T + tl.arange(0, BLOCK_T)
     page = tl.sum(tl.where(tl.arange(0, TILES)[:, None] == i, pages, 0), axis=0)
     ok = (t < n) & (page >= 0) & (i < TILES)
-    keys, scale = _load_keys(pool_ptr, scale_ptr, page.to(tl.int64), t % PAGE, ok, D, PAGE, FP8,
-                             ALIGN)
+    keys, scale = _load_keys(
+        pool_ptr, scale_ptr, page.to(tl.int64), t % PAGE, ok, D, PAGE, FP8, ALIGN
+    )
     return t, ok, keys, scale
 
 
 @triton.jit
-def _indexer_kernel(q_ptr, w_ptr, pool_ptr, scale_ptr, page_table_ptr, req_slots_ptr, seq_lens_ptr,
-                    out_ptr, C, max_tokens, s_q_b, s_q_h, s_w_b, s_pt_r, s_o_b,
-                    N_HEADS: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-                    FP8: tl.constexpr, ALIGN: tl.constexpr, BLOCK_T: tl.constexpr,
-                    TILES: tl.constexpr, REG_PREFETCH: tl.constexpr, UPCAST: tl.constexpr):
+def _indexer_kernel(
+    q_ptr,
+    w_ptr,
+    pool_ptr,
+    scale_ptr,
+    page_table_ptr,
+    req_slots_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    C,
+    max_tokens,
+    s_q_b,
+    s_q_h,
+    s_w_b,
+    s_pt_r,
+    s_o_b,
+    N_HEADS: tl.constexpr,
+    D: tl.constexpr,
+    PAGE: tl.constexpr,
+    FP8: tl.constexpr,
+    ALIGN: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    TILES: tl.constexpr,
+    REG_PREFETCH: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     b = tl.program_id(1)
     r = tl.load(req_slots_ptr + b)
     # Tokens past the page table's reach are bad input: scored -inf, never read.
@@ -92,22 +135,26 @@ def _indexer_kernel(q_ptr, w_ptr, pool_ptr, scale_ptr, page_table_ptr, req_slots
     # ahead (a page-table load in the loop limits it to one tile, waited for every step).
     t0 = tl.program_id(0) * TILES * BLOCK_T
     t_all = t0 + tl.arange(0, TILES * BLOCK_T)
-    pages = tl.load(page_table_ptr + r.to(tl.int64) * s_pt_r + t_all // PAGE, mask=t_all < n,
-                    other=-1)
+    pages = tl.load(
+        page_table_ptr + r.to(tl.int64) * s_pt_r + t_all // PAGE, mask=t_all < n, other=-1
+    )
     pages = tl.reshape(pages, [TILES, BLOCK_T])
     if REG_PREFETCH:
-        t, ok, keys, scale = _tile_keys(pool_ptr, scale_ptr, pages, 0, t0, n, D, PAGE, FP8,
-                                        ALIGN, BLOCK_T, TILES)
+        t, ok, keys, scale = _tile_keys(
+            pool_ptr, scale_ptr, pages, 0, t0, n, D, PAGE, FP8, ALIGN, BLOCK_T, TILES
+        )
     for i in range(TILES):
         if REG_PREFETCH:
             # Register double buffer (use with num_stages=1): the pipeliner's shared-memory
             # copies of fp8 tiles are 8 B wide, plain loads of 16 B aligned rows are 16 B wide.
-            t_n, ok_n, keys_n, scale_n = _tile_keys(pool_ptr, scale_ptr, pages, i + 1, t0, n, D,
-                                                    PAGE, FP8, ALIGN, BLOCK_T, TILES)
+            t_n, ok_n, keys_n, scale_n = _tile_keys(
+                pool_ptr, scale_ptr, pages, i + 1, t0, n, D, PAGE, FP8, ALIGN, BLOCK_T, TILES
+            )
         else:
-            t, ok, keys, scale = _tile_keys(pool_ptr, scale_ptr, pages, i, t0, n, D, PAGE, FP8,
-                                            ALIGN, BLOCK_T, TILES)
-        s = bf16_dot(keys, tl.trans(q), None, UPCAST) * scale[:, None]     # [BLOCK_T, N_HEADS]
+            t, ok, keys, scale = _tile_keys(
+                pool_ptr, scale_ptr, pages, i, t0, n, D, PAGE, FP8, ALIGN, BLOCK_T, TILES
+            )
+        s = bf16_dot(keys, tl.trans(q), None, UPCAST) * scale[:, None]  # [BLOCK_T, N_HEADS]
         score = tl.sum(tl.maximum(s, 0.0) * w[None, :], axis=1)
         tl.store(out_ptr + b * s_o_b + t, tl.where(ok, score, float("-inf")), mask=t < C)
         if REG_PREFETCH:
@@ -120,29 +167,52 @@ def _check_args(q, w, pool, page_table, req_slots, seq_lens, out, index_format) 
     if fmt not in _KEY_BYTES or pool.shape[-1] != _KEY_BYTES[fmt]:
         raise ValueError(f"index keys of {pool.shape[-1]} bytes do not match format {fmt!r}")
     bs, n_heads, dim = q.shape
-    if (q.dtype != torch.bfloat16 or dim != INDEX_DIM or q.stride(-1) != 1
-            or w.shape != (bs, n_heads) or w.dtype != torch.float32 or w.stride(-1) != 1):
-        raise ValueError(f"q must be [bs, H, {INDEX_DIM}] bf16 and w [bs, H] fp32, unit last stride")
+    if (
+        q.dtype != torch.bfloat16
+        or dim != INDEX_DIM
+        or q.stride(-1) != 1
+        or w.shape != (bs, n_heads)
+        or w.dtype != torch.float32
+        or w.stride(-1) != 1
+    ):
+        raise ValueError(
+            f"q must be [bs, H, {INDEX_DIM}] bf16 and w [bs, H] fp32, unit last stride"
+        )
     if n_heads < 16 or n_heads & (n_heads - 1):
         raise ValueError(f"the head count must be a power of two >= 16, got {n_heads}")
     if pool.dtype != torch.uint8 or pool.dim() != 3 or not pool.is_contiguous():
         raise ValueError("index_pool_layer must be a contiguous [num_pages, P, I] uint8 tensor")
-    for name, t, dt, nd in (("page_table", page_table, torch.int32, 2),
-                            ("req_slots", req_slots, torch.int32, 1),
-                            ("seq_lens", seq_lens, torch.int32, 1),
-                            ("out_scores", out, torch.float32, 2)):
+    for name, t, dt, nd in (
+        ("page_table", page_table, torch.int32, 2),
+        ("req_slots", req_slots, torch.int32, 1),
+        ("seq_lens", seq_lens, torch.int32, 1),
+        ("out_scores", out, torch.float32, 2),
+    ):
         rows_ok = name == "page_table" or t.shape[0] == bs
         if t.dtype != dt or t.dim() != nd or t.stride(-1) != 1 or not rows_ok:
-            raise ValueError(f"{name}: expected {nd}-d {dt} with unit last stride "
-                             f"(batch {bs}), got {tuple(t.shape)} {t.dtype}")
+            raise ValueError(
+                f"{name}: expected {nd}-d {dt} with unit last stride "
+                f"(batch {bs}), got {tuple(t.shape)} {t.dtype}"
+            )
     return fmt
 
 
-def indexer_scores(q: torch.Tensor, w: torch.Tensor, index_pool_layer: torch.Tensor,
-                   page_table: torch.Tensor, req_slots: torch.Tensor, seq_lens: torch.Tensor,
-                   out_scores: torch.Tensor, *, index_format: str | None = None,
-                   block_t: int = 128, tiles: int = 4, num_warps: int = 4,
-                   num_stages: int | None = None, reg_prefetch: bool | None = None) -> None:
+def indexer_scores(
+    q: torch.Tensor,
+    w: torch.Tensor,
+    index_pool_layer: torch.Tensor,
+    page_table: torch.Tensor,
+    req_slots: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out_scores: torch.Tensor,
+    *,
+    index_format: str | None = None,
+    block_t: int = 128,
+    tiles: int = 4,
+    num_warps: int = 4,
+    num_stages: int | None = None,
+    reg_prefetch: bool | None = None,
+) -> None:
     """Lightning-indexer scores of every stored token of each batch row.
 
     q [bs, 64, 128] bf16, w [bs, 64] fp32, index_pool_layer [num_pages, P, I] uint8 contiguous
@@ -159,8 +229,9 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, index_pool_layer: torch.Ten
     (Triton 3.6 stages fp8 tiles with 8 B copies; plain loads of the 16 B aligned values of a
     page-blocked pool are 16 B wide when P % 4 == 0).
     """
-    fmt = _check_args(q, w, index_pool_layer, page_table, req_slots, seq_lens, out_scores,
-                      index_format)
+    fmt = _check_args(
+        q, w, index_pool_layer, page_table, req_slots, seq_lens, out_scores, index_format
+    )
     bs, n_heads, dim = q.shape
     if bs == 0 or out_scores.shape[1] == 0:
         return
@@ -174,11 +245,31 @@ def indexer_scores(q: torch.Tensor, w: torch.Tensor, index_pool_layer: torch.Ten
     cols = out_scores.shape[1]
     grid = (triton.cdiv(cols, block_t * tiles), bs)
     _indexer_kernel[grid](
-        q, w, pool, scale, page_table, req_slots, seq_lens, out_scores, cols,
+        q,
+        w,
+        pool,
+        scale,
+        page_table,
+        req_slots,
+        seq_lens,
+        out_scores,
+        cols,
         min(cols, page_table.shape[1] * index_pool_layer.shape[1]),
-        q.stride(0), q.stride(1), w.stride(0), page_table.stride(0), out_scores.stride(0),
-        N_HEADS=n_heads, D=dim, PAGE=page, FP8=fp8,
+        q.stride(0),
+        q.stride(1),
+        w.stride(0),
+        page_table.stride(0),
+        out_scores.stride(0),
+        N_HEADS=n_heads,
+        D=dim,
+        PAGE=page,
+        FP8=fp8,
         # Largest power of two dividing every value offset page * P * 132 + t * 128 (bytes).
-        ALIGN=min(128, (page * _KEY_BYTES["fp8"]) & -(page * _KEY_BYTES["fp8"])), BLOCK_T=block_t,
-        TILES=tiles, REG_PREFETCH=reg_prefetch, UPCAST=INTERPRETED, num_warps=num_warps,
-        num_stages=num_stages)
+        ALIGN=min(128, (page * _KEY_BYTES["fp8"]) & -(page * _KEY_BYTES["fp8"])),
+        BLOCK_T=block_t,
+        TILES=tiles,
+        REG_PREFETCH=reg_prefetch,
+        UPCAST=INTERPRETED,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )

@@ -24,47 +24,88 @@ ROWS_PER_PROGRAM = 4
 @triton.jit
 def _load_rows(ptr, rows, mask, WORDS: tl.constexpr, BLOCK: tl.constexpr):
     w = tl.arange(0, BLOCK)
-    return tl.load(ptr + rows[:, None] * WORDS + w[None, :],
-                   mask=mask[:, None] & (w < WORDS)[None, :])
+    return tl.load(
+        ptr + rows[:, None] * WORDS + w[None, :], mask=mask[:, None] & (w < WORDS)[None, :]
+    )
 
 
 @triton.jit
 def _store_rows(ptr, rows, mask, words, WORDS: tl.constexpr, BLOCK: tl.constexpr):
     w = tl.arange(0, BLOCK)
-    tl.store(ptr + rows[:, None] * WORDS + w[None, :], words,
-             mask=mask[:, None] & (w < WORDS)[None, :])
+    tl.store(
+        ptr + rows[:, None] * WORDS + w[None, :], words, mask=mask[:, None] & (w < WORDS)[None, :]
+    )
 
 
 @triton.jit
-def _store_cols(ptr, starts, mask, words, LO: tl.constexpr, HI: tl.constexpr,
-                BLOCK: tl.constexpr):
+def _store_cols(ptr, starts, mask, words, LO: tl.constexpr, HI: tl.constexpr, BLOCK: tl.constexpr):
     """Words [LO, HI) of each row to ptr + starts[row] + (word - LO)."""
     w = tl.arange(0, BLOCK)
-    tl.store(ptr + starts[:, None] + (w - LO)[None, :], words,
-             mask=mask[:, None] & ((w >= LO) & (w < HI))[None, :])
+    tl.store(
+        ptr + starts[:, None] + (w - LO)[None, :],
+        words,
+        mask=mask[:, None] & ((w >= LO) & (w < HI))[None, :],
+    )
 
 
 @triton.jit
-def _store_index_rows(pool_ptr, page_row, t_in_page, ok, index, P: tl.constexpr,
-                      INDEX_WORDS: tl.constexpr, SCALE_WORDS: tl.constexpr,
-                      BLOCK: tl.constexpr):
+def _store_index_rows(
+    pool_ptr,
+    page_row,
+    t_in_page,
+    ok,
+    index,
+    P: tl.constexpr,
+    INDEX_WORDS: tl.constexpr,
+    SCALE_WORDS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """Index rows into their pool pages (page_row = layer * num_pages + page). With SCALE_WORDS
     (fp8 keys) a page is page-blocked: P rows of values, then the P scales."""
     VALUE_WORDS: tl.constexpr = INDEX_WORDS - SCALE_WORDS
     page_start = page_row * (P * INDEX_WORDS)
     _store_cols(pool_ptr, page_start + t_in_page * VALUE_WORDS, ok, index, 0, VALUE_WORDS, BLOCK)
     if SCALE_WORDS > 0:
-        _store_cols(pool_ptr, page_start + P * VALUE_WORDS + t_in_page * SCALE_WORDS, ok, index,
-                    VALUE_WORDS, INDEX_WORDS, BLOCK)
+        _store_cols(
+            pool_ptr,
+            page_start + P * VALUE_WORDS + t_in_page * SCALE_WORDS,
+            ok,
+            index,
+            VALUE_WORDS,
+            INDEX_WORDS,
+            BLOCK,
+        )
 
 
 @triton.jit(do_not_specialize=["layer"])
-def _kv_append_kernel(kv_ptr, index_ptr, req_slots_ptr, positions_ptr, seq_lens_ptr,
-                      req_mode_ptr, page_table_ptr, host_ptr, hot_ptr, pool_ptr,
-                      layer, n, R, B, max_pages, num_pages, L: tl.constexpr, P: tl.constexpr,
-                      W: tl.constexpr, KV_WORDS: tl.constexpr, INDEX_WORDS: tl.constexpr,
-                      SCALE_WORDS: tl.constexpr, BLOCK_KV: tl.constexpr,
-                      BLOCK_INDEX: tl.constexpr, ROWS: tl.constexpr, QUANT: tl.constexpr):
+def _kv_append_kernel(
+    kv_ptr,
+    index_ptr,
+    req_slots_ptr,
+    positions_ptr,
+    seq_lens_ptr,
+    req_mode_ptr,
+    page_table_ptr,
+    host_ptr,
+    hot_ptr,
+    pool_ptr,
+    layer,
+    n,
+    R,
+    B,
+    max_pages,
+    num_pages,
+    L: tl.constexpr,
+    P: tl.constexpr,
+    W: tl.constexpr,
+    KV_WORDS: tl.constexpr,
+    INDEX_WORDS: tl.constexpr,
+    SCALE_WORDS: tl.constexpr,
+    BLOCK_KV: tl.constexpr,
+    BLOCK_INDEX: tl.constexpr,
+    ROWS: tl.constexpr,
+    QUANT: tl.constexpr,
+):
     # Rows move as int32 words (D and I are multiples of 4) so the copies vectorize. QUANT:
     # kv_ptr holds bf16 [n, 576] rows, quantized here into fp8 rows (kernels.fp8_row).
     index_ptr = index_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
@@ -101,22 +142,43 @@ def _kv_append_kernel(kv_ptr, index_ptr, req_slots_ptr, positions_ptr, seq_lens_
         _store_rows(hot_ptr, hot_row, to_hot, kv, KV_WORDS, BLOCK_KV)
         _store_rows(host_ptr, host_row, to_host, kv, KV_WORDS, BLOCK_KV)
     index = _load_rows(index_ptr, src, ok, INDEX_WORDS, BLOCK_INDEX)
-    _store_index_rows(pool_ptr, layer * num_pages + page, t % P, ok, index, P, INDEX_WORDS,
-                      SCALE_WORDS, BLOCK_INDEX)
+    _store_index_rows(
+        pool_ptr,
+        layer * num_pages + page,
+        t % P,
+        ok,
+        index,
+        P,
+        INDEX_WORDS,
+        SCALE_WORDS,
+        BLOCK_INDEX,
+    )
 
 
 def _check(specs: dict) -> None:
     for name, (x, dtype, shape) in specs.items():
         if x.dtype is not dtype or tuple(x.shape) != tuple(shape) or not x.is_contiguous():
-            raise ValueError(f"{name}: expected contiguous {tuple(shape)} {dtype}, "
-                             f"got {tuple(x.shape)} {x.dtype}")
+            raise ValueError(
+                f"{name}: expected contiguous {tuple(shape)} {dtype}, "
+                f"got {tuple(x.shape)} {x.dtype}"
+            )
 
 
-def kv_append(layer: int, kv_rows: torch.Tensor, index_rows: torch.Tensor,
-              req_slots: torch.Tensor, positions: torch.Tensor, seq_lens: torch.Tensor,
-              req_mode: torch.Tensor, page_table: torch.Tensor,
-              host_kv: Union[torch.Tensor, UVATensor], hot_kv: torch.Tensor,
-              index_pool: torch.Tensor, *, window: int) -> None:
+def kv_append(
+    layer: int,
+    kv_rows: torch.Tensor,
+    index_rows: torch.Tensor,
+    req_slots: torch.Tensor,
+    positions: torch.Tensor,
+    seq_lens: torch.Tensor,
+    req_mode: torch.Tensor,
+    page_table: torch.Tensor,
+    host_kv: Union[torch.Tensor, UVATensor],
+    hot_kv: torch.Tensor,
+    index_pool: torch.Tensor,
+    *,
+    window: int,
+) -> None:
     """Store N new tokens' rows of layer `layer`.
 
     kv_rows [N, D] uint8 (stored as they are), or [N, 576] bf16: stored as bf16 bytes when
@@ -142,20 +204,48 @@ def kv_append(layer: int, kv_rows: torch.Tensor, index_rows: torch.Tensor,
     quant = kv_rows.dtype == torch.bfloat16 and D == FP8_ROW_BYTES
     if kv_rows.dtype == torch.bfloat16 and not quant:
         kv_rows = kv_rows.view(u8)
-    _check({"kv_rows": (kv_rows, kv_rows.dtype if quant else u8, (n, 576) if quant else (n, D)),
+    _check(
+        {
+            "kv_rows": (kv_rows, kv_rows.dtype if quant else u8, (n, 576) if quant else (n, D)),
             "index_rows": (index_rows, u8, (n, I)),
-            "req_slots": (req_slots, i32, (n,)), "positions": (positions, i32, (n,)),
-            "seq_lens": (seq_lens, i32, (n,)), "req_mode": (req_mode, i32, (R,)),
+            "req_slots": (req_slots, i32, (n,)),
+            "positions": (positions, i32, (n,)),
+            "seq_lens": (seq_lens, i32, (n,)),
+            "req_mode": (req_mode, i32, (R,)),
             "page_table": (page_table, i32, (R, page_table.shape[1])),
-            "host_kv": (host_kv, u8, (num_pages, L, P, D)), "hot_kv": (hot_kv, u8, (L, R, B, D)),
-            "index_pool": (index_pool, u8, (L, num_pages, P, I))})
+            "host_kv": (host_kv, u8, (num_pages, L, P, D)),
+            "hot_kv": (hot_kv, u8, (L, R, B, D)),
+            "index_pool": (index_pool, u8, (L, num_pages, P, I)),
+        }
+    )
     if n == 0:
         return
     _kv_append_kernel[(triton.cdiv(n, ROWS_PER_PROGRAM),)](
-        kv_rows, index_rows, req_slots, positions, seq_lens, req_mode, page_table, host_kv,
-        hot_kv, index_pool,
-        layer, n, R, B, page_table.shape[1], num_pages, L=L, P=P, W=window, KV_WORDS=D // 4,
-        INDEX_WORDS=I // 4, SCALE_WORDS=1 if I == FP8_KEY_BYTES else 0,
+        kv_rows,
+        index_rows,
+        req_slots,
+        positions,
+        seq_lens,
+        req_mode,
+        page_table,
+        host_kv,
+        hot_kv,
+        index_pool,
+        layer,
+        n,
+        R,
+        B,
+        page_table.shape[1],
+        num_pages,
+        L=L,
+        P=P,
+        W=window,
+        KV_WORDS=D // 4,
+        INDEX_WORDS=I // 4,
+        SCALE_WORDS=1 if I == FP8_KEY_BYTES else 0,
         BLOCK_KV=triton.next_power_of_2(D // 4),
-        BLOCK_INDEX=triton.next_power_of_2(I // 4), ROWS=ROWS_PER_PROGRAM, QUANT=quant,
-        num_warps=4)
+        BLOCK_INDEX=triton.next_power_of_2(I // 4),
+        ROWS=ROWS_PER_PROGRAM,
+        QUANT=quant,
+        num_warps=4,
+    )

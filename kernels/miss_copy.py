@@ -54,9 +54,21 @@ def _chunk_rows(count_ptr, i, bs, k, BS_BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _miss_copy_kernel(host_ptr, hot_ptr, src_ptr, dst_ptr, count_ptr, bs, k, host_rows, hot_rows,
-                      WORDS: tl.constexpr, BLOCK_W: tl.constexpr, ROWS: tl.constexpr,
-                      BS_BLOCK: tl.constexpr):
+def _miss_copy_kernel(
+    host_ptr,
+    hot_ptr,
+    src_ptr,
+    dst_ptr,
+    count_ptr,
+    bs,
+    k,
+    host_rows,
+    hot_rows,
+    WORDS: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    ROWS: tl.constexpr,
+    BS_BLOCK: tl.constexpr,
+):
     host_ptr = host_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
     hot_ptr = hot_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
     total = 0
@@ -85,8 +97,9 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def default_programs(device: torch.device, rows_per_program: int = ROWS_PER_PROGRAM,
-                     bs: int = 1 << 30, k: int = 1) -> int:
+def default_programs(
+    device: torch.device, rows_per_program: int = ROWS_PER_PROGRAM, bs: int = 1 << 30, k: int = 1
+) -> int:
     """Size of the persistent grid: PROGRAMS_PER_SM per SM on GPU, never more programs than
     chunks the largest possible work list (bs * k rows) has."""
     if device.type == "cuda":
@@ -110,18 +123,28 @@ def _check(host_rows, hot_rows, miss_src, miss_dst, miss_count) -> None:
     if miss_src.dim() != 2:
         raise ValueError(f"miss_src: expected [bs, k], got {tuple(miss_src.shape)}")
     bs, k = miss_src.shape
-    for name, x, dtype, shape in (("miss_src", miss_src, torch.int64, (bs, k)),
-                                  ("miss_dst", miss_dst, torch.int64, (bs, k)),
-                                  ("miss_count", miss_count, torch.int32, (bs,))):
+    for name, x, dtype, shape in (
+        ("miss_src", miss_src, torch.int64, (bs, k)),
+        ("miss_dst", miss_dst, torch.int64, (bs, k)),
+        ("miss_count", miss_count, torch.int32, (bs,)),
+    ):
         if x.dtype != dtype or tuple(x.shape) != shape or not x.is_contiguous():
-            raise ValueError(f"{name}: expected contiguous {shape} {dtype}, "
-                             f"got {tuple(x.shape)} {x.dtype}")
+            raise ValueError(
+                f"{name}: expected contiguous {shape} {dtype}, got {tuple(x.shape)} {x.dtype}"
+            )
 
 
-def miss_copy(host_rows: Union[torch.Tensor, UVATensor], hot_rows: torch.Tensor,
-              miss_src: torch.Tensor, miss_dst: torch.Tensor, miss_count: torch.Tensor, *,
-              rows_per_program: int = ROWS_PER_PROGRAM, num_warps: int = 4,
-              programs: int | None = None) -> None:
+def miss_copy(
+    host_rows: Union[torch.Tensor, UVATensor],
+    hot_rows: torch.Tensor,
+    miss_src: torch.Tensor,
+    miss_dst: torch.Tensor,
+    miss_count: torch.Tensor,
+    *,
+    rows_per_program: int = ROWS_PER_PROGRAM,
+    num_warps: int = 4,
+    programs: int | None = None,
+) -> None:
     """Copy host row miss_src[b, j] to hot row miss_dst[b, j] for j < miss_count[b].
 
     host_rows: host_kv [N, L, P, D] uint8 (a CPU tensor on CPU, its UVATensor on GPU),
@@ -137,14 +160,28 @@ def miss_copy(host_rows: Union[torch.Tensor, UVATensor], hot_rows: torch.Tensor,
     if bs == 0 or k == 0:
         return
     D = host_rows.shape[-1]
-    grid = (programs if programs is not None
-            else default_programs(hot_rows.device, rows_per_program, bs, k),)
+    grid = (
+        programs
+        if programs is not None
+        else default_programs(hot_rows.device, rows_per_program, bs, k),
+    )
     if grid[0] <= 0:
         raise ValueError(f"programs must be positive, got {programs}")
     # The kernel reads the uint8 tiers as int32 words: passing them as they are spares building
     # views (for a UVATensor, a pinned-memory query) on every launch.
-    _miss_copy_kernel[grid](host_rows, hot_rows, miss_src, miss_dst, miss_count, bs, k,
-                            math.prod(host_rows.shape) // D, hot_rows.numel() // D, WORDS=D // 4,
-                            BLOCK_W=triton.next_power_of_2(D // 4), ROWS=rows_per_program,
-                            BS_BLOCK=min(BATCH_BLOCK, triton.next_power_of_2(bs)),
-                            num_warps=num_warps)
+    _miss_copy_kernel[grid](
+        host_rows,
+        hot_rows,
+        miss_src,
+        miss_dst,
+        miss_count,
+        bs,
+        k,
+        math.prod(host_rows.shape) // D,
+        hot_rows.numel() // D,
+        WORDS=D // 4,
+        BLOCK_W=triton.next_power_of_2(D // 4),
+        ROWS=rows_per_program,
+        BS_BLOCK=min(BATCH_BLOCK, triton.next_power_of_2(bs)),
+        num_warps=num_warps,
+    )

@@ -19,8 +19,8 @@ def signed_key(x):
     """int32 whose signed order is the order of fp32 x; NaN counts as -inf, -0.0 as +0.0."""
     bits = x.to(tl.int32, bitcast=True)
     # Canonicalize on the bits: float compares against 0.0 or NaN may be folded away.
-    bits = tl.where((bits & 0x7FFFFFFF) > 0x7F800000, -8388608, bits)   # NaN -> bits of -inf
-    bits = tl.where(bits == INT32_MIN, 0, bits)                          # -0.0 -> +0.0
+    bits = tl.where((bits & 0x7FFFFFFF) > 0x7F800000, -8388608, bits)  # NaN -> bits of -inf
+    bits = tl.where(bits == INT32_MIN, 0, bits)  # -0.0 -> +0.0
     return bits ^ ((bits >> 31) & 0x7FFFFFFF)
 
 
@@ -32,8 +32,9 @@ def load_scores(row_ptr, offs, n_load):
 
 
 @triton.jit
-def digit_histogram(row_ptr, start, stop, n_load, pref, lo, shift, NBINS: tl.constexpr,
-                    BLOCK: tl.constexpr):
+def digit_histogram(
+    row_ptr, start, stop, n_load, pref, lo, shift, NBINS: tl.constexpr, BLOCK: tl.constexpr
+):
     """Histogram over positions [start, stop) of bits [shift, shift + log2 NBINS) of the
     unsigned keys whose bits >= lo equal those of pref (all keys when lo == 32)."""
     hist = tl.zeros([NBINS], tl.int32)
@@ -77,8 +78,18 @@ def inclusive_count(flags, ROWS: tl.constexpr, WIDTH: tl.constexpr):
 
 
 @triton.jit
-def write_selected(row_ptr, out_ptr, start, stop, n_load, thr, take,
-                   PARTIAL_TIES: tl.constexpr, ROWS: tl.constexpr, WIDTH: tl.constexpr):
+def write_selected(
+    row_ptr,
+    out_ptr,
+    start,
+    stop,
+    n_load,
+    thr,
+    take,
+    PARTIAL_TIES: tl.constexpr,
+    ROWS: tl.constexpr,
+    WIDTH: tl.constexpr,
+):
     """Writes the selected positions of [start, stop) in ascending order from out_ptr on: keys
     > thr, and keys == thr (all of them, or the first `take` with PARTIAL_TIES). Returns how
     many."""

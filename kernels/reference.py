@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-# --- swap-in: plan, miss copy, append (owned by kernels/swap_plan.py, miss_copy.py, kv_append.py) ---
+# --- swap-in: plan, miss copy, append (kernels/swap_plan.py, miss_copy.py, kv_append.py) ---
 
 
 def _host_tensor(host):
@@ -35,8 +35,10 @@ def fp8_page_views(pool: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     whose last two dims are contiguous; writing into them writes the pool."""
     P = pool.shape[-2]
     flat = pool.view(*pool.shape[:-2], P * FP8_KEY_BYTES)
-    return (flat[..., : P * 128].unflatten(-1, (P, 128)),
-            flat[..., P * 128:].unflatten(-1, (P, 4)))
+    return (
+        flat[..., : P * 128].unflatten(-1, (P, 128)),
+        flat[..., P * 128 :].unflatten(-1, (P, 4)),
+    )
 
 
 def read_index_rows(pool: torch.Tensor, pages: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
@@ -47,8 +49,9 @@ def read_index_rows(pool: torch.Tensor, pages: torch.Tensor, offs: torch.Tensor)
     return torch.cat((values[pages, offs], scales[pages, offs]), dim=-1)
 
 
-def write_index_rows(pool: torch.Tensor, pages: torch.Tensor, offs: torch.Tensor,
-                     rows: torch.Tensor) -> None:
+def write_index_rows(
+    pool: torch.Tensor, pages: torch.Tensor, offs: torch.Tensor, rows: torch.Tensor
+) -> None:
     """Store append-format rows [n, I] at tokens (pages[i], offs[i]) of an index pool [N, P, I]
     (plain tensor indexing: no host sync, graph-capturable on CUDA)."""
     if pool.shape[-1] != FP8_KEY_BYTES:
@@ -59,8 +62,9 @@ def write_index_rows(pool: torch.Tensor, pages: torch.Tensor, offs: torch.Tensor
     scales[pages, offs] = rows[..., 128:]
 
 
-def _ref_plan_request(layer, r, row, seq_len, pages, token_slot, slot_token, lru_order,
-                      num_layers, page_size, window):
+def _ref_plan_request(
+    layer, r, row, seq_len, pages, token_slot, slot_token, lru_order, num_layers, page_size, window
+):
     """Plan one offloaded (layer, request); returns (slots, [(host row, hot row)] per miss)."""
     _, R, C = token_slot.shape
     B, W, P = slot_token.shape[2], window, page_size
@@ -79,9 +83,9 @@ def _ref_plan_request(layer, r, row, seq_len, pages, token_slot, slot_token, lru
         elif pages[t // P] >= 0:
             missed.append(i)
     free = [s for s in order if s not in hits]
-    missed = missed[:len(free)]
-    victims = free[:len(missed)]
-    kept = free[len(missed):]
+    missed = missed[: len(free)]
+    victims = free[: len(missed)]
+    kept = free[len(missed) :]
     lru_order[layer, r] = torch.tensor(kept + [s for s in order if s in hits] + victims)
     for v in victims:
         if 0 <= v < B and 0 <= st[v] < C:
@@ -98,9 +102,26 @@ def _ref_plan_request(layer, r, row, seq_len, pages, token_slot, slot_token, lru
     return slots, misses
 
 
-def ref_swap_plan(layer, topk, seq_lens, req_slots, req_mode, page_table, token_slot, slot_token,
-                  lru_order, hit_flag, out_slots, out_miss_src, out_miss_dst, out_miss_count, *,
-                  num_layers, page_size, window):
+def ref_swap_plan(
+    layer,
+    topk,
+    seq_lens,
+    req_slots,
+    req_mode,
+    page_table,
+    token_slot,
+    slot_token,
+    lru_order,
+    hit_flag,
+    out_slots,
+    out_miss_src,
+    out_miss_dst,
+    out_miss_count,
+    *,
+    num_layers,
+    page_size,
+    window,
+):
     """Reference of kernels.swap_plan.swap_plan (hit_flag is not needed here: left untouched)."""
     _, R, C = token_slot.shape
     B = slot_token.shape[2]
@@ -110,9 +131,19 @@ def ref_swap_plan(layer, topk, seq_lens, req_slots, req_mode, page_table, token_
         seq_len = min(max(seq_len, 0), C)
         misses = []
         if mode == 2:
-            slots, misses = _ref_plan_request(layer, r, row, seq_len, page_table[r].tolist(),
-                                              token_slot, slot_token, lru_order, num_layers,
-                                              page_size, window)
+            slots, misses = _ref_plan_request(
+                layer,
+                r,
+                row,
+                seq_len,
+                page_table[r].tolist(),
+                token_slot,
+                slot_token,
+                lru_order,
+                num_layers,
+                page_size,
+                window,
+            )
         else:
             slots = [t if mode == 1 and 0 <= t < min(seq_len, B) else -1 for t in row]
         out_slots[b] = torch.tensor(slots, dtype=torch.int32)
@@ -133,8 +164,21 @@ def ref_miss_copy(host_rows, hot_rows, miss_src, miss_dst, miss_count):
                 hot[dst] = host[src].to(hot.device)
 
 
-def ref_kv_append(layer, kv_rows, index_rows, req_slots, positions, seq_lens, req_mode,
-                  page_table, host_kv, hot_kv, index_pool, *, window):
+def ref_kv_append(
+    layer,
+    kv_rows,
+    index_rows,
+    req_slots,
+    positions,
+    seq_lens,
+    req_mode,
+    page_table,
+    host_kv,
+    hot_kv,
+    index_pool,
+    *,
+    window,
+):
     """Reference of kernels.kv_append.kv_append."""
     host = _host_tensor(host_kv)
     num_pages, _, P, _ = host.shape
@@ -150,7 +194,9 @@ def ref_kv_append(layer, kv_rows, index_rows, req_slots, positions, seq_lens, re
         if not 0 <= page < num_pages:
             continue
         at = torch.tensor([[page], [t % P]], device=index_pool.device)
-        write_index_rows(index_pool[layer], at[0], at[1], index_rows[i:i + 1].to(index_pool.device))
+        write_index_rows(
+            index_pool[layer], at[0], at[1], index_rows[i : i + 1].to(index_pool.device)
+        )
         if mode == 1 and t < B:
             hot_kv[layer, r, t] = kv_rows[i]
         if mode == 2:
@@ -211,20 +257,32 @@ def kv_rows_for_store(kv_rows: torch.Tensor, row_bytes: int) -> torch.Tensor:
     if kv_rows.dtype == torch.uint8:
         return kv_rows
     if row_bytes == FP8_ROW_BYTES:
-        out = torch.empty((kv_rows.shape[0], FP8_ROW_BYTES), dtype=torch.uint8,
-                          device=kv_rows.device)
+        out = torch.empty(
+            (kv_rows.shape[0], FP8_ROW_BYTES), dtype=torch.uint8, device=kv_rows.device
+        )
         ref_quantize_kv_rows(kv_rows, out)
         return out
     return kv_rows.to(torch.bfloat16).contiguous().view(torch.uint8)
+
 
 # --- end fp8 KV rows ---
 
 
 # --- attention and indexer (owned by kernels/sparse_attention.py, indexer.py) ---
 
-def ref_sparse_mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv: torch.Tensor,
-                          row_base: torch.Tensor, slots: torch.Tensor, scale: float,
-                          out: torch.Tensor, lse: torch.Tensor, *, workspace=None) -> None:
+
+def ref_sparse_mla_decode(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    kv: torch.Tensor,
+    row_base: torch.Tensor,
+    slots: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    *,
+    workspace=None,
+) -> None:
     """Absorbed MLA decode over the rows `row_base[b] + slots[b, i]` (slot < 0 skipped), fp64 math.
     kv: bf16 [rows, 576] or fp8 rows [rows, 656] uint8 (dequantized first). `workspace` (the
     kernel's split-k scratch) is accepted and unused."""
@@ -233,10 +291,10 @@ def ref_sparse_mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv: torch.Te
     rows = torch.where(valid, row_base[:, None] + slots.long(), 0)
     picked = ref_dequantize_kv_rows(kv[rows]) if kv.dtype == torch.uint8 else kv[rows]
     k = torch.where(valid[..., None], picked.double(), 0.0)  # [bs, k, 576]
-    q = torch.cat([q_nope, q_pe], dim=-1).double()          # [bs, H, 576]
+    q = torch.cat([q_nope, q_pe], dim=-1).double()  # [bs, H, 576]
     s = scale * torch.einsum("bhd,bkd->bhk", q, k)
     s = s.masked_fill(~valid[:, None, :], float("-inf"))
-    lse_d = torch.logsumexp(s, dim=-1)                      # -inf for rows with no valid slot
+    lse_d = torch.logsumexp(s, dim=-1)  # -inf for rows with no valid slot
     p = torch.exp(s - torch.where(torch.isinf(lse_d), 0.0, lse_d)[..., None])
     out.copy_(torch.einsum("bhk,bkd->bhd", p, k[..., :d_v]))
     lse.copy_(lse_d)
@@ -254,11 +312,18 @@ def decode_index_keys(raw: torch.Tensor) -> torch.Tensor:
     raise ValueError(f"index key of {raw.shape[-1]} bytes is neither bf16 (256) nor fp8 (132)")
 
 
-def ref_indexer_scores(q: torch.Tensor, w: torch.Tensor, index_pool_layer: torch.Tensor,
-                       page_table: torch.Tensor, req_slots: torch.Tensor, seq_lens: torch.Tensor,
-                       out_scores: torch.Tensor) -> None:
+def ref_indexer_scores(
+    q: torch.Tensor,
+    w: torch.Tensor,
+    index_pool_layer: torch.Tensor,
+    page_table: torch.Tensor,
+    req_slots: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out_scores: torch.Tensor,
+) -> None:
     """score[b, t] = sum_h w[b, h] * relu(q[b, h] . key_t) for t < seq_len, else -inf (fp64 math).
-    A padding row (req_slot < 0), a token whose page id is < 0 or beyond the page table score -inf."""
+    A padding row (req_slot < 0), a token whose page id is < 0 or beyond the page table score
+    -inf."""
     page = index_pool_layer.shape[1]
     out_scores.fill_(float("-inf"))
     for b in range(q.shape[0]):
@@ -271,7 +336,7 @@ def ref_indexer_scores(q: torch.Tensor, w: torch.Tensor, index_pool_layer: torch
         ok = pages >= 0
         rows = read_index_rows(index_pool_layer, pages.clamp(min=0), t % page)
         keys = decode_index_keys(rows).double()
-        s = torch.relu(q[b].double() @ keys.T)              # [64, n]
+        s = torch.relu(q[b].double() @ keys.T)  # [64, n]
         score = w[b].double() @ s
         out_scores[b, :n] = torch.where(ok, score, float("-inf")).to(out_scores.dtype)
 
@@ -279,14 +344,17 @@ def ref_indexer_scores(q: torch.Tensor, w: torch.Tensor, index_pool_layer: torch
 def order_key(scores: torch.Tensor) -> torch.Tensor:
     """int32 image of fp32 scores whose signed order is the score order; NaN counts as -inf and
     -0.0 as +0.0, so equal scores have equal keys."""
-    x = torch.nan_to_num(scores.float(), nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
+    x = torch.nan_to_num(
+        scores.float(), nan=float("-inf"), posinf=float("inf"), neginf=float("-inf")
+    )
     x = torch.where(x == 0, torch.zeros_like(x), x)
     bits = x.view(torch.int32)
     return bits ^ ((bits >> 31) & 0x7FFFFFFF)
 
 
-def ref_topk_select(scores: torch.Tensor, seq_lens: torch.Tensor, out_topk: torch.Tensor, *,
-                    workspace=None) -> None:
+def ref_topk_select(
+    scores: torch.Tensor, seq_lens: torch.Tensor, out_topk: torch.Tensor, *, workspace=None
+) -> None:
     """The k = out_topk.shape[1] highest scores among positions < seq_len, ties to the lower
     position, in ascending position order, padded with -1 (`workspace` accepted, unused)."""
     k = out_topk.shape[1]
@@ -300,5 +368,6 @@ def ref_topk_select(scores: torch.Tensor, seq_lens: torch.Tensor, out_topk: torc
         top = torch.topk(key, min(k, n)).values
         picked = torch.sort((1 << 32) - 1 - (top & 0xFFFFFFFF)).values
         out_topk[b, : picked.numel()] = picked.to(out_topk.dtype)
+
 
 # --- end attention and indexer ---

@@ -20,8 +20,21 @@ NUM_WARPS_LARGE = 8
 
 
 @triton.jit
-def _lookup(t, in_k, seq_len, r, res_base, page_table_ptr, token_slot_ptr, hit_flag_ptr,
-            C, B, max_pages, P: tl.constexpr, W: tl.constexpr):
+def _lookup(
+    t,
+    in_k,
+    seq_len,
+    r,
+    res_base,
+    page_table_ptr,
+    token_slot_ptr,
+    hit_flag_ptr,
+    C,
+    B,
+    max_pages,
+    P: tl.constexpr,
+    W: tl.constexpr,
+):
     valid = in_k & (t >= 0) & (t < seq_len)
     win = valid & (t >= seq_len - W)
     old = valid & (t < seq_len - W)
@@ -37,8 +50,19 @@ def _lookup(t, in_k, seq_len, r, res_base, page_table_ptr, token_slot_ptr, hit_f
 
 
 @triton.jit
-def _reorder(m, r, res_base, lru_order_ptr, hit_flag_ptr, slot_token_ptr, token_slot_ptr,
-             C, B, W: tl.constexpr, BLOCK_N: tl.constexpr):
+def _reorder(
+    m,
+    r,
+    res_base,
+    lru_order_ptr,
+    hit_flag_ptr,
+    slot_token_ptr,
+    token_slot_ptr,
+    C,
+    B,
+    W: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """Rewrite lru_order as (kept, hits, victims); return m, capped by the non-hit slots."""
     n = B - W
     j = tl.arange(0, BLOCK_N)
@@ -54,8 +78,7 @@ def _reorder(m, r, res_base, lru_order_ptr, hit_flag_ptr, slot_token_ptr, token_
     num_hit = tl.sum(h_i, 0)
     m = tl.minimum(m, n - num_hit)
     victim = (nh_i != 0) & (nh_rank < m)
-    pos = tl.where(h, n - num_hit - m + hit_rank,
-                   tl.where(victim, n - m + nh_rank, nh_rank - m))
+    pos = tl.where(h, n - num_hit - m + hit_rank, tl.where(victim, n - m + nh_rank, nh_rank - m))
     evicted = tl.load(slot_token_ptr + res_base * B + o, mask=victim & o_ok, other=-1)
     # Every thread must have read the old order before anyone overwrites it.
     tl.debug_barrier()
@@ -66,19 +89,66 @@ def _reorder(m, r, res_base, lru_order_ptr, hit_flag_ptr, slot_token_ptr, token_
 
 
 @triton.jit
-def _plan_offloaded(layer, b, k, i, t, in_k, seq_len, r, page_table_ptr, token_slot_ptr,
-                    slot_token_ptr, lru_order_ptr, hit_flag_ptr, out_slots_ptr, out_src_ptr,
-                    out_dst_ptr, out_count_ptr, R, C, B, max_pages, L: tl.constexpr,
-                    P: tl.constexpr, W: tl.constexpr, BLOCK_N: tl.constexpr):
+def _plan_offloaded(
+    layer,
+    b,
+    k,
+    i,
+    t,
+    in_k,
+    seq_len,
+    r,
+    page_table_ptr,
+    token_slot_ptr,
+    slot_token_ptr,
+    lru_order_ptr,
+    hit_flag_ptr,
+    out_slots_ptr,
+    out_src_ptr,
+    out_dst_ptr,
+    out_count_ptr,
+    R,
+    C,
+    B,
+    max_pages,
+    L: tl.constexpr,
+    P: tl.constexpr,
+    W: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     res_base = (layer * R + r).to(tl.int64)
-    slots, ts, page, hit, miss = _lookup(t, in_k, seq_len, r, res_base, page_table_ptr,
-                                         token_slot_ptr, hit_flag_ptr, C, B, max_pages, P, W)
+    slots, ts, page, hit, miss = _lookup(
+        t,
+        in_k,
+        seq_len,
+        r,
+        res_base,
+        page_table_ptr,
+        token_slot_ptr,
+        hit_flag_ptr,
+        C,
+        B,
+        max_pages,
+        P,
+        W,
+    )
     miss_i = miss.to(tl.int32)
     miss_rank = tl.cumsum(miss_i, 0) - miss_i
     m = tl.sum(miss_i, 0)
     tl.debug_barrier()
-    m = _reorder(m, r, res_base, lru_order_ptr, hit_flag_ptr, slot_token_ptr, token_slot_ptr,
-                 C, B, W, BLOCK_N)
+    m = _reorder(
+        m,
+        r,
+        res_base,
+        lru_order_ptr,
+        hit_flag_ptr,
+        slot_token_ptr,
+        token_slot_ptr,
+        C,
+        B,
+        W,
+        BLOCK_N,
+    )
     # Evictions (token_slot -> -1) must land before new residents are written.
     tl.debug_barrier()
     miss = miss & (miss_rank < m)
@@ -96,11 +166,32 @@ def _plan_offloaded(layer, b, k, i, t, in_k, seq_len, r, page_table_ptr, token_s
 
 
 @triton.jit(do_not_specialize=["layer"])
-def _swap_plan_kernel(topk_ptr, seq_lens_ptr, req_slots_ptr, req_mode_ptr, page_table_ptr,
-                      token_slot_ptr, slot_token_ptr, lru_order_ptr, hit_flag_ptr,
-                      out_slots_ptr, out_src_ptr, out_dst_ptr, out_count_ptr,
-                      layer, k, R, C, B, max_pages, L: tl.constexpr, P: tl.constexpr,
-                      W: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+def _swap_plan_kernel(
+    topk_ptr,
+    seq_lens_ptr,
+    req_slots_ptr,
+    req_mode_ptr,
+    page_table_ptr,
+    token_slot_ptr,
+    slot_token_ptr,
+    lru_order_ptr,
+    hit_flag_ptr,
+    out_slots_ptr,
+    out_src_ptr,
+    out_dst_ptr,
+    out_count_ptr,
+    layer,
+    k,
+    R,
+    C,
+    B,
+    max_pages,
+    L: tl.constexpr,
+    P: tl.constexpr,
+    W: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     b = tl.program_id(0)
     r = tl.load(req_slots_ptr + b)
     r_ok = (r >= 0) & (r < R)
@@ -110,9 +201,33 @@ def _swap_plan_kernel(topk_ptr, seq_lens_ptr, req_slots_ptr, req_mode_ptr, page_
     in_k = i < k
     t = tl.load(topk_ptr + b.to(tl.int64) * k + i, mask=in_k, other=-1)
     if mode == MODE_OFFLOADED:
-        _plan_offloaded(layer, b, k, i, t, in_k, seq_len, r, page_table_ptr, token_slot_ptr,
-                        slot_token_ptr, lru_order_ptr, hit_flag_ptr, out_slots_ptr, out_src_ptr,
-                        out_dst_ptr, out_count_ptr, R, C, B, max_pages, L, P, W, BLOCK_N)
+        _plan_offloaded(
+            layer,
+            b,
+            k,
+            i,
+            t,
+            in_k,
+            seq_len,
+            r,
+            page_table_ptr,
+            token_slot_ptr,
+            slot_token_ptr,
+            lru_order_ptr,
+            hit_flag_ptr,
+            out_slots_ptr,
+            out_src_ptr,
+            out_dst_ptr,
+            out_count_ptr,
+            R,
+            C,
+            B,
+            max_pages,
+            L,
+            P,
+            W,
+            BLOCK_N,
+        )
     else:
         # Resident: token t is hot slot t. Free slots and padding rows select nothing.
         ok = (mode == MODE_RESIDENT) & (t >= 0) & (t < tl.minimum(seq_len, B))
@@ -124,16 +239,33 @@ def _check(specs: dict) -> None:
     # Shapes guard every flat address the kernel computes; a device mix-up fails at launch.
     for name, (x, dtype, shape) in specs.items():
         if x.dtype is not dtype or x.shape != shape or not x.is_contiguous():
-            raise ValueError(f"{name}: expected contiguous {tuple(shape)} {dtype}, "
-                             f"got {tuple(x.shape)} {x.dtype}")
+            raise ValueError(
+                f"{name}: expected contiguous {tuple(shape)} {dtype}, "
+                f"got {tuple(x.shape)} {x.dtype}"
+            )
 
 
-def swap_plan(layer: int, topk: torch.Tensor, seq_lens: torch.Tensor, req_slots: torch.Tensor,
-              req_mode: torch.Tensor, page_table: torch.Tensor, token_slot: torch.Tensor,
-              slot_token: torch.Tensor, lru_order: torch.Tensor, hit_flag: torch.Tensor,
-              out_slots: torch.Tensor, out_miss_src: torch.Tensor, out_miss_dst: torch.Tensor,
-              out_miss_count: torch.Tensor, *, num_layers: int, page_size: int,
-              window: int, num_warps: int | None = None) -> None:
+def swap_plan(
+    layer: int,
+    topk: torch.Tensor,
+    seq_lens: torch.Tensor,
+    req_slots: torch.Tensor,
+    req_mode: torch.Tensor,
+    page_table: torch.Tensor,
+    token_slot: torch.Tensor,
+    slot_token: torch.Tensor,
+    lru_order: torch.Tensor,
+    hit_flag: torch.Tensor,
+    out_slots: torch.Tensor,
+    out_miss_src: torch.Tensor,
+    out_miss_dst: torch.Tensor,
+    out_miss_count: torch.Tensor,
+    *,
+    num_layers: int,
+    page_size: int,
+    window: int,
+    num_warps: int | None = None,
+) -> None:
     """Plan one layer's swap-in for a batch; updates residency state in place.
 
     topk [bs, k] int32 (entries < 0 or >= seq_len are skipped; valid entries of a row must be
@@ -150,24 +282,55 @@ def swap_plan(layer: int, topk: torch.Tensor, seq_lens: torch.Tensor, req_slots:
     if num_layers != L or not 0 <= layer < L:
         raise ValueError(f"layer {layer} / num_layers {num_layers} do not match token_slot {L}")
     if not 1 <= W < B or k > B - W or page_table.shape[1] * page_size < C:
-        raise ValueError(f"need 1 <= W < B, k <= B - W, max_pages * P >= C: W={W} B={B} k={k} "
-                         f"page_table {tuple(page_table.shape)} P={page_size} C={C}")
+        raise ValueError(
+            f"need 1 <= W < B, k <= B - W, max_pages * P >= C: W={W} B={B} k={k} "
+            f"page_table {tuple(page_table.shape)} P={page_size} C={C}"
+        )
     i32, i64 = torch.int32, torch.int64
-    _check({"topk": (topk, i32, (bs, k)), "seq_lens": (seq_lens, i32, (bs,)),
-            "req_slots": (req_slots, i32, (bs,)), "req_mode": (req_mode, i32, (R,)),
+    _check(
+        {
+            "topk": (topk, i32, (bs, k)),
+            "seq_lens": (seq_lens, i32, (bs,)),
+            "req_slots": (req_slots, i32, (bs,)),
+            "req_mode": (req_mode, i32, (R,)),
             "page_table": (page_table, i32, (R, page_table.shape[1])),
-            "token_slot": (token_slot, i32, (L, R, C)), "slot_token": (slot_token, i32, (L, R, B)),
+            "token_slot": (token_slot, i32, (L, R, C)),
+            "slot_token": (slot_token, i32, (L, R, B)),
             "lru_order": (lru_order, i32, (L, R, B - W)),
-            "hit_flag": (hit_flag, torch.int8, (R, B)), "out_slots": (out_slots, i32, (bs, k)),
+            "hit_flag": (hit_flag, torch.int8, (R, B)),
+            "out_slots": (out_slots, i32, (bs, k)),
             "out_miss_src": (out_miss_src, i64, (bs, k)),
             "out_miss_dst": (out_miss_dst, i64, (bs, k)),
-            "out_miss_count": (out_miss_count, i32, (bs,))})
+            "out_miss_count": (out_miss_count, i32, (bs,)),
+        }
+    )
     if bs == 0:
         return
     block_n = max(16, triton.next_power_of_2(B - W))
     _swap_plan_kernel[(bs,)](
-        topk, seq_lens, req_slots, req_mode, page_table, token_slot, slot_token, lru_order,
-        hit_flag, out_slots, out_miss_src, out_miss_dst, out_miss_count,
-        layer, k, R, C, B, page_table.shape[1], L=L, P=page_size, W=W,
-        BLOCK_K=max(16, triton.next_power_of_2(k)), BLOCK_N=block_n,
-        num_warps=num_warps or (NUM_WARPS_LARGE if block_n >= 2048 else 4))
+        topk,
+        seq_lens,
+        req_slots,
+        req_mode,
+        page_table,
+        token_slot,
+        slot_token,
+        lru_order,
+        hit_flag,
+        out_slots,
+        out_miss_src,
+        out_miss_dst,
+        out_miss_count,
+        layer,
+        k,
+        R,
+        C,
+        B,
+        page_table.shape[1],
+        L=L,
+        P=page_size,
+        W=W,
+        BLOCK_K=max(16, triton.next_power_of_2(k)),
+        BLOCK_N=block_n,
+        num_warps=num_warps or (NUM_WARPS_LARGE if block_n >= 2048 else 4),
+    )

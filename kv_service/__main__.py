@@ -17,14 +17,17 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m kv_service",
         description="HiSparse KV service: owns one GPU's KV memory (host tier in /dev/shm, hot "
-                    "buffers, index-key pool) and serves kvcache.v1.KVCacheService over gRPC. "
-                    "Every flag defaults to the environment variable named in its help.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        "buffers, index-key pool) and serves kvcache.v1.KVCacheService over gRPC. "
+        "Every flag defaults to the environment variable named in its help.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     flags.add_arguments(p, ServiceConfig, "KVS", env)
     return p
 
 
-def parse(argv: Sequence[str] | None, env: Mapping[str, str]) -> tuple[ServiceConfig, argparse.Namespace]:
+def parse(
+    argv: Sequence[str] | None, env: Mapping[str, str]
+) -> tuple[ServiceConfig, argparse.Namespace]:
     """The validated config; exits with a usage error (status 2) on bad flags or env values."""
     parser = build_parser(env)
     args = parser.parse_args(argv)
@@ -36,8 +39,9 @@ def parse(argv: Sequence[str] | None, env: Mapping[str, str]) -> tuple[ServiceCo
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
     config, _ = parse(argv, os.environ if env is None else env)
-    logging.basicConfig(level=config.log_level,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     if config.device == "cpu":
         # CPU tensors need Triton's interpreter even on a machine with a GPU, where
         # kernels/__init__ would leave it off; it must be set before any kernel is defined.

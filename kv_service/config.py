@@ -26,8 +26,16 @@ def default_uds_path(env: dict[str, str]) -> str:
 
 
 # DeepSeek-V3.2-shaped: the service's layout when no flag or env says otherwise.
-DEFAULT_LAYOUT = KVLayout(num_layers=61, max_requests=64, hot_slots=4096, window=128, topk=2048,
-                          page_size=64, num_pages=2048, max_context=131072)
+DEFAULT_LAYOUT = KVLayout(
+    num_layers=61,
+    max_requests=64,
+    hot_slots=4096,
+    window=128,
+    topk=2048,
+    page_size=64,
+    num_pages=2048,
+    max_context=131072,
+)
 LOG_LEVELS = tuple(logging.getLevelNamesMapping())
 
 
@@ -37,29 +45,51 @@ class ServiceConfig:
     variable (contract.flags), the layout's fields included."""
 
     layout: KVLayout = DEFAULT_LAYOUT
-    uds: str = setting("", help="Unix socket path to listen on",
-                       cli_default=lambda env: default_uds_path(dict(env)))
+    uds: str = setting(
+        "",
+        help="Unix socket path to listen on",
+        cli_default=lambda env: default_uds_path(dict(env)),
+    )
     tcp: str | None = setting(None, help="also listen on HOST:PORT (insecure; use with a token)")
     device: str = setting("auto", help="auto, cpu or cuda (pick the GPU with CUDA_VISIBLE_DEVICES)")
-    token: str | None = setting(None, secret=True, help="shared secret; clients send "
-                                "'authorization: Bearer <token>'. Prefer the env variable: "
-                                "flags are visible in ps")
-    lease_seconds: float = setting(30.0, help="how long a session's requests survive without "
-                                   "an open Session stream (engine restart window)")
-    drain_timeout: float = setting(30.0, help="on SIGTERM, seconds to wait for admitted "
-                                   "requests to be released before stopping")
-    metrics_port: int | None = setting(None, help="serve Prometheus /metrics on this port; "
-                                       "empty disables")
+    token: str | None = setting(
+        None,
+        secret=True,
+        help="shared secret; clients send "
+        "'authorization: Bearer <token>'. Prefer the env variable: "
+        "flags are visible in ps",
+    )
+    lease_seconds: float = setting(
+        30.0,
+        help="how long a session's requests survive without "
+        "an open Session stream (engine restart window)",
+    )
+    drain_timeout: float = setting(
+        30.0,
+        help="on SIGTERM, seconds to wait for admitted requests to be released before stopping",
+    )
+    metrics_port: int | None = setting(
+        None, help="serve Prometheus /metrics on this port; empty disables"
+    )
     # Loopback by default: the metrics page needs no token and names sessions' load.
-    metrics_address: str = setting("127.0.0.1", help="address the metrics port binds: 127.0.0.1 "
-                                   "keeps it on this host; 0.0.0.0 or :: exposes it (it has no auth)")
+    metrics_address: str = setting(
+        "127.0.0.1",
+        help="address the metrics port binds: 127.0.0.1 "
+        "keeps it on this host; 0.0.0.0 or :: exposes it (it has no auth)",
+    )
     shm_dir: str = setting("/dev/shm", help="directory of the shared-memory segment files")
     instance: str = setting("hisparse-kv", help="instance name, part of segment file names")
-    socket_mode: int = setting(0o600, help="socket file mode, 600 or 660 (octal)",
-                               parse=lambda text: int(text, 8), show=lambda mode: f"{mode:o}")
+    socket_mode: int = setting(
+        0o600,
+        help="socket file mode, 600 or 660 (octal)",
+        parse=lambda text: int(text, 8),
+        show=lambda mode: f"{mode:o}",
+    )
     max_message_bytes: int = setting(4 * 1024 * 1024, help="largest gRPC message accepted or sent")
-    warmup: bool = setting(True, help="on CUDA, compile and run the swap kernels once before "
-                           "reporting SERVING (0 disables)")
+    warmup: bool = setting(
+        True,
+        help="on CUDA, compile and run the swap kernels once before reporting SERVING (0 disables)",
+    )
     log_level: str = setting("INFO", help="logging level", parse=str.upper)
 
     def __post_init__(self) -> None:
@@ -67,12 +97,15 @@ class ServiceConfig:
             raise ValueError("uds path must be set")
         if len(os.fsencode(self.uds)) > MAX_UDS_PATH_BYTES:
             raise ValueError(f"uds path is longer than {MAX_UDS_PATH_BYTES} bytes: {self.uds}")
-        if self.tcp is not None and not re.fullmatch(r"(\[[0-9a-fA-F:]+\]|[\w.-]*):\d{1,5}", self.tcp):
+        if self.tcp is not None and not re.fullmatch(
+            r"(\[[0-9a-fA-F:]+\]|[\w.-]*):\d{1,5}", self.tcp
+        ):
             raise ValueError(f"tcp must be HOST:PORT, got {self.tcp!r}")
         if self.device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
-        if self.token is not None and (not self.token or not self.token.isprintable()
-                                       or " " in self.token):
+        if self.token is not None and (
+            not self.token or not self.token.isprintable() or " " in self.token
+        ):
             raise ValueError("token must be non-empty printable text without spaces")
         if not 0 < self.lease_seconds <= 86400:
             raise ValueError(f"lease_seconds must be in (0, 86400], got {self.lease_seconds}")
@@ -81,8 +114,9 @@ class ServiceConfig:
         if self.metrics_port is not None and not 0 < self.metrics_port < 65536:
             raise ValueError(f"metrics_port must be in 1..65535, got {self.metrics_port}")
         if not re.fullmatch(r"[0-9A-Za-z.:_-]+", self.metrics_address):
-            raise ValueError(f"metrics_address must be an IP address or host name, "
-                             f"got {self.metrics_address!r}")
+            raise ValueError(
+                f"metrics_address must be an IP address or host name, got {self.metrics_address!r}"
+            )
         if not Path(self.shm_dir).is_dir():
             raise ValueError(f"shm_dir is not a directory: {self.shm_dir}")
         if not INSTANCE_RE.match(self.instance):
@@ -90,6 +124,8 @@ class ServiceConfig:
         if self.socket_mode not in SOCKET_MODES:
             raise ValueError(f"socket_mode must be 0600 or 0660, got {oct(self.socket_mode)}")
         if not 64 * 1024 <= self.max_message_bytes <= 1 << 30:
-            raise ValueError(f"max_message_bytes must be in [64 KiB, 1 GiB], got {self.max_message_bytes}")
+            raise ValueError(
+                f"max_message_bytes must be in [64 KiB, 1 GiB], got {self.max_message_bytes}"
+            )
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {LOG_LEVELS}, got {self.log_level!r}")

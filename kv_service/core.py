@@ -88,22 +88,35 @@ MAX_TOKENS = 2**40
 def check_id(name: str, value: str) -> None:
     size = len(value.encode())
     if not 1 <= size <= MAX_ID_BYTES or not value.isprintable():
-        raise InvalidArgument(f"{name} must be 1..{MAX_ID_BYTES} bytes of printable text",
-                              field=name, length=size)
+        raise InvalidArgument(
+            f"{name} must be 1..{MAX_ID_BYTES} bytes of printable text", field=name, length=size
+        )
 
 
 def check_range(name: str, value: int, low: int, high: int) -> None:
     if not low <= value <= high:
-        raise InvalidArgument(f"{name} = {value} is outside [{low}, {high}]",
-                              field=name, value=value, min=low, max=high)
+        raise InvalidArgument(
+            f"{name} = {value} is outside [{low}, {high}]",
+            field=name,
+            value=value,
+            min=low,
+            max=high,
+        )
 
 
 class ServiceCore:
     """Owns the pools and the bookkeeping of one KVTensors set."""
 
-    def __init__(self, kv: KVTensors, *, lease_seconds: float, epoch: int | None = None,
-                 max_sessions: int = 64, clock: Callable[[], float] = time.monotonic,
-                 on_session_closed: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        kv: KVTensors,
+        *,
+        lease_seconds: float,
+        epoch: int | None = None,
+        max_sessions: int = 64,
+        clock: Callable[[], float] = time.monotonic,
+        on_session_closed: Callable[[str], None] | None = None,
+    ) -> None:
         self.kv = kv
         self.layout: KVLayout = kv.layout
         self.lease_seconds = lease_seconds
@@ -116,13 +129,20 @@ class ServiceCore:
         self.slots = SlotPool(self.layout.max_requests)
         self.sessions: dict[str, SessionRecord] = {}
         self.draining = False
-        self._counters = dict(hits=0, misses=0, bytes_moved=0, admitted_total=0,
-                              rejected_total=0, expired_sessions_total=0)
+        self._counters = dict(
+            hits=0,
+            misses=0,
+            bytes_moved=0,
+            admitted_total=0,
+            rejected_total=0,
+            expired_sessions_total=0,
+        )
 
     # --- sessions ---
 
-    def attach(self, engine_name: str, resume_session_id: str = "",
-               expected_layout: KVLayout | None = None) -> SessionRecord:
+    def attach(
+        self, engine_name: str, resume_session_id: str = "", expected_layout: KVLayout | None = None
+    ) -> SessionRecord:
         """A new session, or the live session `resume_session_id` with its requests."""
         if expected_layout is not None:
             self.layout.check_matches(expected_layout)
@@ -131,12 +151,20 @@ class ServiceCore:
         if resume_session_id:
             session = self.session(resume_session_id)
             session.last_seen = self._clock()
-            log.info("session %s resumed by %r with %d requests", session.session_id,
-                     engine_name, len(session.requests))
+            log.info(
+                "session %s resumed by %r with %d requests",
+                session.session_id,
+                engine_name,
+                len(session.requests),
+            )
             return session
         if len(self.sessions) >= self.max_sessions:
-            raise CapacityError("too many sessions", sessions_needed=1, sessions_free=0,
-                                sessions_total=self.max_sessions)
+            raise CapacityError(
+                "too many sessions",
+                sessions_needed=1,
+                sessions_free=0,
+                sessions_total=self.max_sessions,
+            )
         session = SessionRecord(secrets.token_hex(16), engine_name, self._clock())
         self.sessions[session.session_id] = session
         log.info("session %s attached by %r", session.session_id, engine_name)
@@ -146,14 +174,19 @@ class ServiceCore:
         check_id("session_id", session_id)
         session = self.sessions.get(session_id)
         if session is None:
-            raise UnknownSession(f"no session {session_id!r} (never attached, detached or "
-                                 f"lease expired)", session_id=session_id)
+            raise UnknownSession(
+                f"no session {session_id!r} (never attached, detached or lease expired)",
+                session_id=session_id,
+            )
         return session
 
     def check_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:
-            raise WrongEpoch("epoch does not match this service run: re-attach and remap memory",
-                             expected=self.epoch, got=epoch)
+            raise WrongEpoch(
+                "epoch does not match this service run: re-attach and remap memory",
+                expected=self.epoch,
+                got=epoch,
+            )
 
     def touch(self, session_id: str) -> SessionRecord:
         session = self.session(session_id)
@@ -176,8 +209,11 @@ class ServiceCore:
     def expire_leases(self) -> list[str]:
         """Close every session without an open stream whose lease ran out; returns their ids."""
         now = self._clock()
-        expired = [s for s in self.sessions.values()
-                   if s.streams == 0 and now - s.last_seen > self.lease_seconds]
+        expired = [
+            s
+            for s in self.sessions.values()
+            if s.streams == 0 and now - s.last_seen > self.lease_seconds
+        ]
         for session in expired:
             self._counters["expired_sessions_total"] += 1
             self._close(session, f"lease expired after {self.lease_seconds:g}s")
@@ -193,8 +229,9 @@ class ServiceCore:
 
     # --- requests ---
 
-    def admit(self, session_id: str, request_id: str, prompt_len: int,
-              max_new_tokens: int) -> RequestRecord:
+    def admit(
+        self, session_id: str, request_id: str, prompt_len: int, max_new_tokens: int
+    ) -> RequestRecord:
         """Reserve a slot and pages for prompt_len + max_new_tokens: decode can never run the
         host tier out of pages later."""
         session = self.touch(session_id)
@@ -205,7 +242,9 @@ class ServiceCore:
         check_range("max_new_tokens", max_new_tokens, 0, MAX_TOKENS)
         self.check_fits(prompt_len + max_new_tokens)
         if request_id in session.requests:
-            raise AlreadyExists(f"request {request_id!r} is already admitted", request_id=request_id)
+            raise AlreadyExists(
+                f"request {request_id!r} is already admitted", request_id=request_id
+            )
         tokens = prompt_len + max_new_tokens
         try:
             slot, pages = reserve(self.pages, self.slots, self.layout.pages_for(tokens))
@@ -230,15 +269,21 @@ class ServiceCore:
             raise CapacityError(
                 f"{tokens} tokens can never fit: at most {lay.max_context} tokens per request "
                 f"and {self.pages.total} pages of {lay.page_size} tokens in all",
-                permanent=True, tokens_needed=tokens, tokens_total=lay.max_context,
-                pages_needed=pages, pages_free=self.pages.free, pages_total=self.pages.total)
+                permanent=True,
+                tokens_needed=tokens,
+                tokens_total=lay.max_context,
+                pages_needed=pages,
+                pages_free=self.pages.free,
+                pages_total=self.pages.total,
+            )
 
     def request(self, session_id: str, request_id: str) -> RequestRecord:
         check_id("request_id", request_id)
         request = self.session(session_id).requests.get(request_id)
         if request is None:
-            raise UnknownRequest(f"no request {request_id!r} in this session",
-                                 request_id=request_id)
+            raise UnknownRequest(
+                f"no request {request_id!r} in this session", request_id=request_id
+            )
         return request
 
     def commit(self, session_id: str, request_id: str, seq_len: int) -> None:
@@ -247,16 +292,25 @@ class ServiceCore:
         check_range("seq_len", seq_len, 0, request.reserved_tokens)
         request.seq_len = seq_len
 
-    def step_end(self, session_id: str, progress: Iterable[tuple[str, int]], hits: int,
-                 misses: int, bytes_moved: int) -> None:
+    def step_end(
+        self,
+        session_id: str,
+        progress: Iterable[tuple[str, int]],
+        hits: int,
+        misses: int,
+        bytes_moved: int,
+    ) -> None:
         """Commit every (request id, seq_len) and add the step's counters. All or nothing: one bad
         entry changes nothing."""
         self.touch(session_id)
         progress = list(progress)
         if len(progress) > self.layout.max_requests:
-            raise InvalidArgument(f"{len(progress)} progress entries, more than the "
-                                  f"{self.layout.max_requests} request slots",
-                                  entries=len(progress), max_entries=self.layout.max_requests)
+            raise InvalidArgument(
+                f"{len(progress)} progress entries, more than the "
+                f"{self.layout.max_requests} request slots",
+                entries=len(progress),
+                max_entries=self.layout.max_requests,
+            )
         updates: dict[str, tuple[RequestRecord, int]] = {}
         for request_id, seq_len in progress:
             request = self.request(session_id, request_id)
@@ -312,11 +366,22 @@ class ServiceCore:
         return self.num_requests == 0 and self.pages.is_empty() and self.slots.is_empty()
 
     def stats(self) -> CoreStats:
-        offloaded = sum(len(r.pages) for s in self.sessions.values()
-                        for r in s.requests.values() if r.mode == MODE_OFFLOADED)
+        offloaded = sum(
+            len(r.pages)
+            for s in self.sessions.values()
+            for r in s.requests.values()
+            if r.mode == MODE_OFFLOADED
+        )
         return CoreStats(
-            pages_used=self.pages.used, pages_total=self.pages.total,
-            offloaded_pages_used=offloaded, slots_used=self.slots.used,
-            slots_total=self.slots.total, sessions=len(self.sessions),
-            requests=self.num_requests, draining=self.draining,
-            uptime_seconds=self._clock() - self._started, epoch=self.epoch, **self._counters)
+            pages_used=self.pages.used,
+            pages_total=self.pages.total,
+            offloaded_pages_used=offloaded,
+            slots_used=self.slots.used,
+            slots_total=self.slots.total,
+            sessions=len(self.sessions),
+            requests=self.num_requests,
+            draining=self.draining,
+            uptime_seconds=self._clock() - self._started,
+            epoch=self.epoch,
+            **self._counters,
+        )

@@ -3,13 +3,39 @@ older imports read as before. No gRPC here: `kv_service.status` maps errors to s
 
 from __future__ import annotations
 
-from contract.errors import (AlreadyExists, CapacityError, DeadlineExceeded, Draining,
-                             EpochMismatch, InvalidArgument, KVError, LayoutMismatch,
-                             ServiceUnavailable, Unauthenticated, Unavailable, UnknownRequest,
-                             UnknownSession, WrongEpoch)
+from contract.errors import (
+    AlreadyExists,
+    CapacityError,
+    DeadlineExceeded,
+    Draining,
+    EpochMismatch,
+    InvalidArgument,
+    KVError,
+    LayoutMismatch,
+    ServiceUnavailable,
+    Unauthenticated,
+    Unavailable,
+    UnknownRequest,
+    UnknownSession,
+    WrongEpoch,
+)
 
 ServiceError = KVError
 
-__all__ = ["AlreadyExists", "CapacityError", "DeadlineExceeded", "Draining", "EpochMismatch",
-           "InvalidArgument", "KVError", "LayoutMismatch", "ServiceError", "ServiceUnavailable",
-           "Unauthenticated", "Unavailable", "UnknownRequest", "UnknownSession", "WrongEpoch"]
+__all__ = [
+    "AlreadyExists",
+    "CapacityError",
+    "DeadlineExceeded",
+    "Draining",
+    "EpochMismatch",
+    "InvalidArgument",
+    "KVError",
+    "LayoutMismatch",
+    "ServiceError",
+    "ServiceUnavailable",
+    "Unauthenticated",
+    "Unavailable",
+    "UnknownRequest",
+    "UnknownSession",
+    "WrongEpoch",
+]

@@ -23,8 +23,12 @@ UNAUTHENTICATED_PREFIXES = ("/grpc.health.v1.Health/",)
 
 
 # grpc_type label values of go-grpc-prometheus, by handler kind.
-GRPC_TYPES = {"unary_unary": "unary", "unary_stream": "server_stream",
-              "stream_unary": "client_stream", "stream_stream": "bidi_stream"}
+GRPC_TYPES = {
+    "unary_unary": "unary",
+    "unary_stream": "server_stream",
+    "stream_unary": "client_stream",
+    "stream_stream": "bidi_stream",
+}
 
 
 def _kind(handler: grpc.RpcMethodHandler) -> tuple[str, Callable[..., Any]]:
@@ -54,6 +58,7 @@ def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], A
             return deserialize(data)
         except Exception as exc:  # DecodeError, invalid UTF-8 in a string field, ...
             return _Malformed(f"{type(exc).__name__}: {exc}")
+
     return parse
 
 
@@ -71,8 +76,11 @@ async def _checked_stream(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
 def _rebuild(handler: grpc.RpcMethodHandler, behavior: Callable[..., Any]) -> grpc.RpcMethodHandler:
     kind, _ = _kind(handler)
     factory = getattr(grpc, f"{kind}_rpc_method_handler")
-    return factory(behavior, request_deserializer=_tolerant(handler.request_deserializer),
-                   response_serializer=handler.response_serializer)
+    return factory(
+        behavior,
+        request_deserializer=_tolerant(handler.request_deserializer),
+        response_serializer=handler.response_serializer,
+    )
 
 
 def _request(kind: str, request: Any) -> Any:
@@ -96,21 +104,25 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         return hmac.compare_digest(given, self._expected)
 
     async def intercept_service(
-            self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
-            details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
         handler = await continuation(details)
         if handler is None:
             return None
         method = details.method
-        if not method.startswith(UNAUTHENTICATED_PREFIXES) \
-                and not self._authorized(details.invocation_metadata):
+        if not method.startswith(UNAUTHENTICATED_PREFIXES) and not self._authorized(
+            details.invocation_metadata
+        ):
             return self._wrap(handler, method, Unauthenticated("missing or wrong bearer token"))
         if method.startswith(SERVICE_PREFIX):
             return self._wrap(handler, method, None)
         return handler
 
-    def _wrap(self, handler: grpc.RpcMethodHandler, method: str,
-              refuse: BaseException | None) -> grpc.RpcMethodHandler:
+    def _wrap(
+        self, handler: grpc.RpcMethodHandler, method: str, refuse: BaseException | None
+    ) -> grpc.RpcMethodHandler:
         """Same kind of handler; `refuse` set means abort with it before running anything."""
         kind, inner = _kind(handler)
         call = _RecordedCall(self._metrics, kind, method, inner, refuse)
@@ -132,8 +144,14 @@ class _RecordedCall:
     """The behaviour of one method behind the interceptor: typed errors become rich statuses,
     and every call is counted with its code and time (grpc_server_* metrics)."""
 
-    def __init__(self, metrics: ServiceMetrics | None, kind: str, method: str,
-                 inner: Callable[..., Any], refuse: BaseException | None) -> None:
+    def __init__(
+        self,
+        metrics: ServiceMetrics | None,
+        kind: str,
+        method: str,
+        inner: Callable[..., Any],
+        refuse: BaseException | None,
+    ) -> None:
         service, _, name = method.lstrip("/").rpartition("/")
         self._metrics, self._labels = metrics, (GRPC_TYPES[kind], service, name)
         self._kind, self._inner, self._refuse = kind, inner, refuse
@@ -172,8 +190,9 @@ class _RecordedCall:
             code[0] = _code_name(context, "OK")
             return reply
 
-    async def streaming(self, request: Any,
-                        context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+    async def streaming(
+        self, request: Any, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
         async with self._recorded(context) as code:
             if self._refuse is not None:
                 raise self._refuse

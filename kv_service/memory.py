@@ -22,6 +22,7 @@ def allocate_local(layout: KVLayout, device: torch.device | str = "cpu") -> KVTe
     kv = KVTensors(layout=layout, **tensors)
     if device.type == "cuda":
         from kernels.uva import UVATensor
+
         kv.host_rows = UVATensor(kv.host_kv)
     clear_all(kv)
     return kv
@@ -35,8 +36,11 @@ def clear_all(kv: KVTensors) -> None:
     kv.slot_token.fill_(-1)
     kv.hit_flag.zero_()
     lay = kv.layout
-    kv.lru_order.copy_(torch.arange(lay.window, lay.hot_slots, dtype=torch.int32,
-                                    device=kv.lru_order.device).expand_as(kv.lru_order))
+    kv.lru_order.copy_(
+        torch.arange(
+            lay.window, lay.hot_slots, dtype=torch.int32, device=kv.lru_order.device
+        ).expand_as(kv.lru_order)
+    )
 
 
 def reset_request(kv: KVTensors, slot: int, mode: int, pages: list[int]) -> None:

@@ -21,8 +21,23 @@ from prometheus_client.registry import Collector
 from kv_service.core import CoreStats
 
 # RPCs over UDS take ~0.2-0.6 ms; remote swaps 30 us to a few ms per layer.
-LATENCY_BUCKETS = (25e-6, 50e-6, 100e-6, 200e-6, 400e-6, 800e-6, 1.6e-3, 3.2e-3, 6.4e-3,
-                   12.8e-3, 25.6e-3, 51.2e-3, 0.1, 0.5, 2.0)
+LATENCY_BUCKETS = (
+    25e-6,
+    50e-6,
+    100e-6,
+    200e-6,
+    400e-6,
+    800e-6,
+    1.6e-3,
+    3.2e-3,
+    6.4e-3,
+    12.8e-3,
+    25.6e-3,
+    51.2e-3,
+    0.1,
+    0.5,
+    2.0,
+)
 
 
 class _CoreCollector(Collector):
@@ -32,20 +47,29 @@ class _CoreCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         s = self._stats()
         for name, doc, value in (
-                ("kvs_hits", "top-k positions served from the hot buffer", s.hits),
-                ("kvs_misses", "top-k positions copied from the host tier", s.misses),
-                ("kvs_host_to_device_bytes", "bytes copied host -> device", s.bytes_moved),
-                ("kvs_admitted", "requests admitted", s.admitted_total),
-                ("kvs_rejected", "admissions refused for capacity", s.rejected_total),
-                ("kvs_expired_sessions", "sessions whose lease expired", s.expired_sessions_total)):
+            ("kvs_hits", "top-k positions served from the hot buffer", s.hits),
+            ("kvs_misses", "top-k positions copied from the host tier", s.misses),
+            ("kvs_host_to_device_bytes", "bytes copied host -> device", s.bytes_moved),
+            ("kvs_admitted", "requests admitted", s.admitted_total),
+            ("kvs_rejected", "admissions refused for capacity", s.rejected_total),
+            ("kvs_expired_sessions", "sessions whose lease expired", s.expired_sessions_total),
+        ):
             yield CounterMetricFamily(name, doc, value=value)
         for name, doc, used, total in (
-                ("kvs_host_pages", "host-tier pages holding offloaded requests",
-                 s.offloaded_pages_used, s.pages_total),
-                ("kvs_index_pages", "index-key pool pages reserved (all requests)",
-                 s.pages_used, s.pages_total),
-                ("kvs_device_slots", "request slots (hot buffers) in use",
-                 s.slots_used, s.slots_total)):
+            (
+                "kvs_host_pages",
+                "host-tier pages holding offloaded requests",
+                s.offloaded_pages_used,
+                s.pages_total,
+            ),
+            (
+                "kvs_index_pages",
+                "index-key pool pages reserved (all requests)",
+                s.pages_used,
+                s.pages_total,
+            ),
+            ("kvs_device_slots", "request slots (hot buffers) in use", s.slots_used, s.slots_total),
+        ):
             yield GaugeMetricFamily(f"{name}_used", doc, value=used)
             yield GaugeMetricFamily(f"{name}_capacity", f"{doc}: capacity", value=total)
         yield GaugeMetricFamily("kvs_sessions", "live sessions", value=s.sessions)
@@ -59,19 +83,35 @@ class ServiceMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         rpc = ["grpc_type", "grpc_service", "grpc_method"]
-        self.rpc_started = Counter("grpc_server_started_total", "RPCs started on the server",
-                                   rpc, registry=r)
-        self.rpc_handled = Counter("grpc_server_handled_total", "RPCs completed on the server, "
-                                   "by status code", rpc + ["grpc_code"], registry=r)
-        self.rpc_seconds = Histogram("grpc_server_handling_seconds", "server time per RPC, from "
-                                     "start to its status", rpc + ["grpc_code"],
-                                     buckets=LATENCY_BUCKETS, registry=r)
-        self.message_seconds = Histogram("kvs_session_message_seconds", "server time per message "
-                                         "of a Session stream", ["message", "code"],
-                                         buckets=LATENCY_BUCKETS, registry=r)
-        self.swap_seconds = Histogram("kvs_remote_swap_seconds",
-                                      "service time of one RemoteSwap layer",
-                                      buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.rpc_started = Counter(
+            "grpc_server_started_total", "RPCs started on the server", rpc, registry=r
+        )
+        self.rpc_handled = Counter(
+            "grpc_server_handled_total",
+            "RPCs completed on the server, by status code",
+            rpc + ["grpc_code"],
+            registry=r,
+        )
+        self.rpc_seconds = Histogram(
+            "grpc_server_handling_seconds",
+            "server time per RPC, from start to its status",
+            rpc + ["grpc_code"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.message_seconds = Histogram(
+            "kvs_session_message_seconds",
+            "server time per message of a Session stream",
+            ["message", "code"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.swap_seconds = Histogram(
+            "kvs_remote_swap_seconds",
+            "service time of one RemoteSwap layer",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
 
     def bind(self, stats: Callable[[], CoreStats]) -> None:
         self.registry.register(_CoreCollector(stats))
@@ -96,4 +136,5 @@ class ServiceMetrics:
             server.shutdown()
             server.server_close()
             thread.join(timeout=5)
+
         return stop

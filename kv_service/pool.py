@@ -36,9 +36,14 @@ class _IdPool:
         if n < 0:
             raise ValueError(f"cannot take {n} {self.unit}")
         if n > self.free:
-            raise CapacityError(f"{n} {self.unit} needed, {self.free} free of {self.total}",
-                                **{f"{self.unit}_needed": n, f"{self.unit}_free": self.free,
-                                   f"{self.unit}_total": self.total})
+            raise CapacityError(
+                f"{n} {self.unit} needed, {self.free} free of {self.total}",
+                **{
+                    f"{self.unit}_needed": n,
+                    f"{self.unit}_free": self.free,
+                    f"{self.unit}_total": self.total,
+                },
+            )
         ids = [heapq.heappop(self._free) for _ in range(n)]
         self._used.update(ids)
         self._check()
@@ -83,6 +88,11 @@ def reserve(pages: PagePool, slots: SlotPool, n_pages: int) -> tuple[int, list[i
         raise CapacityError(
             f"admission needs 1 slot and {n_pages} pages; free: {slots.free} slots, "
             f"{pages.free} pages",
-            pages_needed=n_pages, pages_free=pages.free, pages_total=pages.total,
-            slots_needed=1, slots_free=slots.free, slots_total=slots.total)
+            pages_needed=n_pages,
+            pages_free=pages.free,
+            pages_total=pages.total,
+            slots_needed=1,
+            slots_free=slots.free,
+            slots_total=slots.total,
+        )
     return slots.take_one(), pages.take(n_pages)

@@ -29,27 +29,32 @@ from contract.tensors import KVTensors
 from kv_service.errors import CapacityError, InvalidArgument
 
 
-def create_exchange(layout: KVLayout, device: torch.device, shm_dir: str,
-                    instance: str) -> tuple[dict[str, torch.Tensor], list[dict]]:
+def create_exchange(
+    layout: KVLayout, device: torch.device, shm_dir: str, instance: str
+) -> tuple[dict[str, torch.Tensor], list[dict]]:
     """The exchange tensors as shared memory (device memory by CUDA IPC on GPU), and their
     handles. Batch rows start as padding (request slot -1) so a stray launch touches nothing."""
     from kv_service import segment
 
-    initial = {name: torch.zeros(shape, dtype=dtype, device=device)
-               for name, (shape, dtype) in exchange_specs(layout).items()}
+    initial = {
+        name: torch.zeros(shape, dtype=dtype, device=device)
+        for name, (shape, dtype) in exchange_specs(layout).items()
+    }
     initial["xchg_req_slots"].fill_(-1)
     initial["xchg_topk"].fill_(-1)
     return segment.export_extra(initial, device, shm_dir, instance)
 
 
-def mask_repeated_rows(topk: torch.Tensor, req_slots: torch.Tensor,
-                       out: torch.Tensor) -> torch.Tensor:
+def mask_repeated_rows(
+    topk: torch.Tensor, req_slots: torch.Tensor, out: torch.Tensor
+) -> torch.Tensor:
     """out = req_slots with -1 for the rows of `topk` that repeat a position (negative padding
     may repeat, and padding rows, req_slot < 0, are not looked at); returns how many rows did,
     on the device. O(k log k) per row, no host sync."""
     ordered = torch.sort(topk, dim=1).values
-    repeated = ((ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)).any(dim=1) \
-        & (req_slots >= 0)
+    repeated = ((ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)).any(dim=1) & (
+        req_slots >= 0
+    )
     out.copy_(req_slots).masked_fill_(repeated, -1)
     return repeated.sum()
 
@@ -79,8 +84,9 @@ class RemoteSwapper:
         self.events: dict[str, torch.cuda.Event] = {}
         if self._cuda:
             self.stream = torch.cuda.Stream(kv.device)
-            self.events = {name: torch.cuda.Event(blocking=False, interprocess=True)
-                           for name in EVENT_NAMES}
+            self.events = {
+                name: torch.cuda.Event(blocking=False, interprocess=True) for name in EVENT_NAMES
+            }
             for event in self.events.values():
                 # An event must be recorded once before its IPC handle can be taken.
                 event.record(self.stream)
@@ -101,8 +107,12 @@ class RemoteSwapper:
     def check_free(self, session_id: str) -> None:
         """Raise unless `session_id` ("" for a session not yet created) may own the exchange."""
         if self.owner not in (None, session_id):
-            raise CapacityError("remote swap exchange is owned by another session",
-                                exchanges_needed=1, exchanges_free=0, exchanges_total=1)
+            raise CapacityError(
+                "remote swap exchange is owned by another session",
+                exchanges_needed=1,
+                exchanges_free=0,
+                exchanges_total=1,
+            )
 
     def claim(self, session_id: str) -> None:
         self.check_free(session_id)
@@ -112,18 +122,21 @@ class RemoteSwapper:
         if self.owner == session_id:
             self.owner = None
 
-    def run(self, session_id: str, layer: int, batch_size: int,
-            allowed_slots: set[int]) -> SwapResult:
+    def run(
+        self, session_id: str, layer: int, batch_size: int, allowed_slots: set[int]
+    ) -> SwapResult:
         """Swap in `layer` for batch rows [0, batch_size) of the exchange tensors."""
         lay = self.kv.layout
         if self.owner != session_id:
-            raise InvalidArgument("this session does not own the remote swap exchange: "
-                                  "attach with remote_swap = true")
+            raise InvalidArgument(
+                "this session does not own the remote swap exchange: attach with remote_swap = true"
+            )
         if not 0 <= layer < lay.num_layers:
             raise InvalidArgument(f"layer {layer} outside [0, {lay.num_layers})", layer=layer)
         if not 1 <= batch_size <= lay.max_requests:
-            raise InvalidArgument(f"batch_size {batch_size} outside [1, {lay.max_requests}]",
-                                  batch_size=batch_size)
+            raise InvalidArgument(
+                f"batch_size {batch_size} outside [1, {lay.max_requests}]", batch_size=batch_size
+            )
         started = time.perf_counter()
         if self._cuda:
             counts = self._run_cuda(layer, batch_size)
@@ -132,9 +145,12 @@ class RemoteSwapper:
             counts = self._launch(layer, batch_size)
         hits, misses, repeated = (int(c) for c in counts.tolist())
         if repeated:
-            raise InvalidArgument(f"{repeated} top-k rows repeat a position; each row must hold "
-                                  "distinct positions (only negative padding may repeat); those "
-                                  "rows were not planned", repeated_rows=repeated)
+            raise InvalidArgument(
+                f"{repeated} top-k rows repeat a position; each row must hold "
+                "distinct positions (only negative padding may repeat); those "
+                "rows were not planned",
+                repeated_rows=repeated,
+            )
         return SwapResult(hits, misses, misses * lay.row_bytes, time.perf_counter() - started)
 
     def _check_slots(self, batch_size: int, allowed: set[int]) -> None:
@@ -142,8 +158,9 @@ class RemoteSwapper:
         # Only on CPU: on CUDA this would cost a device sync before the launch.
         slots = set(self.x["xchg_req_slots"][:batch_size].tolist()) - {-1}
         if not slots <= allowed:
-            raise InvalidArgument("req_slots name slots this session does not own",
-                                  slots=sorted(slots - allowed))
+            raise InvalidArgument(
+                "req_slots name slots this session does not own", slots=sorted(slots - allowed)
+            )
 
     def _run_cuda(self, layer: int, batch_size: int) -> torch.Tensor:
         with torch.cuda.stream(self.stream):
@@ -161,16 +178,36 @@ class RemoteSwapper:
         from kernels.swap_plan import swap_plan
 
         kv, x, lay = self.kv, self.x, self.kv.layout
-        repeated = mask_repeated_rows(x["xchg_topk"][:bs], x["xchg_req_slots"][:bs],
-                                      self._req_slots[:bs])
+        repeated = mask_repeated_rows(
+            x["xchg_topk"][:bs], x["xchg_req_slots"][:bs], self._req_slots[:bs]
+        )
         out = {name: x[name][:bs] for name in x}
-        swap_plan(layer, out["xchg_topk"], out["xchg_seq_lens"], self._req_slots[:bs],
-                  kv.req_mode, kv.page_table, kv.token_slot, kv.slot_token, kv.lru_order,
-                  kv.hit_flag, out["xchg_slots"], out["xchg_miss_src"], out["xchg_miss_dst"],
-                  out["xchg_miss_count"], num_layers=lay.num_layers, page_size=lay.page_size,
-                  window=lay.window)
-        miss_copy(kv.host_rows, kv.hot_kv, out["xchg_miss_src"], out["xchg_miss_dst"],
-                  out["xchg_miss_count"])
+        swap_plan(
+            layer,
+            out["xchg_topk"],
+            out["xchg_seq_lens"],
+            self._req_slots[:bs],
+            kv.req_mode,
+            kv.page_table,
+            kv.token_slot,
+            kv.slot_token,
+            kv.lru_order,
+            kv.hit_flag,
+            out["xchg_slots"],
+            out["xchg_miss_src"],
+            out["xchg_miss_dst"],
+            out["xchg_miss_count"],
+            num_layers=lay.num_layers,
+            page_size=lay.page_size,
+            window=lay.window,
+        )
+        miss_copy(
+            kv.host_rows,
+            kv.hot_kv,
+            out["xchg_miss_src"],
+            out["xchg_miss_dst"],
+            out["xchg_miss_count"],
+        )
         placed = (out["xchg_slots"] >= 0).sum()
         misses = out["xchg_miss_count"].clamp(0, lay.topk).sum()
         return torch.stack([placed - misses, misses, repeated])

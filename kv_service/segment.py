@@ -63,12 +63,15 @@ _created: dict[tuple[str, str], list[_SegmentSet]] = {}  # (realpath(shm_dir), i
 _owner_locks: dict[tuple[str, str], shm_file.OwnerLock] = {}  # same keys
 
 
-def create_segments(layout: KVLayout, device: torch.device | str, shm_dir: str,
-                    instance: str) -> tuple[KVTensors, list[dict]]:
+def create_segments(
+    layout: KVLayout, device: torch.device | str, shm_dir: str, instance: str
+) -> tuple[KVTensors, list[dict]]:
     """Allocate every KV tensor as shared memory, cleared; return them and their handles."""
     device, start = torch.device(device), time.monotonic()
-    specs = [(name, shape, dtype, device.type == "cpu" or name == "host_kv")
-             for name, (shape, dtype) in tensor_specs(layout).items()]
+    specs = [
+        (name, shape, dtype, device.type == "cpu" or name == "host_kv")
+        for name, (shape, dtype) in tensor_specs(layout).items()
+    ]
 
     def prepare(tensors: dict[str, torch.Tensor]) -> KVTensors:
         kv = as_kv_tensors(layout, tensors, device)
@@ -76,21 +79,36 @@ def create_segments(layout: KVLayout, device: torch.device | str, shm_dir: str,
         return kv
 
     kv, handles = _export(specs, device, shm_dir, instance, prepare)
-    log.info("created %d segments of instance %s on %s in %s: %d bytes host, %d bytes total, %.2f s",
-             len(handles), instance, device, shm_dir, layout.host_tier_bytes,
-             sum(h["nbytes"] for h in handles), time.monotonic() - start)
+    log.info(
+        "created %d segments of instance %s on %s in %s: %d bytes host, %d bytes total, %.2f s",
+        len(handles),
+        instance,
+        device,
+        shm_dir,
+        layout.host_tier_bytes,
+        sum(h["nbytes"] for h in handles),
+        time.monotonic() - start,
+    )
     return kv, handles
 
 
-def export_extra(tensors: dict[str, torch.Tensor], device: torch.device | str, shm_dir: str,
-                 instance: str) -> tuple[dict[str, torch.Tensor], list[dict]]:
+def export_extra(
+    tensors: dict[str, torch.Tensor], device: torch.device | str, shm_dir: str, instance: str
+) -> tuple[dict[str, torch.Tensor], list[dict]]:
     """Shared copies of `tensors` and their handles. On GPU a CUDA tensor is exported by CUDA IPC
     and a CPU tensor becomes a registered host file; in CPU mode all are files."""
     device = torch.device(device)
-    specs = [(name, tuple(t.shape), t.dtype, device.type == "cpu" or t.device.type == "cpu")
-             for name, t in tensors.items()]
-    out, handles = _export(specs, device, shm_dir, instance,
-                           lambda shared: {n: t.copy_(tensors[n]) for n, t in shared.items()})
+    specs = [
+        (name, tuple(t.shape), t.dtype, device.type == "cpu" or t.device.type == "cpu")
+        for name, t in tensors.items()
+    ]
+    out, handles = _export(
+        specs,
+        device,
+        shm_dir,
+        instance,
+        lambda shared: {n: t.copy_(tensors[n]) for n, t in shared.items()},
+    )
     log.info("exported %d extra segments of instance %s: %s", len(out), instance, sorted(out))
     return out, handles
 
@@ -118,17 +136,29 @@ def remove_stale_segments(shm_dir: str, instance: str) -> list[str]:
     return shm_file.remove_stale(shm_dir, instance, skip_pid=os.getpid() if mine else None)
 
 
-def _export(specs: list[tuple[str, tuple[int, ...], torch.dtype, bool]], device: torch.device,
-            shm_dir: str, instance: str, prepare: Callable[[dict[str, torch.Tensor]], T]
-            ) -> tuple[T, list[dict]]:
+def _export(
+    specs: list[tuple[str, tuple[int, ...], torch.dtype, bool]],
+    device: torch.device,
+    shm_dir: str,
+    instance: str,
+    prepare: Callable[[dict[str, torch.Tensor]], T],
+) -> tuple[T, list[dict]]:
     """Allocate (name, shape, dtype, in_file) specs, fill them with `prepare`, describe them."""
-    shm_file.check_room(shm_dir, {name: math.prod(shape) * dtype.itemsize
-                                  for name, shape, dtype, in_file in specs if in_file})
+    shm_file.check_room(
+        shm_dir,
+        {
+            name: math.prod(shape) * dtype.itemsize
+            for name, shape, dtype, in_file in specs
+            if in_file
+        },
+    )
     _hold_owner_lock(shm_dir, instance)
     seg = _SegmentSet()
     try:
-        allocs = {name: _allocate(name, shape, dtype, device, in_file, shm_dir, instance, seg)
-                  for name, shape, dtype, in_file in specs}
+        allocs = {
+            name: _allocate(name, shape, dtype, device, in_file, shm_dir, instance, seg)
+            for name, shape, dtype, in_file in specs
+        }
         prepared = prepare({name: t for name, (t, _) in allocs.items()})
         # Shared after prepare: the IPC event a mapper waits on then covers its writes.
         handles = [handle.describe(name, t, path) for name, (t, path) in allocs.items()]
@@ -164,13 +194,23 @@ def _release_unused_lock(shm_dir: str, instance: str) -> None:
         owner.release()
 
 
-def _allocate(name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
-              in_file: bool, shm_dir: str, instance: str, seg: _SegmentSet) -> tuple[torch.Tensor, str]:
+def _allocate(
+    name: str,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: torch.device,
+    in_file: bool,
+    shm_dir: str,
+    instance: str,
+    seg: _SegmentSet,
+) -> tuple[torch.Tensor, str]:
     """One shared tensor, zeroed: a file (registered with CUDA on GPU), or device memory."""
     numel = math.prod(shape)
     if numel == 0 or not _NAME_RE.fullmatch(name) or not _INSTANCE_RE.fullmatch(instance):
-        raise ValueError(f"segment {name!r} of instance {instance!r}: needs at least one element, "
-                         "a name [A-Za-z0-9_]+ and an instance [A-Za-z0-9_.-]+")
+        raise ValueError(
+            f"segment {name!r} of instance {instance!r}: needs at least one element, "
+            "a name [A-Za-z0-9_]+ and an instance [A-Za-z0-9_.-]+"
+        )
     if not in_file:
         return torch.zeros(shape, dtype=dtype, device=device), ""
     path = shm_file.path_for(shm_dir, instance, name)
@@ -187,5 +227,3 @@ def _allocate(name: str, shape: tuple[int, ...], dtype: torch.dtype, device: tor
         register_host(t, device)
         seg.registered.append((t, device))
     return t, path
-
-

@@ -46,11 +46,16 @@ def resolve_device(choice: str) -> torch.device:
         choice = "cuda" if torch.cuda.is_available() else "cpu"
     if choice == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda but CUDA is not available")
-    return torch.device("cuda", torch.cuda.current_device()) if choice == "cuda" else torch.device("cpu")
+    return (
+        torch.device("cuda", torch.cuda.current_device())
+        if choice == "cuda"
+        else torch.device("cpu")
+    )
 
 
 def gpu_uuid(device: torch.device) -> str:
-    """The GPU's UUID in nvidia-smi's form ("GPU-..."), so engines can match CUDA_VISIBLE_DEVICES."""
+    """The GPU's UUID in nvidia-smi's form ("GPU-..."), so engines can match
+    CUDA_VISIBLE_DEVICES."""
     if device.type != "cuda":
         return ""
     return f"GPU-{torch.cuda.get_device_properties(device).uuid}"
@@ -61,27 +66,43 @@ def _check_shm_dir(config: ServiceConfig, device: torch.device) -> None:
     if device.type == "cuda" and fs not in shm_file.PINNABLE_FS:
         # Linux >= 6.5 refuses cudaHostRegister's long-term pin of a writable file mapping on
         # other filesystems: allocation would fail with a CUDA error that does not say why.
-        log.warning("shm dir %s is on %s, not tmpfs: registering the host tier with CUDA may "
-                    "fail; use /dev/shm or another tmpfs", config.shm_dir, fs or "an unknown fs")
+        log.warning(
+            "shm dir %s is on %s, not tmpfs: registering the host tier with CUDA may "
+            "fail; use /dev/shm or another tmpfs",
+            config.shm_dir,
+            fs or "an unknown fs",
+        )
 
 
 def build_runtime(config: ServiceConfig, device: torch.device) -> Runtime:
     """Allocate and export every shared tensor, then warm up. Runs in a worker thread."""
     removed = segment.remove_stale_segments(config.shm_dir, config.instance)
     if removed:
-        log.warning("removed %d stale segments of a dead service of instance %s",
-                    len(removed), config.instance)
+        log.warning(
+            "removed %d stale segments of a dead service of instance %s",
+            len(removed),
+            config.instance,
+        )
     kv, handles = segment.create_segments(config.layout, device, config.shm_dir, config.instance)
-    exchange, exchange_handles = create_exchange(config.layout, device, config.shm_dir,
-                                                 config.instance)
+    exchange, exchange_handles = create_exchange(
+        config.layout, device, config.shm_dir, config.instance
+    )
     swapper = RemoteSwapper(kv, exchange)
-    core = ServiceCore(kv, lease_seconds=config.lease_seconds,
-                       on_session_closed=swapper.session_closed)
+    core = ServiceCore(
+        kv, lease_seconds=config.lease_seconds, on_session_closed=swapper.session_closed
+    )
     if device.type == "cuda" and config.warmup:
         swapper.warm_up()
         log.info("warm-up: swap kernels compiled and run once")
-    return Runtime(core=core, handles=handles, swapper=swapper, exchange_handles=exchange_handles,
-                   device=device.type, gpu_uuid=gpu_uuid(device), instance=config.instance)
+    return Runtime(
+        core=core,
+        handles=handles,
+        swapper=swapper,
+        exchange_handles=exchange_handles,
+        device=device.type,
+        gpu_uuid=gpu_uuid(device),
+        instance=config.instance,
+    )
 
 
 def _socket_in_use(path: str) -> bool:
@@ -105,22 +126,35 @@ def _prepare_uds(path: str) -> None:
     log.warning("removed stale socket %s", path)
 
 
-def build_server(config: ServiceConfig, servicer: KVCacheServicer,
-                 health: health_aio.HealthServicer, metrics: ServiceMetrics) -> grpc.aio.Server:
-    options = [("grpc.max_receive_message_length", config.max_message_bytes),
-               ("grpc.max_send_message_length", config.max_message_bytes),
-               # A peer that vanished without closing (TCP) is found within ~15 s, so its
-               # session's lease starts running.
-               ("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
-               ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-               ("grpc.keepalive_permit_without_calls", 1)]
-    server = grpc.aio.server(interceptors=[ServiceInterceptor(config.token, metrics)],
-                             options=options)
+def build_server(
+    config: ServiceConfig,
+    servicer: KVCacheServicer,
+    health: health_aio.HealthServicer,
+    metrics: ServiceMetrics,
+) -> grpc.aio.Server:
+    options = [
+        ("grpc.max_receive_message_length", config.max_message_bytes),
+        ("grpc.max_send_message_length", config.max_message_bytes),
+        # A peer that vanished without closing (TCP) is found within ~15 s, so its
+        # session's lease starts running.
+        ("grpc.keepalive_time_ms", 10_000),
+        ("grpc.keepalive_timeout_ms", 5_000),
+        ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+    ]
+    server = grpc.aio.server(
+        interceptors=[ServiceInterceptor(config.token, metrics)], options=options
+    )
     kvcache_pb2_grpc.add_KVCacheServiceServicer_to_server(servicer, server)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection(
-        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-         reflection.SERVICE_NAME), server)
+        (
+            SERVICE_NAME,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ),
+        server,
+    )
     return server
 
 
@@ -136,13 +170,20 @@ async def _listen(server: grpc.aio.Server, config: ServiceConfig) -> None:
     finally:
         os.umask(old)
     os.chmod(config.uds, config.socket_mode)
-    log.info("listening on unix:%s (mode %o)%s", config.uds, config.socket_mode,
-             f" and {config.tcp}" if config.tcp else "")
+    log.info(
+        "listening on unix:%s (mode %o)%s",
+        config.uds,
+        config.socket_mode,
+        f" and {config.tcp}" if config.tcp else "",
+    )
 
 
 async def _set_health(health: health_aio.HealthServicer, serving: bool) -> None:
-    status = (health_pb2.HealthCheckResponse.SERVING if serving
-              else health_pb2.HealthCheckResponse.NOT_SERVING)
+    status = (
+        health_pb2.HealthCheckResponse.SERVING
+        if serving
+        else health_pb2.HealthCheckResponse.NOT_SERVING
+    )
     for name in HEALTH_NAMES:
         await health.set(name, status)
 
@@ -154,18 +195,23 @@ async def _expire_leases(servicer: KVCacheServicer, period: float) -> None:
             servicer.changed.set()
 
 
-async def _drain(servicer: KVCacheServicer, health: health_aio.HealthServicer,
-                 timeout: float) -> None:
+async def _drain(
+    servicer: KVCacheServicer, health: health_aio.HealthServicer, timeout: float
+) -> None:
     core = servicer.rt.core
-    log.info("stop requested: draining, %d requests in flight, waiting up to %gs",
-             core.num_requests, timeout)
+    log.info(
+        "stop requested: draining, %d requests in flight, waiting up to %gs",
+        core.num_requests,
+        timeout,
+    )
     await health.enter_graceful_shutdown()
     core.start_drain()
     if await servicer.wait_idle(timeout):
         log.info("drained: no request left")
     else:
-        log.warning("drain timed out with %d requests still admitted; stopping anyway",
-                    core.num_requests)
+        log.warning(
+            "drain timed out with %d requests still admitted; stopping anyway", core.num_requests
+        )
 
 
 @dataclass
@@ -177,17 +223,22 @@ class _Started:
     stop_metrics: Callable[[], None] | None = None
 
 
-async def _bring_up(config: ServiceConfig, device: torch.device, servicer: KVCacheServicer,
-                    metrics: ServiceMetrics, started: _Started) -> Runtime:
-    runtime = await asyncio.get_running_loop().run_in_executor(None, build_runtime, config,
-                                                               device)
+async def _bring_up(
+    config: ServiceConfig,
+    device: torch.device,
+    servicer: KVCacheServicer,
+    metrics: ServiceMetrics,
+    started: _Started,
+) -> Runtime:
+    runtime = await asyncio.get_running_loop().run_in_executor(None, build_runtime, config, device)
     servicer.ready(runtime)
     metrics.bind(runtime.core.stats)
     if config.metrics_port is not None:
         started.stop_metrics = metrics.serve(config.metrics_port, config.metrics_address)
         log.info("metrics on http://%s:%d/metrics", config.metrics_address, config.metrics_port)
     started.expiry = asyncio.create_task(
-        _expire_leases(servicer, min(config.lease_seconds / 4, 1.0)))
+        _expire_leases(servicer, min(config.lease_seconds / 4, 1.0))
+    )
     return runtime
 
 
@@ -224,8 +275,14 @@ async def serve(config: ServiceConfig) -> int:
         runtime = await _bring_up(config, device, servicer, metrics, started)
         if not stop.is_set():
             await _set_health(health, True)
-            log.info("SERVING: instance %s, epoch %#x, device %s %s, layout %s", config.instance,
-                     runtime.core.epoch, device, runtime.gpu_uuid, config.layout)
+            log.info(
+                "SERVING: instance %s, epoch %#x, device %s %s, layout %s",
+                config.instance,
+                runtime.core.epoch,
+                device,
+                runtime.gpu_uuid,
+                config.layout,
+            )
         await stop.wait()
         await _drain(servicer, health, config.drain_timeout)
     except BaseException:

@@ -55,20 +55,37 @@ def layout_from_proto(msg: pb.Layout) -> KVLayout:
 
 
 def handle_to_proto(h: dict) -> pb.TensorHandle:
-    return pb.TensorHandle(name=h["name"], kind=h["kind"], shape=h["shape"], dtype=h["dtype"],
-                           shm_path=h["path"], cuda_ipc=h["ipc"], nbytes=h["nbytes"])
+    return pb.TensorHandle(
+        name=h["name"],
+        kind=h["kind"],
+        shape=h["shape"],
+        dtype=h["dtype"],
+        shm_path=h["path"],
+        cuda_ipc=h["ipc"],
+        nbytes=h["nbytes"],
+    )
 
 
 def request_to_proto(r: RequestRecord) -> pb.RequestState:
-    return pb.RequestState(request_id=r.request_id, slot=r.slot, mode=r.mode, seq_len=r.seq_len,
-                           reserved_tokens=r.reserved_tokens, prompt_len=r.prompt_len,
-                           max_new_tokens=r.max_new_tokens)
+    return pb.RequestState(
+        request_id=r.request_id,
+        slot=r.slot,
+        mode=r.mode,
+        seq_len=r.seq_len,
+        reserved_tokens=r.reserved_tokens,
+        prompt_len=r.prompt_len,
+        max_new_tokens=r.max_new_tokens,
+    )
 
 
 def error_to_proto(exc: BaseException) -> pb.Error:
     status = status_of(exc)
-    return pb.Error(code=status.code.value[0], message=status.message, details=status.details,
-                    reason=status.reason)
+    return pb.Error(
+        code=status.code.value[0],
+        message=status.message,
+        details=status.details,
+        reason=status.reason,
+    )
 
 
 class KVCacheServicer(pb_grpc.KVCacheServiceServicer):
@@ -88,39 +105,52 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer):
             raise Unavailable("the service is starting: memory is not allocated yet")
         return self._rt
 
-    async def Attach(self, request: pb.AttachRequest,
-                     context: grpc.aio.ServicerContext) -> pb.AttachResponse:
+    async def Attach(
+        self, request: pb.AttachRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AttachResponse:
         rt = self.rt
-        expected = (layout_from_proto(request.expected_layout)
-                    if request.HasField("expected_layout") else None)
+        expected = (
+            layout_from_proto(request.expected_layout)
+            if request.HasField("expected_layout")
+            else None
+        )
         if request.remote_swap:
             # Refuse before creating a session that nobody would then use.
             rt.swapper.check_free(request.resume_session_id)
         session = rt.core.attach(request.engine_name, request.resume_session_id, expected)
         reply = pb.AttachResponse(
-            session_id=session.session_id, lease_seconds=rt.core.lease_seconds,
-            epoch=rt.core.epoch, layout=layout_to_proto(rt.core.layout), gpu_uuid=rt.gpu_uuid,
-            device=rt.device, instance=rt.instance,
+            session_id=session.session_id,
+            lease_seconds=rt.core.lease_seconds,
+            epoch=rt.core.epoch,
+            layout=layout_to_proto(rt.core.layout),
+            gpu_uuid=rt.gpu_uuid,
+            device=rt.device,
+            instance=rt.instance,
             tensors=[handle_to_proto(h) for h in rt.handles],
-            requests=[request_to_proto(r) for r in session.requests.values()])
+            requests=[request_to_proto(r) for r in session.requests.values()],
+        )
         if request.remote_swap:
             rt.swapper.claim(session.session_id)
             reply.tensors.extend(handle_to_proto(h) for h in rt.exchange_handles)
-            reply.events.extend(pb.EventHandle(name=n, ipc_handle=h)
-                                for n, h in rt.swapper.event_handles())
+            reply.events.extend(
+                pb.EventHandle(name=n, ipc_handle=h) for n, h in rt.swapper.event_handles()
+            )
         return reply
 
-    async def Session(self, request_iterator: AsyncIterator[pb.SessionMessage],
-                      context: grpc.aio.ServicerContext) -> AsyncIterator[pb.SessionReply]:
+    async def Session(
+        self, request_iterator: AsyncIterator[pb.SessionMessage], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.SessionReply]:
         bound: list[str] = []
         try:
             async for msg in request_iterator:
                 started = time.perf_counter()
                 reply, done = self._answer(msg, bound)
-                code = CODE_NAMES.get(reply.error.code, "UNKNOWN") if reply.HasField("error") \
-                    else "OK"
-                self._metrics.observe_message(str(msg.WhichOneof("body")), code,
-                                              time.perf_counter() - started)
+                code = (
+                    CODE_NAMES.get(reply.error.code, "UNKNOWN") if reply.HasField("error") else "OK"
+                )
+                self._metrics.observe_message(
+                    str(msg.WhichOneof("body")), code, time.perf_counter() - started
+                )
                 yield reply
                 if done:
                     return
@@ -139,8 +169,10 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer):
                 core.stream_opened(msg.session_id)
                 bound.append(msg.session_id)
             elif msg.session_id != bound[0]:
-                raise InvalidArgument("this stream belongs to another session; open one stream "
-                                      "per session", stream_session=bound[0])
+                raise InvalidArgument(
+                    "this stream belongs to another session; open one stream per session",
+                    stream_session=bound[0],
+                )
             result = self._dispatch(core, kind, msg)
         except Exception as exc:
             return pb.SessionReply(seq=msg.seq, error=error_to_proto(exc)), False
@@ -150,19 +182,32 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer):
             return pb.SessionReply(seq=msg.seq, admitted=result), False
         return pb.SessionReply(seq=msg.seq, ack=pb.Ack(draining=core.draining)), kind == "detach"
 
-    def _dispatch(self, core: ServiceCore, kind: str | None,
-                  msg: pb.SessionMessage) -> pb.Admitted | None:
+    def _dispatch(
+        self, core: ServiceCore, kind: str | None, msg: pb.SessionMessage
+    ) -> pb.Admitted | None:
         sid = msg.session_id
         if kind == "admit":
-            r = core.admit(sid, msg.admit.request_id, msg.admit.prompt_len, msg.admit.max_new_tokens)
-            return pb.Admitted(request_id=r.request_id, slot=r.slot, mode=r.mode, pages=r.pages,
-                               reserved_tokens=r.reserved_tokens)
+            r = core.admit(
+                sid, msg.admit.request_id, msg.admit.prompt_len, msg.admit.max_new_tokens
+            )
+            return pb.Admitted(
+                request_id=r.request_id,
+                slot=r.slot,
+                mode=r.mode,
+                pages=r.pages,
+                reserved_tokens=r.reserved_tokens,
+            )
         if kind == "commit":
             core.commit(sid, msg.commit.request_id, msg.commit.seq_len)
         elif kind == "step_end":
             s = msg.step_end
-            core.step_end(sid, [(p.request_id, p.seq_len) for p in s.progress], s.hits, s.misses,
-                          s.bytes_moved)
+            core.step_end(
+                sid,
+                [(p.request_id, p.seq_len) for p in s.progress],
+                s.hits,
+                s.misses,
+                s.bytes_moved,
+            )
         elif kind == "release":
             core.release(sid, msg.release.request_id)
             self.changed.set()
@@ -172,39 +217,59 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer):
             core.detach(sid)
             self.changed.set()
         else:
-            raise InvalidArgument("empty SessionMessage: set one of admit, commit, step_end, "
-                                  "release, heartbeat, detach")
+            raise InvalidArgument(
+                "empty SessionMessage: set one of admit, commit, step_end, "
+                "release, heartbeat, detach"
+            )
         return None
 
-    async def RemoteSwap(self, request: pb.RemoteSwapRequest,
-                         context: grpc.aio.ServicerContext) -> pb.RemoteSwapResponse:
+    async def RemoteSwap(
+        self, request: pb.RemoteSwapRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RemoteSwapResponse:
         rt = self.rt
         rt.core.check_epoch(request.epoch)
         session = rt.core.touch(request.session_id)
-        result = rt.swapper.run(session.session_id, request.layer, request.batch_size,
-                                {r.slot for r in session.requests.values()})
+        result = rt.swapper.run(
+            session.session_id,
+            request.layer,
+            request.batch_size,
+            {r.slot for r in session.requests.values()},
+        )
         self._metrics.swap_seconds.observe(result.seconds)
-        return pb.RemoteSwapResponse(hits=result.hits, misses=result.misses,
-                                     bytes_moved=result.bytes_moved,
-                                     service_us=result.seconds * 1e6)
+        return pb.RemoteSwapResponse(
+            hits=result.hits,
+            misses=result.misses,
+            bytes_moved=result.bytes_moved,
+            service_us=result.seconds * 1e6,
+        )
 
-    async def GetStats(self, request: pb.GetStatsRequest,
-                       context: grpc.aio.ServicerContext) -> pb.GetStatsResponse:
+    async def GetStats(
+        self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetStatsResponse:
         s = self.rt.core.stats()
         return pb.GetStatsResponse(
             host_pages=pb.PoolUsage(used=s.pages_used, total=s.pages_total),
             request_slots=pb.PoolUsage(used=s.slots_used, total=s.slots_total),
-            sessions=s.sessions, requests=s.requests, hits=u64(s.hits), misses=u64(s.misses),
-            bytes_moved=u64(s.bytes_moved), uptime_seconds=s.uptime_seconds, epoch=u64(s.epoch),
-            draining=s.draining, admitted_total=u64(s.admitted_total),
+            sessions=s.sessions,
+            requests=s.requests,
+            hits=u64(s.hits),
+            misses=u64(s.misses),
+            bytes_moved=u64(s.bytes_moved),
+            uptime_seconds=s.uptime_seconds,
+            epoch=u64(s.epoch),
+            draining=s.draining,
+            admitted_total=u64(s.admitted_total),
             rejected_total=u64(s.rejected_total),
-            expired_sessions_total=u64(s.expired_sessions_total))
+            expired_sessions_total=u64(s.expired_sessions_total),
+        )
 
-    async def Drain(self, request: pb.DrainRequest,
-                    context: grpc.aio.ServicerContext) -> pb.DrainResponse:
+    async def Drain(
+        self, request: pb.DrainRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DrainResponse:
         if not 0 <= request.timeout_seconds <= 3600:
-            raise InvalidArgument("timeout_seconds must be in [0, 3600]",
-                                  timeout_seconds=request.timeout_seconds)
+            raise InvalidArgument(
+                "timeout_seconds must be in [0, 3600]", timeout_seconds=request.timeout_seconds
+            )
         core = self.rt.core
         core.start_drain()
         await self._on_drain()

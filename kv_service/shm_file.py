@@ -24,7 +24,9 @@ log = logging.getLogger(__name__)
 
 
 # Segment files and lock files: every file an owner leaves.
-ANY_RE = re.compile(r"hisparse-(?P<instance>[A-Za-z0-9_.-]+)-(?P<pid>[0-9]+)(-[A-Za-z0-9_]+|\.lock)")
+ANY_RE = re.compile(
+    r"hisparse-(?P<instance>[A-Za-z0-9_.-]+)-(?P<pid>[0-9]+)(-[A-Za-z0-9_]+|\.lock)"
+)
 LOCK_RE = re.compile(r"hisparse-(?P<instance>[A-Za-z0-9_.-]+)-(?P<pid>[0-9]+)\.lock")
 
 
@@ -58,9 +60,11 @@ class OwnerLock:
             pass
         held = take_if_dead(self.path)
         if held is None:
-            raise RuntimeError(f"{self.path} is locked by a live process with our pid: another "
-                               "service of this instance runs in another PID namespace (a "
-                               "container) on this shm dir; give each one its own --instance")
+            raise RuntimeError(
+                f"{self.path} is locked by a live process with our pid: another "
+                "service of this instance runs in another PID namespace (a "
+                "container) on this shm dir; give each one its own --instance"
+            )
         unlink_quietly(self.path)
         os.close(held)
         os.link(tmp, self.path)
@@ -93,8 +97,9 @@ def path_for(shm_dir: str, instance: str, name: str) -> str:
     return os.path.join(shm_dir, f"hisparse-{instance}-{os.getpid()}-{name}")
 
 
-def check_room(shm_dir: str, wanted: dict[str, int],
-               statvfs: Callable[[str], os.statvfs_result] = os.statvfs) -> None:
+def check_room(
+    shm_dir: str, wanted: dict[str, int], statvfs: Callable[[str], os.statvfs_result] = os.statvfs
+) -> None:
     """Raise ENOSPC, saying what is there, unless `wanted` ({segment name: bytes}) fits."""
     st = statvfs(shm_dir)
     if sum(wanted.values()) > st.f_bavail * st.f_frsize:
@@ -113,17 +118,26 @@ def no_room_message(shm_dir: str, wanted: dict[str, int], st: os.statvfs_result)
         visible += size
         key = (m["instance"], int(m["pid"]))
         owners[key] = owners.get(key, 0) + size
-    others = "; ".join(f"instance {inst} pid {pid}: {n} bytes ({_owner_state(shm_dir, inst, pid)})"
-                       for (inst, pid), n in sorted(owners.items())) or "none"
+    others = (
+        "; ".join(
+            f"instance {inst} pid {pid}: {n} bytes ({_owner_state(shm_dir, inst, pid)})"
+            for (inst, pid), n in sorted(owners.items())
+        )
+        or "none"
+    )
     hidden = max(0, total - st.f_bfree * st.f_frsize - visible)
-    mapped = "; ".join(f"pid {pid}: {n} bytes" for pid, n in
-                       sorted(deleted_mappings(shm_dir).items())) or "none visible from here"
-    return (f"no room for {sum(wanted.values())} bytes of segments ({sizes}) in {shm_dir}: "
-            f"{free} of {total} bytes free; other hisparse files: {others}; {hidden} bytes used "
-            "by files that are not hisparse's or are deleted but still mapped (an engine still "
-            "holding a dead service's segments lets go when it notices); deleted hisparse "
-            f"segments still mapped: {mapped}. Free them, or raise the size of the shm "
-            "filesystem (docker: shm_size)")
+    mapped = (
+        "; ".join(f"pid {pid}: {n} bytes" for pid, n in sorted(deleted_mappings(shm_dir).items()))
+        or "none visible from here"
+    )
+    return (
+        f"no room for {sum(wanted.values())} bytes of segments ({sizes}) in {shm_dir}: "
+        f"{free} of {total} bytes free; other hisparse files: {others}; {hidden} bytes used "
+        "by files that are not hisparse's or are deleted but still mapped (an engine still "
+        "holding a dead service's segments lets go when it notices); deleted hisparse "
+        f"segments still mapped: {mapped}. Free them, or raise the size of the shm "
+        "filesystem (docker: shm_size)"
+    )
 
 
 def deleted_mappings(shm_dir: str) -> dict[int, int]:
@@ -171,11 +185,16 @@ def reserve(fd: int, nbytes: int, path: str) -> None:
     except OSError as e:
         if e.errno == errno.ENOSPC:
             shm_dir = os.path.dirname(path)
-            raise OSError(errno.ENOSPC, no_room_message(shm_dir, {os.path.basename(path): nbytes},
-                                                        os.statvfs(shm_dir)), path) from e
+            raise OSError(
+                errno.ENOSPC,
+                no_room_message(shm_dir, {os.path.basename(path): nbytes}, os.statvfs(shm_dir)),
+                path,
+            ) from e
         if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
             raise
-        log.warning("%s: cannot reserve %d bytes (%s); pages come on first touch", path, nbytes, e.strerror)
+        log.warning(
+            "%s: cannot reserve %d bytes (%s); pages come on first touch", path, nbytes, e.strerror
+        )
 
 
 def scan(shm_dir: str, pattern: re.Pattern = FILE_RE) -> list[tuple[os.DirEntry, re.Match]]:

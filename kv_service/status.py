@@ -62,8 +62,9 @@ def status_of(exc: BaseException) -> Status:
             details["permanent"] = str(exc.permanent).lower()
         return Status(code_for(type(exc)), exc.message, exc.reason, details)
     log.error("internal error", exc_info=exc)
-    return Status(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}",
-                  errors.KVError.reason)
+    return Status(
+        grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}", errors.KVError.reason
+    )
 
 
 def _packed(message: object) -> any_pb2.Any:
@@ -76,17 +77,23 @@ def _quota(details: dict[str, str]) -> error_details_pb2.QuotaFailure | None:
     units = sorted({k[: -len("_needed")] for k in details if k.endswith("_needed")})
     if not units:
         return None
-    violations = [error_details_pb2.QuotaFailure.Violation(
-        subject=unit, description=", ".join(f"{s[1:]} {details[unit + s]}"
-                                            for s in _QUOTA_SUFFIXES if unit + s in details))
-        for unit in units]
+    violations = [
+        error_details_pb2.QuotaFailure.Violation(
+            subject=unit,
+            description=", ".join(
+                f"{s[1:]} {details[unit + s]}" for s in _QUOTA_SUFFIXES if unit + s in details
+            ),
+        )
+        for unit in units
+    ]
     return error_details_pb2.QuotaFailure(violations=violations)
 
 
 def rich_status(status: Status) -> grpc.Status:
     """The google.rpc.Status of `status`, ready for `context.abort_with_status`."""
-    info = error_details_pb2.ErrorInfo(reason=status.reason, domain=errors.DOMAIN,
-                                       metadata=status.details)
+    info = error_details_pb2.ErrorInfo(
+        reason=status.reason, domain=errors.DOMAIN, metadata=status.details
+    )
     extra = [_packed(info)]
     quota = _quota(status.details) if status.code is grpc.StatusCode.RESOURCE_EXHAUSTED else None
     if quota is not None:

@@ -47,15 +47,18 @@ def check_tool_versions(stubs: bool = True) -> None:
         want["mypy-protobuf"] = MYPY_PROTOBUF_VERSION
     have = {name: tool_version(name) for name in want}
     if have != want:
-        raise SystemExit(f"proto generation needs {want}, found {have}: "
-                         f"pip install grpcio-tools=={GRPCIO_TOOLS_VERSION} "
-                         f"mypy-protobuf=={MYPY_PROTOBUF_VERSION}")
+        raise SystemExit(
+            f"proto generation needs {want}, found {have}: "
+            f"pip install grpcio-tools=={GRPCIO_TOOLS_VERSION} "
+            f"mypy-protobuf=={MYPY_PROTOBUF_VERSION}"
+        )
 
 
 def _plugin(name: str) -> str:
     # The plugins live next to the interpreter in a venv even when it is not on PATH.
-    found = shutil.which(name, path=os.pathsep.join([str(Path(sys.executable).parent),
-                                                     os.environ.get("PATH", "")]))
+    found = shutil.which(
+        name, path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    )
     if found is None:
         raise SystemExit(f"{name} not found: pip install mypy-protobuf=={MYPY_PROTOBUF_VERSION}")
     return found
@@ -68,18 +71,28 @@ def generate(out_dir: Path = REPO_ROOT, root: Path = REPO_ROOT, stubs: bool = Tr
 
     check_tool_versions(stubs)
     well_known = Path(protoc.__file__).parent / "_proto"
-    args = [f"-I{root}", f"-I{well_known}", f"--python_out={out_dir}",
-            f"--grpc_python_out={out_dir}"]
+    args = [
+        f"-I{root}",
+        f"-I{well_known}",
+        f"--python_out={out_dir}",
+        f"--grpc_python_out={out_dir}",
+    ]
     if stubs:
-        args += [f"--plugin=protoc-gen-mypy={_plugin('protoc-gen-mypy')}",
-                 f"--plugin=protoc-gen-mypy_grpc={_plugin('protoc-gen-mypy_grpc')}",
-                 f"--mypy_out={out_dir}", f"--mypy_grpc_out={out_dir}"]
+        args += [
+            f"--plugin=protoc-gen-mypy={_plugin('protoc-gen-mypy')}",
+            f"--plugin=protoc-gen-mypy_grpc={_plugin('protoc-gen-mypy_grpc')}",
+            f"--mypy_out={out_dir}",
+            f"--mypy_grpc_out={out_dir}",
+        ]
     # protoc names the generated modules after the source paths relative to the include dir,
     # which makes them importable as proto.<pkg>.v1.<name>_pb2; so run it from the root.
     code = "import sys; from grpc_tools import protoc; sys.exit(protoc.main(sys.argv))"
-    result = subprocess.run([sys.executable, "-c", code, *args,
-                             *(str(s) for s in proto_sources(root))],
-                            cwd=root, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-c", code, *args, *(str(s) for s in proto_sources(root))],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
     if result.returncode != 0:
         raise SystemExit(f"protoc failed ({result.returncode}): {result.stderr}")
     return generated_files(root, stubs)
@@ -87,8 +100,12 @@ def generate(out_dir: Path = REPO_ROOT, root: Path = REPO_ROOT, stubs: bool = Tr
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=REPO_ROOT,
-                        help="directory to write into (default: the repo root, in place)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=REPO_ROOT,
+        help="directory to write into (default: the repo root, in place)",
+    )
     written = generate(parser.parse_args().out)
     print("\n".join(str(p) for p in written))
 

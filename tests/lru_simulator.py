@@ -15,8 +15,8 @@ class LRUSim:
         self.B, self.W = hot_slots, window
         # Smaller key = less recently used. Initially slot W is the least recent.
         self.key = {s: s for s in range(window, hot_slots)}
-        self.holds: dict[int, int] = {}   # slot -> token
-        self.where: dict[int, int] = {}   # token -> slot
+        self.holds: dict[int, int] = {}  # slot -> token
+        self.where: dict[int, int] = {}  # token -> slot
 
     def order(self) -> list[int]:
         """LRU slots, least recently used first."""
@@ -43,7 +43,7 @@ class LRUSim:
                 slots.append(-1)
                 missed.append(i)
         untouched = [s for s in self.order() if s not in hit_slots]
-        victims = untouched[:len(missed)]
+        victims = untouched[: len(missed)]
         assert len(victims) == len(missed), "more misses than evictable slots"
         new_key = {s: (0, self.key[s]) for s in self.key}
         for s in hit_slots:
@@ -64,8 +64,9 @@ class LRUSim:
         return slots, misses, evicted
 
 
-def check_bijection(slot_token: list[int], token_slot: list[int], lru_order: list[int],
-                    window: int) -> None:
+def check_bijection(
+    slot_token: list[int], token_slot: list[int], lru_order: list[int], window: int
+) -> None:
     """The residency invariant of one (layer, request): lru_order is a permutation of the LRU
     slots [W, B), and resident tokens and LRU slots map one to one (slot_token[s] = t exactly
     when token_slot[t] = s). Duplicate positions in a top-k row used to break it."""

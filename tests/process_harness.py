@@ -1,7 +1,8 @@
 """Multi-process fixtures of the engine tests: a `python -m kv_service` and `python -m
 engine_client serve` on sockets in a short temp dir, ready when grpc health says SERVING.
 
-Both run under the supervisor of engine_client.serve.procs, the code the demo and the benchmarks use;
+Both run under the supervisor of engine_client.serve.procs, the code the demo and the benchmarks
+use;
 tests/service_harness.ServiceProcess adds a channel and its own shm dir per service (so leftover
 segment files are easy to check).
 """
@@ -16,8 +17,8 @@ from contextlib import contextmanager
 
 import grpc
 
-from contract.layout import KVLayout
 from contract import flags
+from contract.layout import KVLayout
 from engine_client.serve.config import EngineConfig, LocalLayout
 from engine_client.serve.procs import ManagedProcess, engine_process
 from proto.kvcache.v1 import kvcache_pb2 as kpb
@@ -26,8 +27,9 @@ from tests.service_harness import ServiceProcess, short_tmpdir
 
 # Fits the tiny preset (2 layers, top-k 16). 12 + 12 tokens fit the 32 hot slots (resident);
 # longer requests are offloaded and decode through the host tier.
-LOCAL = LocalLayout(max_requests=4, hot_slots=32, window=8, page_size=8, num_pages=48,
-                    max_context=128)
+LOCAL = LocalLayout(
+    max_requests=4, hot_slots=32, window=8, page_size=8, num_pages=48, max_context=128
+)
 LAYOUT = LOCAL.layout(num_layers=2, topk=16)
 
 
@@ -56,29 +58,58 @@ def cuda_shm_dir(path: str) -> str:
 STARTUP = {"cpu": 60, "cuda": 300}
 
 
-def start_service(path: str, layout: KVLayout = LAYOUT, lease: float = 30.0,
-                  device: str = "cpu") -> ServiceProcess:
+def start_service(
+    path: str, layout: KVLayout = LAYOUT, lease: float = 30.0, device: str = "cpu"
+) -> ServiceProcess:
     # The last --device wins over the harness's "--device cpu".
-    svc = ServiceProcess(path, f"t{os.getpid()}x{len(os.listdir(path))}", "--lease-seconds",
-                         str(lease), "--drain-timeout", "2", "--device", device, layout=layout,
-                         shm_dir=cuda_shm_dir(path) if device == "cuda" else None)
+    svc = ServiceProcess(
+        path,
+        f"t{os.getpid()}x{len(os.listdir(path))}",
+        "--lease-seconds",
+        str(lease),
+        "--drain-timeout",
+        "2",
+        "--device",
+        device,
+        layout=layout,
+        shm_dir=cuda_shm_dir(path) if device == "cuda" else None,
+    )
     return svc.start().wait_serving(STARTUP[device])
 
 
-def start_engine(path: str, kv_mode: str, service: ServiceProcess | None = None,
-                 name: str = "engine", extra: tuple[str, ...] = (),
-                 device: str = "cpu") -> ManagedProcess:
+def start_engine(
+    path: str,
+    kv_mode: str,
+    service: ServiceProcess | None = None,
+    name: str = "engine",
+    extra: tuple[str, ...] = (),
+    device: str = "cpu",
+) -> ManagedProcess:
     local = [] if service else flags.to_flags(LOCAL)
-    eng = engine_process(path, kv_mode, service_uds=service.uds if service else "", name=name,
-                         extra=["--device", device, "--rpc-timeout", "3", *local, *extra])
+    eng = engine_process(
+        path,
+        kv_mode,
+        service_uds=service.uds if service else "",
+        name=name,
+        extra=["--device", device, "--rpc-timeout", "3", *local, *extra],
+    )
     return eng.start().wait_serving(STARTUP[device])
 
 
 def engine_config(kv_mode: str, service: ServiceProcess | None = None, **kw) -> EngineConfig:
     """In-process engine config (tests build the engine with factory.build_engine)."""
-    return EngineConfig(kv_mode=kv_mode, uds="/tmp/unused.sock", device="cpu",
-                        service=service.uds if service else "", local=LOCAL, max_batch=4,
-                        prefill_chunk=8, rpc_timeout=3.0, admit_retry=0.1, **kw)
+    return EngineConfig(
+        kv_mode=kv_mode,
+        uds="/tmp/unused.sock",
+        device="cpu",
+        service=service.uds if service else "",
+        local=LOCAL,
+        max_batch=4,
+        prefill_chunk=8,
+        rpc_timeout=3.0,
+        admit_retry=0.1,
+        **kw,
+    )
 
 
 def service_stats(svc: ServiceProcess) -> kpb.GetStatsResponse:

@@ -14,13 +14,21 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from contract import flags
-from engine_client.serve.procs import KV_SERVICE_NAME, ManagedProcess, service_command, service_env
 from contract.layout import KVLayout
+from engine_client.serve.procs import KV_SERVICE_NAME, ManagedProcess, service_command, service_env
 from proto.kvcache.v1 import kvcache_pb2 as pb
 from proto.kvcache.v1 import kvcache_pb2_grpc as pb_grpc
 
-TINY = KVLayout(num_layers=2, max_requests=4, hot_slots=16, window=4, topk=8, page_size=4,
-                num_pages=32, max_context=64)
+TINY = KVLayout(
+    num_layers=2,
+    max_requests=4,
+    hot_slots=16,
+    window=4,
+    topk=8,
+    page_size=4,
+    num_pages=32,
+    max_context=64,
+)
 SERVICE = KV_SERVICE_NAME
 
 
@@ -39,25 +47,49 @@ class ServiceProcess(ManagedProcess):
     """One service subprocess with its own socket, shm dir and log, under the shared supervisor
     (engine_client.serve.procs), plus a channel to talk to it."""
 
-    def __init__(self, workdir: str, instance: str, *extra: str, token: str | None = None,
-                 layout: KVLayout = TINY, shm_dir: str | None = None) -> None:
+    def __init__(
+        self,
+        workdir: str,
+        instance: str,
+        *extra: str,
+        token: str | None = None,
+        layout: KVLayout = TINY,
+        shm_dir: str | None = None,
+    ) -> None:
         self.workdir = workdir
         self.uds = os.path.join(workdir, "kv.sock")
         self.shm_dir = shm_dir or os.path.join(workdir, "shm")
         os.makedirs(self.shm_dir, exist_ok=True)
         self.instance, self.token, self.layout = instance, token, layout
-        args = service_command(self.uds, instance, flags.to_flags(layout), device="cpu",
-                               shm_dir=self.shm_dir, extra=extra)
-        super().__init__("kv_service", args, os.path.join(workdir, f"{instance}.log"),
-                         f"unix:{self.uds}", KV_SERVICE_NAME, env=service_env(token))
+        args = service_command(
+            self.uds,
+            instance,
+            flags.to_flags(layout),
+            device="cpu",
+            shm_dir=self.shm_dir,
+            extra=extra,
+        )
+        super().__init__(
+            "kv_service",
+            args,
+            os.path.join(workdir, f"{instance}.log"),
+            f"unix:{self.uds}",
+            KV_SERVICE_NAME,
+            env=service_env(token),
+        )
         self.channel: grpc.Channel | None = None
 
     def start(self) -> ServiceProcess:
         super().start()
         # The socket appears only once the service listens: retry connecting fast meanwhile.
-        self.channel = grpc.insecure_channel(self.target, options=[
-            ("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),
-            ("grpc.max_reconnect_backoff_ms", 200)])
+        self.channel = grpc.insecure_channel(
+            self.target,
+            options=[
+                ("grpc.initial_reconnect_backoff_ms", 50),
+                ("grpc.min_reconnect_backoff_ms", 50),
+                ("grpc.max_reconnect_backoff_ms", 200),
+            ],
+        )
         return self
 
     @property
@@ -70,8 +102,11 @@ class ServiceProcess(ManagedProcess):
     def health_statuses(self, timeout: float = 30.0) -> Iterator[int]:
         """Health statuses of the KV service as they change; the first one at once."""
         stub = health_pb2_grpc.HealthStub(self.channel)
-        watch = stub.Watch(health_pb2.HealthCheckRequest(service=KV_SERVICE_NAME),
-                           timeout=timeout, wait_for_ready=True)
+        watch = stub.Watch(
+            health_pb2.HealthCheckRequest(service=KV_SERVICE_NAME),
+            timeout=timeout,
+            wait_for_ready=True,
+        )
         for reply in watch:
             yield reply.status
 
@@ -103,27 +138,44 @@ class ServiceProcess(ManagedProcess):
 class SessionClient:
     """One Session stream; send() returns the reply to that message (replies come in order)."""
 
-    def __init__(self, svc: ServiceProcess, attach: pb.AttachResponse,
-                 metadata: tuple[tuple[str, str], ...] | None = None) -> None:
+    def __init__(
+        self,
+        svc: ServiceProcess,
+        attach: pb.AttachResponse,
+        metadata: tuple[tuple[str, str], ...] | None = None,
+    ) -> None:
         self.session_id = attach.session_id
         self.epoch = attach.epoch
         self.seq = 0
         self._outbox: queue.Queue = queue.Queue()
-        self._replies = svc.stub().Session(iter(self._outbox.get, None), timeout=60,
-                                           metadata=svc.metadata if metadata is None else metadata)
+        self._replies = svc.stub().Session(
+            iter(self._outbox.get, None),
+            timeout=60,
+            metadata=svc.metadata if metadata is None else metadata,
+        )
 
-    def send(self, epoch: int | None = None, session_id: str | None = None, **body) -> pb.SessionReply:
+    def send(
+        self, epoch: int | None = None, session_id: str | None = None, **body
+    ) -> pb.SessionReply:
         self.seq += 1
-        self._outbox.put(pb.SessionMessage(
-            seq=self.seq, session_id=self.session_id if session_id is None else session_id,
-            epoch=self.epoch if epoch is None else epoch, **body))
+        self._outbox.put(
+            pb.SessionMessage(
+                seq=self.seq,
+                session_id=self.session_id if session_id is None else session_id,
+                epoch=self.epoch if epoch is None else epoch,
+                **body,
+            )
+        )
         reply = next(self._replies)
         assert reply.seq == self.seq
         return reply
 
     def admit(self, request_id: str, prompt_len: int, max_new_tokens: int) -> pb.SessionReply:
-        return self.send(admit=pb.Admit(request_id=request_id, prompt_len=prompt_len,
-                                        max_new_tokens=max_new_tokens))
+        return self.send(
+            admit=pb.Admit(
+                request_id=request_id, prompt_len=prompt_len, max_new_tokens=max_new_tokens
+            )
+        )
 
     def release(self, request_id: str) -> pb.SessionReply:
         return self.send(release=pb.Release(request_id=request_id))
@@ -140,8 +192,18 @@ def attach(svc: ServiceProcess, **kw) -> pb.AttachResponse:
 
 
 def handles_from_proto(tensors) -> list[dict]:
-    return [{"name": t.name, "kind": t.kind, "shape": list(t.shape), "dtype": t.dtype,
-             "path": t.shm_path, "ipc": t.cuda_ipc, "nbytes": t.nbytes} for t in tensors]
+    return [
+        {
+            "name": t.name,
+            "kind": t.kind,
+            "shape": list(t.shape),
+            "dtype": t.dtype,
+            "path": t.shm_path,
+            "ipc": t.cuda_ipc,
+            "nbytes": t.nbytes,
+        }
+        for t in tensors
+    ]
 
 
 class RemoteSwapEngine:
@@ -156,8 +218,9 @@ class RemoteSwapEngine:
         handles = handles_from_proto(attach.tensors)
         self.svc, self.attach, self.device = svc, attach, torch.device(device)
         segments = SegmentMap()
-        self.kv = segments.map_segments(svc.layout, [h for h in handles
-                                                     if not h["name"].startswith("xchg_")], device)
+        self.kv = segments.map_segments(
+            svc.layout, [h for h in handles if not h["name"].startswith("xchg_")], device
+        )
         self.x = segments.map_extra([h for h in handles if h["name"].startswith("xchg_")], device)
         # Ordered by synchronizing, as the engine's RemoteSwapBackend does: opening the
         # exported IPC events with torch 2.11 failed on the H200 (UnicodeDecodeError at record).
@@ -184,9 +247,15 @@ class RemoteSwapEngine:
         self.x["xchg_req_slots"][0] = slot
         if self.sync:
             torch.cuda.synchronize(self.device)
-        reply = self.svc.stub().RemoteSwap(pb.RemoteSwapRequest(
-            session_id=self.attach.session_id, epoch=self.attach.epoch, layer=layer,
-            batch_size=1), metadata=self.svc.metadata)
+        reply = self.svc.stub().RemoteSwap(
+            pb.RemoteSwapRequest(
+                session_id=self.attach.session_id,
+                epoch=self.attach.epoch,
+                layer=layer,
+                batch_size=1,
+            ),
+            metadata=self.svc.metadata,
+        )
         return reply
 
     def slots(self) -> list[int]:

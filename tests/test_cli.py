@@ -30,8 +30,14 @@ HANG_BOUND = 30  # seconds; the old behaviour took 127 s (generate) and 30 s + (
 def cli(*args: str, timeout: float = HANG_BOUND) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ENGINE_")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
-    return subprocess.run([sys.executable, "-m", "engine_client", *args], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "engine_client", *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_generate_with_a_wrong_target_fails_fast_and_says_where() -> None:
@@ -52,8 +58,19 @@ def test_generate_with_a_wrong_target_fails_fast_and_says_where() -> None:
 def test_serve_with_a_missing_service_socket_fails_fast_and_says_where() -> None:
     with workdir("hcl") as path:
         sock = os.path.join(path, "no-kv.sock")
-        out = cli("serve", "--kv-mode", "service", "--service", sock, "--device", "cpu",
-                  "--uds", os.path.join(path, "engine.sock"), "--attach-timeout", "2")
+        out = cli(
+            "serve",
+            "--kv-mode",
+            "service",
+            "--service",
+            sock,
+            "--device",
+            "cpu",
+            "--uds",
+            os.path.join(path, "engine.sock"),
+            "--attach-timeout",
+            "2",
+        )
         assert out.returncode == 1, out.stderr
         assert f"unix:{sock}" in out.stderr and "python -m kv_service --uds" in out.stderr
         assert "--service" in out.stderr
@@ -63,8 +80,20 @@ def test_serve_with_a_missing_service_socket_fails_fast_and_says_where() -> None
 @pytest.mark.slow
 def test_generate_prints_the_request_id_first_and_it_resumes() -> None:
     with workdir("hcl") as path:
-        eng = engine_process(path, "baseline", extra=["--device", "cpu", "--max-context", "2048",
-                                                      "--max-requests", "2", "--max-batch", "2"])
+        eng = engine_process(
+            path,
+            "baseline",
+            extra=[
+                "--device",
+                "cpu",
+                "--max-context",
+                "2048",
+                "--max-requests",
+                "2",
+                "--max-batch",
+                "2",
+            ],
+        )
         eng.start().wait_serving(60)
         try:
             target = eng.target.removeprefix("unix:")
@@ -84,10 +113,22 @@ def test_generate_prints_the_request_id_first_and_it_resumes() -> None:
 
             # Ctrl-C mid-stream: quiet exit 130.
             proc = subprocess.Popen(
-                [sys.executable, "-m", "engine_client", "generate", "--target", target,
-                 "--max-new-tokens", "2000"], cwd=REPO_ROOT, text=True,
+                [
+                    sys.executable,
+                    "-m",
+                    "engine_client",
+                    "generate",
+                    "--target",
+                    target,
+                    "--max-new-tokens",
+                    "2000",
+                ],
+                cwd=REPO_ROOT,
+                text=True,
                 env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
             assert proc.stderr.readline().startswith("request ")
             proc.send_signal(signal.SIGINT)
             _, err = proc.communicate(timeout=HANG_BOUND)

@@ -30,11 +30,21 @@ def test_example_decodes_against_a_service_process() -> None:
     workdir = short_tmpdir("client-example")
     svc = ServiceProcess(workdir, "example").start().wait_serving()
     try:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p))
-        done = subprocess.run([sys.executable, "-c", RUNNER, str(EXAMPLE), f"unix:{svc.uds}"],
-                              cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600,
-                              check=False)
+        env = dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join(
+                p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
+            ),
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", RUNNER, str(EXAMPLE), f"unix:{svc.uds}"],
+            cwd=REPO_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
         assert done.returncode == 0, done.stdout + done.stderr + svc.log()
         swapped = re.fullmatch(r"rows swapped in: (\d+)\n", done.stdout)
         assert swapped and int(swapped[1]) > 0, done.stdout  # the request was offloaded

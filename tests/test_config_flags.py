@@ -9,17 +9,24 @@ import dataclasses
 import pytest
 
 from contract import flags
-from engine_client.cli.main import add_demo, add_generate, add_serve, engine_config
+from contract.layout import KVLayout
 from engine_client.cli.config import DemoConfig, GenerateConfig
+from engine_client.cli.main import add_demo, add_generate, add_serve, engine_config
 from engine_client.serve.config import EngineConfig, LocalLayout
 from kv_service.__main__ import build_parser, parse
 from kv_service.config import DEFAULT_LAYOUT, ServiceConfig
-from contract.layout import KVLayout
 
-CONFIGS = [(ServiceConfig, "KVS", 20), (EngineConfig, "ENGINE", 20), (GenerateConfig, "GENERATE", 8),
-           (DemoConfig, "DEMO", 6)]
-SUBCOMMANDS = {EngineConfig: ("serve", add_serve), GenerateConfig: ("generate", add_generate),
-               DemoConfig: ("demo", add_demo)}
+CONFIGS = [
+    (ServiceConfig, "KVS", 20),
+    (EngineConfig, "ENGINE", 20),
+    (GenerateConfig, "GENERATE", 8),
+    (DemoConfig, "DEMO", 6),
+]
+SUBCOMMANDS = {
+    EngineConfig: ("serve", add_serve),
+    GenerateConfig: ("generate", add_generate),
+    DemoConfig: ("demo", add_demo),
+}
 
 
 def _sub_parser(cls: type, env: dict[str, str]) -> argparse.ArgumentParser:
@@ -65,8 +72,9 @@ def _actions(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
 
 
 @pytest.mark.parametrize("cls,prefix,least", CONFIGS)
-def test_every_field_has_a_flag_an_env_variable_and_help(cls: type, prefix: str,
-                                                         least: int) -> None:
+def test_every_field_has_a_flag_an_env_variable_and_help(
+    cls: type, prefix: str, least: int
+) -> None:
     actions = _actions(build_parser({}) if cls is ServiceConfig else _sub_parser(cls, {}))
     fields = _leaf_fields(cls)
     assert len(fields) >= least
@@ -87,10 +95,19 @@ def test_flag_beats_env_beats_default() -> None:
     assert parse([], {"KVS_WARMUP": "no"})[0].warmup is False
     assert parse([], {"KVS_METRICS_PORT": "9100"})[0].metrics_port == 9100
     assert parse(["--metrics-port", ""], {"KVS_METRICS_PORT": "9100"})[0].metrics_port is None
-    env = {"ENGINE_MAX_BATCH": "3", "ENGINE_HOT_SLOTS": "40", "ENGINE_OVERLAP": "0",
-           "ENGINE_TOKEN": "secret-env"}
+    env = {
+        "ENGINE_MAX_BATCH": "3",
+        "ENGINE_HOT_SLOTS": "40",
+        "ENGINE_OVERLAP": "0",
+        "ENGINE_TOKEN": "secret-env",
+    }
     cfg = _engine(["--max-batch", "5"], env)
-    assert (cfg.max_batch, cfg.local.hot_slots, cfg.overlap, cfg.token) == (5, 40, False, "secret-env")
+    assert (cfg.max_batch, cfg.local.hot_slots, cfg.overlap, cfg.token) == (
+        5,
+        40,
+        False,
+        "secret-env",
+    )
     assert _engine(["--token", "flag-token"], env).token == "flag-token"
     default = _engine([], {})
     assert (default.kv_mode, default.attach_timeout, default.num_layers) == ("service", 5.0, None)
@@ -105,15 +122,19 @@ def test_secrets_stay_out_of_help_and_flags() -> None:
     assert "--token" not in flags.to_flags(config) and "sekrit-value" not in repr(config)
 
 
-@pytest.mark.parametrize("env,needle", [
-    ({"KVS_NUM_LAYERS": "many"}, "KVS_NUM_LAYERS"),
-    ({"KVS_WARMUP": "maybe"}, "KVS_WARMUP"),
-    ({"KVS_SOCKET_MODE": "9"}, "KVS_SOCKET_MODE"),
-    ({"KVS_LEASE_SECONDS": "-1"}, "lease_seconds"),
-    ({"KVS_LOG_LEVEL": "chatty"}, "log_level"),
-])
-def test_bad_env_values_are_usage_errors(env: dict[str, str], needle: str,
-                                         capsys: pytest.CaptureFixture) -> None:
+@pytest.mark.parametrize(
+    "env,needle",
+    [
+        ({"KVS_NUM_LAYERS": "many"}, "KVS_NUM_LAYERS"),
+        ({"KVS_WARMUP": "maybe"}, "KVS_WARMUP"),
+        ({"KVS_SOCKET_MODE": "9"}, "KVS_SOCKET_MODE"),
+        ({"KVS_LEASE_SECONDS": "-1"}, "lease_seconds"),
+        ({"KVS_LOG_LEVEL": "chatty"}, "log_level"),
+    ],
+)
+def test_bad_env_values_are_usage_errors(
+    env: dict[str, str], needle: str, capsys: pytest.CaptureFixture
+) -> None:
     with pytest.raises(SystemExit) as err:
         parse([], env)
     assert err.value.code == 2
@@ -131,15 +152,34 @@ def test_a_flag_overrides_a_bad_env_value() -> None:
     assert parse(["--num-layers", "3"], {"KVS_NUM_LAYERS": "many"})[0].layout.num_layers == 3
 
 
-@pytest.mark.parametrize("config,prefix", [
-    (ServiceConfig(layout=dataclasses.replace(DEFAULT_LAYOUT, num_layers=3, row_format="fp8"),
-                   uds="/tmp/x.sock", tcp="127.0.0.1:5", metrics_port=9, socket_mode=0o660,
-                   warmup=False, lease_seconds=2.5),
-     "KVS"),
-    (EngineConfig(uds="/tmp/e.sock", service="/tmp/s.sock", num_layers=4, overlap=False,
-                  local=LocalLayout(hot_slots=48, index_format="fp8"), skip_ahead=0.25),
-     "ENGINE"),
-])
+@pytest.mark.parametrize(
+    "config,prefix",
+    [
+        (
+            ServiceConfig(
+                layout=dataclasses.replace(DEFAULT_LAYOUT, num_layers=3, row_format="fp8"),
+                uds="/tmp/x.sock",
+                tcp="127.0.0.1:5",
+                metrics_port=9,
+                socket_mode=0o660,
+                warmup=False,
+                lease_seconds=2.5,
+            ),
+            "KVS",
+        ),
+        (
+            EngineConfig(
+                uds="/tmp/e.sock",
+                service="/tmp/s.sock",
+                num_layers=4,
+                overlap=False,
+                local=LocalLayout(hot_slots=48, index_format="fp8"),
+                skip_ahead=0.25,
+            ),
+            "ENGINE",
+        ),
+    ],
+)
 def test_to_flags_round_trips_a_config(config: object, prefix: str) -> None:
     argv = flags.to_flags(config)
     parsed = parse(argv, {})[0] if prefix == "KVS" else _engine(argv, {})
@@ -147,27 +187,45 @@ def test_to_flags_round_trips_a_config(config: object, prefix: str) -> None:
 
 
 def test_layout_flags_are_the_layout_fields() -> None:
-    layout = KVLayout(num_layers=2, max_requests=4, hot_slots=16, window=4, topk=8, page_size=4,
-                      num_pages=32, max_context=64)
+    layout = KVLayout(
+        num_layers=2,
+        max_requests=4,
+        hot_slots=16,
+        window=4,
+        topk=8,
+        page_size=4,
+        num_pages=32,
+        max_context=64,
+    )
     argv = flags.to_flags(layout)
     assert argv[:4] == ["--num-layers", "2", "--max-requests", "4"] and "--version" not in argv
     assert parse(argv, {})[0].layout == layout
 
 
 def test_generate_flags_keep_their_names_and_env() -> None:
-    cfg = _client(GenerateConfig, ["--prompt", "5,6,7", "--stop", "2,9", "--resume", "r1",
-                                   "--target", "/tmp/e.sock"], {})
+    cfg = _client(
+        GenerateConfig,
+        ["--prompt", "5,6,7", "--stop", "2,9", "--resume", "r1", "--target", "/tmp/e.sock"],
+        {},
+    )
     assert (cfg.prompt, cfg.stop_token_ids, cfg.resume_request_id) == ((5, 6, 7), (2, 9), "r1")
     assert cfg.target == "unix:/tmp/e.sock" and cfg.connect_timeout == 5.0
     default = _client(GenerateConfig, [], {})
-    assert (default.prompt, default.stop_token_ids, default.max_new_tokens) == ((1, 2, 3, 4), (), 16)
+    assert (default.prompt, default.stop_token_ids, default.max_new_tokens) == (
+        (1, 2, 3, 4),
+        (),
+        16,
+    )
     assert default.target.endswith("hisparse-engine.sock")
     env = {"ENGINE_TARGET": "h:1", "GENERATE_STOP": "3", "GENERATE_CONNECT_TIMEOUT": "0.5"}
     cfg = _client(GenerateConfig, [], env)
     assert (cfg.target, cfg.stop_token_ids, cfg.connect_timeout) == ("h:1", (3,), 0.5)
     # GENERATE_TARGET beats ENGINE_TARGET; a flag beats both.
     assert _client(GenerateConfig, [], {**env, "GENERATE_TARGET": "g:2"}).target == "g:2"
-    assert _client(GenerateConfig, ["--target", "f:3"], {**env, "GENERATE_TARGET": "g:2"}).target == "f:3"
+    assert (
+        _client(GenerateConfig, ["--target", "f:3"], {**env, "GENERATE_TARGET": "g:2"}).target
+        == "f:3"
+    )
 
 
 def test_generate_refuses_a_bad_connect_timeout() -> None:
@@ -194,12 +252,22 @@ def test_bad_demo_env_value_names_its_variable(capsys: pytest.CaptureFixture) ->
         _client(DemoConfig, [], {"DEMO_KV_MODE": "nowhere"})
 
 
-@pytest.mark.parametrize("config", [
-    GenerateConfig(target="unix:/tmp/e.sock", prompt=(7, 8), stop_token_ids=(1, 2), seed=3,
-                   resume_request_id="abc", temperature=0.5, connect_timeout=1.5),
-    DemoConfig(kv_mode="embedded", requests=2, device="cpu", progress=False),
-    DemoConfig(progress=True),
-])
+@pytest.mark.parametrize(
+    "config",
+    [
+        GenerateConfig(
+            target="unix:/tmp/e.sock",
+            prompt=(7, 8),
+            stop_token_ids=(1, 2),
+            seed=3,
+            resume_request_id="abc",
+            temperature=0.5,
+            connect_timeout=1.5,
+        ),
+        DemoConfig(kv_mode="embedded", requests=2, device="cpu", progress=False),
+        DemoConfig(progress=True),
+    ],
+)
 def test_to_flags_round_trips_client_configs(config: object) -> None:
     argv = flags.to_flags(config)
     assert ("--no-progress" in argv) == (getattr(config, "progress", True) is False)

@@ -14,13 +14,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def imported_after(statement: str) -> set[str]:
     code = f"import sys; {statement}; print(' '.join(sorted(sys.modules)))"
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                         check=True, env={"PYTHONPATH": str(ROOT)})
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": str(ROOT)},
+    )
     return set(out.stdout.split())
 
 
-@pytest.mark.parametrize("statement", ["import contract.errors", "import kv_service.pool",
-                                       "import kv_service.errors"])
+@pytest.mark.parametrize(
+    "statement", ["import contract.errors", "import kv_service.pool", "import kv_service.errors"]
+)
 def test_domain_modules_import_no_grpc_and_no_side(statement: str) -> None:
     modules = imported_after(statement)
     assert not {m for m in modules if m == "grpc" or m.startswith("grpc.")}
@@ -34,8 +41,16 @@ def test_both_sides_raise_the_same_classes() -> None:
     from kv_service import errors as service
 
     assert client.KVClientError is service.ServiceError is c.KVError
-    for name in ("CapacityError", "UnknownRequest", "InvalidArgument", "AlreadyExists",
-                 "Unauthenticated", "Draining", "DeadlineExceeded", "LayoutMismatch"):
+    for name in (
+        "CapacityError",
+        "UnknownRequest",
+        "InvalidArgument",
+        "AlreadyExists",
+        "Unauthenticated",
+        "Draining",
+        "DeadlineExceeded",
+        "LayoutMismatch",
+    ):
         assert getattr(client, name) is getattr(service, name) is getattr(c, name), name
     assert client.EpochMismatch is service.WrongEpoch
     assert client.ServiceUnavailable is service.Unavailable

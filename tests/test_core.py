@@ -24,8 +24,16 @@ from kv_service.errors import (
 )
 from kv_service.memory import allocate_local
 
-LAYOUT = KVLayout(num_layers=2, max_requests=4, hot_slots=16, window=4, topk=8, page_size=4,
-                  num_pages=32, max_context=64)
+LAYOUT = KVLayout(
+    num_layers=2,
+    max_requests=4,
+    hot_slots=16,
+    window=4,
+    topk=8,
+    page_size=4,
+    num_pages=32,
+    max_context=64,
+)
 
 
 class Clock:
@@ -115,9 +123,19 @@ def test_sessions_cannot_touch_each_others_requests(core: ServiceCore) -> None:
     assert core.is_empty()
 
 
-@pytest.mark.parametrize("rid,prompt,new", [
-    ("", 1, 1), ("x" * 129, 1, 1), ("bad\nid", 1, 1), ("a", 0, 1), ("a", -1, 1),
-    ("a", 1, -1), ("a", 2**40 + 1, 1), ("a", 1, 2**62)])
+@pytest.mark.parametrize(
+    "rid,prompt,new",
+    [
+        ("", 1, 1),
+        ("x" * 129, 1, 1),
+        ("bad\nid", 1, 1),
+        ("a", 0, 1),
+        ("a", -1, 1),
+        ("a", 1, -1),
+        ("a", 2**40 + 1, 1),
+        ("a", 1, 2**62),
+    ],
+)
 def test_admit_validation(core: ServiceCore, rid: str, prompt: int, new: int) -> None:
     sid = core.attach("eng").session_id
     with pytest.raises(InvalidArgument):
@@ -143,9 +161,14 @@ def test_admit_that_can_never_fit_is_permanent(core: ServiceCore, prompt: int, n
 def test_step_counters_are_bounded_by_what_a_step_can_do(core: ServiceCore) -> None:
     sid = core.attach("eng").session_id
     positions = LAYOUT.num_layers * LAYOUT.topk * LAYOUT.max_requests
-    for hits, misses, nbytes in ((2**63 - 1, 0, 0), (positions + 1, 0, 0),
-                                 (positions, 1, 0), (0, 0, -1), (-1, 0, 0),
-                                 (0, 1, positions * 10**6)):
+    for hits, misses, nbytes in (
+        (2**63 - 1, 0, 0),
+        (positions + 1, 0, 0),
+        (positions, 1, 0),
+        (0, 0, -1),
+        (-1, 0, 0),
+        (0, 1, positions * 10**6),
+    ):
         with pytest.raises(InvalidArgument):
             core.step_end(sid, [], hits, misses, nbytes)
     core.step_end(sid, [], positions - 3, 3, 3 * LAYOUT.row_bytes)
@@ -191,8 +214,9 @@ def test_lease_expiry_reclaims_and_open_stream_holds(core: ServiceCore, clock: C
 
 def test_detach_frees_everything_and_calls_back(clock: Clock) -> None:
     closed: list[str] = []
-    core = ServiceCore(allocate_local(LAYOUT), lease_seconds=1, clock=clock,
-                       on_session_closed=closed.append)
+    core = ServiceCore(
+        allocate_local(LAYOUT), lease_seconds=1, clock=clock, on_session_closed=closed.append
+    )
     sid = core.attach("eng").session_id
     core.admit(sid, "a", 4, 4)
     core.admit(sid, "b", 40, 4)

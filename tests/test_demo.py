@@ -31,9 +31,14 @@ def _alive(pid: int) -> bool:
 
 def _demo(*args: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ENGINE_", "KVS_"))}
-    return subprocess.Popen([sys.executable, "-m", "engine_client", "demo", "--no-progress",
-                             "--device", "cpu", *args], cwd=REPO_ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "engine_client", "demo", "--no-progress", "--device", "cpu", *args],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _until_streaming(proc: subprocess.Popen, start: str = "streaming ") -> str:
@@ -63,9 +68,16 @@ def test_demo_runs_and_cleans_up() -> None:
     assert not os.path.exists(workdir)
 
 
-@pytest.mark.parametrize("sig,when", [(signal.SIGTERM, "streaming "), (signal.SIGHUP, "streaming "),
-                                      (signal.SIGINT, "streaming "), (signal.SIGTERM, "engine pid")],
-                         ids=["term", "hup", "int", "term-at-start"])
+@pytest.mark.parametrize(
+    "sig,when",
+    [
+        (signal.SIGTERM, "streaming "),
+        (signal.SIGHUP, "streaming "),
+        (signal.SIGINT, "streaming "),
+        (signal.SIGTERM, "engine pid"),
+    ],
+    ids=["term", "hup", "int", "term-at-start"],
+)
 def test_demo_stopped_by_a_signal_cleans_up(sig: signal.Signals, when: str) -> None:
     proc = _demo("--requests", "2", "--max-new-tokens", "200")
     out = _until_streaming(proc, when)

@@ -41,16 +41,30 @@ FAKE_UUID = "GPU-00000000-1111-2222-3333-444444444444"
 ENV_PREFIXES = ("HISPARSE_", "KVS_", "ENGINE_", "COMPOSE_", "LOADGEN_")
 MIB = 1 << 20
 UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-LAYOUT_ENV = {f.upper(): f for f in ("num_layers", "max_requests", "hot_slots", "window", "topk",
-                                     "page_size", "num_pages", "max_context")}
+LAYOUT_ENV = {
+    f.upper(): f
+    for f in (
+        "num_layers",
+        "max_requests",
+        "hot_slots",
+        "window",
+        "topk",
+        "page_size",
+        "num_pages",
+        "max_context",
+    )
+}
 
 
-COMPOSE_MISSING = ("docker-compose is not installed, so docker/*.yml cannot be validated "
-                   "(apt-get install -y docker-compose; CI installs it)")
+COMPOSE_MISSING = (
+    "docker-compose is not installed, so docker/*.yml cannot be validated "
+    "(apt-get install -y docker-compose; CI installs it)"
+)
 # CI must not pass by skipping: there a missing docker-compose is a failure.
 REQUIRE_COMPOSE = os.environ.get("HISPARSE_REQUIRE_COMPOSE") == "1"
-needs_compose = pytest.mark.skipif(shutil.which("docker-compose") is None and not REQUIRE_COMPOSE,
-                                   reason=COMPOSE_MISSING)
+needs_compose = pytest.mark.skipif(
+    shutil.which("docker-compose") is None and not REQUIRE_COMPOSE, reason=COMPOSE_MISSING
+)
 
 
 def compose_exe() -> str:
@@ -65,8 +79,13 @@ def compose(file: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
     from the caller's shell and an empty env file instead of a developer's docker/.env."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIXES)}
     with tempfile.NamedTemporaryFile(suffix=".env") as empty:
-        return subprocess.run([compose_exe(), "--env-file", empty.name, "-f", str(file), *args],
-                              env=dict(clean, **env), capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            [compose_exe(), "--env-file", empty.name, "-f", str(file), *args],
+            env=dict(clean, **env),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
 
 def yaml_to_data(text: str) -> dict:
@@ -74,6 +93,7 @@ def yaml_to_data(text: str) -> dict:
     Python program that always has it, so its own interpreter does the parsing when we cannot."""
     try:
         import yaml
+
         return yaml.safe_load(text)
     except ImportError:
         pass
@@ -83,8 +103,14 @@ def yaml_to_data(text: str) -> dict:
         pytest.fail("cannot parse docker-compose output: install pyyaml")
     interpreter = shlex.split(shebang[2:])
     code = "import json, sys, yaml; json.dump(yaml.safe_load(sys.stdin), sys.stdout)"
-    out = subprocess.run(interpreter + ["-c", code], input=text, capture_output=True, text=True,
-                         timeout=60, check=True)
+    out = subprocess.run(
+        interpreter + ["-c", code],
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     return json.loads(out.stdout)
 
 
@@ -135,8 +161,13 @@ def test_cpu_variant_is_the_same_stack_without_gpu(gpu: dict, cpu: dict) -> None
     assert cpu["engine"]["environment"]["ENGINE_DEVICE"] == "cpu"
     assert cpu["engine"]["environment"]["ENGINE_PRESET"] == "tiny"
     may_differ = {"deploy", "shm_size", "environment"}
-    env_may_differ = {"KVS_DEVICE", "ENGINE_DEVICE", "ENGINE_PRESET", "ENGINE_MAX_BATCH",
-                      *(f"{p}_{k}" for k in LAYOUT_ENV for p in ("KVS", "ENGINE"))}
+    env_may_differ = {
+        "KVS_DEVICE",
+        "ENGINE_DEVICE",
+        "ENGINE_PRESET",
+        "ENGINE_MAX_BATCH",
+        *(f"{p}_{k}" for k in LAYOUT_ENV for p in ("KVS", "ENGINE")),
+    }
     assert gpu.keys() == cpu.keys()
     for name in gpu:
         g, c = gpu[name], cpu[name]
@@ -165,8 +196,10 @@ def test_namespaces_and_volumes(stack: dict) -> None:
     svc, eng = stack["kv-service"], stack["engine"]
     assert svc["ipc"] == "shareable"
     assert eng["ipc"] == "service:kv-service" and eng["pid"] == "service:kv-service"
-    mounts = {name: dict(reversed(v.split(":")[:2]) for v in stack[name]["volumes"])
-              for name in ("kv-service", "engine")}
+    mounts = {
+        name: dict(reversed(v.split(":")[:2]) for v in stack[name]["volumes"])
+        for name in ("kv-service", "engine")
+    }
     uds_dir = os.path.dirname(svc["environment"]["KVS_UDS"])
     assert mounts["kv-service"][uds_dir] == mounts["engine"][uds_dir]
     assert eng["environment"]["ENGINE_SERVICE"] == "unix://" + svc["environment"]["KVS_UDS"]
@@ -183,14 +216,18 @@ def parse_size(text: str) -> int:
 
 def shm_needed(env: dict, device: str) -> int:
     """docs/DEPLOY.md's formula: the bytes in /dev/shm plus max(10%, 256 MiB) headroom."""
-    layout = KVLayout(**{f: int(env[f"KVS_{k}"]) for k, f in LAYOUT_ENV.items()},
-                      row_format=env["KVS_ROW_FORMAT"], index_format=env["KVS_INDEX_FORMAT"])
+    layout = KVLayout(
+        **{f: int(env[f"KVS_{k}"]) for k, f in LAYOUT_ENV.items()},
+        row_format=env["KVS_ROW_FORMAT"],
+        index_format=env["KVS_INDEX_FORMAT"],
+    )
     if device == "cuda":
         data = layout.host_tier_bytes
     else:
         # CPU mode: every tensor is a /dev/shm file.
-        data = sum(math.prod(shape) * dtype.itemsize
-                   for shape, dtype in tensor_specs(layout).values())
+        data = sum(
+            math.prod(shape) * dtype.itemsize for shape, dtype in tensor_specs(layout).values()
+        )
     return data + max(data // 10, 256 * MIB)
 
 
@@ -204,8 +241,9 @@ def test_shm_size_fits_the_configured_layout(stack: dict) -> None:
 
 @needs_compose
 def test_shm_size_and_layout_come_from_env() -> None:
-    data = resolved(GPU_FILE, HISPARSE_GPU_UUID=FAKE_UUID, HISPARSE_SHM_SIZE="80g",
-                    HISPARSE_NUM_PAGES="16384")["services"]
+    data = resolved(
+        GPU_FILE, HISPARSE_GPU_UUID=FAKE_UUID, HISPARSE_SHM_SIZE="80g", HISPARSE_NUM_PAGES="16384"
+    )["services"]
     assert parse_size(data["kv-service"]["shm_size"]) == 80 << 30
     assert data["kv-service"]["environment"]["KVS_NUM_PAGES"] == "16384"
 
@@ -213,10 +251,16 @@ def test_shm_size_and_layout_come_from_env() -> None:
 @needs_compose
 def test_healthchecks_start_order_and_restarts(stack: dict) -> None:
     # The names the servers register their health under: their protos' service names.
-    expect = {"kv-service": ("/run/hisparse/kv.sock",
-                             kvcache_pb2.DESCRIPTOR.services_by_name["KVCacheService"].full_name),
-              "engine": ("/run/hisparse/engine.sock",
-                         decode_pb2.DESCRIPTOR.services_by_name["DecodeService"].full_name)}
+    expect = {
+        "kv-service": (
+            "/run/hisparse/kv.sock",
+            kvcache_pb2.DESCRIPTOR.services_by_name["KVCacheService"].full_name,
+        ),
+        "engine": (
+            "/run/hisparse/engine.sock",
+            decode_pb2.DESCRIPTOR.services_by_name["DecodeService"].full_name,
+        ),
+    }
     for name, (sock, service) in expect.items():
         test = stack[name]["healthcheck"]["test"]
         assert test[:2] == ["CMD", "hisparse-healthcheck"], test
@@ -241,8 +285,14 @@ def test_dockerfile_requirements() -> None:
 
 @functools.lru_cache(maxsize=None)
 def cli_help(*args: str) -> str:
-    out = subprocess.run([sys.executable, "-m", *args, "--help"], cwd=REPO, capture_output=True,
-                         text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    out = subprocess.run(
+        [sys.executable, "-m", *args, "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
     assert out.returncode == 0, f"{args} --help: {out.stderr}"
     return out.stdout
 
@@ -254,8 +304,11 @@ def test_entry_points_match_the_clis(stack: dict) -> None:
     assert stack["engine"]["command"] == ["python", "-m", "engine_client", "serve"]
     assert stack["loadgen"]["command"] == ["hisparse-loadgen"]
     assert "python -m engine_client generate" in (DOCKER / "loadgen.sh").read_text()
-    modules = {"kv-service": ("kv_service",), "engine": ("engine_client", "serve"),
-               "loadgen": ("engine_client", "generate")}
+    modules = {
+        "kv-service": ("kv_service",),
+        "engine": ("engine_client", "serve"),
+        "loadgen": ("engine_client", "generate"),
+    }
     for name, module in modules.items():
         text = cli_help(*module)
         # Every KVS_* / ENGINE_* variable the file sets must be one the CLI reads.
@@ -268,4 +321,6 @@ def test_env_example_lists_every_variable() -> None:
     example = (DOCKER / ".env.example").read_text()
     for f in (GPU_FILE, CPU_FILE):
         for var in set(re.findall(r"\$\{(HISPARSE_\w+)", f.read_text())):
-            assert re.search(rf"^#? ?{var}=", example, re.M), f"{var} of {f.name} not in .env.example"
+            assert re.search(rf"^#? ?{var}=", example, re.M), (
+                f"{var} of {f.name} not in .env.example"
+            )

@@ -27,25 +27,39 @@ HEALTHCHECK = DOCKER / "healthcheck.py"
 def test_loadgen_script(tmp_path: Path) -> None:
     """docker/loadgen.sh against a stand-in `python` that prints what `generate` prints."""
     fake = tmp_path / "python"
-    fake.write_text("#!/bin/sh\necho 5 6 7\n"
-                    "echo 'request r1: 3 tokens, LENGTH, TTFT 50.0 ms, ITL mean 10.0 ms, p50 9.0 ms'\n"
-                    "exit ${FAKE_RC:-0}\n")
+    fake.write_text(
+        "#!/bin/sh\necho 5 6 7\n"
+        "echo 'request r1: 3 tokens, LENGTH, TTFT 50.0 ms, ITL mean 10.0 ms, p50 9.0 ms'\n"
+        "exit ${FAKE_RC:-0}\n"
+    )
     fake.chmod(0o755)
     env = dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}", LOADGEN_STREAMS="3")
-    out = subprocess.run(["sh", str(DOCKER / "loadgen.sh")], env=env, capture_output=True,
-                         text=True, timeout=30)
+    out = subprocess.run(
+        ["sh", str(DOCKER / "loadgen.sh")], env=env, capture_output=True, text=True, timeout=30
+    )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert re.search(r"^loadgen: 3 streams, 0 failed, 9 tokens in [\d.]+ s: [\d.]+ tok/s$",
-                     out.stdout, re.M), out.stdout
-    out = subprocess.run(["sh", str(DOCKER / "loadgen.sh")], env=dict(env, FAKE_RC="1"),
-                         capture_output=True, text=True, timeout=30)
+    assert re.search(
+        r"^loadgen: 3 streams, 0 failed, 9 tokens in [\d.]+ s: [\d.]+ tok/s$", out.stdout, re.M
+    ), out.stdout
+    out = subprocess.run(
+        ["sh", str(DOCKER / "loadgen.sh")],
+        env=dict(env, FAKE_RC="1"),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert out.returncode != 0 and "3 failed" in out.stdout, out.stdout
 
 
 def run_healthcheck(*args: str, **env: str) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("HISPARSE_HEALTH_")}
-    return subprocess.run([sys.executable, str(HEALTHCHECK), *args], capture_output=True,
-                          text=True, timeout=30, env=dict(clean, **env))
+    return subprocess.run(
+        [sys.executable, str(HEALTHCHECK), *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=dict(clean, **env),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +80,9 @@ def test_healthcheck_against_running_service(service: ServiceProcess) -> None:
         assert out.returncode == 0, out.stderr
         assert "SERVING" in out.stdout
     # As the image's HEALTHCHECK runs it: everything from the environment.
-    out = run_healthcheck("--quiet", HISPARSE_HEALTH_ADDRESS=f"unix://{service.uds}",
-                          HISPARSE_HEALTH_SERVICE=SERVICE)
+    out = run_healthcheck(
+        "--quiet", HISPARSE_HEALTH_ADDRESS=f"unix://{service.uds}", HISPARSE_HEALTH_SERVICE=SERVICE
+    )
     assert out.returncode == 0 and out.stdout == "", out.stderr
     assert run_healthcheck(service.uds, "--service", "no.such.Service").returncode == 1
 

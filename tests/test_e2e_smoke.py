@@ -21,15 +21,24 @@ MODES = {"baseline", "embedded", "service", "service-remote-swap"}
 
 def _run(out: Path) -> tuple[int, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ENGINE_", "KVS_"))}
-    proc = subprocess.run([sys.executable, "bench/e2e.py", "--smoke", "--out", str(out)],
-                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=220)
+    proc = subprocess.run(
+        [sys.executable, "bench/e2e.py", "--smoke", "--out", str(out)],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=220,
+    )
     return proc.returncode, proc.stdout + proc.stderr
 
 
 def _check_phase(label: str, p: dict) -> None:
     assert p["errors"] == [] and p["streams_ok"] == p["concurrency"], (label, p)
     assert p["tokens"] > 0 and p["tok_s"] > 0, (label, p)
-    assert p["ttft_p50_s"] > 0 and p["itl_p50_s"] > 0 and p["itl_p99_s"] >= p["itl_p50_s"], (label, p)
+    assert p["ttft_p50_s"] > 0 and p["itl_p50_s"] > 0 and p["itl_p99_s"] >= p["itl_p50_s"], (
+        label,
+        p,
+    )
     assert 0.0 <= p["hit_rate"] <= 1.0, (label, p)
     assert p["h2d_gbs"] is not None and p["h2d_gbs"] >= 0, (label, p)
 
@@ -63,6 +72,7 @@ def test_e2e_smoke_runs_every_mode(tmp_path: Path) -> None:
     assert "ratios (same run" in log and "wall time" in log
     # The engine's own metrics, in the same windows: step time and GPU idle next to the ITL.
     views = [p for r in main for p in r["phases"].values() if p.get("step_gpu_s")]
-    assert views and all(0 <= p["gpu_idle_frac"] <= 1 and p["itl_p50_over_step"] > 0
-                         for p in views), views
+    assert views and all(
+        0 <= p["gpu_idle_frac"] <= 1 and p["itl_p50_over_step"] > 0 for p in views
+    ), views
     assert "overlap: client ITL p50" in log

@@ -10,11 +10,10 @@ import os
 import pytest
 import torch
 
-from engine_client.serve.factory import build_engine
 from engine_client.loop.request import Finish, GenRequest, SamplingParams
 from engine_client.loop.sampler import sample
-from tests.process_harness import (engine_config, layout_with, service_stats, start_service,
-                                   workdir)
+from engine_client.serve.factory import build_engine
+from tests.process_harness import engine_config, layout_with, service_stats, start_service, workdir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -28,6 +27,7 @@ def one_cpu_thread():
     yield
     torch.set_num_threads(before)
 
+
 # (prompt, max_new_tokens, sampling): resident, offloaded (prompt + new > 32 hot slots), sampled.
 JOBS = [
     (tuple(range(3, 15)), 12, SamplingParams()),
@@ -39,8 +39,9 @@ JOBS = [
 MODES = ("baseline", "embedded", "service", "service-remote-swap")
 
 
-async def _run_jobs(cfg, jobs=JOBS, finishes: list | None = None
-                    ) -> tuple[list[list[int]], list[torch.Tensor], dict]:
+async def _run_jobs(
+    cfg, jobs=JOBS, finishes: list | None = None
+) -> tuple[list[list[int]], list[torch.Tensor], dict]:
     """Tokens of every job, and every decode step's logits, through one engine. Every job must
     end by length unless `finishes` is given: it then receives the finish reasons."""
     engine = await build_engine(cfg)
@@ -69,8 +70,9 @@ async def _run_jobs(cfg, jobs=JOBS, finishes: list | None = None
     return [r.tokens for r in reqs], logits, totals
 
 
-@pytest.mark.parametrize("row_format,row_bytes,overlaps", [("bf16", 1152, (False, True)),
-                                                         ("fp8", 656, (True,))])
+@pytest.mark.parametrize(
+    "row_format,row_bytes,overlaps", [("bf16", 1152, (False, True)), ("fp8", 656, (True,))]
+)
 def test_four_modes_give_identical_tokens_and_logits(row_format, row_bytes, overlaps) -> None:
     """Overlap on and off (bf16), and fp8 rows (DeepSeek-V3.2's 656 B rows, quantized by every
     mode's append, the baseline's included) with overlap on: every run equals the baseline
@@ -78,11 +80,21 @@ def test_four_modes_give_identical_tokens_and_logits(row_format, row_bytes, over
     with workdir() as path:
         svc = start_service(path, layout_with(row_format=row_format))
         try:
-            runs = {(mode, overlap): asyncio.run(_run_jobs(engine_config(
-                        mode, svc if "service" in mode else None, overlap=overlap,
-                        row_format=row_format)))
-                    for mode in MODES for overlap in (False, True)
-                    if overlap in overlaps or mode == "baseline"}
+            runs = {
+                (mode, overlap): asyncio.run(
+                    _run_jobs(
+                        engine_config(
+                            mode,
+                            svc if "service" in mode else None,
+                            overlap=overlap,
+                            row_format=row_format,
+                        )
+                    )
+                )
+                for mode in MODES
+                for overlap in (False, True)
+                if overlap in overlaps or mode == "baseline"
+            }
             stats = service_stats(svc)
             assert stats.requests == 0 and stats.host_pages.used == 0
         finally:
@@ -96,7 +108,9 @@ def test_four_modes_give_identical_tokens_and_logits(row_format, row_bytes, over
         assert all(torch.equal(a, b) for a, b in zip(logits, base_logits)), (mode, overlap)
         if mode != "baseline":
             # The offloaded request decoded through the host tier.
-            assert totals["misses"] > 0 and totals["bytes_moved"] == totals["misses"] * row_bytes, mode
+            assert totals["misses"] > 0 and totals["bytes_moved"] == totals["misses"] * row_bytes, (
+                mode
+            )
     # Same swap decisions in-stream and remote, with and without overlap.
     swaps = [runs[mode, overlap][2] for mode in MODES[2:] for overlap in overlaps]
     assert all(s == swaps[0] for s in swaps), swaps
@@ -108,8 +122,10 @@ def test_stop_tokens_end_requests_identically_with_overlap_on_and_off() -> None:
     tokens either way, and the service ends with nothing held."""
     tokens, _, _ = asyncio.run(_run_jobs(engine_config("baseline"), JOBS))
     greedy_stop, sampled_stop = tokens[1][3], tokens[2][5]
-    jobs = JOBS + [(JOBS[1][0], 14, SamplingParams(stop_token_ids=(greedy_stop,))),
-                   (JOBS[2][0], 16, SamplingParams(0.9, 7, stop_token_ids=(sampled_stop,)))]
+    jobs = JOBS + [
+        (JOBS[1][0], 14, SamplingParams(stop_token_ids=(greedy_stop,))),
+        (JOBS[2][0], 16, SamplingParams(0.9, 7, stop_token_ids=(sampled_stop,))),
+    ]
     with workdir() as path:
         svc = start_service(path)
         try:
@@ -124,8 +140,10 @@ def test_stop_tokens_end_requests_identically_with_overlap_on_and_off() -> None:
             assert stats.requests == 0 and stats.host_pages.used == 0
         finally:
             assert svc.stop() == 0, svc.log()
-    expected = tokens + [tokens[1][: tokens[1].index(greedy_stop) + 1],
-                         tokens[2][: tokens[2].index(sampled_stop) + 1]]
+    expected = tokens + [
+        tokens[1][: tokens[1].index(greedy_stop) + 1],
+        tokens[2][: tokens[2].index(sampled_stop) + 1],
+    ]
     for key, (got, finishes, _) in runs.items():
         assert got == expected, key
         assert finishes == [Finish.LENGTH] * 3 + [Finish.STOP] * 2, key
@@ -223,11 +241,13 @@ def test_sampling_is_a_function_of_seed_and_index() -> None:
 
 def test_state_file_round_trip_and_torn_last_line(tmp_path) -> None:
     from engine_client.loop import state_file
+
     path = str(tmp_path / "state.jsonl")
     f = state_file.StateFile(path)
     done = GenRequest("done", (1, 2), 4, SamplingParams())
-    live = GenRequest("live", (3, 4, 5), 8, SamplingParams(temperature=0.5, seed=9,
-                                                             stop_token_ids=(7,)))
+    live = GenRequest(
+        "live", (3, 4, 5), 8, SamplingParams(temperature=0.5, seed=9, stop_token_ids=(7,))
+    )
     with open(path, "w") as old:  # a file of an older engine, world-readable
         old.write("{}\n")
     os.chmod(path, 0o644)
@@ -248,8 +268,12 @@ def test_state_file_round_trip_and_torn_last_line(tmp_path) -> None:
     saved = state_file.load(path)
     assert (saved.session_id, saved.epoch, list(saved.requests)) == ("sess", 42, ["live"])
     r = saved.requests["live"]
-    assert (r.prompt, r.max_new_tokens, r.sampling, r.tokens) == ((3, 4, 5), 8, live.sampling,
-                                                                  [11, 12])
+    assert (r.prompt, r.max_new_tokens, r.sampling, r.tokens) == (
+        (3, 4, 5),
+        8,
+        live.sampling,
+        [11, 12],
+    )
 
 
 @pytest.mark.gpu

@@ -16,9 +16,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from engine_client.client import errors
 from engine_client.cli.config import GenerateConfig
 from engine_client.cli.generate import GenerationResult, generate_stream
+from engine_client.client import errors
 from proto.kvcache.v1 import kvcache_pb2 as kpb
 from proto.kvcache.v1 import kvcache_pb2_grpc as kpb_grpc
 from tests.process_harness import (
@@ -32,12 +32,14 @@ from tests.process_harness import (
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 PROMPT = tuple((5 * i) % 200 + 3 for i in range(30))
-SAMPLED = GenerateConfig(target="", prompt=PROMPT, max_new_tokens=40, temperature=0.9, seed=11,
-                         timeout=60)
+SAMPLED = GenerateConfig(
+    target="", prompt=PROMPT, max_new_tokens=40, temperature=0.9, seed=11, timeout=60
+)
 
 
-async def _stream(eng, cfg: GenerateConfig, stop_after: int | None = None,
-                  skip_below: int = 0) -> GenerationResult:
+async def _stream(
+    eng, cfg: GenerateConfig, stop_after: int | None = None, skip_below: int = 0
+) -> GenerationResult:
     """Stream a generation; with stop_after, return once that many tokens arrived (the stream
     stays open until the caller's loop ends)."""
     result = GenerationResult()
@@ -53,6 +55,7 @@ def test_service_killed_mid_stream_fails_fast_with_unavailable() -> None:
         svc = start_service(path)
         eng = start_engine(path, "service", svc)
         try:
+
             async def run() -> float:
                 result = GenerationResult()
                 async with engine_channel(eng) as channel:
@@ -103,14 +106,20 @@ def test_engine_killed_then_resumed_gives_identical_tokens() -> None:
 
             first = asyncio.run(interrupted())
             eng.proc.wait(10)
-            eng2 = start_engine(path, "service", svc, name="engine2",
-                                extra=("--state-file", state))
+            eng2 = start_engine(path, "service", svc, name="engine2", extra=("--state-file", state))
             try:
-                resume = GenerateConfig(target="", prompt=(), max_new_tokens=1,
-                                        resume_request_id=first.request_id, timeout=60)
+                resume = GenerateConfig(
+                    target="",
+                    prompt=(),
+                    max_new_tokens=1,
+                    resume_request_id=first.request_id,
+                    timeout=60,
+                )
                 rest = asyncio.run(_stream(eng2, resume, skip_below=len(first.tokens)))
                 assert rest.finish_reason == "LENGTH", rest.error
-                assert len(first.tokens) == 10 and f"resumed request {first.request_id}" in eng2.log()
+                assert (
+                    len(first.tokens) == 10 and f"resumed request {first.request_id}" in eng2.log()
+                )
                 assert first.tokens + rest.tokens == reference.tokens
                 stats = service_stats(svc)
                 assert stats.requests == 0 and stats.host_pages.used == 0
@@ -131,10 +140,13 @@ def test_client_cancel_frees_the_request() -> None:
             assert len(partial.tokens) == 3
             # Drain waits (event-driven, with a deadline) until no request is admitted.
             drained = kpb_grpc.KVCacheServiceStub(svc.channel).Drain(
-                kpb.DrainRequest(timeout_seconds=10), timeout=15)
+                kpb.DrainRequest(timeout_seconds=10), timeout=15
+            )
             assert drained.drained
             stats = service_stats(svc)
-            assert stats.requests == 0 and stats.host_pages.used == 0 and stats.request_slots.used == 0
+            assert (
+                stats.requests == 0 and stats.host_pages.used == 0 and stats.request_slots.used == 0
+            )
         finally:
             assert eng.stop() == 0, eng.log()
             assert svc.stop() == 0, svc.log()
@@ -146,9 +158,9 @@ def test_queue_wait_limit_gives_resource_exhausted_with_a_message() -> None:
     long_job = GenerateConfig(target="", prompt=PROMPT[:8], max_new_tokens=110, timeout=60)
     short_job = GenerateConfig(target="", prompt=PROMPT[:8], max_new_tokens=4, timeout=60)
     with workdir() as path:
-        eng = start_engine(path, "baseline",
-                           extra=("--max-batch", "1", "--max-queue-wait", "0.05"))
+        eng = start_engine(path, "baseline", extra=("--max-batch", "1", "--max-queue-wait", "0.05"))
         try:
+
             async def run():
                 started = asyncio.Event()
 
@@ -164,6 +176,7 @@ def test_queue_wait_limit_gives_resource_exhausted_with_a_message() -> None:
                 done = task.done()
                 task.cancel()
                 return err.value, done
+
             err, long_done = asyncio.run(run())
             assert not long_done
             assert errors.code_of(err) is grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from engine_client.client import errors
-from engine_client.serve.factory import build_engine
 from engine_client.loop.request import FailStatus, Finish, SamplingParams
+from engine_client.serve.factory import build_engine
 from tests.process_harness import engine_config, wait_until
 
 pytestmark = [pytest.mark.timeout(120)]
@@ -48,8 +48,10 @@ class Gate:
         need = prompt_len + max_new_tokens
         if need > self.limit:
             self.refusals += 1
-            e = errors.CapacityError("not enough host pages",
-                                     {"tokens_needed": str(need), "tokens_total": str(self.limit)})
+            e = errors.CapacityError(
+                "not enough host pages",
+                {"tokens_needed": str(need), "tokens_total": str(self.limit)},
+            )
             e.permanent = self.permanent
             raise e
         self.admitted.append(request_id)
@@ -79,6 +81,7 @@ def test_never_fitting_request_is_refused_at_once_and_the_next_is_served() -> No
             return big, small, gate
         finally:
             await engine.stop()
+
     big, small, gate = asyncio.run(run())
     assert big.finish is Finish.ERROR and big.status is FailStatus.RESOURCE_EXHAUSTED
     assert "tokens_needed=80" in big.error and "tokens_total=20" in big.error
@@ -97,6 +100,7 @@ def test_smaller_requests_pass_a_young_blocked_head() -> None:
             return small, waiting
         finally:
             await engine.stop()
+
     small, big_still_waiting = asyncio.run(run())
     assert small.finish is Finish.LENGTH and big_still_waiting
 
@@ -114,6 +118,7 @@ def test_an_old_head_is_not_passed_and_is_admitted_first() -> None:
             return big, small, gate, held_back
         finally:
             await engine.stop()
+
     big, small, gate, held_back = asyncio.run(run())
     assert held_back
     assert gate.admitted == [big.request_id, small.request_id]
@@ -129,6 +134,7 @@ def test_max_queue_wait_ends_a_request_that_waits_too_long() -> None:
             return big
         finally:
             await engine.stop()
+
     big = asyncio.run(run())
     assert big.finish is Finish.ERROR and big.status is FailStatus.RESOURCE_EXHAUSTED
     assert "max queue wait 0.2 s" in big.error
@@ -148,16 +154,22 @@ def test_metrics_count_tokens_steps_and_device_time() -> None:
             (host, port), stop = engine.metrics.serve(0)
             try:
                 text = await asyncio.to_thread(
-                    lambda: urlopen(f"http://{host}:{port}/metrics", timeout=10).read().decode())
+                    lambda: urlopen(f"http://{host}:{port}/metrics", timeout=10).read().decode()
+                )
             finally:
                 stop()
             return host, text, engine.steps
         finally:
             await engine.stop()
+
     host, text, steps = asyncio.run(run())
     assert host == "127.0.0.1"
-    samples = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
-               if not s.labels or s.name.endswith(("_count", "_sum"))}
+    samples = {
+        s.name: s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if not s.labels or s.name.endswith(("_count", "_sum"))
+    }
     n_tokens = 3 * SMALL[1]
     assert samples["engine_time_to_first_token_seconds_count"] == 3
     assert samples["engine_inter_token_latency_seconds_count"] == n_tokens - 3

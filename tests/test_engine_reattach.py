@@ -22,10 +22,10 @@ from grpc_health.v1 import health_pb2
 
 from contract.exchange import exchange_specs
 from contract.segment_map import SegmentMap
-from engine_client.loop import state_file
-from engine_client.client import attachment, errors
 from engine_client.cli.config import GenerateConfig
 from engine_client.cli.generate import GenerationResult, generate_stream
+from engine_client.client import attachment, errors
+from engine_client.loop import state_file
 from kv_service import segment
 from proto.kvcache.v1 import kvcache_pb2 as kpb
 from tests.process_harness import (
@@ -46,8 +46,11 @@ GREEDY = GenerateConfig(target="", prompt=tuple(range(3, 23)), max_new_tokens=24
 def mapped_segments(pid: int | str = "self") -> list[str]:
     """Paths of the hisparse segment files mapped in process `pid`, one per mapping."""
     with open(f"/proc/{pid}/maps") as maps:
-        return [line.split(None, 5)[5].strip() for line in maps
-                if len(line.split(None, 5)) == 6 and "/hisparse-" in line]
+        return [
+            line.split(None, 5)[5].strip()
+            for line in maps
+            if len(line.split(None, 5)) == 6 and "/hisparse-" in line
+        ]
 
 
 def of_pid(paths: list[str], pid: int) -> list[str]:
@@ -55,8 +58,9 @@ def of_pid(paths: list[str], pid: int) -> list[str]:
     return [p for p in paths if f"-{pid}-" in p.rsplit("/", 1)[-1]]
 
 
-async def _generate(eng, cfg: GenerateConfig = GREEDY, kill_at: int | None = None,
-                    svc=None) -> GenerationResult:
+async def _generate(
+    eng, cfg: GenerateConfig = GREEDY, kill_at: int | None = None, svc=None
+) -> GenerationResult:
     result = GenerationResult()
     async with engine_channel(eng) as channel:
         async for index, _ in generate_stream(channel, cfg, result):
@@ -69,8 +73,9 @@ async def _generate(eng, cfg: GenerateConfig = GREEDY, kill_at: int | None = Non
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("kv_mode", ["service", "service-remote-swap"])
-def test_engine_unmaps_a_killed_service_and_reattaches_to_its_successor(kv_mode: str,
-                                                                        device: str) -> None:
+def test_engine_unmaps_a_killed_service_and_reattaches_to_its_successor(
+    kv_mode: str, device: str
+) -> None:
     with workdir() as path:
         svc = start_service(path, device=device)
         state = os.path.join(path, "engine.state")
@@ -140,9 +145,14 @@ def test_kv_client_lets_go_and_reattaches() -> None:
 
         async def run() -> None:
             nonlocal svc2
-            c = await KVClient.connect(f"unix:{svc.uds}", engine_name="t", rpc_timeout=3,
-                                       attach_timeout=5, heartbeat_interval=0.2,
-                                       expected_layout=LAYOUT)
+            c = await KVClient.connect(
+                f"unix:{svc.uds}",
+                engine_name="t",
+                rpc_timeout=3,
+                attach_timeout=5,
+                heartbeat_interval=0.2,
+                expected_layout=LAYOUT,
+            )
             try:
                 user, dead_pid, epoch = _User(), svc.proc.pid, c.epoch
                 await c.admit("r", 8, 8)
@@ -173,9 +183,20 @@ def test_kv_client_lets_go_and_reattaches() -> None:
 
 
 def _reply(handles: list[dict]) -> kpb.AttachResponse:
-    return kpb.AttachResponse(tensors=[kpb.TensorHandle(
-        name=h["name"], kind=h["kind"], shape=h["shape"], dtype=h["dtype"], shm_path=h["path"],
-        cuda_ipc=h["ipc"], nbytes=h["nbytes"]) for h in handles])
+    return kpb.AttachResponse(
+        tensors=[
+            kpb.TensorHandle(
+                name=h["name"],
+                kind=h["kind"],
+                shape=h["shape"],
+                dtype=h["dtype"],
+                shm_path=h["path"],
+                cuda_ipc=h["ipc"],
+                nbytes=h["nbytes"],
+            )
+            for h in handles
+        ]
+    )
 
 
 def test_failed_exchange_mapping_unmaps_the_kv_tensors() -> None:
@@ -185,18 +206,24 @@ def test_failed_exchange_mapping_unmaps_the_kv_tensors() -> None:
     instance = f"leak{os.getpid()}"
     try:
         kv, handles = segment.create_segments(LAYOUT, "cpu", shm, instance)
-        xchg = {n: torch.zeros(shape, dtype=dtype) for n, (shape, dtype) in exchange_specs(LAYOUT).items()}
+        xchg = {
+            n: torch.zeros(shape, dtype=dtype)
+            for n, (shape, dtype) in exchange_specs(LAYOUT).items()
+        }
         shared, xhandles = segment.export_extra(xchg, "cpu", shm, instance)
         gc.collect()  # mappings that earlier tests left to the collector must not count here
         exported = sorted(mapped_segments())
-        tensors, exchange, _ = attachment.map_memory(_reply(handles + xhandles), LAYOUT, "cpu", True,
-                                                 SegmentMap())
+        tensors, exchange, _ = attachment.map_memory(
+            _reply(handles + xhandles), LAYOUT, "cpu", True, SegmentMap()
+        )
         assert len(mapped_segments()) > len(exported)
         del tensors, exchange
         gc.collect()
         assert sorted(mapped_segments()) == exported
 
-        bad = [dict(h, nbytes=h["nbytes"] + 4) if h["name"] == "xchg_slots" else h for h in xhandles]
+        bad = [
+            dict(h, nbytes=h["nbytes"] + 4) if h["name"] == "xchg_slots" else h for h in xhandles
+        ]
         with pytest.raises(errors.LayoutMismatch) as err:
             attachment.map_memory(_reply(handles + bad), LAYOUT, "cpu", True, SegmentMap())
         assert "xchg_slots" in str(err.value)

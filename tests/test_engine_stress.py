@@ -20,8 +20,8 @@ import random
 import pytest
 import torch
 
-from engine_client.serve.factory import build_engine
 from engine_client.loop.request import Finish, SamplingParams
+from engine_client.serve.factory import build_engine
 from tests.process_harness import engine_config, wait_until
 
 pytestmark = [pytest.mark.timeout(1800)]
@@ -38,8 +38,11 @@ async def _churn(kv_mode: str, device: str, steps: int) -> tuple[dict, dict, int
     try:
         while engine.steps < steps:
             prompt = tuple(rng.randrange(1, vocab) for _ in range(rng.randrange(1, 40)))
-            sampling = SamplingParams(temperature=rng.choice((0.0, 0.8)), seed=rng.randrange(99),
-                                      stop_token_ids=tuple(rng.sample(range(vocab), 8)))
+            sampling = SamplingParams(
+                temperature=rng.choice((0.0, 0.8)),
+                seed=rng.randrange(99),
+                stop_token_ids=tuple(rng.sample(range(vocab), 8)),
+            )
             if len(engine.waiting) < 2:  # keep the slots full, the queue short
                 reqs.append(engine.submit(prompt, rng.randrange(1, 24), sampling))
             running = [r for r in reqs if r.tokens and not r.finished]

@@ -12,12 +12,21 @@ import torch
 import kernels  # noqa: F401  (sets TRITON_INTERPRET without CUDA)
 from kernels.fp8_row import kv_quantize
 from kernels.kv_append import kv_append
-from kernels.reference import (FP8_ROW_BYTES, fp8_block_scales, ref_dequantize_kv_rows,
-                               ref_kv_append, ref_quantize_kv_rows)
+from kernels.reference import (
+    FP8_ROW_BYTES,
+    fp8_block_scales,
+    ref_dequantize_kv_rows,
+    ref_kv_append,
+    ref_quantize_kv_rows,
+)
 from kernels.sparse_attention import AttnWorkspace, sparse_mla_decode
-from tests.test_kv_append import L, R, W, Tiers, control, random_rows
-from tests.test_sparse_attention import (assert_close_to_reference, make_inputs, run_kernel,
-                                         run_reference)
+from tests.test_kv_append import L, R, Tiers, W, control, random_rows
+from tests.test_sparse_attention import (
+    assert_close_to_reference,
+    make_inputs,
+    run_kernel,
+    run_reference,
+)
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 POISON = 0xA5
@@ -27,15 +36,32 @@ def awkward_rows(n: int, seed: int) -> torch.Tensor:
     """[n, 576] bf16 rows over 10 decades, with zero blocks, -0.0, and values on fp8 ties."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, 576, generator=g) * torch.logspace(-7, 5, n)[:, None]
-    x[n // 2] = 0                                   # all-zero row: scale from the 1e-4 floor
-    x[n // 3, 128:256] = 0                          # one zero block
+    x[n // 2] = 0  # all-zero row: scale from the 1e-4 floor
+    x[n // 3, 128:256] = 0  # one zero block
     x[n // 4, 7] = -0.0
     if n > 5:
         # Block max 448 gives scale 1, so these values are rounded as they are: ties at both
         # parities, a mantissa carry into the next binade (126.6 -> 128), and subnormals.
-        x[5, :16] = torch.tensor([448.0, 126.63, 1.1875, 1.0625, 1.3125, 2**-10, 3 * 2**-11,
-                                  -2**-10, 2**-9 * 1.5, 2**-9 * 2.5, 240.0, 248.0, 232.0, -0.0,
-                                  1e-30, 0.0146])
+        x[5, :16] = torch.tensor(
+            [
+                448.0,
+                126.63,
+                1.1875,
+                1.0625,
+                1.3125,
+                2**-10,
+                3 * 2**-11,
+                -(2**-10),
+                2**-9 * 1.5,
+                2**-9 * 2.5,
+                240.0,
+                248.0,
+                232.0,
+                -0.0,
+                1e-30,
+                0.0146,
+            ]
+        )
     return x.bfloat16()
 
 
@@ -62,14 +88,14 @@ def test_quantize_reference_against_float64(n) -> None:
     raw = torch.empty(n, FP8_ROW_BYTES, dtype=torch.uint8)
     ref_quantize_kv_rows(rows, raw)
     x = rows.double()
-    scale = raw[:, 512:528].contiguous().view(torch.float32).double()           # [n, 4]
+    scale = raw[:, 512:528].contiguous().view(torch.float32).double()  # [n, 4]
     codes = raw[:, :512].contiguous().view(torch.float8_e4m3fn).double().view(n, 4, 128)
     deq = (codes * scale[..., None]).view(n, 512)
     bound = torch.maximum(x[:, :512].abs() * 2**-4, scale.repeat_interleave(128, 1) * 2**-10)
     assert ((deq - x[:, :512]).abs() <= bound).all()
     assert (codes.abs() <= 448).all()
     assert torch.equal(raw[:, 528:].contiguous().view(torch.bfloat16), rows[:, 512:])
-    assert torch.equal(ref_dequantize_kv_rows(raw).double()[:, :512], deq)   # exact in bf16
+    assert torch.equal(ref_dequantize_kv_rows(raw).double()[:, :512], deq)  # exact in bf16
     assert torch.equal(ref_dequantize_kv_rows(raw)[:, 512:], rows[:, 512:])
 
 
@@ -87,7 +113,7 @@ def test_quantize_kernel_rounds_every_fp8_midpoint_like_torch(device) -> None:
     """Every e4m3 value, the midpoints between neighbours (ties) and values just off them."""
     grid = torch.arange(0, 127, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float()
     mids = (grid[1:] + grid[:-1]) / 2
-    ulp = torch.exp2(torch.floor(torch.log2(mids)) - 7)          # one bf16 step at the midpoint
+    ulp = torch.exp2(torch.floor(torch.log2(mids)) - 7)  # one bf16 step at the midpoint
     vals = torch.cat([grid, mids, mids - ulp, mids + ulp])
     vals = torch.cat([vals, -vals])
     vals = torch.cat([vals, torch.zeros((-vals.numel()) % 508)]).view(-1, 508)
@@ -97,7 +123,7 @@ def test_quantize_kernel_rounds_every_fp8_midpoint_like_torch(device) -> None:
     x = torch.zeros(vals.shape[0], 576)
     x[:, pinned], x[:, free] = 448.0, vals
     rows = x.bfloat16().to(device)
-    assert torch.equal(rows[:, free].float().cpu(), vals)     # every value survives bf16
+    assert torch.equal(rows[:, free].float().cpu(), vals)  # every value survives bf16
     want = torch.empty(rows.shape[0], FP8_ROW_BYTES, dtype=torch.uint8, device=device)
     ref_quantize_kv_rows(rows, want)
     assert torch.equal(quantize_kernel(rows), want)
@@ -128,11 +154,12 @@ def fp8_inputs(bs, heads, k, rows, device, seed, pad_frac=0.2):
     return q_nope, q_pe, quantize_kernel(kv), row_base, slots
 
 
-@pytest.mark.parametrize("bs,heads,k,rows,splits", [(1, 4, 37, 60, 1), (3, 8, 150, 400, 3),
-                                                    (5, 4, 64, 80, 2)])
+@pytest.mark.parametrize(
+    "bs,heads,k,rows,splits", [(1, 4, 37, 60, 1), (3, 8, 150, 400, 3), (5, 4, 64, 80, 2)]
+)
 def test_attention_over_fp8_rows_matches_reference(bs, heads, k, rows, splits, device) -> None:
     q_nope, q_pe, kv8, row_base, slots = fp8_inputs(bs, heads, k, rows, device, seed=k)
-    slots[-1, :] = -1                                   # one row with no valid slot
+    slots[-1, :] = -1  # one row with no valid slot
     ws = AttnWorkspace.allocate(bs, heads, splits, device=device) if splits > 1 else None
     scale = 1.0 / math.sqrt(576)
     out, lse = run_kernel(q_nope, q_pe, kv8, row_base, slots, scale, workspace=ws, block_n=16)
@@ -155,7 +182,7 @@ def test_fp8_attention_reference_against_float64_of_the_unquantized_rows() -> No
     rel = (fp8[0] - exact[0]).norm(dim=-1) / exact[0].norm(dim=-1)
     assert rel.max() < 0.06
     assert (fp8[1] - exact[1]).abs().max() < 0.05
-    assert rel.max() > 0                                # the quantization did change something
+    assert rel.max() > 0  # the quantization did change something
 
 
 def test_fp8_padding_slots_are_never_read(device) -> None:
@@ -163,7 +190,7 @@ def test_fp8_padding_slots_are_never_read(device) -> None:
     # A row of 0xFF bytes (NaN codes, NaN scales) before each request's rows: slot -1 would
     # address it, and any use of it would turn the output into NaN.
     bad = torch.full_like(kv8[:1], 0xFF)
-    kv8 = torch.cat([t for b in range(3) for t in (bad, kv8[b * 50:(b + 1) * 50])])
+    kv8 = torch.cat([t for b in range(3) for t in (bad, kv8[b * 50 : (b + 1) * 50])])
     row_base = (torch.arange(3, device=device) * 51 + 1).to(torch.int64)
     out, lse = run_kernel(q_nope, q_pe, kv8, row_base, slots, 0.1)
     assert_close_to_reference(out, lse, *run_reference(q_nope, q_pe, kv8, row_base, slots, 0.1))
@@ -180,8 +207,9 @@ def test_fp8_rows_shape_is_checked(device) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("bs,splits,cfg", [(4, 1, {}), (9, 2, {}),
-                                           (9, 1, dict(block_n=64, num_stages=2))])
+@pytest.mark.parametrize(
+    "bs,splits,cfg", [(4, 1, {}), (9, 2, {}), (9, 1, dict(block_n=64, num_stages=2))]
+)
 def test_gpu_fp8_deepseek_shapes(bs, splits, cfg) -> None:
     args = fp8_inputs(bs, 128, 2048, 4096, "cuda", seed=bs, pad_frac=0.2)
     ws = AttnWorkspace.allocate(bs, 128, splits, device="cuda") if splits > 1 else None

@@ -34,8 +34,12 @@ def _is_dynamic_import(node: ast.Call) -> bool:
     """importlib.import_module("x") / __import__("x") with a literal name."""
     f = node.func
     name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
-    return (name in ("import_module", "__import__") and bool(node.args)
-            and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str))
+    return (
+        name in ("import_module", "__import__")
+        and bool(node.args)
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
+    )
 
 
 def _top(name: str) -> str:
@@ -50,7 +54,9 @@ def _rel(path: Path) -> str:
     return path.relative_to(ROOT).as_posix()
 
 
-def _offenders(folder: str, forbidden: set[str], skip: tuple[str, ...] = ()) -> dict[str, list[str]]:
+def _offenders(
+    folder: str, forbidden: set[str], skip: tuple[str, ...] = ()
+) -> dict[str, list[str]]:
     out = {}
     for path in modules(folder):
         if _rel(path).startswith(skip) or _rel(path) in skip:
@@ -77,8 +83,11 @@ def test_client_library_never_imports_the_service() -> None:
 def test_client_library_never_imports_the_reference_engine() -> None:
     bad = {}
     for path in modules("engine_client/client"):
-        names = [n for n in imports_of(path) if _top(n) == "engine_client"
-                 and not n.startswith("engine_client.client")]
+        names = [
+            n
+            for n in imports_of(path)
+            if _top(n) == "engine_client" and not n.startswith("engine_client.client")
+        ]
         if names:
             bad[_rel(path)] = sorted(names)
     assert bad == {}
@@ -91,16 +100,26 @@ def test_service_never_imports_the_engine_side() -> None:
 def test_only_the_factory_imports_the_service_in_the_reference_engine() -> None:
     users = _offenders("engine_client", {"kv_service"})
     assert set(users) == {EMBEDDED_FACTORY}
-    assert users[EMBEDDED_FACTORY] == ["kv_service.core", "kv_service.core.ServiceCore",
-                                       "kv_service.memory", "kv_service.memory.allocate_local"]
+    assert users[EMBEDDED_FACTORY] == [
+        "kv_service.core",
+        "kv_service.core.ServiceCore",
+        "kv_service.memory",
+        "kv_service.memory.allocate_local",
+    ]
 
 
-@pytest.mark.parametrize("source, expected", [
-    ("def f():\n    from kv_service import core\n", {"kv_service", "kv_service.core"}),
-    ("import importlib\nimportlib.import_module('kv_service.core')\n", {"importlib", "kv_service.core"}),
-    ("class A:\n    def m(self):\n        import kv_service.pool as p\n", {"kv_service.pool"}),
-    ("from . import sibling\n", set()),
-])
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        ("def f():\n    from kv_service import core\n", {"kv_service", "kv_service.core"}),
+        (
+            "import importlib\nimportlib.import_module('kv_service.core')\n",
+            {"importlib", "kv_service.core"},
+        ),
+        ("class A:\n    def m(self):\n        import kv_service.pool as p\n", {"kv_service.pool"}),
+        ("from . import sibling\n", set()),
+    ],
+)
 def test_the_parser_sees_lazy_imports(tmp_path: Path, source: str, expected: set[str]) -> None:
     path = tmp_path / "m.py"
     path.write_text(source)

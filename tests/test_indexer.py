@@ -30,13 +30,15 @@ def make_inputs(fmt, bs, page, seq_lens, cols, device, seed, requests=None):
     pages = torch.randperm(requests * max_pages + 3, generator=g)[: requests * max_pages]
     page_table = pages.view(requests, max_pages).to(torch.int32)
     req_slots = torch.randperm(requests, generator=g)[:bs].to(torch.int32)
-    req_slots[bs // 2] = -1 if bs > 1 else req_slots[0]            # a padding row
+    req_slots[bs // 2] = -1 if bs > 1 else req_slots[0]  # a padding row
     return dict(
         q=torch.randn(bs, HEADS, DIM, generator=g).to(torch.bfloat16).to(device),
         w=torch.randn(bs, HEADS, generator=g).to(device),
         index_pool_layer=make_pool(fmt, requests * max_pages + 3, page, g).to(device),
-        page_table=page_table.to(device), req_slots=req_slots.to(device),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device))
+        page_table=page_table.to(device),
+        req_slots=req_slots.to(device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+    )
 
 
 def check(inputs, cols, **kw):
@@ -54,11 +56,14 @@ def check(inputs, cols, **kw):
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp8"])
-@pytest.mark.parametrize("bs,page,seq_lens,cols", [
-    (1, 16, [77], 100),
-    (3, 7, [130, 5, 64], 150),
-    (17, 16, [i * 23 + 1 for i in range(17)], 300),
-])
+@pytest.mark.parametrize(
+    "bs,page,seq_lens,cols",
+    [
+        (1, 16, [77], 100),
+        (3, 7, [130, 5, 64], 150),
+        (17, 16, [i * 23 + 1 for i in range(17)], 300),
+    ],
+)
 def test_matches_reference(fmt, bs, page, seq_lens, cols, device):
     check(make_inputs(fmt, bs, page, seq_lens, cols, device, seed=bs * 7 + page), cols)
 
@@ -71,14 +76,14 @@ def test_seq_len_beyond_output_width_is_clamped(device):
 def test_missing_page_scores_minus_inf(device):
     inputs = make_inputs("fp8", 2, 8, [60, 60], 64, device, seed=4)
     r = int(inputs["req_slots"][0])
-    inputs["page_table"][r, 2] = -1                    # tokens 16..23 of row 0 have no page
+    inputs["page_table"][r, 2] = -1  # tokens 16..23 of row 0 have no page
     out = check(inputs, 64)
     assert (out[0, 16:24] == float("-inf")).all() and torch.isfinite(out[0, :16]).all()
 
 
 def test_tokens_beyond_the_page_table_score_minus_inf(device):
     inputs = make_inputs("bf16", 2, 8, [60, 30], 64, device, seed=6)
-    inputs["page_table"] = inputs["page_table"][:, :5].contiguous()     # reaches 40 tokens
+    inputs["page_table"] = inputs["page_table"][:, :5].contiguous()  # reaches 40 tokens
     out = check(inputs, 64)
     assert (out[0, 40:] == float("-inf")).all() and torch.isfinite(out[0, :40]).all()
 
@@ -86,7 +91,7 @@ def test_tokens_beyond_the_page_table_score_minus_inf(device):
 def test_fp8_queries_of_any_magnitude(device):
     """fp8 keys are scored with an f16 copy of q scaled by a power of two: exact for q far
     outside f16's range, and q = 0 gives 0, not 0 * inf."""
-    inputs = make_inputs("fp8", 4, 16, [77, 30, 5, 60], 100, device, seed=9)   # row 2: padding
+    inputs = make_inputs("fp8", 4, 16, [77, 30, 5, 60], 100, device, seed=9)  # row 2: padding
     inputs["q"][0] = 0
     inputs["q"][1] *= 1e5
     inputs["q"][3] *= 1e-7
@@ -105,9 +110,9 @@ def test_fp8_pool_pages_are_value_rows_then_scales():
     pool = make_pool("fp8", 3, 5, torch.Generator().manual_seed(1))
     rows = read_index_rows(pool, torch.tensor([2, 0]), torch.tensor([4, 1]))
     flat = pool.view(3, 5 * (DIM + 4))
-    assert torch.equal(rows[0, :DIM], flat[2, 4 * DIM:5 * DIM])
-    assert torch.equal(rows[0, DIM:], flat[2, 5 * DIM + 16:5 * DIM + 20])
-    assert torch.equal(rows[1, DIM:], flat[0, 5 * DIM + 4:5 * DIM + 8])
+    assert torch.equal(rows[0, :DIM], flat[2, 4 * DIM : 5 * DIM])
+    assert torch.equal(rows[0, DIM:], flat[2, 5 * DIM + 16 : 5 * DIM + 20])
+    assert torch.equal(rows[1, DIM:], flat[0, 5 * DIM + 4 : 5 * DIM + 8])
 
 
 def test_fp8_keys_decode_to_value_times_scale():

@@ -28,11 +28,15 @@ class Tiers:
         for name, shape in shapes.items():
             n = torch.Size(shape).numel()
             on_host = name == "host"
-            buf = torch.full((n + 2 * GUARD,), SENTINEL, dtype=torch.uint8,
-                             pin_memory=on_host and self.device.type == "cuda")
-            buf[GUARD:GUARD + n] = torch.randint(0, 256, (n,), generator=g, dtype=torch.uint8)
+            buf = torch.full(
+                (n + 2 * GUARD,),
+                SENTINEL,
+                dtype=torch.uint8,
+                pin_memory=on_host and self.device.type == "cuda",
+            )
+            buf[GUARD : GUARD + n] = torch.randint(0, 256, (n,), generator=g, dtype=torch.uint8)
             buf = buf if on_host else buf.to(device)
-            self.bufs[name], self.views[name] = buf, buf[GUARD:GUARD + n].view(shape)
+            self.bufs[name], self.views[name] = buf, buf[GUARD : GUARD + n].view(shape)
 
     def args(self, uva: bool) -> tuple:
         host = self.views["host"]
@@ -48,10 +52,12 @@ class Tiers:
 def control(device, modes, seed):
     """req_mode and a page table of distinct pages; pages past MAPPED of each request unmapped."""
     g = torch.Generator().manual_seed(seed)
-    mapped = torch.randperm(PAGES, generator=g)[:R * MAPPED].int().view(R, MAPPED)
+    mapped = torch.randperm(PAGES, generator=g)[: R * MAPPED].int().view(R, MAPPED)
     unmapped = torch.full((R, MAX_PAGES - MAPPED), -1, dtype=torch.int32)
-    return (torch.tensor(modes, dtype=torch.int32, device=device),
-            torch.cat([mapped, unmapped], 1).to(device))
+    return (
+        torch.tensor(modes, dtype=torch.int32, device=device),
+        torch.cat([mapped, unmapped], 1).to(device),
+    )
 
 
 def append(fn, tiers: Tiers, layer, rows, req_mode, page_table, seed):
@@ -61,8 +67,11 @@ def append(fn, tiers: Tiers, layer, rows, req_mode, page_table, seed):
     D, I = tiers.views["host"].shape[-1], tiers.views["pool"].shape[-1]
     kv = torch.randint(0, 256, (len(rows), D), generator=g, dtype=torch.uint8).to(dev)
     index = torch.randint(0, 256, (len(rows), I), generator=g, dtype=torch.uint8).to(dev)
-    cols = [torch.tensor(c, dtype=torch.int32, device=dev) for c in zip(*rows)] if rows else \
-        [torch.zeros(0, dtype=torch.int32, device=dev)] * 3
+    cols = (
+        [torch.tensor(c, dtype=torch.int32, device=dev) for c in zip(*rows)]
+        if rows
+        else [torch.zeros(0, dtype=torch.int32, device=dev)] * 3
+    )
     fn(layer, kv, index, *cols, req_mode, page_table, *tiers.args(fn is kv_append), window=W)
     return kv.cpu(), index.cpu()
 
@@ -74,8 +83,18 @@ def random_rows(rng: random.Random, n: int) -> list[tuple[int, int, int]]:
     while len(rows) < n:
         r = rng.choice(list(range(R)) * 4 + [-1, R, 2**31 - 1])
         s = seq.get(r, 9)
-        t = rng.choice([rng.randint(max(0, s - 2 * W), s - 1), rng.randint(0, s - 1),
-                        rng.randint(-2, s + 2), 2**31 - 1]) if s else rng.randint(-1, 1)
+        t = (
+            rng.choice(
+                [
+                    rng.randint(max(0, s - 2 * W), s - 1),
+                    rng.randint(0, s - 1),
+                    rng.randint(-2, s + 2),
+                    2**31 - 1,
+                ]
+            )
+            if s
+            else rng.randint(-1, 1)
+        )
         if (r, t) not in used:
             used.add((r, t))
             rows.append((r, t, s))
@@ -109,8 +128,10 @@ def test_append_writes_contract_addresses(device):
     rows = [(0, t, 9) for t in range(9)] + [(1, t, 4) for t in range(4)]
     kv, index = append(kv_append, tiers, 2, rows, req_mode, page_table, seed=9)
     expect = {n: b.clone() for n, b in before.items()}
-    host, hot, pool = (expect[n][GUARD:GUARD + tiers.views[n].numel()].view(tiers.views[n].shape)
-                       for n in ("host", "hot", "pool"))
+    host, hot, pool = (
+        expect[n][GUARD : GUARD + tiers.views[n].numel()].view(tiers.views[n].shape)
+        for n in ("host", "hot", "pool")
+    )
     for i, (r, t, seq_len) in enumerate(rows):
         page = pages[r, t // P]
         pool[2, page, t % P] = index[i]
@@ -133,10 +154,21 @@ def test_bad_rows_write_nothing(device):
     tiers = Tiers(device, 656, 132, seed=4)
     before = tiers.snapshot()
     big = 2**31 - 1
-    rows = [(-1, 0, 5), (R, 0, 5), (big, 0, 5), (2, 0, 5),         # no request
-            (0, -1, 5), (0, 5, 5), (0, 9, 5), (0, big, big),        # position outside [0, seq_len)
-            (1, -2**31, 3), (0, MAX_PAGES * P, big), (0, 3, -4),    # beyond the page table
-            (3, 2, 7), (4, 1, 7)]                                   # unmapped / bad page
+    rows = [
+        (-1, 0, 5),
+        (R, 0, 5),
+        (big, 0, 5),
+        (2, 0, 5),  # no request
+        (0, -1, 5),
+        (0, 5, 5),
+        (0, 9, 5),
+        (0, big, big),  # position outside [0, seq_len)
+        (1, -(2**31), 3),
+        (0, MAX_PAGES * P, big),
+        (0, 3, -4),  # beyond the page table
+        (3, 2, 7),
+        (4, 1, 7),
+    ]  # unmapped / bad page
     append(kv_append, tiers, 1, rows, req_mode, page_table, seed=3)
     append(kv_append, tiers, 0, [], req_mode, page_table, seed=3)
     after = tiers.snapshot()
@@ -156,9 +188,9 @@ def test_fp8_index_rows_are_page_blocked(device):
     _, index = append(kv_append, tiers, 1, rows, req_mode, page_table, seed=4)
     after = tiers.snapshot()["pool"]
     expect = before.clone()
-    flat = expect[GUARD:GUARD + L * PAGES * P * 132].view(L, PAGES, P * 132)
+    flat = expect[GUARD : GUARD + L * PAGES * P * 132].view(L, PAGES, P * 132)
     for i, (r, t, _) in enumerate(rows):
         j = t % P
-        flat[1, pages[r, t // P], j * 128:(j + 1) * 128] = index[i, :128]
-        flat[1, pages[r, t // P], P * 128 + j * 4:P * 128 + (j + 1) * 4] = index[i, 128:]
+        flat[1, pages[r, t // P], j * 128 : (j + 1) * 128] = index[i, :128]
+        flat[1, pages[r, t // P], P * 128 + j * 4 : P * 128 + (j + 1) * 4] = index[i, 128:]
     assert torch.equal(after, expect)

@@ -8,7 +8,7 @@ import torch
 
 from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
 from contract.tensors import TENSOR_NAMES
-from engine_client.model.graph import DecodeConfig, DecodeRunner
+from engine_client.kv.backend import BaselineBackend, BaselineConfig
 from engine_client.kv.hisparse import (
     HiSparseBackend,
     RemoteSwapBackend,
@@ -17,7 +17,7 @@ from engine_client.kv.hisparse import (
 )
 from engine_client.kv.index_keys import decode_index_keys, encode_index_keys
 from engine_client.kv.kernel_set import KernelSet
-from engine_client.kv.backend import BaselineBackend, BaselineConfig
+from engine_client.model.graph import DecodeConfig, DecodeRunner
 from engine_client.model.model import Model
 from engine_client.model.preset import preset
 from engine_client.model.weights import random_weights
@@ -26,8 +26,16 @@ from kv_service.memory import allocate_local, reset_request
 from kv_service.remote_swap import RemoteSwapper
 
 CFG = preset("tiny", topk=8)
-LAYOUT = KVLayout(num_layers=2, max_requests=3, hot_slots=12, window=2, topk=8, page_size=4,
-                  num_pages=24, max_context=40)
+LAYOUT = KVLayout(
+    num_layers=2,
+    max_requests=3,
+    hot_slots=12,
+    window=2,
+    topk=8,
+    page_size=4,
+    num_pages=24,
+    max_context=40,
+)
 # slot: (mode, context length); pages are deliberately not in slot order.
 REQS = {0: (MODE_RESIDENT, 7), 2: (MODE_OFFLOADED, 27)}
 PAGES = {0: [20, 21, 22], 2: [5, 3, 11, 0, 1, 2, 9, 8, 7, 6]}
@@ -62,15 +70,18 @@ def test_index_key_encoding_matches_the_kernels_reading(fmt, nbytes) -> None:
     ours, theirs = decode_index_keys(rows, fmt), reference.decode_index_keys(rows)
     assert torch.equal(ours, theirs)
     tol = 0 if fmt == "bf16" else 0.07
-    assert torch.allclose(ours, keys.bfloat16().float(), rtol=tol, atol=tol * keys.abs().amax(1, keepdim=True).max())
+    assert torch.allclose(
+        ours, keys.bfloat16().float(), rtol=tol, atol=tol * keys.abs().amax(1, keepdim=True).max()
+    )
     assert torch.isfinite(ours).all() and (ours[4] == 0).all()
     if fmt == "fp8":
         scale = rows[:, 128:].contiguous().view(torch.float32)[:, 0]
         assert torch.allclose(scale[:4], keys[:4].abs().amax(1) / 448)
 
 
-@pytest.mark.parametrize("lay", [LAYOUT, fp8_layout(), fp8_layout("fp8")],
-                         ids=["bf16", "fp8-keys", "fp8-keys-fp8-rows"])
+@pytest.mark.parametrize(
+    "lay", [LAYOUT, fp8_layout(), fp8_layout("fp8")], ids=["bf16", "fp8-keys", "fp8-keys-fp8-rows"]
+)
 def test_synthetic_fill_lands_at_every_store_address(lay) -> None:
     base, hs = filled(lay)
     kv = hs.kv
@@ -94,14 +105,16 @@ def test_synthetic_fill_lands_at_every_store_address(lay) -> None:
         t = torch.arange(n)
         pages = torch.tensor(PAGES[slot])[t // lay.page_size]
         base_pages = base.page_table[slot, t // lay.page_size].long()
-        assert torch.equal(reference.read_index_rows(kv.index_pool[1], pages, t % lay.page_size),
-                           reference.read_index_rows(base.index_pool_layer(1), base_pages,
-                                                     t % lay.page_size))
+        assert torch.equal(
+            reference.read_index_rows(kv.index_pool[1], pages, t % lay.page_size),
+            reference.read_index_rows(base.index_pool_layer(1), base_pages, t % lay.page_size),
+        )
         # Whole pages are byte-identical: the baseline's tensor stores and kv_append agree on
         # the physical page layout (page-blocked for fp8 keys).
         for p in range(n // lay.page_size):
-            assert torch.equal(kv.index_pool[1, PAGES[slot][p]],
-                               base.index_pool_layer(1)[base.page_table[slot, p]])
+            assert torch.equal(
+                kv.index_pool[1, PAGES[slot][p]], base.index_pool_layer(1)[base.page_table[slot, p]]
+            )
 
 
 @pytest.mark.parametrize("lay", [LAYOUT, fp8_layout("fp8")], ids=["bf16", "fp8-rows"])
@@ -120,7 +133,9 @@ def test_prefill_gather_reads_the_same_rows_and_moves_no_state(lay) -> None:
         for b in range(rows):
             for i in range(8):
                 if topk[b, i] >= 0:
-                    assert torch.equal(a.kv[a.row_base[b] + a.slots[b, i]], h.kv[h.row_base[b] + h.slots[b, i]])
+                    assert torch.equal(
+                        a.kv[a.row_base[b] + a.slots[b, i]], h.kv[h.row_base[b] + h.slots[b, i]]
+                    )
                 else:
                     assert a.slots[b, i] < 0 and h.slots[b, i] < 0
     for name, t in before.items():
@@ -130,16 +145,24 @@ def test_prefill_gather_reads_the_same_rows_and_moves_no_state(lay) -> None:
 
 
 def test_padding_rows_write_nothing() -> None:
-    for backend in (BaselineBackend(BaselineConfig.from_layout(LAYOUT), kernels=KERNELS),
-                    HiSparseBackend(service_tensors(), kernels=KERNELS)):
+    for backend in (
+        BaselineBackend(BaselineConfig.from_layout(LAYOUT), kernels=KERNELS),
+        HiSparseBackend(service_tensors(), kernels=KERNELS),
+    ):
         store = backend.full_kv if isinstance(backend, BaselineBackend) else backend.kv.host_kv
         pools = [backend.index_pool_layer(layer).clone() for layer in range(2)]
         rows = torch.randn(2, 576).bfloat16()
         slots = torch.tensor([-1, 0], dtype=torch.int32)
         pos = torch.tensor([0, 1], dtype=torch.int32)
         # Row 1 is real but its position is not < seq_len: also skipped.
-        backend.append(0, rows, encode_index_keys(torch.randn(2, 128), "bf16"), slots, pos,
-                       torch.tensor([5, 1], dtype=torch.int32))
+        backend.append(
+            0,
+            rows,
+            encode_index_keys(torch.randn(2, 128), "bf16"),
+            slots,
+            pos,
+            torch.tensor([5, 1], dtype=torch.int32),
+        )
         assert not store.any()
         assert all(torch.equal(p, backend.index_pool_layer(i)) for i, p in enumerate(pools))
 
@@ -164,8 +187,13 @@ def remote_with_service_swapper(kv) -> RemoteSwapBackend:
     xchg = allocate_exchange(kv.layout)
     swapper = RemoteSwapper(kv, xchg)
     swapper.claim("session")
-    return RemoteSwapBackend(kv, lambda layer, bs: swapper.run("session", layer, bs, set(REQS)),
-                             kernels=KERNELS, xchg=xchg, max_batch=2)
+    return RemoteSwapBackend(
+        kv,
+        lambda layer, bs: swapper.run("session", layer, bs, set(REQS)),
+        kernels=KERNELS,
+        xchg=xchg,
+        max_batch=2,
+    )
 
 
 @pytest.mark.parametrize("row_format", ["bf16", "fp8"])

@@ -30,8 +30,14 @@ def svc():
 
 async def _connect(svc, **kw) -> KVClient:
     kw.setdefault("expected_layout", LAYOUT)
-    return await KVClient.connect(f"unix:{svc.uds}", engine_name="test", rpc_timeout=3,
-                                  attach_timeout=5, heartbeat_interval=0.2, **kw)
+    return await KVClient.connect(
+        f"unix:{svc.uds}",
+        engine_name="test",
+        rpc_timeout=3,
+        attach_timeout=5,
+        heartbeat_interval=0.2,
+        **kw,
+    )
 
 
 @pytest.mark.slow
@@ -120,6 +126,7 @@ def test_remote_swap_runs_in_the_service(svc) -> None:
 
 def torch_arange(n: int):
     import torch
+
     return torch.arange(n, dtype=torch.int32)
 
 
@@ -151,9 +158,16 @@ def test_killed_service_fails_pending_calls_fast_and_drops_memory() -> None:
 
 
 def test_error_mapping() -> None:
-    cases = {5: errors.UnknownRequest, 8: errors.CapacityError, 3: errors.InvalidArgument,
-             9: errors.EpochMismatch, 16: errors.Unauthenticated, 14: errors.ServiceUnavailable,
-             4: errors.DeadlineExceeded, 6: errors.AlreadyExists}
+    cases = {
+        5: errors.UnknownRequest,
+        8: errors.CapacityError,
+        3: errors.InvalidArgument,
+        9: errors.EpochMismatch,
+        16: errors.Unauthenticated,
+        14: errors.ServiceUnavailable,
+        4: errors.DeadlineExceeded,
+        6: errors.AlreadyExists,
+    }
     for code, cls in cases.items():
         err = errors.from_status(code, "m", {"a": "1"})
         assert type(err) is cls and err.details == {"a": "1"}
@@ -183,8 +197,9 @@ def test_embedded_control_maps_core_errors() -> None:
     from kv_service.memory import allocate_local
 
     async def run() -> None:
-        ctl = EmbeddedControl(ServiceCore(allocate_local(layout_with(num_pages=4)),
-                                          lease_seconds=5), "test")
+        ctl = EmbeddedControl(
+            ServiceCore(allocate_local(layout_with(num_pages=4)), lease_seconds=5), "test"
+        )
         await ctl.admit("a", 20, 12)
         with pytest.raises(errors.CapacityError) as cap:
             await ctl.admit("b", 8, 8)

@@ -7,15 +7,32 @@ from kv_service.memory import allocate_local, free_request, reset_request
 
 
 def small(**kw) -> KVLayout:
-    base = dict(num_layers=2, max_requests=3, hot_slots=24, window=3, topk=13, page_size=5,
-                num_pages=40, max_context=97)
+    base = dict(
+        num_layers=2,
+        max_requests=3,
+        hot_slots=24,
+        window=3,
+        topk=13,
+        page_size=5,
+        num_pages=40,
+        max_context=97,
+    )
     base.update(kw)
     return KVLayout(**base)
 
 
-@pytest.mark.parametrize("field,value", [("num_layers", 0), ("max_requests", -1), ("page_size", 0),
-                                         ("window", 0), ("row_format", "fp16"),
-                                         ("index_format", "int4"), ("version", 99)])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("num_layers", 0),
+        ("max_requests", -1),
+        ("page_size", 0),
+        ("window", 0),
+        ("row_format", "fp16"),
+        ("index_format", "int4"),
+        ("version", 99),
+    ],
+)
 def test_invalid_layouts_are_refused(field, value):
     with pytest.raises(LayoutError):
         small(**{field: value})

@@ -18,10 +18,20 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 def run_tool(module: str, *args: str) -> subprocess.CompletedProcess:
     if importlib.util.find_spec(module) is None:
         pytest.skip(f"{module} is not installed (pip install -e '.[test]' brings it)")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p))
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=240)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(
+            p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
+        ),
+    )
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
 
 
 def test_ruff_check_passes() -> None:
@@ -30,6 +40,11 @@ def test_ruff_check_passes() -> None:
 
 
 @pytest.mark.timeout(300)
+def test_ruff_format_is_clean() -> None:
+    done = run_tool("ruff", "format", "--check", "--no-cache", ".")
+    assert done.returncode == 0, f"ruff format would change files:\n{done.stdout}\n{done.stderr}"
+
+
 def test_mypy_passes_on_contract_and_client_library() -> None:
     done = run_tool("mypy")
     assert done.returncode == 0, f"mypy failed:\n{done.stdout}\n{done.stderr}"

@@ -9,9 +9,9 @@ import urllib.request
 import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from service_harness import ServiceProcess, SessionClient, attach, free_port, short_tmpdir
 
 from proto.kvcache.v1 import kvcache_pb2 as pb
-from service_harness import ServiceProcess, SessionClient, attach, free_port, short_tmpdir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -38,8 +38,9 @@ def rpc(method: str, kind: str = "unary", **more: str) -> dict[str, str]:
 
 def test_grpc_server_series_count_every_rpc_by_code() -> None:
     port = free_port()
-    svc = ServiceProcess(short_tmpdir("kvsvc-m"), f"m{os.getpid()}", "--metrics-port", str(port),
-                         token="s3cret")
+    svc = ServiceProcess(
+        short_tmpdir("kvsvc-m"), f"m{os.getpid()}", "--metrics-port", str(port), token="s3cret"
+    )
     try:
         svc.start().wait_serving()
         session = SessionClient(svc, attach(svc))
@@ -48,8 +49,9 @@ def test_grpc_server_series_count_every_rpc_by_code() -> None:
         session.close()
         svc.stub().GetStats(pb.GetStatsRequest(), metadata=svc.metadata)
         with pytest.raises(grpc.RpcError) as wrong_epoch:
-            svc.stub().RemoteSwap(pb.RemoteSwapRequest(session_id="x", epoch=12345, layer=0),
-                                  metadata=svc.metadata)
+            svc.stub().RemoteSwap(
+                pb.RemoteSwapRequest(session_id="x", epoch=12345, layer=0), metadata=svc.metadata
+            )
         assert wrong_epoch.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         with pytest.raises(grpc.RpcError) as no_token:
             svc.stub().GetStats(pb.GetStatsRequest())
@@ -63,8 +65,14 @@ def test_grpc_server_series_count_every_rpc_by_code() -> None:
         assert value(m, handled, **rpc("RemoteSwap", grpc_code="FAILED_PRECONDITION")) == 1
         assert value(m, handled, **rpc("Session", "bidi_stream", grpc_code="OK")) == 1
         assert value(m, "grpc_server_started_total", **rpc("GetStats")) == 2
-        assert value(m, "grpc_server_handling_seconds_count",
-                     **rpc("RemoteSwap", grpc_code="FAILED_PRECONDITION")) == 1
+        assert (
+            value(
+                m,
+                "grpc_server_handling_seconds_count",
+                **rpc("RemoteSwap", grpc_code="FAILED_PRECONDITION"),
+            )
+            == 1
+        )
         assert value(m, "grpc_server_handling_seconds_count", **rpc("Attach", grpc_code="OK")) == 1
         assert value(m, "kvs_session_message_seconds_count", message="admit", code="OK") == 1
         assert value(m, "kvs_session_message_seconds_count", message="release", code="OK") == 1
@@ -77,7 +85,8 @@ def test_grpc_server_series_count_every_rpc_by_code() -> None:
                 assert not name.endswith("_total"), name
             if kind == "counter":
                 assert all(s.name.endswith(("_total", "_created")) for s in samples), name
-            assert not {"ms", "us", "milliseconds", "microseconds", "kb", "mib"} \
-                & set(name.split("_")), name
+            assert not {"ms", "us", "milliseconds", "microseconds", "kb", "mib"} & set(
+                name.split("_")
+            ), name
     finally:
         svc.stop()

@@ -10,7 +10,7 @@ import torch
 
 from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
 from contract.tensors import TENSOR_NAMES
-from engine_client.model.graph import DecodeConfig, DecodeRunner
+from engine_client.kv.backend import BaselineBackend, BaselineConfig, KVBackend
 from engine_client.kv.hisparse import (
     HiSparseBackend,
     RemoteSwapBackend,
@@ -18,7 +18,7 @@ from engine_client.kv.hisparse import (
     local_swap_fn,
 )
 from engine_client.kv.kernel_set import KernelSet
-from engine_client.kv.backend import BaselineBackend, BaselineConfig, KVBackend
+from engine_client.model.graph import DecodeConfig, DecodeRunner
 from engine_client.model.model import Model, Tokens, Workspace
 from engine_client.model.preset import preset
 from engine_client.model.weights import random_weights
@@ -26,13 +26,24 @@ from kv_service.memory import allocate_local, reset_request
 
 CFG = preset("tiny", topk=8)
 # B = 9 hot slots, W = 1: the LRU region holds exactly k rows, so a changing top-k evicts.
-LAYOUT = KVLayout(num_layers=2, max_requests=4, hot_slots=9, window=1, topk=8, page_size=4,
-                  num_pages=24, max_context=48)
+LAYOUT = KVLayout(
+    num_layers=2,
+    max_requests=4,
+    hot_slots=9,
+    window=1,
+    topk=8,
+    page_size=4,
+    num_pages=24,
+    max_context=48,
+)
 MAX_NEW = 3
 # slot: (synthetic context, prompt). Slot 0 is resident (4 + 3 <= B); slot 1 has a synthetic
 # 30-token context that only the host tier holds; slot 2 is offloaded through a real prefill.
-REQUESTS = {0: (0, [5, 17, 33, 2]), 1: (30, [9, 200, 41]),
-            2: (0, [(37 * i) % 251 for i in range(13)])}
+REQUESTS = {
+    0: (0, [5, 17, 33, 2]),
+    1: (30, [9, 200, 41]),
+    2: (0, [(37 * i) % 251 for i in range(13)]),
+}
 
 
 @pytest.fixture(scope="module")
@@ -53,11 +64,15 @@ def admitted_tensors(layout: KVLayout = LAYOUT, requests=REQUESTS):
         total = ctx + len(prompt) + MAX_NEW
         pages = list(range(next_page, next_page + layout.pages_for(total)))
         next_page += len(pages)
-        reset_request(kv, slot, MODE_RESIDENT if total <= layout.hot_slots else MODE_OFFLOADED, pages)
+        reset_request(
+            kv, slot, MODE_RESIDENT if total <= layout.hot_slots else MODE_OFFLOADED, pages
+        )
     return kv
 
 
-def make_backend(mode: str, kernels: KernelSet, layout: KVLayout = LAYOUT, requests=REQUESTS) -> KVBackend:
+def make_backend(
+    mode: str, kernels: KernelSet, layout: KVLayout = LAYOUT, requests=REQUESTS
+) -> KVBackend:
     if mode == "baseline":
         return BaselineBackend(BaselineConfig.from_layout(layout), kernels=kernels)
     kv = admitted_tensors(layout, requests)
@@ -114,8 +129,9 @@ def test_offloaded_requests_miss_and_evict(runs) -> None:
     stats = runs["embedded"][1]
     assert stats == runs["remote"][1]
     # 3 rows x 2 layers x MAX_NEW steps select min(k, seq_len) positions each.
-    assert stats["selected"] == 2 * sum(min(8, ctx + len(p) + s + 1)
-                                        for ctx, p in REQUESTS.values() for s in range(MAX_NEW))
+    assert stats["selected"] == 2 * sum(
+        min(8, ctx + len(p) + s + 1) for ctx, p in REQUESTS.values() for s in range(MAX_NEW)
+    )
     # More misses than the LRU slots of the 2 offloaded requests x 2 layers: rows were evicted.
     assert stats["misses"] > 2 * 2 * LAYOUT.lru_slots
     assert stats["miss_bytes"] == stats["misses"] * 1152
@@ -132,7 +148,8 @@ def test_prefill_chunk_size_does_not_change_logits(kernels, weights) -> None:
 
 def state_of(backend: HiSparseBackend) -> dict[str, torch.Tensor]:
     return {name: getattr(backend.kv, name).clone() for name in TENSOR_NAMES} | {
-        "counters": backend.counters.clone()}
+        "counters": backend.counters.clone()
+    }
 
 
 def test_padding_rows_change_nothing(kernels, weights) -> None:
@@ -143,9 +160,13 @@ def test_padding_rows_change_nothing(kernels, weights) -> None:
     n = 2
     dev = backend.device
     # Padding rows with arbitrary token ids and positions: only the request slot -1 matters.
-    tok = Tokens(ids=torch.tensor([7, 3]), req_slots=torch.full((n,), -1, dtype=torch.int32),
-                 positions=torch.tensor([5, 40], dtype=torch.int32),
-                 seq_lens=torch.zeros(n, dtype=torch.int32), append_lens=torch.zeros(n, dtype=torch.int32))
+    tok = Tokens(
+        ids=torch.tensor([7, 3]),
+        req_slots=torch.full((n,), -1, dtype=torch.int32),
+        positions=torch.tensor([5, 40], dtype=torch.int32),
+        seq_lens=torch.zeros(n, dtype=torch.int32),
+        append_lens=torch.zeros(n, dtype=torch.int32),
+    )
     model.forward(tok, Workspace.allocate(CFG, n, LAYOUT.max_context, dev))
     after = state_of(backend)
     for name in before:
@@ -157,10 +178,15 @@ def test_split_attention_workspace_matches_single_pass(kernels, weights) -> None
     model = Model(CFG, weights, backend)
     backend.fill_synthetic(1, 30, seed=1, chunk=16)
     one = torch.ones(1, dtype=torch.int32)
-    tok = Tokens(ids=torch.tensor([7]), req_slots=one, positions=one * 30, seq_lens=one * 31,
-                 append_lens=one * 31)
+    tok = Tokens(
+        ids=torch.tensor([7]),
+        req_slots=one,
+        positions=one * 30,
+        seq_lens=one * 31,
+        append_lens=one * 31,
+    )
     logits = []
-    for splits in (1, 3):      # re-appending the same token stores the same bytes
+    for splits in (1, 3):  # re-appending the same token stores the same bytes
         ws = Workspace.allocate(CFG, 1, LAYOUT.max_context, backend.device, attn_splits=splits)
         assert (ws.attn_scratch is None) == (splits == 1)
         logits.append(model.logits(model.forward(tok, ws)))
@@ -170,11 +196,13 @@ def test_split_attention_workspace_matches_single_pass(kernels, weights) -> None
 def test_decode_rejects_bad_batches(kernels, weights) -> None:
     model = Model(CFG, weights, make_backend("baseline", kernels))
     runner = DecodeRunner(model, DecodeConfig(max_batch=2))
-    for args in (([1, 2], [3, 4], [0, 0], [4, 5]),         # duplicate slot
-                 ([1], [3], [0], [3]),                       # seq_len != position + 1
-                 ([1], [48], [0], [49]),                     # past max_context
-                 ([1, 2, 3], [1, 2, 3], [0, 1, 2], [2, 3, 4]),  # over max_batch
-                 ([256], [3], [0], [4])):                    # token id out of vocab
+    for args in (
+        ([1, 2], [3, 4], [0, 0], [4, 5]),  # duplicate slot
+        ([1], [3], [0], [3]),  # seq_len != position + 1
+        ([1], [48], [0], [49]),  # past max_context
+        ([1, 2, 3], [1, 2, 3], [0, 1, 2], [2, 3, 4]),  # over max_batch
+        ([256], [3], [0], [4]),
+    ):  # token id out of vocab
         with pytest.raises(ValueError):
             runner.step(*args)
     with pytest.raises(ValueError):
@@ -192,27 +220,42 @@ def test_decode_config_buckets() -> None:
 # --- GPU: bench attention shapes on 2 layers, graphs vs eager ---
 
 GPU_CFG = preset("bench", num_layers=2, mlp_hidden=1024, vocab_size=4096)
-GPU_LAYOUT = KVLayout(num_layers=2, max_requests=4, hot_slots=4096, window=128, topk=2048,
-                      page_size=64, num_pages=512, max_context=16384)
+GPU_LAYOUT = KVLayout(
+    num_layers=2,
+    max_requests=4,
+    hot_slots=4096,
+    window=128,
+    topk=2048,
+    page_size=64,
+    num_pages=512,
+    max_context=16384,
+)
 
 
-def gpu_run(mode: str, use_graphs: bool, weights,
-            layout: KVLayout = GPU_LAYOUT) -> list[torch.Tensor]:
+def gpu_run(
+    mode: str, use_graphs: bool, weights, layout: KVLayout = GPU_LAYOUT
+) -> list[torch.Tensor]:
     kernels = KernelSet.triton()
     reqs = {0: (0, 1000), 1: (9000, 1200), 2: (5000, 900)}
     if mode == "baseline":
-        backend = BaselineBackend(BaselineConfig.from_layout(layout), kernels=kernels, device="cuda")
+        backend = BaselineBackend(
+            BaselineConfig.from_layout(layout), kernels=kernels, device="cuda"
+        )
     else:
         kv = allocate_local(layout, "cuda")
         for slot, (ctx, n) in reqs.items():
             total = ctx + n + 8
             mode_ = MODE_RESIDENT if total <= layout.hot_slots else MODE_OFFLOADED
-            reset_request(kv, slot, mode_, list(range(slot * 170, slot * 170 + layout.pages_for(total))))
+            reset_request(
+                kv, slot, mode_, list(range(slot * 170, slot * 170 + layout.pages_for(total)))
+            )
         if mode == "embedded":
             backend = HiSparseBackend(kv, kernels=kernels)
         else:
             xchg = allocate_exchange(layout, "cuda")
-            backend = RemoteSwapBackend(kv, local_swap_fn(kv, xchg, kernels), kernels=kernels, xchg=xchg)
+            backend = RemoteSwapBackend(
+                kv, local_swap_fn(kv, xchg, kernels), kernels=kernels, xchg=xchg
+            )
     model = Model(GPU_CFG, weights, backend)
     runner = DecodeRunner(model, DecodeConfig(max_batch=4, use_graphs=use_graphs))
     gen = torch.Generator().manual_seed(0)
@@ -239,7 +282,12 @@ def test_gpu_modes_and_graphs_identical(row_format) -> None:
     layout = KVLayout(**(GPU_LAYOUT.to_dict() | {"row_format": row_format}))
     weights = random_weights(GPU_CFG, seed=0, device="cuda")
     ref = gpu_run("baseline", False, weights, layout)
-    for mode, graphs in (("baseline", True), ("embedded", False), ("embedded", True), ("remote", True)):
+    for mode, graphs in (
+        ("baseline", True),
+        ("embedded", False),
+        ("embedded", True),
+        ("remote", True),
+    ):
         got = gpu_run(mode, graphs, weights, layout)
         for i, (a, b) in enumerate(zip(ref, got)):
             assert torch.equal(a, b), f"{mode} graphs={graphs}: output {i} differs"

@@ -9,18 +9,26 @@ import torch
 
 from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
 from contract.tensors import TENSOR_NAMES
-from engine_client.model.compute import CountingBackend
-from engine_client.model.graph import DecodeConfig, DecodeRunner
 from engine_client.kv.hisparse import HiSparseBackend
 from engine_client.kv.kernel_set import KernelSet
+from engine_client.model.compute import CountingBackend
+from engine_client.model.graph import DecodeConfig, DecodeRunner
 from engine_client.model.model import Model, _parts
 from engine_client.model.preset import preset
 from engine_client.model.weights import random_weights
 from kv_service.memory import allocate_local, reset_request
 
 CFG = preset("tiny", topk=8)
-LAYOUT = KVLayout(num_layers=2, max_requests=8, hot_slots=9, window=1, topk=8, page_size=4,
-                  num_pages=60, max_context=48)
+LAYOUT = KVLayout(
+    num_layers=2,
+    max_requests=8,
+    hot_slots=9,
+    window=1,
+    topk=8,
+    page_size=4,
+    num_pages=60,
+    max_context=48,
+)
 # slot -> synthetic context; slot 3 is resident (fits in B), the others offloaded.
 CONTEXTS = {0: 30, 1: 21, 2: 40, 3: 4}
 STEPS = 3
@@ -33,8 +41,16 @@ def test_parts_cover_the_rows_once():
     assert _parts(1, 4) == [slice(0, 1)]
 
 
-def decode(microbatches: int, device: str, graphs: bool, kernels: KernelSet, weights,
-           copy_programs: int | None = None, bucket: int = 5, shapes=None):
+def decode(
+    microbatches: int,
+    device: str,
+    graphs: bool,
+    kernels: KernelSet,
+    weights,
+    copy_programs: int | None = None,
+    bucket: int = 5,
+    shapes=None,
+):
     cfg, lay, contexts = shapes or (CFG, LAYOUT, CONTEXTS)
     kv = allocate_local(lay, device)
     per = lay.num_pages // len(contexts)
@@ -42,12 +58,14 @@ def decode(microbatches: int, device: str, graphs: bool, kernels: KernelSet, wei
         pages = list(range(slot * per, slot * per + lay.pages_for(ctx + STEPS)))
         resident = ctx + STEPS <= lay.hot_slots
         reset_request(kv, slot, MODE_RESIDENT if resident else MODE_OFFLOADED, pages)
-    inner = HiSparseBackend(kv, kernels=kernels, microbatches=microbatches,
-                            copy_programs=copy_programs)
+    inner = HiSparseBackend(
+        kv, kernels=kernels, microbatches=microbatches, copy_programs=copy_programs
+    )
     backend = CountingBackend(inner)
     model = Model(cfg, weights, backend)  # type: ignore[arg-type]
-    runner = DecodeRunner(model, DecodeConfig(max_batch=bucket, buckets=(bucket,),
-                                              use_graphs=graphs))
+    runner = DecodeRunner(
+        model, DecodeConfig(max_batch=bucket, buckets=(bucket,), use_graphs=graphs)
+    )
     for slot, ctx in contexts.items():
         inner.fill_synthetic(slot, ctx, seed=slot, chunk=16 if device == "cpu" else 4096)
     slots, last, out, counts = list(contexts), [1, 2, 3, 4], [], []
@@ -74,7 +92,7 @@ def assert_same(a, b):
 def test_microbatches_bitwise_on_cpu():
     kernels, weights = KernelSet.triton(), random_weights(CFG, seed=3)
     one = decode(1, "cpu", False, kernels, weights)
-    assert one[3]["misses"] > 0   # the offloaded requests really swap
+    assert one[3]["misses"] > 0  # the offloaded requests really swap
     assert_same(one, decode(2, "cpu", False, kernels, weights))
     # Three parts of a padded bucket: the last part holds only padding rows.
     assert_same(one, decode(3, "cpu", False, kernels, weights, bucket=8))
@@ -93,8 +111,16 @@ def test_microbatches_graphed_bitwise_on_gpu(copy_programs):
 
 # Bench attention shapes (k 2048, B 4096, split-k attention, segmented top-k) on 2 layers.
 BENCH_CFG = preset("bench", num_layers=2, mlp_hidden=1024, vocab_size=4096)
-BENCH_LAYOUT = KVLayout(num_layers=2, max_requests=8, hot_slots=4096, window=128, topk=2048,
-                        page_size=64, num_pages=1024, max_context=16384)
+BENCH_LAYOUT = KVLayout(
+    num_layers=2,
+    max_requests=8,
+    hot_slots=4096,
+    window=128,
+    topk=2048,
+    page_size=64,
+    num_pages=1024,
+    max_context=16384,
+)
 
 
 @pytest.mark.gpu

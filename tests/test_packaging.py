@@ -40,7 +40,8 @@ def test_no_other_distribution_installs_our_top_level_names() -> None:
     clashes = foreign_providers()
     assert not clashes, (
         f"other installed distributions provide our top-level packages: {clashes}. One of them "
-        "shadows the other; use a separate environment (docs/DECISIONS.md)")
+        "shadows the other; use a separate environment (docs/DECISIONS.md)"
+    )
 
 
 def installed_by_us(path: Path) -> bool:
@@ -58,20 +59,21 @@ def test_top_level_names_resolve_to_this_project(name: str) -> None:
     where = Path(module.__file__ or "").resolve()
     assert REPO_ROOT in where.parents or installed_by_us(where), (
         f"`{name}` is imported from {where}, neither from {REPO_ROOT} nor from the installed "
-        f"{OUR_DISTRIBUTION}: another package of that name shadows ours")
+        f"{OUR_DISTRIBUTION}: another package of that name shadows ours"
+    )
     if name in OUR_MARKERS:
         importlib.import_module(OUR_MARKERS[name])
 
 
-def test_the_check_sees_a_colliding_distribution(tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_check_sees_a_colliding_distribution(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A fake proto-plus and HF kernels on sys.path are reported; the check can fail."""
     for dist, top in (("proto_plus-1.29.0", "proto"), ("kernels-0.4.0", "kernels")):
         info = tmp_path / f"{dist}.dist-info"
         info.mkdir()
         name, version = dist.rsplit("-", 1)
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\n"
-                                       f"Version: {version}\n")
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
         (info / "top_level.txt").write_text(f"{top}\n")
         (info / "RECORD").write_text(f"{top}/__init__.py,,\n")
     monkeypatch.setattr(sys, "path", [os.fspath(tmp_path), *sys.path])

@@ -24,8 +24,13 @@ def workdir() -> Iterator[str]:
 
 
 def _child(workdir: str, code: str) -> ManagedProcess:
-    return ManagedProcess("child", [sys.executable, "-c", code], os.path.join(workdir, "c.log"),
-                          f"unix:{workdir}/never.sock", KV_SERVICE_NAME)
+    return ManagedProcess(
+        "child",
+        [sys.executable, "-c", code],
+        os.path.join(workdir, "c.log"),
+        f"unix:{workdir}/never.sock",
+        KV_SERVICE_NAME,
+    )
 
 
 def test_a_child_that_dies_at_start_up_is_reported_with_its_log(workdir: str) -> None:

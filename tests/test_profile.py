@@ -13,21 +13,46 @@ KERNEL_CATEGORIES = [c for c, _ in CATEGORIES if c != "MLP/GEMM"]
 
 
 def test_kernel_names_fall_in_their_categories():
-    names = {"_miss_copy_kernel": "miss copy", "kernel::miss_copy": "miss copy",
-             "_swap_plan_kernel": "plan", "_kv_append_kernel": "append",
-             "_indexer_kernel": "indexer", "kernel::indexer_scores": "indexer",
-             "_compact_kernel": "top-k", "kernel::topk_select": "top-k",
-             "_sparse_mla_decode_kernel": "attention", "_combine_kernel": "attention",
-             "sm90_xmma_gemm_bf16bf16_bf16f32": "MLP/GEMM", "nvjet_tst_128x64": "MLP/GEMM",
-             "aten::mm": "MLP/GEMM", "aten::mm_out_extra": "other",
-             "void at::native::vectorized_elementwise_kernel": "other"}
+    names = {
+        "_miss_copy_kernel": "miss copy",
+        "kernel::miss_copy": "miss copy",
+        "_swap_plan_kernel": "plan",
+        "_kv_append_kernel": "append",
+        "_indexer_kernel": "indexer",
+        "kernel::indexer_scores": "indexer",
+        "_compact_kernel": "top-k",
+        "kernel::topk_select": "top-k",
+        "_sparse_mla_decode_kernel": "attention",
+        "_combine_kernel": "attention",
+        "sm90_xmma_gemm_bf16bf16_bf16f32": "MLP/GEMM",
+        "nvjet_tst_128x64": "MLP/GEMM",
+        "aten::mm": "MLP/GEMM",
+        "aten::mm_out_extra": "other",
+        "void at::native::vectorized_elementwise_kernel": "other",
+    }
     assert {n: category(n) for n in names} == names
 
 
 def _run(tmp_path, mode: str) -> dict:
     out = tmp_path / f"{mode}.json"
-    args = ["--preset", "tiny", "--context", "80", "--batch", "3", "--mode", mode,
-            "--warmup", "3", "--steps", "2", "--device", "cpu", "--out", str(out)]
+    args = [
+        "--preset",
+        "tiny",
+        "--context",
+        "80",
+        "--batch",
+        "3",
+        "--mode",
+        mode,
+        "--warmup",
+        "3",
+        "--steps",
+        "2",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+    ]
     assert main(args) == 0
     return json.loads(out.read_text())
 
@@ -36,7 +61,7 @@ def _run(tmp_path, mode: str) -> dict:
 def test_embedded_step_breakdown(tmp_path):
     r = _run(tmp_path, "embedded")
     cats, n, L = r["categories"], 3, r["num_layers"]
-    for cat in KERNEL_CATEGORIES:   # every swap-in and attention kernel runs every layer
+    for cat in KERNEL_CATEGORIES:  # every swap-in and attention kernel runs every layer
         assert cats[cat]["us_per_step"] > 0, cat
     for v in cats.values():
         assert v["us_per_request_layer"] == pytest.approx(v["us_per_step"] / (n * L))
@@ -60,8 +85,26 @@ def test_baseline_has_no_swap_in(tmp_path):
 def test_graphed_step_on_gpu(tmp_path):
     """On CUDA the profiled step is the captured graph: Triton kernels show by name."""
     out = tmp_path / "gpu.json"
-    assert main(["--preset", "tiny", "--context", "300", "--batch", "4", "--warmup", "3",
-                 "--steps", "2", "--no-ceilings", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--preset",
+                "tiny",
+                "--context",
+                "300",
+                "--batch",
+                "4",
+                "--warmup",
+                "3",
+                "--steps",
+                "2",
+                "--no-ceilings",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     r = json.loads(out.read_text())
     assert torch.cuda.is_available() and r["device"] != "cpu"
     for cat in KERNEL_CATEGORIES:

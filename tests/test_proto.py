@@ -21,8 +21,11 @@ def test_generated_code_is_fresh(tmp_path: Path) -> None:
     stubs = generate.tool_version("mypy-protobuf") == generate.MYPY_PROTOBUF_VERSION
     written = generate.generate(out_dir=tmp_path, stubs=stubs)
     assert written, "no .proto sources found"
-    stale = [str(rel) for rel in written
-             if not (ROOT / rel).exists() or (ROOT / rel).read_bytes() != (tmp_path / rel).read_bytes()]
+    stale = [
+        str(rel)
+        for rel in written
+        if not (ROOT / rel).exists() or (ROOT / rel).read_bytes() != (tmp_path / rel).read_bytes()
+    ]
     assert not stale, f"stale generated code, run `python proto/generate.py`: {stale}"
 
 
@@ -33,8 +36,9 @@ def _load_grpc_module(path: Path, name: str):
     return module
 
 
-@pytest.mark.parametrize("relpath", ["proto/kvcache/v1/kvcache_pb2_grpc.py",
-                                     "proto/decode/v1/decode_pb2_grpc.py"])
+@pytest.mark.parametrize(
+    "relpath", ["proto/kvcache/v1/kvcache_pb2_grpc.py", "proto/decode/v1/decode_pb2_grpc.py"]
+)
 def test_grpc_version_guard_accepts_1_84(relpath: str, monkeypatch: pytest.MonkeyPatch) -> None:
     path = ROOT / relpath
     pinned = re.search(r"GRPC_GENERATED_VERSION = '([\d.]+)'", path.read_text()).group(1)
@@ -62,8 +66,11 @@ def _needs_comment(line: str) -> bool:
 @pytest.mark.parametrize("source", generate.proto_sources(), ids=str)
 def test_every_field_is_commented(source: Path) -> None:
     lines = (ROOT / source).read_text().splitlines()
-    bare = [f"{source}:{i + 1}: {line.strip()}" for i, line in enumerate(lines)
-            if _needs_comment(line) and not lines[i - 1].strip().startswith("//")]
+    bare = [
+        f"{source}:{i + 1}: {line.strip()}"
+        for i, line in enumerate(lines)
+        if _needs_comment(line) and not lines[i - 1].strip().startswith("//")
+    ]
     assert not bare, "fields without a comment:\n" + "\n".join(bare)
 
 

@@ -35,9 +35,13 @@ def test_rows_are_independent_of_their_batch() -> None:
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(6, 300, generator=gen)
     temps = torch.tensor([0.0, 0.7, 1.0, 0.0, 1.3, 0.9])
-    keys = torch.tensor([token_key(s, i) for s, i in [(0, 0), (5, 3), (5, 4), (1, 1), (9, 0), (2, 7)]])
+    keys = torch.tensor(
+        [token_key(s, i) for s, i in [(0, 0), (5, 3), (5, 4), (1, 1), (9, 0), (2, 7)]]
+    )
     batch = sample_rows(logits, temps, keys)
-    alone = [int(sample_rows(logits[i:i + 1], temps[i:i + 1], keys[i:i + 1])[0]) for i in range(6)]
+    alone = [
+        int(sample_rows(logits[i : i + 1], temps[i : i + 1], keys[i : i + 1])[0]) for i in range(6)
+    ]
     assert batch.tolist() == alone
     assert batch[0] == logits[0].argmax() and batch[3] == logits[3].argmax()  # greedy rows
     assert torch.equal(sample_rows(logits), logits.argmax(dim=-1))

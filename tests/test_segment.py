@@ -24,8 +24,18 @@ from kernels.uva import UVATensor
 from kv_service import segment
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYOUT = KVLayout(num_layers=2, max_requests=3, hot_slots=24, window=4, topk=16, page_size=4,
-                  num_pages=5, max_context=30, row_format="fp8", index_format="fp8")
+LAYOUT = KVLayout(
+    num_layers=2,
+    max_requests=3,
+    hot_slots=24,
+    window=4,
+    topk=16,
+    page_size=4,
+    num_pages=5,
+    max_context=30,
+    row_format="fp8",
+    index_format="fp8",
+)
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -44,8 +54,11 @@ def _fill(tensors: dict[str, torch.Tensor], seed: int) -> None:
 
 
 def _mismatched(tensors: dict[str, torch.Tensor], seed: int) -> list[str]:
-    return [name for i, name in enumerate(sorted(tensors))
-            if not torch.equal(_bytes(tensors[name]).cpu(), _pattern(tensors[name], seed * 100 + i))]
+    return [
+        name
+        for i, name in enumerate(sorted(tensors))
+        if not torch.equal(_bytes(tensors[name]).cpu(), _pattern(tensors[name], seed * 100 + i))
+    ]
 
 
 def _as_dict(kv: KVTensors) -> dict[str, torch.Tensor]:
@@ -65,7 +78,9 @@ def _run_child(target, *args) -> str:
     return result
 
 
-def _child_roundtrip(layout: dict, handles: list[dict], extra: list[dict], device: str, conn) -> None:
+def _child_roundtrip(
+    layout: dict, handles: list[dict], extra: list[dict], device: str, conn
+) -> None:
     segs = SegmentMap()
     try:
         kv = segs.map_segments(KVLayout.from_dict(layout), handles, torch.device(device))
@@ -75,8 +90,10 @@ def _child_roundtrip(layout: dict, handles: list[dict], extra: list[dict], devic
         assert not _mismatched(extras, 3), _mismatched(extras, 3)
         if device == "cuda":
             assert kv.host_kv.is_pinned()
-            assert torch.equal(_uva_copy(kv.host_rows.view(torch.uint8), kv.host_kv.numel()),
-                               _bytes(kv.host_kv).cuda())
+            assert torch.equal(
+                _uva_copy(kv.host_rows.view(torch.uint8), kv.host_kv.numel()),
+                _bytes(kv.host_kv).cuda(),
+            )
         _fill(_as_dict(kv), 2)
         _fill(extras, 4)
         if device == "cuda":
@@ -92,7 +109,10 @@ def _roundtrip(tmp_path: Path, device: torch.device) -> None:
     kv, handles = segment.create_segments(LAYOUT, device, str(tmp_path), "rt")
     extras, extra_handles = segment.export_extra(
         {"slots": torch.zeros(3, 7, dtype=torch.int32, device=device), "stage": torch.ones(5, 9)},
-        device, str(tmp_path), "rt")
+        device,
+        str(tmp_path),
+        "rt",
+    )
     try:
         _fill(_as_dict(kv), 1)
         _fill(extras, 3)
@@ -178,9 +198,17 @@ def test_mismatch_is_refused(tmp_path: Path) -> None:
 
 def test_ipc_handle_codec() -> None:
     share = (0, b"\x01" * 64, 4096, 512, b"/torch_1_2_3", 7, b"\x00" * 64, True)
-    pid, decoded = handle.decode_ipc(json.dumps(
-        {"pid": 42, "share": [{"b64": base64.b64encode(v).decode()}
-                              if isinstance(v, bytes) else v for v in share]}).encode())
+    pid, decoded = handle.decode_ipc(
+        json.dumps(
+            {
+                "pid": 42,
+                "share": [
+                    {"b64": base64.b64encode(v).decode()} if isinstance(v, bytes) else v
+                    for v in share
+                ],
+            }
+        ).encode()
+    )
     assert pid == 42 and tuple(decoded) == share
     for junk in (b"", b"{}", b'{"pid": 1, "share": [1, 2]}', b"\x80\x04K\x01."):
         with pytest.raises(LayoutError):
@@ -205,7 +233,8 @@ import json, sys, time, torch
 from kernels.uva import UVATensor
 from kv_service import segment
 from contract.layout import KVLayout
-kv, handles = segment.create_segments(KVLayout(**json.loads(sys.argv[1])), "cpu", sys.argv[2], "dead")
+layout = KVLayout(**json.loads(sys.argv[1]))
+kv, handles = segment.create_segments(layout, "cpu", sys.argv[2], "dead")
 print(json.dumps([{**h, "ipc": ""} for h in handles]), flush=True)
 time.sleep(300)
 """
@@ -213,9 +242,16 @@ time.sleep(300)
 
 def test_stale_segments_of_killed_process_are_removed(tmp_path: Path) -> None:
     segs = SegmentMap()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(LAYOUT.to_dict()), str(tmp_path)],
-                            stdout=subprocess.PIPE, env=env, text=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, json.dumps(LAYOUT.to_dict()), str(tmp_path)],
+        stdout=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()
         assert line, "child failed to create segments"
@@ -232,15 +268,18 @@ def test_stale_segments_of_killed_process_are_removed(tmp_path: Path) -> None:
         assert not segs.is_owner_alive(dead)
         removed = segment.remove_stale_segments(str(tmp_path), "dead")
         assert sorted(removed) == sorted(h["path"] for h in dead)
-        assert sorted(os.listdir(tmp_path)) == sorted([parent.name, f"hisparse-live-{os.getpid()}.lock"]
-                                                   + [Path(h["path"]).name for h in live])
+        assert sorted(os.listdir(tmp_path)) == sorted(
+            [parent.name, f"hisparse-live-{os.getpid()}.lock"]
+            + [Path(h["path"]).name for h in live]
+        )
         assert segment.remove_stale_segments(str(tmp_path), "dead") == []
     finally:
         segment.remove_segments(str(tmp_path), "live")
 
 
 def _uva_copy(src, n: int) -> torch.Tensor:
-    """Copy n bytes from a UVA host view into device memory with a Triton kernel (zero-copy loads)."""
+    """Copy n bytes from a UVA host view into device memory with a Triton kernel (zero-copy
+    loads)."""
     import triton
     import triton.language as tl
 
@@ -257,7 +296,8 @@ def _uva_copy(src, n: int) -> torch.Tensor:
 
 @pytest.mark.gpu
 def test_gpu_writes_are_shared_both_ways(tmp_path: Path) -> None:
-    """hot_kv and the extras by CUDA IPC, host_kv as a registered file read by Triton through UVA."""
+    """hot_kv and the extras by CUDA IPC, host_kv as a registered file read by Triton through
+    UVA."""
     _roundtrip(Path("/dev/shm") if os.path.isdir("/dev/shm") else tmp_path, torch.device("cuda"))
 
 

@@ -52,21 +52,30 @@ def test_capacity_numbers_round_trip_as_rich_status(svc: ServiceProcess) -> None
     info, quota = error_details_pb2.ErrorInfo(), error_details_pb2.QuotaFailure()
     assert status.details[0].Unpack(info) and status.details[1].Unpack(quota)
     assert (info.reason, info.domain) == ("CAPACITY_EXHAUSTED", "hisparse.kv")
-    assert dict(info.metadata) == {"exchanges_needed": "1", "exchanges_free": "0",
-                                   "exchanges_total": "1", "permanent": "false"}
-    assert [(v.subject, v.description) for v in quota.violations] == \
-        [("exchanges", "needed 1, free 0, total 1")]
+    assert dict(info.metadata) == {
+        "exchanges_needed": "1",
+        "exchanges_free": "0",
+        "exchanges_total": "1",
+        "permanent": "false",
+    }
+    assert [(v.subject, v.description) for v in quota.violations] == [
+        ("exchanges", "needed 1, free 0, total 1")
+    ]
     decoded = errors.from_rpc_error(err, "Attach")
     assert type(decoded) is errors.CapacityError and decoded.permanent is False
-    assert decoded.details == {"exchanges_needed": "1", "exchanges_free": "0",
-                               "exchanges_total": "1"}
+    assert decoded.details == {
+        "exchanges_needed": "1",
+        "exchanges_free": "0",
+        "exchanges_total": "1",
+    }
     SessionClient(svc, owner).send(detach=pb.Detach())
 
 
 def test_not_found_and_invalid_argument_round_trip(svc: ServiceProcess) -> None:
     stub = svc.stub()
     missing = errors.from_rpc_error(
-        rpc_error(stub.Attach, pb.AttachRequest(resume_session_id="gone")), "Attach")
+        rpc_error(stub.Attach, pb.AttachRequest(resume_session_id="gone")), "Attach"
+    )
     assert type(missing) is errors.UnknownSession and missing.details == {"session_id": "gone"}
     assert isinstance(missing, errors.UnknownRequest)
     bad = errors.from_rpc_error(rpc_error(stub.Drain, pb.DrainRequest(timeout_seconds=-1)), "Drain")
@@ -74,7 +83,8 @@ def test_not_found_and_invalid_argument_round_trip(svc: ServiceProcess) -> None:
     layout = layout_to_proto(TINY)
     layout.num_pages = 33
     mismatch = errors.from_rpc_error(
-        rpc_error(stub.Attach, pb.AttachRequest(expected_layout=layout)), "Attach")
+        rpc_error(stub.Attach, pb.AttachRequest(expected_layout=layout)), "Attach"
+    )
     assert type(mismatch) is errors.LayoutMismatch and "num_pages" in mismatch.message
 
 
@@ -84,7 +94,8 @@ def test_aio_client_decodes_the_same_details(svc: ServiceProcess) -> None:
             with pytest.raises(errors.KVError) as err:
                 with errors.rpc_errors("Attach"):
                     await pb_grpc.KVCacheServiceStub(channel).Attach(
-                        pb.AttachRequest(resume_session_id="gone"), timeout=10)
+                        pb.AttachRequest(resume_session_id="gone"), timeout=10
+                    )
             return err.value
 
     err = asyncio.run(attach_missing())
@@ -108,13 +119,15 @@ def test_request_that_can_never_fit_is_refused_at_once_as_permanent(svc: Service
 def test_absurd_step_counters_are_refused_and_stats_keep_working(svc: ServiceProcess) -> None:
     s = SessionClient(svc, attach(svc))
     for _ in range(3):
-        reply = s.send(step_end=pb.StepEnd(step=1, hits=2**63 - 1, misses=2**63 - 1,
-                                           bytes_moved=2**64 - 1))
+        reply = s.send(
+            step_end=pb.StepEnd(step=1, hits=2**63 - 1, misses=2**63 - 1, bytes_moved=2**64 - 1)
+        )
         assert reply.error.code == INVALID and reply.error.details["field"] == "hits"
     stats = svc.stub().GetStats(pb.GetStatsRequest())
     assert stats.hits < 2**32 and stats.misses < 2**32
-    assert s.send(step_end=pb.StepEnd(step=2, hits=3, misses=1, bytes_moved=TINY.row_bytes)) \
-        .HasField("ack")
+    assert s.send(
+        step_end=pb.StepEnd(step=2, hits=3, misses=1, bytes_moved=TINY.row_bytes)
+    ).HasField("ack")
     assert svc.stub().GetStats(pb.GetStatsRequest()).hits == stats.hits + 3
     s.send(detach=pb.Detach())
     s.close()
@@ -133,10 +146,12 @@ def session_cases(session_id: str) -> dict[str, dict]:
         "negative seq_len": dict(commit=pb.Commit(request_id="live", seq_len=-1)),
         "empty commit id": dict(commit=pb.Commit(request_id="", seq_len=1)),
         "too many progress entries": dict(step_end=pb.StepEnd(progress=progress)),
-        "progress listed twice": dict(step_end=pb.StepEnd(progress=[
-            pb.RequestProgress(request_id="live", seq_len=1)] * 2)),
-        "negative progress": dict(step_end=pb.StepEnd(progress=[
-            pb.RequestProgress(request_id="live", seq_len=-3)])),
+        "progress listed twice": dict(
+            step_end=pb.StepEnd(progress=[pb.RequestProgress(request_id="live", seq_len=1)] * 2)
+        ),
+        "negative progress": dict(
+            step_end=pb.StepEnd(progress=[pb.RequestProgress(request_id="live", seq_len=-3)])
+        ),
         "misses over the step": dict(step_end=pb.StepEnd(misses=10**9)),
         "bytes over the step": dict(step_end=pb.StepEnd(bytes_moved=2**60)),
         "empty release id": dict(release=pb.Release(request_id="")),
@@ -163,30 +178,48 @@ def test_every_malformed_session_field_is_invalid_argument(svc: ServiceProcess) 
 def test_every_malformed_unary_field_is_invalid_argument(svc: ServiceProcess) -> None:
     stub = svc.stub()
     a = attach(svc)
-    cases = {"engine name too long": (stub.Attach, pb.AttachRequest(engine_name="e" * 500)),
-             "engine name control chars": (stub.Attach, pb.AttachRequest(engine_name="a\nb")),
-             "resume id too long": (stub.Attach, pb.AttachRequest(resume_session_id="s" * 300)),
-             "drain timeout nan": (stub.Drain, pb.DrainRequest(timeout_seconds=float("nan"))),
-             "drain timeout inf": (stub.Drain, pb.DrainRequest(timeout_seconds=float("inf")))}
-    for field in ("num_layers", "max_requests", "hot_slots", "window", "topk", "page_size",
-                  "num_pages", "max_context"):
+    cases = {
+        "engine name too long": (stub.Attach, pb.AttachRequest(engine_name="e" * 500)),
+        "engine name control chars": (stub.Attach, pb.AttachRequest(engine_name="a\nb")),
+        "resume id too long": (stub.Attach, pb.AttachRequest(resume_session_id="s" * 300)),
+        "drain timeout nan": (stub.Drain, pb.DrainRequest(timeout_seconds=float("nan"))),
+        "drain timeout inf": (stub.Drain, pb.DrainRequest(timeout_seconds=float("inf"))),
+    }
+    for field in (
+        "num_layers",
+        "max_requests",
+        "hot_slots",
+        "window",
+        "topk",
+        "page_size",
+        "num_pages",
+        "max_context",
+    ):
         for value in (0, -1, 2**62):
             layout = layout_to_proto(TINY)
             setattr(layout, field, value)
-            cases[f"layout {field}={value}"] = (stub.Attach, pb.AttachRequest(
-                expected_layout=layout))
+            cases[f"layout {field}={value}"] = (
+                stub.Attach,
+                pb.AttachRequest(expected_layout=layout),
+            )
     layout = layout_to_proto(TINY)
     layout.row_format = "fp4"
     cases["layout row_format"] = (stub.Attach, pb.AttachRequest(expected_layout=layout))
-    for name, kw in {"layer -1": dict(layer=-1, batch_size=1),
-                     "layer too big": dict(layer=2**40, batch_size=1),
-                     "batch 0": dict(layer=0, batch_size=0),
-                     "batch too big": dict(layer=0, batch_size=10**9),
-                     "no exchange": dict(layer=0, batch_size=1)}.items():
-        cases[f"remote swap {name}"] = (stub.RemoteSwap, pb.RemoteSwapRequest(
-            session_id=a.session_id, epoch=a.epoch, **kw))
-    cases["remote swap empty session"] = (stub.RemoteSwap, pb.RemoteSwapRequest(
-        epoch=a.epoch, layer=0, batch_size=1))
+    for name, kw in {
+        "layer -1": dict(layer=-1, batch_size=1),
+        "layer too big": dict(layer=2**40, batch_size=1),
+        "batch 0": dict(layer=0, batch_size=0),
+        "batch too big": dict(layer=0, batch_size=10**9),
+        "no exchange": dict(layer=0, batch_size=1),
+    }.items():
+        cases[f"remote swap {name}"] = (
+            stub.RemoteSwap,
+            pb.RemoteSwapRequest(session_id=a.session_id, epoch=a.epoch, **kw),
+        )
+    cases["remote swap empty session"] = (
+        stub.RemoteSwap,
+        pb.RemoteSwapRequest(epoch=a.epoch, layer=0, batch_size=1),
+    )
     codes = {name: rpc_error(call, request).code() for name, (call, request) in cases.items()}
     assert codes == {name: C.INVALID_ARGUMENT for name in cases}
 

@@ -36,18 +36,24 @@ def listen_addresses(port: int) -> list[str]:
                 local, state = line.split()[1], line.split()[3]
                 addr, hexport = local.split(":")
                 if state == "0A" and int(hexport, 16) == port:
-                    found.append(socket.inet_ntop(
-                        socket.AF_INET if len(addr) == 8 else socket.AF_INET6,
-                        b"".join(int(addr[i:i + 8], 16).to_bytes(4, "little")
-                                 for i in range(0, len(addr), 8))))
+                    found.append(
+                        socket.inet_ntop(
+                            socket.AF_INET if len(addr) == 8 else socket.AF_INET6,
+                            b"".join(
+                                int(addr[i : i + 8], 16).to_bytes(4, "little")
+                                for i in range(0, len(addr), 8)
+                            ),
+                        )
+                    )
     return found
 
 
 def test_drain_rpc_then_sigterm_waits_for_requests() -> None:
     workdir = short_tmpdir("kvsvc-d")
     port = free_port()
-    svc = ServiceProcess(workdir, f"d{os.getpid()}", "--drain-timeout", "20",
-                         "--metrics-port", str(port))
+    svc = ServiceProcess(
+        workdir, f"d{os.getpid()}", "--drain-timeout", "20", "--metrics-port", str(port)
+    )
     try:
         svc.start().wait_serving()
         s = SessionClient(svc, attach(svc))
@@ -55,8 +61,10 @@ def test_drain_rpc_then_sigterm_waits_for_requests() -> None:
         scraped = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
         assert b"kvs_requests 1.0" in scraped and b"kvs_index_pages_used 2.0" in scraped
         assert b'kvs_session_message_seconds_count{code="OK",message="admit"} 1.0' in scraped
-        assert (b'grpc_server_handled_total{grpc_code="OK",grpc_method="Attach",'
-                b'grpc_service="kvcache.v1.KVCacheService",grpc_type="unary"} 1.0') in scraped
+        assert (
+            b'grpc_server_handled_total{grpc_code="OK",grpc_method="Attach",'
+            b'grpc_service="kvcache.v1.KVCacheService",grpc_type="unary"} 1.0'
+        ) in scraped
         assert listen_addresses(port) == ["127.0.0.1"]
         drain = svc.stub().Drain(pb.DrainRequest(timeout_seconds=0.2))
         assert (drain.drained, drain.remaining_requests) == (False, 1)
@@ -85,8 +93,9 @@ def test_sigkill_leftovers_removed_on_restart_and_drain_timeout() -> None:
         assert first.segment_files() and os.path.exists(first.uds)
         second.start().wait_serving()
         pid = second.proc.pid
-        assert all(f"-{pid}-" in name or name.endswith(f"-{pid}.lock")
-                   for name in second.segment_files())
+        assert all(
+            f"-{pid}-" in name or name.endswith(f"-{pid}.lock") for name in second.segment_files()
+        )
         assert "removed stale segment" in second.log() and "removed stale socket" in second.log()
         s = SessionClient(second, attach(second))
         s.admit("never-released", 4, 4)
@@ -103,14 +112,24 @@ def test_sigkill_leftovers_removed_on_restart_and_drain_timeout() -> None:
 def test_cli_flags_env_and_validation(capsys: pytest.CaptureFixture) -> None:
     from kv_service.__main__ import parse
 
-    env = {"KVS_NUM_PAGES": "40", "KVS_TOKEN": "from-env", "KVS_SOCKET_MODE": "660",
-           "KVS_UDS": "/tmp/x.sock"}
+    env = {
+        "KVS_NUM_PAGES": "40",
+        "KVS_TOKEN": "from-env",
+        "KVS_SOCKET_MODE": "660",
+        "KVS_UDS": "/tmp/x.sock",
+    }
     config, _ = parse(["--num-layers", "3", "--lease-seconds", "2.5"], env)
     assert (config.layout.num_pages, config.layout.num_layers, config.lease_seconds) == (40, 3, 2.5)
     assert (config.token, config.socket_mode, config.uds) == ("from-env", 0o660, "/tmp/x.sock")
     assert "from-env" not in repr(config)
-    for bad in (["--socket-mode", "644"], ["--uds", "/tmp/" + "x" * 120], ["--device", "tpu"],
-                ["--lease-seconds", "0"], ["--window", "4096"], ["--tcp", "nonsense"]):
+    for bad in (
+        ["--socket-mode", "644"],
+        ["--uds", "/tmp/" + "x" * 120],
+        ["--device", "tpu"],
+        ["--lease-seconds", "0"],
+        ["--window", "4096"],
+        ["--tcp", "nonsense"],
+    ):
         with pytest.raises(SystemExit) as err:
             parse(bad, {})
         assert err.value.code == 2, bad
@@ -131,15 +150,20 @@ def test_start_up_failure_is_logged_with_its_traceback() -> None:
     st = os.statvfs(os.path.join(workdir, "shm"))
     page_bytes = TINY.num_layers * TINY.page_size * TINY.row_bytes
     too_many = st.f_bavail * st.f_frsize // page_bytes + 1
-    svc = ServiceProcess(workdir, "fail", layout=KVLayout(**(TINY.to_dict()
-                                                            | {"num_pages": too_many})))
+    svc = ServiceProcess(
+        workdir, "fail", layout=KVLayout(**(TINY.to_dict() | {"num_pages": too_many}))
+    )
     try:
         svc.start()
         assert svc.wait_exit(60) == 1
         log = svc.log()
         # The cause, with its traceback, comes before the socket closes and "stopped".
-        assert log.index("service stopping on an error") < log.index("Traceback") \
-            < log.index("no room for") < log.index("stopped;"), log
+        assert (
+            log.index("service stopping on an error")
+            < log.index("Traceback")
+            < log.index("no room for")
+            < log.index("stopped;")
+        ), log
         assert svc.segment_files() == []
     finally:
         svc.kill()

@@ -39,8 +39,17 @@ LEASE = 1.0
 @pytest.fixture(scope="module")
 def svc():
     workdir = short_tmpdir("kvsvc-t")
-    service = ServiceProcess(workdir, f"t{os.getpid()}", "--lease-seconds", str(LEASE),
-                             "--max-message-bytes", "65536", "--drain-timeout", "2", token=TOKEN)
+    service = ServiceProcess(
+        workdir,
+        f"t{os.getpid()}",
+        "--lease-seconds",
+        str(LEASE),
+        "--max-message-bytes",
+        "65536",
+        "--drain-timeout",
+        "2",
+        token=TOKEN,
+    )
     try:
         yield service.start().wait_serving()
         assert service.stop() == 0, service.log()
@@ -70,8 +79,13 @@ def test_attach_admit_commit_step_release(svc: ServiceProcess) -> None:
     assert kv.page_table[big.slot, :10].tolist() == list(big.pages)
     assert kv.req_mode[big.slot].item() == MODE_OFFLOADED
     assert s.send(commit=pb.Commit(request_id="big", seq_len=30)).HasField("ack")
-    step = pb.StepEnd(step=1, progress=[pb.RequestProgress(request_id="big", seq_len=31)],
-                      hits=7, misses=2, bytes_moved=2304)
+    step = pb.StepEnd(
+        step=1,
+        progress=[pb.RequestProgress(request_id="big", seq_len=31)],
+        hits=7,
+        misses=2,
+        bytes_moved=2304,
+    )
     assert s.send(step_end=step).HasField("ack")
     assert s.send(heartbeat=pb.Heartbeat()).HasField("ack")
     stats = svc.stub().GetStats(pb.GetStatsRequest(), metadata=svc.metadata)
@@ -116,11 +130,17 @@ def test_in_band_error_codes(svc: ServiceProcess) -> None:
     codes["double release"] = s.release("r").error.code
     C = grpc.StatusCode
     assert codes == {
-        "wrong epoch": C.FAILED_PRECONDITION.value[0], "duplicate": C.ALREADY_EXISTS.value[0],
-        "bad seq_len": C.INVALID_ARGUMENT.value[0], "negative": C.INVALID_ARGUMENT.value[0],
-        "empty id": C.INVALID_ARGUMENT.value[0], "too long": C.RESOURCE_EXHAUSTED.value[0],
-        "empty message": C.INVALID_ARGUMENT.value[0], "other session": C.INVALID_ARGUMENT.value[0],
-        "unknown request": C.NOT_FOUND.value[0], "double release": C.NOT_FOUND.value[0]}
+        "wrong epoch": C.FAILED_PRECONDITION.value[0],
+        "duplicate": C.ALREADY_EXISTS.value[0],
+        "bad seq_len": C.INVALID_ARGUMENT.value[0],
+        "negative": C.INVALID_ARGUMENT.value[0],
+        "empty id": C.INVALID_ARGUMENT.value[0],
+        "too long": C.RESOURCE_EXHAUSTED.value[0],
+        "empty message": C.INVALID_ARGUMENT.value[0],
+        "other session": C.INVALID_ARGUMENT.value[0],
+        "unknown request": C.NOT_FOUND.value[0],
+        "double release": C.NOT_FOUND.value[0],
+    }
     s.close()
 
 
@@ -128,29 +148,44 @@ def test_unary_error_codes(svc: ServiceProcess) -> None:
     stub, md = svc.stub(), svc.metadata
     bad_layout = layout_to_proto(TINY)
     bad_layout.num_pages = 33
-    assert code_of(stub.Attach, pb.AttachRequest(expected_layout=bad_layout), metadata=md) \
+    assert (
+        code_of(stub.Attach, pb.AttachRequest(expected_layout=bad_layout), metadata=md)
         == grpc.StatusCode.INVALID_ARGUMENT
+    )
     with pytest.raises(grpc.RpcError) as err:
         stub.Attach(pb.AttachRequest(resume_session_id="nope"), metadata=md)
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
     decoded = errors.from_rpc_error(err.value, "Attach")
     assert type(decoded) is errors.UnknownSession and decoded.details == {"session_id": "nope"}
     a = attach(svc)
-    assert code_of(stub.RemoteSwap, pb.RemoteSwapRequest(
-        session_id=a.session_id, epoch=a.epoch + 1, layer=0, batch_size=1), metadata=md) \
+    assert (
+        code_of(
+            stub.RemoteSwap,
+            pb.RemoteSwapRequest(session_id=a.session_id, epoch=a.epoch + 1, layer=0, batch_size=1),
+            metadata=md,
+        )
         == grpc.StatusCode.FAILED_PRECONDITION
-    assert code_of(stub.Drain, pb.DrainRequest(timeout_seconds=-1), metadata=md) \
+    )
+    assert (
+        code_of(stub.Drain, pb.DrainRequest(timeout_seconds=-1), metadata=md)
         == grpc.StatusCode.INVALID_ARGUMENT
-    assert code_of(stub.Attach, pb.AttachRequest(engine_name="x" * 100_000), metadata=md) \
+    )
+    assert (
+        code_of(stub.Attach, pb.AttachRequest(engine_name="x" * 100_000), metadata=md)
         == grpc.StatusCode.RESOURCE_EXHAUSTED
+    )
 
 
 def test_unauthenticated(svc: ServiceProcess) -> None:
     stub = svc.stub()
     for md in ((), (("authorization", "Bearer wrong"),), (("authorization", TOKEN),)):
-        assert code_of(stub.Attach, pb.AttachRequest(), metadata=md) == grpc.StatusCode.UNAUTHENTICATED
-        assert code_of(stub.GetStats, pb.GetStatsRequest(), metadata=md) \
+        assert (
+            code_of(stub.Attach, pb.AttachRequest(), metadata=md) == grpc.StatusCode.UNAUTHENTICATED
+        )
+        assert (
+            code_of(stub.GetStats, pb.GetStatsRequest(), metadata=md)
             == grpc.StatusCode.UNAUTHENTICATED
+        )
     stream = stub.Session(iter([pb.SessionMessage(seq=1, heartbeat=pb.Heartbeat())]))
     assert code_of(list, stream) == grpc.StatusCode.UNAUTHENTICATED
     # Health stays open for probes.
@@ -165,22 +200,32 @@ def test_lease_expiry_and_reattach(svc: ServiceProcess) -> None:
     s.close()
     resumed = attach(svc, resume_session_id=a.session_id)
     assert resumed.session_id == a.session_id and resumed.epoch == a.epoch
-    assert [(r.request_id, r.seq_len, r.reserved_tokens, r.mode) for r in resumed.requests] == \
-        [("long", 17, 40, pb.OFFLOADED)]
+    assert [(r.request_id, r.seq_len, r.reserved_tokens, r.mode) for r in resumed.requests] == [
+        ("long", 17, 40, pb.OFFLOADED)
+    ]
     closed = time.monotonic()
     # Without a stream the lease runs out and the request is reclaimed (expiry tick: lease / 4).
     while svc.stub().GetStats(pb.GetStatsRequest(), metadata=svc.metadata).requests:
         assert time.monotonic() < closed + 10 * LEASE, "lease never expired"
         time.sleep(LEASE / 8)
     assert time.monotonic() - closed >= 0.9 * LEASE
-    assert code_of(svc.stub().Attach, pb.AttachRequest(resume_session_id=a.session_id),
-                   metadata=svc.metadata) == grpc.StatusCode.NOT_FOUND
+    assert (
+        code_of(
+            svc.stub().Attach,
+            pb.AttachRequest(resume_session_id=a.session_id),
+            metadata=svc.metadata,
+        )
+        == grpc.StatusCode.NOT_FOUND
+    )
 
 
 def residency(engine: RemoteSwapEngine, layer: int, slot: int) -> list[list[int]]:
     kv = engine.kv
-    return [kv.slot_token[layer, slot].tolist(), kv.token_slot[layer, slot].tolist(),
-            kv.lru_order[layer, slot].tolist()]
+    return [
+        kv.slot_token[layer, slot].tolist(),
+        kv.token_slot[layer, slot].tolist(),
+        kv.lru_order[layer, slot].tolist(),
+    ]
 
 
 def check_repeated_positions_refused(engine: RemoteSwapEngine, slot: int) -> None:
@@ -228,8 +273,10 @@ def test_remote_swap_moves_the_right_rows(svc: ServiceProcess) -> None:
     check_remote_swap(svc, "cpu")
     # One session owns the exchange at a time; it is free again once that session is gone.
     owner = attach(svc, remote_swap=True)
-    assert code_of(svc.stub().Attach, pb.AttachRequest(remote_swap=True), metadata=svc.metadata) \
+    assert (
+        code_of(svc.stub().Attach, pb.AttachRequest(remote_swap=True), metadata=svc.metadata)
         == grpc.StatusCode.RESOURCE_EXHAUSTED
+    )
     SessionClient(svc, owner).send(detach=pb.Detach())
     assert any(t.name == "xchg_topk" for t in attach(svc, remote_swap=True).tensors)
 
@@ -265,5 +312,7 @@ def test_reflection_lists_services(svc: ServiceProcess) -> None:
     reply = next(stub.ServerReflectionInfo(iter([ask]), metadata=svc.metadata, timeout=10))
     names = {s.name for s in reply.list_services_response.service}
     assert {"kvcache.v1.KVCacheService", "grpc.health.v1.Health"} <= names
-    assert code_of(list, stub.ServerReflectionInfo(iter([ask]), timeout=10)) \
+    assert (
+        code_of(list, stub.ServerReflectionInfo(iter([ask]), timeout=10))
         == grpc.StatusCode.UNAUTHENTICATED
+    )

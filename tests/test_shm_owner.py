@@ -20,8 +20,16 @@ from contract.layout import KVLayout
 from kv_service import segment, shm_file
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYOUT = KVLayout(num_layers=1, max_requests=2, hot_slots=16, window=4, topk=8, page_size=4,
-                  num_pages=4, max_context=16)
+LAYOUT = KVLayout(
+    num_layers=1,
+    max_requests=2,
+    hot_slots=16,
+    window=4,
+    topk=8,
+    page_size=4,
+    num_pages=4,
+    max_context=16,
+)
 OWNER = """
 import json, os, sys, time
 from kv_service import segment
@@ -49,11 +57,24 @@ class Owner:
     """A service-like owner of segments in a child process."""
 
     def __init__(self, shm_dir: Path, instance: str, fake_pid: int | None = None) -> None:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT),
-                                                            os.environ.get("PYTHONPATH", "")])}
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        }
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", OWNER, json.dumps(LAYOUT.to_dict()), str(shm_dir), instance,
-             str(fake_pid or "")], stdout=subprocess.PIPE, env=env, text=True)
+            [
+                sys.executable,
+                "-c",
+                OWNER,
+                json.dumps(LAYOUT.to_dict()),
+                str(shm_dir),
+                instance,
+                str(fake_pid or ""),
+            ],
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
         line = self.proc.stdout.readline()
         assert line, "owner failed to create its segments"
         pid = fake_pid or self.proc.pid
@@ -88,8 +109,9 @@ def test_live_owner_with_invisible_pid_is_never_removed(tmp_path: Path, owners) 
         # Once it is really dead its lock can be taken: its files go, and only its files.
         first.kill()
         removed = segment.remove_stale_segments(str(tmp_path), "kv")
-        assert sorted(os.path.basename(p) for p in removed) == \
-            sorted(n for n in first.files if not n.endswith(".lock"))
+        assert sorted(os.path.basename(p) for p in removed) == sorted(
+            n for n in first.files if not n.endswith(".lock")
+        )
         left = os.listdir(tmp_path)
         assert not set(first.files) & set(left) and all("-other-" in n for n in left)
     finally:
@@ -106,8 +128,9 @@ def test_dead_owner_of_another_instance_is_left_alone(tmp_path: Path, owners) ->
     assert os.listdir(tmp_path) == []
 
 
-def test_same_instance_and_pid_in_another_namespace_refuses_to_start(tmp_path: Path,
-                                                                      owners) -> None:
+def test_same_instance_and_pid_in_another_namespace_refuses_to_start(
+    tmp_path: Path, owners
+) -> None:
     # Another container's service with our instance name whose pid equals ours.
     twin = Owner(tmp_path, "kv", fake_pid=os.getpid())
     owners.append(twin)
@@ -140,8 +163,12 @@ def test_no_room_message_names_what_it_found(tmp_path: Path, owners) -> None:
     dead_bytes = sum(os.path.getsize(tmp_path / n) for n in dead.files)
     assert f"instance old pid {dead.proc.pid}: {dead_bytes} bytes (owner dead)" in msg
     assert "instance busy pid" in msg and "(owner alive)" in msg
-    hidden = 1000 * frsize - 10 * frsize - dead_bytes - sum(
-        os.path.getsize(tmp_path / n) for n in live.files)
+    hidden = (
+        1000 * frsize
+        - 10 * frsize
+        - dead_bytes
+        - sum(os.path.getsize(tmp_path / n) for n in live.files)
+    )
     assert f"; {hidden} bytes used by files that are not hisparse's" in msg
 
 
@@ -176,5 +203,6 @@ def test_no_room_message_names_processes_mapping_deleted_segments(tmp_path: Path
     assert held[os.getpid()] >= LAYOUT.host_tier_bytes
     st = os.statvfs(tmp_path)
     assert f"pid {os.getpid()}: {held[os.getpid()]} bytes" in shm_file.no_room_message(
-        str(tmp_path), {"host_kv": 1}, st)
+        str(tmp_path), {"host_kv": 1}, st
+    )
     del kv

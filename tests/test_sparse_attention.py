@@ -55,7 +55,7 @@ def assert_close_to_reference(out, lse, ref_out, ref_lse):
 @pytest.mark.parametrize("bs,heads,k,rows", [(1, 4, 37, 60), (3, 8, 150, 400), (17, 4, 64, 80)])
 def test_matches_reference(bs, heads, k, rows, device):
     args = make_inputs(bs, heads, k, rows, device, seed=bs * 1000 + k)
-    args[-1][-1, :] = -1                                # one row with no valid slot
+    args[-1][-1, :] = -1  # one row with no valid slot
     scale = 1.0 / math.sqrt(D_V + D_PE)
     out, lse = run_kernel(*args, scale)
     assert_close_to_reference(out, lse, *run_reference(*args, scale))
@@ -69,19 +69,21 @@ def test_every_token_selected_equals_dense_attention(device):
     out, lse = run_kernel(q_nope, q_pe, kv, row_base, slots, scale, block_n=32)
     keys = kv.float().view(bs, n, D_V + D_PE)
     q = torch.cat([q_nope, q_pe], dim=-1).float()
-    scores = scale * q @ keys.transpose(1, 2)                   # [bs, H, n]
+    scores = scale * q @ keys.transpose(1, 2)  # [bs, H, n]
     dense = torch.softmax(scores, dim=-1) @ keys[..., :D_V]
     rel = (out.float() - dense).norm(dim=-1) / dense.norm(dim=-1)
     assert rel.max() < 1e-2
     torch.testing.assert_close(lse, torch.logsumexp(scores, dim=-1), rtol=0, atol=1e-3)
 
 
-@pytest.mark.parametrize("splits,dtype", [(2, torch.float32), (3, torch.float32),
-                                          (4, torch.bfloat16), (8, torch.float32)])
+@pytest.mark.parametrize(
+    "splits,dtype",
+    [(2, torch.float32), (3, torch.float32), (4, torch.bfloat16), (8, torch.float32)],
+)
 def test_split_k_matches_reference(splits, dtype, device):
     args = make_inputs(3, 8, 150, 400, device, seed=splits)
-    args[-1][-1, :] = -1                                # one row with no valid slot
-    args[-1][0, :100] = -1                              # row 0: its first splits are empty
+    args[-1][-1, :] = -1  # one row with no valid slot
+    args[-1][0, :100] = -1  # row 0: its first splits are empty
     ws = AttnWorkspace.allocate(5, 8, splits, dtype=dtype, device=device)
     scale = 1.0 / math.sqrt(D_V + D_PE)
     out, lse = run_kernel(*args, scale, workspace=ws, block_n=16, slot_stage=32)
@@ -94,8 +96,10 @@ def test_split_count_depends_on_k_only():
 
 def test_workspace_must_fit(device):
     args = make_inputs(3, 8, 20, 40, device, seed=2)
-    for ws in (AttnWorkspace.allocate(2, 8, 2, device=device),
-               AttnWorkspace.allocate(3, 4, 2, device=device)):
+    for ws in (
+        AttnWorkspace.allocate(2, 8, 2, device=device),
+        AttnWorkspace.allocate(3, 4, 2, device=device),
+    ):
         with pytest.raises(ValueError):
             run_kernel(*args, 0.1, workspace=ws)
 
@@ -105,12 +109,16 @@ def test_layouts_that_gather_the_same_rows_give_identical_bits(splits, device):
     bs, heads, k, rows = 3, 8, 70, 100
     q_nope, q_pe, kv, row_base, slots = make_inputs(bs, heads, k, rows, device, seed=11)
     # Layout B: every row moved elsewhere in a larger buffer, slots remapped relative to new bases.
-    perm = torch.randperm(bs * rows + 50, generator=torch.Generator().manual_seed(3)).to(device) + 17
+    perm = (
+        torch.randperm(bs * rows + 50, generator=torch.Generator().manual_seed(3)).to(device) + 17
+    )
     kv_b = torch.randn(bs * rows + 67, D_V + D_PE, device=device).to(torch.bfloat16)
     kv_b[perm[: bs * rows]] = kv
     base_b = torch.tensor([5, 0, 17], dtype=torch.int64, device=device)
     rows_a = row_base[:, None] + slots.long()
-    slots_b = torch.where(slots >= 0, perm[rows_a.clamp(min=0)] - base_b[:, None], -1).to(torch.int32)
+    slots_b = torch.where(slots >= 0, perm[rows_a.clamp(min=0)] - base_b[:, None], -1).to(
+        torch.int32
+    )
     ws = AttnWorkspace.allocate(bs, heads, splits, device=device)
     out_a, lse_a = run_kernel(q_nope, q_pe, kv, row_base, slots, 0.04, workspace=ws, block_n=16)
     out_b, lse_b = run_kernel(q_nope, q_pe, kv_b, base_b, slots_b, 0.04, workspace=ws, block_n=16)
@@ -124,7 +132,7 @@ def test_padding_slots_are_never_read(device):
     # Put a NaN row right before each request's rows: slot -1 addresses it, and any use of it
     # would turn the output into NaN.
     nan_row = torch.full_like(kv[:1], float("nan"))
-    kv = torch.cat([t for b in range(bs) for t in (nan_row, kv[b * rows:(b + 1) * rows])])
+    kv = torch.cat([t for b in range(bs) for t in (nan_row, kv[b * rows : (b + 1) * rows])])
     row_base = (torch.arange(bs, device=device) * (rows + 1) + 1).to(torch.int64)
     out, lse = run_kernel(q_nope, q_pe, kv, row_base, slots, 0.1)
     assert_close_to_reference(out, lse, *run_reference(q_nope, q_pe, kv, row_base, slots, 0.1))
@@ -142,8 +150,13 @@ def test_rejects_bad_shapes(device):
         sparse_mla_decode(q_nope, q_pe, kv, row_base, slots, 1.0, out[:, :2], lse)
 
 
-GPU_CONFIGS = [dict(), dict(block_n=64, num_stages=2), dict(block_n=32, num_stages=4),
-               dict(splits=2), dict(splits=4, dtype=torch.bfloat16, block_n=64, num_stages=2)]
+GPU_CONFIGS = [
+    dict(),
+    dict(block_n=64, num_stages=2),
+    dict(block_n=32, num_stages=4),
+    dict(splits=2),
+    dict(splits=4, dtype=torch.bfloat16, block_n=64, num_stages=2),
+]
 
 
 @pytest.mark.gpu

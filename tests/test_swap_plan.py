@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from lru_simulator import LRUSim, check_bijection
 
 from kernels.reference import ref_swap_plan
 from kernels.swap_plan import swap_plan
-from lru_simulator import LRUSim, check_bijection
 
 POISON = 12345
 GUARD = 64
@@ -19,8 +19,14 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 STATE = ("req_mode", "page_table", "token_slot", "slot_token", "lru_order", "hit_flag")
 # Guard sentinels: a valid slot number in token_slot (a stray read would turn a skip into a hit),
 # values the kernel never writes elsewhere.
-SENTINEL = {"token_slot": 5, "slot_token": -7, "lru_order": -7, "hit_flag": 7, "req_mode": 2,
-            "page_table": 3}
+SENTINEL = {
+    "token_slot": 5,
+    "slot_token": -7,
+    "lru_order": -7,
+    "hit_flag": 7,
+    "req_mode": 2,
+    "page_table": 3,
+}
 
 
 @dataclass(frozen=True)
@@ -41,9 +47,9 @@ class State:
         self.cfg, self.bufs = cfg, {}
         for name, v in values.items():
             buf = torch.full((2 * GUARD + v.numel(),), SENTINEL[name], dtype=v.dtype, device=device)
-            buf[GUARD:GUARD + v.numel()] = v.flatten().to(device)
+            buf[GUARD : GUARD + v.numel()] = v.flatten().to(device)
             self.bufs[name] = buf
-            setattr(self, name, buf[GUARD:GUARD + v.numel()].view(v.shape))
+            setattr(self, name, buf[GUARD : GUARD + v.numel()].view(v.shape))
 
     def clone(self) -> "State":
         return State(self.cfg, self.hit_flag.device, {n: getattr(self, n).clone() for n in STATE})
@@ -58,13 +64,18 @@ def fresh_state(cfg: Cfg, device, modes: list[int]) -> State:
     """Empty residency (as after admission), every request's pages mapped."""
     L, R, B, W, C, P = cfg.L, cfg.R, cfg.B, cfg.W, cfg.C, cfg.P
     pages = -(-C // P)
-    return State(cfg, device, {
-        "req_mode": torch.tensor(modes, dtype=torch.int32),
-        "page_table": torch.randperm(R * pages).int().view(R, pages),
-        "token_slot": torch.full((L, R, C), -1, dtype=torch.int32),
-        "slot_token": torch.full((L, R, B), -1, dtype=torch.int32),
-        "lru_order": torch.arange(W, B, dtype=torch.int32).repeat(L, R, 1),
-        "hit_flag": torch.zeros((R, B), dtype=torch.int8)})
+    return State(
+        cfg,
+        device,
+        {
+            "req_mode": torch.tensor(modes, dtype=torch.int32),
+            "page_table": torch.randperm(R * pages).int().view(R, pages),
+            "token_slot": torch.full((L, R, C), -1, dtype=torch.int32),
+            "slot_token": torch.full((L, R, B), -1, dtype=torch.int32),
+            "lru_order": torch.arange(W, B, dtype=torch.int32).repeat(L, R, 1),
+            "hit_flag": torch.zeros((R, B), dtype=torch.int8),
+        },
+    )
 
 
 def random_state(cfg: Cfg, device, rng: random.Random) -> State:
@@ -76,7 +87,7 @@ def random_state(cfg: Cfg, device, rng: random.Random) -> State:
             slots = list(range(cfg.W, cfg.B))
             rng.shuffle(slots)
             order[l, r] = torch.tensor(slots)
-            for s, t in zip(slots[:rng.randint(0, len(slots))], rng.sample(range(cfg.C), cfg.C)):
+            for s, t in zip(slots[: rng.randint(0, len(slots))], rng.sample(range(cfg.C), cfg.C)):
                 ts[l, r, t], sl[l, r, s] = s, t
     for name, v in (("token_slot", ts), ("slot_token", sl), ("lru_order", order)):
         getattr(st, name).copy_(v)
@@ -84,18 +95,29 @@ def random_state(cfg: Cfg, device, rng: random.Random) -> State:
 
 
 def outputs(bs: int, k: int, device) -> list[torch.Tensor]:
-    return [torch.full((bs, k), POISON, dtype=torch.int32, device=device),
-            torch.full((bs, k), POISON, dtype=torch.int64, device=device),
-            torch.full((bs, k), POISON, dtype=torch.int64, device=device),
-            torch.full((bs,), POISON, dtype=torch.int32, device=device)]
+    return [
+        torch.full((bs, k), POISON, dtype=torch.int32, device=device),
+        torch.full((bs, k), POISON, dtype=torch.int64, device=device),
+        torch.full((bs, k), POISON, dtype=torch.int64, device=device),
+        torch.full((bs,), POISON, dtype=torch.int32, device=device),
+    ]
 
 
 def plan(fn, st: State, layer: int, topk, seq_lens, req_slots) -> list[torch.Tensor]:
     dev = st.hit_flag.device
     outs = outputs(len(topk), st.cfg.k, dev)
     as_t = lambda x: torch.tensor(x, dtype=torch.int32, device=dev)  # noqa: E731
-    fn(layer, as_t(topk), as_t(seq_lens), as_t(req_slots), *(getattr(st, n) for n in STATE),
-       *outs, num_layers=st.cfg.L, page_size=st.cfg.P, window=st.cfg.W)
+    fn(
+        layer,
+        as_t(topk),
+        as_t(seq_lens),
+        as_t(req_slots),
+        *(getattr(st, n) for n in STATE),
+        *outs,
+        num_layers=st.cfg.L,
+        page_size=st.cfg.P,
+        window=st.cfg.W,
+    )
     return outs
 
 
@@ -114,14 +136,18 @@ def plan_both(st: State, layer: int, topk, seq_lens, req_slots) -> list[torch.Te
 
 
 def check_residency(st: State, layer: int, r: int) -> None:
-    check_bijection(st.slot_token[layer, r].tolist(), st.token_slot[layer, r].tolist(),
-                    st.lru_order[layer, r].tolist(), st.cfg.W)
+    check_bijection(
+        st.slot_token[layer, r].tolist(),
+        st.token_slot[layer, r].tolist(),
+        st.lru_order[layer, r].tolist(),
+        st.cfg.W,
+    )
 
 
 def random_row(rng: random.Random, k: int, seq_len: int, C: int) -> list[int]:
     """Distinct valid positions mixed with padding and bad values, in random order."""
     valid = rng.sample(range(seq_len), rng.randint(0, min(k, seq_len))) if seq_len > 0 else []
-    bad = [-1, -1, -3, seq_len, seq_len + 2, C, 2**31 - 1, -2**31]
+    bad = [-1, -1, -3, seq_len, seq_len + 2, C, 2**31 - 1, -(2**31)]
     row = valid + [rng.choice(bad) for _ in range(k - len(valid))]
     rng.shuffle(row)
     return row
@@ -129,8 +155,14 @@ def random_row(rng: random.Random, k: int, seq_len: int, C: int) -> list[int]:
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("bs", [1, 3, 17])
-@pytest.mark.parametrize("cfg", [Cfg(), Cfg(L=3, R=17, B=21, W=1, k=7, P=4, C=37),
-                                 Cfg(L=1, R=3, B=600, W=64, k=257, P=64, C=3001)])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        Cfg(),
+        Cfg(L=3, R=17, B=21, W=1, k=7, P=4, C=37),
+        Cfg(L=1, R=3, B=600, W=64, k=257, P=64, C=3001),
+    ],
+)
 def test_plan_matches_reference(device, bs, cfg):
     rng = random.Random(bs * 1000 + cfg.k)
     torch.manual_seed(bs)
@@ -138,8 +170,9 @@ def test_plan_matches_reference(device, bs, cfg):
     slots = rng.sample(range(cfg.R), min(bs, cfg.R))
     req_slots = [slots[b] if b < len(slots) and rng.random() < 0.85 else -1 for b in range(bs)]
     # Both k < seq_len and k > seq_len, and seq_len beyond max_context (clamped).
-    seq_lens = [rng.choice([rng.randint(0, cfg.k), rng.randint(cfg.k, cfg.C + 4)])
-                for _ in range(bs)]
+    seq_lens = [
+        rng.choice([rng.randint(0, cfg.k), rng.randint(cfg.k, cfg.C + 4)]) for _ in range(bs)
+    ]
     topk = [random_row(rng, cfg.k, min(s, cfg.C), cfg.C) for s in seq_lens]
     for layer in (cfg.L - 1, 0):
         outs = plan_both(st, layer, topk, seq_lens, req_slots)
@@ -153,7 +186,7 @@ def next_selection(rng, prev: list[int], seq_len: int, k: int, overlap: float) -
     """k positions (fewer, padded with -1, when seq_len < k) keeping `overlap` of `prev`."""
     keep = rng.sample(prev, int(overlap * len(prev)))
     fresh = [t for t in rng.sample(range(seq_len), min(seq_len, 3 * k)) if t not in keep]
-    sel = keep + fresh[:min(k, seq_len) - len(keep)]
+    sel = keep + fresh[: min(k, seq_len) - len(keep)]
     if rng.random() < 0.5:
         sel.sort()
     else:
@@ -191,8 +224,10 @@ def test_plan_follows_lru_simulator(device, overlap):
     for _ in range(8):
         seq_lens = [s + rng.randint(1, 3) if s else 0 for s in seq_lens]
         for layer in range(cfg.L):
-            rows = [next_selection(rng, prev.get((layer, r), []), s, cfg.k, overlap)
-                    for r, s in zip(req_slots, seq_lens)]
+            rows = [
+                next_selection(rng, prev.get((layer, r), []), s, cfg.k, overlap)
+                for r, s in zip(req_slots, seq_lens)
+            ]
             outs = plan_both(st, layer, rows, seq_lens, req_slots)
             for b, (r, row, s) in enumerate(zip(req_slots, rows, seq_lens)):
                 if r < 0:
@@ -200,8 +235,12 @@ def test_plan_follows_lru_simulator(device, overlap):
                 prev[layer, r] = [t for t in row if t >= 0]
                 check_residency(st, layer, r)
                 evicted += len(check_against_sim(st, layer, r, row, s, b, outs, sims[layer, r]))
-                hits += sum(1 for t, v in zip(row, outs[0][b].tolist()) if 0 <= t < s - cfg.W
-                            and v >= 0) - outs[3][b].item()
+                hits += (
+                    sum(
+                        1 for t, v in zip(row, outs[0][b].tolist()) if 0 <= t < s - cfg.W and v >= 0
+                    )
+                    - outs[3][b].item()
+                )
     assert evicted > 0 and (hits > 0 or overlap == 0.0)
 
 
@@ -216,15 +255,23 @@ def test_bad_input_touches_nothing(device):
     st.token_slot[:, 5] = -1
     st.slot_token[:, 5] = -1
     before = st.clone()
-    huge = [-1, -5, 40, 41, cfg.C, cfg.C + 100, 2**31 - 1, -2**31, 39, 40, 60, -1, 2**30]
+    huge = [-1, -5, 40, 41, cfg.C, cfg.C + 100, 2**31 - 1, -(2**31), 39, 40, 60, -1, 2**30]
     req_slots = [-1, cfg.R, 2**31 - 1, 2, 0, 1, 3, 4, 5]
     seq_lens = [40, 40, 40, 40, 40, 2**31 - 1, -3, 0, 60]
     # Row 5 (resident, seq clamped to C): only t < B selects. Row 8: t >= 10 has no page.
-    topk = [list(range(13))] * 4 + [huge, [0, 23, 24, 60, 61] + [-1] * 8] + [list(range(13))] * 2 \
+    topk = (
+        [list(range(13))] * 4
+        + [huge, [0, 23, 24, 60, 61] + [-1] * 8]
+        + [list(range(13))] * 2
         + [list(range(10, 23))]
+    )
     outs = plan_both(st, 1, topk, seq_lens, req_slots)
-    expect = [[-1] * 13] * 4 + [[-1] * 8 + [39 % 3] + [-1] * 4, [0, 23] + [-1] * 11] \
-        + [[-1] * 13] * 2 + [[-1] * 13]
+    expect = (
+        [[-1] * 13] * 4
+        + [[-1] * 8 + [39 % 3] + [-1] * 4, [0, 23] + [-1] * 11]
+        + [[-1] * 13] * 2
+        + [[-1] * 13]
+    )
     assert outs[0].tolist() == expect
     assert outs[3].tolist() == [0] * 9
     assert (outs[1] == POISON).all() and (outs[2] == POISON).all()

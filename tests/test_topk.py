@@ -13,9 +13,9 @@ from kernels.topk import TopkWorkspace, topk_select
 def make_scores(kind, bs, cols, g):
     if kind == "normal":
         return torch.randn(bs, cols, generator=g)
-    if kind == "ties":                       # few distinct values: ties decide most of the output
+    if kind == "ties":  # few distinct values: ties decide most of the output
         return torch.randint(0, 4, (bs, cols), generator=g).float() - 1.0
-    x = torch.randn(bs, cols, generator=g)   # "special": NaN, +-inf, -0.0 and +0.0 mixed in
+    x = torch.randn(bs, cols, generator=g)  # "special": NaN, +-inf, -0.0 and +0.0 mixed in
     pick = torch.rand(bs, cols, generator=g)
     x[pick < 0.1] = float("-inf")
     x[(pick >= 0.1) & (pick < 0.15)] = float("nan")
@@ -40,10 +40,10 @@ def test_matches_reference(kind, bs, cols, k, device):
     g = torch.Generator().manual_seed(bs * 31 + cols + len(kind))
     scores = make_scores(kind, bs, cols, g).to(device)
     seq_lens = torch.randint(0, cols + 1, (bs,), generator=g)
-    seq_lens[0] = cols                                     # a full row
+    seq_lens[0] = cols  # a full row
     if bs > 2:
-        seq_lens[1] = 0                                    # a padding row
-        seq_lens[2] = cols + 50                            # clamped to the row width
+        seq_lens[1] = 0  # a padding row
+        seq_lens[2] = cols + 50  # clamped to the row width
     check(scores, seq_lens.to(device, torch.int32), k, rows=16, width=32)
 
 
@@ -86,7 +86,7 @@ def random_rows(kind, bs, cols, seed, device):
     g = torch.Generator().manual_seed(seed)
     scores = make_scores(kind, bs, cols, g).to(device)
     seq_lens = torch.randint(0, cols + 1, (bs,), generator=g)
-    seq_lens[0], seq_lens[1], seq_lens[2] = cols, 0, cols + 50    # full, padding, clamped
+    seq_lens[0], seq_lens[1], seq_lens[2] = cols, 0, cols + 50  # full, padding, clamped
     return scores, seq_lens.to(device, torch.int32)
 
 
@@ -95,7 +95,7 @@ def test_segmented_matches_reference_and_reuses_its_workspace(kind, device):
     scores, seq_lens = random_rows(kind, 4, 1030, len(kind), device)
     ws = TopkWorkspace.allocate(6, 1100, segment=256, radix_bits=8, device=device)
     first = check(scores, seq_lens, 300, workspace=ws, rows=16, width=32, block=64)
-    assert not ws.arrive.any()                              # counters are back to zero
+    assert not ws.arrive.any()  # counters are back to zero
     again = check(scores, seq_lens, 300, workspace=ws, rows=16, width=32, block=128)
     assert torch.equal(first, again)
 
@@ -121,8 +121,10 @@ def test_segmented_workspace_must_fit(device):
     scores = torch.randn(2, 100, device=device)
     out = torch.empty(2, 8, dtype=torch.int32, device=device)
     lens = torch.full((2,), 100, dtype=torch.int32, device=device)
-    for ws in (TopkWorkspace.allocate(1, 100, segment=16, device=device),
-               TopkWorkspace.allocate(2, 50, segment=16, device=device)):
+    for ws in (
+        TopkWorkspace.allocate(1, 100, segment=16, device=device),
+        TopkWorkspace.allocate(2, 50, segment=16, device=device),
+    ):
         with pytest.raises(ValueError):
             topk_select(scores, lens, out, workspace=ws)
 

@@ -20,13 +20,16 @@ def test_selection_is_a_valid_topk(seq_len: int) -> None:
         valid = [t for t in row if t >= 0]
         assert valid == sorted(set(valid)) and all(t < seq_len for t in valid)
         assert len(valid) == min(k, seq_len)
-        assert row[len(valid):] == [-1] * (k - len(valid))  # padding at the end
+        assert row[len(valid) :] == [-1] * (k - len(valid))  # padding at the end
 
 
 def test_deterministic_per_layer_slot_and_position() -> None:
     gen = TraceTopk(num_layers=2, topk=32, device="cpu", params=TraceParams(seed=3))
     a, b = (torch.empty((2, 32), dtype=torch.int32) for _ in range(2))
-    lens, slots = torch.tensor([900, 900], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32)
+    lens, slots = (
+        torch.tensor([900, 900], dtype=torch.int32),
+        torch.tensor([0, 1], dtype=torch.int32),
+    )
     gen(0, slots, lens, a)
     gen(0, slots, lens, b)
     assert torch.equal(a, b)

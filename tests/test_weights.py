@@ -8,12 +8,17 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from engine_client.kv.kernel_set import KernelSet
 from engine_client.kv.backend import BaselineBackend, BaselineConfig
+from engine_client.kv.kernel_set import KernelSet
 from engine_client.model.model import Model
 from engine_client.model.preset import PRESETS, ConfigError, ModelConfig, preset
-from engine_client.model.weights import (CheckpointError, load_safetensors, random_weights,
-                                   save_safetensors, weight_shapes)
+from engine_client.model.weights import (
+    CheckpointError,
+    load_safetensors,
+    random_weights,
+    save_safetensors,
+    weight_shapes,
+)
 
 CFG = preset("tiny", topk=8)
 
@@ -21,10 +26,22 @@ CFG = preset("tiny", topk=8)
 def test_presets_validate() -> None:
     assert set(PRESETS) == {"tiny", "bench", "v32"}
     v32 = preset("v32")
-    assert (v32.num_heads, v32.q_lora_rank, v32.index_heads, v32.topk, v32.num_layers) == (128, 1536, 64, 2048, 61)
+    assert (v32.num_heads, v32.q_lora_rank, v32.index_heads, v32.topk, v32.num_layers) == (
+        128,
+        1536,
+        64,
+        2048,
+        61,
+    )
     assert preset("bench", num_layers=2).num_layers == 2
-    for bad in ({"kv_lora_rank": 256}, {"rope_dim": 32}, {"index_dim": 64}, {"num_heads": 0},
-                {"mlp_hidden": -1}, {"dtype": "fp16"}):
+    for bad in (
+        {"kv_lora_rank": 256},
+        {"rope_dim": 32},
+        {"index_dim": 64},
+        {"num_heads": 0},
+        {"mlp_hidden": -1},
+        {"dtype": "fp16"},
+    ):
         with pytest.raises(ConfigError):
             CFG.replace(**bad)
     with pytest.raises(ConfigError):
@@ -47,15 +64,19 @@ def test_random_weights_are_seeded_and_per_tensor() -> None:
     assert not torch.equal(a["lm_head.weight"], c["lm_head.weight"])
     # A tensor does not depend on how many layers there are.
     one = random_weights(CFG.replace(num_layers=1), seed=1)
-    assert torch.equal(one["model.layers.0.self_attn.q_b_proj.weight"],
-                       a["model.layers.0.self_attn.q_b_proj.weight"])
+    assert torch.equal(
+        one["model.layers.0.self_attn.q_b_proj.weight"],
+        a["model.layers.0.self_attn.q_b_proj.weight"],
+    )
     assert set(a) == set(weight_shapes(CFG))
     assert all(t.dtype == torch.bfloat16 and torch.isfinite(t.float()).all() for t in a.values())
 
 
 def prefill_logits(weights) -> torch.Tensor:
-    backend = BaselineBackend(BaselineConfig(num_layers=2, max_requests=1, max_context=8, topk=8,
-                                             page_size=4), kernels=KernelSet.triton())
+    backend = BaselineBackend(
+        BaselineConfig(num_layers=2, max_requests=1, max_context=8, topk=8, page_size=4),
+        kernels=KernelSet.triton(),
+    )
     return Model(CFG, weights, backend).prefill(0, [3, 1, 4], chunk_size=3)
 
 
@@ -82,18 +103,25 @@ def test_sharded_checkpoint_with_index_and_extra_tensors(tmp_path) -> None:
     loaded = load_safetensors(tmp_path, CFG)
     # fp32 in the checkpoint is cast to the model dtype; unused tensors are ignored.
     assert set(loaded) == set(weights)
-    assert all(loaded[n].dtype == torch.bfloat16 and torch.equal(loaded[n], weights[n]) for n in weights)
+    assert all(
+        loaded[n].dtype == torch.bfloat16 and torch.equal(loaded[n], weights[n]) for n in weights
+    )
 
 
 def test_bad_checkpoints_are_refused(tmp_path) -> None:
     weights = random_weights(CFG, seed=5)
     cases = {
-        "missing": {n: t for n, t in weights.items() if n != "model.layers.1.self_attn.o_proj.weight"},
+        "missing": {
+            n: t for n, t in weights.items() if n != "model.layers.1.self_attn.o_proj.weight"
+        },
         "shape": weights | {"model.layers.0.self_attn.kv_b_proj.weight": torch.zeros(3, 512)},
         "dtype": weights | {"model.norm.weight": torch.zeros(CFG.hidden_size, dtype=torch.int32)},
     }
-    messages = {"missing": "model.layers.1.self_attn.o_proj.weight",
-                "shape": "kv_b_proj.weight: expected shape", "dtype": "model.norm.weight"}
+    messages = {
+        "missing": "model.layers.1.self_attn.o_proj.weight",
+        "shape": "kv_b_proj.weight: expected shape",
+        "dtype": "model.norm.weight",
+    }
     for case, tensors in cases.items():
         path = tmp_path / f"{case}.safetensors"
         save_safetensors(tensors, path)
@@ -105,8 +133,14 @@ def test_bad_checkpoints_are_refused(tmp_path) -> None:
     with pytest.raises(CheckpointError, match="no \\*.safetensors"):
         load_safetensors(tmp_path / "empty", CFG)
     with pytest.raises(CheckpointError):
-        Model(CFG, cases["missing"], BaselineBackend(
-            BaselineConfig(num_layers=2, max_requests=1, max_context=8, topk=8), kernels=KernelSet.triton()))
+        Model(
+            CFG,
+            cases["missing"],
+            BaselineBackend(
+                BaselineConfig(num_layers=2, max_requests=1, max_context=8, topk=8),
+                kernels=KernelSet.triton(),
+            ),
+        )
 
 
 def test_model_config_is_frozen_dataclass() -> None:

@@ -1,5 +1,6 @@
 """Configuration of the client-side commands (`generate`, `demo`): frozen, validated dataclasses
-built once in engine_client.cli.main from flags (GENERATE_* / DEMO_* env defaults, contract.flags)."""
+built once in engine_client.cli.main from flags (GENERATE_* / DEMO_* env defaults,
+contract.flags)."""
 
 from __future__ import annotations
 
@@ -14,20 +15,26 @@ class GenerateConfig:
     """One streaming generation from the `generate` subcommand (flags default to GENERATE_* env
     variables, so that a compose file's ENGINE_* settings never steer a client)."""
 
-    target: str = setting(help="engine address: socket path, unix:PATH or HOST:PORT; default "
-                          "GENERATE_TARGET, else ENGINE_TARGET, else the engine's default socket",
-                          parse=grpc_target, cli_default=lambda env: env.get("ENGINE_TARGET")
-                          or default_uds(dict(env), "hisparse-engine.sock"))
+    target: str = setting(
+        help="engine address: socket path, unix:PATH or HOST:PORT; default "
+        "GENERATE_TARGET, else ENGINE_TARGET, else the engine's default socket",
+        parse=grpc_target,
+        cli_default=lambda env: (
+            env.get("ENGINE_TARGET") or default_uds(dict(env), "hisparse-engine.sock")
+        ),
+    )
     prompt: tuple[int, ...] = setting((1, 2, 3, 4), help="prompt token ids, e.g. '1,2,3'")
     max_new_tokens: int = setting(16, help="most tokens to generate")
     temperature: float = setting(0.0, help="sampling temperature; 0 is greedy")
     seed: int = setting(0, help="sampling seed")
     stop_token_ids: tuple[int, ...] = setting((), flag="stop", help="stop token ids, e.g. '2,7'")
-    resume_request_id: str = setting("", flag="resume", help="request id to resume after an "
-                                     "engine restart (serve --state-file)")
+    resume_request_id: str = setting(
+        "", flag="resume", help="request id to resume after an engine restart (serve --state-file)"
+    )
     timeout: float = setting(120.0, help="deadline in seconds of the whole stream")
-    connect_timeout: float = setting(5.0, help="seconds to wait for the engine to accept the "
-                                     "connection")
+    connect_timeout: float = setting(
+        5.0, help="seconds to wait for the engine to accept the connection"
+    )
 
     def __post_init__(self) -> None:
         if not self.prompt and not self.resume_request_id:
@@ -54,10 +61,12 @@ class DemoConfig:
     prompt_len: int = setting(24, help="random prompt tokens per generation")
     max_new_tokens: int = setting(24, help="tokens generated per generation")
     device: str = setting("auto", choices=DEVICES, help="device of the service and the engine")
-    startup_timeout: float = setting(60.0, help="seconds to wait for the service and the engine "
-                                     "to become healthy")
-    progress: bool = setting(True, flag="no_progress", negated=True,
-                             help="plain log lines, no live display")
+    startup_timeout: float = setting(
+        60.0, help="seconds to wait for the service and the engine to become healthy"
+    )
+    progress: bool = setting(
+        True, flag="no_progress", negated=True, help="plain log lines, no live display"
+    )
 
     def __post_init__(self) -> None:
         if self.kv_mode not in KV_MODES:

@@ -27,10 +27,10 @@ from typing import Any, TypeVar
 import grpc
 
 from contract import flags
-from engine_client.client import errors
 from engine_client.cli.config import DemoConfig, GenerateConfig
-from engine_client.serve.config import LocalLayout
 from engine_client.cli.generate import GenerationResult, generate_stream
+from engine_client.client import errors
+from engine_client.serve.config import LocalLayout
 from engine_client.serve.procs import (
     ChildFailed,
     ManagedProcess,
@@ -42,8 +42,9 @@ from engine_client.serve.procs import (
 SHM_DIR = "/dev/shm"
 # Tiny preset (2 layers, top-k 16). A request of 24 + 24 tokens exceeds the 32 hot slots, so
 # decoding goes through the host tier: hits, misses and bytes moved are all exercised.
-LOCAL = LocalLayout(max_requests=8, hot_slots=32, window=8, page_size=16, num_pages=64,
-                    max_context=256)
+LOCAL = LocalLayout(
+    max_requests=8, hot_slots=32, window=8, page_size=16, num_pages=64, max_context=256
+)
 LAYOUT = LOCAL.layout(num_layers=2, topk=16)
 T = TypeVar("T")
 
@@ -74,12 +75,18 @@ class Progress:
             print()
 
 
-async def _one(channel: grpc.aio.Channel, i: int, cfg: DemoConfig, progress: Progress,
-               result: GenerationResult) -> None:
+async def _one(
+    channel: grpc.aio.Channel, i: int, cfg: DemoConfig, progress: Progress, result: GenerationResult
+) -> None:
     rng = random.Random(i)
-    gen = GenerateConfig(target="", prompt=tuple(rng.randrange(1, 256) for _ in range(cfg.prompt_len)),
-                         max_new_tokens=cfg.max_new_tokens, temperature=0.8 if i % 2 else 0.0,
-                         seed=i, timeout=max(60.0, cfg.startup_timeout))
+    gen = GenerateConfig(
+        target="",
+        prompt=tuple(rng.randrange(1, 256) for _ in range(cfg.prompt_len)),
+        max_new_tokens=cfg.max_new_tokens,
+        temperature=0.8 if i % 2 else 0.0,
+        seed=i,
+        timeout=max(60.0, cfg.startup_timeout),
+    )
     try:
         async for _ in generate_stream(channel, gen, result):
             progress.update(i)
@@ -100,13 +107,16 @@ async def _stream_all(target: str, cfg: DemoConfig) -> tuple[list[GenerationResu
 def _service_stats(svc: ManagedProcess) -> str:
     from proto.kvcache.v1 import kvcache_pb2 as kpb
     from proto.kvcache.v1 import kvcache_pb2_grpc as kpb_grpc
+
     with grpc.insecure_channel(svc.target) as channel:
         s = kpb_grpc.KVCacheServiceStub(channel).GetStats(kpb.GetStatsRequest(), timeout=5)
     total = s.hits + s.misses
     rate = f"{s.hits / total:.1%}" if total else "n/a"
-    return (f"service: hit rate {rate} ({s.hits} hits, {s.misses} misses), {s.bytes_moved} B "
-            f"moved host->device, {s.admitted_total} admitted, {s.rejected_total} refused for "
-            f"capacity, pages in use {s.host_pages.used}/{s.host_pages.total}")
+    return (
+        f"service: hit rate {rate} ({s.hits} hits, {s.misses} misses), {s.bytes_moved} B "
+        f"moved host->device, {s.admitted_total} admitted, {s.rejected_total} refused for "
+        f"capacity, pages in use {s.host_pages.used}/{s.host_pages.total}"
+    )
 
 
 def _report(results: list[GenerationResult], seconds: float) -> bool:
@@ -117,28 +127,42 @@ def _report(results: list[GenerationResult], seconds: float) -> bool:
     tokens = sum(len(r.tokens) for r in results)
     hits, misses = sum(r.hits for r in results), sum(r.misses for r in results)
     rate = f"{hits / (hits + misses):.1%}" if hits + misses else "n/a"
-    print(f"engine: {tokens} tokens in {seconds:.2f} s ({tokens / seconds:.1f} tok/s), hit rate "
-          f"{rate}, {sum(r.bytes_moved for r in results)} B moved host->device")
+    print(
+        f"engine: {tokens} tokens in {seconds:.2f} s ({tokens / seconds:.1f} tok/s), hit rate "
+        f"{rate}, {sum(r.bytes_moved for r in results)} B moved host->device"
+    )
     return ok
 
 
-def _start(cfg: DemoConfig, workdir: str, instance: str, children: list[ManagedProcess],
-           abort: Callable[[], bool]) -> tuple[ManagedProcess | None, ManagedProcess]:
+def _start(
+    cfg: DemoConfig,
+    workdir: str,
+    instance: str,
+    children: list[ManagedProcess],
+    abort: Callable[[], bool],
+) -> tuple[ManagedProcess | None, ManagedProcess]:
     """Start the children; each one goes to the front of `children` (stop order) once started.
     ChildFailed as soon as `abort()` says so."""
     svc = None
     extra = ["--max-batch", str(min(cfg.requests, LOCAL.max_requests))]
     if cfg.kv_mode.startswith("service"):
-        svc = service_process(workdir, instance, flags.to_flags(LAYOUT), device=cfg.device,
-                              shm_dir=SHM_DIR, extra=["--lease-seconds", "5", "--drain-timeout", "2"]).start()
+        svc = service_process(
+            workdir,
+            instance,
+            flags.to_flags(LAYOUT),
+            device=cfg.device,
+            shm_dir=SHM_DIR,
+            extra=["--lease-seconds", "5", "--drain-timeout", "2"],
+        ).start()
         children.insert(0, svc)
         print(f"kv_service pid {svc.pid} on {svc.target}", flush=True)
         svc.wait_serving(cfg.startup_timeout, abort)
         service_uds = svc.target.removeprefix("unix:")
         eng = engine_process(workdir, cfg.kv_mode, service_uds=service_uds, extra=extra)
     else:
-        eng = engine_process(workdir, cfg.kv_mode,
-                             extra=extra + ["--device", cfg.device] + flags.to_flags(LOCAL))
+        eng = engine_process(
+            workdir, cfg.kv_mode, extra=extra + ["--device", cfg.device] + flags.to_flags(LOCAL)
+        )
     if abort():
         raise ChildFailed("start-up abandoned")
     eng.start()
@@ -220,8 +244,11 @@ def run_demo(cfg: DemoConfig) -> int:
     ok = False
     try:
         svc, eng = _start(cfg, workdir, instance, children, stop.requested)
-        print(f"streaming {cfg.requests} generations of {cfg.max_new_tokens} tokens "
-              f"(prompt {cfg.prompt_len} tokens; even requests greedy, odd sampled)", flush=True)
+        print(
+            f"streaming {cfg.requests} generations of {cfg.max_new_tokens} tokens "
+            f"(prompt {cfg.prompt_len} tokens; even requests greedy, odd sampled)",
+            flush=True,
+        )
         streamed = asyncio.run(stop.run(_stream_all(eng.target, cfg)))
         if streamed is not None:
             ok = _report(*streamed)
@@ -232,8 +259,11 @@ def run_demo(cfg: DemoConfig) -> int:
             print(f"demo failed: {type(e).__name__}: {e}", file=sys.stderr)
     finally:
         if stop.requested():
-            print(f"\ndemo stopped by {stop.name}: stopping its processes", file=sys.stderr,
-                  flush=True)
+            print(
+                f"\ndemo stopped by {stop.name}: stopping its processes",
+                file=sys.stderr,
+                flush=True,
+            )
         ok = _shutdown(children, instance) and ok
         shutil.rmtree(workdir, ignore_errors=True)
         stop.restore()

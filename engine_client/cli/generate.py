@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from engine_client.client import errors, reachability
 from engine_client.cli.config import GenerateConfig
+from engine_client.client import errors, reachability
 from proto.decode.v1 import decode_pb2 as pb
 from proto.decode.v1 import decode_pb2_grpc as pb_grpc
 
@@ -54,8 +54,10 @@ class GenerationResult:
         if self.ttft_s is not None:
             parts.append(f"TTFT {self.ttft_s * 1e3:.1f} ms")
         if itl:
-            parts.append(f"ITL mean {statistics.fmean(itl) * 1e3:.1f} ms, "
-                         f"p50 {statistics.median(itl) * 1e3:.1f} ms, max {max(itl) * 1e3:.1f} ms")
+            parts.append(
+                f"ITL mean {statistics.fmean(itl) * 1e3:.1f} ms, "
+                f"p50 {statistics.median(itl) * 1e3:.1f} ms, max {max(itl) * 1e3:.1f} ms"
+            )
         rate = self.hit_rate
         parts.append(f"hit rate {rate:.1%}" if rate is not None else "hit rate n/a")
         parts.append(f"{self.bytes_moved} B moved")
@@ -66,16 +68,22 @@ class GenerationResult:
 
 def build_request(cfg: GenerateConfig) -> pb.GenerateRequest:
     return pb.GenerateRequest(
-        prompt_token_ids=list(cfg.prompt), max_new_tokens=cfg.max_new_tokens,
-        sampling=pb.Sampling(temperature=cfg.temperature, seed=cfg.seed,
-                             stop_token_ids=list(cfg.stop_token_ids)),
-        resume_request_id=cfg.resume_request_id)
+        prompt_token_ids=list(cfg.prompt),
+        max_new_tokens=cfg.max_new_tokens,
+        sampling=pb.Sampling(
+            temperature=cfg.temperature, seed=cfg.seed, stop_token_ids=list(cfg.stop_token_ids)
+        ),
+        resume_request_id=cfg.resume_request_id,
+    )
 
 
-async def generate_stream(channel: grpc.aio.Channel, cfg: GenerateConfig,
-                          result: GenerationResult, skip_below: int = 0,
-                          on_request_id: Callable[[str], None] | None = None,
-                          ) -> AsyncIterator[tuple[int, int]]:
+async def generate_stream(
+    channel: grpc.aio.Channel,
+    cfg: GenerateConfig,
+    result: GenerationResult,
+    skip_below: int = 0,
+    on_request_id: Callable[[str], None] | None = None,
+) -> AsyncIterator[tuple[int, int]]:
     """Yield (index, token) as they arrive; fill `result`. Raises a typed client error
     (ServiceUnavailable, UnknownRequest, InvalidArgument, ...) if the stream fails.
     `on_request_id` is called with the request id as soon as the engine has queued it."""
@@ -107,17 +115,21 @@ async def generate_stream(channel: grpc.aio.Channel, cfg: GenerateConfig,
         call.cancel()
 
 
-async def run_generation(target: str, cfg: GenerateConfig,
-                         on_token: Callable[[int, int], None] | None = None,
-                         on_request_id: Callable[[str], None] | None = None,
-                         connect_timeout: float = CONNECT_TIMEOUT) -> GenerationResult:
+async def run_generation(
+    target: str,
+    cfg: GenerateConfig,
+    on_token: Callable[[int, int], None] | None = None,
+    on_request_id: Callable[[str], None] | None = None,
+    connect_timeout: float = CONNECT_TIMEOUT,
+) -> GenerationResult:
     """One whole generation on its own channel. An engine that does not accept the connection
     within `connect_timeout` is `reachability.Unreachable`, naming the address."""
     result = GenerationResult(request_id=cfg.resume_request_id)
     async with grpc.aio.insecure_channel(target) as channel:
         await reachability.wait_ready(channel, reachability.ENGINE, target, connect_timeout)
-        async for index, token in generate_stream(channel, cfg, result,
-                                                  on_request_id=on_request_id):
+        async for index, token in generate_stream(
+            channel, cfg, result, on_request_id=on_request_id
+        ):
             if on_token is not None:
                 on_token(index, token)
     return result

@@ -16,34 +16,43 @@ from engine_client.serve.config import EngineConfig
 
 
 def add_serve(sub: argparse._SubParsersAction, env: Mapping[str, str]) -> None:
-    p = sub.add_parser("serve", help="run the decode engine server",
-                       description="Serve decode.v1.DecodeService (+ grpc health) on a Unix "
-                       "socket (and optionally TCP). Every flag defaults to the environment "
-                       "variable in its help. Resume: with --state-file, an engine restarted "
-                       "with the same file re-attaches to its KV session (within the service's "
-                       "lease) and continues its requests; a client gets the rest with "
-                       "`generate --resume REQUEST_ID` (tokens are replayed from index 0).",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = sub.add_parser(
+        "serve",
+        help="run the decode engine server",
+        description="Serve decode.v1.DecodeService (+ grpc health) on a Unix "
+        "socket (and optionally TCP). Every flag defaults to the environment "
+        "variable in its help. Resume: with --state-file, an engine restarted "
+        "with the same file re-attaches to its KV session (within the service's "
+        "lease) and continues its requests; a client gets the rest with "
+        "`generate --resume REQUEST_ID` (tokens are replayed from index 0).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     flags.add_arguments(p, EngineConfig, "ENGINE", env)
 
 
 def add_generate(sub: argparse._SubParsersAction, env: Mapping[str, str]) -> None:
-    p = sub.add_parser("generate", help="stream one generation from an engine",
-                       description="Stream one generation: tokens on stdout, then a summary. "
-                       "The first line on stderr is the request id ('request ID'), printed as "
-                       "soon as the engine has queued the request: after an engine restart "
-                       "(serve --state-file) `generate --resume ID` continues it. Every flag "
-                       "defaults to the environment variable in its help.",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = sub.add_parser(
+        "generate",
+        help="stream one generation from an engine",
+        description="Stream one generation: tokens on stdout, then a summary. "
+        "The first line on stderr is the request id ('request ID'), printed as "
+        "soon as the engine has queued the request: after an engine restart "
+        "(serve --state-file) `generate --resume ID` continues it. Every flag "
+        "defaults to the environment variable in its help.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     flags.add_arguments(p, GenerateConfig, "GENERATE", env)
 
 
 def add_demo(sub: argparse._SubParsersAction, env: Mapping[str, str]) -> None:
-    p = sub.add_parser("demo", help="start a KV service and an engine, stream a few generations",
-                       description="Start a KV service and an engine as subprocesses and stream "
-                       "a few concurrent generations. Every flag defaults to the environment "
-                       "variable in its help (DEMO_*; ENGINE_* variables do not apply).",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = sub.add_parser(
+        "demo",
+        help="start a KV service and an engine, stream a few generations",
+        description="Start a KV service and an engine as subprocesses and stream "
+        "a few concurrent generations. Every flag defaults to the environment "
+        "variable in its help (DEMO_*; ENGINE_* variables do not apply).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     flags.add_arguments(p, DemoConfig, "DEMO", env)
 
 
@@ -52,8 +61,8 @@ def engine_config(args: argparse.Namespace, env: Mapping[str, str]) -> EngineCon
 
 
 def _generate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    from engine_client.client import errors, reachability
     from engine_client.cli.generate import run_generation
+    from engine_client.client import errors, reachability
 
     try:
         cfg = flags.build(GenerateConfig, args, "GENERATE", env)
@@ -71,15 +80,19 @@ def _generate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         print(f"request {request_id}", file=sys.stderr, flush=True)
 
     try:
-        result = asyncio.run(run_generation(cfg.target, cfg, show, announce,
-                                            connect_timeout=cfg.connect_timeout))
+        result = asyncio.run(
+            run_generation(cfg.target, cfg, show, announce, connect_timeout=cfg.connect_timeout)
+        )
     except reachability.Unreachable as e:
         print(f"generate: {e}", file=sys.stderr)
         return 1
     except errors.KVClientError as e:
         lead = "\n" if shown else ""  # end the line of tokens first
-        print(f"{lead}generate: error ({errors.code_of(e).name}) from the engine at {cfg.target}: {e}",
-              file=sys.stderr)
+        print(
+            f"{lead}generate: error ({errors.code_of(e).name}) from the engine at "
+            f"{cfg.target}: {e}",
+            file=sys.stderr,
+        )
         return 1
     print()
     print(result.summary())
@@ -95,8 +108,9 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 
 def _main(argv: Sequence[str] | None, env: Mapping[str, str] | None) -> int:
     env = os.environ if env is None else env
-    parser = argparse.ArgumentParser(prog="python -m engine_client",
-                                     description="HiSparse decode engine and its clients.")
+    parser = argparse.ArgumentParser(
+        prog="python -m engine_client", description="HiSparse decode engine and its clients."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     add_serve(sub, env)
     add_generate(sub, env)
@@ -106,6 +120,7 @@ def _main(argv: Sequence[str] | None, env: Mapping[str, str] | None) -> int:
         return _generate(args, env)
     if args.command == "demo":
         from engine_client.cli.demo import run_demo
+
         try:
             cfg = flags.build(DemoConfig, args, "DEMO", env)
         except ValueError as e:
@@ -115,10 +130,12 @@ def _main(argv: Sequence[str] | None, env: Mapping[str, str] | None) -> int:
         cfg = engine_config(args, env)
     except ValueError as e:
         parser.error(str(e))
-    logging.basicConfig(level=cfg.log_level,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=cfg.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     from engine_client.client import errors
     from engine_client.serve.server import run
+
     try:
         return run(cfg)
     except errors.KVClientError as e:
@@ -128,4 +145,3 @@ def _main(argv: Sequence[str] | None, env: Mapping[str, str] | None) -> int:
     except Exception:
         logging.getLogger("engine_client").exception("engine failed")
         return 1
-

@@ -18,16 +18,34 @@ import importlib
 
 # Lazy, so that `engine_client.client.errors` (used by light CLIs) does not pull in torch.
 _LAZY = {
-    "KVClient": "engine_client.client.kv_client", "errors": "engine_client.client.errors",
-    "Admission": "engine_client.client.control", "HeldRequest": "engine_client.client.control",
-    "KVControl": "engine_client.client.control", "KVStats": "engine_client.client.control",
-    "MemoryUser": "engine_client.client.control", "StepReport": "engine_client.client.control",
-    "KVLayout": "contract.layout", "MODE_OFFLOADED": "contract.layout",
-    "MODE_RESIDENT": "contract.layout", "KVTensors": "contract.tensors",
+    "KVClient": "engine_client.client.kv_client",
+    "errors": "engine_client.client.errors",
+    "Admission": "engine_client.client.control",
+    "HeldRequest": "engine_client.client.control",
+    "KVControl": "engine_client.client.control",
+    "KVStats": "engine_client.client.control",
+    "MemoryUser": "engine_client.client.control",
+    "StepReport": "engine_client.client.control",
+    "KVLayout": "contract.layout",
+    "MODE_OFFLOADED": "contract.layout",
+    "MODE_RESIDENT": "contract.layout",
+    "KVTensors": "contract.tensors",
 }
 
-__all__ = ["MODE_OFFLOADED", "MODE_RESIDENT", "Admission", "HeldRequest", "KVClient",
-           "KVControl", "KVLayout", "KVStats", "KVTensors", "MemoryUser", "StepReport", "errors"]
+__all__ = [
+    "MODE_OFFLOADED",
+    "MODE_RESIDENT",
+    "Admission",
+    "HeldRequest",
+    "KVClient",
+    "KVControl",
+    "KVLayout",
+    "KVStats",
+    "KVTensors",
+    "MemoryUser",
+    "StepReport",
+    "errors",
+]
 
 
 def __getattr__(name: str) -> object:

@@ -27,24 +27,36 @@ def layout_to_proto(layout: KVLayout) -> pb.Layout:
 
 
 def handle_from_proto(h: pb.TensorHandle) -> dict:
-    return {"name": h.name, "kind": h.kind, "shape": list(h.shape), "dtype": h.dtype,
-            "path": h.shm_path, "ipc": h.cuda_ipc, "nbytes": h.nbytes}
+    return {
+        "name": h.name,
+        "kind": h.kind,
+        "shape": list(h.shape),
+        "dtype": h.dtype,
+        "path": h.shm_path,
+        "ipc": h.cuda_ipc,
+        "nbytes": h.nbytes,
+    }
 
 
 def cuda_device_with_uuid(uuid: str) -> str:
     """The visible CUDA device ("cuda:N") whose UUID is `uuid` (nvidia-smi form, "GPU-...")."""
     import torch
+
     for i in range(torch.cuda.device_count()):
         if f"GPU-{torch.cuda.get_device_properties(i).uuid}" == uuid:
             return f"cuda:{i}"
-    raise errors.LayoutMismatch(f"the service's GPU {uuid} is not visible to this engine: "
-                                "run both on the same GPU (CUDA_VISIBLE_DEVICES)")
+    raise errors.LayoutMismatch(
+        f"the service's GPU {uuid} is not visible to this engine: "
+        "run both on the same GPU (CUDA_VISIBLE_DEVICES)"
+    )
 
 
-def request(engine_name: str, resume: str, remote_swap: bool,
-            expected: KVLayout | None) -> pb.AttachRequest:
-    req = pb.AttachRequest(engine_name=engine_name, resume_session_id=resume,
-                           remote_swap=remote_swap)
+def request(
+    engine_name: str, resume: str, remote_swap: bool, expected: KVLayout | None
+) -> pb.AttachRequest:
+    req = pb.AttachRequest(
+        engine_name=engine_name, resume_session_id=resume, remote_swap=remote_swap
+    )
     if expected is not None:
         req.expected_layout.CopyFrom(layout_to_proto(expected))
     return req
@@ -65,12 +77,19 @@ def check(reply: pb.AttachResponse, expected: KVLayout | None) -> tuple[KVLayout
 
 
 def held_requests(reply: pb.AttachResponse) -> tuple[HeldRequest, ...]:
-    return tuple(HeldRequest(r.request_id, r.slot, int(r.mode), r.seq_len, r.prompt_len,
-                             r.max_new_tokens) for r in reply.requests)
+    return tuple(
+        HeldRequest(r.request_id, r.slot, int(r.mode), r.seq_len, r.prompt_len, r.max_new_tokens)
+        for r in reply.requests
+    )
 
 
-def map_memory(reply: pb.AttachResponse, layout: KVLayout, device: str, remote_swap: bool,
-               segments: segment_map.SegmentMap) -> tuple[KVTensors, dict, list[dict]]:
+def map_memory(
+    reply: pb.AttachResponse,
+    layout: KVLayout,
+    device: str,
+    remote_swap: bool,
+    segments: segment_map.SegmentMap,
+) -> tuple[KVTensors, dict, list[dict]]:
     """The KV tensors and exchange tensors the reply exports, mapped here, and the handles of
     the service's files, which tell whether it is still alive."""
     handles = [handle_from_proto(h) for h in reply.tensors]

@@ -37,10 +37,25 @@ from contract.errors import (
 
 KVClientError = KVError
 
-__all__ = ["AlreadyExists", "CapacityError", "DeadlineExceeded", "Draining", "EpochMismatch",
-           "InvalidArgument", "KVClientError", "LayoutMismatch", "ServiceUnavailable",
-           "Unauthenticated", "UnknownRequest", "UnknownSession", "code_of", "from_rpc_error",
-           "from_status", "rpc_errors", "status_code"]
+__all__ = [
+    "AlreadyExists",
+    "CapacityError",
+    "DeadlineExceeded",
+    "Draining",
+    "EpochMismatch",
+    "InvalidArgument",
+    "KVClientError",
+    "LayoutMismatch",
+    "ServiceUnavailable",
+    "Unauthenticated",
+    "UnknownRequest",
+    "UnknownSession",
+    "code_of",
+    "from_rpc_error",
+    "from_status",
+    "rpc_errors",
+    "status_code",
+]
 
 # Without an ErrorInfo (a proxy, grpc itself, an old service) the status code decides.
 _BY_CODE: dict[grpc.StatusCode, type[KVError]] = {
@@ -54,8 +69,9 @@ _BY_CODE: dict[grpc.StatusCode, type[KVError]] = {
     grpc.StatusCode.FAILED_PRECONDITION: EpochMismatch,
     grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
 }
-_CODE_OF: dict[type[KVError], grpc.StatusCode] = {cls: code for code, cls in _BY_CODE.items()
-                                                  if code is not grpc.StatusCode.CANCELLED}
+_CODE_OF: dict[type[KVError], grpc.StatusCode] = {
+    cls: code for code, cls in _BY_CODE.items() if code is not grpc.StatusCode.CANCELLED
+}
 _BY_VALUE: dict[int, grpc.StatusCode] = {code.value[0]: code for code in grpc.StatusCode}
 
 
@@ -77,8 +93,12 @@ def code_of(err: BaseException) -> grpc.StatusCode:
     return grpc.StatusCode.UNKNOWN
 
 
-def from_status(code: int | grpc.StatusCode, message: str,
-                details: Mapping[str, str] | None = None, reason: str = "") -> KVError:
+def from_status(
+    code: int | grpc.StatusCode,
+    message: str,
+    details: Mapping[str, str] | None = None,
+    reason: str = "",
+) -> KVError:
     """The typed error for a status: by ErrorInfo reason when known, else by status code.
     An unknown code gives the base class with the code kept in `status`."""
     code = status_code(code)
@@ -112,8 +132,9 @@ def from_rpc_error(err: grpc.RpcError, what: str) -> KVError:
     detail = err.details() if hasattr(err, "details") else str(err)
     info = _error_info(err)
     details = dict(info.metadata) if info is not None else {}
-    return from_status(code, f"{what}: {detail or code.name}", details,
-                       info.reason if info is not None else "")
+    return from_status(
+        code, f"{what}: {detail or code.name}", details, info.reason if info is not None else ""
+    )
 
 
 @contextlib.contextmanager

@@ -44,22 +44,32 @@ from proto.kvcache.v1 import kvcache_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
-CHANNEL_OPTIONS = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
-                   ("grpc.keepalive_permit_without_calls", 1),
-                   # A restarted service is found within a second (gRPC's default backs off to 2 min).
-                   ("grpc.initial_reconnect_backoff_ms", 100),
-                   ("grpc.max_reconnect_backoff_ms", 1000)]
+CHANNEL_OPTIONS = [
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    # A restarted service is found within a second (gRPC's default backs off to 2 min).
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
 # Between two failed re-attach attempts (doubling): a service that answers but refuses us.
 REATTACH_BACKOFF = (0.1, 5.0)
-
 
 
 class KVClient:
     """One engine's session with one KV service. Use `await KVClient.connect(...)`."""
 
-    def __init__(self, target: str, *, engine_name: str, token: str | None = None,
-                 rpc_timeout: float = 5.0, attach_timeout: float = 10.0,
-                 heartbeat_interval: float = 1.0, remote_swap: bool = False) -> None:
+    def __init__(
+        self,
+        target: str,
+        *,
+        engine_name: str,
+        token: str | None = None,
+        rpc_timeout: float = 5.0,
+        attach_timeout: float = 10.0,
+        heartbeat_interval: float = 1.0,
+        remote_swap: bool = False,
+    ) -> None:
         self.target = target
         self.engine_name = engine_name
         self.rpc_timeout = rpc_timeout
@@ -89,15 +99,25 @@ class KVClient:
         self._closing = False
 
     @classmethod
-    async def connect(cls, target: str, *, expected_layout: KVLayout | None = None,
-                      resume_session_id: str = "", **kwargs) -> "KVClient":
+    async def connect(
+        cls,
+        target: str,
+        *,
+        expected_layout: KVLayout | None = None,
+        resume_session_id: str = "",
+        **kwargs,
+    ) -> "KVClient":
         """Attach (resuming `resume_session_id` if given), map the memory, open the stream."""
         client = cls(target, **kwargs)
         try:
-            log.info("connecting to the KV service at %s (waiting up to %gs)", target,
-                     client.attach_timeout)
-            await reachability.wait_ready(client._channel, reachability.KV_SERVICE, target,
-                                          client.attach_timeout)
+            log.info(
+                "connecting to the KV service at %s (waiting up to %gs)",
+                target,
+                client.attach_timeout,
+            )
+            await reachability.wait_ready(
+                client._channel, reachability.KV_SERVICE, target, client.attach_timeout
+            )
             reply = await client._attach(resume_session_id, expected_layout, wait=True)
             client._map(reply)
             await client._open_stream()
@@ -106,13 +126,15 @@ class KVClient:
             raise
         return client
 
-    async def _attach(self, resume: str, expected: KVLayout | None,
-                      wait: bool) -> pb.AttachResponse:
+    async def _attach(
+        self, resume: str, expected: KVLayout | None, wait: bool
+    ) -> pb.AttachResponse:
         req = attachment.request(self.engine_name, resume, self.with_remote_swap, expected)
         try:
             with errors.rpc_errors("Attach"):
-                reply = await self._stub.Attach(req, timeout=self.attach_timeout,
-                                                metadata=self._metadata, wait_for_ready=wait)
+                reply = await self._stub.Attach(
+                    req, timeout=self.attach_timeout, metadata=self._metadata, wait_for_ready=wait
+                )
         except errors.InvalidArgument as e:
             # The only argument the service checks at attach is our layout.
             raise errors.LayoutMismatch(e.message, e.details) from e
@@ -122,21 +144,32 @@ class KVClient:
         self.session_id, self.epoch, self.layout = reply.session_id, reply.epoch, layout
         self.device = device
         self.held = attachment.held_requests(reply)
-        log.info("attached to %s: session %s, epoch %d, %s, %d held requests", self.target,
-                 self.session_id, self.epoch, self.device, len(self.held))
+        log.info(
+            "attached to %s: session %s, epoch %d, %s, %d held requests",
+            self.target,
+            self.session_id,
+            self.epoch,
+            self.device,
+            len(self.held),
+        )
         return reply
 
     def _map(self, reply: pb.AttachResponse) -> None:
         assert self.layout is not None, "map only after an attach"
         self.tensors, self.exchange, self._owner_files = attachment.map_memory(
-            reply, self.layout, self.device, self.with_remote_swap, self._segments)
+            reply, self.layout, self.device, self.with_remote_swap, self._segments
+        )
         self._mapped, self._mapped_exchange = self.tensors, self.exchange
         self._handles = [attachment.handle_from_proto(h) for h in reply.tensors]
 
     async def _open_stream(self) -> None:
-        self._stream = SessionStream(self._stub.Session(metadata=self._metadata),
-                                     self.rpc_timeout, self.heartbeat_interval,
-                                     self._heartbeat, on_lost=self._stream_lost)
+        self._stream = SessionStream(
+            self._stub.Session(metadata=self._metadata),
+            self.rpc_timeout,
+            self.heartbeat_interval,
+            self._heartbeat,
+            on_lost=self._stream_lost,
+        )
         self._stream.start()
         # The first message binds the stream to the session; a heartbeat checks the round trip.
         await self._heartbeat()
@@ -255,8 +288,13 @@ class KVClient:
             raise
         finally:
             self._recovering = False
-        log.info("re-attached to %s as session %s: epoch %d -> %d", self.target, self.session_id,
-                 old_epoch, self.epoch)
+        log.info(
+            "re-attached to %s as session %s: epoch %d -> %d",
+            self.target,
+            self.session_id,
+            old_epoch,
+            self.epoch,
+        )
 
     # --- session messages ---
 
@@ -287,8 +325,11 @@ class KVClient:
             try:
                 await asyncio.wait_for(asyncio.shield(task), self.attach_timeout)
             except TimeoutError:
-                self._die(errors.ServiceUnavailable(
-                    f"KV service at {self.target}: re-attach took over {self.attach_timeout:g}s"))
+                self._die(
+                    errors.ServiceUnavailable(
+                        f"KV service at {self.target}: re-attach took over {self.attach_timeout:g}s"
+                    )
+                )
         if self._dead is not None:
             raise self._dead
 
@@ -303,20 +344,30 @@ class KVClient:
         return reply
 
     async def admit(self, request_id: str, prompt_len: int, max_new_tokens: int) -> Admission:
-        msg = pb.SessionMessage(admit=pb.Admit(request_id=request_id, prompt_len=prompt_len,
-                                               max_new_tokens=max_new_tokens))
+        msg = pb.SessionMessage(
+            admit=pb.Admit(
+                request_id=request_id, prompt_len=prompt_len, max_new_tokens=max_new_tokens
+            )
+        )
         a = (await self._send(msg, "Admit")).admitted
         return Admission(a.request_id, a.slot, int(a.mode), a.reserved_tokens, tuple(a.pages))
 
     async def commit(self, request_id: str, seq_len: int) -> None:
-        await self._send(pb.SessionMessage(commit=pb.Commit(request_id=request_id,
-                                                            seq_len=seq_len)), "Commit")
+        await self._send(
+            pb.SessionMessage(commit=pb.Commit(request_id=request_id, seq_len=seq_len)), "Commit"
+        )
 
     async def step_end(self, report: StepReport) -> None:
         progress = [pb.RequestProgress(request_id=r, seq_len=n) for r, n in report.progress]
-        msg = pb.SessionMessage(step_end=pb.StepEnd(
-            step=report.step, progress=progress, hits=report.hits, misses=report.misses,
-            bytes_moved=report.bytes_moved))
+        msg = pb.SessionMessage(
+            step_end=pb.StepEnd(
+                step=report.step,
+                progress=progress,
+                hits=report.hits,
+                misses=report.misses,
+                bytes_moved=report.bytes_moved,
+            )
+        )
         await self._send(msg, "StepEnd")
 
     async def release(self, request_id: str) -> None:
@@ -324,12 +375,19 @@ class KVClient:
 
     async def stats(self) -> KVStats:
         with errors.rpc_errors("GetStats"):
-            s = await self._stub.GetStats(pb.GetStatsRequest(), timeout=self.rpc_timeout,
-                                          metadata=self._metadata)
-        return KVStats(pages_used=s.host_pages.used, pages_total=s.host_pages.total,
-                       slots_used=s.request_slots.used, slots_total=s.request_slots.total,
-                       requests=s.requests, hits=s.hits, misses=s.misses,
-                       bytes_moved=s.bytes_moved)
+            s = await self._stub.GetStats(
+                pb.GetStatsRequest(), timeout=self.rpc_timeout, metadata=self._metadata
+            )
+        return KVStats(
+            pages_used=s.host_pages.used,
+            pages_total=s.host_pages.total,
+            slots_used=s.request_slots.used,
+            slots_total=s.request_slots.total,
+            requests=s.requests,
+            hits=s.hits,
+            misses=s.misses,
+            bytes_moved=s.bytes_moved,
+        )
 
     # --- remote swap (called from the engine's compute thread) ---
 

@@ -30,8 +30,12 @@ class Peer:
     start: str
 
 
-ENGINE = Peer("engine", "--target (env ENGINE_TARGET)", "python -m engine_client serve --uds {path}")
-KV_SERVICE = Peer("KV service", "--service (env ENGINE_SERVICE)", "python -m kv_service --uds {path}")
+ENGINE = Peer(
+    "engine", "--target (env ENGINE_TARGET)", "python -m engine_client serve --uds {path}"
+)
+KV_SERVICE = Peer(
+    "KV service", "--service (env ENGINE_SERVICE)", "python -m kv_service --uds {path}"
+)
 
 
 def unreachable(peer: Peer, target: str, timeout: float) -> Unreachable:
@@ -39,14 +43,20 @@ def unreachable(peer: Peer, target: str, timeout: float) -> Unreachable:
     if target.startswith("unix:"):
         path = target.removeprefix("unix:").removeprefix("//")
         if not os.path.exists(path):
-            why = (f"the socket {path} does not exist. Start the {peer.what} "
-                   f"(`{peer.start.format(path=path)}`) or point {peer.flag} at its socket")
+            why = (
+                f"the socket {path} does not exist. Start the {peer.what} "
+                f"(`{peer.start.format(path=path)}`) or point {peer.flag} at its socket"
+            )
         else:
-            why = (f"{path} exists but nothing accepts connections on it (left by a stopped "
-                   f"process?). Restart the {peer.what}, or point {peer.flag} at a live one")
+            why = (
+                f"{path} exists but nothing accepts connections on it (left by a stopped "
+                f"process?). Restart the {peer.what}, or point {peer.flag} at a live one"
+            )
     else:
-        why = (f"nothing accepts connections there. Check the host and port, that the "
-               f"{peer.what} listens on TCP, and {peer.flag}")
+        why = (
+            f"nothing accepts connections there. Check the host and port, that the "
+            f"{peer.what} listens on TCP, and {peer.flag}"
+        )
     return Unreachable(f"no {peer.what} at {target} within {timeout:g}s: {why}")
 
 

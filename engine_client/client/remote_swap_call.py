@@ -16,21 +16,28 @@ from proto.kvcache.v1 import kvcache_pb2_grpc as pb_grpc
 class RemoteSwapCall:
     """Calls RemoteSwap on `target`; the channel opens on the first call."""
 
-    def __init__(self, target: str, options: Sequence[tuple[str, object]], timeout: float,
-                 metadata: tuple[tuple[str, str], ...]) -> None:
+    def __init__(
+        self,
+        target: str,
+        options: Sequence[tuple[str, object]],
+        timeout: float,
+        metadata: tuple[tuple[str, str], ...],
+    ) -> None:
         self._target, self._options = target, list(options)
         self._timeout, self._metadata = timeout, metadata
         self._channel: grpc.Channel | None = None
         self._stub: pb_grpc.KVCacheServiceStub | None = None
 
-    def __call__(self, session_id: str, epoch: int, layer: int,
-                 batch_size: int) -> pb.RemoteSwapResponse:
+    def __call__(
+        self, session_id: str, epoch: int, layer: int, batch_size: int
+    ) -> pb.RemoteSwapResponse:
         """One layer's swap-in run by the service; returns once its outputs are final."""
         if self._stub is None:
             self._channel = grpc.insecure_channel(self._target, options=self._options)
             self._stub = pb_grpc.KVCacheServiceStub(self._channel)
-        req = pb.RemoteSwapRequest(session_id=session_id, epoch=epoch, layer=layer,
-                                   batch_size=batch_size)
+        req = pb.RemoteSwapRequest(
+            session_id=session_id, epoch=epoch, layer=layer, batch_size=batch_size
+        )
         try:
             with errors.rpc_errors("RemoteSwap"):
                 return self._stub.RemoteSwap(req, timeout=self._timeout, metadata=self._metadata)

@@ -27,9 +27,14 @@ class NotSent(errors.ServiceUnavailable):
 
 
 class SessionStream:
-    def __init__(self, call: grpc.aio.StreamStreamCall, timeout: float,
-                 heartbeat_interval: float, heartbeat: Callable[[], Awaitable[object]],
-                 on_lost: Callable[[errors.KVClientError], None]) -> None:
+    def __init__(
+        self,
+        call: grpc.aio.StreamStreamCall,
+        timeout: float,
+        heartbeat_interval: float,
+        heartbeat: Callable[[], Awaitable[object]],
+        on_lost: Callable[[errors.KVClientError], None],
+    ) -> None:
         self._call = call
         self._timeout = timeout
         self._interval = heartbeat_interval
@@ -47,8 +52,10 @@ class SessionStream:
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._read_loop(), name="kv-session-reader"),
-                       loop.create_task(self._heartbeat_loop(), name="kv-heartbeat")]
+        self._tasks = [
+            loop.create_task(self._read_loop(), name="kv-session-reader"),
+            loop.create_task(self._heartbeat_loop(), name="kv-heartbeat"),
+        ]
 
     async def request(self, msg: pb.SessionMessage, what: str) -> pb.SessionReply:
         """Send one message and wait for its reply (in-band errors are the caller's)."""
@@ -64,8 +71,9 @@ class SessionStream:
                     await self._write(msg, what)
                 return await fut
         except TimeoutError:
-            err = errors.DeadlineExceeded(f"{what}: no reply from the KV service within "
-                                          f"{self._timeout:g}s")
+            err = errors.DeadlineExceeded(
+                f"{what}: no reply from the KV service within {self._timeout:g}s"
+            )
             self.stop(err)
             raise err from None
         finally:
@@ -97,8 +105,9 @@ class SessionStream:
                 elif not fut.done():
                     fut.set_result(reply)
         except errors.KVClientError as e:
-            self.stop(e if isinstance(e, errors.ServiceUnavailable)
-                      else errors.ServiceUnavailable(str(e)))
+            self.stop(
+                e if isinstance(e, errors.ServiceUnavailable) else errors.ServiceUnavailable(str(e))
+            )
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is not None and task.cancelling():

@@ -51,8 +51,15 @@ class KVBackend(ABC):
     capturable: bool = True
 
     @abstractmethod
-    def append(self, layer: int, kv_rows: torch.Tensor, index_rows: torch.Tensor,
-               req_slots: torch.Tensor, positions: torch.Tensor, seq_lens: torch.Tensor) -> None:
+    def append(
+        self,
+        layer: int,
+        kv_rows: torch.Tensor,
+        index_rows: torch.Tensor,
+        req_slots: torch.Tensor,
+        positions: torch.Tensor,
+        seq_lens: torch.Tensor,
+    ) -> None:
         """Store rows kv_rows [n, 576] bf16 (quantized here when row_format is fp8) and
         index_rows [n, I] uint8 at (req_slot, position).
         seq_lens: each request's stored length once this append is done (the window ring of an
@@ -68,8 +75,9 @@ class KVBackend(ABC):
         """[R, pages per request] int32 page ids of the index pool."""
 
     @abstractmethod
-    def select(self, layer: int, topk: torch.Tensor, req_slots: torch.Tensor,
-               seq_lens: torch.Tensor) -> AttnRows:
+    def select(
+        self, layer: int, topk: torch.Tensor, req_slots: torch.Tensor, seq_lens: torch.Tensor
+    ) -> AttnRows:
         """Decode: make the top-k rows of each batch row readable. Graph-safe when capturable."""
 
     @abstractmethod
@@ -78,23 +86,38 @@ class KVBackend(ABC):
         request's stored length), read from the authoritative store without touching
         residency/LRU state. May synchronize."""
 
-    def index_scores(self, layer: int, q: torch.Tensor, w: torch.Tensor,
-                     req_slots: torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor) -> None:
+    def index_scores(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        w: torch.Tensor,
+        req_slots: torch.Tensor,
+        seq_lens: torch.Tensor,
+        out: torch.Tensor,
+    ) -> None:
         """out[b, t] = sum_h w[b, h] relu(q[b, h] . key_t) for t < seq_lens[b], else -inf."""
-        self.kernels.indexer_scores(q, w, self.index_pool_layer(layer), self.page_table,
-                                    req_slots, seq_lens, out)
+        self.kernels.indexer_scores(
+            q, w, self.index_pool_layer(layer), self.page_table, req_slots, seq_lens, out
+        )
 
     def stats(self) -> dict[str, int]:
         """Counters since the last reset (reads the device: call between steps)."""
         return {}
 
-    def fill_synthetic(self, req_slot: int, n_tokens: int, *, seed: int = 0,
-                       chunk: int = 4096) -> None:
+    def fill_synthetic(
+        self, req_slot: int, n_tokens: int, *, seed: int = 0, chunk: int = 4096
+    ) -> None:
         """Write random KV rows and index keys for positions [0, n_tokens) of `req_slot`, so a
         benchmark starts from a long context without a prefill. Deterministic in (seed, layer,
         chunk start) on a given device type, so every backend stores the same bytes."""
-        if not 0 <= req_slot < self.max_requests or not 0 < n_tokens <= self.max_context or chunk <= 0:
-            raise ValueError(f"bad synthetic fill: slot {req_slot}, {n_tokens} tokens, chunk {chunk}")
+        if (
+            not 0 <= req_slot < self.max_requests
+            or not 0 < n_tokens <= self.max_context
+            or chunk <= 0
+        ):
+            raise ValueError(
+                f"bad synthetic fill: slot {req_slot}, {n_tokens} tokens, chunk {chunk}"
+            )
         r = torch.full((chunk,), req_slot, dtype=torch.int32, device=self.device)
         lens = torch.full((chunk,), n_tokens, dtype=torch.int32, device=self.device)
         for layer in range(self.num_layers):
@@ -105,8 +128,14 @@ class KVBackend(ABC):
                 rows = torch.randn((m, ROW_DIM), generator=gen, device=self.device)
                 keys = torch.randn((m, 128), generator=gen, device=self.device)
                 pos = torch.arange(start, start + m, dtype=torch.int32, device=self.device)
-                self.append(layer, rows.to(torch.bfloat16), encode_index_keys(keys, self.index_format),
-                            r[:m], pos, lens[:m])
+                self.append(
+                    layer,
+                    rows.to(torch.bfloat16),
+                    encode_index_keys(keys, self.index_format),
+                    r[:m],
+                    pos,
+                    lens[:m],
+                )
 
 
 @dataclass(frozen=True)
@@ -132,8 +161,15 @@ class BaselineConfig:
 
     @classmethod
     def from_layout(cls, layout: KVLayout, max_requests: int | None = None) -> "BaselineConfig":
-        return cls(layout.num_layers, max_requests or layout.max_requests, layout.max_context,
-                   layout.topk, layout.page_size, layout.index_format, layout.row_format)
+        return cls(
+            layout.num_layers,
+            max_requests or layout.max_requests,
+            layout.max_context,
+            layout.topk,
+            layout.page_size,
+            layout.index_format,
+            layout.row_format,
+        )
 
     @property
     def pages_per_request(self) -> int:
@@ -142,8 +178,13 @@ class BaselineConfig:
     @property
     def cache_bytes(self) -> int:
         kv = self.num_layers * self.max_requests * self.max_context * ROW_FORMATS[self.row_format]
-        index = (self.num_layers * self.max_requests * self.pages_per_request * self.page_size
-                 * INDEX_FORMATS[self.index_format])
+        index = (
+            self.num_layers
+            * self.max_requests
+            * self.pages_per_request
+            * self.page_size
+            * INDEX_FORMATS[self.index_format]
+        )
         return kv + index
 
 
@@ -154,18 +195,28 @@ class BaselineBackend(KVBackend):
     each (the last) absorbs the writes of padding rows, so appends need no data-dependent
     branch and stay graph-safe."""
 
-    def __init__(self, cfg: BaselineConfig, *, kernels: KernelSet,
-                 device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self, cfg: BaselineConfig, *, kernels: KernelSet, device: torch.device | str = "cpu"
+    ) -> None:
         self.cfg = cfg
         self.kernels = kernels
         self.device = torch.device(device)
         self.num_layers, self.max_requests = cfg.num_layers, cfg.max_requests
         self.max_context, self.topk, self.index_format = cfg.max_context, cfg.topk, cfg.index_format
         self.row_format = cfg.row_format
-        L, R, C, P, ppr = cfg.num_layers, cfg.max_requests, cfg.max_context, cfg.page_size, cfg.pages_per_request
+        L, R, C, P, ppr = (
+            cfg.num_layers,
+            cfg.max_requests,
+            cfg.max_context,
+            cfg.page_size,
+            cfg.pages_per_request,
+        )
         ib = INDEX_FORMATS[cfg.index_format]
-        width, dtype = (ROW_DIM, torch.bfloat16) if cfg.row_format == "bf16" else \
-            (ROW_FORMATS[cfg.row_format], torch.uint8)
+        width, dtype = (
+            (ROW_DIM, torch.bfloat16)
+            if cfg.row_format == "bf16"
+            else (ROW_FORMATS[cfg.row_format], torch.uint8)
+        )
         self._kv = torch.zeros((L, R * C + 1, width), dtype=dtype, device=self.device)
         self.full_kv = self._kv[:, : R * C].view(L, R, C, width)
         self._pool = torch.zeros((L, R * ppr + 1, P, ib), dtype=torch.uint8, device=self.device)
@@ -179,15 +230,25 @@ class BaselineBackend(KVBackend):
     def index_pool_layer(self, layer: int) -> torch.Tensor:
         return self._pool[layer, :-1]
 
-    def append(self, layer: int, kv_rows: torch.Tensor, index_rows: torch.Tensor,
-               req_slots: torch.Tensor, positions: torch.Tensor, seq_lens: torch.Tensor) -> None:
+    def append(
+        self,
+        layer: int,
+        kv_rows: torch.Tensor,
+        index_rows: torch.Tensor,
+        req_slots: torch.Tensor,
+        positions: torch.Tensor,
+        seq_lens: torch.Tensor,
+    ) -> None:
         cfg = self.cfg
         r, t = req_slots.long(), positions.long()
-        ok = (r >= 0) & (r < cfg.max_requests) & (t >= 0) & (t < seq_lens.clamp(max=cfg.max_context))
+        ok = (
+            (r >= 0) & (r < cfg.max_requests) & (t >= 0) & (t < seq_lens.clamp(max=cfg.max_context))
+        )
         trash_kv = cfg.max_requests * cfg.max_context
         if cfg.row_format == "fp8":
-            fp8 = torch.empty((kv_rows.shape[0], self._kv.shape[-1]), dtype=torch.uint8,
-                              device=self.device)
+            fp8 = torch.empty(
+                (kv_rows.shape[0], self._kv.shape[-1]), dtype=torch.uint8, device=self.device
+            )
             self.kernels.kv_quantize(kv_rows, fp8)
             kv_rows = fp8
         self._kv[layer].index_copy_(0, torch.where(ok, r * cfg.max_context + t, trash_kv), kv_rows)
@@ -195,15 +256,18 @@ class BaselineBackend(KVBackend):
         # page-blocked (values, then scales), so the store goes through the layout's views.
         per_req = cfg.pages_per_request * cfg.page_size
         token = torch.where(ok, r * per_req + t, cfg.max_requests * per_req)
-        write_index_rows(self._pool[layer], token // cfg.page_size, token % cfg.page_size,
-                         index_rows)
+        write_index_rows(
+            self._pool[layer], token // cfg.page_size, token % cfg.page_size, index_rows
+        )
 
-    def select(self, layer: int, topk: torch.Tensor, req_slots: torch.Tensor,
-               seq_lens: torch.Tensor) -> AttnRows:
+    def select(
+        self, layer: int, topk: torch.Tensor, req_slots: torch.Tensor, seq_lens: torch.Tensor
+    ) -> AttnRows:
         row_base = req_slots.long().clamp(min=0) * self.max_context
         return AttnRows(self._kv[layer], row_base, topk)
 
     def gather(self, layer: int, topk: torch.Tensor, req_slot: int, seq_len: int) -> AttnRows:
-        row_base = torch.full((topk.shape[0],), req_slot * self.max_context, dtype=torch.int64,
-                              device=self.device)
+        row_base = torch.full(
+            (topk.shape[0],), req_slot * self.max_context, dtype=torch.int64, device=self.device
+        )
         return AttnRows(self._kv[layer], row_base, topk)

@@ -17,8 +17,8 @@ import torch
 from contract.exchange import EVENT_NAMES, exchange_specs
 from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
 from contract.tensors import KVTensors
-from engine_client.kv.kernel_set import KernelSet
 from engine_client.kv.backend import ROW_DIM, AttnRows, KVBackend
+from engine_client.kv.kernel_set import KernelSet
 
 # Counter slots in HiSparseBackend.counters (int64, on the device, updated without sync).
 # Padding rows add nothing, so graph warm-ups and captures leave them unchanged.
@@ -38,8 +38,15 @@ class HiSparseBackend(KVBackend):
     the next part and attends the previous one. Results are bitwise the same: every kernel is
     row-independent and each part owns its rows of the plan's output buffers."""
 
-    def __init__(self, kv: KVTensors, *, kernels: KernelSet, max_batch: int | None = None,
-                 microbatches: int = 1, copy_programs: int | None = None) -> None:
+    def __init__(
+        self,
+        kv: KVTensors,
+        *,
+        kernels: KernelSet,
+        max_batch: int | None = None,
+        microbatches: int = 1,
+        copy_programs: int | None = None,
+    ) -> None:
         lay = kv.layout
         self.kv, self.layout, self.kernels = kv, lay, kernels
         self.device = kv.device
@@ -57,13 +64,15 @@ class HiSparseBackend(KVBackend):
         self.miss_count = torch.zeros((n,), dtype=torch.int32, device=self.device)
         self.counters = torch.zeros(2, dtype=torch.int64, device=self.device)
         if microbatches < 1 or (copy_programs is not None and copy_programs < 1):
-            raise ValueError(f"microbatches and copy_programs must be positive, got "
-                             f"{microbatches}, {copy_programs}")
+            raise ValueError(
+                f"microbatches and copy_programs must be positive, got "
+                f"{microbatches}, {copy_programs}"
+            )
         self.microbatches, self.copy_programs = microbatches, copy_programs
         # The side stream serves the Triton kernels (the references take no grid size).
         overlap = microbatches > 1 and self.device.type == "cuda" and kernels.capturable
         self._copy_stream = torch.cuda.Stream(self.device) if overlap else None
-        self._copied: dict[int, torch.cuda.Event] = {}   # by a part's first row
+        self._copied: dict[int, torch.cuda.Event] = {}  # by a part's first row
         self._hot_rows = self._hot_views(kv)
 
     def _hot_views(self, kv: KVTensors) -> list[torch.Tensor]:
@@ -81,8 +90,10 @@ class HiSparseBackend(KVBackend):
         unmapped, and a stray launch fails here instead of reading it. Graphs captured on the
         old memory must be dropped by the caller."""
         if kv is not None and (kv.layout != self.layout or kv.device != self.device):
-            raise ValueError(f"cannot rebind to {kv.layout} on {kv.device}: the backend was "
-                             f"built for {self.layout} on {self.device}")
+            raise ValueError(
+                f"cannot rebind to {kv.layout} on {kv.device}: the backend was "
+                f"built for {self.layout} on {self.device}"
+            )
         self.kv = kv  # type: ignore[assignment]
         self._hot_rows = [] if kv is None else self._hot_views(kv)
 
@@ -93,13 +104,31 @@ class HiSparseBackend(KVBackend):
     def index_pool_layer(self, layer: int) -> torch.Tensor:
         return self.kv.index_pool[layer]
 
-    def append(self, layer: int, kv_rows: torch.Tensor, index_rows: torch.Tensor,
-               req_slots: torch.Tensor, positions: torch.Tensor, seq_lens: torch.Tensor) -> None:
+    def append(
+        self,
+        layer: int,
+        kv_rows: torch.Tensor,
+        index_rows: torch.Tensor,
+        req_slots: torch.Tensor,
+        positions: torch.Tensor,
+        seq_lens: torch.Tensor,
+    ) -> None:
         kv = self.kv
         # bf16 rows: kv_append stores them as bytes, or quantizes them for fp8 tiers.
-        self.kernels.kv_append(layer, kv_rows, index_rows, req_slots, positions,
-                               seq_lens, kv.req_mode, kv.page_table, kv.host_rows, kv.hot_kv,
-                               kv.index_pool, window=self.layout.window)
+        self.kernels.kv_append(
+            layer,
+            kv_rows,
+            index_rows,
+            req_slots,
+            positions,
+            seq_lens,
+            kv.req_mode,
+            kv.page_table,
+            kv.host_rows,
+            kv.hot_kv,
+            kv.index_pool,
+            window=self.layout.window,
+        )
 
     def _hot(self, layer: int, req_slots: torch.Tensor, slots: torch.Tensor) -> AttnRows:
         row_base = req_slots.long().clamp(min=0) * self.layout.hot_slots
@@ -109,12 +138,23 @@ class HiSparseBackend(KVBackend):
         self.counters[_SELECTED] += (topk >= 0).sum()
         self.counters[_MISSES] += miss_count.sum()
 
-    def select(self, layer: int, topk: torch.Tensor, req_slots: torch.Tensor,
-               seq_lens: torch.Tensor, row0: int = 0) -> AttnRows:
+    def select(
+        self,
+        layer: int,
+        topk: torch.Tensor,
+        req_slots: torch.Tensor,
+        seq_lens: torch.Tensor,
+        row0: int = 0,
+    ) -> AttnRows:
         """row0: first row of this part of the batch in the plan's output buffers."""
         n = topk.shape[0]
         rows = slice(row0, row0 + n)
-        out = (self.out_slots[rows], self.miss_src[rows], self.miss_dst[rows], self.miss_count[rows])
+        out = (
+            self.out_slots[rows],
+            self.miss_src[rows],
+            self.miss_dst[rows],
+            self.miss_count[rows],
+        )
         if self._copy_stream is None:
             run_swap(self.kv, self.kernels, layer, topk, seq_lens, req_slots, *out)
         else:
@@ -123,15 +163,22 @@ class HiSparseBackend(KVBackend):
         self._count(topk, out[3])
         return self._hot(layer, req_slots, out[0])
 
-    def _copy_aside(self, row0: int, src: torch.Tensor, dst: torch.Tensor,
-                    count: torch.Tensor) -> None:
+    def _copy_aside(
+        self, row0: int, src: torch.Tensor, dst: torch.Tensor, count: torch.Tensor
+    ) -> None:
         """The miss copy on the side stream, after what the main stream queued so far."""
         main, side = torch.cuda.current_stream(self.device), self._copy_stream
         done = self._copied.setdefault(row0, torch.cuda.Event())
         side.wait_stream(main)
         with torch.cuda.stream(side):
-            self.kernels.miss_copy(self.kv.host_rows, self.kv.hot_kv, src, dst, count,
-                                   programs=self.copy_programs or OVERLAP_COPY_PROGRAMS)
+            self.kernels.miss_copy(
+                self.kv.host_rows,
+                self.kv.hot_kv,
+                src,
+                dst,
+                count,
+                programs=self.copy_programs or OVERLAP_COPY_PROGRAMS,
+            )
             done.record(side)
 
     def attention_ready(self, row0: int) -> None:
@@ -149,10 +196,13 @@ class HiSparseBackend(KVBackend):
         n, k = topk.shape
         if mode == MODE_RESIDENT:
             if seq_len > self.layout.hot_slots:
-                raise ValueError(f"resident request slot {req_slot} cannot hold {seq_len} tokens "
-                                 f"in {self.layout.hot_slots} hot slots")
-            return self._hot(layer, torch.full((n,), req_slot, dtype=torch.int32,
-                                               device=self.device), topk)
+                raise ValueError(
+                    f"resident request slot {req_slot} cannot hold {seq_len} tokens "
+                    f"in {self.layout.hot_slots} hot slots"
+                )
+            return self._hot(
+                layer, torch.full((n,), req_slot, dtype=torch.int32, device=self.device), topk
+            )
         if mode != MODE_OFFLOADED:
             raise ValueError(f"request slot {req_slot} is not admitted (mode {mode})")
         if seq_len <= n * k:
@@ -181,36 +231,78 @@ class HiSparseBackend(KVBackend):
 
     def stats(self) -> dict[str, int]:
         selected, misses = self.counters.tolist()
-        return {"selected": selected, "hits": selected - misses, "misses": misses,
-                "miss_bytes": misses * self.layout.row_bytes}
+        return {
+            "selected": selected,
+            "hits": selected - misses,
+            "misses": misses,
+            "miss_bytes": misses * self.layout.row_bytes,
+        }
 
     def reset_stats(self) -> None:
         self.counters.zero_()
 
 
-def run_swap(kv: KVTensors, kernels: KernelSet, layer: int, topk: torch.Tensor,
-             seq_lens: torch.Tensor, req_slots: torch.Tensor, out_slots: torch.Tensor,
-             miss_src: torch.Tensor, miss_dst: torch.Tensor, miss_count: torch.Tensor) -> None:
+def run_swap(
+    kv: KVTensors,
+    kernels: KernelSet,
+    layer: int,
+    topk: torch.Tensor,
+    seq_lens: torch.Tensor,
+    req_slots: torch.Tensor,
+    out_slots: torch.Tensor,
+    miss_src: torch.Tensor,
+    miss_dst: torch.Tensor,
+    miss_count: torch.Tensor,
+) -> None:
     """One layer's swap-in: plan (updates residency/LRU), then copy the misses host -> hot."""
-    plan_swap(kv, kernels, layer, topk, seq_lens, req_slots, out_slots, miss_src, miss_dst,
-              miss_count)
+    plan_swap(
+        kv, kernels, layer, topk, seq_lens, req_slots, out_slots, miss_src, miss_dst, miss_count
+    )
     kernels.miss_copy(kv.host_rows, kv.hot_kv, miss_src, miss_dst, miss_count)
 
 
-def plan_swap(kv: KVTensors, kernels: KernelSet, layer: int, topk: torch.Tensor,
-              seq_lens: torch.Tensor, req_slots: torch.Tensor, out_slots: torch.Tensor,
-              miss_src: torch.Tensor, miss_dst: torch.Tensor, miss_count: torch.Tensor) -> None:
+def plan_swap(
+    kv: KVTensors,
+    kernels: KernelSet,
+    layer: int,
+    topk: torch.Tensor,
+    seq_lens: torch.Tensor,
+    req_slots: torch.Tensor,
+    out_slots: torch.Tensor,
+    miss_src: torch.Tensor,
+    miss_dst: torch.Tensor,
+    miss_count: torch.Tensor,
+) -> None:
     """The plan of run_swap: hits, victims and the miss lists, residency/LRU updated."""
     lay = kv.layout
-    kernels.swap_plan(layer, topk, seq_lens, req_slots, kv.req_mode, kv.page_table, kv.token_slot,
-                      kv.slot_token, kv.lru_order, kv.hit_flag, out_slots, miss_src, miss_dst,
-                      miss_count, num_layers=lay.num_layers, page_size=lay.page_size,
-                      window=lay.window)
+    kernels.swap_plan(
+        layer,
+        topk,
+        seq_lens,
+        req_slots,
+        kv.req_mode,
+        kv.page_table,
+        kv.token_slot,
+        kv.slot_token,
+        kv.lru_order,
+        kv.hit_flag,
+        out_slots,
+        miss_src,
+        miss_dst,
+        miss_count,
+        num_layers=lay.num_layers,
+        page_size=lay.page_size,
+        window=lay.window,
+    )
 
 
-def allocate_exchange(layout: KVLayout, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
-    return {name: torch.zeros(shape, dtype=dtype, device=device)
-            for name, (shape, dtype) in exchange_specs(layout).items()}
+def allocate_exchange(
+    layout: KVLayout, device: torch.device | str = "cpu"
+) -> dict[str, torch.Tensor]:
+    return {
+        name: torch.zeros(shape, dtype=dtype, device=device)
+        for name, (shape, dtype) in exchange_specs(layout).items()
+    }
 
 
 SwapFn = Callable[[int, int], None]
@@ -219,10 +311,22 @@ SwapFn = Callable[[int, int], None]
 def local_swap_fn(kv: KVTensors, xchg: dict[str, torch.Tensor], kernels: KernelSet) -> SwapFn:
     """A swap_fn that plans and copies in this process on the exchange tensors: what the service
     does on its side of the remote-swap RPC."""
+
     def swap(layer: int, bs: int) -> None:
         x = {name: t[:bs] for name, t in xchg.items()}
-        run_swap(kv, kernels, layer, x["xchg_topk"], x["xchg_seq_lens"], x["xchg_req_slots"],
-                 x["xchg_slots"], x["xchg_miss_src"], x["xchg_miss_dst"], x["xchg_miss_count"])
+        run_swap(
+            kv,
+            kernels,
+            layer,
+            x["xchg_topk"],
+            x["xchg_seq_lens"],
+            x["xchg_req_slots"],
+            x["xchg_slots"],
+            x["xchg_miss_src"],
+            x["xchg_miss_dst"],
+            x["xchg_miss_count"],
+        )
+
     return swap
 
 
@@ -238,10 +342,16 @@ class RemoteSwapBackend(HiSparseBackend):
 
     capturable = False
 
-    def __init__(self, kv: KVTensors, swap_fn: SwapFn, *, kernels: KernelSet,
-                 xchg: dict[str, torch.Tensor] | None = None,
-                 events: dict[str, torch.cuda.Event] | None = None,
-                 max_batch: int | None = None) -> None:
+    def __init__(
+        self,
+        kv: KVTensors,
+        swap_fn: SwapFn,
+        *,
+        kernels: KernelSet,
+        xchg: dict[str, torch.Tensor] | None = None,
+        events: dict[str, torch.cuda.Event] | None = None,
+        max_batch: int | None = None,
+    ) -> None:
         super().__init__(kv, kernels=kernels, max_batch=max_batch)
         self.capturable = False
         self.xchg = self._checked(xchg)
@@ -263,8 +373,9 @@ class RemoteSwapBackend(HiSparseBackend):
         super().rebind(kv)
         self.xchg = new_xchg
 
-    def select(self, layer: int, topk: torch.Tensor, req_slots: torch.Tensor,
-               seq_lens: torch.Tensor) -> AttnRows:
+    def select(
+        self, layer: int, topk: torch.Tensor, req_slots: torch.Tensor, seq_lens: torch.Tensor
+    ) -> AttnRows:
         n, x = topk.shape[0], self.xchg
         x["xchg_topk"][:n].copy_(topk)
         x["xchg_seq_lens"][:n].copy_(seq_lens)

@@ -32,14 +32,28 @@ class KernelSet:
         from kernels.sparse_attention import sparse_mla_decode
         from kernels.swap_plan import swap_plan
         from kernels.topk import topk_select
-        return cls(kv_append=kv_append, swap_plan=swap_plan, miss_copy=miss_copy,
-                   sparse_mla_decode=sparse_mla_decode, indexer_scores=indexer_scores,
-                   topk_select=topk_select, kv_quantize=kv_quantize)
+
+        return cls(
+            kv_append=kv_append,
+            swap_plan=swap_plan,
+            miss_copy=miss_copy,
+            sparse_mla_decode=sparse_mla_decode,
+            indexer_scores=indexer_scores,
+            topk_select=topk_select,
+            kv_quantize=kv_quantize,
+        )
 
     @classmethod
     def reference(cls) -> "KernelSet":
         from kernels import reference as ref
-        return cls(kv_append=ref.ref_kv_append, swap_plan=ref.ref_swap_plan,
-                   miss_copy=ref.ref_miss_copy, sparse_mla_decode=ref.ref_sparse_mla_decode,
-                   indexer_scores=ref.ref_indexer_scores, topk_select=ref.ref_topk_select,
-                   kv_quantize=ref.ref_quantize_kv_rows, capturable=False)
+
+        return cls(
+            kv_append=ref.ref_kv_append,
+            swap_plan=ref.ref_swap_plan,
+            miss_copy=ref.ref_miss_copy,
+            sparse_mla_decode=ref.ref_sparse_mla_decode,
+            indexer_scores=ref.ref_indexer_scores,
+            topk_select=ref.ref_topk_select,
+            kv_quantize=ref.ref_quantize_kv_rows,
+            capturable=False,
+        )

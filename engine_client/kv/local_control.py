@@ -47,14 +47,18 @@ class BaselineControl(LocalMemory):
     async def admit(self, request_id: str, prompt_len: int, max_new_tokens: int) -> Admission:
         tokens = prompt_len + max_new_tokens
         if prompt_len < 1 or max_new_tokens < 0 or tokens > self.layout.max_context:
-            raise errors.InvalidArgument(f"prompt_len {prompt_len} + max_new_tokens "
-                                         f"{max_new_tokens} must fit max_context "
-                                         f"{self.layout.max_context}")
+            raise errors.InvalidArgument(
+                f"prompt_len {prompt_len} + max_new_tokens "
+                f"{max_new_tokens} must fit max_context "
+                f"{self.layout.max_context}"
+            )
         if request_id in self._live:
             raise errors.AlreadyExists(f"request {request_id!r} is already admitted")
         if not self._free:
-            raise errors.CapacityError("no free request slot",
-                                       {"slots_free": "0", "slots_total": str(self.layout.max_requests)})
+            raise errors.CapacityError(
+                "no free request slot",
+                {"slots_free": "0", "slots_total": str(self.layout.max_requests)},
+            )
         slot = self._free.pop(0)
         self._live[request_id] = Admission(request_id, slot, MODE_RESIDENT, tokens)
         return self._live[request_id]
@@ -121,17 +125,30 @@ class EmbeddedControl(LocalMemory):
         self._call("commit", self.core.commit, request_id, seq_len)
 
     async def step_end(self, report: StepReport) -> None:
-        self._call("step_end", self.core.step_end, list(report.progress), report.hits,
-                   report.misses, report.bytes_moved)
+        self._call(
+            "step_end",
+            self.core.step_end,
+            list(report.progress),
+            report.hits,
+            report.misses,
+            report.bytes_moved,
+        )
 
     async def release(self, request_id: str) -> None:
         self._call("release", self.core.release, request_id)
 
     async def stats(self) -> KVStats:
         s = self.core.stats()
-        return KVStats(pages_used=s.pages_used, pages_total=s.pages_total,
-                       slots_used=s.slots_used, slots_total=s.slots_total, requests=s.requests,
-                       hits=s.hits, misses=s.misses, bytes_moved=s.bytes_moved)
+        return KVStats(
+            pages_used=s.pages_used,
+            pages_total=s.pages_total,
+            slots_used=s.slots_used,
+            slots_total=s.slots_total,
+            requests=s.requests,
+            hits=s.hits,
+            misses=s.misses,
+            bytes_moved=s.bytes_moved,
+        )
 
     def check_alive(self) -> None:
         return None

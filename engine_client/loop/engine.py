@@ -7,7 +7,8 @@
    max-length finishes and errors all wait for that, so no launched step reads freed or reused
    KV and no new request is admitted into a slot a step still reads;
 2. schedule (engine_client.loop.scheduler): admission under the queue policy, then the batch;
-3. run (engine_client.loop.runner, on the compute thread): launch this turn's step, then wait for the
+3. run (engine_client.loop.runner, on the compute thread): launch this turn's step, then wait
+   for the
    previous one (overlap) or for this one (--no-overlap). The KV memory is checked before a
    launch and before a step's results are trusted;
 4. postprocess (engine_client.loop.postprocess): tokens to the state file and the client streams,
@@ -32,13 +33,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 from engine_client.client import errors
 from engine_client.client.control import KVControl
-from engine_client.model.compute import Compute
 from engine_client.loop.metrics import EngineMetrics
 from engine_client.loop.postprocess import Postprocessor, ReportSender
 from engine_client.loop.request import FailStatus, Finish, GenRequest, Phase, SamplingParams
 from engine_client.loop.runner import Advance, LaunchedStep, StepRunner
 from engine_client.loop.scheduler import Batch, QueuePolicy, Scheduler
 from engine_client.loop.state_file import StateFile
+from engine_client.model.compute import Compute
 
 log = logging.getLogger(__name__)
 
@@ -50,22 +51,38 @@ IDLE_CHECK_SECONDS = 0.5
 
 
 class Engine:
-    def __init__(self, compute: Compute, control: KVControl, *, executor: ThreadPoolExecutor,
-                 max_active: int, admit_retry: float = 0.5, state: StateFile | None = None,
-                 policy: QueuePolicy | None = None, overlap: bool = True,
-                 metrics: EngineMetrics | None = None) -> None:
+    def __init__(
+        self,
+        compute: Compute,
+        control: KVControl,
+        *,
+        executor: ThreadPoolExecutor,
+        max_active: int,
+        admit_retry: float = 0.5,
+        state: StateFile | None = None,
+        policy: QueuePolicy | None = None,
+        overlap: bool = True,
+        metrics: EngineMetrics | None = None,
+    ) -> None:
         self.compute, self.control, self.state = compute, control, state
         self.policy = policy or QueuePolicy(admit_retry=admit_retry)
         self.metrics = metrics or EngineMetrics()
-        self.scheduler = Scheduler(control, self.policy, max_active=max_active,
-                                   max_batch=compute.max_batch, prefill_chunk=compute.prefill_chunk,
-                                   synthetic_context=compute.synthetic_context,
-                                   finish=self._finish, lost=self._fail_all,
-                                   admitted=self._admitted)
+        self.scheduler = Scheduler(
+            control,
+            self.policy,
+            max_active=max_active,
+            max_batch=compute.max_batch,
+            prefill_chunk=compute.prefill_chunk,
+            synthetic_context=compute.synthetic_context,
+            finish=self._finish,
+            lost=self._fail_all,
+            admitted=self._admitted,
+        )
         self.runner = StepRunner(compute, overlap=overlap)
         self.reports = ReportSender(control)
-        self.postprocess = Postprocessor(compute.row_bytes, state, self.reports, self.metrics,
-                                         self._finish)
+        self.postprocess = Postprocessor(
+            compute.row_bytes, state, self.reports, self.metrics, self._finish
+        )
         self.finished: OrderedDict[str, GenRequest] = OrderedDict()
         self.steps = 0
         self.done_step = -1  # every step up to this one has finished on the device
@@ -101,15 +118,20 @@ class Engine:
 
     # --- requests from the server ---
 
-    def submit(self, prompt: tuple[int, ...], max_new_tokens: int,
-               sampling: SamplingParams) -> GenRequest:
+    def submit(
+        self, prompt: tuple[int, ...], max_new_tokens: int, sampling: SamplingParams
+    ) -> GenRequest:
         if self.failure is not None:
             raise self.failure
         req = GenRequest(uuid.uuid4().hex, prompt, max_new_tokens, sampling)
         self.scheduler.enqueue(req)
         self._wake.set()
-        log.info("request %s queued: %d prompt tokens, up to %d new", req.request_id,
-                 len(prompt), max_new_tokens)
+        log.info(
+            "request %s queued: %d prompt tokens, up to %d new",
+            req.request_id,
+            len(prompt),
+            max_new_tokens,
+        )
         return req
 
     def lookup(self, request_id: str) -> GenRequest:
@@ -224,14 +246,18 @@ class Engine:
             batch = None  # its requests have failed: nothing to launch
         loop = asyncio.get_running_loop()
         t0 = time.perf_counter()
-        adv: Advance = await loop.run_in_executor(self._executor, self.runner.advance, batch,
-                                                  self._inflight)
+        adv: Advance = await loop.run_in_executor(
+            self._executor, self.runner.advance, batch, self._inflight
+        )
         ran = time.perf_counter() - t0
         self._inflight = adv.launched
         (self._quiet.clear if adv.launched is not None else self._quiet.set)()
         # Steps finish in launch order: all but the one in flight are done.
-        self.done_step = (adv.launched.batch.step - 1 if adv.launched is not None
-                          else self.scheduler.next_step - 1)
+        self.done_step = (
+            adv.launched.batch.step - 1
+            if adv.launched is not None
+            else self.scheduler.next_step - 1
+        )
         if isinstance(adv.error, errors.ServiceUnavailable):
             self._fail_all(adv.error)  # the step lost its service (RemoteSwap): UNAVAILABLE
         elif adv.error is not None:
@@ -242,9 +268,12 @@ class Engine:
                 self.postprocess(adv.done)
                 self.steps += 1
                 self.stepped.set()
-                self.metrics.step(len(adv.done.batch.decode), adv.done.device_seconds,
-                                  adv.done.idle_before)
-        launch = adv.launched.launch_seconds if adv.launched is not None and self.runner.cuda else 0.0
+                self.metrics.step(
+                    len(adv.done.batch.decode), adv.done.device_seconds, adv.done.idle_before
+                )
+        launch = (
+            adv.launched.launch_seconds if adv.launched is not None and self.runner.cuda else 0.0
+        )
         rows = len(batch.requests) if batch is not None else 0
         self.metrics.host(time.perf_counter() - began - ran + launch, rows)
 
@@ -252,8 +281,9 @@ class Engine:
         """A failed step leaves these requests' KV undefined."""
         log.error("compute step failed: %s: %s", type(e).__name__, e, exc_info=e)
         for req in requests:
-            self._finish(req, Finish.ERROR, f"compute failed: {type(e).__name__}: {e}",
-                         FailStatus.INTERNAL)
+            self._finish(
+                req, Finish.ERROR, f"compute failed: {type(e).__name__}: {e}", FailStatus.INTERNAL
+            )
 
     # --- ends ---
 
@@ -261,8 +291,13 @@ class Engine:
         if self.state is not None:
             self.state.started(req)
 
-    def _finish(self, req: GenRequest, reason: Finish, error: str = "",
-                status: FailStatus = FailStatus.UNAVAILABLE) -> None:
+    def _finish(
+        self,
+        req: GenRequest,
+        reason: Finish,
+        error: str = "",
+        status: FailStatus = FailStatus.UNAVAILABLE,
+    ) -> None:
         """Mark the request ended; its slot is released once no launched step reads it."""
         if req.finished:
             return
@@ -292,16 +327,23 @@ class Engine:
             self.scheduler.released()
         if self.state is not None and req.slot >= 0:
             self.state.ended(req.request_id)
-        log.info("request %s %s after %d tokens", req.request_id, req.finish.name.lower(),
-                 len(req.tokens))
+        log.info(
+            "request %s %s after %d tokens",
+            req.request_id,
+            req.finish.name.lower(),
+            len(req.tokens),
+        )
 
     def _fail_all(self, why: errors.KVClientError) -> None:
         """The KV service is gone (or the loop broke): every request fails now, new ones are
         refused with UNAVAILABLE. A step still in flight finishes before any slot is let go."""
         if self.failure is None:
             log.error("failing %d requests: %s", len(self.requests), why)
-        self.failure = why if isinstance(why, errors.ServiceUnavailable) \
+        self.failure = (
+            why
+            if isinstance(why, errors.ServiceUnavailable)
             else errors.ServiceUnavailable(str(why))
+        )
         if isinstance(why, errors.ServiceUnavailable):
             if self._recovery is None:
                 # The traceback holds the failed step's frames, and through them the lost memory.

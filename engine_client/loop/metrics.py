@@ -20,10 +20,47 @@ from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 # Token latencies: 1 ms .. 20 s. Step times: 50 us .. 2 s.
-TOKEN_BUCKETS = (1e-3, 2e-3, 4e-3, 8e-3, 12e-3, 16e-3, 20e-3, 25e-3, 30e-3, 40e-3, 60e-3, 0.1,
-                 0.2, 0.5, 1.0, 2.0, 5.0, 20.0)
-STEP_BUCKETS = (50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 4e-3, 8e-3, 12e-3, 16e-3, 20e-3,
-                25e-3, 32e-3, 50e-3, 0.1, 0.25, 0.5, 1.0, 2.0)
+TOKEN_BUCKETS = (
+    1e-3,
+    2e-3,
+    4e-3,
+    8e-3,
+    12e-3,
+    16e-3,
+    20e-3,
+    25e-3,
+    30e-3,
+    40e-3,
+    60e-3,
+    0.1,
+    0.2,
+    0.5,
+    1.0,
+    2.0,
+    5.0,
+    20.0,
+)
+STEP_BUCKETS = (
+    50e-6,
+    100e-6,
+    200e-6,
+    500e-6,
+    1e-3,
+    2e-3,
+    4e-3,
+    8e-3,
+    12e-3,
+    16e-3,
+    20e-3,
+    25e-3,
+    32e-3,
+    50e-3,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.0,
+)
 # Steps over which the GPU idle fraction gauge is computed.
 IDLE_WINDOW = 64
 
@@ -59,29 +96,47 @@ class BatchHistogram(Collector):
 class EngineMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        self.ttft = BatchHistogram("engine_time_to_first_token_seconds",
-                                   "submit to first token delivered", TOKEN_BUCKETS)
-        self.itl = BatchHistogram("engine_inter_token_latency_seconds",
-                                  "time between two tokens of a request, as delivered", TOKEN_BUCKETS)
+        self.ttft = BatchHistogram(
+            "engine_time_to_first_token_seconds", "submit to first token delivered", TOKEN_BUCKETS
+        )
+        self.itl = BatchHistogram(
+            "engine_inter_token_latency_seconds",
+            "time between two tokens of a request, as delivered",
+            TOKEN_BUCKETS,
+        )
         r.register(self.ttft)
         r.register(self.itl)
         self.batch_size = Gauge("engine_batch_size", "decode rows in the last step", registry=r)
         self.queue_depth = Gauge("engine_queue_depth", "requests waiting for admission", registry=r)
-        self.running = Gauge("engine_running_requests", "admitted requests (prefill or decode)",
-                             registry=r)
-        self.step_gpu = Histogram("engine_step_gpu_seconds", "device busy time of one step "
-                                  "(CPU mode: its compute time)", buckets=STEP_BUCKETS, registry=r)
-        self.step_host = Histogram("engine_step_host_seconds", "host time of one engine turn "
-                                   "(schedule, launch, post-process), waits excluded",
-                                   buckets=STEP_BUCKETS, registry=r)
-        self.host_per_request = Gauge("engine_step_host_seconds_per_request",
-                                      "host time of the last step / its requests", registry=r)
-        self.gpu_idle_fraction = Gauge("engine_gpu_idle_fraction", "device idle time between "
-                                       f"back-to-back steps / wall time, last {IDLE_WINDOW} steps",
-                                       registry=r)
+        self.running = Gauge(
+            "engine_running_requests", "admitted requests (prefill or decode)", registry=r
+        )
+        self.step_gpu = Histogram(
+            "engine_step_gpu_seconds",
+            "device busy time of one step (CPU mode: its compute time)",
+            buckets=STEP_BUCKETS,
+            registry=r,
+        )
+        self.step_host = Histogram(
+            "engine_step_host_seconds",
+            "host time of one engine turn (schedule, launch, post-process), waits excluded",
+            buckets=STEP_BUCKETS,
+            registry=r,
+        )
+        self.host_per_request = Gauge(
+            "engine_step_host_seconds_per_request",
+            "host time of the last step / its requests",
+            registry=r,
+        )
+        self.gpu_idle_fraction = Gauge(
+            "engine_gpu_idle_fraction",
+            f"device idle time between back-to-back steps / wall time, last {IDLE_WINDOW} steps",
+            registry=r,
+        )
         self.gpu_busy = Counter("engine_gpu_busy_seconds", "device busy time in steps", registry=r)
-        self.gpu_idle = Counter("engine_gpu_idle_seconds", "device idle time between "
-                                "back-to-back steps", registry=r)
+        self.gpu_idle = Counter(
+            "engine_gpu_idle_seconds", "device idle time between back-to-back steps", registry=r
+        )
         self.steps = Counter("engine_steps", "steps run", registry=r)
         self._window: deque[tuple[float, float]] = deque(maxlen=IDLE_WINDOW)
 
@@ -107,7 +162,9 @@ class EngineMetrics:
         self.queue_depth.set(waiting)
         self.running.set(running)
 
-    def serve(self, port: int, addr: str = "127.0.0.1") -> tuple[tuple[str, int], Callable[[], None]]:
+    def serve(
+        self, port: int, addr: str = "127.0.0.1"
+    ) -> tuple[tuple[str, int], Callable[[], None]]:
         """Start the /metrics HTTP endpoint (port 0: any free port); returns the address it
         listens on and its stop function."""
         server, thread = start_http_server(port, addr=addr, registry=self.registry)
@@ -116,4 +173,5 @@ class EngineMetrics:
             server.shutdown()
             server.server_close()
             thread.join(timeout=5)
+
         return server.server_address[:2], stop

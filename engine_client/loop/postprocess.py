@@ -33,8 +33,13 @@ def merge_reports(a: StepReport, b: StepReport) -> StepReport:
     """One report for steps a then b: b's stored lengths win, counters add up."""
     progress = dict(a.progress)
     progress.update(b.progress)
-    return StepReport(b.step, tuple(progress.items()), a.hits + b.hits, a.misses + b.misses,
-                      a.bytes_moved + b.bytes_moved)
+    return StepReport(
+        b.step,
+        tuple(progress.items()),
+        a.hits + b.hits,
+        a.misses + b.misses,
+        a.bytes_moved + b.bytes_moved,
+    )
 
 
 class ReportSender:
@@ -73,8 +78,14 @@ class ReportSender:
 
 
 class Postprocessor:
-    def __init__(self, row_bytes: int, state: StateFile | None, reports: ReportSender,
-                 metrics: EngineMetrics, finish: Callable[..., None]) -> None:
+    def __init__(
+        self,
+        row_bytes: int,
+        state: StateFile | None,
+        reports: ReportSender,
+        metrics: EngineMetrics,
+        finish: Callable[..., None],
+    ) -> None:
         self.row_bytes, self.state, self.reports = row_bytes, state, reports
         self.metrics, self._finish = metrics, finish
         self.totals = {"hits": 0, "misses": 0, "bytes_moved": 0, "tokens": 0}
@@ -101,8 +112,11 @@ class Postprocessor:
         for req in decode:
             sel, miss = per_slot[req.slot]
             c = req.counters
-            c.hits, c.misses, c.bytes_moved = (c.hits + sel - miss, c.misses + miss,
-                                               c.bytes_moved + miss * self.row_bytes)
+            c.hits, c.misses, c.bytes_moved = (
+                c.hits + sel - miss,
+                c.misses + miss,
+                c.bytes_moved + miss * self.row_bytes,
+            )
             hits, misses = hits + sel - miss, misses + miss
         t = self.totals
         t["hits"], t["misses"] = t["hits"] + hits, t["misses"] + misses

@@ -115,8 +115,9 @@ class GenRequest:
             return Finish.LENGTH
         return None
 
-    def end(self, finish: Finish, error: str = "",
-            status: FailStatus = FailStatus.UNAVAILABLE) -> None:
+    def end(
+        self, finish: Finish, error: str = "", status: FailStatus = FailStatus.UNAVAILABLE
+    ) -> None:
         if self.phase is Phase.FINISHED:
             return
         self.phase, self.finish, self.error, self.status = Phase.FINISHED, finish, error, status
@@ -147,4 +148,3 @@ class GenRequest:
                 wake.clear()
         finally:
             self._listeners.discard(wake)
-

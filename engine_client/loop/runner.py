@@ -1,7 +1,8 @@
 """The runner: launches one engine step on the device and hands its results back later.
 
 `launch(batch)` enqueues the step and returns at once on a GPU: the prefill chunk (if any), the
-decode graph, sampling on the device (engine_client.loop.sampler), the sampled tokens written back as
+decode graph, sampling on the device (engine_client.loop.sampler), the sampled tokens written
+back as
 the slots' last tokens for the next step, and an asynchronous copy of the tokens and swap
 counters into one of three pinned host buffers, followed by an event. `LaunchedStep.wait()`
 waits for that event only, then reads the pinned buffer.
@@ -22,9 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
-from engine_client.model.compute import Compute
 from engine_client.loop.sampler import sample_rows
 from engine_client.loop.scheduler import Batch
+from engine_client.model.compute import Compute
 
 BUFFER_SETS = 3
 
@@ -160,8 +161,9 @@ class StepRunner:
         self._last = step
         return step
 
-    def _sampling(self, bufs: _Buffers, temps: list[float] | None, keys: list[int] | None,
-                  start: int):
+    def _sampling(
+        self, bufs: _Buffers, temps: list[float] | None, keys: list[int] | None, start: int
+    ):
         """Device views of the rows' temperatures and keys, staged through pinned memory."""
         if temps is None:
             return None, None
@@ -177,8 +179,9 @@ class StepRunner:
         start, end = batch.prefill_range
         if batch.synthetic:
             c.model.backend.fill_synthetic(req.slot, batch.synthetic, seed=req.slot)
-        logits = c.model.prefill(req.slot, req.prompt[start:end], start=start,
-                                 chunk_size=end - start)
+        logits = c.model.prefill(
+            req.slot, req.prompt[start:end], start=start, chunk_size=end - start
+        )
         if batch.first is not None:
             temp, key = batch.first
             m = self.compute.max_batch
@@ -189,8 +192,9 @@ class StepRunner:
 
     def _decode(self, batch: Batch, bufs: _Buffers) -> None:
         c, n = self.compute, len(batch.decode)
-        logits = c.runner.step(batch.ids, batch.positions, batch.slots,
-                               [p + 1 for p in batch.positions])
+        logits = c.runner.step(
+            batch.ids, batch.positions, batch.slots, [p + 1 for p in batch.positions]
+        )
         tokens = sample_rows(logits, *self._sampling(bufs, batch.temps, batch.keys, 0))
         self._out[:n].copy_(tokens)
         c.runner.remember(tokens, n)

@@ -47,8 +47,9 @@ def gumbel(keys: torch.Tensor, vocab: int) -> torch.Tensor:
     return -torch.log(-torch.log(u))
 
 
-def sample_rows(logits: torch.Tensor, temps: torch.Tensor | None = None,
-                keys: torch.Tensor | None = None) -> torch.Tensor:
+def sample_rows(
+    logits: torch.Tensor, temps: torch.Tensor | None = None, keys: torch.Tensor | None = None
+) -> torch.Tensor:
     """Tokens [n] int64 of fp32 logits [n, vocab], on their device, with no host sync. temps [n]
     fp32 and keys [n] int64 (token_key) are needed only when some row samples (T > 0)."""
     greedy = logits.argmax(dim=-1)

@@ -99,11 +99,20 @@ def reserved_tokens(req: GenRequest) -> int:
 class Scheduler:
     """Owns the queue and the admitted requests (`requests`: every request not yet released)."""
 
-    def __init__(self, control: KVControl, policy: QueuePolicy, *, max_active: int,
-                 max_batch: int, prefill_chunk: int, synthetic_context: int,
-                 finish: Callable[..., None], lost: Callable[[errors.KVClientError], None],
-                 admitted: Callable[[GenRequest], None],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        control: KVControl,
+        policy: QueuePolicy,
+        *,
+        max_active: int,
+        max_batch: int,
+        prefill_chunk: int,
+        synthetic_context: int,
+        finish: Callable[..., None],
+        lost: Callable[[errors.KVClientError], None],
+        admitted: Callable[[GenRequest], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.control, self.policy = control, policy
         self.max_active, self.max_batch = max_active, max_batch
         self.prefill_chunk, self.synthetic_context = prefill_chunk, synthetic_context
@@ -152,9 +161,13 @@ class Scheduler:
         for req in [r for r in self.waiting if now - self.queued_at[r.request_id] > limit]:
             waited = now - self.queued_at[req.request_id]
             self.dequeue(req)
-            self._finish(req, Finish.ERROR, f"waited {waited:.1f} s for KV capacity for "
-                         f"{reserved_tokens(req)} tokens (max queue wait {limit:g} s)",
-                         FailStatus.RESOURCE_EXHAUSTED)
+            self._finish(
+                req,
+                Finish.ERROR,
+                f"waited {waited:.1f} s for KV capacity for "
+                f"{reserved_tokens(req)} tokens (max queue wait {limit:g} s)",
+                FailStatus.RESOURCE_EXHAUSTED,
+            )
 
     async def _admit(self) -> None:
         """Admit in queue order; smaller requests may pass a refused head while it is young."""
@@ -188,8 +201,12 @@ class Scheduler:
                 log.debug("request %s stays queued: %s", req.request_id, e)
                 return Admit.REFUSED
             self.dequeue(req)
-            self._finish(req, Finish.ERROR, f"the request can never fit the KV capacity: {e}",
-                         FailStatus.RESOURCE_EXHAUSTED)
+            self._finish(
+                req,
+                Finish.ERROR,
+                f"the request can never fit the KV capacity: {e}",
+                FailStatus.RESOURCE_EXHAUSTED,
+            )
             return Admit.ENDED
         except errors.Draining as e:
             self.dequeue(req)
@@ -213,8 +230,9 @@ class Scheduler:
     def _batch(self) -> Batch | None:
         live = [r for r in self.requests.values() if not r.finished]
         prefill = next((r for r in live if r.phase is Phase.PREFILL), None)
-        decode = [r for r in live if r.phase is Phase.RUNNING
-                  and r.launched < r.max_new_tokens][: self.max_batch]
+        decode = [r for r in live if r.phase is Phase.RUNNING and r.launched < r.max_new_tokens][
+            : self.max_batch
+        ]
         if prefill is None and not decode:
             return None
         batch = Batch(self.next_step)
@@ -225,8 +243,10 @@ class Scheduler:
             self._add_decode(batch, req)
         if any(r.sampling.temperature > 0 for r in decode):
             batch.temps = [r.sampling.temperature for r in decode]
-            batch.keys = [token_key(r.sampling.seed, r.launched - 1) if r.sampling.temperature
-                          else 0 for r in decode]
+            batch.keys = [
+                token_key(r.sampling.seed, r.launched - 1) if r.sampling.temperature else 0
+                for r in decode
+            ]
         return batch
 
     def _add_prefill(self, batch: Batch, req: GenRequest) -> None:

@@ -51,18 +51,26 @@ class SavedState:
 
 def _start_record(r: GenRequest | SavedRequest) -> dict:
     s = r.sampling
-    return {"start": r.request_id, "prompt": list(r.prompt), "max_new_tokens": r.max_new_tokens,
-            "temperature": s.temperature, "seed": s.seed, "stop": list(s.stop_token_ids)}
+    return {
+        "start": r.request_id,
+        "prompt": list(r.prompt),
+        "max_new_tokens": r.max_new_tokens,
+        "temperature": s.temperature,
+        "seed": s.seed,
+        "stop": list(s.stop_token_ids),
+    }
 
 
 def _apply(state: SavedState, rec: dict) -> None:
     if "session" in rec:
         state.session_id, state.epoch = rec["session"], int(rec["epoch"])
     elif "start" in rec:
-        sampling = SamplingParams(float(rec["temperature"]), int(rec["seed"]),
-                                  tuple(int(t) for t in rec["stop"]))
-        state.requests[rec["start"]] = SavedRequest(rec["start"], tuple(rec["prompt"]),
-                                                    int(rec["max_new_tokens"]), sampling)
+        sampling = SamplingParams(
+            float(rec["temperature"]), int(rec["seed"]), tuple(int(t) for t in rec["stop"])
+        )
+        state.requests[rec["start"]] = SavedRequest(
+            rec["start"], tuple(rec["prompt"]), int(rec["max_new_tokens"]), sampling
+        )
     elif "tokens" in rec:
         for rid, toks in rec["tokens"].items():
             if rid in state.requests:
@@ -95,7 +103,9 @@ class StateFile:
         self._f: IO[str] | None = None
         self._buffer: list[str] = []
 
-    def rewrite(self, session_id: str, epoch: int, live: list[GenRequest] | list[SavedRequest]) -> None:
+    def rewrite(
+        self, session_id: str, epoch: int, live: list[GenRequest] | list[SavedRequest]
+    ) -> None:
         """Start the file over: the session line and every live request, compactly."""
         tmp = f"{self.path}.tmp"
         with contextlib.suppress(FileNotFoundError):

@@ -19,15 +19,15 @@ import torch
 from contract.layout import KVLayout
 from contract.tensors import KVTensors
 from engine_client.client.errors import LayoutMismatch
-from engine_client.model.graph import DecodeConfig, DecodeRunner
-from engine_client.kv.hisparse import HiSparseBackend, RemoteSwapBackend
-from engine_client.kv.kernel_set import KernelSet
 from engine_client.kv.backend import (
     AttnRows,
     BaselineBackend,
     BaselineConfig,
     KVBackend,
 )
+from engine_client.kv.hisparse import HiSparseBackend, RemoteSwapBackend
+from engine_client.kv.kernel_set import KernelSet
+from engine_client.model.graph import DecodeConfig, DecodeRunner
 from engine_client.model.model import Model, TopkSource
 from engine_client.model.preset import ModelConfig
 
@@ -43,8 +43,9 @@ class CountingBackend:
     def __init__(self, inner: KVBackend) -> None:
         self._inner = inner
         # Row R collects padding rows (request slot -1).
-        self._counts = torch.zeros((inner.max_requests + 1, 2), dtype=torch.int64,
-                                   device=inner.device)
+        self._counts = torch.zeros(
+            (inner.max_requests + 1, 2), dtype=torch.int64, device=inner.device
+        )
 
     def __getattr__(self, name: str):
         return getattr(self._inner, name)
@@ -54,10 +55,16 @@ class CountingBackend:
         if xchg is not None:
             return xchg["xchg_miss_count"][:n]
         counts = getattr(self._inner, "miss_count", None)
-        return None if counts is None else counts[row0:row0 + n]
+        return None if counts is None else counts[row0 : row0 + n]
 
-    def select(self, layer: int, topk: torch.Tensor, req_slots: torch.Tensor,
-               seq_lens: torch.Tensor, **part) -> AttnRows:
+    def select(
+        self,
+        layer: int,
+        topk: torch.Tensor,
+        req_slots: torch.Tensor,
+        seq_lens: torch.Tensor,
+        **part,
+    ) -> AttnRows:
         """part: row0 of a micro-batch (HiSparseBackend.microbatches > 1), passed through."""
         rows = self._inner.select(layer, topk, req_slots, seq_lens, **part)
         n = topk.shape[0]
@@ -79,8 +86,15 @@ class Compute:
     buffers, CUDA graphs), the counting backend, and the prefill sizes. The steps themselves
     are launched by engine_client.loop.runner.StepRunner."""
 
-    def __init__(self, model: Model, runner: DecodeRunner, counting: CountingBackend,
-                 layout: KVLayout, prefill_chunk: int, synthetic_context: int = 0) -> None:
+    def __init__(
+        self,
+        model: Model,
+        runner: DecodeRunner,
+        counting: CountingBackend,
+        layout: KVLayout,
+        prefill_chunk: int,
+        synthetic_context: int = 0,
+    ) -> None:
         self.model, self.runner, self.counting = model, runner, counting
         self.layout = layout
         self.prefill_chunk = prefill_chunk
@@ -107,9 +121,17 @@ def choose_kernels(name: str, device: str) -> KernelSet:
     return KernelSet.reference()
 
 
-def build_backend(mode: str, layout: KVLayout, tensors: KVTensors | None, kernels: KernelSet,
-                  max_batch: int, device: str, swap_fn: Callable[[int, int], None] | None,
-                  exchange: dict | None, microbatches: int = 1) -> KVBackend:
+def build_backend(
+    mode: str,
+    layout: KVLayout,
+    tensors: KVTensors | None,
+    kernels: KernelSet,
+    max_batch: int,
+    device: str,
+    swap_fn: Callable[[int, int], None] | None,
+    exchange: dict | None,
+    microbatches: int = 1,
+) -> KVBackend:
     if mode == "baseline":
         return BaselineBackend(BaselineConfig.from_layout(layout), kernels=kernels, device=device)
     if tensors is None:
@@ -117,14 +139,15 @@ def build_backend(mode: str, layout: KVLayout, tensors: KVTensors | None, kernel
     if mode == "service-remote-swap":
         if swap_fn is None:
             raise ValueError("service-remote-swap needs a swap function")
-        return RemoteSwapBackend(tensors, swap_fn, kernels=kernels, xchg=exchange or None,
-                                 max_batch=max_batch)
-    return HiSparseBackend(tensors, kernels=kernels, max_batch=max_batch,
-                           microbatches=microbatches)
+        return RemoteSwapBackend(
+            tensors, swap_fn, kernels=kernels, xchg=exchange or None, max_batch=max_batch
+        )
+    return HiSparseBackend(tensors, kernels=kernels, max_batch=max_batch, microbatches=microbatches)
 
 
-def load_topk_source(spec: str, model_cfg: ModelConfig, layout: KVLayout,
-                     device: str) -> TopkSource | None:
+def load_topk_source(
+    spec: str, model_cfg: ModelConfig, layout: KVLayout, device: str
+) -> TopkSource | None:
     """None for "indexer"; else MODULE:FUNC[:JSON kwargs], called as
     FUNC(model_cfg, layout, device, **kwargs) -> TopkSource (benchmarks: bench.trace)."""
     if spec == "indexer":
@@ -134,10 +157,17 @@ def load_topk_source(spec: str, model_cfg: ModelConfig, layout: KVLayout,
     return getattr(importlib.import_module(module), func)(model_cfg, layout, device, **kwargs)
 
 
-def build_compute(model_cfg: ModelConfig, weights: dict[str, torch.Tensor], backend: KVBackend,
-                  layout: KVLayout, max_batch: int, prefill_chunk: int,
-                  use_graphs: bool = True, topk_source: TopkSource | None = None,
-                  synthetic_context: int = 0) -> Compute:
+def build_compute(
+    model_cfg: ModelConfig,
+    weights: dict[str, torch.Tensor],
+    backend: KVBackend,
+    layout: KVLayout,
+    max_batch: int,
+    prefill_chunk: int,
+    use_graphs: bool = True,
+    topk_source: TopkSource | None = None,
+    synthetic_context: int = 0,
+) -> Compute:
     counting = CountingBackend(backend)
     model = Model(model_cfg, weights, counting)  # type: ignore[arg-type]
     model.topk_source = topk_source  # before capture: the graphs must contain it
@@ -151,11 +181,14 @@ def build_compute(model_cfg: ModelConfig, weights: dict[str, torch.Tensor], back
 def check_model_fits(model_cfg: ModelConfig, layout: KVLayout) -> None:
     """The service's layout must be the model's: same layers, top-k and row format."""
     if layout.num_layers != model_cfg.num_layers or layout.topk != model_cfg.topk:
-        raise ValueError(f"KV layout (layers {layout.num_layers}, top-k {layout.topk}) does not "
-                         f"fit the model (layers {model_cfg.num_layers}, top-k {model_cfg.topk})")
+        raise ValueError(
+            f"KV layout (layers {layout.num_layers}, top-k {layout.topk}) does not "
+            f"fit the model (layers {model_cfg.num_layers}, top-k {model_cfg.topk})"
+        )
     if layout.row_format != model_cfg.row_format:
         raise LayoutMismatch(
             f"KV row format mismatch: the engine writes {model_cfg.row_format} rows but the KV "
             f"layout has {layout.row_format} rows; start the engine and the service with the same "
             f"row format (engine --row-format / ENGINE_ROW_FORMAT, service --row-format / "
-            f"KVS_ROW_FORMAT)")
+            f"KVS_ROW_FORMAT)"
+        )

@@ -36,7 +36,9 @@ class DecodeConfig:
         if self.max_batch <= 0:
             raise ValueError(f"max_batch must be positive, got {self.max_batch}")
         if not self.buckets:
-            pow2 = tuple(1 << i for i in range(self.max_batch.bit_length()) if 1 << i < self.max_batch)
+            pow2 = tuple(
+                1 << i for i in range(self.max_batch.bit_length()) if 1 << i < self.max_batch
+            )
             object.__setattr__(self, "buckets", pow2 + (self.max_batch,))
         b = self.buckets
         if list(b) != sorted(set(b)) or b[0] <= 0 or b[-1] != self.max_batch:
@@ -56,7 +58,9 @@ class DecodeRunner:
 
     def __init__(self, model: Model, cfg: DecodeConfig) -> None:
         be = model.backend
-        if cfg.max_batch > be.max_requests or cfg.max_batch > getattr(be, "max_batch", cfg.max_batch):
+        if cfg.max_batch > be.max_requests or cfg.max_batch > getattr(
+            be, "max_batch", cfg.max_batch
+        ):
             raise ValueError(f"max_batch {cfg.max_batch} exceeds what the backend holds")
         self.model, self.cfg, self.device = model, cfg, model.device
         m = cfg.max_batch
@@ -69,7 +73,9 @@ class DecodeRunner:
         # Entry R (padding rows) stays 0.
         self.last_token = torch.zeros(be.max_requests + 1, dtype=torch.int32, device=self.device)
         self._pad_slot = be.max_requests
-        self.logits = torch.zeros((m, model.cfg.vocab_size), dtype=torch.float32, device=self.device)
+        self.logits = torch.zeros(
+            (m, model.cfg.vocab_size), dtype=torch.float32, device=self.device
+        )
         self.ws = Workspace.allocate(model.cfg, m, be.max_context, self.device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.use_graphs = cfg.use_graphs and self.device.type == "cuda" and be.capturable
@@ -81,25 +87,36 @@ class DecodeRunner:
         lens = x[_LENS]
         fed = self.last_token[torch.where(x[_SLOTS] >= 0, x[_SLOTS], self._pad_slot).long()]
         ids = torch.where(x[_IDS] >= 0, x[_IDS], fed)
-        tok = Tokens(ids=ids, req_slots=x[_SLOTS], positions=x[_POS], seq_lens=lens,
-                     append_lens=lens)
+        tok = Tokens(
+            ids=ids, req_slots=x[_SLOTS], positions=x[_POS], seq_lens=lens, append_lens=lens
+        )
         hidden = self.model.forward(tok, self.ws.rows(bs))
         self.logits[:bs].copy_(self.model.logits(hidden))
 
-    def _check(self, token_ids: Sequence[int], positions: Sequence[int],
-               req_slots: Sequence[int], seq_lens: Sequence[int]) -> None:
+    def _check(
+        self,
+        token_ids: Sequence[int],
+        positions: Sequence[int],
+        req_slots: Sequence[int],
+        seq_lens: Sequence[int],
+    ) -> None:
         n, be = len(token_ids), self.model.backend
-        if not 0 < n <= self.cfg.max_batch or not n == len(positions) == len(req_slots) == len(seq_lens):
+        if not 0 < n <= self.cfg.max_batch or not n == len(positions) == len(req_slots) == len(
+            seq_lens
+        ):
             raise ValueError(f"a step takes 1..{self.cfg.max_batch} rows of equal-length inputs")
         # Builtins over the lists: this runs on the host path of every step.
         if len(set(req_slots)) != n or not 0 <= min(req_slots) <= max(req_slots) < be.max_requests:
             raise ValueError(f"request slots must be distinct and in [0, {be.max_requests})")
-        if (not 0 <= min(positions) <= max(positions) < be.max_context
-                or any(s - p != 1 for p, s in zip(positions, seq_lens))):
+        if not 0 <= min(positions) <= max(positions) < be.max_context or any(
+            s - p != 1 for p, s in zip(positions, seq_lens)
+        ):
             raise ValueError(f"need 0 <= position < {be.max_context} and seq_len == position + 1")
         if not -1 <= min(token_ids) <= max(token_ids) < self.model.cfg.vocab_size:
-            raise ValueError(f"token ids must be in [0, {self.model.cfg.vocab_size}) or -1 "
-                             "(the slot's last sampled token)")
+            raise ValueError(
+                f"token ids must be in [0, {self.model.cfg.vocab_size}) or -1 "
+                "(the slot's last sampled token)"
+            )
 
     def _stage(self, rows: list[Sequence[int]]) -> None:
         """Copy the batch, padded, into the static inputs: one host -> device copy."""
@@ -123,13 +140,19 @@ class DecodeRunner:
 
     def remember_slot(self, req_slot: int, token: torch.Tensor) -> None:
         """Store token [1] (device) as the last token of `req_slot` (a prefill's first token)."""
-        self.last_token[req_slot: req_slot + 1].copy_(token.to(torch.int32))
+        self.last_token[req_slot : req_slot + 1].copy_(token.to(torch.int32))
 
-    def step(self, token_ids: Sequence[int], positions: Sequence[int], req_slots: Sequence[int],
-             seq_lens: Sequence[int]) -> torch.Tensor:
+    def step(
+        self,
+        token_ids: Sequence[int],
+        positions: Sequence[int],
+        req_slots: Sequence[int],
+        seq_lens: Sequence[int],
+    ) -> torch.Tensor:
         """One decode step: each row appends token_ids[i] (-1: the slot's `last_token`) at
         positions[i] of request slot req_slots[i] (seq_lens[i] = positions[i] + 1, the length
-        after the append), runs every layer, and returns fp32 logits [n, vocab] (a view of the static buffer)."""
+        after the append), runs every layer, and returns fp32 logits [n, vocab] (a view of the
+        static buffer)."""
         self._check(token_ids, positions, req_slots, seq_lens)
         n = len(token_ids)
         bs = self.cfg.bucket(n)

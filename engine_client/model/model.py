@@ -22,14 +22,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine_client.kv.index_keys import encode_index_keys
 from engine_client.kv.backend import AttnRows, KVBackend
+from engine_client.kv.index_keys import encode_index_keys
 from engine_client.model.preset import ModelConfig
 from engine_client.model.rope import RopeTable, apply_rope
 from engine_client.model.weights import check_weights, layer_prefix
 from kernels.sparse_attention import AttnWorkspace, decode_num_splits
 from kernels.topk import TopkWorkspace
-
 
 # Benchmarks: fn(layer, req_slots, seq_lens, topk) overwriting a decode step's top-k [n, k] in
 # place (graph-safe), e.g. a replayed trace (bench/trace.py).
@@ -50,25 +49,43 @@ class Workspace:
     attn_scratch: AttnWorkspace | None = None
 
     @classmethod
-    def allocate(cls, cfg: ModelConfig, n: int, width: int, device: torch.device, *,
-                 attn_splits: int | None = None) -> "Workspace":
+    def allocate(
+        cls,
+        cfg: ModelConfig,
+        n: int,
+        width: int,
+        device: torch.device,
+        *,
+        attn_splits: int | None = None,
+    ) -> "Workspace":
         """attn_splits: attention's split count; by default a function of cfg.topk alone, so a
         row's bits never depend on the batch it is in. 1 = single pass, no scratch."""
         splits = decode_num_splits(cfg.topk) if attn_splits is None else attn_splits
-        attn = (AttnWorkspace.allocate(n, cfg.num_heads, splits, d_v=cfg.kv_lora_rank,
-                                       device=device) if splits > 1 else None)
-        return cls(scores=torch.empty((n, width), dtype=torch.float32, device=device),
-                   topk=torch.empty((n, cfg.topk), dtype=torch.int32, device=device),
-                   attn_out=torch.empty((n, cfg.num_heads, cfg.kv_lora_rank), dtype=cfg.torch_dtype,
-                                        device=device),
-                   lse=torch.empty((n, cfg.num_heads), dtype=torch.float32, device=device),
-                   topk_scratch=TopkWorkspace.allocate(n, width, device=device),
-                   attn_scratch=attn)
+        attn = (
+            AttnWorkspace.allocate(n, cfg.num_heads, splits, d_v=cfg.kv_lora_rank, device=device)
+            if splits > 1
+            else None
+        )
+        return cls(
+            scores=torch.empty((n, width), dtype=torch.float32, device=device),
+            topk=torch.empty((n, cfg.topk), dtype=torch.int32, device=device),
+            attn_out=torch.empty(
+                (n, cfg.num_heads, cfg.kv_lora_rank), dtype=cfg.torch_dtype, device=device
+            ),
+            lse=torch.empty((n, cfg.num_heads), dtype=torch.float32, device=device),
+            topk_scratch=TopkWorkspace.allocate(n, width, device=device),
+            attn_scratch=attn,
+        )
 
     def rows(self, n: int) -> "Workspace":
         # The kernels' scratch serves any batch up to its capacity: kept whole.
-        return dataclasses.replace(self, scores=self.scores[:n], topk=self.topk[:n],
-                                   attn_out=self.attn_out[:n], lse=self.lse[:n])
+        return dataclasses.replace(
+            self,
+            scores=self.scores[:n],
+            topk=self.topk[:n],
+            attn_out=self.attn_out[:n],
+            lse=self.lse[:n],
+        )
 
 
 @dataclass(frozen=True)
@@ -106,7 +123,9 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 class Model:
     """Weights + forward. `backend` decides where KV lives; the math is the same for all."""
 
-    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], backend: KVBackend) -> None:
+    def __init__(
+        self, cfg: ModelConfig, weights: dict[str, torch.Tensor], backend: KVBackend
+    ) -> None:
         check_weights(weights, cfg)
         if backend.topk != cfg.topk:
             raise ValueError(f"backend top-k {backend.topk} != model top-k {cfg.topk}")
@@ -116,22 +135,28 @@ class Model:
         self.device = backend.device
         w = {n: t.to(self.device) for n, t in weights.items()}
         self.embed, self.final_norm, self.lm_head = (
-            w["model.embed_tokens.weight"], w["model.norm.weight"], w["lm_head.weight"])
+            w["model.embed_tokens.weight"],
+            w["model.norm.weight"],
+            w["lm_head.weight"],
+        )
         self.layers = [self._layer_weights(w, i) for i in range(cfg.num_layers)]
         self.rope = RopeTable(cfg.rope_dim, backend.max_context, cfg.rope_theta, self.device)
         self.topk_source: TopkSource | None = None
 
     def _layer_weights(self, w: dict[str, torch.Tensor], i: int) -> dict[str, torch.Tensor]:
         cfg, p = self.cfg, layer_prefix(i)
-        lw = {n[len(p):]: t for n, t in w.items() if n.startswith(p)}
-        kv_b = lw.pop("self_attn.kv_b_proj.weight").view(cfg.num_heads, cfg.qk_nope_dim + cfg.v_head_dim,
-                                                      cfg.kv_lora_rank)
+        lw = {n[len(p) :]: t for n, t in w.items() if n.startswith(p)}
+        kv_b = lw.pop("self_attn.kv_b_proj.weight").view(
+            cfg.num_heads, cfg.qk_nope_dim + cfg.v_head_dim, cfg.kv_lora_rank
+        )
         # Absorbed decode: q_nope @ W_UK per head, and latent @ W_UV^T per head.
         lw["w_uk"] = kv_b[:, : cfg.qk_nope_dim].contiguous()
-        lw["w_uv_t"] = kv_b[:, cfg.qk_nope_dim:].transpose(1, 2).contiguous()
+        lw["w_uv_t"] = kv_b[:, cfg.qk_nope_dim :].transpose(1, 2).contiguous()
         return lw
 
-    def forward(self, tok: Tokens, ws: Workspace, prefill: PrefillChunk | None = None) -> torch.Tensor:
+    def forward(
+        self, tok: Tokens, ws: Workspace, prefill: PrefillChunk | None = None
+    ) -> torch.Tensor:
         """Hidden states [n, hidden] after the final norm; decode (backend.select) unless
         `prefill` says the tokens are one request's chunk."""
         x = F.embedding(tok.ids, self.embed)
@@ -141,15 +166,18 @@ class Model:
             if self.cfg.mlp_hidden:
                 h = rms_norm(x, lw["post_attention_layernorm.weight"], self.cfg.norm_eps)
                 gate = F.silu(F.linear(h, lw["mlp.gate_proj.weight"]))
-                x = x + F.linear(gate * F.linear(h, lw["mlp.up_proj.weight"]), lw["mlp.down_proj.weight"])
+                x = x + F.linear(
+                    gate * F.linear(h, lw["mlp.up_proj.weight"]), lw["mlp.down_proj.weight"]
+                )
         return rms_norm(x, self.final_norm, self.cfg.norm_eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits [n, vocab] of final hidden states [n, hidden]."""
         return F.linear(hidden, self.lm_head).float()
 
-    def prefill(self, req_slot: int, token_ids: Sequence[int], *, start: int = 0,
-                chunk_size: int = 512) -> torch.Tensor:
+    def prefill(
+        self, req_slot: int, token_ids: Sequence[int], *, start: int = 0, chunk_size: int = 512
+    ) -> torch.Tensor:
         """Run one request's tokens at positions [start, start + len) in chunks: each chunk's
         rows and index keys are appended first, then every token selects its own top-k over
         positions <= itself and attends through backend.gather (never the plan kernel, which
@@ -159,8 +187,10 @@ class Model:
         if n == 0 or chunk_size <= 0:
             raise ValueError(f"prefill needs tokens and a positive chunk size ({n}, {chunk_size})")
         if not 0 <= req_slot < be.max_requests or not 0 <= start <= be.max_context - n:
-            raise ValueError(f"request slot {req_slot} / positions [{start}, {start + n}) out of "
-                             f"range (R={be.max_requests}, max_context={be.max_context})")
+            raise ValueError(
+                f"request slot {req_slot} / positions [{start}, {start + n}) out of "
+                f"range (R={be.max_requests}, max_context={be.max_context})"
+            )
         ids = torch.tensor(token_ids, dtype=torch.int64)
         if int(ids.min()) < 0 or int(ids.max()) >= self.cfg.vocab_size:
             raise ValueError(f"token ids must be in [0, {self.cfg.vocab_size})")
@@ -175,21 +205,39 @@ class Model:
             hidden = self.forward(tok, ws, PrefillChunk(req_slot, start + e))
         return self.logits(hidden[-1:])[0]
 
-    def _indexer(self, lw: dict, h: torch.Tensor, qr: torch.Tensor, cos: torch.Tensor,
-                 sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _indexer(
+        self, lw: dict, h: torch.Tensor, qr: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Indexer query [n, 64, 128] bf16, head weights [n, 64] fp32, key [n, 128]."""
         cfg, n, r = self.cfg, h.shape[0], self.cfg.rope_dim
-        q = F.linear(qr, lw["self_attn.indexer.wq_b.weight"]).view(n, cfg.index_heads, cfg.index_dim)
+        q = F.linear(qr, lw["self_attn.indexer.wq_b.weight"]).view(
+            n, cfg.index_heads, cfg.index_dim
+        )
         q = torch.cat((apply_rope(q[..., :r], cos, sin, interleaved=False), q[..., r:]), dim=-1)
-        k = F.layer_norm(F.linear(h, lw["self_attn.indexer.wk.weight"]).float(), (cfg.index_dim,),
-                         lw["self_attn.indexer.k_norm.weight"].float(),
-                         lw["self_attn.indexer.k_norm.bias"].float(), cfg.norm_eps).to(h.dtype)
+        k = F.layer_norm(
+            F.linear(h, lw["self_attn.indexer.wk.weight"]).float(),
+            (cfg.index_dim,),
+            lw["self_attn.indexer.k_norm.weight"].float(),
+            lw["self_attn.indexer.k_norm.bias"].float(),
+            cfg.norm_eps,
+        ).to(h.dtype)
         k = torch.cat((apply_rope(k[:, :r], cos, sin, interleaved=False), k[:, r:]), dim=-1)
-        w = F.linear(h, lw["self_attn.indexer.weights_proj.weight"]).float() * cfg.index_weight_scale
+        w = (
+            F.linear(h, lw["self_attn.indexer.weights_proj.weight"]).float()
+            * cfg.index_weight_scale
+        )
         return q, w, k
 
-    def _select(self, i: int, r: slice, iq: torch.Tensor, iw: torch.Tensor, tok: Tokens,
-                ws: Workspace, prefill: PrefillChunk | None) -> AttnRows:
+    def _select(
+        self,
+        i: int,
+        r: slice,
+        iq: torch.Tensor,
+        iw: torch.Tensor,
+        tok: Tokens,
+        ws: Workspace,
+        prefill: PrefillChunk | None,
+    ) -> AttnRows:
         """Indexer scores, top-k and the backend's rows for batch rows r."""
         be, slots, lens = self.backend, tok.req_slots[r], tok.seq_lens[r]
         be.index_scores(i, iq[r], iw[r], slots, lens, ws.scores[r])
@@ -201,21 +249,40 @@ class Model:
         part = {"row0": r.start} if r.start else {}
         return be.select(i, ws.topk[r], slots, lens, **part)
 
-    def _attention(self, i: int, lw: dict, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                   tok: Tokens, ws: Workspace, prefill: PrefillChunk | None) -> torch.Tensor:
+    def _attention(
+        self,
+        i: int,
+        lw: dict,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        tok: Tokens,
+        ws: Workspace,
+        prefill: PrefillChunk | None,
+    ) -> torch.Tensor:
         cfg, n, eps = self.cfg, x.shape[0], self.cfg.norm_eps
         h = rms_norm(x, lw["input_layernorm.weight"], eps)
-        qr = rms_norm(F.linear(h, lw["self_attn.q_a_proj.weight"]), lw["self_attn.q_a_layernorm.weight"], eps)
+        qr = rms_norm(
+            F.linear(h, lw["self_attn.q_a_proj.weight"]), lw["self_attn.q_a_layernorm.weight"], eps
+        )
         q = F.linear(qr, lw["self_attn.q_b_proj.weight"]).view(n, cfg.num_heads, cfg.qk_head_dim)
-        q_pe = apply_rope(q[..., cfg.qk_nope_dim:], cos, sin, interleaved=True)
+        q_pe = apply_rope(q[..., cfg.qk_nope_dim :], cos, sin, interleaved=True)
         kv = F.linear(h, lw["self_attn.kv_a_proj_with_mqa.weight"])
         c_kv = rms_norm(kv[:, : cfg.kv_lora_rank], lw["self_attn.kv_a_layernorm.weight"], eps)
-        rows = torch.cat((c_kv, apply_rope(kv[:, cfg.kv_lora_rank:], cos, sin, interleaved=True)), -1)
+        rows = torch.cat(
+            (c_kv, apply_rope(kv[:, cfg.kv_lora_rank :], cos, sin, interleaved=True)), -1
+        )
         iq, iw, ik = self._indexer(lw, h, qr, cos, sin)
 
         be = self.backend
-        be.append(i, rows, encode_index_keys(ik, be.index_format), tok.req_slots, tok.positions,
-                  tok.append_lens)
+        be.append(
+            i,
+            rows,
+            encode_index_keys(ik, be.index_format),
+            tok.req_slots,
+            tok.positions,
+            tok.append_lens,
+        )
         q_abs = torch.bmm(q[..., : cfg.qk_nope_dim].transpose(0, 1), lw["w_uk"]).transpose(0, 1)
         # Decode micro-batches (backend.microbatches > 1): every part is scored and planned
         # before any is attended, so a part's miss copy (the backend's side stream) overlaps
@@ -225,8 +292,16 @@ class Model:
         for r, sel in zip(parts, sels):
             if len(parts) > 1:
                 be.attention_ready(r.start)
-            self.kernels.sparse_mla_decode(q_abs[r], q_pe[r], sel.kv, sel.row_base, sel.slots,
-                                           cfg.softmax_scale, ws.attn_out[r], ws.lse[r],
-                                           workspace=ws.attn_scratch)
+            self.kernels.sparse_mla_decode(
+                q_abs[r],
+                q_pe[r],
+                sel.kv,
+                sel.row_base,
+                sel.slots,
+                cfg.softmax_scale,
+                ws.attn_out[r],
+                ws.lse[r],
+                workspace=ws.attn_scratch,
+            )
         o = torch.bmm(ws.attn_out.transpose(0, 1), lw["w_uv_t"]).transpose(0, 1).reshape(n, -1)
         return x + F.linear(o, lw["self_attn.o_proj.weight"])

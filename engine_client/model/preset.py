@@ -67,21 +67,33 @@ class ModelConfig:
     row_format: str = "bf16"
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "q_lora_rank",
-                     "qk_nope_dim", "v_head_dim", "index_heads", "topk"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "q_lora_rank",
+            "qk_nope_dim",
+            "v_head_dim",
+            "index_heads",
+            "topk",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         fixed = {"kv_lora_rank": KV_LORA_RANK, "rope_dim": ROPE_DIM, "index_dim": INDEX_DIM}
         for name, want in fixed.items():
             if getattr(self, name) != want:
-                raise ConfigError(f"{name} is fixed at {want} by the KV layout, got {getattr(self, name)}")
+                raise ConfigError(
+                    f"{name} is fixed at {want} by the KV layout, got {getattr(self, name)}"
+                )
         if self.mlp_hidden < 0:
             raise ConfigError(f"mlp_hidden must be >= 0 (0 = no MLP), got {self.mlp_hidden}")
         if self.dtype not in _DTYPES:
             raise ConfigError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
         if self.row_format not in ROW_FORMATS:
-            raise ConfigError(f"row_format must be one of {sorted(ROW_FORMATS)}, "
-                              f"got {self.row_format!r}")
+            raise ConfigError(
+                f"row_format must be one of {sorted(ROW_FORMATS)}, got {self.row_format!r}"
+            )
         if not self.rope_theta > 0 or not self.norm_eps > 0:
             raise ConfigError("rope_theta and norm_eps must be positive")
 
@@ -100,7 +112,7 @@ class ModelConfig:
 
     @property
     def softmax_scale(self) -> float:
-        return self.qk_head_dim ** -0.5
+        return self.qk_head_dim**-0.5
 
     @property
     def index_weight_scale(self) -> float:
@@ -114,8 +126,18 @@ class ModelConfig:
 
 # CPU tests: real 576-value rows and 128-dim index keys, everything else tiny (16 indexer heads:
 # the fewest kernels.indexer takes).
-TINY = ModelConfig(vocab_size=256, hidden_size=64, num_layers=2, num_heads=4, q_lora_rank=32,
-                   qk_nope_dim=32, v_head_dim=32, index_heads=16, topk=16, mlp_hidden=128)
+TINY = ModelConfig(
+    vocab_size=256,
+    hidden_size=64,
+    num_layers=2,
+    num_heads=4,
+    q_lora_rank=32,
+    qk_nope_dim=32,
+    v_head_dim=32,
+    index_heads=16,
+    topk=16,
+    mlp_hidden=128,
+)
 
 # Benchmark shapes: V3.2 attention (H 128, q_lora 1536, hidden 7168) on 4 layers. Per layer the
 # weights read each step are attention 201M params (q_a 11.0M, q_b 37.7M, kv_a 4.1M, kv_b 16.8M,

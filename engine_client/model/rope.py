@@ -9,10 +9,13 @@ import torch
 class RopeTable:
     """cos/sin of every position in [0, max_positions) for `dim` rotary dims, in fp32."""
 
-    def __init__(self, dim: int, max_positions: int, theta: float,
-                 device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self, dim: int, max_positions: int, theta: float, device: torch.device | str = "cpu"
+    ) -> None:
         if dim % 2 or dim <= 0 or max_positions <= 0:
-            raise ValueError(f"rope dim must be even and positive, positions positive: {dim}, {max_positions}")
+            raise ValueError(
+                f"rope dim must be even and positive, positions positive: {dim}, {max_positions}"
+            )
         inv_freq = theta ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
         angles = torch.arange(max_positions, dtype=torch.float64)[:, None] * inv_freq[None, :]
         self.cos = angles.cos().float().to(device)
@@ -26,8 +29,9 @@ class RopeTable:
         return self.cos.index_select(0, p), self.sin.index_select(0, p)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-               interleaved: bool) -> torch.Tensor:
+def apply_rope(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool
+) -> torch.Tensor:
     """Rotate x [n, ..., dim] by cos/sin [n, dim/2]; computed in fp32, returned in x.dtype.
 
     interleaved: pairs are (x0, x1), (x2, x3), ... as DeepSeek's MLA rope; otherwise the halves

@@ -38,28 +38,32 @@ def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     for i in range(cfg.num_layers):
         p = layer_prefix(i)
         a = p + "self_attn."
-        shapes.update({
-            p + "input_layernorm.weight": (h,),
-            a + "q_a_proj.weight": (cfg.q_lora_rank, h),
-            a + "q_a_layernorm.weight": (cfg.q_lora_rank,),
-            a + "q_b_proj.weight": (H * cfg.qk_head_dim, cfg.q_lora_rank),
-            a + "kv_a_proj_with_mqa.weight": (cfg.row_dim, h),
-            a + "kv_a_layernorm.weight": (cfg.kv_lora_rank,),
-            a + "kv_b_proj.weight": (H * (cfg.qk_nope_dim + cfg.v_head_dim), cfg.kv_lora_rank),
-            a + "o_proj.weight": (h, H * cfg.v_head_dim),
-            a + "indexer.wq_b.weight": (cfg.index_heads * cfg.index_dim, cfg.q_lora_rank),
-            a + "indexer.wk.weight": (cfg.index_dim, h),
-            a + "indexer.k_norm.weight": (cfg.index_dim,),
-            a + "indexer.k_norm.bias": (cfg.index_dim,),
-            a + "indexer.weights_proj.weight": (cfg.index_heads, h),
-            p + "post_attention_layernorm.weight": (h,),
-        })
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (h,),
+                a + "q_a_proj.weight": (cfg.q_lora_rank, h),
+                a + "q_a_layernorm.weight": (cfg.q_lora_rank,),
+                a + "q_b_proj.weight": (H * cfg.qk_head_dim, cfg.q_lora_rank),
+                a + "kv_a_proj_with_mqa.weight": (cfg.row_dim, h),
+                a + "kv_a_layernorm.weight": (cfg.kv_lora_rank,),
+                a + "kv_b_proj.weight": (H * (cfg.qk_nope_dim + cfg.v_head_dim), cfg.kv_lora_rank),
+                a + "o_proj.weight": (h, H * cfg.v_head_dim),
+                a + "indexer.wq_b.weight": (cfg.index_heads * cfg.index_dim, cfg.q_lora_rank),
+                a + "indexer.wk.weight": (cfg.index_dim, h),
+                a + "indexer.k_norm.weight": (cfg.index_dim,),
+                a + "indexer.k_norm.bias": (cfg.index_dim,),
+                a + "indexer.weights_proj.weight": (cfg.index_heads, h),
+                p + "post_attention_layernorm.weight": (h,),
+            }
+        )
         if cfg.mlp_hidden:
-            shapes.update({
-                p + "mlp.gate_proj.weight": (cfg.mlp_hidden, h),
-                p + "mlp.up_proj.weight": (cfg.mlp_hidden, h),
-                p + "mlp.down_proj.weight": (h, cfg.mlp_hidden),
-            })
+            shapes.update(
+                {
+                    p + "mlp.gate_proj.weight": (cfg.mlp_hidden, h),
+                    p + "mlp.up_proj.weight": (cfg.mlp_hidden, h),
+                    p + "mlp.down_proj.weight": (h, cfg.mlp_hidden),
+                }
+            )
     shapes["model.norm.weight"] = (h,)
     shapes["lm_head.weight"] = (cfg.vocab_size, h)
     return shapes
@@ -81,8 +85,9 @@ def _init_std(name: str, shape: tuple[int, ...], cfg: ModelConfig) -> float | No
     return std
 
 
-def random_weights(cfg: ModelConfig, seed: int = 0,
-                   device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+def random_weights(
+    cfg: ModelConfig, seed: int = 0, device: torch.device | str = "cpu"
+) -> dict[str, torch.Tensor]:
     """Deterministic random weights. Each tensor has its own generator seeded from (seed, name),
     so a tensor does not depend on the others (e.g. on the layer count). Generated on `device`
     because CPU generation of multi-GB presets is slow; CPU and CUDA draw different numbers."""
@@ -116,19 +121,23 @@ def _checkpoint_files(path: Path) -> list[Path]:
     return files
 
 
-def _read_tensor(f, name: str, want: tuple[int, ...], cfg: ModelConfig,
-                 device: torch.device) -> torch.Tensor:
+def _read_tensor(
+    f, name: str, want: tuple[int, ...], cfg: ModelConfig, device: torch.device
+) -> torch.Tensor:
     t = f.get_tensor(name)
     if tuple(t.shape) != want:
         raise CheckpointError(f"{name}: expected shape {want}, got {tuple(t.shape)}")
     if t.dtype not in _FLOAT_DTYPES:
-        raise CheckpointError(f"{name}: dtype {t.dtype} is not bf16/fp16/fp32 "
-                              f"(dequantize fp8 checkpoints before loading)")
+        raise CheckpointError(
+            f"{name}: dtype {t.dtype} is not bf16/fp16/fp32 "
+            f"(dequantize fp8 checkpoints before loading)"
+        )
     return t.to(device=device, dtype=cfg.torch_dtype).contiguous()
 
 
-def load_safetensors(path: str | Path, cfg: ModelConfig,
-                     device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+def load_safetensors(
+    path: str | Path, cfg: ModelConfig, device: torch.device | str = "cpu"
+) -> dict[str, torch.Tensor]:
     """Load the tensors `cfg` needs from a .safetensors file or a directory of shards.
     Raises CheckpointError listing every missing tensor, or on the first mis-shaped one."""
     device = torch.device(device)
@@ -141,7 +150,9 @@ def load_safetensors(path: str | Path, cfg: ModelConfig,
                     out[name] = _read_tensor(f, name, want[name], cfg, device)
     missing = [n for n in want if n not in out]
     if missing:
-        shown = ", ".join(missing[:8]) + (f" ... ({len(missing)} in all)" if len(missing) > 8 else "")
+        shown = ", ".join(missing[:8]) + (
+            f" ... ({len(missing)} in all)" if len(missing) > 8 else ""
+        )
         raise CheckpointError(f"checkpoint {path} lacks tensors: {shown}")
     return out
 
@@ -159,4 +170,6 @@ def check_weights(weights: dict[str, torch.Tensor], cfg: ModelConfig) -> None:
         raise CheckpointError(f"weights lack {len(missing)} tensors, first {missing[0]}")
     for name, shape in want.items():
         if tuple(weights[name].shape) != shape:
-            raise CheckpointError(f"{name}: expected shape {shape}, got {tuple(weights[name].shape)}")
+            raise CheckpointError(
+                f"{name}: expected shape {shape}, got {tuple(weights[name].shape)}"
+            )

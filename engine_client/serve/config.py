@@ -10,8 +10,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from contract.layout import INDEX_FORMATS, ROW_FORMATS, KVLayout
 from contract.flags import setting
+from contract.layout import INDEX_FORMATS, ROW_FORMATS, KVLayout
 from engine_client.model.preset import PRESETS
 
 KV_MODES = ("baseline", "embedded", "service", "service-remote-swap")
@@ -54,18 +54,32 @@ class LocalLayout:
     index_format: str = setting("bf16", help="baseline/embedded: indexer key format, bf16 or fp8")
 
     def __post_init__(self) -> None:
-        for name in ("max_requests", "hot_slots", "window", "page_size", "num_pages", "max_context"):
+        for name in (
+            "max_requests",
+            "hot_slots",
+            "window",
+            "page_size",
+            "num_pages",
+            "max_context",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.index_format not in INDEX_FORMATS:
             raise ValueError(f"index_format must be one of {sorted(INDEX_FORMATS)}")
 
     def layout(self, num_layers: int, topk: int, row_format: str = "bf16") -> KVLayout:
-        return KVLayout(num_layers=num_layers, max_requests=self.max_requests,
-                        hot_slots=self.hot_slots, window=self.window, topk=topk,
-                        page_size=self.page_size, num_pages=self.num_pages,
-                        max_context=self.max_context, index_format=self.index_format,
-                        row_format=row_format)
+        return KVLayout(
+            num_layers=num_layers,
+            max_requests=self.max_requests,
+            hot_slots=self.hot_slots,
+            window=self.window,
+            topk=topk,
+            page_size=self.page_size,
+            num_pages=self.num_pages,
+            max_context=self.max_context,
+            index_format=self.index_format,
+            row_format=row_format,
+        )
 
 
 @dataclass(frozen=True)
@@ -73,63 +87,108 @@ class EngineConfig:
     """Everything `python -m engine_client serve` can be told. See `--help` for each field."""
 
     kv_mode: str = setting("service", help=f"where KV lives: {', '.join(KV_MODES)}")
-    uds: str = setting("", help="Unix socket path the engine listens on",
-                       cli_default=lambda env: default_uds(dict(env), "hisparse-engine.sock"))
+    uds: str = setting(
+        "",
+        help="Unix socket path the engine listens on",
+        cli_default=lambda env: default_uds(dict(env), "hisparse-engine.sock"),
+    )
     tcp: str | None = setting(None, help="also listen on HOST:PORT (insecure)")
-    service: str = setting("", help="KV service address (socket path, unix:PATH or HOST:PORT); "
-                           "service modes only",
-                           cli_default=lambda env: default_uds(dict(env), "hisparse-kv.sock"))
+    service: str = setting(
+        "",
+        help="KV service address (socket path, unix:PATH or HOST:PORT); service modes only",
+        cli_default=lambda env: default_uds(dict(env), "hisparse-kv.sock"),
+    )
     preset: str = setting("tiny", help="model shapes: tiny, bench or v32")
     num_layers: int | None = setting(None, help="override the preset's layer count")
-    checkpoint: str | None = setting(None, help="safetensors file or directory (DeepSeek-V3.2 "
-                                     "names); empty: seeded random weights")
+    checkpoint: str | None = setting(
+        None,
+        help="safetensors file or directory (DeepSeek-V3.2 names); empty: seeded random weights",
+    )
     weight_seed: int = setting(0, help="seed of the random weights")
     device: str = setting("auto", help=f"{', '.join(DEVICES)}; service modes use the service's GPU")
-    kernels: str = setting("auto", help=f"{', '.join(KERNELS)}: auto is Triton on CUDA and the "
-                           "torch references on CPU (Triton's interpreter is ~30x slower)")
-    cuda_graphs: bool = setting(True, help="capture the decode step as CUDA graphs per batch bucket")
-    cpu_threads: int = setting(1, help="torch CPU threads; more than the free cores makes OpenMP "
-                               "spin against the KV service and slows CPU mode down by 10-30x")
+    kernels: str = setting(
+        "auto",
+        help=f"{', '.join(KERNELS)}: auto is Triton on CUDA and the "
+        "torch references on CPU (Triton's interpreter is ~30x slower)",
+    )
+    cuda_graphs: bool = setting(
+        True, help="capture the decode step as CUDA graphs per batch bucket"
+    )
+    cpu_threads: int = setting(
+        1,
+        help="torch CPU threads; more than the free cores makes OpenMP "
+        "spin against the KV service and slows CPU mode down by 10-30x",
+    )
     max_batch: int = setting(8, help="most requests admitted and decoded together")
     prefill_chunk: int = setting(32, help="prompt tokens per prefill chunk (one chunk per step)")
     local: LocalLayout = field(default_factory=LocalLayout)
-    state_file: str | None = setting(None, help="resume state (session id, prompts, tokens, "
-                                     "seeds) so a restarted engine continues its requests; "
-                                     "service modes; empty disables")
+    state_file: str | None = setting(
+        None,
+        help="resume state (session id, prompts, tokens, "
+        "seeds) so a restarted engine continues its requests; "
+        "service modes; empty disables",
+    )
     engine_name: str = setting("engine", help="name shown in the service's logs")
-    token: str | None = setting(None, secret=True, help="KV service token; prefer the env "
-                                "variable (flags are visible in ps)")
+    token: str | None = setting(
+        None,
+        secret=True,
+        help="KV service token; prefer the env variable (flags are visible in ps)",
+    )
     rpc_timeout: float = setting(5.0, help="deadline in seconds of every call to the KV service")
-    attach_timeout: float = setting(5.0, help="seconds to wait for the KV service at start (and "
-                                    "for each attach); the compose files wait 60")
+    attach_timeout: float = setting(
+        5.0,
+        help="seconds to wait for the KV service at start (and "
+        "for each attach); the compose files wait 60",
+    )
     heartbeat_interval: float = setting(1.0, help="seconds between Session heartbeats")
-    admit_retry: float = setting(0.5, help="seconds between admission retries while the "
-                                 "service has no capacity")
+    admit_retry: float = setting(
+        0.5, help="seconds between admission retries while the service has no capacity"
+    )
     # Benchmark hooks (bench/e2e.py): KVBackend.fill_synthetic instead of a prefill, and a top-k
     # source factory "MODULE:FUNC[:JSON kwargs]".
-    synthetic_context: int = setting(0, help="benchmarks: prefix every prompt with this many "
-                                     "synthetic context tokens, filled with random KV instead "
-                                     "of a prefill")
-    topk_source: str = setting("indexer", help="benchmarks: decode top-k from the model's "
-                               "indexer, or from MODULE:FUNC[:JSON] (e.g. bench.trace:trace_source)")
+    synthetic_context: int = setting(
+        0,
+        help="benchmarks: prefix every prompt with this many "
+        "synthetic context tokens, filled with random KV instead "
+        "of a prefill",
+    )
+    topk_source: str = setting(
+        "indexer",
+        help="benchmarks: decode top-k from the model's "
+        "indexer, or from MODULE:FUNC[:JSON] (e.g. bench.trace:trace_source)",
+    )
     # The engine loop (engine_client/loop/engine.py).
-    overlap: bool = setting(True, help="launch decode step t + 1 before step t's tokens reach "
-                            "the host (0: wait for every step; debugging)")
+    overlap: bool = setting(
+        True,
+        help="launch decode step t + 1 before step t's tokens reach "
+        "the host (0: wait for every step; debugging)",
+    )
     # Queue policy (engine_client/loop/scheduler.py).
-    skip_ahead: float = setting(5.0, help="seconds smaller requests may pass a queue head that "
-                                "waits for KV capacity")
-    max_queue_wait: float = setting(300.0, help="seconds a request may wait for admission "
-                                    "before it fails with RESOURCE_EXHAUSTED; 0: no limit")
-    metrics_port: int | None = setting(None, help="serve Prometheus /metrics on this port; "
-                                       "empty: off")
+    skip_ahead: float = setting(
+        5.0, help="seconds smaller requests may pass a queue head that waits for KV capacity"
+    )
+    max_queue_wait: float = setting(
+        300.0,
+        help="seconds a request may wait for admission "
+        "before it fails with RESOURCE_EXHAUSTED; 0: no limit",
+    )
+    metrics_port: int | None = setting(
+        None, help="serve Prometheus /metrics on this port; empty: off"
+    )
     metrics_address: str = setting("127.0.0.1", help="address of the /metrics endpoint")
-    row_format: str | None = setting(None, help="KV row format, bf16 (1152 B) or fp8 (656 B, "
-                                     "DeepSeek-V3.2's FlashMLA rows); empty: the preset's (v32: "
-                                     "fp8); service modes: must match the service")
+    row_format: str | None = setting(
+        None,
+        help="KV row format, bf16 (1152 B) or fp8 (656 B, "
+        "DeepSeek-V3.2's FlashMLA rows); empty: the preset's (v32: "
+        "fp8); service modes: must match the service",
+    )
     # HiSparseBackend.microbatches.
-    decode_microbatches: int = setting(1, help="embedded/service: split each decode step into "
-                                       "this many parts whose host->GPU miss copy overlaps the "
-                                       "other parts' compute; 1 = off")
+    decode_microbatches: int = setting(
+        1,
+        help="embedded/service: split each decode step into "
+        "this many parts whose host->GPU miss copy overlaps the "
+        "other parts' compute; 1 = off",
+    )
     log_level: str = setting("INFO", help="logging level", parse=str.upper)
 
     def __post_init__(self) -> None:
@@ -159,8 +218,9 @@ class EngineConfig:
             raise ValueError(f"max_batch must be in 1..4096, got {self.max_batch}")
         if not 1 <= self.prefill_chunk <= 65536:
             raise ValueError(f"prefill_chunk must be in 1..65536, got {self.prefill_chunk}")
-        if self.token is not None and (not self.token.isprintable() or " " in self.token
-                                       or not self.token):
+        if self.token is not None and (
+            not self.token.isprintable() or " " in self.token or not self.token
+        ):
             raise ValueError("token must be non-empty printable text without spaces")
         for name in ("rpc_timeout", "attach_timeout", "heartbeat_interval", "admit_retry"):
             if not 0 < getattr(self, name) <= 3600:
@@ -177,12 +237,17 @@ class EngineConfig:
         if not self.metrics_address:
             raise ValueError("metrics_address must not be empty")
         if self.row_format is not None and self.row_format not in ROW_FORMATS:
-            raise ValueError(f"row_format must be one of {sorted(ROW_FORMATS)}, "
-                             f"got {self.row_format!r}")
+            raise ValueError(
+                f"row_format must be one of {sorted(ROW_FORMATS)}, got {self.row_format!r}"
+            )
         if not 1 <= self.decode_microbatches <= 64:
-            raise ValueError(f"decode_microbatches must be in 1..64, got {self.decode_microbatches}")
+            raise ValueError(
+                f"decode_microbatches must be in 1..64, got {self.decode_microbatches}"
+            )
         if self.topk_source != "indexer" and ":" not in self.topk_source:
-            raise ValueError(f"topk_source must be 'indexer' or MODULE:FUNC, got {self.topk_source!r}")
+            raise ValueError(
+                f"topk_source must be 'indexer' or MODULE:FUNC, got {self.topk_source!r}"
+            )
         if self.log_level not in logging.getLevelNamesMapping():
             raise ValueError(f"log_level must be a logging level name, got {self.log_level!r}")
 
@@ -208,4 +273,5 @@ class EngineConfig:
         if self.device != "auto":
             return self.device
         import torch
+
         return "cuda" if torch.cuda.is_available() else "cpu"

@@ -17,10 +17,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from engine_client.loop import state_file
 from engine_client.client import errors
 from engine_client.client.control import HeldRequest, KVControl
 from engine_client.client.kv_client import KVClient
+from engine_client.kv.local_control import BaselineControl, EmbeddedControl
+from engine_client.loop import state_file
+from engine_client.loop.engine import Engine
+from engine_client.loop.request import Finish, GenRequest, Phase
+from engine_client.loop.scheduler import QueuePolicy
 from engine_client.model.compute import (
     build_backend,
     build_compute,
@@ -28,13 +32,9 @@ from engine_client.model.compute import (
     choose_kernels,
     load_topk_source,
 )
-from engine_client.serve.config import EngineConfig
-from engine_client.loop.engine import Engine
-from engine_client.kv.local_control import BaselineControl, EmbeddedControl
 from engine_client.model.preset import ModelConfig, preset
-from engine_client.loop.request import Finish, GenRequest, Phase
-from engine_client.loop.scheduler import QueuePolicy
 from engine_client.model.weights import load_safetensors, random_weights
+from engine_client.serve.config import EngineConfig
 
 log = logging.getLogger(__name__)
 
@@ -51,16 +51,26 @@ def model_config(cfg: EngineConfig) -> ModelConfig:
 
 async def connect_service(cfg: EngineConfig, saved: state_file.SavedState) -> KVClient:
     """Attach to the service, resuming the saved session if the service still has it."""
-    kwargs = dict(engine_name=cfg.engine_name, token=cfg.token, rpc_timeout=cfg.rpc_timeout,
-                  attach_timeout=cfg.attach_timeout, heartbeat_interval=cfg.heartbeat_interval,
-                  remote_swap=cfg.kv_mode == "service-remote-swap")
+    kwargs = dict(
+        engine_name=cfg.engine_name,
+        token=cfg.token,
+        rpc_timeout=cfg.rpc_timeout,
+        attach_timeout=cfg.attach_timeout,
+        heartbeat_interval=cfg.heartbeat_interval,
+        remote_swap=cfg.kv_mode == "service-remote-swap",
+    )
     if saved.session_id:
         try:
-            return await KVClient.connect(cfg.service_target, resume_session_id=saved.session_id,
-                                          **kwargs)
+            return await KVClient.connect(
+                cfg.service_target, resume_session_id=saved.session_id, **kwargs
+            )
         except errors.UnknownRequest as e:
-            log.warning("saved session %s is gone (%s): its %d requests cannot be resumed",
-                        saved.session_id, e, len(saved.requests))
+            log.warning(
+                "saved session %s is gone (%s): its %d requests cannot be resumed",
+                saved.session_id,
+                e,
+                len(saved.requests),
+            )
             saved.requests.clear()
     return await KVClient.connect(cfg.service_target, **kwargs)
 
@@ -71,6 +81,7 @@ def local_control(cfg: EngineConfig, mcfg: ModelConfig, device: str) -> KVContro
         return BaselineControl(layout)
     from kv_service.core import ServiceCore
     from kv_service.memory import allocate_local
+
     core = ServiceCore(allocate_local(layout, device), lease_seconds=EMBEDDED_LEASE_SECONDS)
     return EmbeddedControl(core, cfg.engine_name)
 
@@ -78,34 +89,58 @@ def local_control(cfg: EngineConfig, mcfg: ModelConfig, device: str) -> KVContro
 def _compute_thread(device: str) -> ThreadPoolExecutor:
     # Triton launches on the thread's current CUDA device: pin the compute thread to ours.
     # "cuda" (--device cuda/auto) has no index: it means the current device, 0.
-    init = (lambda: torch.cuda.set_device(torch.device(device).index or 0)) \
-        if device.startswith("cuda") else None
+    init = (
+        (lambda: torch.cuda.set_device(torch.device(device).index or 0))
+        if device.startswith("cuda")
+        else None
+    )
     return ThreadPoolExecutor(1, thread_name_prefix="engine-compute", initializer=init)
 
 
 def _build_compute(cfg: EngineConfig, mcfg: ModelConfig, control: KVControl, device: str):
     check_model_fits(mcfg, control.layout)
     kernels = choose_kernels(cfg.kernels, device.split(":")[0])
-    weights = (load_safetensors(cfg.checkpoint, mcfg, device) if cfg.checkpoint
-               else random_weights(mcfg, cfg.weight_seed, device))
+    weights = (
+        load_safetensors(cfg.checkpoint, mcfg, device)
+        if cfg.checkpoint
+        else random_weights(mcfg, cfg.weight_seed, device)
+    )
     swap_fn = exchange = None
     if isinstance(control, KVClient) and cfg.kv_mode == "service-remote-swap":
         swap_fn, exchange = (lambda layer, bs: control.remote_swap(layer, bs)), control.exchange
     max_batch = min(cfg.max_batch, control.layout.max_requests)
-    backend = build_backend(cfg.kv_mode, control.layout, control.tensors, kernels, max_batch,
-                            device, swap_fn, exchange, cfg.decode_microbatches)
+    backend = build_backend(
+        cfg.kv_mode,
+        control.layout,
+        control.tensors,
+        kernels,
+        max_batch,
+        device,
+        swap_fn,
+        exchange,
+        cfg.decode_microbatches,
+    )
     source = load_topk_source(cfg.topk_source, mcfg, control.layout, device)
-    return build_compute(mcfg, weights, backend, control.layout, max_batch, cfg.prefill_chunk,
-                         use_graphs=cfg.cuda_graphs, topk_source=source,
-                         synthetic_context=cfg.synthetic_context)
+    return build_compute(
+        mcfg,
+        weights,
+        backend,
+        control.layout,
+        max_batch,
+        cfg.prefill_chunk,
+        use_graphs=cfg.cuda_graphs,
+        topk_source=source,
+        synthetic_context=cfg.synthetic_context,
+    )
 
 
 def _resumed(held: HeldRequest, saved: state_file.SavedRequest) -> GenRequest | None:
     if held.prompt_len != len(saved.prompt) or held.max_new_tokens != saved.max_new_tokens:
         log.warning("request %s: service and state file disagree, not resumed", held.request_id)
         return None
-    req = GenRequest(held.request_id, saved.prompt, saved.max_new_tokens, saved.sampling,
-                     slot=held.slot)
+    req = GenRequest(
+        held.request_id, saved.prompt, saved.max_new_tokens, saved.sampling, slot=held.slot
+    )
     now = req.started
     for tok in saved.tokens:
         if req.add_token(tok, now) is not None:
@@ -119,23 +154,34 @@ def _resumed(held: HeldRequest, saved: state_file.SavedRequest) -> GenRequest | 
 async def restore(engine: Engine, control: KVControl, saved: state_file.SavedState) -> None:
     """Adopt the held requests the state file knows; release the others."""
     for held in control.held:
-        req = _resumed(held, saved.requests[held.request_id]) \
-            if held.request_id in saved.requests else None
+        req = (
+            _resumed(held, saved.requests[held.request_id])
+            if held.request_id in saved.requests
+            else None
+        )
         if req is None:
             log.info("releasing held request %s: nothing to resume it from", held.request_id)
             await control.release(held.request_id)
             continue
         engine.adopt(req)
-        log.info("resumed request %s in slot %d after %d of %d tokens", req.request_id, req.slot,
-                 len(req.tokens), req.max_new_tokens)
+        log.info(
+            "resumed request %s in slot %d after %d of %d tokens",
+            req.request_id,
+            req.slot,
+            len(req.tokens),
+            req.max_new_tokens,
+        )
 
 
 async def build_engine(cfg: EngineConfig) -> Engine:
     """Everything the server needs; the engine loop is not started yet."""
     mcfg = model_config(cfg)
     if cfg.state_file and not cfg.resumable:
-        log.warning("state file %s ignored: kv mode %s keeps no KV across a restart",
-                    cfg.state_file, cfg.kv_mode)
+        log.warning(
+            "state file %s ignored: kv mode %s keeps no KV across a restart",
+            cfg.state_file,
+            cfg.kv_mode,
+        )
     saved = state_file.load(cfg.state_file) if cfg.resumable else state_file.SavedState()
     if cfg.uses_service:
         control: KVControl = await connect_service(cfg, saved)
@@ -155,12 +201,23 @@ async def build_engine(cfg: EngineConfig) -> Engine:
         await control.close()
         raise
     state = state_file.StateFile(cfg.state_file) if cfg.resumable else None
-    policy = QueuePolicy(skip_ahead_seconds=cfg.skip_ahead, max_queue_wait=cfg.max_queue_wait,
-                         admit_retry=cfg.admit_retry)
-    engine = Engine(compute, control, executor=executor, max_active=cfg.max_batch, state=state,
-                    policy=policy, overlap=cfg.overlap)
+    policy = QueuePolicy(
+        skip_ahead_seconds=cfg.skip_ahead,
+        max_queue_wait=cfg.max_queue_wait,
+        admit_retry=cfg.admit_retry,
+    )
+    engine = Engine(
+        compute,
+        control,
+        executor=executor,
+        max_active=cfg.max_batch,
+        state=state,
+        policy=policy,
+        overlap=cfg.overlap,
+    )
     await restore(engine, control, saved)
     if state is not None:
-        state.rewrite(control.session_id, getattr(control, "epoch", 0),
-                      list(engine.requests.values()))
+        state.rewrite(
+            control.session_id, getattr(control, "epoch", 0), list(engine.requests.values())
+        )
     return engine

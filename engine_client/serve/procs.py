@@ -20,7 +20,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 KV_SERVICE_NAME = "kvcache.v1.KVCacheService"
 ENGINE_SERVICE_NAME = "decode.v1.DecodeService"
 
@@ -35,7 +35,8 @@ _DIE_WITH_PARENT = (
     "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG\n"
     "if os.getppid() != int(sys.argv[1]):\n"
     "    sys.exit('parent gone before start')\n"
-    "os.execv(sys.argv[2], sys.argv[2:])\n")
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
 
 
 def _die_with_parent(args: list[str]) -> list[str]:
@@ -48,7 +49,11 @@ def _die_with_parent(args: list[str]) -> list[str]:
 
 
 # Health watch outcomes that only mean "not yet": no socket, or no change within the window.
-_NOT_YET = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
+_NOT_YET = (
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.CANCELLED,
+)
 
 
 class ChildFailed(RuntimeError):
@@ -58,21 +63,34 @@ class ChildFailed(RuntimeError):
 class ManagedProcess:
     """One child process with its log file; `stop` ends it (SIGTERM, then SIGKILL)."""
 
-    def __init__(self, name: str, args: Sequence[str], log_path: str, target: str,
-                 health_service: str, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        args: Sequence[str],
+        log_path: str,
+        target: str,
+        health_service: str,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.name, self.args, self.log_path = name, list(args), log_path
         self.target, self.health_service = target, health_service
         self.env = dict(os.environ if env is None else env)
         # The children import the repository's packages wherever the parent was started.
         self.env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(REPO_ROOT), self.env.get("PYTHONPATH", "")) if p)
+            p for p in (str(REPO_ROOT), self.env.get("PYTHONPATH", "")) if p
+        )
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "ManagedProcess":
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(_die_with_parent(self.args), cwd=REPO_ROOT, env=self.env,
-                                         stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(
+                _die_with_parent(self.args),
+                cwd=REPO_ROOT,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
         return self
 
     @property
@@ -91,13 +109,15 @@ class ManagedProcess:
         except FileNotFoundError:
             return ""
 
-    def wait_serving(self, timeout: float = 60.0,
-                     abort: Callable[[], bool] | None = None) -> "ManagedProcess":
+    def wait_serving(
+        self, timeout: float = 60.0, abort: Callable[[], bool] | None = None
+    ) -> "ManagedProcess":
         """Block until health reports SERVING; ChildFailed if the child dies or time runs out."""
         return self.wait_status(health_pb2.HealthCheckResponse.SERVING, timeout, abort)
 
-    def wait_status(self, status: int, timeout: float,
-                    abort: Callable[[], bool] | None = None) -> "ManagedProcess":
+    def wait_status(
+        self, status: int, timeout: float, abort: Callable[[], bool] | None = None
+    ) -> "ManagedProcess":
         """Block until health reports `status`; ChildFailed if the child dies, time runs out,
         or `abort()` (asked about once a second) says to stop waiting."""
         deadline = time.monotonic() + timeout
@@ -106,17 +126,25 @@ class ManagedProcess:
             stub = health_pb2_grpc.HealthStub(channel)
             while time.monotonic() < deadline:
                 if not self.alive():
-                    raise ChildFailed(f"{self.name} exited with {self.proc.returncode}:\n{self.log()}")
+                    raise ChildFailed(
+                        f"{self.name} exited with {self.proc.returncode}:\n{self.log()}"
+                    )
                 if abort is not None and abort():
                     raise ChildFailed(f"{self.name}: start-up abandoned")
                 window = min(1.0, max(0.05, deadline - time.monotonic()))
                 if self._watch_once(stub, request, status, window):
                     return self
-        raise ChildFailed(f"{self.name} not in health status {status} after {timeout:g}s:\n"
-                          f"{self.log()}")
+        raise ChildFailed(
+            f"{self.name} not in health status {status} after {timeout:g}s:\n{self.log()}"
+        )
 
-    def _watch_once(self, stub: health_pb2_grpc.HealthStub,
-                    request: health_pb2.HealthCheckRequest, status: int, window: float) -> bool:
+    def _watch_once(
+        self,
+        stub: health_pb2_grpc.HealthStub,
+        request: health_pb2.HealthCheckRequest,
+        status: int,
+        window: float,
+    ) -> bool:
         """Whether health reports `status` within `window` (False: not listening yet, or no
         change in time); ChildFailed on any other failure of the watch."""
         try:
@@ -160,11 +188,31 @@ class ManagedProcess:
             self.proc.wait(10)
 
 
-def service_command(uds: str, instance: str, layout_flags: Sequence[str], *, device: str,
-                    shm_dir: str, extra: Sequence[str] = ()) -> list[str]:
+def service_command(
+    uds: str,
+    instance: str,
+    layout_flags: Sequence[str],
+    *,
+    device: str,
+    shm_dir: str,
+    extra: Sequence[str] = (),
+) -> list[str]:
     """`python -m kv_service` on `uds`; flags later in the list (`extra`) win."""
-    return [sys.executable, "-m", "kv_service", "--uds", uds, "--device", device,
-            "--instance", instance, "--shm-dir", shm_dir, *layout_flags, *extra]
+    return [
+        sys.executable,
+        "-m",
+        "kv_service",
+        "--uds",
+        uds,
+        "--device",
+        device,
+        "--instance",
+        instance,
+        "--shm-dir",
+        shm_dir,
+        *layout_flags,
+        *extra,
+    ]
 
 
 def service_env(token: str | None = None) -> dict[str, str]:
@@ -178,25 +226,61 @@ def service_env(token: str | None = None) -> dict[str, str]:
     return env
 
 
-def service_process(workdir: str, instance: str, layout_flags: Sequence[str], *,
-                    device: str = "cpu", shm_dir: str = "/dev/shm",
-                    extra: Sequence[str] = (), token: str | None = None) -> ManagedProcess:
+def service_process(
+    workdir: str,
+    instance: str,
+    layout_flags: Sequence[str],
+    *,
+    device: str = "cpu",
+    shm_dir: str = "/dev/shm",
+    extra: Sequence[str] = (),
+    token: str | None = None,
+) -> ManagedProcess:
     """`layout_flags`: contract.flags.to_flags(layout)."""
     uds = os.path.join(workdir, "kv.sock")
-    args = service_command(uds, instance, layout_flags, device=device, shm_dir=shm_dir,
-                           extra=extra)
-    return ManagedProcess("kv_service", args, os.path.join(workdir, "kv_service.log"),
-                          f"unix:{uds}", KV_SERVICE_NAME, env=service_env(token))
+    args = service_command(uds, instance, layout_flags, device=device, shm_dir=shm_dir, extra=extra)
+    return ManagedProcess(
+        "kv_service",
+        args,
+        os.path.join(workdir, "kv_service.log"),
+        f"unix:{uds}",
+        KV_SERVICE_NAME,
+        env=service_env(token),
+    )
 
 
-def engine_process(workdir: str, kv_mode: str, *, service_uds: str = "", name: str = "engine",
-                   extra: Sequence[str] = ()) -> ManagedProcess:
+def engine_process(
+    workdir: str,
+    kv_mode: str,
+    *,
+    service_uds: str = "",
+    name: str = "engine",
+    extra: Sequence[str] = (),
+) -> ManagedProcess:
     uds = os.path.join(workdir, f"{name}.sock")
-    args = [sys.executable, "-m", "engine_client", "serve", "--kv-mode", kv_mode, "--uds", uds,
-            "--engine-name", name, *(["--service", service_uds] if service_uds else []), *extra]
+    args = [
+        sys.executable,
+        "-m",
+        "engine_client",
+        "serve",
+        "--kv-mode",
+        kv_mode,
+        "--uds",
+        uds,
+        "--engine-name",
+        name,
+        *(["--service", service_uds] if service_uds else []),
+        *extra,
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("ENGINE_")}
-    return ManagedProcess(name, args, os.path.join(workdir, f"{name}.log"), f"unix:{uds}",
-                          ENGINE_SERVICE_NAME, env=env)
+    return ManagedProcess(
+        name,
+        args,
+        os.path.join(workdir, f"{name}.log"),
+        f"unix:{uds}",
+        ENGINE_SERVICE_NAME,
+        env=env,
+    )
 
 
 def segment_files(shm_dir: str, instance: str) -> list[str]:

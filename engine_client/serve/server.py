@@ -31,9 +31,9 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from engine_client.client import errors
-from engine_client.serve.config import EngineConfig
 from engine_client.loop.engine import Engine
 from engine_client.loop.request import FailStatus, Finish, GenRequest, SamplingParams
+from engine_client.serve.config import EngineConfig
 from proto.decode.v1 import decode_pb2 as pb
 from proto.decode.v1 import decode_pb2_grpc as pb_grpc
 
@@ -43,9 +43,11 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["DecodeService"].full_name
 HEALTH_NAMES = ("", SERVICE_NAME)
 STOP_GRACE_SECONDS = 2.0
 # The status a stream that ended with an ERROR finish closes with.
-FAIL_CODES = {FailStatus.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
-              FailStatus.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
-              FailStatus.INTERNAL: grpc.StatusCode.INTERNAL}
+FAIL_CODES = {
+    FailStatus.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    FailStatus.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    FailStatus.INTERNAL: grpc.StatusCode.INTERNAL,
+}
 
 
 class DecodeServicer(pb_grpc.DecodeServiceServicer):
@@ -72,8 +74,9 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):
             return "temperature must be finite and >= 0"
         return None
 
-    async def _open(self, request: pb.GenerateRequest,
-                    context: grpc.aio.ServicerContext) -> GenRequest:
+    async def _open(
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> GenRequest:
         if self.engine is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the engine is starting")
         if self.engine.failure is not None:
@@ -100,12 +103,19 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):
             # The id before any token: a client can resume the request even if we stop in prefill.
             await context.send_initial_metadata((("request-id", req.request_id),))
             async for ev in req.follow(0):
-                last = (req.finished and req.finish in (Finish.LENGTH, Finish.STOP)
-                        and ev.index == len(req.tokens) - 1)
+                last = (
+                    req.finished
+                    and req.finish in (Finish.LENGTH, Finish.STOP)
+                    and ev.index == len(req.tokens) - 1
+                )
                 resp = pb.GenerateResponse(
-                    request_id=req.request_id, token_id=ev.token_id, index=ev.index,
-                    time_since_start_us=ev.time_since_start_us, inter_token_us=ev.inter_token_us,
-                    has_token=True)
+                    request_id=req.request_id,
+                    token_id=ev.token_id,
+                    index=ev.index,
+                    time_since_start_us=ev.time_since_start_us,
+                    inter_token_us=ev.inter_token_us,
+                    has_token=True,
+                )
                 if last:
                     self._finalize(resp, req)
                     final_sent = True
@@ -131,21 +141,31 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):
 
 
 async def _set_health(health: health_aio.HealthServicer, serving: bool) -> None:
-    status = (health_pb2.HealthCheckResponse.SERVING if serving
-              else health_pb2.HealthCheckResponse.NOT_SERVING)
+    status = (
+        health_pb2.HealthCheckResponse.SERVING
+        if serving
+        else health_pb2.HealthCheckResponse.NOT_SERVING
+    )
     for name in HEALTH_NAMES:
         await health.set(name, status)
 
 
-def build_server(cfg: EngineConfig, servicer: DecodeServicer,
-                 health: health_aio.HealthServicer) -> grpc.aio.Server:
-    server = grpc.aio.server(options=[("grpc.keepalive_time_ms", 10_000),
-                                      ("grpc.keepalive_timeout_ms", 5_000)])
+def build_server(
+    cfg: EngineConfig, servicer: DecodeServicer, health: health_aio.HealthServicer
+) -> grpc.aio.Server:
+    server = grpc.aio.server(
+        options=[("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000)]
+    )
     pb_grpc.add_DecodeServiceServicer_to_server(servicer, server)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection(
-        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-         reflection.SERVICE_NAME), server)
+        (
+            SERVICE_NAME,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ),
+        server,
+    )
     if cfg.uds:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(cfg.uds)  # a socket left by a killed engine
@@ -184,7 +204,9 @@ async def serve(cfg: EngineConfig) -> int:
     servicer = DecodeServicer()
     server = build_server(cfg, servicer, health)
     await server.start()
-    log.info("listening on %s (NOT_SERVING while the engine is built)", ", ".join(cfg.listen_targets))
+    log.info(
+        "listening on %s (NOT_SERVING while the engine is built)", ", ".join(cfg.listen_targets)
+    )
     engine: Engine | None = None
     watcher = None
     stop_metrics = None
@@ -192,14 +214,17 @@ async def serve(cfg: EngineConfig) -> int:
         engine = await build_engine(cfg)
         servicer.engine = engine
         if cfg.metrics_port is not None:
-            (host, port), stop_metrics = engine.metrics.serve(cfg.metrics_port,
-                                                              cfg.metrics_address)
+            (host, port), stop_metrics = engine.metrics.serve(cfg.metrics_port, cfg.metrics_address)
             log.info("metrics on http://%s:%d/metrics", host, port)
         engine.start()
         watcher = asyncio.create_task(_watch_failure(engine, health))
         await _set_health(health, True)
-        log.info("SERVING: kv mode %s, device %s, max batch %d", cfg.kv_mode,
-                 engine.compute.model.device, engine.compute.max_batch)
+        log.info(
+            "SERVING: kv mode %s, device %s, max batch %d",
+            cfg.kv_mode,
+            engine.compute.model.device,
+            engine.compute.max_batch,
+        )
         await stop.wait()
         log.info("stop requested")
     finally:
@@ -222,4 +247,5 @@ async def serve(cfg: EngineConfig) -> int:
 
 def run(cfg: EngineConfig) -> int:
     import uvloop
+
     return uvloop.run(serve(cfg))
