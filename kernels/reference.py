@@ -8,6 +8,15 @@ from __future__ import annotations
 
 import torch
 
+from kernels.formats import (
+    BF16_ROW,
+    FP8_ROW,
+    MODE_OFFLOADED,
+    MODE_RESIDENT,
+    IndexFormat,
+    RowFormat,
+)
+
 # --- swap-in: plan, miss copy, append (kernels/swap_plan.py, miss_copy.py, kv_append.py) ---
 
 
@@ -23,43 +32,39 @@ def _flat_rows(x) -> torch.Tensor:
 
 # --- index-key pool layout (written by kv_append, read by the indexer) ---
 
-# fp8 index keys are page-blocked in the pool (DeepSeek-V3.2's indexer cache layout): the bytes of
-# a page of P tokens are [P x 128 fp8 values | P x 4 B fp32 scales], so every token's values start
-# 16 B aligned (when P % 4 == 0). The pool keeps its [..., N, P, 132] byte shape; bf16 keys (and
-# any other row size) are stored row by row. Appends take rows of 128 values + scale either way.
-FP8_KEY_BYTES = 132
 
-
-def fp8_page_views(pool: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Views (values [..., N, P, 128], scales [..., N, P, 4]) of an fp8 index pool [..., N, P, 132]
-    whose last two dims are contiguous; writing into them writes the pool."""
-    P = pool.shape[-2]
-    flat = pool.view(*pool.shape[:-2], P * FP8_KEY_BYTES)
+def page_views(pool: torch.Tensor, fmt: IndexFormat) -> tuple[torch.Tensor, torch.Tensor]:
+    """Views (values [..., N, P, value_bytes], scales [..., N, P, scale_bytes]) of an index pool
+    [..., N, P, key_bytes] whose last two dims are contiguous: a page holds its P keys' values,
+    then their P scales (kernels.formats). Writing into them writes the pool."""
+    P, V = pool.shape[-2], fmt.value_bytes
+    flat = pool.view(*pool.shape[:-2], P * fmt.key_bytes)
     return (
-        flat[..., : P * 128].unflatten(-1, (P, 128)),
-        flat[..., P * 128 :].unflatten(-1, (P, 4)),
+        flat[..., : P * V].unflatten(-1, (P, V)),
+        flat[..., P * V :].unflatten(-1, (P, fmt.scale_bytes)),
     )
 
 
-def read_index_rows(pool: torch.Tensor, pages: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+def read_index_rows(
+    pool: torch.Tensor, pages: torch.Tensor, offs: torch.Tensor, fmt: IndexFormat
+) -> torch.Tensor:
     """Append-format rows [n, I] of tokens (pages[i], offs[i]) of an index pool [N, P, I]."""
-    if pool.shape[-1] != FP8_KEY_BYTES:
-        return pool[pages, offs]
-    values, scales = fp8_page_views(pool)
+    values, scales = page_views(pool, fmt)
     return torch.cat((values[pages, offs], scales[pages, offs]), dim=-1)
 
 
 def write_index_rows(
-    pool: torch.Tensor, pages: torch.Tensor, offs: torch.Tensor, rows: torch.Tensor
+    pool: torch.Tensor,
+    pages: torch.Tensor,
+    offs: torch.Tensor,
+    rows: torch.Tensor,
+    fmt: IndexFormat,
 ) -> None:
     """Store append-format rows [n, I] at tokens (pages[i], offs[i]) of an index pool [N, P, I]
     (plain tensor indexing: no host sync, graph-capturable on CUDA)."""
-    if pool.shape[-1] != FP8_KEY_BYTES:
-        pool[pages, offs] = rows
-        return
-    values, scales = fp8_page_views(pool)
-    values[pages, offs] = rows[..., :128]
-    scales[pages, offs] = rows[..., 128:]
+    values, scales = page_views(pool, fmt)
+    values[pages, offs] = rows[..., : fmt.value_bytes]
+    scales[pages, offs] = rows[..., fmt.value_bytes :]
 
 
 def _ref_plan_request(
@@ -130,7 +135,7 @@ def ref_swap_plan(
         mode = int(req_mode[r]) if 0 <= r < R else 0
         seq_len = min(max(seq_len, 0), C)
         misses = []
-        if mode == 2:
+        if mode == MODE_OFFLOADED:
             slots, misses = _ref_plan_request(
                 layer,
                 r,
@@ -145,7 +150,7 @@ def ref_swap_plan(
                 window,
             )
         else:
-            slots = [t if mode == 1 and 0 <= t < min(seq_len, B) else -1 for t in row]
+            slots = [t if mode == MODE_RESIDENT and 0 <= t < min(seq_len, B) else -1 for t in row]
         out_slots[b] = torch.tensor(slots, dtype=torch.int32)
         for j, (src, dst) in enumerate(misses):
             out_miss_src[b, j] = src
@@ -178,28 +183,29 @@ def ref_kv_append(
     index_pool,
     *,
     window,
+    row_format: RowFormat,
+    index_format: IndexFormat,
 ):
     """Reference of kernels.kv_append.kv_append."""
     host = _host_tensor(host_kv)
     num_pages, _, P, _ = host.shape
     R, B = hot_kv.shape[1], hot_kv.shape[2]
     limit = page_table.shape[1] * P
-    kv_rows = kv_rows_for_store(kv_rows, host.shape[-1])
+    kv_rows = kv_rows_for_store(kv_rows, row_format)
     rows = zip(req_slots.tolist(), positions.tolist(), seq_lens.tolist())
     for i, (r, t, seq_len) in enumerate(rows):
         mode = int(req_mode[r]) if 0 <= r < R else 0
-        if mode not in (1, 2) or not 0 <= t < min(seq_len, limit):
+        if mode not in (MODE_RESIDENT, MODE_OFFLOADED) or not 0 <= t < min(seq_len, limit):
             continue
         page = int(page_table[r, t // P])
         if not 0 <= page < num_pages:
             continue
         at = torch.tensor([[page], [t % P]], device=index_pool.device)
-        write_index_rows(
-            index_pool[layer], at[0], at[1], index_rows[i : i + 1].to(index_pool.device)
-        )
-        if mode == 1 and t < B:
+        rows_i = index_rows[i : i + 1].to(index_pool.device)
+        write_index_rows(index_pool[layer], at[0], at[1], rows_i, index_format)
+        if mode == MODE_RESIDENT and t < B:
             hot_kv[layer, r, t] = kv_rows[i]
-        if mode == 2:
+        if mode == MODE_OFFLOADED:
             host[page, layer, t % P] = kv_rows[i].to(host.device)
             if t >= seq_len - window:
                 hot_kv[layer, r, t % window] = kv_rows[i]
@@ -207,62 +213,31 @@ def ref_kv_append(
 
 # --- end swap-in ---
 
-# --- fp8 KV rows (written by kv_append.py, read by sparse_attention.py) ---
-
-# DeepSeek-V3.2's FlashMLA fp8 row (656 B): bytes [0, 512) are the 512 latent values as fp8 e4m3,
-# [512, 528) four fp32 scales (one per 128 latent values), [528, 656) the 64 rope values as bf16.
-FP8_ROW_BYTES = 656
-FP8_MAX = 448.0
-# Rows whose 128-value block is all (near) zero still get a finite scale.
-FP8_AMAX_FLOOR = 1e-4
+# --- KV rows as the tiers store them (kernels.formats owns each format's codec) ---
 
 
-def fp8_block_scales(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(scale, 1 / scale) fp32 of per-block maxima: scale = 2^ceil(log2(max(amax, 1e-4) / 448)),
-    the smallest power of two with amax / scale <= 448. Powers of two make x / scale and the
-    dequantized fp8 * scale exact, so every implementation gets the same bytes and bf16 values."""
-    bits = amax.float().clamp(min=FP8_AMAX_FLOOR).view(torch.int32)
-    # amax = m * 2^e, m in [1, 2): amax / 448 = (m / 1.75) * 2^(e - 8).
-    s = (bits >> 23) - 127 - 8 + ((bits & 0x7FFFFF) > 0x600000).to(torch.int32)
-    return ((s + 127) << 23).view(torch.float32), ((127 - s) << 23).view(torch.float32)
-
-
-def ref_quantize_kv_rows(rows: torch.Tensor, out: torch.Tensor) -> None:
-    """rows [n, 576] (bf16, or any float: rounded to bf16 first) -> out [n, 656] uint8 fp8 rows.
-    Values x / scale are clamped to +-448 and rounded to nearest even by the fp8 cast."""
-    n = rows.shape[0]
-    x = rows.to(torch.bfloat16).float()
-    nope = x[:, :512].reshape(n, 4, 128)
-    scale, inv = fp8_block_scales(nope.abs().amax(dim=-1))
-    q = (nope * inv[..., None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    out[:, :512] = q.view(torch.uint8).reshape(n, 512)
-    out[:, 512:528] = scale.contiguous().view(torch.uint8)
-    out[:, 528:] = x[:, 512:].to(torch.bfloat16).contiguous().view(torch.uint8)
-
-
-def ref_dequantize_kv_rows(raw: torch.Tensor) -> torch.Tensor:
-    """fp8 rows [..., 656] uint8 -> [..., 576] bf16 (exact: fp8 * a power of two fits bf16)."""
-    raw = raw.contiguous()
-    lead = raw.shape[:-1]
-    q = raw[..., :512].view(torch.float8_e4m3fn).float().reshape(*lead, 4, 128)
-    scale = raw[..., 512:528].contiguous().view(torch.float32)
-    nope = (q * scale[..., None]).reshape(*lead, 512)
-    rope = raw[..., 528:].contiguous().view(torch.bfloat16).float()
-    return torch.cat((nope, rope), dim=-1).to(torch.bfloat16)
-
-
-def kv_rows_for_store(kv_rows: torch.Tensor, row_bytes: int) -> torch.Tensor:
-    """Rows as the tiers store them ([n, row_bytes] uint8): bf16 [n, 576] rows are quantized for
-    fp8 tiers (656 B) or taken as bytes for bf16 tiers; uint8 rows are stored as they are."""
+def kv_rows_for_store(kv_rows: torch.Tensor, row_format: RowFormat) -> torch.Tensor:
+    """Rows as the tiers store them ([n, row_bytes] uint8): bf16 [n, 576] rows are encoded by
+    the format's quantize (or taken as their bytes when it has none); uint8 rows are already
+    encoded and stored as they are."""
     if kv_rows.dtype == torch.uint8:
         return kv_rows
-    if row_bytes == FP8_ROW_BYTES:
-        out = torch.empty(
-            (kv_rows.shape[0], FP8_ROW_BYTES), dtype=torch.uint8, device=kv_rows.device
-        )
-        ref_quantize_kv_rows(kv_rows, out)
-        return out
-    return kv_rows.to(torch.bfloat16).contiguous().view(torch.uint8)
+    if row_format.quantize is None:
+        return kv_rows.to(torch.bfloat16).contiguous().view(torch.uint8)
+    out = torch.empty(
+        (kv_rows.shape[0], row_format.row_bytes), dtype=torch.uint8, device=kv_rows.device
+    )
+    row_format.quantize(kv_rows, out)
+    return out
+
+
+def ref_kv_quantize(
+    rows: torch.Tensor, out: torch.Tensor, *, row_format: RowFormat = FP8_ROW
+) -> None:
+    """Reference of kernels.fp8_row.kv_quantize, for any format with a quantize function."""
+    if row_format.quantize is None:
+        raise ValueError(f"row format {row_format.name} stores rows unencoded")
+    row_format.quantize(rows, out)
 
 
 # --- end fp8 KV rows ---
@@ -281,15 +256,17 @@ def ref_sparse_mla_decode(
     out: torch.Tensor,
     lse: torch.Tensor,
     *,
+    row_format: RowFormat = BF16_ROW,
     workspace=None,
 ) -> None:
     """Absorbed MLA decode over the rows `row_base[b] + slots[b, i]` (slot < 0 skipped), fp64 math.
-    kv: bf16 [rows, 576] or fp8 rows [rows, 656] uint8 (dequantized first). `workspace` (the
-    kernel's split-k scratch) is accepted and unused."""
+    kv: rows as `row_format` has attention read them (bf16 values, or stored bytes that its
+    dequantize decodes first). `workspace` (the kernel's split-k scratch) is accepted and unused."""
     d_v = q_nope.shape[-1]
     valid = slots >= 0
     rows = torch.where(valid, row_base[:, None] + slots.long(), 0)
-    picked = ref_dequantize_kv_rows(kv[rows]) if kv.dtype == torch.uint8 else kv[rows]
+    decode = row_format.dequantize
+    picked = kv[rows] if decode is None else decode(kv[rows])
     k = torch.where(valid[..., None], picked.double(), 0.0)  # [bs, k, 576]
     q = torch.cat([q_nope, q_pe], dim=-1).double()  # [bs, H, 576]
     s = scale * torch.einsum("bhd,bkd->bhk", q, k)
@@ -300,18 +277,6 @@ def ref_sparse_mla_decode(
     lse.copy_(lse_d)
 
 
-def decode_index_keys(raw: torch.Tensor) -> torch.Tensor:
-    """Index-key rows [..., I] in append format to fp32 keys [..., 128]: I=256 is bf16, I=132 is
-    128 fp8 e4m3 values then one fp32 scale."""
-    if raw.shape[-1] == 256:
-        return raw.contiguous().view(torch.bfloat16).float()
-    if raw.shape[-1] == FP8_KEY_BYTES:
-        raw = raw.contiguous()
-        vals = raw[..., :128].view(torch.float8_e4m3fn).float()
-        return vals * raw[..., 128:].view(torch.float32)
-    raise ValueError(f"index key of {raw.shape[-1]} bytes is neither bf16 (256) nor fp8 (132)")
-
-
 def ref_indexer_scores(
     q: torch.Tensor,
     w: torch.Tensor,
@@ -320,6 +285,8 @@ def ref_indexer_scores(
     req_slots: torch.Tensor,
     seq_lens: torch.Tensor,
     out_scores: torch.Tensor,
+    *,
+    index_format: IndexFormat,
 ) -> None:
     """score[b, t] = sum_h w[b, h] * relu(q[b, h] . key_t) for t < seq_len, else -inf (fp64 math).
     A padding row (req_slot < 0), a token whose page id is < 0 or beyond the page table score
@@ -334,8 +301,8 @@ def ref_indexer_scores(
         t = torch.arange(n, device=q.device)
         pages = page_table[r, t // page].long()
         ok = pages >= 0
-        rows = read_index_rows(index_pool_layer, pages.clamp(min=0), t % page)
-        keys = decode_index_keys(rows).double()
+        rows = read_index_rows(index_pool_layer, pages.clamp(min=0), t % page, index_format)
+        keys = index_format.decode(rows).double()
         s = torch.relu(q[b].double() @ keys.T)  # [64, n]
         score = w[b].double() @ s
         out_scores[b, :n] = torch.where(ok, score, float("-inf")).to(out_scores.dtype)

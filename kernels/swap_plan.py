@@ -13,8 +13,11 @@ import torch
 import triton
 import triton.language as tl
 
-MODE_RESIDENT = tl.constexpr(1)
-MODE_OFFLOADED = tl.constexpr(2)
+import kernels.interpreter  # noqa: F401  (the interpreter switch, before any @triton.jit)
+from kernels import formats
+
+MODE_RESIDENT = tl.constexpr(formats.MODE_RESIDENT)
+MODE_OFFLOADED = tl.constexpr(formats.MODE_OFFLOADED)
 # One program per request; at B = 4096 more warps shorten the O(B) scans. Tune on the H200.
 NUM_WARPS_LARGE = 8
 

@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+import kernels.interpreter  # noqa: F401  (the interpreter switch, before any @triton.jit)
 from kernels.radix_select import INT32_MIN, digit_histogram, pad_tail, pick_bucket, write_selected
 
 __all__ = ["TopkWorkspace", "topk_select"]

@@ -75,6 +75,23 @@ def test_kernels_import_neither_side() -> None:
     assert _offenders("kernels", {"kv_service", "engine_client", "contract"}) == {}
 
 
+def _defines_triton_kernels(path: Path) -> bool:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return any(
+        isinstance(node, ast.Attribute) and node.attr == "jit" and ast.unparse(node) == "triton.jit"
+        for node in ast.walk(tree)
+    )
+
+
+def test_every_kernel_module_sets_the_interpreter_switch() -> None:
+    """kernels/__init__.py imports nothing heavy (kernels.formats is read without torch), so the
+    module that sets TRITON_INTERPRET without CUDA must be imported by each Triton module."""
+    with_jit = [p for p in modules("kernels") if _defines_triton_kernels(p)]
+    assert len(with_jit) >= 7, "the parser lost the kernels"
+    missing = [_rel(p) for p in with_jit if "kernels.interpreter" not in imports_of(p)]
+    assert missing == []
+
+
 def test_client_library_never_imports_the_service() -> None:
     assert modules("engine_client/client"), "the client library moved: update this test"
     assert _offenders("engine_client/client", {"kv_service"}) == {}

@@ -18,18 +18,16 @@ from dataclasses import dataclass
 
 import torch
 
-from contract.layout import INDEX_FORMATS, ROW_FORMATS, KVLayout
-from engine_client.kv.index_keys import encode_index_keys
+from contract.layout import KVLayout
 from engine_client.kv.kernel_set import KernelSet
+from kernels.formats import INDEX_DIM, ROW_VALUES
 from kernels.reference import write_index_rows
-
-ROW_DIM = 576
 
 
 @dataclass(frozen=True)
 class AttnRows:
-    """What attention reads: rows kv ([rows, 576] bf16, or fp8 rows [rows, 656] uint8),
-    row_base [n] int64, slots [n, k] int32."""
+    """What attention reads: rows kv (as the layout's row format has attention read them:
+    `RowFormat.attn_rows`), row_base [n] int64, slots [n, k] int32."""
 
     kv: torch.Tensor
     row_base: torch.Tensor
@@ -39,12 +37,11 @@ class AttnRows:
 class KVBackend(ABC):
     """Where the KV rows and indexer keys of every request slot live."""
 
+    layout: KVLayout
     num_layers: int
     max_requests: int
     max_context: int
     topk: int
-    index_format: str
-    row_format: str = "bf16"
     device: torch.device
     kernels: KernelSet
     # The decode path (append, index_scores, select) may be captured in a CUDA graph.
@@ -60,8 +57,8 @@ class KVBackend(ABC):
         positions: torch.Tensor,
         seq_lens: torch.Tensor,
     ) -> None:
-        """Store rows kv_rows [n, 576] bf16 (quantized here when row_format is fp8) and
-        index_rows [n, I] uint8 at (req_slot, position).
+        """Store rows kv_rows [n, 576] bf16 (encoded here as the layout's row format says) and
+        index_rows [n, I] uint8 (`layout.index.encode`) at (req_slot, position).
         seq_lens: each request's stored length once this append is done (the window ring of an
         offloaded request keeps only tokens >= seq_len - W, so pass a chunk's end, not pos + 1)."""
 
@@ -97,7 +94,14 @@ class KVBackend(ABC):
     ) -> None:
         """out[b, t] = sum_h w[b, h] relu(q[b, h] . key_t) for t < seq_lens[b], else -inf."""
         self.kernels.indexer_scores(
-            q, w, self.index_pool_layer(layer), self.page_table, req_slots, seq_lens, out
+            q,
+            w,
+            self.index_pool_layer(layer),
+            self.page_table,
+            req_slots,
+            seq_lens,
+            out,
+            index_format=self.layout.index,
         )
 
     def stats(self) -> dict[str, int]:
@@ -125,101 +129,81 @@ class KVBackend(ABC):
                 m = min(chunk, n_tokens - start)
                 gen = torch.Generator(device=self.device)
                 gen.manual_seed(zlib.crc32(f"{seed}:{layer}:{start}".encode()))
-                rows = torch.randn((m, ROW_DIM), generator=gen, device=self.device)
-                keys = torch.randn((m, 128), generator=gen, device=self.device)
+                rows = torch.randn((m, ROW_VALUES), generator=gen, device=self.device)
+                keys = torch.randn((m, INDEX_DIM), generator=gen, device=self.device)
                 pos = torch.arange(start, start + m, dtype=torch.int32, device=self.device)
                 self.append(
                     layer,
                     rows.to(torch.bfloat16),
-                    encode_index_keys(keys, self.index_format),
+                    self.layout.index.encode(keys),
                     r[:m],
                     pos,
                     lens[:m],
                 )
 
 
-@dataclass(frozen=True)
-class BaselineConfig:
-    """Sizes of the all-on-GPU cache: L layers x R request slots x C tokens."""
+def baseline_layout(
+    num_layers: int,
+    max_requests: int,
+    max_context: int,
+    topk: int,
+    page_size: int = 64,
+    **formats: str,
+) -> KVLayout:
+    """The layout of an all-on-GPU cache: the index pool holds every request's whole context
+    (num_pages = R * pages per request); there are no hot buffers, so hot_slots and window are
+    only the smallest the layout accepts. `formats`: row_format / index_format."""
+    ppr = -(-max_context // page_size)
+    return KVLayout(
+        num_layers=num_layers,
+        max_requests=max_requests,
+        hot_slots=topk + 1,
+        window=1,
+        topk=topk,
+        page_size=page_size,
+        num_pages=max_requests * ppr,
+        max_context=max_context,
+        **formats,
+    )
 
-    num_layers: int
-    max_requests: int
-    max_context: int
-    topk: int
-    page_size: int = 64
-    index_format: str = "bf16"
-    row_format: str = "bf16"
 
-    def __post_init__(self) -> None:
-        for name in ("num_layers", "max_requests", "max_context", "topk", "page_size"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.index_format not in INDEX_FORMATS:
-            raise ValueError(f"index_format must be one of {sorted(INDEX_FORMATS)}")
-        if self.row_format not in ROW_FORMATS:
-            raise ValueError(f"row_format must be one of {sorted(ROW_FORMATS)}")
-
-    @classmethod
-    def from_layout(cls, layout: KVLayout, max_requests: int | None = None) -> "BaselineConfig":
-        return cls(
-            layout.num_layers,
-            max_requests or layout.max_requests,
-            layout.max_context,
-            layout.topk,
-            layout.page_size,
-            layout.index_format,
-            layout.row_format,
-        )
-
-    @property
-    def pages_per_request(self) -> int:
-        return -(-self.max_context // self.page_size)
-
-    @property
-    def cache_bytes(self) -> int:
-        kv = self.num_layers * self.max_requests * self.max_context * ROW_FORMATS[self.row_format]
-        index = (
-            self.num_layers
-            * self.max_requests
-            * self.pages_per_request
-            * self.page_size
-            * INDEX_FORMATS[self.index_format]
-        )
-        return kv + index
+def baseline_cache_bytes(layout: KVLayout) -> int:
+    """Device bytes of an all-on-GPU cache: every request's whole context, rows and keys."""
+    per_token = layout.row_bytes + layout.index_bytes
+    pages = layout.max_requests * layout.max_pages_per_request
+    return layout.num_layers * pages * layout.page_size * per_token
 
 
 class BaselineBackend(KVBackend):
-    """All KV on the device: a full cache [L, R, C, 576] bf16 (fp8 rows: [L, R, C, 656] uint8,
-    quantized by the same kernel as the HiSparse appends) and an index-key pool with a fixed
-    page table (request r owns pages [r * ppr, (r + 1) * ppr)). One extra row per layer of
-    each (the last) absorbs the writes of padding rows, so appends need no data-dependent
-    branch and stay graph-safe."""
+    """All KV on the device: a full cache [L, R, C] of rows as attention reads them (stored
+    bytes encoded by the same kernels as the HiSparse appends) and an index-key pool with a
+    fixed page table (request r owns pages [r * ppr, (r + 1) * ppr)). One extra row per layer
+    of each (the last) absorbs the writes of padding rows, so appends need no data-dependent
+    branch and stay graph-safe. Of the layout it uses the sizes and formats, not the hot
+    buffers (`baseline_layout` makes one)."""
 
     def __init__(
-        self, cfg: BaselineConfig, *, kernels: KernelSet, device: torch.device | str = "cpu"
+        self, layout: KVLayout, *, kernels: KernelSet, device: torch.device | str = "cpu"
     ) -> None:
-        self.cfg = cfg
+        self.layout = layout
         self.kernels = kernels
         self.device = torch.device(device)
-        self.num_layers, self.max_requests = cfg.num_layers, cfg.max_requests
-        self.max_context, self.topk, self.index_format = cfg.max_context, cfg.topk, cfg.index_format
-        self.row_format = cfg.row_format
+        self.num_layers, self.max_requests = layout.num_layers, layout.max_requests
+        self.max_context, self.topk = layout.max_context, layout.topk
         L, R, C, P, ppr = (
-            cfg.num_layers,
-            cfg.max_requests,
-            cfg.max_context,
-            cfg.page_size,
-            cfg.pages_per_request,
+            layout.num_layers,
+            layout.max_requests,
+            layout.max_context,
+            layout.page_size,
+            layout.max_pages_per_request,
         )
-        ib = INDEX_FORMATS[cfg.index_format]
-        width, dtype = (
-            (ROW_DIM, torch.bfloat16)
-            if cfg.row_format == "bf16"
-            else (ROW_FORMATS[cfg.row_format], torch.uint8)
+        # Zero bytes viewed as attention reads rows: the same zeros whatever the format.
+        raw = torch.zeros((L, R * C + 1, layout.row_bytes), dtype=torch.uint8, device=self.device)
+        self._kv = layout.row.attn_rows(raw).view(L, R * C + 1, layout.row.attn_width)
+        self.full_kv = self._kv[:, : R * C].view(L, R, C, layout.row.attn_width)
+        self._pool = torch.zeros(
+            (L, R * ppr + 1, P, layout.index_bytes), dtype=torch.uint8, device=self.device
         )
-        self._kv = torch.zeros((L, R * C + 1, width), dtype=dtype, device=self.device)
-        self.full_kv = self._kv[:, : R * C].view(L, R, C, width)
-        self._pool = torch.zeros((L, R * ppr + 1, P, ib), dtype=torch.uint8, device=self.device)
         self._page_table = torch.arange(R * ppr, dtype=torch.int32, device=self.device).view(R, ppr)
         self.capturable = kernels.capturable
 
@@ -239,25 +223,25 @@ class BaselineBackend(KVBackend):
         positions: torch.Tensor,
         seq_lens: torch.Tensor,
     ) -> None:
-        cfg = self.cfg
+        lay = self.layout
         r, t = req_slots.long(), positions.long()
         ok = (
-            (r >= 0) & (r < cfg.max_requests) & (t >= 0) & (t < seq_lens.clamp(max=cfg.max_context))
+            (r >= 0) & (r < lay.max_requests) & (t >= 0) & (t < seq_lens.clamp(max=lay.max_context))
         )
-        trash_kv = cfg.max_requests * cfg.max_context
-        if cfg.row_format == "fp8":
-            fp8 = torch.empty(
-                (kv_rows.shape[0], self._kv.shape[-1]), dtype=torch.uint8, device=self.device
+        trash_kv = lay.max_requests * lay.max_context
+        if lay.row.quantize is not None:
+            stored = torch.empty(
+                (kv_rows.shape[0], lay.row_bytes), dtype=torch.uint8, device=self.device
             )
-            self.kernels.kv_quantize(kv_rows, fp8)
-            kv_rows = fp8
-        self._kv[layer].index_copy_(0, torch.where(ok, r * cfg.max_context + t, trash_kv), kv_rows)
-        # Page r * ppr + t // P, slot t % P: request r's keys are contiguous. fp8 pages are
-        # page-blocked (values, then scales), so the store goes through the layout's views.
-        per_req = cfg.pages_per_request * cfg.page_size
-        token = torch.where(ok, r * per_req + t, cfg.max_requests * per_req)
+            self.kernels.kv_quantize(kv_rows, stored, row_format=lay.row)
+            kv_rows = lay.row.attn_rows(stored)
+        self._kv[layer].index_copy_(0, torch.where(ok, r * lay.max_context + t, trash_kv), kv_rows)
+        # Page r * ppr + t // P, slot t % P: request r's keys are contiguous. Pages hold their
+        # keys' values, then their scales, so the store goes through the format's views.
+        per_req = lay.max_pages_per_request * lay.page_size
+        token = torch.where(ok, r * per_req + t, lay.max_requests * per_req)
         write_index_rows(
-            self._pool[layer], token // cfg.page_size, token % cfg.page_size, index_rows
+            self._pool[layer], token // lay.page_size, token % lay.page_size, index_rows, lay.index
         )
 
     def select(

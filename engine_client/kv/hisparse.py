@@ -17,7 +17,7 @@ import torch
 from contract.exchange import EVENT_NAMES, exchange_specs
 from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
 from contract.tensors import KVTensors
-from engine_client.kv.backend import ROW_DIM, AttnRows, KVBackend
+from engine_client.kv.backend import AttnRows, KVBackend
 from engine_client.kv.kernel_set import KernelSet
 
 # Counter slots in HiSparseBackend.counters (int64, on the device, updated without sync).
@@ -51,8 +51,7 @@ class HiSparseBackend(KVBackend):
         self.kv, self.layout, self.kernels = kv, lay, kernels
         self.device = kv.device
         self.num_layers, self.max_requests = lay.num_layers, lay.max_requests
-        self.max_context, self.topk, self.index_format = lay.max_context, lay.topk, lay.index_format
-        self.row_format = lay.row_format
+        self.max_context, self.topk = lay.max_context, lay.topk
         self.capturable = kernels.capturable
         n, k = max_batch or lay.max_requests, lay.topk
         if not 0 < n <= lay.max_requests:
@@ -80,9 +79,8 @@ class HiSparseBackend(KVBackend):
         return [self._rows(kv.hot_kv[l]) for l in range(self.layout.num_layers)]
 
     def _rows(self, raw: torch.Tensor) -> torch.Tensor:
-        """Rows as attention reads them: bf16 [n, 576], or fp8 rows [n, 656] uint8 as stored."""
-        flat = raw.view(-1, self.layout.row_bytes)
-        return flat.view(torch.bfloat16).view(-1, ROW_DIM) if self.row_format == "bf16" else flat
+        """Rows as attention reads them (the row format's view of the stored bytes)."""
+        return self.layout.row.attn_rows(raw)
 
     def rebind(self, kv: KVTensors | None, xchg: dict[str, torch.Tensor] | None = None) -> None:
         """Use another mapping of the same layout (a restarted service's memory), or none:
@@ -114,7 +112,7 @@ class HiSparseBackend(KVBackend):
         seq_lens: torch.Tensor,
     ) -> None:
         kv = self.kv
-        # bf16 rows: kv_append stores them as bytes, or quantizes them for fp8 tiers.
+        # bf16 rows: kv_append encodes them as the layout's row format says.
         self.kernels.kv_append(
             layer,
             kv_rows,
@@ -128,6 +126,8 @@ class HiSparseBackend(KVBackend):
             kv.hot_kv,
             kv.index_pool,
             window=self.layout.window,
+            row_format=self.layout.row,
+            index_format=self.layout.index,
         )
 
     def _hot(self, layer: int, req_slots: torch.Tensor, slots: torch.Tensor) -> AttnRows:

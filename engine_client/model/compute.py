@@ -19,12 +19,7 @@ import torch
 from contract.layout import KVLayout
 from contract.tensors import KVTensors
 from engine_client.client.errors import LayoutMismatch
-from engine_client.kv.backend import (
-    AttnRows,
-    BaselineBackend,
-    BaselineConfig,
-    KVBackend,
-)
+from engine_client.kv.backend import AttnRows, BaselineBackend, KVBackend
 from engine_client.kv.hisparse import HiSparseBackend, RemoteSwapBackend
 from engine_client.kv.kernel_set import KernelSet
 from engine_client.model.graph import DecodeConfig, DecodeRunner
@@ -133,7 +128,7 @@ def build_backend(
     microbatches: int = 1,
 ) -> KVBackend:
     if mode == "baseline":
-        return BaselineBackend(BaselineConfig.from_layout(layout), kernels=kernels, device=device)
+        return BaselineBackend(layout, kernels=kernels, device=device)
     if tensors is None:
         raise ValueError(f"kv mode {mode} needs the KV tensors")
     if mode == "service-remote-swap":
@@ -179,16 +174,10 @@ def build_compute(
 
 
 def check_model_fits(model_cfg: ModelConfig, layout: KVLayout) -> None:
-    """The service's layout must be the model's: same layers, top-k and row format."""
+    """The layout must be the model's: same layers and top-k (the row and index formats are
+    the layout's alone: the model hands its backend bf16 rows and keys)."""
     if layout.num_layers != model_cfg.num_layers or layout.topk != model_cfg.topk:
-        raise ValueError(
+        raise LayoutMismatch(
             f"KV layout (layers {layout.num_layers}, top-k {layout.topk}) does not "
             f"fit the model (layers {model_cfg.num_layers}, top-k {model_cfg.topk})"
-        )
-    if layout.row_format != model_cfg.row_format:
-        raise LayoutMismatch(
-            f"KV row format mismatch: the engine writes {model_cfg.row_format} rows but the KV "
-            f"layout has {layout.row_format} rows; start the engine and the service with the same "
-            f"row format (engine --row-format / ENGINE_ROW_FORMAT, service --row-format / "
-            f"KVS_ROW_FORMAT)"
         )

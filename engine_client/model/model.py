@@ -23,7 +23,6 @@ import torch
 import torch.nn.functional as F
 
 from engine_client.kv.backend import AttnRows, KVBackend
-from engine_client.kv.index_keys import encode_index_keys
 from engine_client.model.preset import ModelConfig
 from engine_client.model.rope import RopeTable, apply_rope
 from engine_client.model.weights import check_weights, layer_prefix
@@ -278,7 +277,7 @@ class Model:
         be.append(
             i,
             rows,
-            encode_index_keys(ik, be.index_format),
+            be.layout.index.encode(ik),
             tok.req_slots,
             tok.positions,
             tok.append_lens,
@@ -301,6 +300,7 @@ class Model:
                 cfg.softmax_scale,
                 ws.attn_out[r],
                 ws.lse[r],
+                row_format=be.layout.row,
                 workspace=ws.attn_scratch,
             )
         o = torch.bmm(ws.attn_out.transpose(0, 1), lw["w_uv_t"]).transpose(0, 1).reshape(n, -1)

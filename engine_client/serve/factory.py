@@ -44,8 +44,6 @@ EMBEDDED_LEASE_SECONDS = 30.0
 
 def model_config(cfg: EngineConfig) -> ModelConfig:
     overrides = {"num_layers": cfg.num_layers} if cfg.num_layers else {}
-    if cfg.row_format:
-        overrides["row_format"] = cfg.row_format
     return preset(cfg.preset, **overrides)
 
 
@@ -76,7 +74,7 @@ async def connect_service(cfg: EngineConfig, saved: state_file.SavedState) -> KV
 
 
 def local_control(cfg: EngineConfig, mcfg: ModelConfig, device: str) -> KVControl:
-    layout = cfg.local.layout(mcfg.num_layers, mcfg.topk, mcfg.row_format)
+    layout = cfg.local.layout(mcfg.num_layers, mcfg.topk)
     if cfg.kv_mode == "baseline":
         return BaselineControl(layout)
     from kv_service.core import ServiceCore
