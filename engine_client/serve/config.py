@@ -86,7 +86,11 @@ class EngineConfig:
         cli_default=lambda env: default_uds(dict(env), "hisparse-kv.sock"),
     )
     preset: str = setting("tiny", help="model shapes: tiny, bench or v32")
-    num_layers: int | None = setting(None, help="override the preset's layer count")
+    num_layers: int | None = setting(
+        None,
+        help="override the preset's layer count; service modes adopt the service's layers "
+        "and top-k (a different value here is refused)",
+    )
     checkpoint: str | None = setting(
         None,
         help="safetensors file or directory (DeepSeek-V3.2 names); empty: seeded random weights",
