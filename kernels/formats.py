@@ -115,8 +115,8 @@ class IndexFormat:
     name: str
     value_bytes: int
     scale_bytes: int
-    encode: Callable[[torch.Tensor], torch.Tensor] | None
-    decode: Callable[[torch.Tensor], torch.Tensor] | None
+    encode: Callable[[torch.Tensor], torch.Tensor]
+    decode: Callable[[torch.Tensor], torch.Tensor]
     kernel: IndexKernel | None
 
     def __post_init__(self) -> None:

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from contract.layout import ROW_FORMATS
-from engine_client.kv.backend import BaselineBackend
+from engine_client.kv.baseline import BaselineBackend
 from engine_client.kv.hisparse import HiSparseBackend
 from engine_client.kv.kernel_set import KernelSet
 from engine_client.loop.request import SamplingParams

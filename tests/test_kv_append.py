@@ -19,13 +19,17 @@ SENTINEL = 0xA5
 L, R, B, W, P, PAGES, MAX_PAGES, MAPPED = 3, 5, 24, 3, 5, 40, 13, 8
 
 
+def _no_codec(x: torch.Tensor) -> torch.Tensor:
+    raise AssertionError("kv_append takes encoded index rows: it never encodes keys")
+
+
 def formats(D: int, I: int) -> dict:
     """kv_append's format arguments for tiers of D-byte rows and I-byte keys: the registered
     formats of those sizes, else opaque ones (rows appended already encoded, keys unscaled)."""
     rows = {f.row_bytes: f for f in (BF16_ROW, FP8_ROW)}
     keys = {f.key_bytes: f for f in (BF16_KEYS, FP8_KEYS)}
     row = rows.get(D) or RowFormat(f"opaque{D}", D, "uint8", None, None, None)
-    key = keys.get(I) or IndexFormat(f"opaque{I}", I, 0, None, None, None)
+    key = keys.get(I) or IndexFormat(f"opaque{I}", I, 0, _no_codec, _no_codec, None)
     return {"row_format": row, "index_format": key}
 
 

@@ -8,7 +8,8 @@ import torch
 
 from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
 from contract.tensors import TENSOR_NAMES
-from engine_client.kv.backend import BaselineBackend, baseline_layout
+from engine_client.kv.backend import KVBackend
+from engine_client.kv.baseline import BaselineBackend, baseline_layout
 from engine_client.kv.hisparse import (
     HiSparseBackend,
     RemoteSwapBackend,
@@ -210,6 +211,26 @@ def test_fp8_index_keys_identical_across_modes(row_format) -> None:
     assert stats["hits"] + stats["misses"] == stats["selected"] == 2 * 3 * 2 * 8
     hs.reset_stats()
     assert hs.stats()["selected"] == 0
+
+
+def test_every_backend_is_a_kv_backend() -> None:
+    """The declared interface (KVBackend) is all callers use; each backend has all of it, and
+    counts per request slot itself (no wrapper)."""
+    kv = service_tensors()
+    backends = [
+        BaselineBackend(LAYOUT, kernels=KERNELS),
+        HiSparseBackend(kv, kernels=KERNELS),
+        remote_with_service_swapper(service_tensors()),
+    ]
+    topk = torch.tensor([[0, 1, 2, -1, -1, -1, -1, -1], [4, 5, 6, 7, 8, 9, 10, 11]]).int()
+    slots, lens = torch.tensor([0, 2]).int(), torch.tensor([7, 27]).int()
+    for backend in backends:
+        assert isinstance(backend, KVBackend), type(backend)
+        backend.select(1, topk, slots, lens)
+        assert backend.counts[0, 0] == 3 and backend.counts[2, 0] == 8, type(backend)
+        assert backend.counts[1].tolist() == [0, 0]
+    # Slot 2 is offloaded and nothing of it was filled: its 8 positions are all misses.
+    assert [b.counts[2, 1].item() for b in backends] == [0, 8, 8]
 
 
 def test_backend_arguments_are_checked() -> None:

@@ -10,7 +10,8 @@ import torch
 
 from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
 from contract.tensors import TENSOR_NAMES
-from engine_client.kv.backend import BaselineBackend, KVBackend
+from engine_client.kv.backend import KVBackend
+from engine_client.kv.baseline import BaselineBackend
 from engine_client.kv.hisparse import (
     HiSparseBackend,
     RemoteSwapBackend,

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from engine_client.kv.backend import BaselineBackend, baseline_layout
+from engine_client.kv.baseline import BaselineBackend, baseline_layout
 from engine_client.kv.kernel_set import KernelSet
 from engine_client.model.model import Model
 from engine_client.model.preset import PRESETS, ConfigError, ModelConfig, preset

@@ -21,7 +21,7 @@ class KernelSet:
     topk_select: Callable[..., None]
     # rows [n, 576] bf16 -> stored rows [n, row_bytes] uint8 of a format with a quantize function
     # (the bytes kv_append writes for it): kv_quantize(rows, out, row_format=...).
-    kv_quantize: Callable[..., None] | None = None
+    kv_quantize: Callable[..., None]
     capturable: bool = True
 
     @classmethod

@@ -245,8 +245,7 @@ class Model:
             return be.gather(i, ws.topk[r], prefill.req_slot, prefill.seq_len)
         if self.topk_source is not None:
             self.topk_source(i, slots, lens, ws.topk[r])
-        part = {"row0": r.start} if r.start else {}
-        return be.select(i, ws.topk[r], slots, lens, **part)
+        return be.select(i, ws.topk[r], slots, lens, row0=r.start)
 
     def _attention(
         self,
@@ -286,7 +285,7 @@ class Model:
         # Decode micro-batches (backend.microbatches > 1): every part is scored and planned
         # before any is attended, so a part's miss copy (the backend's side stream) overlaps
         # the next part's indexer, top-k and plan and the previous part's attention.
-        parts = _parts(n, getattr(be, "microbatches", 1) if prefill is None else 1)
+        parts = _parts(n, be.microbatches if prefill is None else 1)
         sels = [self._select(i, r, iq, iw, tok, ws, prefill) for r in parts]
         for r, sel in zip(parts, sels):
             if len(parts) > 1:
