@@ -109,7 +109,7 @@ class Scheduler:
         prefill_chunk: int,
         synthetic_context: int,
         finish: Callable[..., None],
-        lost: Callable[[errors.KVClientError], None],
+        lost: Callable[[errors.KVError], None],
         admitted: Callable[[GenRequest], None],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -215,7 +215,7 @@ class Scheduler:
         except errors.ServiceUnavailable as e:
             self._lost(e)
             return Admit.LOST
-        except errors.KVClientError as e:
+        except errors.KVError as e:
             self.dequeue(req)
             self._finish(req, Finish.ERROR, f"admission refused: {e}")
             return Admit.ENDED
