@@ -37,7 +37,7 @@ from engine_client.loop.metrics import EngineMetrics
 from engine_client.loop.postprocess import Postprocessor, ReportSender
 from engine_client.loop.request import FailStatus, Finish, GenRequest, Phase, SamplingParams
 from engine_client.loop.runner import Advance, LaunchedStep, StepRunner
-from engine_client.loop.scheduler import Batch, QueuePolicy, Scheduler
+from engine_client.loop.scheduler import Batch, QueueLimits, Scheduler
 from engine_client.loop.state_file import StateFile
 from engine_client.model.compute import Compute
 
@@ -60,12 +60,12 @@ class Engine:
         max_active: int,
         admit_retry: float = 0.5,
         state: StateFile | None = None,
-        policy: QueuePolicy | None = None,
+        policy: QueueLimits | None = None,
         overlap: bool = True,
         metrics: EngineMetrics | None = None,
     ) -> None:
         self.compute, self.control, self.state = compute, control, state
-        self.policy = policy or QueuePolicy(admit_retry=admit_retry)
+        self.policy = policy or QueueLimits(admit_retry=admit_retry)
         self.metrics = metrics or EngineMetrics()
         self.scheduler = Scheduler(
             control,

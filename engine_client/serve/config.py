@@ -13,6 +13,7 @@ from pathlib import Path
 
 from contract.flags import setting
 from contract.layout import KVLayout
+from engine_client.loop.queue_policy import QUEUE_POLICIES
 from engine_client.model.preset import PRESETS
 
 KV_MODES = ("baseline", "embedded", "service", "service-remote-swap")
@@ -154,9 +155,16 @@ class EngineConfig:
         help="launch decode step t + 1 before step t's tokens reach "
         "the host (0: wait for every step; debugging)",
     )
-    # Queue policy (engine_client/loop/scheduler.py).
+    # The queue (engine_client/loop/scheduler.py, queue_policy.py).
+    queue_policy: str = setting(
+        "skip-ahead",
+        choices=QUEUE_POLICIES,
+        help="admission order once the queue's head is refused for KV capacity: fifo (nothing "
+        "passes it) or skip-ahead (smaller requests pass it for --skip-ahead seconds)",
+    )
     skip_ahead: float = setting(
-        5.0, help="seconds smaller requests may pass a queue head that waits for KV capacity"
+        5.0,
+        help="skip-ahead: seconds smaller requests may pass a queue head waiting for KV capacity",
     )
     max_queue_wait: float = setting(
         300.0,
@@ -214,6 +222,10 @@ class EngineConfig:
             raise ValueError("engine_name must be 1..128 characters")
         if self.synthetic_context < 0:
             raise ValueError(f"synthetic_context must be >= 0, got {self.synthetic_context}")
+        if self.queue_policy not in QUEUE_POLICIES:
+            raise ValueError(
+                f"queue_policy must be one of {QUEUE_POLICIES}, got {self.queue_policy!r}"
+            )
         for name in ("skip_ahead", "max_queue_wait"):
             if not 0 <= getattr(self, name) <= 86400:
                 raise ValueError(f"{name} must be in [0, 86400] seconds, got {getattr(self, name)}")

@@ -24,8 +24,9 @@ from engine_client.client.kv_client import KVClient
 from engine_client.kv.local_control import BaselineControl, EmbeddedControl
 from engine_client.loop import state_file
 from engine_client.loop.engine import Engine
+from engine_client.loop.queue_policy import queue_policy
 from engine_client.loop.request import Finish, GenRequest, Phase
-from engine_client.loop.scheduler import QueuePolicy
+from engine_client.loop.scheduler import QueueLimits
 from engine_client.model.compute import (
     build_backend,
     build_compute,
@@ -220,8 +221,8 @@ async def build_engine(cfg: EngineConfig) -> Engine:
         await control.close()
         raise
     state = state_file.StateFile(cfg.state_file) if cfg.resumable else None
-    policy = QueuePolicy(
-        skip_ahead_seconds=cfg.skip_ahead,
+    policy = QueueLimits(
+        order=queue_policy(cfg.queue_policy, cfg.skip_ahead),
         max_queue_wait=cfg.max_queue_wait,
         admit_retry=cfg.admit_retry,
     )
