@@ -17,7 +17,7 @@ import asyncio
 import pytest
 import torch
 
-from contract.layout import ROW_FORMATS
+from contract.layout import ROW_FORMATS, KVLayout
 from engine_client.kv.baseline import BaselineBackend
 from engine_client.kv.hisparse import HiSparseBackend
 from engine_client.kv.kernel_set import KernelSet
@@ -98,7 +98,7 @@ def test_a_format_defined_here_runs_the_engine_end_to_end(padded_format) -> None
 
 
 def test_its_rows_are_stored_in_its_own_bytes(padded_format) -> None:
-    layout = LAYOUT.__class__(**(LAYOUT.to_dict() | {"row_format": padded_format.name}))
+    layout = KVLayout(**(LAYOUT.to_dict() | {"row_format": padded_format.name}))
     assert layout.row is padded_format and layout.row_bytes == BF16_BYTES + PAD_BYTES
     kernels = KernelSet.reference()
     kv = allocate_local(layout)
