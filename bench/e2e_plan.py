@@ -64,14 +64,18 @@ def _round_up(n: int, m: int) -> int:
 
 def baseline_request_bytes(s: Sizes, max_context: int) -> int:
     ctx = _round_up(max_context, s.page_size)
-    return s.num_layers * ctx * (ROW_FORMATS[s.row_format] + INDEX_FORMATS[s.index_format])
+    return (
+        s.num_layers
+        * ctx
+        * (ROW_FORMATS[s.row_format].row_bytes + INDEX_FORMATS[s.index_format].key_bytes)
+    )
 
 
 def hisparse_request_bytes(s: Sizes, max_context: int, hot_slots: int) -> int:
     L, B, W = s.num_layers, hot_slots, s.window
     ctx = _round_up(max_context, s.page_size)
-    hot = L * B * ROW_FORMATS[s.row_format]
-    index = L * ctx * INDEX_FORMATS[s.index_format]
+    hot = L * B * ROW_FORMATS[s.row_format].row_bytes
+    index = L * ctx * INDEX_FORMATS[s.index_format].key_bytes
     residency = 4 * L * (max_context + B + (B - W))
     return hot + index + residency + 4 * (ctx // s.page_size) + 4 + B
 
@@ -89,7 +93,7 @@ class ContextPlan:
 
     def host_tier_bytes(self, s: Sizes) -> int:
         pages = self.n_hisparse * self.max_context // s.page_size
-        return pages * s.num_layers * s.page_size * ROW_FORMATS[s.row_format]
+        return pages * s.num_layers * s.page_size * ROW_FORMATS[s.row_format].row_bytes
 
     def to_dict(self, s: Sizes) -> dict:
         return {
@@ -227,8 +231,8 @@ def sweep_runs(s: Sizes, p: ContextPlan) -> list[Run]:
 
 
 def local_layout(s: Sizes, run: Run) -> LocalLayout:
-    """The run's KV memory: the engine's own (baseline/embedded) or, with the model's layers,
-    top-k and row format, the service's."""
+    """The run's KV memory: the engine's own (baseline/embedded) or, with the model's layers
+    and top-k, the service's (whose layout the engine then adopts)."""
     return LocalLayout(
         max_requests=run.slots,
         hot_slots=run.hot_slots,
@@ -237,11 +241,12 @@ def local_layout(s: Sizes, run: Run) -> LocalLayout:
         num_pages=run.slots * run.max_context // s.page_size,
         max_context=run.max_context,
         index_format=s.index_format,
+        row_format=s.row_format,
     )
 
 
 def service_flags(s: Sizes, run: Run) -> list[str]:
-    return flags.to_flags(local_layout(s, run).layout(s.num_layers, s.topk, s.row_format))
+    return flags.to_flags(local_layout(s, run).layout(s.num_layers, s.topk))
 
 
 def engine_flags(s: Sizes, run: Run) -> list[str]:
@@ -249,8 +254,6 @@ def engine_flags(s: Sizes, run: Run) -> list[str]:
     argv = [
         "--preset",
         s.preset,
-        "--row-format",
-        s.row_format,
         "--max-batch",
         str(run.slots),
         "--prefill-chunk",

@@ -239,14 +239,17 @@ ATTN_SMALL_BATCH = [
 def _attention_sweep(
     bs: int, variants: list, ceil: dict, reps: int, row_format: str = "bf16"
 ) -> list[Row]:
+    from kernels.formats import ROW_FORMATS
     from kernels.fp8_row import kv_quantize
     from kernels.sparse_attention import AttnWorkspace, sparse_mla_decode
 
+    fmt = ROW_FORMATS[row_format]
     kv = torch.randn((bs * B, 576), device="cuda", dtype=torch.bfloat16)
-    row_bytes = 1152
-    if row_format == "fp8":
-        kv, row_bytes = torch.empty((bs * B, 656), device="cuda", dtype=torch.uint8), 656
-        kv_quantize(torch.randn((bs * B, 576), device="cuda", dtype=torch.bfloat16), kv)
+    row_bytes = fmt.row_bytes
+    if fmt.quantize is not None:
+        kv = torch.empty((bs * B, row_bytes), device="cuda", dtype=torch.uint8)
+        rows = torch.randn((bs * B, 576), device="cuda", dtype=torch.bfloat16)
+        kv_quantize(rows, kv, row_format=fmt)
     q_nope = torch.randn((bs, H, 512), device="cuda", dtype=torch.bfloat16)
     q_pe = torch.randn((bs, H, 64), device="cuda", dtype=torch.bfloat16)
     row_base = torch.arange(bs, device="cuda", dtype=torch.int64) * B
@@ -260,7 +263,7 @@ def _attention_sweep(
     for label, ws, kw in variants:
         w = None if ws is None else AttnWorkspace.allocate(bs, H, ws[0], dtype=ws[1], device="cuda")
         fns[label] = lambda o=outs[label], w=w, kw=kw: sparse_mla_decode(  # noqa: E731
-            q_nope, q_pe, kv, row_base, slots, 576**-0.5, o, lse, workspace=w, **kw
+            q_nope, q_pe, kv, row_base, slots, 576**-0.5, o, lse, row_format=fmt, workspace=w, **kw
         )
     nbytes = (
         bs * K * row_bytes + q_nope.nbytes + q_pe.nbytes + outs[variants[0][0]].nbytes + lse.nbytes
@@ -358,25 +361,28 @@ INDEXER_VARIANTS = {
 
 
 def indexer_case(ceil: dict, reps: int) -> list[Row]:
+    from kernels.formats import INDEX_FORMATS
     from kernels.indexer import indexer_scores
-    from kernels.reference import fp8_page_views
+    from kernels.reference import page_views
 
     rows = []
     pages = C // P
-    for fmt, ib in (("bf16", 256), ("fp8", 132)):
+    for fmt, keys in INDEX_FORMATS.items():
+        ib = keys.key_bytes
         pool = torch.randint(0, 120, (BS * pages, P, ib), dtype=torch.uint8, device="cuda")
-        if fmt == "bf16":
+        if keys.scale_bytes == 0:
             pool.view(torch.bfloat16).copy_(torch.randn(BS * pages, P, 128, device="cuda") * 0.1)
         else:
-            fp8_page_views(pool)[1].view(torch.float32).fill_(0.05)  # page-blocked scales
+            page_views(pool, keys)[1].view(torch.float32).fill_(0.05)  # page-blocked scales
         q = torch.randn((BS, 64, 128), device="cuda", dtype=torch.bfloat16)
         w = torch.randn((BS, 64), device="cuda", dtype=torch.float32)
         pt = torch.arange(BS * pages, dtype=torch.int32, device="cuda").view(BS, pages)
         req = torch.arange(BS, dtype=torch.int32, device="cuda")
         sl = torch.full((BS,), C, dtype=torch.int32, device="cuda")
         scores = torch.empty((BS, C), device="cuda", dtype=torch.float32)
+        call = (q, w, pool, pt, req, sl, scores)
         fns = {
-            label: (lambda kw=kw: indexer_scores(q, w, pool, pt, req, sl, scores, **kw))  # noqa: F821
+            label: (lambda kw=kw: indexer_scores(*call, index_format=keys, **kw))  # noqa: F821
             for label, kw in INDEXER_VARIANTS[fmt]
         }
 
@@ -389,7 +395,7 @@ def indexer_case(ceil: dict, reps: int) -> list[Row]:
 
         rows += _sweep("indexer", f"bs64 32K ctx {fmt} keys", fns, reps, judge)
         # Free memory now; pyflakes reads the lambdas' names as undefined after this (F821).
-        del pool
+        del pool, call
     return rows
 
 

@@ -37,7 +37,7 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 
 from contract.layout import MODE_OFFLOADED, KVLayout  # noqa: E402
-from engine_client.kv.backend import BaselineBackend, BaselineConfig  # noqa: E402
+from engine_client.kv.baseline import BaselineBackend  # noqa: E402
 from engine_client.kv.hisparse import HiSparseBackend  # noqa: E402
 from engine_client.kv.kernel_set import KernelSet  # noqa: E402
 from engine_client.model.graph import DecodeConfig, DecodeRunner  # noqa: E402
@@ -145,7 +145,7 @@ def build(args: argparse.Namespace, device: torch.device):
         index_format="fp8",
     )
     if args.mode == "baseline":
-        backend = BaselineBackend(BaselineConfig.from_layout(lay), kernels=kernels, device=device)
+        backend = BaselineBackend(lay, kernels=kernels, device=device)
     else:
         kv = allocate_local(lay, device)
         per = lay.num_pages // args.batch

@@ -119,8 +119,8 @@ class Shape:
         return cls(
             s["num_layers"],
             s["topk"],
-            ROW_FORMATS[s.get("row_format", "bf16")],
-            INDEX_FORMATS[s.get("index_format", "fp8")],
+            ROW_FORMATS[s.get("row_format", "bf16")].row_bytes,
+            INDEX_FORMATS[s.get("index_format", "fp8")].key_bytes,
             s.get("prompt_len", 0),
         )
 

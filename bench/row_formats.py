@@ -25,15 +25,16 @@ H, K, B = 128, 2048, 4096
 _PROBE = """
 import json, sys, torch
 from bench.timing import graph_time_us
+from kernels.formats import ROW_FORMATS
 from kernels.fp8_row import kv_quantize
 from kernels.sparse_attention import AttnWorkspace, decode_num_splits, sparse_mla_decode
-fmt, H, K, B = sys.argv[1], *map(int, sys.argv[2:5])
+fmt, H, K, B = ROW_FORMATS[sys.argv[1]], *map(int, sys.argv[2:5])
 out = {}
 for bs in map(int, sys.argv[5].split(",")):
     rows = torch.randn((bs * B, 576), device="cuda", dtype=torch.bfloat16)
-    if fmt == "fp8":
-        kv = torch.empty((bs * B, 656), device="cuda", dtype=torch.uint8)
-        kv_quantize(rows, kv)
+    if fmt.quantize is not None:
+        kv = torch.empty((bs * B, fmt.row_bytes), device="cuda", dtype=torch.uint8)
+        kv_quantize(rows, kv, row_format=fmt)
     else:
         kv = rows
     q = torch.randn((bs, H, 512), device="cuda", dtype=torch.bfloat16)
@@ -45,7 +46,7 @@ for bs in map(int, sys.argv[5].split(",")):
     splits = decode_num_splits(K)  # the engine's decode workspace (engine_client.model.model)
     ws = AttnWorkspace.allocate(bs, H, splits, device="cuda") if splits > 1 else None
     us = graph_time_us(lambda: sparse_mla_decode(q, qp, kv, base, slots, 576 ** -0.5, o, lse,
-                                                 workspace=ws), 20, inner=5)
+                                                 row_format=fmt, workspace=ws), 20, inner=5)
     out[bs] = us / bs
     del rows, kv
 print(json.dumps(out))

@@ -125,9 +125,39 @@ class DeadlineExceeded(ServiceUnavailable):
     reason = "DEADLINE_EXCEEDED"
 
 
-# Names used on the service side before the contract existed.
-WrongEpoch = EpochMismatch
-Unavailable = ServiceUnavailable
+# The gRPC status code of each error class, by name (the contract imports no gRPC); a class not
+# listed has its nearest listed ancestor's. The one table, read both ways: kv_service.status
+# gives a raised error its code, engine_client.client.errors gives a code that came without an
+# ErrorInfo (a proxy, grpc itself) its class.
+STATUS_CODES: dict[type[KVError], str] = {
+    KVError: "INTERNAL",
+    CapacityError: "RESOURCE_EXHAUSTED",
+    UnknownRequest: "NOT_FOUND",
+    AlreadyExists: "ALREADY_EXISTS",
+    InvalidArgument: "INVALID_ARGUMENT",
+    EpochMismatch: "FAILED_PRECONDITION",
+    Unauthenticated: "UNAUTHENTICATED",
+    ServiceUnavailable: "UNAVAILABLE",
+    DeadlineExceeded: "DEADLINE_EXCEEDED",
+}
+# Read back only: a call cancelled under the client (its channel closed) lost the service too.
+_CLASS_OF_CODE: dict[str, type[KVError]] = {
+    **{code: cls for cls, code in STATUS_CODES.items()},
+    "CANCELLED": ServiceUnavailable,
+}
+
+
+def status_code_name(cls: type[BaseException]) -> str | None:
+    """The status code name of an error class; None for an exception outside the taxonomy."""
+    for base in cls.__mro__:
+        if base in STATUS_CODES:
+            return STATUS_CODES[base]
+    return None
+
+
+def class_of_status(code_name: str) -> type[KVError]:
+    """The error class a status code stands for (the base class for a code of no class)."""
+    return _CLASS_OF_CODE.get(code_name, KVError)
 
 
 def _all_classes(root: type[KVError]) -> list[type[KVError]]:

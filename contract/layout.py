@@ -1,7 +1,10 @@
 """The memory layout shared by the service and every engine that maps its memory.
 
-One `KVLayout` describes every tensor the service owns. The engine checks the descriptor it
-receives at attach time against what it was built for; a mismatch is refused.
+One `KVLayout` describes every tensor the service owns. The engine adopts the descriptor it
+receives at attach time and refuses one its model cannot run on.
+
+The row and index-key formats it names are owned by `kernels.formats` (the kernels need their
+bytes and may not import `contract`); they are re-exported here for the contract's users.
 """
 
 from __future__ import annotations
@@ -10,25 +13,34 @@ import dataclasses
 from dataclasses import dataclass
 
 from contract.flags import setting
+from kernels.formats import (
+    INDEX_FORMATS,
+    MODE_FREE,
+    MODE_OFFLOADED,
+    MODE_RESIDENT,
+    ROW_FORMATS,
+    IndexFormat,
+    RowFormat,
+)
+
+__all__ = [
+    "INDEX_FORMATS",
+    "LAYOUT_VERSION",
+    "MODE_FREE",
+    "MODE_OFFLOADED",
+    "MODE_RESIDENT",
+    "ROW_FORMATS",
+    "IndexFormat",
+    "KVLayout",
+    "LayoutError",
+    "RowFormat",
+]
 
 LAYOUT_VERSION = 1
 
-ROW_FORMATS = {
-    # MLA latent (512) + rope (64) in bf16.
-    "bf16": 1152,
-    # DeepSeek-V3.2 fp8 cache row: 512 fp8 + 4 fp32 scales + 64 bf16 rope.
-    "fp8": 656,
-}
-INDEX_FORMATS = {
-    # 128 bf16 values.
-    "bf16": 256,
-    # 128 fp8 e4m3 values followed by one fp32 scale.
-    "fp8": 132,
-}
 
-MODE_FREE = 0
-MODE_RESIDENT = 1
-MODE_OFFLOADED = 2
+def _choices(registry: dict[str, RowFormat] | dict[str, IndexFormat]) -> str:
+    return " or ".join(f.describe() for f in registry.values())
 
 
 class LayoutError(ValueError):
@@ -51,8 +63,8 @@ class KVLayout:
         "tier takes num_pages * L * P * row bytes of /dev/shm"
     )
     max_context: int = setting(help="most tokens per request (prompt + generated)")
-    row_format: str = setting("bf16", help="KV row format: bf16 (1152 B) or fp8 (656 B)")
-    index_format: str = setting("bf16", help="indexer key format: bf16 (256 B) or fp8 (132 B)")
+    row_format: str = setting("bf16", help=f"KV row format: {_choices(ROW_FORMATS)}")
+    index_format: str = setting("bf16", help=f"indexer key format: {_choices(INDEX_FORMATS)}")
     version: int = LAYOUT_VERSION
 
     def __post_init__(self) -> None:
@@ -90,12 +102,21 @@ class KVLayout:
             raise LayoutError("hot_slots and max_context must fit in int32")
 
     @property
-    def row_bytes(self) -> int:
+    def row(self) -> RowFormat:
+        """The row format object: bytes, codec, kernel variant (kernels.formats)."""
         return ROW_FORMATS[self.row_format]
 
     @property
-    def index_bytes(self) -> int:
+    def index(self) -> IndexFormat:
         return INDEX_FORMATS[self.index_format]
+
+    @property
+    def row_bytes(self) -> int:
+        return self.row.row_bytes
+
+    @property
+    def index_bytes(self) -> int:
+        return self.index.key_bytes
 
     @property
     def lru_slots(self) -> int:

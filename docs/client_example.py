@@ -45,6 +45,8 @@ def append(kv: KVTensors, layer: int, slot: int, positions: list[int], seq_len: 
         kv.hot_kv,
         kv.index_pool,
         window=kv.layout.window,
+        row_format=kv.layout.row,
+        index_format=kv.layout.index,
     )
 
 

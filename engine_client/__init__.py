@@ -3,9 +3,10 @@
 - `engine_client/client/`: the client library an external engine adopts to use the KV service
   (`KVClient`, the `KVControl` protocol, typed errors). It imports `contract`, never `kv_service`.
   Documented in docs/CLIENT.md.
-- `engine_client/*.py`: our reference DeepSeek-V3.2-shaped decode engine built on it (`Engine`,
-  the Decode gRPC server, scheduler / runner / postprocess, model, KV backends), and the CLI
-  `python -m engine_client {serve,generate,demo}`.
+- the other wings: our reference DeepSeek-V3.2-shaped decode engine built on it, and its CLI
+  `python -m engine_client {serve,generate,demo}`: `cli/` (commands), `serve/` (Decode gRPC
+  server, factory, supervisor), `loop/` (engine, scheduler, runner, postprocess), `model/`
+  (model, CUDA graphs, weights) and `kv/` (KV backends). docs/ARCHITECTURE.md maps them.
 
 Public API, imported lazily so that `import engine_client` stays light (no torch, no gRPC):
 - `KVClient`, `KVControl`, `KVLayout`, `errors`: from `engine_client.client`
@@ -31,8 +32,7 @@ _LAZY = {
     "save_safetensors": "engine_client.model.weights",
     "Model": "engine_client.model.model",
     "KVBackend": "engine_client.kv.backend",
-    "BaselineBackend": "engine_client.kv.backend",
-    "BaselineConfig": "engine_client.kv.backend",
+    "BaselineBackend": "engine_client.kv.baseline",
     "HiSparseBackend": "engine_client.kv.hisparse",
     "RemoteSwapBackend": "engine_client.kv.hisparse",
     "DecodeRunner": "engine_client.model.graph",

@@ -1,12 +1,7 @@
 """Triton kernels of the HiSparse data path, each with a PyTorch reference in `kernels.reference`.
 
-Without CUDA the kernels run under Triton's interpreter. The switch must be set before any
-`@triton.jit` function is defined, so it lives here, at package import.
+Importing the package imports nothing heavy: `kernels.formats` (the KV row and index-key formats)
+is read by the command line before torch is needed. Without CUDA the kernels run under Triton's
+interpreter; `kernels.interpreter` sets that switch, and every module with a `@triton.jit`
+function imports it first.
 """
-
-import os
-
-import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")

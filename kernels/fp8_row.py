@@ -2,10 +2,12 @@
 
 Bytes of a row: [0, 512) the 512 latent values as fp8 e4m3, [512, 528) four fp32 scales (one per
 128 latent values), [528, 656) the 64 rope values as bf16, unquantized. Quantization (the rule is
-`kernels.reference.fp8_block_scales` / `ref_quantize_kv_rows`): per 128-value block, scale is the
+`kernels.formats.fp8_block_scales` / `quantize_fp8_rows`): per 128-value block, scale is the
 smallest power of two with max|x| / scale <= 448 (max|x| floored at 1e-4); the fp8 value is
 x / scale rounded to nearest even. Powers of two keep x / scale and fp8 * scale exact, so the
 kernels, the torch reference and every KV mode produce the same bytes and the same bf16 values.
+
+Every size and offset comes from `kernels.formats` (FP8_ROW), the format's owner.
 
 The fp32 -> e4m3 rounding is done with integer ops, not Triton's fp8 cast: Triton 3.9's
 interpreter drops the carry when a mantissa rounds up into the next binade (126.6 -> 64).
@@ -19,15 +21,43 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.reference import FP8_ROW_BYTES
+import kernels.interpreter  # noqa: F401  (the interpreter switch, before any @triton.jit)
+from kernels.formats import (
+    FP8_AMAX_FLOOR,
+    FP8_BLOCK,
+    FP8_BLOCKS,
+    FP8_MAX,
+    FP8_ROPE_AT,
+    FP8_ROW,
+    FP8_SCALES_AT,
+    LATENT_DIM,
+    ROPE_DIM,
+    ROW_VALUES,
+    RowFormat,
+    RowKernel,
+)
 
 ROWS_PER_PROGRAM = 4
+# The row's geometry as compile-time constants of the kernels below: in bytes, fp32 words
+# (scales) and bf16 halves (rope), and the bf16 source rows' width.
+_ROW = tl.constexpr(FP8_ROW.row_bytes)
+_ROW_WORDS = tl.constexpr(FP8_ROW.row_bytes // 4)
+_ROW_HALVES = tl.constexpr(FP8_ROW.row_bytes // 2)
+_SCALES_AT = tl.constexpr(FP8_SCALES_AT)
+_ROPE_AT = tl.constexpr(FP8_ROPE_AT)
+_BLOCKS = tl.constexpr(FP8_BLOCKS)
+_BLOCK = tl.constexpr(FP8_BLOCK)
+_LATENT = tl.constexpr(LATENT_DIM)
+_ROPE = tl.constexpr(ROPE_DIM)
+_SRC = tl.constexpr(ROW_VALUES)
+_MAX = tl.constexpr(FP8_MAX)
+_FLOOR = tl.constexpr(FP8_AMAX_FLOOR)
 
 
 @triton.jit
 def fp8_block_scales(amax):
     """(scale, 1 / scale) fp32 powers of two for block maxima amax (>= 0)."""
-    bits = tl.maximum(amax, 1e-4).to(tl.int32, bitcast=True)
+    bits = tl.maximum(amax, _FLOOR).to(tl.int32, bitcast=True)
     # amax = m * 2^e with m in [1, 2): amax / 448 = (m / 1.75) * 2^(e - 8).
     s = (bits >> 23) - 135 + ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)
     return ((s + 127) << 23).to(tl.float32, bitcast=True), ((127 - s) << 23).to(
@@ -39,7 +69,7 @@ def fp8_block_scales(amax):
 def e4m3_code(v):
     """fp32 -> fp8 e4m3fn bits (int32 in [0, 256)), clamped to +-448, rounded to nearest even."""
     sign = (v.to(tl.int32, bitcast=True) >> 24) & 0x80
-    a = tl.minimum(tl.abs(v), 448.0)
+    a = tl.minimum(tl.abs(v), _MAX)
     bits = a.to(tl.int32, bitcast=True)
     # Normal range (a >= 2^-6): round the fp32 mantissa to 3 bits; a carry moves the exponent.
     r = (bits + 0x7FFFF + ((bits >> 20) & 1)) >> 20
@@ -54,17 +84,19 @@ def e4m3_code(v):
 def quantize_rows(src_ptr, rows, ok):
     """Rows `rows` of a bf16 [n, 576] tensor -> (codes [R, 4, 128] uint8, scales [R, 4] fp32,
     rope [R, 64] bf16)."""
-    c = tl.arange(0, 4)
-    d = tl.arange(0, 128)
+    c = tl.arange(0, _BLOCKS)
+    d = tl.arange(0, _BLOCK)
     x = tl.load(
-        src_ptr + rows[:, None, None] * 576 + c[None, :, None] * 128 + d[None, None, :],
+        src_ptr + rows[:, None, None] * _SRC + c[None, :, None] * _BLOCK + d[None, None, :],
         mask=ok[:, None, None],
         other=0.0,
     ).to(tl.float32)
     scale, inv = fp8_block_scales(tl.max(tl.abs(x), axis=2))
     codes = e4m3_code(x * inv[:, :, None]).to(tl.uint8)
     rope = tl.load(
-        src_ptr + rows[:, None] * 576 + 512 + tl.arange(0, 64)[None, :], mask=ok[:, None], other=0.0
+        src_ptr + rows[:, None] * _SRC + _LATENT + tl.arange(0, _ROPE)[None, :],
+        mask=ok[:, None],
+        other=0.0,
     )
     return codes, scale, rope
 
@@ -72,17 +104,18 @@ def quantize_rows(src_ptr, rows, ok):
 @triton.jit
 def store_fp8_rows(base_ptr, rows, mask, codes, scale, rope):
     """Store quantized rows at row numbers `rows` (int64) of a uint8 [n, 656] tensor."""
-    c = tl.arange(0, 4)
-    d = tl.arange(0, 128)
+    c = tl.arange(0, _BLOCKS)
+    d = tl.arange(0, _BLOCK)
     tl.store(
-        base_ptr + rows[:, None, None] * 656 + c[None, :, None] * 128 + d[None, None, :],
+        base_ptr + rows[:, None, None] * _ROW + c[None, :, None] * _BLOCK + d[None, None, :],
         codes,
         mask=mask[:, None, None],
     )
-    scale_ptr = (base_ptr + 512).to(tl.pointer_type(tl.float32), bitcast=True)
-    tl.store(scale_ptr + rows[:, None] * 164 + c[None, :], scale, mask=mask[:, None])
-    rope_ptr = (base_ptr + 528).to(tl.pointer_type(tl.bfloat16), bitcast=True)
-    tl.store(rope_ptr + rows[:, None] * 328 + tl.arange(0, 64)[None, :], rope, mask=mask[:, None])
+    scale_ptr = (base_ptr + _SCALES_AT).to(tl.pointer_type(tl.float32), bitcast=True)
+    tl.store(scale_ptr + rows[:, None] * _ROW_WORDS + c[None, :], scale, mask=mask[:, None])
+    rope_ptr = (base_ptr + _ROPE_AT).to(tl.pointer_type(tl.bfloat16), bitcast=True)
+    rope_at = rows[:, None] * _ROW_HALVES + tl.arange(0, _ROPE)[None, :]
+    tl.store(rope_ptr + rope_at, rope, mask=mask[:, None])
 
 
 @triton.jit
@@ -91,15 +124,15 @@ def load_fp8_block(kv_ptr, row, valid, D_V: tl.constexpr, D_PE: tl.constexpr, UP
     rope [N, D_PE] bf16). Invalid rows are not read and come back as zeros."""
     dv = tl.arange(0, D_V)
     # Loaded as bytes (padding reads 0, no fp8 constant to convert), then viewed as e4m3.
-    codes = tl.load(kv_ptr + row[:, None] * 656 + dv[None, :], mask=valid[:, None], other=0)
+    codes = tl.load(kv_ptr + row[:, None] * _ROW + dv[None, :], mask=valid[:, None], other=0)
     q = codes.to(tl.float8e4nv, bitcast=True)
-    scale_ptr = (kv_ptr + 512).to(tl.pointer_type(tl.float32), bitcast=True)
-    s0 = tl.load(scale_ptr + row * 164, mask=valid, other=0.0)
-    s1 = tl.load(scale_ptr + row * 164 + 1, mask=valid, other=0.0)
-    s2 = tl.load(scale_ptr + row * 164 + 2, mask=valid, other=0.0)
-    s3 = tl.load(scale_ptr + row * 164 + 3, mask=valid, other=0.0)
+    scale_ptr = (kv_ptr + _SCALES_AT).to(tl.pointer_type(tl.float32), bitcast=True)
+    s0 = tl.load(scale_ptr + row * _ROW_WORDS, mask=valid, other=0.0)
+    s1 = tl.load(scale_ptr + row * _ROW_WORDS + 1, mask=valid, other=0.0)
+    s2 = tl.load(scale_ptr + row * _ROW_WORDS + 2, mask=valid, other=0.0)
+    s3 = tl.load(scale_ptr + row * _ROW_WORDS + 3, mask=valid, other=0.0)
     # The scale of each 128-value block, by selects (no per-element scale loads, no reshape).
-    blk = dv[None, :] // 128
+    blk = dv[None, :] // _BLOCK
     s = tl.where(
         blk == 0,
         s0[:, None],
@@ -111,9 +144,11 @@ def load_fp8_block(kv_ptr, row, valid, D_V: tl.constexpr, D_PE: tl.constexpr, UP
         k_nope = (q.to(tl.float32) * s).to(tl.bfloat16)
     else:
         k_nope = q.to(tl.bfloat16) * s.to(tl.bfloat16)
-    rope_ptr = (kv_ptr + 528).to(tl.pointer_type(tl.bfloat16), bitcast=True)
+    rope_ptr = (kv_ptr + _ROPE_AT).to(tl.pointer_type(tl.bfloat16), bitcast=True)
     k_pe = tl.load(
-        rope_ptr + row[:, None] * 328 + tl.arange(0, D_PE)[None, :], mask=valid[:, None], other=0.0
+        rope_ptr + row[:, None] * _ROW_HALVES + tl.arange(0, D_PE)[None, :],
+        mask=valid[:, None],
+        other=0.0,
     )
     return k_nope, k_pe
 
@@ -129,21 +164,28 @@ def _quantize_kernel(src_ptr, dst_ptr, n, ROWS: tl.constexpr):
     )
 
 
-def kv_quantize(rows: torch.Tensor, out: torch.Tensor) -> None:
+def kv_quantize(rows: torch.Tensor, out: torch.Tensor, *, row_format: RowFormat = FP8_ROW) -> None:
     """Quantize rows [n, 576] bf16 into fp8 rows out [n, 656] uint8 (both contiguous): the
     same bytes kv_append writes. Launch-only: graph capturable."""
+    if row_format.kernel is not RowKernel.FP8:
+        raise ValueError(f"kv_quantize writes fp8 rows, not {row_format.name} rows")
     n = rows.shape[0]
-    if rows.dtype != torch.bfloat16 or tuple(rows.shape) != (n, 576) or not rows.is_contiguous():
+    if (
+        rows.dtype != torch.bfloat16
+        or tuple(rows.shape) != (n, ROW_VALUES)
+        or not rows.is_contiguous()
+    ):
         raise ValueError(
-            f"rows: expected contiguous [n, 576] bf16, got {tuple(rows.shape)} {rows.dtype}"
+            f"rows: expected contiguous [n, {ROW_VALUES}] bf16, "
+            f"got {tuple(rows.shape)} {rows.dtype}"
         )
     if (
         out.dtype != torch.uint8
-        or tuple(out.shape) != (n, FP8_ROW_BYTES)
+        or tuple(out.shape) != (n, row_format.row_bytes)
         or not out.is_contiguous()
     ):
         raise ValueError(
-            f"out: expected contiguous [{n}, {FP8_ROW_BYTES}] uint8, got "
+            f"out: expected contiguous [{n}, {row_format.row_bytes}] uint8, got "
             f"{tuple(out.shape)} {out.dtype}"
         )
     if n == 0:

@@ -10,14 +10,13 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.sparse_attention import INTERPRETED, bf16_dot
+from kernels.formats import INDEX_DIM, IndexFormat, IndexKernel
+from kernels.interpreter import INTERPRETED
+from kernels.sparse_attention import bf16_dot
 from kernels.topk import topk_select
 
 # docs/ARCHITECTURE.md lists top-k selection with the indexer; it lives in kernels/topk.py.
 __all__ = ["indexer_scores", "topk_select"]
-
-INDEX_DIM = 128
-_KEY_BYTES = {"bf16": 2 * INDEX_DIM, "fp8": INDEX_DIM + 4}
 
 
 @triton.jit
@@ -161,11 +160,12 @@ def _indexer_kernel(
             t, ok, keys, scale = t_n, ok_n, keys_n, scale_n
 
 
-def _check_args(q, w, pool, page_table, req_slots, seq_lens, out, index_format) -> str:
-    """Validates shapes, dtypes and strides; returns the index-key format."""
-    fmt = index_format or {v: k for k, v in _KEY_BYTES.items()}.get(pool.shape[-1])
-    if fmt not in _KEY_BYTES or pool.shape[-1] != _KEY_BYTES[fmt]:
-        raise ValueError(f"index keys of {pool.shape[-1]} bytes do not match format {fmt!r}")
+def _check_args(q, w, pool, page_table, req_slots, seq_lens, out, fmt: IndexFormat) -> None:
+    """Validates shapes, dtypes and strides against the index-key format."""
+    if fmt.kernel is None:
+        raise ValueError(f"index format {fmt.name} has no Triton kernel: use the references")
+    if pool.shape[-1] != fmt.key_bytes:
+        raise ValueError(f"index keys of {pool.shape[-1]} bytes do not match {fmt.describe()}")
     bs, n_heads, dim = q.shape
     if (
         q.dtype != torch.bfloat16
@@ -194,7 +194,6 @@ def _check_args(q, w, pool, page_table, req_slots, seq_lens, out, index_format) 
                 f"{name}: expected {nd}-d {dt} with unit last stride "
                 f"(batch {bs}), got {tuple(t.shape)} {t.dtype}"
             )
-    return fmt
 
 
 def indexer_scores(
@@ -206,7 +205,7 @@ def indexer_scores(
     seq_lens: torch.Tensor,
     out_scores: torch.Tensor,
     *,
-    index_format: str | None = None,
+    index_format: IndexFormat,
     block_t: int = 128,
     tiles: int = 4,
     num_warps: int = 4,
@@ -216,26 +215,25 @@ def indexer_scores(
     """Lightning-indexer scores of every stored token of each batch row.
 
     q [bs, 64, 128] bf16, w [bs, 64] fp32, index_pool_layer [num_pages, P, I] uint8 contiguous
-    (I = 256: bf16 keys; I = 132: fp8 e4m3 keys, page-blocked: each page holds its P x 128
-    values then its P fp32 scales, see kernels.reference.fp8_page_views), page_table [R, max_pages]
-    int32, req_slots [bs] int32 (-1 = padding row), seq_lens [bs] int32, out_scores [bs, C] fp32.
+    (I = index_format.key_bytes: bf16 keys, or fp8 e4m3 keys page-blocked: each page holds its
+    P x 128 values then its P fp32 scales, see kernels.reference.page_views), page_table
+    [R, max_pages] int32, req_slots [bs] int32 (-1 = padding row), seq_lens [bs] int32,
+    out_scores [bs, C] fp32.
     out_scores[b, t] = sum_h w[b, h] * relu(q[b, h] . key_t) for t < min(seq_len, C), else -inf;
     a padding row, a token whose page id is < 0 or past the page table's columns scores -inf and
     reads no key.
-    `index_format` ("bf16" / "fp8") defaults to the one implied by I. Allocates nothing.
+    `index_format` (kernels.formats) picks the kernel variant. Allocates nothing.
     Tunables: block_t tokens per tile, tiles per program, num_warps, num_stages (tiles in
     flight + 1, through shared memory) or reg_prefetch (the next tile in registers, with
     num_stages=1). Defaults: bf16 keys num_stages=3 (16 B async copies); fp8 keys reg_prefetch
     (Triton 3.6 stages fp8 tiles with 8 B copies; plain loads of the 16 B aligned values of a
     page-blocked pool are 16 B wide when P % 4 == 0).
     """
-    fmt = _check_args(
-        q, w, index_pool_layer, page_table, req_slots, seq_lens, out_scores, index_format
-    )
+    _check_args(q, w, index_pool_layer, page_table, req_slots, seq_lens, out_scores, index_format)
     bs, n_heads, dim = q.shape
     if bs == 0 or out_scores.shape[1] == 0:
         return
-    fp8 = fmt == "fp8"
+    fp8 = index_format.kernel is IndexKernel.FP8
     page = index_pool_layer.shape[1]
     reg_prefetch = fp8 if reg_prefetch is None else reg_prefetch
     num_stages = (1 if reg_prefetch else 3) if num_stages is None else num_stages
@@ -264,8 +262,8 @@ def indexer_scores(
         D=dim,
         PAGE=page,
         FP8=fp8,
-        # Largest power of two dividing every value offset page * P * 132 + t * 128 (bytes).
-        ALIGN=min(128, (page * _KEY_BYTES["fp8"]) & -(page * _KEY_BYTES["fp8"])),
+        # Largest power of two dividing every value offset page * P * I + t * 128 (bytes).
+        ALIGN=min(128, (page * index_format.key_bytes) & -(page * index_format.key_bytes)),
         BLOCK_T=block_t,
         TILES=tiles,
         REG_PREFETCH=reg_prefetch,

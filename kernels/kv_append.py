@@ -14,11 +14,15 @@ import torch
 import triton
 import triton.language as tl
 
+import kernels.interpreter  # noqa: F401  (the interpreter switch, before any @triton.jit)
+from kernels import formats
+from kernels.formats import ROW_VALUES, IndexFormat, RowFormat, RowKernel
 from kernels.fp8_row import quantize_rows, store_fp8_rows
-from kernels.reference import FP8_KEY_BYTES, FP8_ROW_BYTES
 from kernels.uva import UVATensor
 
 ROWS_PER_PROGRAM = 4
+_RESIDENT = tl.constexpr(formats.MODE_RESIDENT)
+_OFFLOADED = tl.constexpr(formats.MODE_OFFLOADED)
 
 
 @triton.jit
@@ -117,14 +121,20 @@ def _kv_append_kernel(
     seq_len = tl.load(seq_lens_ptr + i, mask=live, other=0)
     r_ok = live & (r >= 0) & (r < R)
     mode = tl.load(req_mode_ptr + r, mask=r_ok, other=0)
-    ok = r_ok & ((mode == 1) | (mode == 2)) & (t >= 0) & (t < seq_len) & (t < max_pages * P)
+    ok = (
+        r_ok
+        & ((mode == _RESIDENT) | (mode == _OFFLOADED))
+        & (t >= 0)
+        & (t < seq_len)
+        & (t < max_pages * P)
+    )
     page = tl.load(page_table_ptr + r.to(tl.int64) * max_pages + t // P, mask=ok, other=-1)
     ok = ok & (page >= 0) & (page < num_pages)
     page = page.to(tl.int64)
-    to_host = ok & (mode == 2)
+    to_host = ok & (mode == _OFFLOADED)
     # Resident: slot t. Offloaded: ring slot t % W, written only for the newest W tokens.
-    to_hot = (ok & (mode == 1) & (t < B)) | (to_host & (t >= seq_len - W))
-    slot = tl.where(mode == 1, t, t % W)
+    to_hot = (ok & (mode == _RESIDENT) & (t < B)) | (to_host & (t >= seq_len - W))
+    slot = tl.where(mode == _RESIDENT, t, t % W)
     src = i.to(tl.int64)
     hot_row = (layer * R + r).to(tl.int64) * B + slot
     host_row = (page * L + layer) * P + t % P
@@ -178,35 +188,50 @@ def kv_append(
     index_pool: torch.Tensor,
     *,
     window: int,
+    row_format: RowFormat,
+    index_format: IndexFormat,
 ) -> None:
     """Store N new tokens' rows of layer `layer`.
 
-    kv_rows [N, D] uint8 (stored as they are), or [N, 576] bf16: stored as bf16 bytes when
-    D = 1152, quantized into DeepSeek-V3.2's fp8 row when D = 656 (kernels.fp8_row; the same
-    bytes as kernels.reference.ref_quantize_kv_rows); index_rows [N, I] uint8; req_slots,
+    kv_rows [N, D] uint8 (already encoded: stored as they are), or [N, 576] bf16 encoded here as
+    `row_format` says (its Triton variant: bf16 bytes, or DeepSeek-V3.2's fp8 row quantized by
+    kernels.fp8_row, the same bytes as its reference quantize); D = row_format.row_bytes and
+    I = index_format.key_bytes. index_rows [N, I] uint8; req_slots,
     positions, seq_lens [N] int32 (seq_len of the row's request after this append);
     req_mode [R] int32;
     page_table [R, max_pages] int32; host_kv [num_pages, L, P, D] uint8 (its UVATensor on GPU);
-    hot_kv [L, R, B, D] uint8; index_pool [L, num_pages, P, I] uint8. D and I multiples of 4.
-    An index row is 128 fp8 values + fp32 scale when I = 132: its page is then page-blocked
-    (values of the P tokens, then their P scales; kernels.reference.fp8_page_views), otherwise
-    it is stored as is.
+    hot_kv [L, R, B, D] uint8; index_pool [L, num_pages, P, I] uint8. D and the index format's
+    value and scale bytes multiples of 4. An index row is its values then its scale; in the pool
+    a page holds the values of its P tokens, then their P scales (kernels.reference.page_views).
     A row is written only if its slot is in [0, R) with mode 1 or 2, 0 <= position <
     min(seq_len, max_pages * P) and its page is in [0, num_pages); other rows write nothing.
     Launch-only: graph capturable.
     """
     (num_pages, L, P, D), (_, R, B, _), (n, I) = host_kv.shape, hot_kv.shape, index_rows.shape
-    if D % 4 or I % 4 or not 1 <= window <= B or not 0 <= layer < L:
+    if D != row_format.row_bytes or I != index_format.key_bytes:
+        raise ValueError(
+            f"tiers of {D} B rows and {I} B keys are not {row_format.describe()} rows and "
+            f"{index_format.describe()} keys"
+        )
+    scale_words, scale_rest = divmod(index_format.scale_bytes, 4)
+    if D % 4 or I % 4 or scale_rest or not 1 <= window <= B or not 0 <= layer < L:
         raise ValueError(f"bad sizes: D={D} I={I} window={window} B={B} layer={layer} L={L}")
     if hot_kv.is_cuda and isinstance(host_kv, torch.Tensor) and not host_kv.is_cuda:
         raise TypeError("on GPU pass the host tier as a kernels.uva.UVATensor")
     u8, i32 = torch.uint8, torch.int32
-    quant = kv_rows.dtype == torch.bfloat16 and D == FP8_ROW_BYTES
-    if kv_rows.dtype == torch.bfloat16 and not quant:
+    encoded = kv_rows.dtype == u8
+    if not encoded and row_format.kernel is None:
+        raise ValueError(f"row format {row_format.name} has no Triton kernel: use the references")
+    quant = not encoded and row_format.kernel is RowKernel.FP8
+    if not encoded and not quant:
         kv_rows = kv_rows.view(u8)
     _check(
         {
-            "kv_rows": (kv_rows, kv_rows.dtype if quant else u8, (n, 576) if quant else (n, D)),
+            "kv_rows": (
+                kv_rows,
+                torch.bfloat16 if quant else u8,
+                (n, ROW_VALUES) if quant else (n, D),
+            ),
             "index_rows": (index_rows, u8, (n, I)),
             "req_slots": (req_slots, i32, (n,)),
             "positions": (positions, i32, (n,)),
@@ -242,7 +267,7 @@ def kv_append(
         W=window,
         KV_WORDS=D // 4,
         INDEX_WORDS=I // 4,
-        SCALE_WORDS=1 if I == FP8_KEY_BYTES else 0,
+        SCALE_WORDS=scale_words,
         BLOCK_KV=triton.next_power_of_2(D // 4),
         BLOCK_INDEX=triton.next_power_of_2(I // 4),
         ROWS=ROWS_PER_PROGRAM,

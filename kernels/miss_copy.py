@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+import kernels.interpreter  # noqa: F401  (the interpreter switch, before any @triton.jit)
 from kernels.uva import UVATensor
 
 ROWS_PER_PROGRAM = 8

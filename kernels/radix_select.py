@@ -11,6 +11,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+import kernels.interpreter  # noqa: F401  (the interpreter switch, before any @triton.jit)
+
 INT32_MIN = tl.constexpr(-2147483648)
 
 

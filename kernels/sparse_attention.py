@@ -11,18 +11,15 @@ the same order give bitwise-identical output.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from kernels.formats import BF16_ROW, LATENT_DIM, ROPE_DIM, RowFormat, RowKernel
 from kernels.fp8_row import load_fp8_block
-from kernels.reference import FP8_ROW_BYTES
-
-# Read once: kernels/__init__.py sets TRITON_INTERPRET before this module is imported.
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+from kernels.interpreter import INTERPRETED
 
 _LOG2E = 1.4426950408889634
 _LN2 = tl.constexpr(0.6931471805599453)  # log2 -> ln, usable inside kernels
@@ -408,22 +405,26 @@ def _check_rowmajor(name: str, t: torch.Tensor, dtype: torch.dtype, ndim: int) -
         )
 
 
-def _check_args(q_nope, q_pe, kv, row_base, slots, out, lse) -> None:
+def _check_args(q_nope, q_pe, kv, row_base, slots, out, lse, row_format: RowFormat) -> None:
     bs, n_heads, d_v = q_nope.shape
     d_pe = q_pe.shape[-1]
     _check_rowmajor("q_nope", q_nope, torch.bfloat16, 3)
     _check_rowmajor("q_pe", q_pe, torch.bfloat16, 3)
-    if kv.dtype == torch.uint8:
-        # fp8 rows: the kernel hard-codes the 656 B layout of a 512 + 64 row.
+    if row_format.kernel is None:
+        raise ValueError(f"row format {row_format.name} has no Triton kernel: use the references")
+    if row_format.kernel is RowKernel.FP8:
+        # fp8 rows: the kernel hard-codes the byte layout of a 512 + 64 row (kernels.fp8_row).
+        width = row_format.row_bytes
         if (
-            kv.dim() != 2
-            or kv.shape[1] != FP8_ROW_BYTES
-            or kv.stride() != (FP8_ROW_BYTES, 1)
-            or (d_v, d_pe) != (512, 64)
+            kv.dtype != torch.uint8
+            or kv.dim() != 2
+            or kv.shape[1] != width
+            or kv.stride() != (width, 1)
+            or (d_v, d_pe) != (LATENT_DIM, ROPE_DIM)
         ):
             raise ValueError(
-                f"kv: fp8 rows must be contiguous [n, {FP8_ROW_BYTES}] uint8 with "
-                f"512 + 64 values, got {tuple(kv.shape)} strides {kv.stride()}"
+                f"kv: fp8 rows must be contiguous [n, {width}] uint8 with "
+                f"{LATENT_DIM} + {ROPE_DIM} values, got {tuple(kv.shape)} strides {kv.stride()}"
             )
     else:
         _check_rowmajor("kv", kv, torch.bfloat16, 2)
@@ -432,7 +433,7 @@ def _check_args(q_nope, q_pe, kv, row_base, slots, out, lse) -> None:
     _check_rowmajor("lse", lse, torch.float32, 2)
     if (
         tuple(q_pe.shape[:2]) != (bs, n_heads)
-        or (kv.dtype != torch.uint8 and kv.shape[1] != d_v + d_pe)
+        or (row_format.kernel is RowKernel.BF16 and kv.shape[1] != d_v + d_pe)
         or slots.shape[0] != bs
         or tuple(out.shape) != (bs, n_heads, d_v)
         or tuple(lse.shape) != (bs, n_heads)
@@ -474,6 +475,7 @@ def sparse_mla_decode(
     out: torch.Tensor,
     lse: torch.Tensor,
     *,
+    row_format: RowFormat = BF16_ROW,
     workspace: AttnWorkspace | None = None,
     block_h: int = 64,
     block_n: int = 32,
@@ -485,8 +487,9 @@ def sparse_mla_decode(
 ) -> None:
     """Absorbed MLA decode over the KV rows `row_base[b] + slots[b, i]`; slots < 0 are skipped.
 
-    q_nope [bs, H, 512] bf16, q_pe [bs, H, 64] bf16, kv [n_rows, 576] bf16 (latent then rope key)
-    or DeepSeek-V3.2 fp8 rows [n_rows, 656] uint8 (kernels.fp8_row), dequantized in registers,
+    q_nope [bs, H, 512] bf16, q_pe [bs, H, 64] bf16, kv the rows as `row_format` has attention
+    read them: bf16 [n_rows, 576] (latent then rope key), or DeepSeek-V3.2 fp8 rows uint8
+    (kernels.fp8_row) dequantized in registers,
     row_base [bs] int64, slots [bs, k] int32, out [bs, H, 512] bf16, lse [bs, H] fp32.
     score_i = scale * (q_nope . kv[row, :512] + q_pe . kv[row, 512:]);
     out = softmax . kv[row, :512];
@@ -497,7 +500,7 @@ def sparse_mla_decode(
     in registers per refill of the pipeline. Shared memory ~ (block_h + block_n * num_stages) *
     1152 B: 64 x 32 x 3 ~185 KB, 64 x 32 x 4 or 64 x 64 x 2 ~220 KB (Hopper allows 227 KB).
     """
-    _check_args(q_nope, q_pe, kv, row_base, slots, out, lse)
+    _check_args(q_nope, q_pe, kv, row_base, slots, out, lse, row_format)
     bs, n_heads, d_v = q_nope.shape
     k = slots.shape[1]
     if bs == 0:
@@ -523,7 +526,7 @@ def sparse_mla_decode(
         BLOCK_N=block_n,
         STAGE=stage,
         UPCAST=INTERPRETED,
-        ROW_FP8=kv.dtype == torch.uint8,
+        ROW_FP8=row_format.kernel is RowKernel.FP8,
         num_warps=num_warps,
         num_stages=num_stages,
     )

@@ -24,10 +24,10 @@ from kv_service.errors import (
     AlreadyExists,
     CapacityError,
     Draining,
+    EpochMismatch,
     InvalidArgument,
     UnknownRequest,
     UnknownSession,
-    WrongEpoch,
 )
 from kv_service.pool import PagePool, SlotPool, reserve
 
@@ -182,7 +182,7 @@ class ServiceCore:
 
     def check_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:
-            raise WrongEpoch(
+            raise EpochMismatch(
                 "epoch does not match this service run: re-attach and remap memory",
                 expected=self.epoch,
                 got=epoch,

@@ -14,13 +14,9 @@ from contract.errors import (
     LayoutMismatch,
     ServiceUnavailable,
     Unauthenticated,
-    Unavailable,
     UnknownRequest,
     UnknownSession,
-    WrongEpoch,
 )
-
-ServiceError = KVError
 
 __all__ = [
     "AlreadyExists",
@@ -31,11 +27,8 @@ __all__ = [
     "InvalidArgument",
     "KVError",
     "LayoutMismatch",
-    "ServiceError",
     "ServiceUnavailable",
     "Unauthenticated",
-    "Unavailable",
     "UnknownRequest",
     "UnknownSession",
-    "WrongEpoch",
 ]

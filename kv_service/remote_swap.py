@@ -24,25 +24,8 @@ from dataclasses import dataclass
 import torch
 
 from contract.exchange import EVENT_NAMES, exchange_specs
-from contract.layout import KVLayout
 from contract.tensors import KVTensors
 from kv_service.errors import CapacityError, InvalidArgument
-
-
-def create_exchange(
-    layout: KVLayout, device: torch.device, shm_dir: str, instance: str
-) -> tuple[dict[str, torch.Tensor], list[dict]]:
-    """The exchange tensors as shared memory (device memory by CUDA IPC on GPU), and their
-    handles. Batch rows start as padding (request slot -1) so a stray launch touches nothing."""
-    from kv_service import segment
-
-    initial = {
-        name: torch.zeros(shape, dtype=dtype, device=device)
-        for name, (shape, dtype) in exchange_specs(layout).items()
-    }
-    initial["xchg_req_slots"].fill_(-1)
-    initial["xchg_topk"].fill_(-1)
-    return segment.export_extra(initial, device, shm_dir, instance)
 
 
 def mask_repeated_rows(

@@ -32,7 +32,7 @@ from contract.layout import KVLayout
 from contract.segment_map import as_kv_tensors, register_host, unregister_host
 from contract.tensors import KVTensors, tensor_specs
 from kv_service import shm_file
-from kv_service.memory import clear_all
+from kv_service.memory import ServiceMemory, clear_all, initialize, service_specs
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,47 @@ class _SegmentSet:
 _lock = threading.Lock()
 _created: dict[tuple[str, str], list[_SegmentSet]] = {}  # (realpath(shm_dir), instance) -> sets
 _owner_locks: dict[tuple[str, str], shm_file.OwnerLock] = {}  # same keys
+
+
+@dataclass
+class ServiceSegments:
+    """What a service shares, exported: its memory, the handles of its KV tensors and of its
+    exchange tensors (both in the Attach reply), and the stale files removed first."""
+
+    memory: ServiceMemory
+    kv_handles: list[dict]
+    exchange_handles: list[dict]
+    removed_stale: list[str]
+
+
+def export_service_memory(
+    layout: KVLayout, device: torch.device, shm_dir: str, instance: str
+) -> ServiceSegments:
+    """A service's one export at start-up: remove the files of a dead owner of `instance`,
+    then allocate every tensor of `memory.service_specs` as shared memory, initialized
+    (`memory.initialize`), under one owner lock; `remove_segments` undoes it at exit."""
+    start = time.monotonic()
+    removed = remove_stale_segments(shm_dir, instance)
+    specs = [(n, *spec) for n, spec in service_specs(layout, device).items()]
+    memory, handles = _export(
+        specs, device, shm_dir, instance, lambda t: initialize(layout, t, device)
+    )
+    log.info(
+        "exported %d segments of instance %s on %s in %s: %d bytes host, %.2f s",
+        len(handles),
+        instance,
+        device,
+        shm_dir,
+        layout.host_tier_bytes,
+        time.monotonic() - start,
+    )
+    is_exchange = [h["name"] in memory.exchange for h in handles]
+    return ServiceSegments(
+        memory,
+        [h for h, x in zip(handles, is_exchange) if not x],
+        [h for h, x in zip(handles, is_exchange) if x],
+        removed,
+    )
 
 
 def create_segments(

@@ -29,7 +29,7 @@ from kv_service.config import ServiceConfig
 from kv_service.core import ServiceCore
 from kv_service.interceptor import ServiceInterceptor
 from kv_service.metrics import ServiceMetrics
-from kv_service.remote_swap import RemoteSwapper, create_exchange
+from kv_service.remote_swap import RemoteSwapper
 from kv_service.servicer import KVCacheServicer, Runtime
 from proto.kvcache.v1 import kvcache_pb2, kvcache_pb2_grpc
 
@@ -75,19 +75,18 @@ def _check_shm_dir(config: ServiceConfig, device: torch.device) -> None:
 
 
 def build_runtime(config: ServiceConfig, device: torch.device) -> Runtime:
-    """Allocate and export every shared tensor, then warm up. Runs in a worker thread."""
-    removed = segment.remove_stale_segments(config.shm_dir, config.instance)
-    if removed:
+    """Memory, then segments, once: every shared tensor allocated, initialized and exported in
+    one call (kv_service.segment); then the core and the swapper on it, and the warm-up. Runs in
+    a worker thread, before the server reports SERVING."""
+    shared = segment.export_service_memory(config.layout, device, config.shm_dir, config.instance)
+    if shared.removed_stale:
         log.warning(
             "removed %d stale segments of a dead service of instance %s",
-            len(removed),
+            len(shared.removed_stale),
             config.instance,
         )
-    kv, handles = segment.create_segments(config.layout, device, config.shm_dir, config.instance)
-    exchange, exchange_handles = create_exchange(
-        config.layout, device, config.shm_dir, config.instance
-    )
-    swapper = RemoteSwapper(kv, exchange)
+    kv = shared.memory.kv
+    swapper = RemoteSwapper(kv, shared.memory.exchange)
     core = ServiceCore(
         kv, lease_seconds=config.lease_seconds, on_session_closed=swapper.session_closed
     )
@@ -96,9 +95,9 @@ def build_runtime(config: ServiceConfig, device: torch.device) -> Runtime:
         log.info("warm-up: swap kernels compiled and run once")
     return Runtime(
         core=core,
-        handles=handles,
+        handles=shared.kv_handles,
         swapper=swapper,
-        exchange_handles=exchange_handles,
+        exchange_handles=shared.exchange_handles,
         device=device.type,
         gpu_uuid=gpu_uuid(device),
         instance=config.instance,

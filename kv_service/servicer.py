@@ -7,16 +7,15 @@ error into an in-band Error reply (same mapping) so one bad message does not end
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import grpc
 
-from contract.layout import KVLayout
+from contract.codec import handle_to_proto, layout_from_proto, layout_to_proto
 from kv_service.core import RequestRecord, ServiceCore
-from kv_service.errors import InvalidArgument, Unavailable
+from kv_service.errors import InvalidArgument, ServiceUnavailable
 from kv_service.metrics import ServiceMetrics
 from kv_service.remote_swap import RemoteSwapper
 from kv_service.status import status_of
@@ -44,26 +43,6 @@ class Runtime:
     device: str
     gpu_uuid: str
     instance: str
-
-
-def layout_to_proto(layout: KVLayout) -> pb.Layout:
-    return pb.Layout(**layout.to_dict())
-
-
-def layout_from_proto(msg: pb.Layout) -> KVLayout:
-    return KVLayout(**{f.name: getattr(msg, f.name) for f in dataclasses.fields(KVLayout)})
-
-
-def handle_to_proto(h: dict) -> pb.TensorHandle:
-    return pb.TensorHandle(
-        name=h["name"],
-        kind=h["kind"],
-        shape=h["shape"],
-        dtype=h["dtype"],
-        shm_path=h["path"],
-        cuda_ipc=h["ipc"],
-        nbytes=h["nbytes"],
-    )
 
 
 def request_to_proto(r: RequestRecord) -> pb.RequestState:
@@ -102,7 +81,7 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer):
     @property
     def rt(self) -> Runtime:
         if self._rt is None:
-            raise Unavailable("the service is starting: memory is not allocated yet")
+            raise ServiceUnavailable("the service is starting: memory is not allocated yet")
         return self._rt
 
     async def Attach(

@@ -20,17 +20,6 @@ from contract.layout import LayoutError
 
 log = logging.getLogger(__name__)
 
-CODES: dict[type[errors.KVError], grpc.StatusCode] = {
-    errors.KVError: grpc.StatusCode.INTERNAL,
-    errors.CapacityError: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    errors.UnknownRequest: grpc.StatusCode.NOT_FOUND,
-    errors.AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
-    errors.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
-    errors.EpochMismatch: grpc.StatusCode.FAILED_PRECONDITION,
-    errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
-    errors.ServiceUnavailable: grpc.StatusCode.UNAVAILABLE,
-    errors.DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
-}
 # Capacity details come as <unit>_needed / <unit>_free / <unit>_total.
 _QUOTA_SUFFIXES = ("_needed", "_free", "_total")
 
@@ -44,11 +33,8 @@ class Status:
 
 
 def code_for(cls: type[BaseException]) -> grpc.StatusCode:
-    """The status code of an error class: that of its nearest mapped ancestor."""
-    for base in cls.__mro__:
-        if base in CODES:
-            return CODES[base]
-    return grpc.StatusCode.INTERNAL
+    """The status code of an error class (contract.errors.STATUS_CODES); INTERNAL outside it."""
+    return grpc.StatusCode[errors.status_code_name(cls) or "INTERNAL"]
 
 
 def status_of(exc: BaseException) -> Status:

@@ -10,6 +10,7 @@ segment files are easy to check).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import shutil
 from collections.abc import Iterator
@@ -96,14 +97,17 @@ def start_engine(
     return eng.start().wait_serving(STARTUP[device])
 
 
-def engine_config(kv_mode: str, service: ServiceProcess | None = None, **kw) -> EngineConfig:
-    """In-process engine config (tests build the engine with factory.build_engine)."""
+def engine_config(
+    kv_mode: str, service: ServiceProcess | None = None, row_format: str = "bf16", **kw
+) -> EngineConfig:
+    """In-process engine config (tests build the engine with factory.build_engine); row_format
+    is the local layout's (baseline/embedded: service modes adopt the service's)."""
     return EngineConfig(
         kv_mode=kv_mode,
         uds="/tmp/unused.sock",
         device="cpu",
         service=service.uds if service else "",
-        local=LOCAL,
+        local=dataclasses.replace(LOCAL, row_format=row_format),
         max_batch=4,
         prefill_chunk=8,
         rpc_timeout=3.0,

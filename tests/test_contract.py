@@ -40,8 +40,10 @@ def test_both_sides_raise_the_same_classes() -> None:
     from engine_client.client import errors as client
     from kv_service import errors as service
 
-    assert client.KVClientError is service.ServiceError is c.KVError
     for name in (
+        "KVError",
+        "EpochMismatch",
+        "ServiceUnavailable",
         "CapacityError",
         "UnknownRequest",
         "InvalidArgument",
@@ -52,9 +54,30 @@ def test_both_sides_raise_the_same_classes() -> None:
         "LayoutMismatch",
     ):
         assert getattr(client, name) is getattr(service, name) is getattr(c, name), name
-    assert client.EpochMismatch is service.WrongEpoch
-    assert client.ServiceUnavailable is service.Unavailable
+    for alias in ("KVClientError", "ServiceError", "WrongEpoch", "Unavailable"):
+        assert not hasattr(client, alias) and not hasattr(service, alias) and not hasattr(c, alias)
     assert len(set(c.BY_REASON)) == len(c.BY_REASON) and c.BY_REASON["DRAINING"] is c.Draining
+
+
+def test_one_status_table_both_ways() -> None:
+    """Every class's code (service side) decodes back to that class or, for a subclass the table
+    does not list, to its nearest listed ancestor (client side, without an ErrorInfo)."""
+    import grpc
+
+    import contract.errors as c
+    from engine_client.client import errors as client
+    from kv_service.status import code_for
+
+    for cls in c.BY_REASON.values():
+        code = code_for(cls)
+        assert code.name == c.status_code_name(cls)
+        back = client.from_status(code, "x")
+        assert isinstance(back, c.class_of_status(code.name)) and issubclass(cls, type(back))
+        assert client.code_of(cls("x")) is code
+    assert type(client.from_status(grpc.StatusCode.CANCELLED, "x")) is c.ServiceUnavailable
+    assert client.from_status(grpc.StatusCode.DATA_LOSS, "x").status is grpc.StatusCode.DATA_LOSS
+    assert code_for(ValueError) is grpc.StatusCode.INTERNAL
+    assert client.code_of(ValueError()) is grpc.StatusCode.UNKNOWN
 
 
 def test_prefixed_keeps_class_details_and_permanence() -> None:

@@ -17,10 +17,10 @@ from kv_service.errors import (
     AlreadyExists,
     CapacityError,
     Draining,
+    EpochMismatch,
     InvalidArgument,
     UnknownRequest,
     UnknownSession,
-    WrongEpoch,
 )
 from kv_service.memory import allocate_local
 
@@ -226,7 +226,7 @@ def test_detach_frees_everything_and_calls_back(clock: Clock) -> None:
 
 def test_epoch_and_layout_checks(core: ServiceCore) -> None:
     core.check_epoch(7)
-    with pytest.raises(WrongEpoch):
+    with pytest.raises(EpochMismatch):
         core.check_epoch(8)
     core.attach("eng", expected_layout=LAYOUT)
     with pytest.raises(LayoutError):

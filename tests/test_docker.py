@@ -182,13 +182,16 @@ def test_cpu_variant_is_the_same_stack_without_gpu(gpu: dict, cpu: dict) -> None
 
 @needs_compose
 def test_engine_sizes_follow_the_service_layout(stack: dict) -> None:
-    """The engine's local KV sizes (baseline/embedded modes) and model depth are the service's."""
+    """The engine's local KV sizes (baseline/embedded modes) are the service's; its layers and
+    top-k are not set by hand: in service modes the engine adopts the service's at attach, and
+    the default layout fits the preset's for the local modes."""
     kvs, eng = stack["kv-service"]["environment"], stack["engine"]["environment"]
     for key in LAYOUT_ENV:
         if f"ENGINE_{key}" in eng:
             assert eng[f"ENGINE_{key}"] == kvs[f"KVS_{key}"], key
-    # The service's top-k is the model's: the engine has no flag for it, only the preset.
-    assert int(kvs["KVS_TOPK"]) == PRESETS[eng["ENGINE_PRESET"]].topk
+    assert "ENGINE_NUM_LAYERS" not in eng and "ENGINE_TOPK" not in eng
+    model = PRESETS[eng["ENGINE_PRESET"]]
+    assert (int(kvs["KVS_NUM_LAYERS"]), int(kvs["KVS_TOPK"])) == (model.num_layers, model.topk)
 
 
 @needs_compose

@@ -13,6 +13,7 @@ import torch
 from engine_client.loop.request import Finish, GenRequest, SamplingParams
 from engine_client.loop.sampler import sample
 from engine_client.serve.factory import build_engine
+from kernels.formats import BF16_ROW, FP8_ROW
 from tests.process_harness import engine_config, layout_with, service_stats, start_service, workdir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -71,12 +72,13 @@ async def _run_jobs(
 
 
 @pytest.mark.parametrize(
-    "row_format,row_bytes,overlaps", [("bf16", 1152, (False, True)), ("fp8", 656, (True,))]
+    "row_format,row_bytes,overlaps",
+    [("bf16", BF16_ROW.row_bytes, (False, True)), ("fp8", FP8_ROW.row_bytes, (True,))],
 )
 def test_four_modes_give_identical_tokens_and_logits(row_format, row_bytes, overlaps) -> None:
     """Overlap on and off (bf16), and fp8 rows (DeepSeek-V3.2's 656 B rows, quantized by every
     mode's append, the baseline's included) with overlap on: every run equals the baseline
-    without overlap."""
+    without overlap. The local modes are told the row format; the service modes adopt it."""
     with workdir() as path:
         svc = start_service(path, layout_with(row_format=row_format))
         try:
@@ -87,7 +89,7 @@ def test_four_modes_give_identical_tokens_and_logits(row_format, row_bytes, over
                             mode,
                             svc if "service" in mode else None,
                             overlap=overlap,
-                            row_format=row_format,
+                            row_format=row_format if "service" not in mode else "bf16",
                         )
                     )
                 )

@@ -171,7 +171,7 @@ def test_queue_wait_limit_gives_resource_exhausted_with_a_message() -> None:
 
                 task = asyncio.create_task(long_stream())
                 await started.wait()
-                with pytest.raises(errors.KVClientError) as err:
+                with pytest.raises(errors.KVError) as err:
                     await _stream(eng, short_job)
                 done = task.done()
                 task.cancel()

@@ -105,9 +105,14 @@ def test_smaller_requests_pass_a_young_blocked_head() -> None:
     assert small.finish is Finish.LENGTH and big_still_waiting
 
 
-def test_an_old_head_is_not_passed_and_is_admitted_first() -> None:
+@pytest.mark.parametrize(
+    "policy", [{"skip_ahead": 0}, {"queue_policy": "fifo", "skip_ahead": 3600}], ids=["old", "fifo"]
+)
+def test_an_old_head_is_not_passed_and_is_admitted_first(policy) -> None:
+    """Skip-ahead once the head is old, and FIFO always: the small request waits behind it."""
+
     async def run():
-        engine, gate = await _engine(limit=20, permanent=False, skip_ahead=0)
+        engine, gate = await _engine(limit=20, permanent=False, **policy)
         try:
             big = engine.submit(*BIG, SamplingParams())
             small = engine.submit(*SMALL, SamplingParams())

@@ -3,33 +3,35 @@ the kernels against the references (bitwise), attention over fp8 rows, and fp8 a
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 
 import pytest
 import torch
 
-import kernels  # noqa: F401  (sets TRITON_INTERPRET without CUDA)
-from kernels.fp8_row import kv_quantize
-from kernels.kv_append import kv_append
-from kernels.reference import (
+from kernels.formats import (
+    FP8_KEYS,
+    FP8_ROW,
     FP8_ROW_BYTES,
     fp8_block_scales,
-    ref_dequantize_kv_rows,
-    ref_kv_append,
-    ref_quantize_kv_rows,
 )
+from kernels.formats import dequantize_fp8_rows as ref_dequantize_kv_rows
+from kernels.formats import quantize_fp8_rows as ref_quantize_kv_rows
+from kernels.fp8_row import kv_quantize
+from kernels.kv_append import kv_append
+from kernels.reference import ref_kv_append
 from kernels.sparse_attention import AttnWorkspace, sparse_mla_decode
 from tests.test_kv_append import L, R, Tiers, W, control, random_rows
-from tests.test_sparse_attention import (
-    assert_close_to_reference,
-    make_inputs,
-    run_kernel,
-    run_reference,
-)
+from tests.test_sparse_attention import assert_close_to_reference, make_inputs, run_kernel
+from tests.test_sparse_attention import run_reference as run_bf16_reference
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 POISON = 0xA5
+FMT = {"row_format": FP8_ROW, "index_format": FP8_KEYS}
+
+# The attention reference over fp8 rows.
+run_reference = functools.partial(run_bf16_reference, row_format=FP8_ROW)
 
 
 def awkward_rows(n: int, seed: int) -> torch.Tensor:
@@ -142,8 +144,10 @@ def test_append_quantizes_like_the_reference(device, n) -> None:
     for layer in (0, L - 1):
         kv = awkward_rows(n, seed=layer + n).to(device)
         index = torch.randint(0, 256, (n, 132), dtype=torch.uint8).to(device)
-        kv_append(layer, kv, index, *cols, req_mode, page_table, *got.args(True), window=W)
-        ref_kv_append(layer, kv, index, *cols, req_mode, page_table, *want.args(False), window=W)
+        kv_append(layer, kv, index, *cols, req_mode, page_table, *got.args(True), window=W, **FMT)
+        ref_kv_append(
+            layer, kv, index, *cols, req_mode, page_table, *want.args(False), window=W, **FMT
+        )
     a, b = got.snapshot(), want.snapshot()
     for name in a:
         assert torch.equal(a[name], b[name]), name
@@ -162,7 +166,9 @@ def test_attention_over_fp8_rows_matches_reference(bs, heads, k, rows, splits, d
     slots[-1, :] = -1  # one row with no valid slot
     ws = AttnWorkspace.allocate(bs, heads, splits, device=device) if splits > 1 else None
     scale = 1.0 / math.sqrt(576)
-    out, lse = run_kernel(q_nope, q_pe, kv8, row_base, slots, scale, workspace=ws, block_n=16)
+    out, lse = run_kernel(
+        q_nope, q_pe, kv8, row_base, slots, scale, workspace=ws, block_n=16, row_format=FP8_ROW
+    )
     assert_close_to_reference(out, lse, *run_reference(q_nope, q_pe, kv8, row_base, slots, scale))
     # Dequantization is exact: the same bits as the bf16 kernel on the dequantized rows.
     deq = ref_dequantize_kv_rows(kv8)
@@ -177,7 +183,7 @@ def test_fp8_attention_reference_against_float64_of_the_unquantized_rows() -> No
     kv8 = torch.empty(kv.shape[0], FP8_ROW_BYTES, dtype=torch.uint8)
     ref_quantize_kv_rows(kv, kv8)
     scale = 1.0 / math.sqrt(576)
-    exact = run_reference(q_nope, q_pe, kv, row_base, slots, scale)
+    exact = run_bf16_reference(q_nope, q_pe, kv, row_base, slots, scale)
     fp8 = run_reference(q_nope, q_pe, kv8, row_base, slots, scale)
     rel = (fp8[0] - exact[0]).norm(dim=-1) / exact[0].norm(dim=-1)
     assert rel.max() < 0.06
@@ -192,7 +198,7 @@ def test_fp8_padding_slots_are_never_read(device) -> None:
     bad = torch.full_like(kv8[:1], 0xFF)
     kv8 = torch.cat([t for b in range(3) for t in (bad, kv8[b * 50 : (b + 1) * 50])])
     row_base = (torch.arange(3, device=device) * 51 + 1).to(torch.int64)
-    out, lse = run_kernel(q_nope, q_pe, kv8, row_base, slots, 0.1)
+    out, lse = run_kernel(q_nope, q_pe, kv8, row_base, slots, 0.1, row_format=FP8_ROW)
     assert_close_to_reference(out, lse, *run_reference(q_nope, q_pe, kv8, row_base, slots, 0.1))
 
 
@@ -201,7 +207,11 @@ def test_fp8_rows_shape_is_checked(device) -> None:
     out = torch.empty(2, 4, 512, dtype=torch.bfloat16, device=device)
     lse = torch.empty(2, 4, device=device)
     with pytest.raises(ValueError, match="fp8 rows"):
-        sparse_mla_decode(q_nope, q_pe, kv8[:, :640], row_base, slots, 1.0, out, lse)
+        sparse_mla_decode(
+            q_nope, q_pe, kv8[:, :640], row_base, slots, 1.0, out, lse, row_format=FP8_ROW
+        )
+    with pytest.raises(ValueError, match="kv: expected"):
+        sparse_mla_decode(q_nope, q_pe, kv8, row_base, slots, 1.0, out, lse)  # bf16 format
     with pytest.raises(ValueError, match="rows"):
         kv_quantize(kv8, torch.empty_like(kv8))
 
@@ -214,7 +224,7 @@ def test_gpu_fp8_deepseek_shapes(bs, splits, cfg) -> None:
     args = fp8_inputs(bs, 128, 2048, 4096, "cuda", seed=bs, pad_frac=0.2)
     ws = AttnWorkspace.allocate(bs, 128, splits, device="cuda") if splits > 1 else None
     scale = 1.0 / math.sqrt(576)
-    out, lse = run_kernel(*args, scale, workspace=ws, **cfg)
+    out, lse = run_kernel(*args, scale, workspace=ws, row_format=FP8_ROW, **cfg)
     assert_close_to_reference(out, lse, *run_reference(*args, scale))
     deq = ref_dequantize_kv_rows(args[2])
     out_b, lse_b = run_kernel(*args[:2], deq, *args[3:], scale, workspace=ws, **cfg)

@@ -1,17 +1,24 @@
-"""The one direction of imports between the parts (docs/ARCHITECTURE.md):
-contract <- kv_service, contract <- engine_client.client <- reference engine, and the reference
-engine touches kv_service in one place only (the embedded mode's factory).
-Imports are read with `ast`, function-level ones included, so a lazy import counts too."""
+"""The one direction of imports between the parts and the wings (docs/ARCHITECTURE.md):
+contract <- kv_service, contract <- engine_client.client <- the engine's other wings, which
+import only downward (cli -> serve -> loop -> model -> kv -> client) and touch kv_service in one
+place (the embedded mode's factory); no import cycle anywhere; the wings hold the modules the
+architecture page lists. Imports are read with `ast`, function-level ones included, so a lazy
+import counts too."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 EMBEDDED_FACTORY = "engine_client/serve/factory.py"  # the only engine module that may build a core
+# The wings of engine_client, top floor first: each imports only the ones after it.
+WINGS = ("cli", "serve", "loop", "model", "kv", "client")
+# Our packages: the whole import graph (tests aside).
+PACKAGES = ("contract", "kernels", "kv_service", "engine_client", "proto", "bench")
 
 
 def imports_of(path: Path) -> set[str]:
@@ -75,22 +82,126 @@ def test_kernels_import_neither_side() -> None:
     assert _offenders("kernels", {"kv_service", "engine_client", "contract"}) == {}
 
 
-def test_client_library_never_imports_the_service() -> None:
+def _defines_triton_kernels(path: Path) -> bool:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return any(
+        isinstance(node, ast.Attribute) and node.attr == "jit" and ast.unparse(node) == "triton.jit"
+        for node in ast.walk(tree)
+    )
+
+
+def test_every_kernel_module_sets_the_interpreter_switch() -> None:
+    """kernels/__init__.py imports nothing heavy (kernels.formats is read without torch), so the
+    module that sets TRITON_INTERPRET without CUDA must be imported by each Triton module."""
+    with_jit = [p for p in modules("kernels") if _defines_triton_kernels(p)]
+    assert len(with_jit) >= 7, "the parser lost the kernels"
+    missing = [_rel(p) for p in with_jit if "kernels.interpreter" not in imports_of(p)]
+    assert missing == []
+
+
+def _wing(name: str) -> str | None:
+    """The wing of a module name (engine_client.<wing>...), else None."""
+    parts = name.split(".")
+    return (
+        parts[1] if parts[0] == "engine_client" and len(parts) > 1 and parts[1] in WINGS else None
+    )
+
+
+def test_wings_import_only_downward() -> None:
+    assert {p.name for p in (ROOT / "engine_client").iterdir() if p.is_dir()} >= set(WINGS)
+    upward = {}
+    for wing in WINGS:
+        for path in modules(f"engine_client/{wing}"):
+            up = sorted(
+                n
+                for n in imports_of(path)
+                if (w := _wing(n)) and WINGS.index(w) < WINGS.index(wing)
+            )
+            if up:
+                upward[_rel(path)] = up
+    assert upward == {}
+
+
+def test_client_library_imports_only_the_contract_and_proto() -> None:
+    """The library an engine adopts: no service, no kernels, no other wing of ours."""
     assert modules("engine_client/client"), "the client library moved: update this test"
-    assert _offenders("engine_client/client", {"kv_service"}) == {}
-
-
-def test_client_library_never_imports_the_reference_engine() -> None:
+    ours = {"contract", "kernels", "kv_service", "engine_client", "proto", "bench"}
+    allowed = ("contract", "proto", "engine_client.client")
     bad = {}
     for path in modules("engine_client/client"):
-        names = [
-            n
-            for n in imports_of(path)
-            if _top(n) == "engine_client" and not n.startswith("engine_client.client")
-        ]
+        names = [n for n in imports_of(path) if _top(n) in ours and not n.startswith(allowed)]
+        names = [n for n in names if n != "engine_client"]
         if names:
             bad[_rel(path)] = sorted(names)
     assert bad == {}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the modules of ours it imports (an imported name resolves to its longest
+    prefix that is a module: `from a.b import C` is an edge to a.b)."""
+    paths = {_module_name(p): p for pkg in PACKAGES for p in modules(pkg)}
+
+    def resolve(name: str) -> str | None:
+        while name and name not in paths:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    return {
+        m: {r for n in imports_of(p) if (r := resolve(n)) is not None and r != m}
+        for m, p in paths.items()
+    }
+
+
+def cycle_in(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle of `graph` (its modules, the first repeated at the end), or []."""
+    done: set[str] = set()
+    for start in sorted(graph):
+        path: list[str] = []
+        todo = [(start, iter(sorted(graph[start])))]
+        on_path = {start}
+        path.append(start)
+        while todo:
+            node, nexts = todo[-1]
+            nxt = next(nexts, None)
+            if nxt is None:
+                todo.pop()
+                on_path.discard(path.pop())
+                done.add(node)
+            elif nxt in on_path:
+                return path[path.index(nxt) :] + [nxt]
+            elif nxt not in done:
+                todo.append((nxt, iter(sorted(graph[nxt]))))
+                on_path.add(nxt)
+                path.append(nxt)
+    return []
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    graph = import_graph()
+    assert len(graph) > 100 and "engine_client.loop.engine" in graph
+    assert "engine_client.model.compute" in graph["engine_client.loop.engine"]
+    assert cycle_in(graph) == []
+
+
+def test_the_cycle_finder_finds_cycles() -> None:
+    assert cycle_in({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert cycle_in({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_the_wings_hold_the_modules_the_architecture_lists() -> None:
+    """docs/ARCHITECTURE.md's wing table (modules and count) is what the folders hold."""
+    doc = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    rows = re.findall(r"^\| `(\w+)/` \| ([\w, ]+) \| (\d+) \|", doc, re.M)
+    listed = {wing: (set(names.split(", ")), int(count)) for wing, names, count in rows}
+    assert set(listed) == set(WINGS)
+    for wing in WINGS:
+        held = {p.stem for p in modules(f"engine_client/{wing}") if p.stem != "__init__"}
+        assert listed[wing] == (held, len(held)), wing
 
 
 def test_service_never_imports_the_engine_side() -> None:

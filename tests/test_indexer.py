@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels  # noqa: F401  (sets TRITON_INTERPRET without CUDA)
+from kernels.formats import FP8_KEYS, INDEX_FORMATS
 from kernels.indexer import indexer_scores
-from kernels.reference import decode_index_keys, read_index_rows, ref_indexer_scores
+from kernels.reference import read_index_rows, ref_indexer_scores
 
 HEADS, DIM = 64, 128
 
@@ -38,6 +38,7 @@ def make_inputs(fmt, bs, page, seq_lens, cols, device, seed, requests=None):
         page_table=page_table.to(device),
         req_slots=req_slots.to(device),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        index_format=INDEX_FORMATS[fmt],
     )
 
 
@@ -103,12 +104,12 @@ def test_explicit_format_must_match_key_bytes(device):
     inputs = make_inputs("bf16", 1, 16, [10], 16, device, seed=5)
     out = torch.empty(1, 16, device=device)
     with pytest.raises(ValueError):
-        indexer_scores(**inputs, out_scores=out, index_format="fp8")
+        indexer_scores(**{**inputs, "index_format": FP8_KEYS}, out_scores=out)
 
 
 def test_fp8_pool_pages_are_value_rows_then_scales():
     pool = make_pool("fp8", 3, 5, torch.Generator().manual_seed(1))
-    rows = read_index_rows(pool, torch.tensor([2, 0]), torch.tensor([4, 1]))
+    rows = read_index_rows(pool, torch.tensor([2, 0]), torch.tensor([4, 1]), FP8_KEYS)
     flat = pool.view(3, 5 * (DIM + 4))
     assert torch.equal(rows[0, :DIM], flat[2, 4 * DIM : 5 * DIM])
     assert torch.equal(rows[0, DIM:], flat[2, 5 * DIM + 16 : 5 * DIM + 20])
@@ -119,7 +120,7 @@ def test_fp8_keys_decode_to_value_times_scale():
     raw = torch.zeros(1, DIM + 4, dtype=torch.uint8)
     raw[0, :DIM] = torch.full((DIM,), 1.5).to(torch.float8_e4m3fn).view(torch.uint8)
     raw[0, DIM:] = torch.tensor([0.25]).view(torch.uint8)
-    assert torch.equal(decode_index_keys(raw), torch.full((1, DIM), 0.375))
+    assert torch.equal(FP8_KEYS.decode(raw), torch.full((1, DIM), 0.375))
 
 
 @pytest.mark.gpu

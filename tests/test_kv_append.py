@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 
+from kernels.formats import BF16_KEYS, BF16_ROW, FP8_KEYS, FP8_ROW, IndexFormat, RowFormat
 from kernels.kv_append import kv_append
 from kernels.reference import ref_kv_append
 from kernels.uva import UVATensor
@@ -16,6 +17,20 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 GUARD = 96
 SENTINEL = 0xA5
 L, R, B, W, P, PAGES, MAX_PAGES, MAPPED = 3, 5, 24, 3, 5, 40, 13, 8
+
+
+def _no_codec(x: torch.Tensor) -> torch.Tensor:
+    raise AssertionError("kv_append takes encoded index rows: it never encodes keys")
+
+
+def formats(D: int, I: int) -> dict:
+    """kv_append's format arguments for tiers of D-byte rows and I-byte keys: the registered
+    formats of those sizes, else opaque ones (rows appended already encoded, keys unscaled)."""
+    rows = {f.row_bytes: f for f in (BF16_ROW, FP8_ROW)}
+    keys = {f.key_bytes: f for f in (BF16_KEYS, FP8_KEYS)}
+    row = rows.get(D) or RowFormat(f"opaque{D}", D, "uint8", None, None, None)
+    key = keys.get(I) or IndexFormat(f"opaque{I}", I, 0, _no_codec, _no_codec, None)
+    return {"row_format": row, "index_format": key}
 
 
 class Tiers:
@@ -72,7 +87,8 @@ def append(fn, tiers: Tiers, layer, rows, req_mode, page_table, seed):
         if rows
         else [torch.zeros(0, dtype=torch.int32, device=dev)] * 3
     )
-    fn(layer, kv, index, *cols, req_mode, page_table, *tiers.args(fn is kv_append), window=W)
+    tier_args = tiers.args(fn is kv_append)
+    fn(layer, kv, index, *cols, req_mode, page_table, *tier_args, window=W, **formats(D, I))
     return kv.cpu(), index.cpu()
 
 

@@ -8,20 +8,21 @@ import torch
 
 from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
 from contract.tensors import TENSOR_NAMES
-from engine_client.kv.backend import BaselineBackend, BaselineConfig
+from engine_client.kv.backend import KVBackend
+from engine_client.kv.baseline import BaselineBackend, baseline_layout
 from engine_client.kv.hisparse import (
     HiSparseBackend,
     RemoteSwapBackend,
     allocate_exchange,
     local_swap_fn,
 )
-from engine_client.kv.index_keys import decode_index_keys, encode_index_keys
 from engine_client.kv.kernel_set import KernelSet
 from engine_client.model.graph import DecodeConfig, DecodeRunner
 from engine_client.model.model import Model
 from engine_client.model.preset import preset
 from engine_client.model.weights import random_weights
-from kernels import reference
+from kernels.formats import BF16_KEYS, INDEX_FORMATS
+from kernels.reference import read_index_rows
 from kv_service.memory import allocate_local, reset_request
 from kv_service.remote_swap import RemoteSwapper
 
@@ -54,7 +55,7 @@ def fp8_layout(row_format: str = "bf16") -> KVLayout:
 
 
 def filled(layout: KVLayout = LAYOUT):
-    base = BaselineBackend(BaselineConfig.from_layout(layout), kernels=KERNELS)
+    base = BaselineBackend(layout, kernels=KERNELS)
     hs = HiSparseBackend(service_tensors(layout), kernels=KERNELS)
     for backend in (base, hs):
         for slot, (_, n) in REQS.items():
@@ -63,12 +64,11 @@ def filled(layout: KVLayout = LAYOUT):
 
 
 @pytest.mark.parametrize("fmt,nbytes", [("bf16", 256), ("fp8", 132)])
-def test_index_key_encoding_matches_the_kernels_reading(fmt, nbytes) -> None:
+def test_index_key_encoding_round_trips(fmt, nbytes) -> None:
     keys = torch.randn(6, 128) * torch.tensor([0.01, 1, 3, 100, 0, 1])[:, None]
-    rows = encode_index_keys(keys, fmt)
+    rows = INDEX_FORMATS[fmt].encode(keys)
     assert rows.shape == (6, nbytes) and rows.dtype == torch.uint8
-    ours, theirs = decode_index_keys(rows, fmt), reference.decode_index_keys(rows)
-    assert torch.equal(ours, theirs)
+    ours = INDEX_FORMATS[fmt].decode(rows)
     tol = 0 if fmt == "bf16" else 0.07
     assert torch.allclose(
         ours, keys.bfloat16().float(), rtol=tol, atol=tol * keys.abs().amax(1, keepdim=True).max()
@@ -106,8 +106,8 @@ def test_synthetic_fill_lands_at_every_store_address(lay) -> None:
         pages = torch.tensor(PAGES[slot])[t // lay.page_size]
         base_pages = base.page_table[slot, t // lay.page_size].long()
         assert torch.equal(
-            reference.read_index_rows(kv.index_pool[1], pages, t % lay.page_size),
-            reference.read_index_rows(base.index_pool_layer(1), base_pages, t % lay.page_size),
+            read_index_rows(kv.index_pool[1], pages, t % lay.page_size, lay.index),
+            read_index_rows(base.index_pool_layer(1), base_pages, t % lay.page_size, lay.index),
         )
         # Whole pages are byte-identical: the baseline's tensor stores and kv_append agree on
         # the physical page layout (page-blocked for fp8 keys).
@@ -146,7 +146,7 @@ def test_prefill_gather_reads_the_same_rows_and_moves_no_state(lay) -> None:
 
 def test_padding_rows_write_nothing() -> None:
     for backend in (
-        BaselineBackend(BaselineConfig.from_layout(LAYOUT), kernels=KERNELS),
+        BaselineBackend(LAYOUT, kernels=KERNELS),
         HiSparseBackend(service_tensors(), kernels=KERNELS),
     ):
         store = backend.full_kv if isinstance(backend, BaselineBackend) else backend.kv.host_kv
@@ -158,7 +158,7 @@ def test_padding_rows_write_nothing() -> None:
         backend.append(
             0,
             rows,
-            encode_index_keys(torch.randn(2, 128), "bf16"),
+            BF16_KEYS.encode(torch.randn(2, 128)),
             slots,
             pos,
             torch.tensor([5, 1], dtype=torch.int32),
@@ -199,7 +199,7 @@ def remote_with_service_swapper(kv) -> RemoteSwapBackend:
 @pytest.mark.parametrize("row_format", ["bf16", "fp8"])
 def test_fp8_index_keys_identical_across_modes(row_format) -> None:
     lay = fp8_layout(row_format)
-    base = BaselineBackend(BaselineConfig.from_layout(lay), kernels=KERNELS)
+    base = BaselineBackend(lay, kernels=KERNELS)
     assert base.index_pool_layer(0).shape[-1] == 132
     hs = HiSparseBackend(service_tensors(lay), kernels=KERNELS, max_batch=2)
     remote = remote_with_service_swapper(service_tensors(lay))
@@ -211,6 +211,26 @@ def test_fp8_index_keys_identical_across_modes(row_format) -> None:
     assert stats["hits"] + stats["misses"] == stats["selected"] == 2 * 3 * 2 * 8
     hs.reset_stats()
     assert hs.stats()["selected"] == 0
+
+
+def test_every_backend_is_a_kv_backend() -> None:
+    """The declared interface (KVBackend) is all callers use; each backend has all of it, and
+    counts per request slot itself (no wrapper)."""
+    kv = service_tensors()
+    backends = [
+        BaselineBackend(LAYOUT, kernels=KERNELS),
+        HiSparseBackend(kv, kernels=KERNELS),
+        remote_with_service_swapper(service_tensors()),
+    ]
+    topk = torch.tensor([[0, 1, 2, -1, -1, -1, -1, -1], [4, 5, 6, 7, 8, 9, 10, 11]]).int()
+    slots, lens = torch.tensor([0, 2]).int(), torch.tensor([7, 27]).int()
+    for backend in backends:
+        assert isinstance(backend, KVBackend), type(backend)
+        backend.select(1, topk, slots, lens)
+        assert backend.counts[0, 0] == 3 and backend.counts[2, 0] == 8, type(backend)
+        assert backend.counts[1].tolist() == [0, 0]
+    # Slot 2 is offloaded and nothing of it was filled: its 8 positions are all misses.
+    assert [b.counts[2, 1].item() for b in backends] == [0, 8, 8]
 
 
 def test_backend_arguments_are_checked() -> None:
@@ -225,5 +245,5 @@ def test_backend_arguments_are_checked() -> None:
     with pytest.raises(ValueError, match="events"):
         RemoteSwapBackend(kv, swap, kernels=KERNELS, xchg=xchg, events={"ready": None})
     assert not RemoteSwapBackend(kv, swap, kernels=KERNELS).capturable
-    with pytest.raises(ValueError):
-        BaselineConfig(num_layers=1, max_requests=1, max_context=8, topk=4, index_format="int4")
+    with pytest.raises(ValueError, match="index_format"):
+        baseline_layout(num_layers=1, max_requests=1, max_context=8, topk=4, index_format="int4")

@@ -172,7 +172,7 @@ def test_error_mapping() -> None:
         err = errors.from_status(code, "m", {"a": "1"})
         assert type(err) is cls and err.details == {"a": "1"}
     other = errors.from_status(grpc.StatusCode.INTERNAL, "boom")
-    assert type(other) is errors.KVClientError and other.status is grpc.StatusCode.INTERNAL
+    assert type(other) is errors.KVError and other.status is grpc.StatusCode.INTERNAL
     assert isinstance(errors.DeadlineExceeded("x"), errors.ServiceUnavailable)
 
 

@@ -189,6 +189,8 @@ def append_tokens(kv, truth, chunks: dict[int, range], seq: dict[int, int]) -> N
             kv.hot_kv,
             kv.index_pool,
             window=kv.layout.window,
+            row_format=kv.layout.row,
+            index_format=kv.layout.index,
         )
 
 
@@ -332,6 +334,8 @@ def test_append_plan_copy_replay_in_cuda_graph():
             kv.hot_kv,
             kv.index_pool,
             window=lay.window,
+            row_format=lay.row,
+            index_format=lay.index,
         )
         swap_plan(
             1,

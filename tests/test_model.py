@@ -10,7 +10,8 @@ import torch
 
 from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
 from contract.tensors import TENSOR_NAMES
-from engine_client.kv.backend import BaselineBackend, BaselineConfig, KVBackend
+from engine_client.kv.backend import KVBackend
+from engine_client.kv.baseline import BaselineBackend
 from engine_client.kv.hisparse import (
     HiSparseBackend,
     RemoteSwapBackend,
@@ -74,7 +75,7 @@ def make_backend(
     mode: str, kernels: KernelSet, layout: KVLayout = LAYOUT, requests=REQUESTS
 ) -> KVBackend:
     if mode == "baseline":
-        return BaselineBackend(BaselineConfig.from_layout(layout), kernels=kernels)
+        return BaselineBackend(layout, kernels=kernels)
     kv = admitted_tensors(layout, requests)
     if mode == "embedded":
         return HiSparseBackend(kv, kernels=kernels)
@@ -238,9 +239,7 @@ def gpu_run(
     kernels = KernelSet.triton()
     reqs = {0: (0, 1000), 1: (9000, 1200), 2: (5000, 900)}
     if mode == "baseline":
-        backend = BaselineBackend(
-            BaselineConfig.from_layout(layout), kernels=kernels, device="cuda"
-        )
+        backend = BaselineBackend(layout, kernels=kernels, device="cuda")
     else:
         kv = allocate_local(layout, "cuda")
         for slot, (ctx, n) in reqs.items():

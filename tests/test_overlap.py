@@ -11,7 +11,6 @@ from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
 from contract.tensors import TENSOR_NAMES
 from engine_client.kv.hisparse import HiSparseBackend
 from engine_client.kv.kernel_set import KernelSet
-from engine_client.model.compute import CountingBackend
 from engine_client.model.graph import DecodeConfig, DecodeRunner
 from engine_client.model.model import Model, _parts
 from engine_client.model.preset import preset
@@ -58,16 +57,15 @@ def decode(
         pages = list(range(slot * per, slot * per + lay.pages_for(ctx + STEPS)))
         resident = ctx + STEPS <= lay.hot_slots
         reset_request(kv, slot, MODE_RESIDENT if resident else MODE_OFFLOADED, pages)
-    inner = HiSparseBackend(
+    backend = HiSparseBackend(
         kv, kernels=kernels, microbatches=microbatches, copy_programs=copy_programs
     )
-    backend = CountingBackend(inner)
-    model = Model(cfg, weights, backend)  # type: ignore[arg-type]
+    model = Model(cfg, weights, backend)
     runner = DecodeRunner(
         model, DecodeConfig(max_batch=bucket, buckets=(bucket,), use_graphs=graphs)
     )
     for slot, ctx in contexts.items():
-        inner.fill_synthetic(slot, ctx, seed=slot, chunk=16 if device == "cpu" else 4096)
+        backend.fill_synthetic(slot, ctx, seed=slot, chunk=16 if device == "cpu" else 4096)
     slots, last, out, counts = list(contexts), [1, 2, 3, 4], [], []
     for step in range(STEPS):
         pos = [contexts[s] + step for s in slots]
@@ -77,7 +75,7 @@ def decode(
         backend.counts.zero_()
         last = logits.argmax(dim=-1).tolist()
     state = {name: getattr(kv, name).clone().cpu() for name in TENSOR_NAMES}
-    return out, counts, state, inner.stats()
+    return out, counts, state, backend.stats()
 
 
 def assert_same(a, b):

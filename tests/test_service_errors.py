@@ -15,8 +15,8 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from service_harness import TINY, ServiceProcess, SessionClient, attach, short_tmpdir
 
+from contract.codec import layout_to_proto
 from engine_client.client import errors
-from kv_service.servicer import layout_to_proto
 from proto.kvcache.v1 import kvcache_pb2 as pb
 from proto.kvcache.v1 import kvcache_pb2_grpc as pb_grpc
 

@@ -25,10 +25,10 @@ from service_harness import (
     short_tmpdir,
 )
 
+from contract.codec import layout_to_proto
 from contract.layout import MODE_OFFLOADED
 from contract.segment_map import SegmentMap
 from engine_client.client import errors
-from kv_service.servicer import layout_to_proto
 from proto.kvcache.v1 import kvcache_pb2 as pb
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]

@@ -33,11 +33,11 @@ def run_kernel(q_nope, q_pe, kv, row_base, slots, scale, **kw):
     return out, lse
 
 
-def run_reference(q_nope, q_pe, kv, row_base, slots, scale):
+def run_reference(q_nope, q_pe, kv, row_base, slots, scale, **kw):
     bs, heads, _ = q_nope.shape
     out = torch.empty(bs, heads, D_V, dtype=torch.float64, device=q_nope.device)
     lse = torch.empty(bs, heads, dtype=torch.float64, device=q_nope.device)
-    ref_sparse_mla_decode(q_nope, q_pe, kv, row_base, slots, scale, out, lse)
+    ref_sparse_mla_decode(q_nope, q_pe, kv, row_base, slots, scale, out, lse, **kw)
     return out, lse
 
 

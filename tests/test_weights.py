@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from engine_client.kv.backend import BaselineBackend, BaselineConfig
+from engine_client.kv.baseline import BaselineBackend, baseline_layout
 from engine_client.kv.kernel_set import KernelSet
 from engine_client.model.model import Model
 from engine_client.model.preset import PRESETS, ConfigError, ModelConfig, preset
@@ -74,7 +74,7 @@ def test_random_weights_are_seeded_and_per_tensor() -> None:
 
 def prefill_logits(weights) -> torch.Tensor:
     backend = BaselineBackend(
-        BaselineConfig(num_layers=2, max_requests=1, max_context=8, topk=8, page_size=4),
+        baseline_layout(num_layers=2, max_requests=1, max_context=8, topk=8, page_size=4),
         kernels=KernelSet.triton(),
     )
     return Model(CFG, weights, backend).prefill(0, [3, 1, 4], chunk_size=3)
@@ -137,7 +137,7 @@ def test_bad_checkpoints_are_refused(tmp_path) -> None:
             CFG,
             cases["missing"],
             BaselineBackend(
-                BaselineConfig(num_layers=2, max_requests=1, max_context=8, topk=8),
+                baseline_layout(num_layers=2, max_requests=1, max_context=8, topk=8),
                 kernels=KernelSet.triton(),
             ),
         )

@@ -90,7 +90,7 @@ async def _one(
     try:
         async for _ in generate_stream(channel, gen, result):
             progress.update(i)
-    except errors.KVClientError as e:
+    except errors.KVError as e:
         result.error = str(e)
 
 

@@ -86,7 +86,7 @@ def _generate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     except reachability.Unreachable as e:
         print(f"generate: {e}", file=sys.stderr)
         return 1
-    except errors.KVClientError as e:
+    except errors.KVError as e:
         lead = "\n" if shown else ""  # end the line of tokens first
         print(
             f"{lead}generate: error ({errors.code_of(e).name}) from the engine at "
@@ -138,7 +138,7 @@ def _main(argv: Sequence[str] | None, env: Mapping[str, str] | None) -> int:
 
     try:
         return run(cfg)
-    except errors.KVClientError as e:
+    except errors.KVError as e:
         # Expected failures (service unreachable, layout mismatch, ...): the message says it all.
         logging.getLogger("engine_client").error("engine failed: %s", e)
         return 1

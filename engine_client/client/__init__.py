@@ -11,7 +11,7 @@
 - Contract types a caller needs: `KVLayout` (the layout descriptor), `KVTensors` (the mapped
   tensor set; its fields are what the kernels take).
 
-docs/CLIENT.md documents the API with a runnable decode loop (`engine_client/client/example.py`).
+docs/CLIENT.md documents the API with a runnable decode loop (`docs/client_example.py`).
 """
 
 import importlib

@@ -8,34 +8,13 @@ with the wrong shapes. The Attach call itself, and what a failed call means, sta
 
 from __future__ import annotations
 
-import dataclasses
-
 from contract import segment_map
+from contract.codec import handle_from_proto, layout_from_proto, layout_to_proto
 from contract.layout import KVLayout, LayoutError
 from contract.tensors import KVTensors
 from engine_client.client import errors
 from engine_client.client.control import HeldRequest
 from proto.kvcache.v1 import kvcache_pb2 as pb
-
-
-def layout_from_proto(msg: pb.Layout) -> KVLayout:
-    return KVLayout(**{f.name: getattr(msg, f.name) for f in dataclasses.fields(KVLayout)})
-
-
-def layout_to_proto(layout: KVLayout) -> pb.Layout:
-    return pb.Layout(**layout.to_dict())
-
-
-def handle_from_proto(h: pb.TensorHandle) -> dict:
-    return {
-        "name": h.name,
-        "kind": h.kind,
-        "shape": list(h.shape),
-        "dtype": h.dtype,
-        "path": h.shm_path,
-        "ipc": h.cuda_ipc,
-        "nbytes": h.nbytes,
-    }
 
 
 def cuda_device_with_uuid(uuid: str) -> str:

@@ -33,9 +33,9 @@ from contract.errors import (
     Unauthenticated,
     UnknownRequest,
     UnknownSession,
+    class_of_status,
+    status_code_name,
 )
-
-KVClientError = KVError
 
 __all__ = [
     "AlreadyExists",
@@ -44,7 +44,7 @@ __all__ = [
     "Draining",
     "EpochMismatch",
     "InvalidArgument",
-    "KVClientError",
+    "KVError",
     "LayoutMismatch",
     "ServiceUnavailable",
     "Unauthenticated",
@@ -57,21 +57,6 @@ __all__ = [
     "status_code",
 ]
 
-# Without an ErrorInfo (a proxy, grpc itself, an old service) the status code decides.
-_BY_CODE: dict[grpc.StatusCode, type[KVError]] = {
-    grpc.StatusCode.UNAVAILABLE: ServiceUnavailable,
-    grpc.StatusCode.CANCELLED: ServiceUnavailable,
-    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: CapacityError,
-    grpc.StatusCode.NOT_FOUND: UnknownRequest,
-    grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
-    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
-    grpc.StatusCode.FAILED_PRECONDITION: EpochMismatch,
-    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
-}
-_CODE_OF: dict[type[KVError], grpc.StatusCode] = {
-    cls: code for code, cls in _BY_CODE.items() if code is not grpc.StatusCode.CANCELLED
-}
 _BY_VALUE: dict[int, grpc.StatusCode] = {code.value[0]: code for code in grpc.StatusCode}
 
 
@@ -87,10 +72,7 @@ def code_of(err: BaseException) -> grpc.StatusCode:
     code = getattr(err, "status", None)
     if isinstance(code, grpc.StatusCode):
         return code
-    for base in type(err).__mro__:
-        if base in _CODE_OF:
-            return _CODE_OF[base]
-    return grpc.StatusCode.UNKNOWN
+    return grpc.StatusCode[status_code_name(type(err)) or "UNKNOWN"]
 
 
 def from_status(
@@ -99,11 +81,11 @@ def from_status(
     details: Mapping[str, str] | None = None,
     reason: str = "",
 ) -> KVError:
-    """The typed error for a status: by ErrorInfo reason when known, else by status code.
-    An unknown code gives the base class with the code kept in `status`."""
+    """The typed error for a status: by ErrorInfo reason when known, else by status code
+    (contract.errors.STATUS_CODES, read back). The base class keeps the code in `status`."""
     code = status_code(code)
     details = dict(details or {})
-    cls = BY_REASON.get(reason) or _BY_CODE.get(code, KVError)
+    cls = BY_REASON.get(reason) or class_of_status(code.name)
     if issubclass(cls, CapacityError):
         permanent = details.pop("permanent", "false") == "true"
         return cls(message or code.name, details, permanent=permanent)

@@ -26,7 +26,7 @@ import logging
 
 import grpc
 
-from contract import segment_map
+from contract import codec, segment_map
 from contract.layout import KVLayout
 from contract.tensors import KVTensors
 from engine_client.client import attachment, errors, reachability
@@ -93,7 +93,7 @@ class KVClient:
         self._mapped: KVTensors | None = None
         self._mapped_exchange: dict = {}
         self._stream: SessionStream | None = None
-        self._dead: errors.KVClientError | None = None
+        self._dead: errors.KVError | None = None
         self._recover_task: asyncio.Task | None = None
         self._recovering = False
         self._closing = False
@@ -160,7 +160,7 @@ class KVClient:
             reply, self.layout, self.device, self.with_remote_swap, self._segments
         )
         self._mapped, self._mapped_exchange = self.tensors, self.exchange
-        self._handles = [attachment.handle_from_proto(h) for h in reply.tensors]
+        self._handles = [codec.handle_from_proto(h) for h in reply.tensors]
 
     async def _open_stream(self) -> None:
         self._stream = SessionStream(
@@ -183,7 +183,7 @@ class KVClient:
 
     # --- loss and recovery ---
 
-    def _stream_lost(self, why: errors.KVClientError) -> None:
+    def _stream_lost(self, why: errors.KVError) -> None:
         if self._closing or self._dead is not None:
             return
         log.warning("session stream to %s lost: %s", self.target, why)
@@ -203,12 +203,12 @@ class KVClient:
                 raise errors.EpochMismatch(f"service restarted (epoch {old_epoch} -> {self.epoch})")
             await self._open_stream()
             log.info("session %s re-attached after a stream drop", self.session_id)
-        except errors.KVClientError as e:
+        except errors.KVError as e:
             self._die(errors.ServiceUnavailable(f"KV service at {self.target} lost: {e}"))
         finally:
             self._recovering = False
 
-    def _die(self, why: errors.KVClientError) -> None:
+    def _die(self, why: errors.KVError) -> None:
         """Dead until `reattach`. The memory is only unmapped in let_go() or close(): a step may
         still be running on it in the compute thread; the engine discards that step
         (check_alive) and launches no other."""
@@ -264,7 +264,7 @@ class KVClient:
             try:
                 await self._attach_again()
                 break
-            except errors.KVClientError as e:
+            except errors.KVError as e:
                 log.warning("re-attach to %s failed: %s; next try in %.1fs", self.target, e, delay)
             await asyncio.sleep(delay)
             delay = min(2 * delay, REATTACH_BACKOFF[1])
@@ -401,7 +401,7 @@ class KVClient:
         """Stop the stream (detaching first if asked: the service frees every request now;
         otherwise the lease keeps them for a restarted engine)."""
         if detach and self._dead is None and self._stream is not None and self._stream.open:
-            with contextlib.suppress(errors.KVClientError, asyncio.TimeoutError):
+            with contextlib.suppress(errors.KVError, asyncio.TimeoutError):
                 await self._send(pb.SessionMessage(detach=pb.Detach()), "Detach")
         self._closing = True
         if self._recover_task is not None:

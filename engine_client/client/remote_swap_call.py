@@ -41,7 +41,7 @@ class RemoteSwapCall:
         try:
             with errors.rpc_errors("RemoteSwap"):
                 return self._stub.RemoteSwap(req, timeout=self._timeout, metadata=self._metadata)
-        except errors.KVClientError as e:
+        except errors.KVError as e:
             # The gRPC error's frames lead back (f_back) to the compute step's, which hold the
             # mapped memory: a stored error must not keep it mapped once the service is lost.
             for cause in (e.__cause__, e.__context__):

@@ -33,7 +33,7 @@ class SessionStream:
         timeout: float,
         heartbeat_interval: float,
         heartbeat: Callable[[], Awaitable[object]],
-        on_lost: Callable[[errors.KVClientError], None],
+        on_lost: Callable[[errors.KVError], None],
     ) -> None:
         self._call = call
         self._timeout = timeout
@@ -43,7 +43,7 @@ class SessionStream:
         self._pending: dict[int, asyncio.Future] = {}
         self._write_lock = asyncio.Lock()
         self._seq = 0
-        self._lost: errors.KVClientError | None = None
+        self._lost: errors.KVError | None = None
         self._tasks: list[asyncio.Task] = []
 
     @property
@@ -85,7 +85,7 @@ class SessionStream:
         try:
             with errors.rpc_errors(what):
                 await self._call.write(msg)
-        except errors.KVClientError as e:
+        except errors.KVError as e:
             self.stop(errors.ServiceUnavailable(str(e)))
             raise NotSent(str(self._lost)) from e
         except asyncio.InvalidStateError as e:
@@ -104,7 +104,7 @@ class SessionStream:
                     log.warning("reply with unknown seq %d dropped", reply.seq)
                 elif not fut.done():
                     fut.set_result(reply)
-        except errors.KVClientError as e:
+        except errors.KVError as e:
             self.stop(
                 e if isinstance(e, errors.ServiceUnavailable) else errors.ServiceUnavailable(str(e))
             )
@@ -122,11 +122,11 @@ class SessionStream:
                 await self._heartbeat()
             except errors.ServiceUnavailable:
                 return
-            except errors.KVClientError as e:
+            except errors.KVError as e:
                 self.stop(errors.ServiceUnavailable(f"heartbeat refused: {e}"))
                 return
 
-    def stop(self, why: errors.KVClientError) -> None:
+    def stop(self, why: errors.KVError) -> None:
         """Mark the stream lost: fail every pending request, end the call, tell the owner."""
         if self._lost is not None:
             return
@@ -146,7 +146,7 @@ class SessionStream:
         """End the stream from our side (no loss is reported)."""
         if self._lost is None:
             self._on_lost = lambda why: None
-            with contextlib.suppress(errors.KVClientError, asyncio.InvalidStateError, TimeoutError):
+            with contextlib.suppress(errors.KVError, asyncio.InvalidStateError, TimeoutError):
                 with errors.rpc_errors("Session"):
                     await asyncio.wait_for(self._call.done_writing(), self._timeout)
             self.stop(errors.ServiceUnavailable("session stream closed by the client"))

@@ -1,10 +1,12 @@
-"""The KV backend the model calls at every layer, and the all-on-GPU baseline.
+"""The KV backend interface the model and the engine loop call, and what every backend shares.
 
 A backend stores new KV rows and indexer keys (`append`), scores the indexer keys
 (`index_scores`), and hands attention the rows of a top-k selection as (kv rows, row_base, slots)
 (`select` for decode, `gather` for prefill). Attention reads row `row_base[b] + slots[b, i]` of
 `kv`, in slot-list order, so every backend that yields the same rows gives bitwise-identical
-output. The HiSparse backends (service memory) are in `engine_client.kv.hisparse`.
+output. It also counts, per request slot, the positions each decode step selected and the ones
+it copied from the host (`counts`). The backends: `kv/baseline.py` (all KV on the device),
+`kv/hisparse.py` (the service's memory: in-stream and remote swap).
 
 Tensor conventions: req_slots, positions, seq_lens [n] int32; a row with req_slot -1 is padding
 and changes nothing; seq_lens count the stored tokens including the new one.
@@ -13,44 +15,46 @@ and changes nothing; seq_lens count the stored tokens including the new one.
 from __future__ import annotations
 
 import zlib
-from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch
 
-from contract.layout import INDEX_FORMATS, ROW_FORMATS, KVLayout
-from engine_client.kv.index_keys import encode_index_keys
+from contract.layout import KVLayout
+from contract.tensors import KVTensors
 from engine_client.kv.kernel_set import KernelSet
-from kernels.reference import write_index_rows
-
-ROW_DIM = 576
+from kernels.formats import INDEX_DIM, ROW_VALUES
 
 
 @dataclass(frozen=True)
 class AttnRows:
-    """What attention reads: rows kv ([rows, 576] bf16, or fp8 rows [rows, 656] uint8),
-    row_base [n] int64, slots [n, k] int32."""
+    """What attention reads: rows kv (as the layout's row format has attention read them:
+    `RowFormat.attn_rows`), row_base [n] int64, slots [n, k] int32."""
 
     kv: torch.Tensor
     row_base: torch.Tensor
     slots: torch.Tensor
 
 
-class KVBackend(ABC):
-    """Where the KV rows and indexer keys of every request slot live."""
+@runtime_checkable
+class KVBackend(Protocol):
+    """Where the KV rows and indexer keys of every request slot live: everything the model
+    (engine_client.model), the decode runner and the engine loop use of a backend."""
 
+    layout: KVLayout
     num_layers: int
     max_requests: int
     max_context: int
     topk: int
-    index_format: str
-    row_format: str = "bf16"
     device: torch.device
     kernels: KernelSet
     # The decode path (append, index_scores, select) may be captured in a CUDA graph.
-    capturable: bool = True
+    capturable: bool
+    # Most decode rows one step may hand `select`.
+    max_batch: int
+    # Parts a decode layer's batch is cut into (HiSparseBackend overlaps their miss copies).
+    microbatches: int
 
-    @abstractmethod
     def append(
         self,
         layer: int,
@@ -60,31 +64,17 @@ class KVBackend(ABC):
         positions: torch.Tensor,
         seq_lens: torch.Tensor,
     ) -> None:
-        """Store rows kv_rows [n, 576] bf16 (quantized here when row_format is fp8) and
-        index_rows [n, I] uint8 at (req_slot, position).
+        """Store rows kv_rows [n, 576] bf16 (encoded here as the layout's row format says) and
+        index_rows [n, I] uint8 (`layout.index.encode`) at (req_slot, position).
         seq_lens: each request's stored length once this append is done (the window ring of an
         offloaded request keeps only tokens >= seq_len - W, so pass a chunk's end, not pos + 1)."""
 
-    @abstractmethod
     def index_pool_layer(self, layer: int) -> torch.Tensor:
         """Index keys of `layer` as [pages, P, I] uint8, addressed through `page_table`."""
 
     @property
-    @abstractmethod
     def page_table(self) -> torch.Tensor:
         """[R, pages per request] int32 page ids of the index pool."""
-
-    @abstractmethod
-    def select(
-        self, layer: int, topk: torch.Tensor, req_slots: torch.Tensor, seq_lens: torch.Tensor
-    ) -> AttnRows:
-        """Decode: make the top-k rows of each batch row readable. Graph-safe when capturable."""
-
-    @abstractmethod
-    def gather(self, layer: int, topk: torch.Tensor, req_slot: int, seq_len: int) -> AttnRows:
-        """Prefill of one request: the top-k rows of each chunk token (all < seq_len, the
-        request's stored length), read from the authoritative store without touching
-        residency/LRU state. May synchronize."""
 
     def index_scores(
         self,
@@ -96,16 +86,109 @@ class KVBackend(ABC):
         out: torch.Tensor,
     ) -> None:
         """out[b, t] = sum_h w[b, h] relu(q[b, h] . key_t) for t < seq_lens[b], else -inf."""
+
+    def select(
+        self,
+        layer: int,
+        topk: torch.Tensor,
+        req_slots: torch.Tensor,
+        seq_lens: torch.Tensor,
+        row0: int = 0,
+    ) -> AttnRows:
+        """Decode: make the top-k rows of each batch row readable, and count them. Graph-safe
+        when capturable. row0: first row of this micro-batch part in the whole batch."""
+
+    def attention_ready(self, row0: int) -> None:
+        """Before attention reads the rows of the part starting at row0 (microbatches > 1)."""
+
+    def gather(self, layer: int, topk: torch.Tensor, req_slot: int, seq_len: int) -> AttnRows:
+        """Prefill of one request: the top-k rows of each chunk token (all < seq_len, the
+        request's stored length), read from the authoritative store without touching
+        residency/LRU state. May synchronize."""
+
+    @property
+    def counts(self) -> torch.Tensor:
+        """(selected, misses) [R, 2] int64 per request slot, added by every decode `select`
+        on the device (a captured graph keeps counting); the caller zeroes it."""
+
+    def rebind(self, kv: KVTensors | None, xchg: dict[str, torch.Tensor] | None = None) -> None:
+        """Use another mapping of the same layout (a restarted service's memory), or none."""
+
+    def fill_synthetic(
+        self, req_slot: int, n_tokens: int, *, seed: int = 0, chunk: int = 4096
+    ) -> None:
+        """Random KV rows and index keys for positions [0, n_tokens) of `req_slot`."""
+
+
+class SlotCounts:
+    """Per request slot (selected, misses) counters on the device. Row R collects padding rows
+    (request slot -1), so adding needs no data-dependent branch."""
+
+    def __init__(self, max_requests: int, device: torch.device) -> None:
+        self._counts = torch.zeros((max_requests + 1, 2), dtype=torch.int64, device=device)
+
+    def add(self, req_slots: torch.Tensor, topk: torch.Tensor, misses: torch.Tensor | None) -> None:
+        idx = torch.where(req_slots >= 0, req_slots, self._counts.shape[0] - 1).long()
+        self._counts[:, 0].index_add_(0, idx, (topk >= 0).sum(dim=1))
+        if misses is not None:
+            self._counts[:, 1].index_add_(0, idx, misses.long().clamp(min=0))
+
+    @property
+    def counts(self) -> torch.Tensor:
+        return self._counts[:-1]
+
+
+class SharedBackend:
+    """What every backend does the same way: sizes from its layout, the indexer over its index
+    pool, the slot counters and the synthetic fill. Subclasses provide append, select, gather,
+    index_pool_layer and page_table (the KVBackend protocol)."""
+
+    capturable: bool = True
+    microbatches: int = 1
+
+    def __init__(
+        self, layout: KVLayout, kernels: KernelSet, device: torch.device, max_batch: int
+    ) -> None:
+        self.layout, self.kernels, self.device = layout, kernels, device
+        self.num_layers, self.max_requests = layout.num_layers, layout.max_requests
+        self.max_context, self.topk = layout.max_context, layout.topk
+        self.capturable = kernels.capturable
+        self.max_batch = max_batch
+        self._slot_counts = SlotCounts(layout.max_requests, device)
+
+    @property
+    def counts(self) -> torch.Tensor:
+        return self._slot_counts.counts
+
+    def index_scores(
+        self: KVBackend,
+        layer: int,
+        q: torch.Tensor,
+        w: torch.Tensor,
+        req_slots: torch.Tensor,
+        seq_lens: torch.Tensor,
+        out: torch.Tensor,
+    ) -> None:
         self.kernels.indexer_scores(
-            q, w, self.index_pool_layer(layer), self.page_table, req_slots, seq_lens, out
+            q,
+            w,
+            self.index_pool_layer(layer),
+            self.page_table,
+            req_slots,
+            seq_lens,
+            out,
+            index_format=self.layout.index,
         )
+
+    def attention_ready(self, row0: int) -> None:
+        """Nothing to wait for unless a backend copies on a side stream."""
 
     def stats(self) -> dict[str, int]:
         """Counters since the last reset (reads the device: call between steps)."""
         return {}
 
     def fill_synthetic(
-        self, req_slot: int, n_tokens: int, *, seed: int = 0, chunk: int = 4096
+        self: KVBackend, req_slot: int, n_tokens: int, *, seed: int = 0, chunk: int = 4096
     ) -> None:
         """Write random KV rows and index keys for positions [0, n_tokens) of `req_slot`, so a
         benchmark starts from a long context without a prefill. Deterministic in (seed, layer,
@@ -125,149 +208,14 @@ class KVBackend(ABC):
                 m = min(chunk, n_tokens - start)
                 gen = torch.Generator(device=self.device)
                 gen.manual_seed(zlib.crc32(f"{seed}:{layer}:{start}".encode()))
-                rows = torch.randn((m, ROW_DIM), generator=gen, device=self.device)
-                keys = torch.randn((m, 128), generator=gen, device=self.device)
+                rows = torch.randn((m, ROW_VALUES), generator=gen, device=self.device)
+                keys = torch.randn((m, INDEX_DIM), generator=gen, device=self.device)
                 pos = torch.arange(start, start + m, dtype=torch.int32, device=self.device)
                 self.append(
                     layer,
                     rows.to(torch.bfloat16),
-                    encode_index_keys(keys, self.index_format),
+                    self.layout.index.encode(keys),
                     r[:m],
                     pos,
                     lens[:m],
                 )
-
-
-@dataclass(frozen=True)
-class BaselineConfig:
-    """Sizes of the all-on-GPU cache: L layers x R request slots x C tokens."""
-
-    num_layers: int
-    max_requests: int
-    max_context: int
-    topk: int
-    page_size: int = 64
-    index_format: str = "bf16"
-    row_format: str = "bf16"
-
-    def __post_init__(self) -> None:
-        for name in ("num_layers", "max_requests", "max_context", "topk", "page_size"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.index_format not in INDEX_FORMATS:
-            raise ValueError(f"index_format must be one of {sorted(INDEX_FORMATS)}")
-        if self.row_format not in ROW_FORMATS:
-            raise ValueError(f"row_format must be one of {sorted(ROW_FORMATS)}")
-
-    @classmethod
-    def from_layout(cls, layout: KVLayout, max_requests: int | None = None) -> "BaselineConfig":
-        return cls(
-            layout.num_layers,
-            max_requests or layout.max_requests,
-            layout.max_context,
-            layout.topk,
-            layout.page_size,
-            layout.index_format,
-            layout.row_format,
-        )
-
-    @property
-    def pages_per_request(self) -> int:
-        return -(-self.max_context // self.page_size)
-
-    @property
-    def cache_bytes(self) -> int:
-        kv = self.num_layers * self.max_requests * self.max_context * ROW_FORMATS[self.row_format]
-        index = (
-            self.num_layers
-            * self.max_requests
-            * self.pages_per_request
-            * self.page_size
-            * INDEX_FORMATS[self.index_format]
-        )
-        return kv + index
-
-
-class BaselineBackend(KVBackend):
-    """All KV on the device: a full cache [L, R, C, 576] bf16 (fp8 rows: [L, R, C, 656] uint8,
-    quantized by the same kernel as the HiSparse appends) and an index-key pool with a fixed
-    page table (request r owns pages [r * ppr, (r + 1) * ppr)). One extra row per layer of
-    each (the last) absorbs the writes of padding rows, so appends need no data-dependent
-    branch and stay graph-safe."""
-
-    def __init__(
-        self, cfg: BaselineConfig, *, kernels: KernelSet, device: torch.device | str = "cpu"
-    ) -> None:
-        self.cfg = cfg
-        self.kernels = kernels
-        self.device = torch.device(device)
-        self.num_layers, self.max_requests = cfg.num_layers, cfg.max_requests
-        self.max_context, self.topk, self.index_format = cfg.max_context, cfg.topk, cfg.index_format
-        self.row_format = cfg.row_format
-        L, R, C, P, ppr = (
-            cfg.num_layers,
-            cfg.max_requests,
-            cfg.max_context,
-            cfg.page_size,
-            cfg.pages_per_request,
-        )
-        ib = INDEX_FORMATS[cfg.index_format]
-        width, dtype = (
-            (ROW_DIM, torch.bfloat16)
-            if cfg.row_format == "bf16"
-            else (ROW_FORMATS[cfg.row_format], torch.uint8)
-        )
-        self._kv = torch.zeros((L, R * C + 1, width), dtype=dtype, device=self.device)
-        self.full_kv = self._kv[:, : R * C].view(L, R, C, width)
-        self._pool = torch.zeros((L, R * ppr + 1, P, ib), dtype=torch.uint8, device=self.device)
-        self._page_table = torch.arange(R * ppr, dtype=torch.int32, device=self.device).view(R, ppr)
-        self.capturable = kernels.capturable
-
-    @property
-    def page_table(self) -> torch.Tensor:
-        return self._page_table
-
-    def index_pool_layer(self, layer: int) -> torch.Tensor:
-        return self._pool[layer, :-1]
-
-    def append(
-        self,
-        layer: int,
-        kv_rows: torch.Tensor,
-        index_rows: torch.Tensor,
-        req_slots: torch.Tensor,
-        positions: torch.Tensor,
-        seq_lens: torch.Tensor,
-    ) -> None:
-        cfg = self.cfg
-        r, t = req_slots.long(), positions.long()
-        ok = (
-            (r >= 0) & (r < cfg.max_requests) & (t >= 0) & (t < seq_lens.clamp(max=cfg.max_context))
-        )
-        trash_kv = cfg.max_requests * cfg.max_context
-        if cfg.row_format == "fp8":
-            fp8 = torch.empty(
-                (kv_rows.shape[0], self._kv.shape[-1]), dtype=torch.uint8, device=self.device
-            )
-            self.kernels.kv_quantize(kv_rows, fp8)
-            kv_rows = fp8
-        self._kv[layer].index_copy_(0, torch.where(ok, r * cfg.max_context + t, trash_kv), kv_rows)
-        # Page r * ppr + t // P, slot t % P: request r's keys are contiguous. fp8 pages are
-        # page-blocked (values, then scales), so the store goes through the layout's views.
-        per_req = cfg.pages_per_request * cfg.page_size
-        token = torch.where(ok, r * per_req + t, cfg.max_requests * per_req)
-        write_index_rows(
-            self._pool[layer], token // cfg.page_size, token % cfg.page_size, index_rows
-        )
-
-    def select(
-        self, layer: int, topk: torch.Tensor, req_slots: torch.Tensor, seq_lens: torch.Tensor
-    ) -> AttnRows:
-        row_base = req_slots.long().clamp(min=0) * self.max_context
-        return AttnRows(self._kv[layer], row_base, topk)
-
-    def gather(self, layer: int, topk: torch.Tensor, req_slot: int, seq_len: int) -> AttnRows:
-        row_base = torch.full(
-            (topk.shape[0],), req_slot * self.max_context, dtype=torch.int64, device=self.device
-        )
-        return AttnRows(self._kv[layer], row_base, topk)

@@ -17,7 +17,7 @@ import torch
 from contract.exchange import EVENT_NAMES, exchange_specs
 from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
 from contract.tensors import KVTensors
-from engine_client.kv.backend import ROW_DIM, AttnRows, KVBackend
+from engine_client.kv.backend import AttnRows, SharedBackend
 from engine_client.kv.kernel_set import KernelSet
 
 # Counter slots in HiSparseBackend.counters (int64, on the device, updated without sync).
@@ -29,7 +29,7 @@ _SELECTED, _MISSES = 0, 1
 OVERLAP_COPY_PROGRAMS = 64
 
 
-class HiSparseBackend(KVBackend):
+class HiSparseBackend(SharedBackend):
     """In-stream swap on service memory. Decode buffers are sized for `max_batch` rows.
 
     microbatches > 1: the model splits each decode layer's batch into that many parts (see
@@ -48,16 +48,11 @@ class HiSparseBackend(KVBackend):
         copy_programs: int | None = None,
     ) -> None:
         lay = kv.layout
-        self.kv, self.layout, self.kernels = kv, lay, kernels
-        self.device = kv.device
-        self.num_layers, self.max_requests = lay.num_layers, lay.max_requests
-        self.max_context, self.topk, self.index_format = lay.max_context, lay.topk, lay.index_format
-        self.row_format = lay.row_format
-        self.capturable = kernels.capturable
         n, k = max_batch or lay.max_requests, lay.topk
         if not 0 < n <= lay.max_requests:
             raise ValueError(f"max_batch must be in [1, {lay.max_requests}], got {n}")
-        self.max_batch = n
+        super().__init__(lay, kernels, kv.device, n)
+        self.kv = kv
         self.out_slots = torch.full((n, k), -1, dtype=torch.int32, device=self.device)
         self.miss_src = torch.zeros((n, k), dtype=torch.int64, device=self.device)
         self.miss_dst = torch.zeros((n, k), dtype=torch.int64, device=self.device)
@@ -80,9 +75,8 @@ class HiSparseBackend(KVBackend):
         return [self._rows(kv.hot_kv[l]) for l in range(self.layout.num_layers)]
 
     def _rows(self, raw: torch.Tensor) -> torch.Tensor:
-        """Rows as attention reads them: bf16 [n, 576], or fp8 rows [n, 656] uint8 as stored."""
-        flat = raw.view(-1, self.layout.row_bytes)
-        return flat.view(torch.bfloat16).view(-1, ROW_DIM) if self.row_format == "bf16" else flat
+        """Rows as attention reads them (the row format's view of the stored bytes)."""
+        return self.layout.row.attn_rows(raw)
 
     def rebind(self, kv: KVTensors | None, xchg: dict[str, torch.Tensor] | None = None) -> None:
         """Use another mapping of the same layout (a restarted service's memory), or none:
@@ -114,7 +108,7 @@ class HiSparseBackend(KVBackend):
         seq_lens: torch.Tensor,
     ) -> None:
         kv = self.kv
-        # bf16 rows: kv_append stores them as bytes, or quantizes them for fp8 tiers.
+        # bf16 rows: kv_append encodes them as the layout's row format says.
         self.kernels.kv_append(
             layer,
             kv_rows,
@@ -128,15 +122,19 @@ class HiSparseBackend(KVBackend):
             kv.hot_kv,
             kv.index_pool,
             window=self.layout.window,
+            row_format=self.layout.row,
+            index_format=self.layout.index,
         )
 
     def _hot(self, layer: int, req_slots: torch.Tensor, slots: torch.Tensor) -> AttnRows:
         row_base = req_slots.long().clamp(min=0) * self.layout.hot_slots
         return AttnRows(self._hot_rows[layer], row_base, slots)
 
-    def _count(self, topk: torch.Tensor, miss_count: torch.Tensor) -> None:
+    def _count(self, req_slots: torch.Tensor, topk: torch.Tensor, misses: torch.Tensor) -> None:
+        """Totals for `stats` and per request slot for `counts`, on the device."""
         self.counters[_SELECTED] += (topk >= 0).sum()
-        self.counters[_MISSES] += miss_count.sum()
+        self.counters[_MISSES] += misses.sum()
+        self._slot_counts.add(req_slots, topk, misses)
 
     def select(
         self,
@@ -160,7 +158,7 @@ class HiSparseBackend(KVBackend):
         else:
             plan_swap(self.kv, self.kernels, layer, topk, seq_lens, req_slots, *out)
             self._copy_aside(row0, *out[1:])
-        self._count(topk, out[3])
+        self._count(req_slots, topk, out[3])
         return self._hot(layer, req_slots, out[0])
 
     def _copy_aside(
@@ -374,8 +372,14 @@ class RemoteSwapBackend(HiSparseBackend):
         self.xchg = new_xchg
 
     def select(
-        self, layer: int, topk: torch.Tensor, req_slots: torch.Tensor, seq_lens: torch.Tensor
+        self,
+        layer: int,
+        topk: torch.Tensor,
+        req_slots: torch.Tensor,
+        seq_lens: torch.Tensor,
+        row0: int = 0,
     ) -> AttnRows:
+        """row0 is always 0: remote swap runs no micro-batches."""
         n, x = topk.shape[0], self.xchg
         x["xchg_topk"][:n].copy_(topk)
         x["xchg_seq_lens"][:n].copy_(seq_lens)
@@ -388,5 +392,5 @@ class RemoteSwapBackend(HiSparseBackend):
         self.swap_fn(layer, n)
         if stream is not None and self.events is not None:
             stream.wait_event(self.events["xchg_done"])
-        self._count(topk, x["xchg_miss_count"][:n])
+        self._count(req_slots, topk, x["xchg_miss_count"][:n])
         return self._hot(layer, req_slots, x["xchg_slots"][:n])

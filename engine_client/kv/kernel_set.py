@@ -19,8 +19,9 @@ class KernelSet:
     sparse_mla_decode: Callable[..., None]
     indexer_scores: Callable[..., None]
     topk_select: Callable[..., None]
-    # rows [n, 576] bf16 -> fp8 rows [n, 656] uint8 (the bytes kv_append writes for fp8 tiers).
-    kv_quantize: Callable[..., None] | None = None
+    # rows [n, 576] bf16 -> stored rows [n, row_bytes] uint8 of a format with a quantize function
+    # (the bytes kv_append writes for it): kv_quantize(rows, out, row_format=...).
+    kv_quantize: Callable[..., None]
     capturable: bool = True
 
     @classmethod
@@ -54,6 +55,6 @@ class KernelSet:
             sparse_mla_decode=ref.ref_sparse_mla_decode,
             indexer_scores=ref.ref_indexer_scores,
             topk_select=ref.ref_topk_select,
-            kv_quantize=ref.ref_quantize_kv_rows,
+            kv_quantize=ref.ref_kv_quantize,
             capturable=False,
         )

@@ -37,7 +37,7 @@ from engine_client.loop.metrics import EngineMetrics
 from engine_client.loop.postprocess import Postprocessor, ReportSender
 from engine_client.loop.request import FailStatus, Finish, GenRequest, Phase, SamplingParams
 from engine_client.loop.runner import Advance, LaunchedStep, StepRunner
-from engine_client.loop.scheduler import Batch, QueuePolicy, Scheduler
+from engine_client.loop.scheduler import Batch, QueueLimits, Scheduler
 from engine_client.loop.state_file import StateFile
 from engine_client.model.compute import Compute
 
@@ -60,12 +60,12 @@ class Engine:
         max_active: int,
         admit_retry: float = 0.5,
         state: StateFile | None = None,
-        policy: QueuePolicy | None = None,
+        policy: QueueLimits | None = None,
         overlap: bool = True,
         metrics: EngineMetrics | None = None,
     ) -> None:
         self.compute, self.control, self.state = compute, control, state
-        self.policy = policy or QueuePolicy(admit_retry=admit_retry)
+        self.policy = policy or QueueLimits(admit_retry=admit_retry)
         self.metrics = metrics or EngineMetrics()
         self.scheduler = Scheduler(
             control,
@@ -86,7 +86,7 @@ class Engine:
         self.finished: OrderedDict[str, GenRequest] = OrderedDict()
         self.steps = 0
         self.done_step = -1  # every step up to this one has finished on the device
-        self.failure: errors.KVClientError | None = None
+        self.failure: errors.KVError | None = None
         # Set once the KV service is lost (and its memory let go of); `recovered` once the
         # control re-attached to a restarted service and new requests are served again.
         self.failed = asyncio.Event()
@@ -189,7 +189,7 @@ class Engine:
         except Exception as e:
             # A bug in the loop must not leave client streams waiting forever.
             log.exception("engine loop crashed")
-            self._fail_all(errors.KVClientError(f"engine loop crashed: {type(e).__name__}: {e}"))
+            self._fail_all(errors.KVError(f"engine loop crashed: {type(e).__name__}: {e}"))
 
     async def _loop(self) -> None:
         while not self._stopping:
@@ -322,7 +322,7 @@ class Engine:
             await self.reports.flush()
             try:
                 await self.control.release(req.request_id)
-            except errors.KVClientError as e:
+            except errors.KVError as e:
                 log.warning("release of %s failed: %s", req.request_id, e)
             self.scheduler.released()
         if self.state is not None and req.slot >= 0:
@@ -334,7 +334,7 @@ class Engine:
             len(req.tokens),
         )
 
-    def _fail_all(self, why: errors.KVClientError) -> None:
+    def _fail_all(self, why: errors.KVError) -> None:
         """The KV service is gone (or the loop broke): every request fails now, new ones are
         refused with UNAVAILABLE. A step still in flight finishes before any slot is let go."""
         if self.failure is None:
@@ -365,7 +365,7 @@ class Engine:
             self.control.let_go(self.compute)
             self.failed.set()
             await self.control.reattach(self.compute)
-        except errors.KVClientError as e:
+        except errors.KVError as e:
             log.error("KV service not re-attached: %s", e)
             return
         finally:

@@ -66,7 +66,7 @@ class ReportSender:
                     await self.control.step_end(report)
                 except errors.ServiceUnavailable:
                     pass  # the next step's liveness check fails the requests
-                except errors.KVClientError as e:
+                except errors.KVError as e:
                     log.warning("StepEnd %d refused: %s", report.step, e)
         finally:
             self._task = None

@@ -114,7 +114,7 @@ class StepRunner:
         self._out = torch.zeros(m + 1, dtype=torch.int64, device=dev)
         self._temps = torch.zeros(m + 1, dtype=torch.float32, device=dev)
         self._keys = torch.zeros(m + 1, dtype=torch.int64, device=dev)
-        slots = self.compute.counting.max_requests
+        slots = self.compute.backend.max_requests
         self._bufs = [_Buffers(m + 1, slots, self.cuda) for _ in range(BUFFER_SETS)]
 
     def idle(self) -> None:
@@ -150,7 +150,7 @@ class StepRunner:
             self._prefill(batch, bufs)
         if batch.decode:
             self._decode(batch, bufs)
-        counts = self.compute.counting.counts
+        counts = self.compute.backend.counts
         bufs.tokens.copy_(self._out, non_blocking=True)
         bufs.counts.copy_(counts, non_blocking=True)
         counts.zero_()

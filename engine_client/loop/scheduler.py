@@ -12,13 +12,12 @@ It counts tokens as *launched* (`GenRequest.launched`): with overlap, step t + 1
 before step t's tokens reach the host, so a decode row does not know its input token. The row
 then names it -1 and the device reads the slot's last sampled token (engine_client.model.graph).
 
-Queue policy (issue 11):
+The queue (issue 11):
 - A request the KV side refuses as permanently too large (CapacityError.permanent) ends at once
   with RESOURCE_EXHAUSTED and its numbers; the requests behind it go on.
-- FIFO with bounded skip-ahead: while the head of the queue is refused for capacity, smaller
-  requests behind it (fewer reserved tokens) may be admitted, but only until the head has waited
-  `skip_ahead_seconds`; from then on nothing passes it, so the capacity our running requests free
-  goes to the head and it cannot starve.
+- The queue is tried in order; once a request was refused for capacity, the queue policy
+  (engine_client.loop.queue_policy: FIFO, or bounded skip-ahead) says whether the requests
+  behind it may be tried this turn.
 - A request queued longer than `max_queue_wait` ends with RESOURCE_EXHAUSTED and a message.
 - After a refusal, admission is retried when one of our requests was released or `admit_retry`
   seconds later, not at every step (each attempt is an RPC in service modes).
@@ -35,6 +34,7 @@ from dataclasses import dataclass, field
 
 from engine_client.client import errors
 from engine_client.client.control import KVControl
+from engine_client.loop.queue_policy import QueuePolicy, SkipAhead, Turn, reserved_tokens
 from engine_client.loop.request import FailStatus, Finish, GenRequest, Phase
 from engine_client.loop.sampler import token_key
 
@@ -45,18 +45,17 @@ MAX_REFUSALS_PER_TURN = 4
 
 
 @dataclass(frozen=True)
-class QueuePolicy:
-    """skip_ahead_seconds: how long smaller requests may pass a head refused for capacity;
-    max_queue_wait: seconds a request may wait for admission (0: no limit); admit_retry: seconds
-    between admission retries while refused."""
+class QueueLimits:
+    """order: the queue policy behind a refused head; max_queue_wait: seconds a request may wait
+    for admission (0: no limit); admit_retry: seconds between admission retries while refused."""
 
-    skip_ahead_seconds: float = 5.0
+    order: QueuePolicy = field(default_factory=SkipAhead)
     max_queue_wait: float = 300.0
     admit_retry: float = 0.5
 
     def __post_init__(self) -> None:
-        if not 0 <= self.skip_ahead_seconds <= 86400 or not 0 <= self.max_queue_wait <= 86400:
-            raise ValueError("skip_ahead_seconds and max_queue_wait must be in [0, 86400]")
+        if not 0 <= self.max_queue_wait <= 86400:
+            raise ValueError(f"max_queue_wait must be in [0, 86400], got {self.max_queue_wait}")
         if not 0 < self.admit_retry <= 3600:
             raise ValueError(f"admit_retry must be in (0, 3600], got {self.admit_retry}")
 
@@ -92,24 +91,20 @@ class Admit(enum.Enum):
     LOST = 4  # the KV service is gone
 
 
-def reserved_tokens(req: GenRequest) -> int:
-    return req.prompt_len + req.max_new_tokens
-
-
 class Scheduler:
     """Owns the queue and the admitted requests (`requests`: every request not yet released)."""
 
     def __init__(
         self,
         control: KVControl,
-        policy: QueuePolicy,
+        policy: QueueLimits,
         *,
         max_active: int,
         max_batch: int,
         prefill_chunk: int,
         synthetic_context: int,
         finish: Callable[..., None],
-        lost: Callable[[errors.KVClientError], None],
+        lost: Callable[[errors.KVError], None],
         admitted: Callable[[GenRequest], None],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -170,7 +165,7 @@ class Scheduler:
             )
 
     async def _admit(self) -> None:
-        """Admit in queue order; smaller requests may pass a refused head while it is young."""
+        """Admit in queue order; behind a refused head, as the queue policy says."""
         self.refused = False
         head: GenRequest | None = None
         refusals = 0
@@ -179,9 +174,10 @@ class Scheduler:
                 break
             if head is not None:
                 waited = self.clock() - self.queued_at[head.request_id]
-                if waited >= self.policy.skip_ahead_seconds:
-                    break  # the head has waited long enough: capacity is kept for it
-                if reserved_tokens(req) >= reserved_tokens(head):
+                turn = self.policy.order.after_refusal(req, head, waited)
+                if turn is Turn.STOP:
+                    break
+                if turn is Turn.SKIP:
                     continue
             outcome = await self._try_admit(req)
             if outcome is Admit.LOST:
@@ -215,7 +211,7 @@ class Scheduler:
         except errors.ServiceUnavailable as e:
             self._lost(e)
             return Admit.LOST
-        except errors.KVClientError as e:
+        except errors.KVError as e:
             self.dequeue(req)
             self._finish(req, Finish.ERROR, f"admission refused: {e}")
             return Admit.ENDED

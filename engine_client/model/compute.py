@@ -1,5 +1,5 @@
-"""The engine's compute: model, KV backend and decode runner for one KV mode, and the per-request
-swap counters. Everything here runs on the engine's single compute thread.
+"""The engine's compute: model, KV backend and decode runner for one KV mode. Everything here runs
+on the engine's single compute thread.
 
 `build_compute` picks the backend by mode:
 - baseline: `BaselineBackend`, all KV on the device (no service);
@@ -19,12 +19,8 @@ import torch
 from contract.layout import KVLayout
 from contract.tensors import KVTensors
 from engine_client.client.errors import LayoutMismatch
-from engine_client.kv.backend import (
-    AttnRows,
-    BaselineBackend,
-    BaselineConfig,
-    KVBackend,
-)
+from engine_client.kv.backend import KVBackend
+from engine_client.kv.baseline import BaselineBackend
 from engine_client.kv.hisparse import HiSparseBackend, RemoteSwapBackend
 from engine_client.kv.kernel_set import KernelSet
 from engine_client.model.graph import DecodeConfig, DecodeRunner
@@ -34,68 +30,21 @@ from engine_client.model.preset import ModelConfig
 log = logging.getLogger(__name__)
 
 
-class CountingBackend:
-    """A KV backend that also counts, per request slot, the top-k positions each decode step
-    selected and the ones it had to copy from the host. Device-side adds only, so a captured
-    decode graph keeps counting; the runner copies `counts` to the host asynchronously and
-    zeroes it after each step."""
-
-    def __init__(self, inner: KVBackend) -> None:
-        self._inner = inner
-        # Row R collects padding rows (request slot -1).
-        self._counts = torch.zeros(
-            (inner.max_requests + 1, 2), dtype=torch.int64, device=inner.device
-        )
-
-    def __getattr__(self, name: str):
-        return getattr(self._inner, name)
-
-    def _miss_counts(self, n: int, row0: int = 0) -> torch.Tensor | None:
-        xchg = getattr(self._inner, "xchg", None)
-        if xchg is not None:
-            return xchg["xchg_miss_count"][:n]
-        counts = getattr(self._inner, "miss_count", None)
-        return None if counts is None else counts[row0 : row0 + n]
-
-    def select(
-        self,
-        layer: int,
-        topk: torch.Tensor,
-        req_slots: torch.Tensor,
-        seq_lens: torch.Tensor,
-        **part,
-    ) -> AttnRows:
-        """part: row0 of a micro-batch (HiSparseBackend.microbatches > 1), passed through."""
-        rows = self._inner.select(layer, topk, req_slots, seq_lens, **part)
-        n = topk.shape[0]
-        idx = torch.where(req_slots >= 0, req_slots, self._counts.shape[0] - 1).long()
-        self._counts[:, 0].index_add_(0, idx, (topk >= 0).sum(dim=1))
-        misses = self._miss_counts(n, part.get("row0", 0))
-        if misses is not None:
-            self._counts[:, 1].index_add_(0, idx, misses.long().clamp(min=0))
-        return rows
-
-    @property
-    def counts(self) -> torch.Tensor:
-        """(selected, misses) [R, 2] int64 per request slot since the last zero_()."""
-        return self._counts[:-1]
-
-
 class Compute:
     """What one engine runs on its compute thread: the model, its decode runner (static
-    buffers, CUDA graphs), the counting backend, and the prefill sizes. The steps themselves
-    are launched by engine_client.loop.runner.StepRunner."""
+    buffers, CUDA graphs), the KV backend (with its per-slot swap counts), and the prefill
+    sizes. The steps themselves are launched by engine_client.loop.runner.StepRunner."""
 
     def __init__(
         self,
         model: Model,
         runner: DecodeRunner,
-        counting: CountingBackend,
+        backend: KVBackend,
         layout: KVLayout,
         prefill_chunk: int,
         synthetic_context: int = 0,
     ) -> None:
-        self.model, self.runner, self.counting = model, runner, counting
+        self.model, self.runner, self.backend = model, runner, backend
         self.layout = layout
         self.prefill_chunk = prefill_chunk
         self.row_bytes = layout.row_bytes
@@ -109,7 +58,7 @@ class Compute:
     def bind_kv(self, tensors: KVTensors | None, exchange: dict) -> None:
         """Point the backend at a restarted service's memory, or (None) at nothing once the
         service is lost. Captured graphs hold the old addresses: dropped, recaptured on use."""
-        self.counting.rebind(tensors, exchange or None)
+        self.backend.rebind(tensors, exchange or None)
         self.runner.graphs.clear()
 
 
@@ -133,7 +82,7 @@ def build_backend(
     microbatches: int = 1,
 ) -> KVBackend:
     if mode == "baseline":
-        return BaselineBackend(BaselineConfig.from_layout(layout), kernels=kernels, device=device)
+        return BaselineBackend(layout, kernels=kernels, device=device)
     if tensors is None:
         raise ValueError(f"kv mode {mode} needs the KV tensors")
     if mode == "service-remote-swap":
@@ -168,27 +117,20 @@ def build_compute(
     topk_source: TopkSource | None = None,
     synthetic_context: int = 0,
 ) -> Compute:
-    counting = CountingBackend(backend)
-    model = Model(model_cfg, weights, counting)  # type: ignore[arg-type]
+    model = Model(model_cfg, weights, backend)
     model.topk_source = topk_source  # before capture: the graphs must contain it
     runner = DecodeRunner(model, DecodeConfig(max_batch, use_graphs=use_graphs))
     if runner.use_graphs:
         runner.capture()
         log.info("captured decode graphs for batch buckets %s", runner.cfg.buckets)
-    return Compute(model, runner, counting, layout, prefill_chunk, synthetic_context)
+    return Compute(model, runner, backend, layout, prefill_chunk, synthetic_context)
 
 
 def check_model_fits(model_cfg: ModelConfig, layout: KVLayout) -> None:
-    """The service's layout must be the model's: same layers, top-k and row format."""
+    """The layout must be the model's: same layers and top-k (the row and index formats are
+    the layout's alone: the model hands its backend bf16 rows and keys)."""
     if layout.num_layers != model_cfg.num_layers or layout.topk != model_cfg.topk:
-        raise ValueError(
+        raise LayoutMismatch(
             f"KV layout (layers {layout.num_layers}, top-k {layout.topk}) does not "
             f"fit the model (layers {model_cfg.num_layers}, top-k {model_cfg.topk})"
-        )
-    if layout.row_format != model_cfg.row_format:
-        raise LayoutMismatch(
-            f"KV row format mismatch: the engine writes {model_cfg.row_format} rows but the KV "
-            f"layout has {layout.row_format} rows; start the engine and the service with the same "
-            f"row format (engine --row-format / ENGINE_ROW_FORMAT, service --row-format / "
-            f"KVS_ROW_FORMAT)"
         )

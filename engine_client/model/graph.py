@@ -58,9 +58,7 @@ class DecodeRunner:
 
     def __init__(self, model: Model, cfg: DecodeConfig) -> None:
         be = model.backend
-        if cfg.max_batch > be.max_requests or cfg.max_batch > getattr(
-            be, "max_batch", cfg.max_batch
-        ):
+        if cfg.max_batch > be.max_batch:
             raise ValueError(f"max_batch {cfg.max_batch} exceeds what the backend holds")
         self.model, self.cfg, self.device = model, cfg, model.device
         m = cfg.max_batch

@@ -23,7 +23,6 @@ import torch
 import torch.nn.functional as F
 
 from engine_client.kv.backend import AttnRows, KVBackend
-from engine_client.kv.index_keys import encode_index_keys
 from engine_client.model.preset import ModelConfig
 from engine_client.model.rope import RopeTable, apply_rope
 from engine_client.model.weights import check_weights, layer_prefix
@@ -246,8 +245,7 @@ class Model:
             return be.gather(i, ws.topk[r], prefill.req_slot, prefill.seq_len)
         if self.topk_source is not None:
             self.topk_source(i, slots, lens, ws.topk[r])
-        part = {"row0": r.start} if r.start else {}
-        return be.select(i, ws.topk[r], slots, lens, **part)
+        return be.select(i, ws.topk[r], slots, lens, row0=r.start)
 
     def _attention(
         self,
@@ -278,7 +276,7 @@ class Model:
         be.append(
             i,
             rows,
-            encode_index_keys(ik, be.index_format),
+            be.layout.index.encode(ik),
             tok.req_slots,
             tok.positions,
             tok.append_lens,
@@ -287,7 +285,7 @@ class Model:
         # Decode micro-batches (backend.microbatches > 1): every part is scored and planned
         # before any is attended, so a part's miss copy (the backend's side stream) overlaps
         # the next part's indexer, top-k and plan and the previous part's attention.
-        parts = _parts(n, getattr(be, "microbatches", 1) if prefill is None else 1)
+        parts = _parts(n, be.microbatches if prefill is None else 1)
         sels = [self._select(i, r, iq, iw, tok, ws, prefill) for r in parts]
         for r, sel in zip(parts, sels):
             if len(parts) > 1:
@@ -301,6 +299,7 @@ class Model:
                 cfg.softmax_scale,
                 ws.attn_out[r],
                 ws.lse[r],
+                row_format=be.layout.row,
                 workspace=ws.attn_scratch,
             )
         o = torch.bmm(ws.attn_out.transpose(0, 1), lw["w_uv_t"]).transpose(0, 1).reshape(n, -1)

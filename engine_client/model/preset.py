@@ -1,25 +1,28 @@
 """Model shapes of the decode engine: one frozen `ModelConfig` and the named presets.
 
-The attention shapes follow DeepSeek-V3.2 (MLA + lightning indexer). Two of them are fixed by the
-memory layout the service shares with us: a KV row is kv_lora (512) + rope (64) bf16 values
-(1152 B), and an indexer key is 128 values (256 B bf16 or 132 B fp8).
+The attention shapes follow DeepSeek-V3.2 (MLA + lightning indexer). Three of them are fixed by
+the KV formats the service shares with us (kernels.formats): a KV row is kv_lora (512) + rope
+(64) values and an indexer key 128 values. How rows and keys are stored (the row and index
+formats) is the KV layout's business, not the model's: the model hands its backend bf16 rows.
+
+Torch-free at import: the command line reads the presets before torch is needed.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+from kernels.formats import INDEX_DIM, LATENT_DIM, ROPE_DIM
 
-from contract.layout import ROW_FORMATS
+if TYPE_CHECKING:
+    import torch
 
-# Fixed by contract.layout: ROW_FORMATS["bf16"] = (512 + 64) * 2 and INDEX_FORMATS (128 values).
-KV_LORA_RANK = 512
-ROPE_DIM = 64
-INDEX_DIM = 128
+KV_LORA_RANK = LATENT_DIM
 
-_DTYPES = {"bf16": torch.bfloat16}
+# Model dtypes by name: the torch dtype of each.
+_DTYPES = {"bf16": "bfloat16"}
 
 
 class ConfigError(ValueError):
@@ -44,8 +47,6 @@ class ModelConfig:
     rope_theta      RoPE base; plain RoPE (V3.2's YaRN long-context scaling is not modelled)
     norm_eps        RMSNorm / LayerNorm epsilon
     dtype           weight and activation dtype; only "bf16"
-    row_format      KV rows the engine writes: "bf16" (1152 B) or "fp8" (656 B, DeepSeek-V3.2's
-                    FlashMLA format); the service's layout must have the same
     """
 
     vocab_size: int
@@ -64,7 +65,6 @@ class ModelConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
     dtype: str = "bf16"
-    row_format: str = "bf16"
 
     def __post_init__(self) -> None:
         for name in (
@@ -90,16 +90,15 @@ class ModelConfig:
             raise ConfigError(f"mlp_hidden must be >= 0 (0 = no MLP), got {self.mlp_hidden}")
         if self.dtype not in _DTYPES:
             raise ConfigError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
-        if self.row_format not in ROW_FORMATS:
-            raise ConfigError(
-                f"row_format must be one of {sorted(ROW_FORMATS)}, got {self.row_format!r}"
-            )
         if not self.rope_theta > 0 or not self.norm_eps > 0:
             raise ConfigError("rope_theta and norm_eps must be positive")
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return _DTYPES[self.dtype]
+        import torch
+
+        dtype: torch.dtype = getattr(torch, _DTYPES[self.dtype])
+        return dtype
 
     @property
     def qk_head_dim(self) -> int:
@@ -148,8 +147,8 @@ BENCH = ModelConfig(vocab_size=32000, hidden_size=7168, num_layers=4, mlp_hidden
 
 # Full DeepSeek-V3.2 attention shapes on 61 layers, without MLP (attention weights alone are
 # 0.40 GB per layer, 24.5 GB for 61 layers; MoE weights would not fit beside a KV budget).
-# KV rows in fp8 (656 B), as V3.2 is served in production.
-V32 = ModelConfig(vocab_size=129280, hidden_size=7168, num_layers=61, row_format="fp8")
+# V3.2 is served with fp8 KV rows: a layout choice (--row-format fp8), not the model's.
+V32 = ModelConfig(vocab_size=129280, hidden_size=7168, num_layers=61)
 
 PRESETS = {"tiny": TINY, "bench": BENCH, "v32": V32}
 

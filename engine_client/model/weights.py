@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import zlib
 from pathlib import Path
 
@@ -155,6 +156,22 @@ def load_safetensors(
         )
         raise CheckpointError(f"checkpoint {path} lacks tensors: {shown}")
     return out
+
+
+def checkpoint_layers(path: str | Path) -> int:
+    """Decoder layers a checkpoint holds: n such that layers 0 .. n-1 all have tensors (reads
+    the files' headers only)."""
+    found = set()
+    for file in _checkpoint_files(Path(path)):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                m = re.match(r"model\.layers\.(\d+)\.", name)
+                if m:
+                    found.add(int(m.group(1)))
+    n = 0
+    while n in found:
+        n += 1
+    return n
 
 
 def save_safetensors(weights: dict[str, torch.Tensor], path: str | Path) -> None:

@@ -4,6 +4,7 @@ ENGINE_* environment variable (contract.flags); `local`'s fields are flags too."
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -11,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from contract.flags import setting
-from contract.layout import INDEX_FORMATS, ROW_FORMATS, KVLayout
+from contract.layout import KVLayout
+from engine_client.loop.queue_policy import QUEUE_POLICIES
 from engine_client.model.preset import PRESETS
 
 KV_MODES = ("baseline", "embedded", "service", "service-remote-swap")
@@ -40,46 +42,32 @@ def check_uds(path: str) -> None:
         raise ValueError(f"uds path is longer than {MAX_UDS_PATH_BYTES} bytes: {path}")
 
 
+def _layout_help(name: str) -> str:
+    """The help of KVLayout's field `name`: one description for the service's flag and ours."""
+    return next(f.metadata["help"] for f in dataclasses.fields(KVLayout) if f.name == name)
+
+
 @dataclass(frozen=True)
 class LocalLayout:
-    """Sizes of the KV memory the engine allocates itself in baseline and embedded modes
-    (in service modes the service decides and the engine checks what it gets)."""
+    """The KV layout the engine allocates itself in baseline and embedded modes: KVLayout's
+    fields with the engine's defaults, less the two the model decides (num_layers and topk:
+    `layout`). In service modes the service's layout is adopted instead and these are unused.
+    Validated as the KVLayout they make (its own checks, for any top-k the hot slots hold)."""
 
-    max_requests: int = setting(8, help="baseline/embedded: request slots of the local KV memory")
-    hot_slots: int = setting(64, help="embedded: hot rows per (layer, request)")
-    window: int = setting(8, help="embedded: newest tokens always resident")
-    page_size: int = setting(16, help="baseline/embedded: tokens per page")
-    num_pages: int = setting(256, help="embedded: pages of the host tier")
-    max_context: int = setting(512, help="baseline/embedded: most tokens per request")
-    index_format: str = setting("bf16", help="baseline/embedded: indexer key format, bf16 or fp8")
+    max_requests: int = setting(8, help="baseline/embedded: " + _layout_help("max_requests"))
+    hot_slots: int = setting(64, help="embedded: " + _layout_help("hot_slots"))
+    window: int = setting(8, help="embedded: " + _layout_help("window"))
+    page_size: int = setting(16, help="baseline/embedded: " + _layout_help("page_size"))
+    num_pages: int = setting(256, help="embedded: " + _layout_help("num_pages"))
+    max_context: int = setting(512, help="baseline/embedded: " + _layout_help("max_context"))
+    index_format: str = setting("bf16", help="baseline/embedded: " + _layout_help("index_format"))
+    row_format: str = setting("bf16", help="baseline/embedded: " + _layout_help("row_format"))
 
     def __post_init__(self) -> None:
-        for name in (
-            "max_requests",
-            "hot_slots",
-            "window",
-            "page_size",
-            "num_pages",
-            "max_context",
-        ):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.index_format not in INDEX_FORMATS:
-            raise ValueError(f"index_format must be one of {sorted(INDEX_FORMATS)}")
+        self.layout(num_layers=1, topk=max(1, self.hot_slots - self.window))
 
-    def layout(self, num_layers: int, topk: int, row_format: str = "bf16") -> KVLayout:
-        return KVLayout(
-            num_layers=num_layers,
-            max_requests=self.max_requests,
-            hot_slots=self.hot_slots,
-            window=self.window,
-            topk=topk,
-            page_size=self.page_size,
-            num_pages=self.num_pages,
-            max_context=self.max_context,
-            index_format=self.index_format,
-            row_format=row_format,
-        )
+    def layout(self, num_layers: int, topk: int) -> KVLayout:
+        return KVLayout(num_layers=num_layers, topk=topk, **dataclasses.asdict(self))
 
 
 @dataclass(frozen=True)
@@ -99,7 +87,11 @@ class EngineConfig:
         cli_default=lambda env: default_uds(dict(env), "hisparse-kv.sock"),
     )
     preset: str = setting("tiny", help="model shapes: tiny, bench or v32")
-    num_layers: int | None = setting(None, help="override the preset's layer count")
+    num_layers: int | None = setting(
+        None,
+        help="override the preset's layer count; service modes adopt the service's layers "
+        "and top-k (a different value here is refused)",
+    )
     checkpoint: str | None = setting(
         None,
         help="safetensors file or directory (DeepSeek-V3.2 names); empty: seeded random weights",
@@ -163,9 +155,16 @@ class EngineConfig:
         help="launch decode step t + 1 before step t's tokens reach "
         "the host (0: wait for every step; debugging)",
     )
-    # Queue policy (engine_client/loop/scheduler.py).
+    # The queue (engine_client/loop/scheduler.py, queue_policy.py).
+    queue_policy: str = setting(
+        "skip-ahead",
+        choices=QUEUE_POLICIES,
+        help="admission order once the queue's head is refused for KV capacity: fifo (nothing "
+        "passes it) or skip-ahead (smaller requests pass it for --skip-ahead seconds)",
+    )
     skip_ahead: float = setting(
-        5.0, help="seconds smaller requests may pass a queue head that waits for KV capacity"
+        5.0,
+        help="skip-ahead: seconds smaller requests may pass a queue head waiting for KV capacity",
     )
     max_queue_wait: float = setting(
         300.0,
@@ -176,12 +175,6 @@ class EngineConfig:
         None, help="serve Prometheus /metrics on this port; empty: off"
     )
     metrics_address: str = setting("127.0.0.1", help="address of the /metrics endpoint")
-    row_format: str | None = setting(
-        None,
-        help="KV row format, bf16 (1152 B) or fp8 (656 B, "
-        "DeepSeek-V3.2's FlashMLA rows); empty: the preset's (v32: "
-        "fp8); service modes: must match the service",
-    )
     # HiSparseBackend.microbatches.
     decode_microbatches: int = setting(
         1,
@@ -229,6 +222,10 @@ class EngineConfig:
             raise ValueError("engine_name must be 1..128 characters")
         if self.synthetic_context < 0:
             raise ValueError(f"synthetic_context must be >= 0, got {self.synthetic_context}")
+        if self.queue_policy not in QUEUE_POLICIES:
+            raise ValueError(
+                f"queue_policy must be one of {QUEUE_POLICIES}, got {self.queue_policy!r}"
+            )
         for name in ("skip_ahead", "max_queue_wait"):
             if not 0 <= getattr(self, name) <= 86400:
                 raise ValueError(f"{name} must be in [0, 86400] seconds, got {getattr(self, name)}")
@@ -236,10 +233,6 @@ class EngineConfig:
             raise ValueError(f"metrics_port must be in 0..65535, got {self.metrics_port}")
         if not self.metrics_address:
             raise ValueError("metrics_address must not be empty")
-        if self.row_format is not None and self.row_format not in ROW_FORMATS:
-            raise ValueError(
-                f"row_format must be one of {sorted(ROW_FORMATS)}, got {self.row_format!r}"
-            )
         if not 1 <= self.decode_microbatches <= 64:
             raise ValueError(
                 f"decode_microbatches must be in 1..64, got {self.decode_microbatches}"

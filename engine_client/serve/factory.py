@@ -17,14 +17,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from contract.layout import KVLayout
 from engine_client.client import errors
 from engine_client.client.control import HeldRequest, KVControl
 from engine_client.client.kv_client import KVClient
 from engine_client.kv.local_control import BaselineControl, EmbeddedControl
 from engine_client.loop import state_file
 from engine_client.loop.engine import Engine
+from engine_client.loop.queue_policy import queue_policy
 from engine_client.loop.request import Finish, GenRequest, Phase
-from engine_client.loop.scheduler import QueuePolicy
+from engine_client.loop.scheduler import QueueLimits
 from engine_client.model.compute import (
     build_backend,
     build_compute,
@@ -33,7 +35,7 @@ from engine_client.model.compute import (
     load_topk_source,
 )
 from engine_client.model.preset import ModelConfig, preset
-from engine_client.model.weights import load_safetensors, random_weights
+from engine_client.model.weights import checkpoint_layers, load_safetensors, random_weights
 from engine_client.serve.config import EngineConfig
 
 log = logging.getLogger(__name__)
@@ -42,11 +44,25 @@ log = logging.getLogger(__name__)
 EMBEDDED_LEASE_SECONDS = 30.0
 
 
-def model_config(cfg: EngineConfig) -> ModelConfig:
+def model_config(cfg: EngineConfig, layout: KVLayout | None = None) -> ModelConfig:
+    """The preset, with --num-layers. In service modes the service's `layout` decides the layers
+    and top-k, which the model adopts; a model that cannot take them (another --num-layers, a
+    checkpoint with fewer layers) is refused with both values named."""
     overrides = {"num_layers": cfg.num_layers} if cfg.num_layers else {}
-    if cfg.row_format:
-        overrides["row_format"] = cfg.row_format
-    return preset(cfg.preset, **overrides)
+    mcfg = preset(cfg.preset, **overrides)
+    if layout is None:
+        return mcfg
+    if cfg.num_layers is not None and cfg.num_layers != layout.num_layers:
+        raise errors.LayoutMismatch(
+            f"the engine was started with --num-layers {cfg.num_layers} but the KV service's "
+            f"layout has {layout.num_layers} layers (leave --num-layers out to adopt it)"
+        )
+    if cfg.checkpoint and (held := checkpoint_layers(cfg.checkpoint)) < layout.num_layers:
+        raise errors.LayoutMismatch(
+            f"the checkpoint {cfg.checkpoint} holds {held} layers but the KV service's layout "
+            f"has {layout.num_layers} layers"
+        )
+    return mcfg.replace(num_layers=layout.num_layers, topk=layout.topk)
 
 
 async def connect_service(cfg: EngineConfig, saved: state_file.SavedState) -> KVClient:
@@ -76,7 +92,7 @@ async def connect_service(cfg: EngineConfig, saved: state_file.SavedState) -> KV
 
 
 def local_control(cfg: EngineConfig, mcfg: ModelConfig, device: str) -> KVControl:
-    layout = cfg.local.layout(mcfg.num_layers, mcfg.topk, mcfg.row_format)
+    layout = cfg.local.layout(mcfg.num_layers, mcfg.topk)
     if cfg.kv_mode == "baseline":
         return BaselineControl(layout)
     from kv_service.core import ServiceCore
@@ -175,7 +191,6 @@ async def restore(engine: Engine, control: KVControl, saved: state_file.SavedSta
 
 async def build_engine(cfg: EngineConfig) -> Engine:
     """Everything the server needs; the engine loop is not started yet."""
-    mcfg = model_config(cfg)
     if cfg.state_file and not cfg.resumable:
         log.warning(
             "state file %s ignored: kv mode %s keeps no KV across a restart",
@@ -186,11 +201,16 @@ async def build_engine(cfg: EngineConfig) -> Engine:
     if cfg.uses_service:
         control: KVControl = await connect_service(cfg, saved)
         device = control.device
-        if cfg.device != "auto" and cfg.device != device.split(":")[0]:
+        try:
+            if cfg.device != "auto" and cfg.device != device.split(":")[0]:
+                raise errors.LayoutMismatch(f"engine device {cfg.device} but service on {device}")
+            mcfg = model_config(cfg, control.layout)
+        except BaseException:
             await control.close()
-            raise errors.LayoutMismatch(f"engine device {cfg.device} but service on {device}")
+            raise
     else:
         device = cfg.resolved_device()
+        mcfg = model_config(cfg)
         control = local_control(cfg, mcfg, device)
     executor = _compute_thread(device)
     try:
@@ -201,8 +221,8 @@ async def build_engine(cfg: EngineConfig) -> Engine:
         await control.close()
         raise
     state = state_file.StateFile(cfg.state_file) if cfg.resumable else None
-    policy = QueuePolicy(
-        skip_ahead_seconds=cfg.skip_ahead,
+    policy = QueueLimits(
+        order=queue_policy(cfg.queue_policy, cfg.skip_ahead),
         max_queue_wait=cfg.max_queue_wait,
         admit_retry=cfg.admit_retry,
     )

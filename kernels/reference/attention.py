@@ -1,0 +1,38 @@
+"""Reference of the sparse MLA decode attention (kernels/sparse_attention.py)."""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.formats import BF16_ROW, RowFormat
+
+
+def ref_sparse_mla_decode(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    kv: torch.Tensor,
+    row_base: torch.Tensor,
+    slots: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    *,
+    row_format: RowFormat = BF16_ROW,
+    workspace=None,
+) -> None:
+    """Absorbed MLA decode over the rows `row_base[b] + slots[b, i]` (slot < 0 skipped), fp64 math.
+    kv: rows as `row_format` has attention read them (bf16 values, or stored bytes that its
+    dequantize decodes first). `workspace` (the kernel's split-k scratch) is accepted and unused."""
+    d_v = q_nope.shape[-1]
+    valid = slots >= 0
+    rows = torch.where(valid, row_base[:, None] + slots.long(), 0)
+    decode = row_format.dequantize
+    picked = kv[rows] if decode is None else decode(kv[rows])
+    k = torch.where(valid[..., None], picked.double(), 0.0)  # [bs, k, 576]
+    q = torch.cat([q_nope, q_pe], dim=-1).double()  # [bs, H, 576]
+    s = scale * torch.einsum("bhd,bkd->bhk", q, k)
+    s = s.masked_fill(~valid[:, None, :], float("-inf"))
+    lse_d = torch.logsumexp(s, dim=-1)  # -inf for rows with no valid slot
+    p = torch.exp(s - torch.where(torch.isinf(lse_d), 0.0, lse_d)[..., None])
+    out.copy_(torch.einsum("bhk,bkd->bhd", p, k[..., :d_v]))
+    lse.copy_(lse_d)
