@@ -26,7 +26,7 @@ import pytest
 
 from contract.layout import KVLayout
 from contract.tensors import tensor_specs
-from engine_client.model.preset import PRESETS
+from engine_client.model.preset import preset
 from proto.decode.v1 import decode_pb2
 from proto.kvcache.v1 import kvcache_pb2
 
@@ -188,7 +188,7 @@ def test_engine_sizes_follow_the_service_layout(stack: dict) -> None:
         if f"ENGINE_{key}" in eng:
             assert eng[f"ENGINE_{key}"] == kvs[f"KVS_{key}"], key
     # The service's top-k is the model's: the engine has no flag for it, only the preset.
-    assert int(kvs["KVS_TOPK"]) == PRESETS[eng["ENGINE_PRESET"]].topk
+    assert int(kvs["KVS_TOPK"]) == preset(eng["ENGINE_PRESET"]).topk
 
 
 @needs_compose

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from contract.layout import ROW_FORMATS
+from engine_client.text import vocabulary
 
 # Fixed by contract.layout: ROW_FORMATS["bf16"] = (512 + 64) * 2 and INDEX_FORMATS (128 values).
 KV_LORA_RANK = 512
@@ -124,10 +125,12 @@ class ModelConfig:
         return dataclasses.replace(self, **changes)
 
 
+# The presets' shapes. Their vocabulary size is their tokenizer's (engine_client.text.vocabulary):
+# DeepSeek-V3.2's 129,280; the tiny preset's cut of it, 1,024 (why: vocabulary.py); or the size
+# of the engine's --tokenizer.
 # CPU tests: real 576-value rows and 128-dim index keys, everything else tiny (16 indexer heads:
 # the fewest kernels.indexer takes).
-TINY = ModelConfig(
-    vocab_size=256,
+_TINY = dict(
     hidden_size=64,
     num_layers=2,
     num_heads=4,
@@ -144,18 +147,23 @@ TINY = ModelConfig(
 # o 117.4M, indexer 14.0M) + dense MLP 3 x 7168 x 23552 = 506.5M params: 1.42 GB in bf16. That
 # is what one GPU of an 8-way expert-parallel V3.2 decode reads per layer at large batch
 # (32 local experts x 44M fp8 params = 1.41 GB, plus fp8 attention and the shared expert).
-BENCH = ModelConfig(vocab_size=32000, hidden_size=7168, num_layers=4, mlp_hidden=23552)
+# The output layer (7168 x 129,280: 1.85 GB in bf16) is read once per step.
+_BENCH = dict(hidden_size=7168, num_layers=4, mlp_hidden=23552)
 
 # Full DeepSeek-V3.2 attention shapes on 61 layers, without MLP (attention weights alone are
 # 0.40 GB per layer, 24.5 GB for 61 layers; MoE weights would not fit beside a KV budget).
 # KV rows in fp8 (656 B), as V3.2 is served in production.
-V32 = ModelConfig(vocab_size=129280, hidden_size=7168, num_layers=61, row_format="fp8")
+_V32 = dict(hidden_size=7168, num_layers=61, row_format="fp8")
 
-PRESETS = {"tiny": TINY, "bench": BENCH, "v32": V32}
+PRESETS: dict[str, dict] = {"tiny": _TINY, "bench": _BENCH, "v32": _V32}
+TOKENIZERS = {"tiny": vocabulary.TINY, "bench": vocabulary.DEEPSEEK, "v32": vocabulary.DEEPSEEK}
 
 
 def preset(name: str, **overrides) -> ModelConfig:
-    """A named preset, optionally with some fields replaced (e.g. num_layers=2)."""
+    """A named preset, optionally with some fields replaced (e.g. num_layers=2). Without a
+    vocab_size override it takes its tokenizer's (loaded once per process)."""
     if name not in PRESETS:
         raise ConfigError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
-    return PRESETS[name].replace(**overrides) if overrides else PRESETS[name]
+    if "vocab_size" not in overrides:
+        overrides["vocab_size"] = vocabulary.load(TOKENIZERS[name]).model_vocab_size
+    return ModelConfig(**(PRESETS[name] | overrides))
