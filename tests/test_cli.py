@@ -97,7 +97,7 @@ def test_generate_prints_the_request_id_first_and_it_resumes() -> None:
         eng.start().wait_serving(60)
         try:
             target = eng.target.removeprefix("unix:")
-            out = cli("generate", "--target", target, "--prompt", "1,2,3", "--max-new-tokens", "6")
+            out = cli("generate", "--target", target, "--ids", "1,2,3", "--max-new-tokens", "6")
             assert out.returncode == 0, out.stderr
             first = out.stderr.splitlines()[0]
             match = re.fullmatch(r"request ([0-9a-f]+)", first)

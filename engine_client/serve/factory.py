@@ -23,7 +23,7 @@ from engine_client.client.kv_client import KVClient
 from engine_client.kv.local_control import BaselineControl, EmbeddedControl
 from engine_client.loop import state_file
 from engine_client.loop.engine import Engine
-from engine_client.loop.request import Finish, GenRequest, Phase
+from engine_client.loop.request import GenRequest, Phase
 from engine_client.loop.scheduler import QueuePolicy
 from engine_client.model.compute import (
     build_backend,
@@ -32,9 +32,11 @@ from engine_client.model.compute import (
     choose_kernels,
     load_topk_source,
 )
-from engine_client.model.preset import ModelConfig, preset
+from engine_client.model.preset import TOKENIZERS, ModelConfig, preset
 from engine_client.model.weights import load_safetensors, random_weights
 from engine_client.serve.config import EngineConfig
+from engine_client.text import vocabulary
+from engine_client.text.detokenizer import TextStream
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +44,15 @@ log = logging.getLogger(__name__)
 EMBEDDED_LEASE_SECONDS = 30.0
 
 
-def model_config(cfg: EngineConfig) -> ModelConfig:
-    overrides = {"num_layers": cfg.num_layers} if cfg.num_layers else {}
+def load_vocabulary(cfg: EngineConfig) -> vocabulary.Vocabulary:
+    """--tokenizer, else the preset's."""
+    return vocabulary.load(cfg.tokenizer or TOKENIZERS[cfg.preset])
+
+
+def model_config(cfg: EngineConfig, vocab: vocabulary.Vocabulary) -> ModelConfig:
+    overrides: dict = {"vocab_size": vocab.model_vocab_size}
+    if cfg.num_layers:
+        overrides["num_layers"] = cfg.num_layers
     if cfg.row_format:
         overrides["row_format"] = cfg.row_format
     return preset(cfg.preset, **overrides)
@@ -134,17 +143,22 @@ def _build_compute(cfg: EngineConfig, mcfg: ModelConfig, control: KVControl, dev
     )
 
 
-def _resumed(held: HeldRequest, saved: state_file.SavedRequest) -> GenRequest | None:
+def _resumed(
+    held: HeldRequest, saved: state_file.SavedRequest, vocab: vocabulary.Vocabulary
+) -> GenRequest | None:
     if held.prompt_len != len(saved.prompt) or held.max_new_tokens != saved.max_new_tokens:
         log.warning("request %s: service and state file disagree, not resumed", held.request_id)
         return None
     req = GenRequest(
         held.request_id, saved.prompt, saved.max_new_tokens, saved.sampling, slot=held.slot
     )
+    if saved.text:  # replaying the tokens rebuilds the text and finds stop strings again
+        req.text = TextStream(vocab, saved.sampling.stop_strings)
     now = req.started
     for tok in saved.tokens:
-        if req.add_token(tok, now) is not None:
-            req.end(Finish.STOP if tok in saved.sampling.stop_token_ids else Finish.LENGTH)
+        reason = req.add_token(tok, now)
+        if reason is not None:
+            req.end(reason)
             return req
     # Without a token the prefill may be partial: run it again (it rewrites the same rows).
     req.phase = Phase.RUNNING if req.tokens else Phase.PREFILL
@@ -155,7 +169,7 @@ async def restore(engine: Engine, control: KVControl, saved: state_file.SavedSta
     """Adopt the held requests the state file knows; release the others."""
     for held in control.held:
         req = (
-            _resumed(held, saved.requests[held.request_id])
+            _resumed(held, saved.requests[held.request_id], engine.vocab)
             if held.request_id in saved.requests
             else None
         )
@@ -175,7 +189,8 @@ async def restore(engine: Engine, control: KVControl, saved: state_file.SavedSta
 
 async def build_engine(cfg: EngineConfig) -> Engine:
     """Everything the server needs; the engine loop is not started yet."""
-    mcfg = model_config(cfg)
+    vocab = await asyncio.to_thread(load_vocabulary, cfg)
+    mcfg = model_config(cfg, vocab)
     if cfg.state_file and not cfg.resumable:
         log.warning(
             "state file %s ignored: kv mode %s keeps no KV across a restart",
@@ -214,6 +229,7 @@ async def build_engine(cfg: EngineConfig) -> Engine:
         state=state,
         policy=policy,
         overlap=cfg.overlap,
+        vocab=vocab,
     )
     await restore(engine, control, saved)
     if state is not None:

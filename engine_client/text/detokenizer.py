@@ -38,10 +38,11 @@ class TextStream:
         self._held = ""  # decoded, not released: may be the start of a stop string
         self.text = ""  # everything released
         self.stopped = False  # a stop string was found: nothing more is released
+        self._closed = False
 
     def push(self, token: int) -> str:
         """The text released by this token (maybe empty)."""
-        if self.stopped:
+        if self.stopped or self._closed:
             return ""
         self._ids.append(token)
         piece = self._stream.step(self.vocab.tokenizer, token)
@@ -51,9 +52,11 @@ class TextStream:
         return ""
 
     def finish(self) -> str:
-        """The end of the stream: release what is held (incomplete bytes as U+FFFD)."""
-        if self.stopped:
+        """The end of the stream: release what is held (incomplete bytes as U+FFFD). Later
+        calls (and pushes) release nothing."""
+        if self.stopped or self._closed:
             return ""
+        self._closed = True
         full = self.vocab.decode(self._ids, self.skip_special_tokens)
         # What DecodeStream still holds: full minus the characters it gave us.
         return self._release(self._held + full[self._decoded :], final=True)
