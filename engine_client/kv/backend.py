@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import zlib
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -105,11 +106,18 @@ class KVBackend(ABC):
         return {}
 
     def fill_synthetic(
-        self, req_slot: int, n_tokens: int, *, seed: int = 0, chunk: int = 4096
+        self,
+        req_slot: int,
+        n_tokens: int,
+        *,
+        seed: int = 0,
+        chunk: int = 4096,
+        progress: Callable[[int], None] | None = None,
     ) -> None:
         """Write random KV rows and index keys for positions [0, n_tokens) of `req_slot`, so a
         benchmark starts from a long context without a prefill. Deterministic in (seed, layer,
-        chunk start) on a given device type, so every backend stores the same bytes."""
+        chunk start) on a given device type, so every backend stores the same bytes.
+        `progress(1)` is called after each of the num_layers * ceil(n_tokens / chunk) chunks."""
         if (
             not 0 <= req_slot < self.max_requests
             or not 0 < n_tokens <= self.max_context
@@ -136,6 +144,8 @@ class KVBackend(ABC):
                     pos,
                     lens[:m],
                 )
+                if progress is not None:
+                    progress(1)
 
 
 @dataclass(frozen=True)
