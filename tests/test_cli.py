@@ -106,6 +106,18 @@ def test_generate_prints_the_request_id_first_and_it_resumes() -> None:
             tokens = out.stdout.splitlines()[0].split()
             assert len(tokens) == 6 and f"request {request_id}: 6 tokens" in out.stdout
 
+            # Text in, text out: the text streams on stdout, then the summary line.
+            text = cli(
+                "generate", "--target", target, "--text", "héllo 你好", "--max-new-tokens", "6"
+            )
+            assert text.returncode == 0, text.stderr
+            assert text.stdout.rstrip("\n").splitlines()[-1].startswith("request ")
+            assert ": 6 tokens, LENGTH" in text.stdout
+            chat = cli("generate", "--target", target, "--chat", "Hi", "--max-new-tokens", "3")
+            assert chat.returncode == 0 and ": 3 tokens, LENGTH" in chat.stdout, chat.stderr
+            words = cli("generate", "--target", target, "--ids", "hello world")
+            assert words.returncode == 2 and "for text use --text" in words.stderr
+
             again = cli("generate", "--target", target, "--resume", request_id)
             assert again.returncode == 0, again.stderr
             assert again.stderr.splitlines()[0] == f"request {request_id}"
