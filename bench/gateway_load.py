@@ -98,6 +98,9 @@ def run_streams(
 ) -> tuple[list[dict], float]:
     """All streams of one phase at once; returns their records and the wall time."""
     workers = max(1, min(workers, streams))
+    if workers == 1:  # in this process (the smoke run, tests)
+        t0 = time.monotonic()
+        return _worker(route, where, 0, streams, words, tokens), time.monotonic() - t0
     share = [streams // workers + (k < streams % workers) for k in range(workers)]
     firsts = [sum(share[:k]) for k in range(workers)]
     with ProcessPoolExecutor(workers) as pool:

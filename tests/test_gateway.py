@@ -55,7 +55,7 @@ def stack() -> Iterator[dict]:
             path,
             "service",
             svc,
-            extra=("--http", "127.0.0.1:0", "--max-batch", "1", "--max-queue-wait", "0.5"),
+            extra=("--http", "127.0.0.1:0", "--max-batch", "1", "--max-queue-wait", "0.2"),
         )
         gw = ManagedProcess(
             "gateway",
@@ -247,3 +247,18 @@ def test_an_unreachable_engine_is_503() -> None:
             await runner.cleanup()
 
     asyncio.run(run())
+
+
+def test_the_gateway_bench_measures_both_routes(stack: dict) -> None:
+    """bench/gateway.py's load and numbers on this stack (its --smoke run starts a stack of its
+    own: the same code plus start-up)."""
+    from bench import gateway as bench
+
+    args = bench.parse_args(["--smoke"])
+    args.streams = 1  # this engine decodes one request at a time
+    phases = bench.measure(args, {"grpc": stack["eng"].target, "http": stack["url"]})
+    for route in ("grpc", "http"):
+        (phase,) = phases[route]
+        assert phase["streams"] == 1 and phase["tokens"] == 8, phase
+        assert phase["text_events"] > 0 and phase["tok_per_s"] > 0, phase
+    assert bench.compare(phases)["http_over_grpc_tok_per_s"] > 0
