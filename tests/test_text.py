@@ -141,3 +141,27 @@ def test_tiny_vocabulary_is_current_and_splits_every_non_ascii_character() -> No
     for _ in range(50):
         rand = [rng.randrange(tiny.size) for _ in range(rng.randrange(1, 30))]
         assert "".join(stream_all(TextStream(tiny), rand)) == tiny.decode(rand)
+
+
+def test_a_resumed_request_gets_its_text_and_stop_strings_back(tmp_path: Path) -> None:
+    """The state file keeps stop strings and text output; replaying the saved tokens rebuilds
+    the text and finds a stop string again (serve --state-file, engine restart)."""
+    from engine_client.client.control import HeldRequest
+    from engine_client.loop import state_file
+    from engine_client.loop.request import Finish, GenRequest, SamplingParams
+    from engine_client.serve.factory import _resumed
+
+    tiny = vocabulary.load(vocabulary.TINY)
+    ids = tiny.encode("one two three four")
+    sampling = SamplingParams(stop_strings=("three",))
+    req = GenRequest("r1", (5, 6), 32, sampling, text=TextStream(tiny, sampling.stop_strings))
+    req.tokens = ids[:2]  # generated before the restart ("one two")
+    path = str(tmp_path / "state.jsonl")
+    state_file.StateFile(path).rewrite("s1", 1, [req])
+    saved = state_file.load(path).requests["r1"]
+    assert saved.text and saved.sampling.stop_strings == ("three",)
+    held = HeldRequest("r1", slot=0, mode=1, seq_len=4, prompt_len=2, max_new_tokens=32)
+    saved.tokens = ids  # the whole text came out before the restart
+    again = _resumed(held, saved, tiny)
+    assert again is not None and again.finish is Finish.STOP
+    assert "".join(again.texts) == "one two "
