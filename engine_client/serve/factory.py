@@ -49,7 +49,10 @@ def load_vocabulary(cfg: EngineConfig) -> vocabulary.Vocabulary:
     return vocabulary.load(cfg.tokenizer or TOKENIZERS[cfg.preset])
 
 
-def model_config(cfg: EngineConfig, vocab: vocabulary.Vocabulary) -> ModelConfig:
+def model_config(cfg: EngineConfig, vocab: vocabulary.Vocabulary | None = None) -> ModelConfig:
+    """The preset's shapes with the engine's overrides; the vocabulary size is `vocab`'s
+    (default: load_vocabulary(cfg))."""
+    vocab = vocab or load_vocabulary(cfg)
     overrides: dict = {"vocab_size": vocab.model_vocab_size}
     if cfg.num_layers:
         overrides["num_layers"] = cfg.num_layers
