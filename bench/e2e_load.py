@@ -90,7 +90,7 @@ async def run_streams_async(
         for i in range(first, first + n):
             rng = random.Random(i)
             req = pb.GenerateRequest(
-                prompt_token_ids=[rng.randrange(1, vocab) for _ in range(prompt_len)],
+                token_ids=pb.TokenIds(ids=[rng.randrange(1, vocab) for _ in range(prompt_len)]),
                 max_new_tokens=new_tokens,
             )
             stub = pb_grpc.DecodeServiceStub(channels[(i - first) // STREAMS_PER_CHANNEL])

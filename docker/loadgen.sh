@@ -21,7 +21,7 @@ while [ "$i" -lt "$streams" ]; do
     # Distinct seeds: with LOADGEN_TEMPERATURE > 0 the streams sample different tokens.
     # The end time is taken as each client exits, to place its stream on one time line.
     {
-        python -m engine_client generate --prompt "$prompt" --max-new-tokens "$new_tokens" \
+        python -m engine_client generate --ids "$prompt" --max-new-tokens "$new_tokens" \
             --temperature "${LOADGEN_TEMPERATURE:-0}" --seed "$i"
         echo "exit $? end $(date +%s.%N)"
     } >"$logs/$i.out" 2>&1 &

@@ -97,7 +97,7 @@ def test_generate_prints_the_request_id_first_and_it_resumes() -> None:
         eng.start().wait_serving(60)
         try:
             target = eng.target.removeprefix("unix:")
-            out = cli("generate", "--target", target, "--prompt", "1,2,3", "--max-new-tokens", "6")
+            out = cli("generate", "--target", target, "--ids", "1,2,3", "--max-new-tokens", "6")
             assert out.returncode == 0, out.stderr
             first = out.stderr.splitlines()[0]
             match = re.fullmatch(r"request ([0-9a-f]+)", first)
@@ -105,6 +105,18 @@ def test_generate_prints_the_request_id_first_and_it_resumes() -> None:
             request_id = match[1]
             tokens = out.stdout.splitlines()[0].split()
             assert len(tokens) == 6 and f"request {request_id}: 6 tokens" in out.stdout
+
+            # Text in, text out: the text streams on stdout, then the summary line.
+            text = cli(
+                "generate", "--target", target, "--text", "héllo 你好", "--max-new-tokens", "6"
+            )
+            assert text.returncode == 0, text.stderr
+            assert text.stdout.rstrip("\n").splitlines()[-1].startswith("request ")
+            assert ": 6 tokens, LENGTH" in text.stdout
+            chat = cli("generate", "--target", target, "--chat", "Hi", "--max-new-tokens", "3")
+            assert chat.returncode == 0 and ": 3 tokens, LENGTH" in chat.stdout, chat.stderr
+            words = cli("generate", "--target", target, "--ids", "hello world")
+            assert words.returncode == 2 and "for text use --text" in words.stderr
 
             again = cli("generate", "--target", target, "--resume", request_id)
             assert again.returncode == 0, again.stderr

@@ -205,7 +205,7 @@ def test_layout_flags_are_the_layout_fields() -> None:
 def test_generate_flags_keep_their_names_and_env() -> None:
     cfg = _client(
         GenerateConfig,
-        ["--prompt", "5,6,7", "--stop", "2,9", "--resume", "r1", "--target", "/tmp/e.sock"],
+        ["--ids", "5,6,7", "--stop", "2,9", "--resume", "r1", "--target", "/tmp/e.sock"],
         {},
     )
     assert (cfg.prompt, cfg.stop_token_ids, cfg.resume_request_id) == ((5, 6, 7), (2, 9), "r1")

@@ -59,6 +59,11 @@ def test_demo_runs_and_cleans_up() -> None:
     assert "demo finished cleanly" in out
     assert re.search(r"service: hit rate \d+\.\d%", out) and "B moved host->device" in out
     assert len(re.findall(r"r\d: request \w+: 16 tokens, LENGTH, TTFT", out)) == 3, out
+    # A streamed text line: a chat, its reply printed piece by piece, then its summary.
+    reply = (
+        r"chat> .+\nreply \(random weights, so gibberish\)> .*?\n  request \w+: 16 tokens, LENGTH"
+    )
+    assert re.search(reply, out, re.S), out
     pids = [int(p) for p in re.findall(r"pid (\d+)", out)]
     assert len(pids) == 2 and not any(_alive(p) for p in pids), out
     # The demo names its service instance after its own pid.

@@ -274,6 +274,14 @@ def test_healthchecks_start_order_and_restarts(stack: dict) -> None:
     assert stack["kv-service"]["restart"] == "unless-stopped"
     assert stack["engine"]["restart"] == "unless-stopped"
     assert stack["loadgen"]["restart"] == "no"
+    gateway = stack["gateway"]
+    assert gateway["depends_on"] == {"engine": {"condition": "service_healthy"}}
+    assert "/health" in " ".join(gateway["healthcheck"]["test"])
+    assert gateway["restart"] == "unless-stopped"
+    assert (
+        gateway["environment"]["GATEWAY_TARGET"]
+        == "unix://" + (stack["engine"]["environment"]["ENGINE_UDS"])
+    )
 
 
 def test_dockerfile_requirements() -> None:
@@ -311,12 +319,13 @@ def test_entry_points_match_the_clis(stack: dict) -> None:
         "kv-service": ("kv_service",),
         "engine": ("engine_client", "serve"),
         "loadgen": ("engine_client", "generate"),
+        "gateway": ("engine_client", "gateway"),
     }
     for name, module in modules.items():
         text = cli_help(*module)
         # Every KVS_* / ENGINE_* variable the file sets must be one the CLI reads.
         for var in stack[name]["environment"]:
-            if var.startswith(("KVS_", "ENGINE_")):
+            if var.startswith(("KVS_", "ENGINE_", "GATEWAY_")):
                 assert var in text, f"{name} sets {var}, which `{' '.join(module)}` does not read"
 
 

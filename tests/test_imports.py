@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 EMBEDDED_FACTORY = "engine_client/serve/factory.py"  # the only engine module that may build a core
 # The wings of engine_client, top floor first: each imports only the ones after it.
-WINGS = ("cli", "serve", "loop", "model", "kv", "client")
+WINGS = ("cli", "gateway", "serve", "loop", "model", "kv", "text", "client")
 # Our packages: the whole import graph (tests aside).
 PACKAGES = ("contract", "kernels", "kv_service", "engine_client", "proto", "bench")
 
@@ -235,3 +235,38 @@ def test_the_parser_sees_lazy_imports(tmp_path: Path, source: str, expected: set
     path = tmp_path / "m.py"
     path.write_text(source)
     assert imports_of(path) == expected
+
+
+def _engine_imports(folder: str, allowed: tuple[str, ...]) -> dict[str, list[str]]:
+    """engine_client modules that files under `folder` import outside the `allowed` prefixes."""
+    bad = {}
+    for path in modules(folder):
+        names = [
+            n
+            for n in imports_of(path)
+            if _top(n) == "engine_client" and not n.startswith(allowed) and n != "engine_client"
+        ]
+        if names:
+            bad[_rel(path)] = sorted(names)
+    return bad
+
+
+def test_text_wing_imports_no_other_wing() -> None:
+    """The vocabulary owner is a ground floor: the model's presets ask it for their size."""
+    assert modules("engine_client/text"), "the text wing moved: update this test"
+    assert _engine_imports("engine_client/text", ("engine_client.text",)) == {}
+
+
+def test_gateway_is_a_decode_client_above_serve() -> None:
+    """The gateway talks to the engine over gRPC only: the client library's errors, the serve
+    wing's config and server (to run beside the engine), never the loop, model or KV code; and
+    only the CLI imports the gateway."""
+    allowed = ("engine_client.gateway", "engine_client.client", "engine_client.serve")
+    assert _engine_imports("engine_client/gateway", allowed) == {}
+    users = {
+        _rel(p)
+        for p in modules("engine_client")
+        if any(n.startswith("engine_client.gateway") for n in imports_of(p))
+        and not _rel(p).startswith(("engine_client/gateway/", "engine_client/cli/"))
+    }
+    assert users == set()

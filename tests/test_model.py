@@ -202,7 +202,7 @@ def test_decode_rejects_bad_batches(kernels, weights) -> None:
         ([1], [3], [0], [3]),  # seq_len != position + 1
         ([1], [48], [0], [49]),  # past max_context
         ([1, 2, 3], [1, 2, 3], [0, 1, 2], [2, 3, 4]),  # over max_batch
-        ([256], [3], [0], [4]),
+        ([CFG.vocab_size], [3], [0], [4]),
     ):  # token id out of vocab
         with pytest.raises(ValueError):
             runner.step(*args)

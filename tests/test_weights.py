@@ -26,6 +26,9 @@ CFG = preset("tiny", topk=8)
 def test_presets_validate() -> None:
     assert set(PRESETS) == {"tiny", "bench", "v32"}
     v32 = preset("v32")
+    # Every preset's vocabulary is its tokenizer's, rounded as V3.2 rounds it.
+    assert v32.vocab_size == preset("bench").vocab_size == 129_280
+    assert preset("tiny").vocab_size == 1024
     assert (v32.num_heads, v32.q_lora_rank, v32.index_heads, v32.topk, v32.num_layers) == (
         128,
         1536,

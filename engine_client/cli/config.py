@@ -7,7 +7,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contract.flags import setting
-from engine_client.serve.config import DEVICES, KV_MODES, default_uds, grpc_target
+from engine_client.serve.config import DEVICES, KV_MODES, engine_target_default, grpc_target
+
+
+def token_ids(text: str) -> tuple[int, ...]:
+    """'1,2,3' -> (1, 2, 3), with a hint for text given where ids belong."""
+    try:
+        return tuple(int(t) for t in text.replace(",", " ").split())
+    except ValueError:
+        raise ValueError("token ids are integers like 1,2,3; for text use --text") from None
 
 
 @dataclass(frozen=True)
@@ -19,11 +27,18 @@ class GenerateConfig:
         help="engine address: socket path, unix:PATH or HOST:PORT; default "
         "GENERATE_TARGET, else ENGINE_TARGET, else the engine's default socket",
         parse=grpc_target,
-        cli_default=lambda env: (
-            env.get("ENGINE_TARGET") or default_uds(dict(env), "hisparse-engine.sock")
-        ),
+        cli_default=engine_target_default,
     )
-    prompt: tuple[int, ...] = setting((1, 2, 3, 4), help="prompt token ids, e.g. '1,2,3'")
+    prompt: tuple[int, ...] = setting(
+        (1, 2, 3, 4),
+        flag="ids",
+        help="prompt token ids, e.g. '1,2,3' (prints ids); --text or --chat replaces them",
+        parse=token_ids,
+    )
+    text: str = setting("", help="prompt text, tokenized by the engine; prints text as it streams")
+    chat: str = setting(
+        "", help="a user message, sent as a chat in the model's chat format; prints text"
+    )
     max_new_tokens: int = setting(16, help="most tokens to generate")
     temperature: float = setting(0.0, help="sampling temperature; 0 is greedy")
     seed: int = setting(0, help="sampling seed")
@@ -36,9 +51,15 @@ class GenerateConfig:
         5.0, help="seconds to wait for the engine to accept the connection"
     )
 
+    @property
+    def text_output(self) -> bool:
+        return bool(self.text or self.chat)
+
     def __post_init__(self) -> None:
-        if not self.prompt and not self.resume_request_id:
-            raise ValueError("a prompt of at least one token id is needed")
+        if self.text and self.chat:
+            raise ValueError("give --text or --chat, not both")
+        if not self.prompt and not self.resume_request_id and not self.text and not self.chat:
+            raise ValueError("a prompt is needed: --ids, --text or --chat")
         if any(t < 0 for t in self.prompt):
             raise ValueError("token ids must be >= 0")
         if not 1 <= self.max_new_tokens <= 1 << 20:

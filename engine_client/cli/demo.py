@@ -104,6 +104,28 @@ async def _stream_all(target: str, cfg: DemoConfig) -> tuple[list[GenerationResu
     return results, time.monotonic() - started
 
 
+CHAT = "Hello! What is a sparse attention KV cache?"
+
+
+async def _stream_text(target: str, cfg: DemoConfig) -> GenerationResult:
+    """One chat, its answer printed as it streams (the weights are random: gibberish text,
+    real path: chat format, tokenizer, incremental detokenization)."""
+    gen = GenerateConfig(
+        target="", chat=CHAT, max_new_tokens=cfg.max_new_tokens, temperature=0.7, seed=1
+    )
+    result = GenerationResult()
+    print(f"chat> {CHAT}\nreply (random weights, so gibberish)> ", end="", flush=True)
+    async with grpc.aio.insecure_channel(target) as channel:
+
+        def show(piece: str) -> None:
+            print(piece, end="", flush=True)
+
+        async for _ in generate_stream(channel, gen, result, on_text=show):
+            pass
+    print(f"\n  {result.summary()}", flush=True)
+    return result
+
+
 def _service_stats(svc: ManagedProcess) -> str:
     from proto.kvcache.v1 import kvcache_pb2 as kpb
     from proto.kvcache.v1 import kvcache_pb2_grpc as kpb_grpc
@@ -252,6 +274,8 @@ def run_demo(cfg: DemoConfig) -> int:
         streamed = asyncio.run(stop.run(_stream_all(eng.target, cfg)))
         if streamed is not None:
             ok = _report(*streamed)
+            chat = asyncio.run(stop.run(_stream_text(eng.target, cfg)))
+            ok = ok and chat is not None and chat.finish_reason in ("LENGTH", "STOP")
             if svc is not None:
                 print(_service_stats(svc))
     except Exception as e:  # noqa: BLE001 - the demo reports any failure and cleans up

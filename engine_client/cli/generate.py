@@ -38,6 +38,8 @@ class GenerationResult:
     hits: int = 0
     misses: int = 0
     bytes_moved: int = 0
+    text: str = ""  # text output, concatenated
+    prompt_tokens: int = 0
 
     @property
     def itl_s(self) -> list[float]:
@@ -67,14 +69,20 @@ class GenerationResult:
 
 
 def build_request(cfg: GenerateConfig) -> pb.GenerateRequest:
-    return pb.GenerateRequest(
-        prompt_token_ids=list(cfg.prompt),
+    req = pb.GenerateRequest(
         max_new_tokens=cfg.max_new_tokens,
         sampling=pb.Sampling(
             temperature=cfg.temperature, seed=cfg.seed, stop_token_ids=list(cfg.stop_token_ids)
         ),
         resume_request_id=cfg.resume_request_id,
     )
+    if cfg.chat:
+        req.chat.messages.add(role="user", content=cfg.chat)
+    elif cfg.text:
+        req.text = cfg.text
+    elif cfg.prompt:
+        req.token_ids.ids.extend(cfg.prompt)
+    return req
 
 
 async def generate_stream(
@@ -83,10 +91,12 @@ async def generate_stream(
     result: GenerationResult,
     skip_below: int = 0,
     on_request_id: Callable[[str], None] | None = None,
+    on_text: Callable[[str], None] | None = None,
 ) -> AsyncIterator[tuple[int, int]]:
     """Yield (index, token) as they arrive; fill `result`. Raises a typed client error
     (ServiceUnavailable, UnknownRequest, InvalidArgument, ...) if the stream fails.
-    `on_request_id` is called with the request id as soon as the engine has queued it."""
+    `on_request_id` is called with the request id as soon as the engine has queued it,
+    `on_text` with each piece of text output (before its token is yielded)."""
     stub = pb_grpc.DecodeServiceStub(channel)
     started = time.monotonic()
     call = stub.Generate(build_request(cfg), timeout=cfg.timeout, wait_for_ready=True)
@@ -99,6 +109,10 @@ async def generate_stream(
                     on_request_id(result.request_id)
             async for resp in call:
                 result.request_id = resp.request_id
+                if resp.text and (resp.index >= skip_below or not resp.has_token):
+                    result.text += resp.text
+                    if on_text is not None:
+                        on_text(resp.text)
                 if resp.has_token and resp.index >= skip_below:
                     now = time.monotonic()
                     if result.ttft_s is None:
@@ -111,6 +125,7 @@ async def generate_stream(
                     result.error = resp.error_message
                     result.hits, result.misses = resp.stats.hits, resp.stats.misses
                     result.bytes_moved = resp.stats.bytes_moved
+                    result.prompt_tokens = resp.usage.prompt_tokens
     finally:
         call.cancel()
 
@@ -121,6 +136,7 @@ async def run_generation(
     on_token: Callable[[int, int], None] | None = None,
     on_request_id: Callable[[str], None] | None = None,
     connect_timeout: float = CONNECT_TIMEOUT,
+    on_text: Callable[[str], None] | None = None,
 ) -> GenerationResult:
     """One whole generation on its own channel. An engine that does not accept the connection
     within `connect_timeout` is `reachability.Unreachable`, naming the address."""
@@ -128,7 +144,7 @@ async def run_generation(
     async with grpc.aio.insecure_channel(target) as channel:
         await reachability.wait_ready(channel, reachability.ENGINE, target, connect_timeout)
         async for index, token in generate_stream(
-            channel, cfg, result, on_request_id=on_request_id
+            channel, cfg, result, on_request_id=on_request_id, on_text=on_text
         ):
             if on_token is not None:
                 on_token(index, token)

@@ -1,5 +1,6 @@
-"""`python -m engine_client {serve,generate,demo}`. Flags of `serve` default to ENGINE_* env vars,
-those of `generate` to GENERATE_* and those of `demo` to DEMO_*."""
+"""`python -m engine_client {serve,generate,demo,gateway}`. Flags of `serve` default to ENGINE_*
+env vars, those of `generate` to GENERATE_*, of `demo` to DEMO_* and of `gateway` to
+GATEWAY_*."""
 
 from __future__ import annotations
 
@@ -56,6 +57,36 @@ def add_demo(sub: argparse._SubParsersAction, env: Mapping[str, str]) -> None:
     flags.add_arguments(p, DemoConfig, "DEMO", env)
 
 
+def add_gateway(sub: argparse._SubParsersAction, env: Mapping[str, str]) -> None:
+    from engine_client.gateway.config import GatewayConfig
+
+    p = sub.add_parser(
+        "gateway",
+        help="serve the OpenAI-compatible HTTP API in front of an engine",
+        description="Serve /v1/completions, /v1/chat/completions (stream=true: "
+        "server-sent events) and /v1/models over HTTP, each request a Generate "
+        "stream of the engine at --target. `serve --http ADDR` runs the same "
+        "gateway inside the engine process. Every flag defaults to the "
+        "environment variable in its help.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    flags.add_arguments(p, GatewayConfig, "GATEWAY", env)
+
+
+def _gateway(args: argparse.Namespace, env: Mapping[str, str], parser) -> int:
+    from engine_client.gateway.config import GatewayConfig
+    from engine_client.gateway.server import run
+
+    try:
+        cfg = flags.build(GatewayConfig, args, "GATEWAY", env)
+    except ValueError as e:
+        parser.error(str(e))
+    logging.basicConfig(
+        level=cfg.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return run(cfg)
+
+
 def engine_config(args: argparse.Namespace, env: Mapping[str, str]) -> EngineConfig:
     return flags.build(EngineConfig, args, "ENGINE", env)
 
@@ -74,14 +105,26 @@ def _generate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 
     def show(index: int, token: int) -> None:
         shown.append(token)
-        print(token, end=" ", flush=True)
+        if not cfg.text_output:
+            print(token, end=" ", flush=True)
+
+    def show_text(piece: str) -> None:
+        shown.append(piece)
+        print(piece, end="", flush=True)
 
     def announce(request_id: str) -> None:
         print(f"request {request_id}", file=sys.stderr, flush=True)
 
     try:
         result = asyncio.run(
-            run_generation(cfg.target, cfg, show, announce, connect_timeout=cfg.connect_timeout)
+            run_generation(
+                cfg.target,
+                cfg,
+                show,
+                announce,
+                connect_timeout=cfg.connect_timeout,
+                on_text=show_text if cfg.text_output else None,
+            )
         )
     except reachability.Unreachable as e:
         print(f"generate: {e}", file=sys.stderr)
@@ -115,7 +158,10 @@ def _main(argv: Sequence[str] | None, env: Mapping[str, str] | None) -> int:
     add_serve(sub, env)
     add_generate(sub, env)
     add_demo(sub, env)
+    add_gateway(sub, env)
     args = parser.parse_args(argv)
+    if args.command == "gateway":
+        return _gateway(args, env, parser)
     if args.command == "generate":
         return _generate(args, env)
     if args.command == "demo":
@@ -134,8 +180,11 @@ def _main(argv: Sequence[str] | None, env: Mapping[str, str] | None) -> int:
         level=cfg.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     from engine_client.client import errors
-    from engine_client.serve.server import run
 
+    if cfg.http is not None:
+        from engine_client.gateway.server import run_beside_engine as run
+    else:
+        from engine_client.serve.server import run
     try:
         return run(cfg)
     except errors.KVError as e:

@@ -15,6 +15,7 @@ and changes nothing; seq_lens count the stored tokens including the new one.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -115,7 +116,13 @@ class KVBackend(Protocol):
         """Use another mapping of the same layout (a restarted service's memory), or none."""
 
     def fill_synthetic(
-        self, req_slot: int, n_tokens: int, *, seed: int = 0, chunk: int = 4096
+        self,
+        req_slot: int,
+        n_tokens: int,
+        *,
+        seed: int = 0,
+        chunk: int = 4096,
+        progress: Callable[[int], None] | None = None,
     ) -> None:
         """Random KV rows and index keys for positions [0, n_tokens) of `req_slot`."""
 
@@ -188,11 +195,18 @@ class SharedBackend:
         return {}
 
     def fill_synthetic(
-        self: KVBackend, req_slot: int, n_tokens: int, *, seed: int = 0, chunk: int = 4096
+        self: KVBackend,
+        req_slot: int,
+        n_tokens: int,
+        *,
+        seed: int = 0,
+        chunk: int = 4096,
+        progress: Callable[[int], None] | None = None,
     ) -> None:
         """Write random KV rows and index keys for positions [0, n_tokens) of `req_slot`, so a
         benchmark starts from a long context without a prefill. Deterministic in (seed, layer,
-        chunk start) on a given device type, so every backend stores the same bytes."""
+        chunk start) on a given device type, so every backend stores the same bytes.
+        `progress(1)` is called after each of the num_layers * ceil(n_tokens / chunk) chunks."""
         if (
             not 0 <= req_slot < self.max_requests
             or not 0 < n_tokens <= self.max_context
@@ -219,3 +233,5 @@ class SharedBackend:
                     pos,
                     lens[:m],
                 )
+                if progress is not None:
+                    progress(1)

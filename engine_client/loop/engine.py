@@ -40,6 +40,8 @@ from engine_client.loop.runner import Advance, LaunchedStep, StepRunner
 from engine_client.loop.scheduler import Batch, QueueLimits, Scheduler
 from engine_client.loop.state_file import StateFile
 from engine_client.model.compute import Compute
+from engine_client.text.detokenizer import TextStream
+from engine_client.text.vocabulary import Vocabulary
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +65,11 @@ class Engine:
         policy: QueueLimits | None = None,
         overlap: bool = True,
         metrics: EngineMetrics | None = None,
+        vocab: Vocabulary | None = None,
     ) -> None:
         self.compute, self.control, self.state = compute, control, state
+        # Text in, text out (the server tokenizes with it; requests detokenize with it).
+        self.vocab = vocab
         self.policy = policy or QueueLimits(admit_retry=admit_retry)
         self.metrics = metrics or EngineMetrics()
         self.scheduler = Scheduler(
@@ -119,11 +124,16 @@ class Engine:
     # --- requests from the server ---
 
     def submit(
-        self, prompt: tuple[int, ...], max_new_tokens: int, sampling: SamplingParams
+        self,
+        prompt: tuple[int, ...],
+        max_new_tokens: int,
+        sampling: SamplingParams,
+        text: TextStream | None = None,
     ) -> GenRequest:
+        """Queue a request; `text` detokenizes its tokens (text output, stop strings)."""
         if self.failure is not None:
             raise self.failure
-        req = GenRequest(uuid.uuid4().hex, prompt, max_new_tokens, sampling)
+        req = GenRequest(uuid.uuid4().hex, prompt, max_new_tokens, sampling, text=text)
         self.scheduler.enqueue(req)
         self._wake.set()
         log.info(

@@ -20,6 +20,8 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from engine_client.text.detokenizer import TextStream
+
 
 class Phase(enum.Enum):
     WAITING = "waiting"
@@ -47,11 +49,13 @@ class FailStatus(enum.Enum):
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 is greedy; seed makes a sampled generation reproducible."""
+    """temperature 0 is greedy; seed makes a sampled generation reproducible. stop_strings end
+    the request once its text contains one (the request needs a TextStream)."""
 
     temperature: float = 0.0
     seed: int = 0
     stop_token_ids: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0:
@@ -64,6 +68,7 @@ class TokenEvent:
     index: int
     time_since_start_us: int
     inter_token_us: int
+    text: str = ""
 
 
 @dataclass
@@ -94,6 +99,11 @@ class GenRequest:
     cancelled: bool = False
     launched: int = 0
     last_step: int = -1
+    # Text output: the detokenizer (None: ids only), the text each token released, and what
+    # an end without a last token (cancel, error) released.
+    text: TextStream | None = None
+    texts: list[str] = field(default_factory=list)
+    tail: str = ""
     _listeners: set[asyncio.Event] = field(default_factory=set)
 
     @property
@@ -108,12 +118,23 @@ class GenRequest:
         """Record a generated token; return why the request ends with it, if it does."""
         self.tokens.append(token)
         self.times.append(now)
-        self._notify()
+        reason = None
         if token in self.sampling.stop_token_ids:
-            return Finish.STOP
-        if len(self.tokens) >= self.max_new_tokens:
-            return Finish.LENGTH
-        return None
+            reason = Finish.STOP
+        elif len(self.tokens) >= self.max_new_tokens:
+            reason = Finish.LENGTH
+        self.texts.append(self._text_of(token, reason))
+        if self.text is not None and self.text.stopped:
+            reason = Finish.STOP
+        self._notify()
+        return reason
+
+    def _text_of(self, token: int, reason: Finish | None) -> str:
+        """The text `token` releases; a stop token's own text is left out, as OpenAI does."""
+        if self.text is None:
+            return ""
+        piece = "" if reason is Finish.STOP else self.text.push(token)
+        return piece + self.text.finish() if reason is not None else piece
 
     def end(
         self, finish: Finish, error: str = "", status: FailStatus = FailStatus.UNAVAILABLE
@@ -121,12 +142,20 @@ class GenRequest:
         if self.phase is Phase.FINISHED:
             return
         self.phase, self.finish, self.error, self.status = Phase.FINISHED, finish, error, status
+        if self.text is not None:
+            self.tail = self.text.finish()  # empty after a last token's finish
         self._notify()
 
     def event(self, i: int) -> TokenEvent:
         t = self.times[i]
         prev = self.times[i - 1] if i else self.started
-        return TokenEvent(self.tokens[i], i, int((t - self.started) * 1e6), int((t - prev) * 1e6))
+        return TokenEvent(
+            self.tokens[i],
+            i,
+            int((t - self.started) * 1e6),
+            int((t - prev) * 1e6),
+            self.texts[i] if i < len(self.texts) else "",
+        )
 
     def _notify(self) -> None:
         for ev in self._listeners:

@@ -26,8 +26,11 @@ import torch
 from engine_client.loop.sampler import sample_rows
 from engine_client.loop.scheduler import Batch
 from engine_client.model.compute import Compute
+from engine_client.model.progress import Progress
 
 BUFFER_SETS = 3
+# Tokens per chunk of a synthetic context fill (KVBackend.fill_synthetic), a progress step.
+SYNTHETIC_CHUNK = 4096
 
 
 class _Buffers:
@@ -178,7 +181,17 @@ class StepRunner:
         c, req = self.compute, batch.prefill
         start, end = batch.prefill_range
         if batch.synthetic:
-            c.model.backend.fill_synthetic(req.slot, batch.synthetic, seed=req.slot)
+            be = c.model.backend
+            chunks = be.num_layers * -(-batch.synthetic // SYNTHETIC_CHUNK)
+            what = f"synthetic context ({batch.synthetic} tokens) of {req.request_id[:8]}"
+            with Progress(what, chunks, "chunk") as progress:
+                be.fill_synthetic(
+                    req.slot,
+                    batch.synthetic,
+                    seed=req.slot,
+                    chunk=SYNTHETIC_CHUNK,
+                    progress=progress.update,
+                )
         logits = c.model.prefill(
             req.slot, req.prompt[start:end], start=start, chunk_size=end - start
         )

@@ -5,7 +5,8 @@ The file is a JSON-lines log, mode 0600 (it holds prompts). Records are buffered
 together, with one write() and flush per engine step, when the step's tokens are recorded:
 before any of them is sent to a client, so a client never sees a token the file does not have.
   {"session": ID, "epoch": N}                       first line: the KV session to resume
-  {"start": RID, "prompt": [...], "max_new_tokens": N, "temperature": T, "seed": S, "stop": [...]}
+  {"start": RID, "prompt": [...], "max_new_tokens": N, "temperature": T, "seed": S, "stop": [...],
+   "stop_strings": [...], "text": BOOL}                (the last two: text output, optional)
   {"tokens": {RID: [new token ids], ...}}           one line per step
   {"end": RID}                                      the request finished and was released
 Sampling draws token i from a generator seeded by (seed, i), so prompt + tokens + seed are the
@@ -40,6 +41,7 @@ class SavedRequest:
     max_new_tokens: int
     sampling: SamplingParams
     tokens: list[int] = field(default_factory=list)
+    text: bool = False  # the request streams text: a resumed one gets a TextStream again
 
 
 @dataclass
@@ -58,6 +60,8 @@ def _start_record(r: GenRequest | SavedRequest) -> dict:
         "temperature": s.temperature,
         "seed": s.seed,
         "stop": list(s.stop_token_ids),
+        "stop_strings": list(s.stop_strings),
+        "text": r.text is not None if isinstance(r, GenRequest) else r.text,
     }
 
 
@@ -66,10 +70,17 @@ def _apply(state: SavedState, rec: dict) -> None:
         state.session_id, state.epoch = rec["session"], int(rec["epoch"])
     elif "start" in rec:
         sampling = SamplingParams(
-            float(rec["temperature"]), int(rec["seed"]), tuple(int(t) for t in rec["stop"])
+            float(rec["temperature"]),
+            int(rec["seed"]),
+            tuple(int(t) for t in rec["stop"]),
+            tuple(str(t) for t in rec.get("stop_strings", ())),
         )
         state.requests[rec["start"]] = SavedRequest(
-            rec["start"], tuple(rec["prompt"]), int(rec["max_new_tokens"]), sampling
+            rec["start"],
+            tuple(rec["prompt"]),
+            int(rec["max_new_tokens"]),
+            sampling,
+            text=bool(rec.get("text", False)),
         )
     elif "tokens" in rec:
         for rid, toks in rec["tokens"].items():

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from engine_client.model.model import Model, Tokens, Workspace
+from engine_client.model.progress import Progress
 
 
 @dataclass(frozen=True)
@@ -173,24 +174,31 @@ class DecodeRunner:
         dev = self.device
         self.inputs.zero_()
         self.inputs[_SLOTS].fill_(-1)
-        for bs in sorted(set(buckets or self.cfg.buckets) - set(self.graphs), reverse=True):
-            side = torch.cuda.Stream(dev)
-            side.wait_stream(torch.cuda.current_stream(dev))
-            # Warm-up off the capture: compiles Triton kernels, creates cuBLAS workspaces.
-            with torch.cuda.stream(side):
-                self._body(bs)
-            torch.cuda.current_stream(dev).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            # thread_local: CUDA work of the engine's other threads must not abort the capture.
-            # No garbage collection inside it: a collected pinned tensor (an earlier engine's in
-            # the same process) queries CUDA events on free, which invalidates a capture.
-            gc_was_on = gc.isenabled()
-            gc.disable()
-            try:
-                with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-                    self._body(bs)
-            finally:
-                if gc_was_on:
-                    gc.enable()
-            self.graphs[bs] = graph
+        todo = sorted(set(buckets or self.cfg.buckets) - set(self.graphs), reverse=True)
+        with Progress("warm-up and CUDA graph capture", len(todo), "batch bucket") as progress:
+            for bs in todo:
+                self._capture_one(bs)
+                progress.update()
         torch.cuda.current_stream(dev).synchronize()
+
+    def _capture_one(self, bs: int) -> None:
+        dev = self.device
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        # Warm-up off the capture: compiles Triton kernels, creates cuBLAS workspaces.
+        with torch.cuda.stream(side):
+            self._body(bs)
+        torch.cuda.current_stream(dev).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: CUDA work of the engine's other threads must not abort the capture.
+        # No garbage collection inside it: a collected pinned tensor (an earlier engine's in
+        # the same process) queries CUDA events on free, which invalidates a capture.
+        gc_was_on = gc.isenabled()
+        gc.disable()
+        try:
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+                self._body(bs)
+        finally:
+            if gc_was_on:
+                gc.enable()
+        self.graphs[bs] = graph

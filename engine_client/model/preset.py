@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from engine_client.text.names import DEEPSEEK_TOKENIZER, TINY_TOKENIZER
 from kernels.formats import INDEX_DIM, LATENT_DIM, ROPE_DIM
 
 if TYPE_CHECKING:
@@ -126,7 +127,7 @@ class ModelConfig:
 # CPU tests: real 576-value rows and 128-dim index keys, everything else tiny (16 indexer heads:
 # the fewest kernels.indexer takes).
 TINY = ModelConfig(
-    vocab_size=256,
+    vocab_size=1024,
     hidden_size=64,
     num_layers=2,
     num_heads=4,
@@ -143,7 +144,8 @@ TINY = ModelConfig(
 # o 117.4M, indexer 14.0M) + dense MLP 3 x 7168 x 23552 = 506.5M params: 1.42 GB in bf16. That
 # is what one GPU of an 8-way expert-parallel V3.2 decode reads per layer at large batch
 # (32 local experts x 44M fp8 params = 1.41 GB, plus fp8 attention and the shared expert).
-BENCH = ModelConfig(vocab_size=32000, hidden_size=7168, num_layers=4, mlp_hidden=23552)
+# The output layer (7168 x 129,280: 1.85 GB in bf16) is read once per step.
+BENCH = ModelConfig(vocab_size=129280, hidden_size=7168, num_layers=4, mlp_hidden=23552)
 
 # Full DeepSeek-V3.2 attention shapes on 61 layers, without MLP (attention weights alone are
 # 0.40 GB per layer, 24.5 GB for 61 layers; MoE weights would not fit beside a KV budget).
@@ -151,6 +153,10 @@ BENCH = ModelConfig(vocab_size=32000, hidden_size=7168, num_layers=4, mlp_hidden
 V32 = ModelConfig(vocab_size=129280, hidden_size=7168, num_layers=61)
 
 PRESETS = {"tiny": TINY, "bench": BENCH, "v32": V32}
+# Each preset's tokenizer (engine_client.text.vocabulary names). The vocabulary sizes above are
+# those tokenizers' (DeepSeek-V3.2's 129,280; the tiny cut's 1,024: tests/test_weights.py checks
+# both); the engine replaces vocab_size with its tokenizer's when --tokenizer names another.
+TOKENIZERS = {"tiny": TINY_TOKENIZER, "bench": DEEPSEEK_TOKENIZER, "v32": DEEPSEEK_TOKENIZER}
 
 
 def preset(name: str, **overrides) -> ModelConfig:

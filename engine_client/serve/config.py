@@ -15,10 +15,12 @@ from contract.flags import setting
 from contract.layout import KVLayout
 from engine_client.loop.queue_policy import QUEUE_POLICIES
 from engine_client.model.preset import PRESETS
+from engine_client.text.vocabulary import DEEPSEEK, TINY
 
 KV_MODES = ("baseline", "embedded", "service", "service-remote-swap")
 DEVICES = ("auto", "cpu", "cuda")
 KERNELS = ("auto", "triton", "reference")
+TOKENIZER_NAMES = (DEEPSEEK, TINY)
 MAX_UDS_PATH_BYTES = 107
 TCP_RE = re.compile(r"(\[[0-9a-fA-F:]+\]|[\w.-]*):\d{1,5}")
 
@@ -26,6 +28,11 @@ TCP_RE = re.compile(r"(\[[0-9a-fA-F:]+\]|[\w.-]*):\d{1,5}")
 def default_uds(env: dict[str, str], name: str) -> str:
     """$XDG_RUNTIME_DIR is per user and not world-writable, so prefer it over /tmp."""
     return str(Path(env.get("XDG_RUNTIME_DIR") or "/tmp") / name)
+
+
+def engine_target_default(env) -> str:
+    """Where a client finds the engine without a flag: ENGINE_TARGET, else the default socket."""
+    return env.get("ENGINE_TARGET") or default_uds(dict(env), "hisparse-engine.sock")
 
 
 def grpc_target(address: str) -> str:
@@ -81,12 +88,24 @@ class EngineConfig:
         cli_default=lambda env: default_uds(dict(env), "hisparse-engine.sock"),
     )
     tcp: str | None = setting(None, help="also listen on HOST:PORT (insecure)")
+    http: str | None = setting(
+        None,
+        help="also serve the OpenAI-compatible HTTP gateway on HOST:PORT, in this process "
+        "(python -m engine_client gateway runs it alone); empty: off",
+    )
+    model_name: str = setting("hisparse", help="the model name the HTTP gateway serves")
     service: str = setting(
         "",
         help="KV service address (socket path, unix:PATH or HOST:PORT); service modes only",
         cli_default=lambda env: default_uds(dict(env), "hisparse-kv.sock"),
     )
     preset: str = setting("tiny", help="model shapes: tiny, bench or v32")
+    tokenizer: str | None = setting(
+        None,
+        help="tokenizer.json of the model (any tokenizers file), or deepseek-v3.2 / "
+        "deepseek-v3.2-tiny; empty: the preset's (tiny: deepseek-v3.2-tiny, else "
+        "deepseek-v3.2); the model's vocabulary size follows it",
+    )
     num_layers: int | None = setting(
         None,
         help="override the preset's layer count; service modes adopt the service's layers "
@@ -193,10 +212,16 @@ class EngineConfig:
             check_uds(self.uds)
         if self.tcp is not None and not TCP_RE.fullmatch(self.tcp):
             raise ValueError(f"tcp must be HOST:PORT, got {self.tcp!r}")
+        if self.http is not None and not TCP_RE.fullmatch(self.http):
+            raise ValueError(f"http must be HOST:PORT, got {self.http!r}")
         if self.uses_service and not self.service:
             raise ValueError(f"kv_mode {self.kv_mode} needs the service address")
         if self.preset not in PRESETS:
             raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {self.preset!r}")
+        if self.tokenizer is not None and not (
+            self.tokenizer in TOKENIZER_NAMES or Path(self.tokenizer).is_file()
+        ):
+            raise ValueError(f"tokenizer must be {' or '.join(TOKENIZER_NAMES)} or a file")
         if self.num_layers is not None and self.num_layers <= 0:
             raise ValueError(f"num_layers must be positive, got {self.num_layers}")
         if self.checkpoint is not None and not Path(self.checkpoint).exists():

@@ -25,7 +25,7 @@ from engine_client.kv.local_control import BaselineControl, EmbeddedControl
 from engine_client.loop import state_file
 from engine_client.loop.engine import Engine
 from engine_client.loop.queue_policy import queue_policy
-from engine_client.loop.request import Finish, GenRequest, Phase
+from engine_client.loop.request import GenRequest, Phase
 from engine_client.loop.scheduler import QueueLimits
 from engine_client.model.compute import (
     build_backend,
@@ -34,9 +34,11 @@ from engine_client.model.compute import (
     choose_kernels,
     load_topk_source,
 )
-from engine_client.model.preset import ModelConfig, preset
+from engine_client.model.preset import TOKENIZERS, ModelConfig, preset
 from engine_client.model.weights import checkpoint_layers, load_safetensors, random_weights
 from engine_client.serve.config import EngineConfig
+from engine_client.text import vocabulary
+from engine_client.text.detokenizer import TextStream
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +46,21 @@ log = logging.getLogger(__name__)
 EMBEDDED_LEASE_SECONDS = 30.0
 
 
-def model_config(cfg: EngineConfig, layout: KVLayout | None = None) -> ModelConfig:
-    """The preset, with --num-layers. In service modes the service's `layout` decides the layers
-    and top-k, which the model adopts; a model that cannot take them (another --num-layers, a
-    checkpoint with fewer layers) is refused with both values named."""
-    overrides = {"num_layers": cfg.num_layers} if cfg.num_layers else {}
+def load_vocabulary(cfg: EngineConfig) -> vocabulary.Vocabulary:
+    """--tokenizer, else the preset's."""
+    return vocabulary.load(cfg.tokenizer or TOKENIZERS[cfg.preset])
+
+
+def model_config(
+    cfg: EngineConfig, vocab: vocabulary.Vocabulary, layout: KVLayout | None = None
+) -> ModelConfig:
+    """The preset with --num-layers and the vocabulary size of `vocab`. In service modes the
+    service's `layout` decides the layers and top-k, which the model adopts; a model that cannot
+    take them (another --num-layers, a checkpoint with fewer layers) is refused with both values
+    named."""
+    overrides: dict = {"vocab_size": vocab.model_vocab_size}
+    if cfg.num_layers:
+        overrides["num_layers"] = cfg.num_layers
     mcfg = preset(cfg.preset, **overrides)
     if layout is None:
         return mcfg
@@ -150,17 +162,22 @@ def _build_compute(cfg: EngineConfig, mcfg: ModelConfig, control: KVControl, dev
     )
 
 
-def _resumed(held: HeldRequest, saved: state_file.SavedRequest) -> GenRequest | None:
+def _resumed(
+    held: HeldRequest, saved: state_file.SavedRequest, vocab: vocabulary.Vocabulary
+) -> GenRequest | None:
     if held.prompt_len != len(saved.prompt) or held.max_new_tokens != saved.max_new_tokens:
         log.warning("request %s: service and state file disagree, not resumed", held.request_id)
         return None
     req = GenRequest(
         held.request_id, saved.prompt, saved.max_new_tokens, saved.sampling, slot=held.slot
     )
+    if saved.text:  # replaying the tokens rebuilds the text and finds stop strings again
+        req.text = TextStream(vocab, saved.sampling.stop_strings)
     now = req.started
     for tok in saved.tokens:
-        if req.add_token(tok, now) is not None:
-            req.end(Finish.STOP if tok in saved.sampling.stop_token_ids else Finish.LENGTH)
+        reason = req.add_token(tok, now)
+        if reason is not None:
+            req.end(reason)
             return req
     # Without a token the prefill may be partial: run it again (it rewrites the same rows).
     req.phase = Phase.RUNNING if req.tokens else Phase.PREFILL
@@ -171,7 +188,7 @@ async def restore(engine: Engine, control: KVControl, saved: state_file.SavedSta
     """Adopt the held requests the state file knows; release the others."""
     for held in control.held:
         req = (
-            _resumed(held, saved.requests[held.request_id])
+            _resumed(held, saved.requests[held.request_id], engine.vocab)
             if held.request_id in saved.requests
             else None
         )
@@ -191,6 +208,7 @@ async def restore(engine: Engine, control: KVControl, saved: state_file.SavedSta
 
 async def build_engine(cfg: EngineConfig) -> Engine:
     """Everything the server needs; the engine loop is not started yet."""
+    vocab = await asyncio.to_thread(load_vocabulary, cfg)
     if cfg.state_file and not cfg.resumable:
         log.warning(
             "state file %s ignored: kv mode %s keeps no KV across a restart",
@@ -204,13 +222,13 @@ async def build_engine(cfg: EngineConfig) -> Engine:
         try:
             if cfg.device != "auto" and cfg.device != device.split(":")[0]:
                 raise errors.LayoutMismatch(f"engine device {cfg.device} but service on {device}")
-            mcfg = model_config(cfg, control.layout)
+            mcfg = model_config(cfg, vocab, control.layout)
         except BaseException:
             await control.close()
             raise
     else:
         device = cfg.resolved_device()
-        mcfg = model_config(cfg)
+        mcfg = model_config(cfg, vocab)
         control = local_control(cfg, mcfg, device)
     executor = _compute_thread(device)
     try:
@@ -234,6 +252,7 @@ async def build_engine(cfg: EngineConfig) -> Engine:
         state=state,
         policy=policy,
         overlap=cfg.overlap,
+        vocab=vocab,
     )
     await restore(engine, control, saved)
     if state is not None:

@@ -1,12 +1,14 @@
 """The engine process: decode.v1.DecodeService.Generate over grpc.aio on uvloop, standard health
 and reflection, UDS (+ optional TCP).
 
-Generate streams one response per token with the request id and per-token timing. The token that
-ends a request (max tokens or a stop token) carries finished = true and the request's stats; a
-request that ends otherwise gets a final response without a token. An engine or KV-service
-failure ends the stream with that final ERROR response and then status UNAVAILABLE; a request
-that can never fit the KV capacity, or waited longer than --max-queue-wait, ends the same way
-with RESOURCE_EXHAUSTED; a failed compute step with INTERNAL.
+Generate streams one response per token with the request id, per-token timing and (text output)
+the text the token releases. The prompt is token ids, text or chat messages (serve/prompt.py
+tokenizes it with the engine's vocabulary). The token that ends a request (max tokens, a stop
+token or a stop string) carries finished = true, the request's stats and usage; a request that
+ends otherwise gets a final response without a token (with any text still held). An engine or
+KV-service failure ends the stream with that final ERROR response and then status UNAVAILABLE;
+a request that can never fit the KV capacity, or waited longer than --max-queue-wait, ends the
+same way with RESOURCE_EXHAUSTED; a failed compute step with INTERNAL.
 
 Resume (`resume_request_id`): the stream replays every token generated so far, with its index,
 then follows live; a client that already has tokens skips the indexes it has. Across an engine
@@ -33,6 +35,7 @@ from grpc_reflection.v1alpha import reflection
 from engine_client.client import errors
 from engine_client.loop.engine import Engine
 from engine_client.loop.request import FailStatus, Finish, GenRequest, SamplingParams
+from engine_client.serve import prompt
 from engine_client.serve.config import EngineConfig
 from proto.decode.v1 import decode_pb2 as pb
 from proto.decode.v1 import decode_pb2_grpc as pb_grpc
@@ -54,13 +57,10 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):
     def __init__(self) -> None:
         self.engine: Engine | None = None
 
-    def _check(self, request: pb.GenerateRequest) -> str | None:
+    def _check(self, request: pb.GenerateRequest, ids: list[int]) -> str | None:
         """Why the request is invalid, or None."""
         engine = self.engine
         vocab = engine.compute.model.cfg.vocab_size
-        ids = request.prompt_token_ids
-        if not ids:
-            return "prompt_token_ids must hold at least one token"
         if min(ids) < 0 or max(ids) >= vocab:
             return f"token ids must be in [0, {vocab})"
         if request.max_new_tokens < 1:
@@ -74,6 +74,13 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):
             return "temperature must be finite and >= 0"
         return None
 
+    async def _tokenize(self, request: pb.GenerateRequest) -> list[int]:
+        vocab = self.engine.vocab
+        prompt.check_stop(request)
+        if prompt.is_long(request):
+            return await asyncio.to_thread(prompt.tokenize, request, vocab)
+        return prompt.tokenize(request, vocab)
+
     async def _open(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> GenRequest:
@@ -86,15 +93,20 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):
                 return self.engine.lookup(request.resume_request_id)
             except errors.UnknownRequest as e:
                 await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
-        bad = self._check(request)
+        try:
+            ids = await self._tokenize(request)
+        except prompt.BadPrompt as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        bad = self._check(request, ids)
         if bad:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, bad)
         s = request.sampling
-        params = SamplingParams(s.temperature, s.seed, tuple(s.stop_token_ids))
+        params = SamplingParams(s.temperature, s.seed, tuple(s.stop_token_ids), tuple(s.stop))
         # Benchmarks: placeholder ids for the synthetic context, which Compute fills instead of
         # prefilling them.
-        prompt = (0,) * self.engine.compute.synthetic_context + tuple(request.prompt_token_ids)
-        return self.engine.submit(prompt, request.max_new_tokens, params)
+        ids = [0] * self.engine.compute.synthetic_context + ids
+        text = prompt.text_stream(request, self.engine.vocab)
+        return self.engine.submit(tuple(ids), request.max_new_tokens, params, text)
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         req = await self._open(request, context)
@@ -115,13 +127,16 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):
                     time_since_start_us=ev.time_since_start_us,
                     inter_token_us=ev.inter_token_us,
                     has_token=True,
+                    text=ev.text,
                 )
                 if last:
                     self._finalize(resp, req)
                     final_sent = True
                 yield resp
             if not final_sent:
-                resp = pb.GenerateResponse(request_id=req.request_id, index=len(req.tokens))
+                resp = pb.GenerateResponse(
+                    request_id=req.request_id, index=len(req.tokens), text=req.tail
+                )
                 yield self._finalize(resp, req)
         finally:
             if not req.finished:
@@ -130,13 +145,20 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):
         if req.finish is Finish.ERROR:
             await context.abort(FAIL_CODES[req.status], req.error)
 
-    @staticmethod
-    def _finalize(resp: pb.GenerateResponse, req: GenRequest) -> pb.GenerateResponse:
+    def _finalize(self, resp: pb.GenerateResponse, req: GenRequest) -> pb.GenerateResponse:
         c = req.counters
         resp.finished = True
         resp.finish_reason = int(req.finish)
         resp.error_message = req.error
         resp.stats.CopyFrom(pb.FinalStats(hits=c.hits, misses=c.misses, bytes_moved=c.bytes_moved))
+        # cached_tokens stays 0 until prefix sharing reuses KV across requests.
+        resp.usage.CopyFrom(
+            pb.Usage(
+                prompt_tokens=req.prompt_len - self.engine.compute.synthetic_context,
+                cached_tokens=0,
+                generated_tokens=len(req.tokens),
+            )
+        )
         return resp
 
 

@@ -56,6 +56,7 @@ class Sampling(_message.Message):
     TEMPERATURE_FIELD_NUMBER: _builtins.int
     SEED_FIELD_NUMBER: _builtins.int
     STOP_TOKEN_IDS_FIELD_NUMBER: _builtins.int
+    STOP_FIELD_NUMBER: _builtins.int
     temperature: _builtins.float
     """0 means greedy (argmax); > 0 samples from softmax(logits / temperature)."""
     seed: _builtins.int
@@ -64,36 +65,126 @@ class Sampling(_message.Message):
     def stop_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Generation stops after emitting any of these tokens (finish_reason STOP)."""
 
+    @_builtins.property
+    def stop(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Generation stops once the text contains any of these strings (finish_reason STOP). The
+        text ends before the stop string; it may span tokens. Turns text output on.
+        """
+
     def __init__(
         self,
         *,
         temperature: _builtins.float = ...,
         seed: _builtins.int = ...,
         stop_token_ids: _abc.Iterable[_builtins.int] | None = ...,
+        stop: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["seed", b"seed", "stop_token_ids", b"stop_token_ids", "temperature", b"temperature"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["seed", b"seed", "stop", b"stop", "stop_token_ids", b"stop_token_ids", "temperature", b"temperature"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Sampling: _TypeAlias = Sampling  # noqa: Y015
 
 @_typing.final
+class TokenIds(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    IDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Token ids of the engine's vocabulary."""
+
+    def __init__(
+        self,
+        *,
+        ids: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ids", b"ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TokenIds: _TypeAlias = TokenIds  # noqa: Y015
+
+@_typing.final
+class ChatMessage(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROLE_FIELD_NUMBER: _builtins.int
+    CONTENT_FIELD_NUMBER: _builtins.int
+    role: _builtins.str
+    """"system", "user" or "assistant"."""
+    content: _builtins.str
+    """The message's text."""
+    def __init__(
+        self,
+        *,
+        role: _builtins.str = ...,
+        content: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "role", b"role"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChatMessage: _TypeAlias = ChatMessage  # noqa: Y015
+
+@_typing.final
+class Chat(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChatMessage]:
+        """The conversation so far; the last message is the user's. The engine renders it with the
+        model's chat format and generates the assistant's answer.
+        """
+
+    def __init__(
+        self,
+        *,
+        messages: _abc.Iterable[Global___ChatMessage] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Chat: _TypeAlias = Chat  # noqa: Y015
+
+@_typing.final
 class GenerateRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
-    PROMPT_TOKEN_IDS_FIELD_NUMBER: _builtins.int
+    TOKEN_IDS_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    CHAT_FIELD_NUMBER: _builtins.int
+    RETURN_TEXT_FIELD_NUMBER: _builtins.int
     MAX_NEW_TOKENS_FIELD_NUMBER: _builtins.int
     SAMPLING_FIELD_NUMBER: _builtins.int
     RESUME_REQUEST_ID_FIELD_NUMBER: _builtins.int
+    text: _builtins.str
+    """Plain text, tokenized as given (no BOS is added)."""
+    return_text: _builtins.bool
+    """Text output (GenerateResponse.text): always for text and chat prompts, for token-id
+    prompts when this is set (or stop strings are given).
+    """
     max_new_tokens: _builtins.int
     """Most tokens to generate (>= 1)."""
     resume_request_id: _builtins.str
     """Resume a request the engine was decoding before it restarted; empty starts a new request."""
     @_builtins.property
-    def prompt_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """Prompt token ids, at least one."""
+    def token_ids(self) -> Global___TokenIds:
+        """Token ids, at least one."""
+
+    @_builtins.property
+    def chat(self) -> Global___Chat:
+        """Chat messages, rendered with the model's chat format."""
 
     @_builtins.property
     def sampling(self) -> Global___Sampling:
@@ -102,16 +193,21 @@ class GenerateRequest(_message.Message):
     def __init__(
         self,
         *,
-        prompt_token_ids: _abc.Iterable[_builtins.int] | None = ...,
+        token_ids: Global___TokenIds | None = ...,
+        text: _builtins.str = ...,
+        chat: Global___Chat | None = ...,
+        return_text: _builtins.bool = ...,
         max_new_tokens: _builtins.int = ...,
         sampling: Global___Sampling | None = ...,
         resume_request_id: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["sampling", b"sampling"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["chat", b"chat", "prompt", b"prompt", "sampling", b"sampling", "text", b"text", "token_ids", b"token_ids"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_new_tokens", b"max_new_tokens", "prompt_token_ids", b"prompt_token_ids", "resume_request_id", b"resume_request_id", "sampling", b"sampling"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chat", b"chat", "max_new_tokens", b"max_new_tokens", "prompt", b"prompt", "resume_request_id", b"resume_request_id", "return_text", b"return_text", "sampling", b"sampling", "text", b"text", "token_ids", b"token_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType_prompt: _TypeAlias = _typing.Literal["token_ids", "text", "chat"]  # noqa: Y015
+    _WhichOneofArgType_prompt: _TypeAlias = _typing.Literal["prompt", b"prompt"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_prompt) -> _WhichOneofReturnType_prompt | None: ...
 
 Global___GenerateRequest: _TypeAlias = GenerateRequest  # noqa: Y015
 
@@ -146,6 +242,36 @@ class FinalStats(_message.Message):
 Global___FinalStats: _TypeAlias = FinalStats  # noqa: Y015
 
 @_typing.final
+class Usage(_message.Message):
+    """Token counts of one request, sent with the final response."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
+    CACHED_TOKENS_FIELD_NUMBER: _builtins.int
+    GENERATED_TOKENS_FIELD_NUMBER: _builtins.int
+    prompt_tokens: _builtins.int
+    """Prompt tokens as the client sent them (or as the engine tokenized its text or chat)."""
+    cached_tokens: _builtins.int
+    """Prompt tokens whose KV was reused from an earlier request: 0 until prefix sharing lands."""
+    generated_tokens: _builtins.int
+    """Tokens generated."""
+    def __init__(
+        self,
+        *,
+        prompt_tokens: _builtins.int = ...,
+        cached_tokens: _builtins.int = ...,
+        generated_tokens: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached_tokens", b"cached_tokens", "generated_tokens", b"generated_tokens", "prompt_tokens", b"prompt_tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Usage: _TypeAlias = Usage  # noqa: Y015
+
+@_typing.final
 class GenerateResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -159,6 +285,8 @@ class GenerateResponse(_message.Message):
     STATS_FIELD_NUMBER: _builtins.int
     ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
     HAS_TOKEN_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    USAGE_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Engine-assigned id of the request (use it as resume_request_id)."""
     token_id: _builtins.int
@@ -177,9 +305,18 @@ class GenerateResponse(_message.Message):
     """Reason of an ERROR finish."""
     has_token: _builtins.bool
     """False in a final response that carries no token (e.g. CANCELLED or ERROR)."""
+    text: _builtins.str
+    """Text output: the text this response releases (maybe empty: a token that ends inside a
+    UTF-8 character or may start a stop string releases nothing yet). Concatenated over the
+    stream, it is the decode of the generated tokens, cut before a stop string.
+    """
     @_builtins.property
     def stats(self) -> Global___FinalStats:
         """The request's counters; set only when finished."""
+
+    @_builtins.property
+    def usage(self) -> Global___Usage:
+        """The request's token counts; set only when finished."""
 
     def __init__(
         self,
@@ -194,10 +331,12 @@ class GenerateResponse(_message.Message):
         stats: Global___FinalStats | None = ...,
         error_message: _builtins.str = ...,
         has_token: _builtins.bool = ...,
+        text: _builtins.str = ...,
+        usage: Global___Usage | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["stats", b"stats"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["stats", b"stats", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_message", b"error_message", "finish_reason", b"finish_reason", "finished", b"finished", "has_token", b"has_token", "index", b"index", "inter_token_us", b"inter_token_us", "request_id", b"request_id", "stats", b"stats", "time_since_start_us", b"time_since_start_us", "token_id", b"token_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_message", b"error_message", "finish_reason", b"finish_reason", "finished", b"finished", "has_token", b"has_token", "index", b"index", "inter_token_us", b"inter_token_us", "request_id", b"request_id", "stats", b"stats", "text", b"text", "time_since_start_us", b"time_since_start_us", "token_id", b"token_id", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,81 @@
+"""Running the gateway: as its own process (`python -m engine_client gateway`), or beside the
+engine in the engine's process and event loop (`python -m engine_client serve --http ADDR`),
+talking to it over its own gRPC socket either way."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from aiohttp import web
+
+from engine_client.gateway.app import Gateway
+from engine_client.gateway.config import GatewayConfig, split_http
+from engine_client.serve.config import EngineConfig
+
+log = logging.getLogger(__name__)
+
+
+async def start(cfg: GatewayConfig) -> tuple[web.AppRunner, str]:
+    """Serve the gateway on cfg.http; returns the runner (cleanup() stops it) and the URL it
+    listens on (port 0 picks a free port)."""
+    host, port = split_http(cfg.http)
+    runner = web.AppRunner(Gateway(cfg).app(), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    bound_port = runner.addresses[0][1]
+    url = f"http://{cfg.http.rsplit(':', 1)[0]}:{bound_port}"
+    # Tests and scripts read this line to find a port chosen with port 0.
+    log.info("gateway listening on %s (engine %s, model %s)", url, cfg.target, cfg.model_name)
+    return runner, url
+
+
+async def serve(cfg: GatewayConfig) -> int:
+    """The gateway alone, until SIGTERM/SIGINT."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    runner, _ = await start(cfg)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+        log.info("gateway stopped")
+    return 0
+
+
+async def serve_beside_engine(engine_cfg: EngineConfig, cfg: GatewayConfig) -> int:
+    """The engine's server (which handles the stop signals) with the gateway in its loop."""
+    from engine_client.serve.server import serve as serve_engine
+
+    runner, _ = await start(cfg)
+    try:
+        return await serve_engine(engine_cfg)
+    finally:
+        await runner.cleanup()
+
+
+def beside_engine_config(engine_cfg: EngineConfig) -> GatewayConfig:
+    """The gateway of `serve --http`: on the engine's first listening address."""
+    if engine_cfg.http is None:
+        raise ValueError("the engine config has no http address")
+    return GatewayConfig(
+        target=engine_cfg.listen_targets[0],
+        http=engine_cfg.http,
+        model_name=engine_cfg.model_name,
+        log_level=engine_cfg.log_level,
+    )
+
+
+def run(cfg: GatewayConfig) -> int:
+    import uvloop
+
+    return uvloop.run(serve(cfg))
+
+
+def run_beside_engine(engine_cfg: EngineConfig) -> int:
+    import uvloop
+
+    return uvloop.run(serve_beside_engine(engine_cfg, beside_engine_config(engine_cfg)))

@@ -1,0 +1,198 @@
+"""OpenAI's request and response shapes for completions and chat completions: a request body
+becomes a decode.v1 GenerateRequest, the engine's answers become OpenAI JSON objects.
+
+Supported: prompt (text, token ids, or a list of one), messages (text content, or text parts),
+max_tokens / max_completion_tokens, temperature, seed, stop, stream, stream_options.include_usage.
+Refused with 400 (not silently ignored): n > 1, best_of > 1, echo, logprobs, suffix, a top_p
+other than 1, non-zero penalties, logit_bias, tools.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from engine_client.gateway.api_error import ApiError
+from proto.decode.v1 import decode_pb2 as pb
+
+FINISH = {pb.LENGTH: "length", pb.STOP: "stop"}
+# Fields whose presence with anything but these values asks for what the engine cannot do.
+UNSUPPORTED = {
+    "n": (None, 1),
+    "best_of": (None, 1),
+    "echo": (None, False),
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "suffix": (None, ""),
+    "top_p": (None, 1, 1.0),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "logit_bias": (None, {}),
+    "tools": (None, []),
+}
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One parsed request of either route."""
+
+    chat: bool
+    model: str
+    request: pb.GenerateRequest
+    stream: bool
+    include_usage: bool
+
+
+def _number(body: dict, name: str, default: float, lo: float, hi: float) -> float:
+    value = body.get(name, default)
+    value = default if value is None else value
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ApiError.bad_request(f"{name} must be a number", name)
+    if not lo <= value <= hi:
+        raise ApiError.bad_request(f"{name} must be in [{lo}, {hi}], got {value}", name)
+    return value
+
+
+def _stop(body: dict) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    stop = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise ApiError.bad_request("stop must be a non-empty string or a list of them", "stop")
+    return stop
+
+
+def _set_prompt(req: pb.GenerateRequest, prompt: Any) -> None:
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str) and prompt:
+        req.text = prompt
+    elif (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    ):
+        req.token_ids.ids.extend(prompt)
+    else:
+        raise ApiError.bad_request(
+            "prompt must be a non-empty string or token id list (one prompt per request)",
+            "prompt",
+        )
+
+
+def _content(message: Any, i: int) -> tuple[str, str]:
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+        raise ApiError.bad_request(f"messages[{i}] must be an object with a role", "messages")
+    content = message.get("content")
+    if isinstance(content, list):  # text parts
+        if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+            raise ApiError.bad_request("only text content parts are supported", "messages")
+        content = "".join(str(p.get("text", "")) for p in content)
+    if not isinstance(content, str):
+        raise ApiError.bad_request(f"messages[{i}].content must be text", "messages")
+    return message["role"], content
+
+
+def _set_messages(req: pb.GenerateRequest, messages: Any) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise ApiError.bad_request("messages must be a non-empty list", "messages")
+    for i, message in enumerate(messages):
+        role, content = _content(message, i)
+        if role == "developer":  # OpenAI's newer name for system
+            role = "system"
+        req.chat.messages.add(role=role, content=content)
+
+
+def _check_supported(body: dict) -> None:
+    for name, allowed in UNSUPPORTED.items():
+        if name in body and body[name] not in allowed:
+            raise ApiError.bad_request(f"{name}={body[name]!r} is not supported", name)
+
+
+def parse(body: Any, chat: bool, default_max_tokens: int) -> Completion:
+    """The request of a /v1/completions (chat False) or /v1/chat/completions body."""
+    if not isinstance(body, dict):
+        raise ApiError.bad_request("the request body must be a JSON object")
+    _check_supported(body)
+    newer = chat and body.get("max_completion_tokens") is not None
+    limit = "max_completion_tokens" if newer else "max_tokens"
+    max_tokens = int(_number(body, limit, default_max_tokens, 1, 1 << 20))
+    seed = body.get("seed")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
+        raise ApiError.bad_request("seed must be a non-negative integer", "seed")
+    req = pb.GenerateRequest(
+        max_new_tokens=max_tokens,
+        return_text=True,  # token-id prompts too: OpenAI answers in text
+        sampling=pb.Sampling(
+            temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+            seed=secrets.randbits(63) if seed is None else seed % (1 << 64),
+            stop=_stop(body),
+        ),
+    )
+    (_set_messages if chat else _set_prompt)(req, body.get("messages" if chat else "prompt"))
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise ApiError.bad_request("stream_options must be an object", "stream_options")
+    model = body.get("model", "")
+    return Completion(
+        chat,
+        model if isinstance(model, str) else "",
+        req,
+        bool(body.get("stream", False)),
+        bool(options.get("include_usage", False)),
+    )
+
+
+def usage(u: pb.Usage) -> dict:
+    return {
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.generated_tokens,
+        "total_tokens": u.prompt_tokens + u.generated_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+    }
+
+
+def _envelope(
+    c: Completion, rid: str, created: int, model: str, suffix: str = "", **rest: object
+) -> dict:
+    kind = ("chat.completion" if c.chat else "text_completion") + suffix
+    return {"id": rid, "object": kind, "created": created, "model": model, **rest}
+
+
+def whole(
+    c: Completion, rid: str, created: int, model: str, text: str, final: pb.GenerateResponse
+) -> dict:
+    """The response of a request without streaming."""
+    reason = FINISH.get(final.finish_reason)
+    if c.chat:
+        message = {"role": "assistant", "content": text}
+        choice = {"index": 0, "message": message, "finish_reason": reason, "logprobs": None}
+    else:
+        choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
+    return _envelope(c, rid, created, model, choices=[choice], usage=usage(final.usage))
+
+
+def _suffix(c: Completion) -> str:
+    return ".chunk" if c.chat else ""  # a text completion's chunks are text_completion too
+
+
+def chunk(
+    c: Completion, rid: str, created: int, model: str, text: str | None, reason: str | None
+) -> dict:
+    """One server-sent event of a stream. Chat: text None is the opening role delta."""
+    if c.chat:
+        delta = {"role": "assistant", "content": ""} if text is None else {"content": text}
+        if reason is not None:
+            delta = {}
+        choice: dict = {"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}
+    else:
+        choice = {"index": 0, "text": text or "", "finish_reason": reason, "logprobs": None}
+    return _envelope(c, rid, created, model, suffix=_suffix(c), choices=[choice])
+
+
+def usage_chunk(c: Completion, rid: str, created: int, model: str, u: pb.Usage) -> dict:
+    """The last event of a stream with stream_options.include_usage: no choices, the usage."""
+    return _envelope(c, rid, created, model, suffix=_suffix(c), choices=[], usage=usage(u))

@@ -1,0 +1,167 @@
+"""The vocabulary (DeepSeek-V3.2's tokenizer, chat format, model vocabulary size) and the
+incremental detokenizer: UTF-8 characters split across tokens, stop strings across tokens."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from engine_client.text import vocabulary
+from engine_client.text.chat import PLAIN, ChatMessage
+from engine_client.text.detokenizer import TextStream
+
+VOCAB = vocabulary.load()
+# Byte-level BPE splits these characters across tokens: 🙃 is 'ðŁĻ' + 'ĥ', ÿ is 'ĠÃ' + '¿'.
+SPLIT_TEXT = "héllo 你好世界 🙂🙃 ÿ"
+
+
+def stream_all(stream: TextStream, ids: list[int]) -> list[str]:
+    return [stream.push(t) for t in ids] + [stream.finish()]
+
+
+def test_default_vocabulary_is_deepseek_v32() -> None:
+    assert VOCAB.size == 129_280
+    assert VOCAB.model_vocab_size == 129_280
+    assert vocabulary.padded_size(50_257) == 50_304
+    ids = VOCAB.encode("hello world")
+    assert len(ids) == 2 and VOCAB.decode(ids) == "hello world"
+
+
+def test_chat_uses_deepseek_role_tokens() -> None:
+    msgs = [
+        ChatMessage("system", "Be brief."),
+        ChatMessage("user", "Hi"),
+        ChatMessage("assistant", "Hello."),
+        ChatMessage("user", "Again"),
+    ]
+    ids = VOCAB.encode_chat(msgs)
+    special = {VOCAB.token_id(t): t for t in ("<｜begin▁of▁sentence｜>", "<｜User｜>")}
+    assert ids[0] == VOCAB.token_id("<｜begin▁of▁sentence｜>")
+    assert ids.count(VOCAB.token_id("<｜User｜>")) == 2
+    assert ids.count(VOCAB.token_id("<｜Assistant｜>")) == 2
+    assert ids[-1] == VOCAB.token_id("</think>")  # non-thinking answer opens
+    assert None not in special
+    assert VOCAB.decode(ids, skip_special_tokens=False).startswith(
+        "<｜begin▁of▁sentence｜>Be brief."
+    )
+    with pytest.raises(ValueError, match="role"):
+        ChatMessage("tool", "x")
+    with pytest.raises(ValueError, match="end with a user"):
+        VOCAB.encode_chat([ChatMessage("user", "a"), ChatMessage("assistant", "b")])
+
+
+def test_split_characters_are_released_whole() -> None:
+    ids = VOCAB.encode(SPLIT_TEXT)
+    pieces = stream_all(TextStream(VOCAB), ids)
+    assert "".join(pieces) == SPLIT_TEXT
+    assert all("\ufffd" not in p for p in pieces)
+    # Some token ends inside a character: it releases nothing, the next one the whole character.
+    tokens = [VOCAB.tokenizer.id_to_token(i) for i in ids]
+    cut = tokens.index("ðŁĻ")
+    assert pieces[cut] == "" and pieces[cut + 1] == "🙃"
+
+
+def test_random_tokens_match_a_whole_decode() -> None:
+    """Random ids (what the random-weight model emits) hit invalid byte sequences and special
+    tokens; the released text is still exactly the decode of all ids."""
+    rng = random.Random(7)
+    for _ in range(100):
+        ids = [rng.randrange(VOCAB.size) for _ in range(rng.randrange(1, 40))]
+        assert "".join(stream_all(TextStream(VOCAB), ids)) == VOCAB.decode(ids)
+
+
+def test_an_incomplete_character_at_the_end_is_flushed_as_a_replacement() -> None:
+    ids = VOCAB.encode(SPLIT_TEXT)
+    cut = [VOCAB.tokenizer.id_to_token(i) for i in ids].index("ðŁĻ")
+    stream = TextStream(VOCAB)
+    assert "".join(stream.push(t) for t in ids[: cut + 1]) == "héllo 你好世界 🙂"
+    assert stream.finish() == "\ufffd" == VOCAB.decode(ids[cut : cut + 1])
+
+
+def test_a_stop_string_across_tokens_ends_the_text_before_it() -> None:
+    text = "The quick brown fox jumps over the lazy dog"
+    ids = VOCAB.encode(text)
+    stream = TextStream(VOCAB, stop_strings=("ox jum", "zzz"))
+    released = []
+    for t in ids:
+        released.append(stream.push(t))
+        if stream.stopped:
+            break
+    assert "".join(released) == "The quick brown f" == stream.text
+    # The token that completed the stop string is the last one pushed ("jumps" spans it).
+    assert VOCAB.decode(ids[: len(released)]).endswith("ox jumps")
+    # Nothing that could start the stop string was released early: " fox" released " f" and
+    # held "ox" until the next token showed whether the stop string followed.
+    assert released[ids.index(VOCAB.encode(" fox")[0])] == " f"
+    assert stream.push(ids[-1]) == "" and stream.finish() == ""
+
+
+def test_held_stop_prefix_is_released_when_no_stop_follows() -> None:
+    ids = VOCAB.encode("a world apart")
+    stream = TextStream(VOCAB, stop_strings=("world!",))
+    pieces = stream_all(stream, ids)
+    assert "".join(pieces) == "a world apart" and not stream.stopped
+    with pytest.raises(ValueError):
+        TextStream(VOCAB, stop_strings=("",))
+
+
+def test_another_tokenizer_file(tmp_path: Path) -> None:
+    """--tokenizer PATH: any tokenizer.json; no DeepSeek role tokens means the plain chat."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = {"[UNK]": 0, "hello": 1, "world": 2, "User:": 3}
+    tok = Tokenizer(models.WordLevel(words, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    vocab = vocabulary.load(str(path))
+    assert vocab.size == 4 and vocab.model_vocab_size == 128
+    assert vocab.encode("hello world") == [1, 2]
+    assert vocab.chat_format == PLAIN
+    assert json.loads(path.read_text())["model"]["type"] == "WordLevel"
+    with pytest.raises(FileNotFoundError):
+        vocabulary.load(str(tmp_path / "missing.json"))
+
+
+def test_tiny_vocabulary_is_current_and_splits_every_non_ascii_character() -> None:
+    assert vocabulary.TINY_PATH.read_text(encoding="utf-8") == vocabulary.tiny_text(), (
+        "run python -m engine_client.text.vocabulary"
+    )
+    tiny = vocabulary.load(vocabulary.TINY)
+    assert tiny.size == tiny.model_vocab_size == 1024
+    assert tiny.chat_format == VOCAB.chat_format  # DeepSeek's role tokens, renumbered
+    ids = tiny.encode(SPLIT_TEXT)
+    pieces = stream_all(TextStream(tiny), ids)
+    assert "".join(pieces) == SPLIT_TEXT and all("\ufffd" not in p for p in pieces)
+    assert pieces.count("") >= 8  # every 2-4 byte character waited for its last byte
+    rng = random.Random(3)
+    for _ in range(50):
+        rand = [rng.randrange(tiny.size) for _ in range(rng.randrange(1, 30))]
+        assert "".join(stream_all(TextStream(tiny), rand)) == tiny.decode(rand)
+
+
+def test_a_resumed_request_gets_its_text_and_stop_strings_back(tmp_path: Path) -> None:
+    """The state file keeps stop strings and text output; replaying the saved tokens rebuilds
+    the text and finds a stop string again (serve --state-file, engine restart)."""
+    from engine_client.client.control import HeldRequest
+    from engine_client.loop import state_file
+    from engine_client.loop.request import Finish, GenRequest, SamplingParams
+    from engine_client.serve.factory import _resumed
+
+    tiny = vocabulary.load(vocabulary.TINY)
+    ids = tiny.encode("one two three four")
+    sampling = SamplingParams(stop_strings=("three",))
+    req = GenRequest("r1", (5, 6), 32, sampling, text=TextStream(tiny, sampling.stop_strings))
+    req.tokens = ids[:2]  # generated before the restart ("one two")
+    path = str(tmp_path / "state.jsonl")
+    state_file.StateFile(path).rewrite("s1", 1, [req])
+    saved = state_file.load(path).requests["r1"]
+    assert saved.text and saved.sampling.stop_strings == ("three",)
+    held = HeldRequest("r1", slot=0, mode=1, seq_len=4, prompt_len=2, max_new_tokens=32)
+    saved.tokens = ids  # the whole text came out before the restart
+    again = _resumed(held, saved, tiny)
+    assert again is not None and again.finish is Finish.STOP
+    assert "".join(again.texts) == "one two "
