@@ -287,10 +287,14 @@ class Model:
         # Decode micro-batches (backend.microbatches > 1): every part is scored and planned
         # before any is attended, so a part's miss copy (the backend's side stream) overlaps
         # the next part's indexer, top-k and plan and the previous part's attention.
-        parts = _parts(n, getattr(be, "microbatches", 1) if prefill is None else 1)
+        overlap = prefill is None and getattr(be, "microbatches", 1) > 1
+        parts = _parts(n, be.microbatches if overlap else 1)
         sels = [self._select(i, r, iq, iw, tok, ws, prefill) for r in parts]
         for r, sel in zip(parts, sels):
-            if len(parts) > 1:
+            if overlap:
+                # Every part, a lone one too (a batch of 1 has one part): this joins the part's
+                # side-stream copy into the main stream, which a graph capture requires of
+                # every stream it forked ("capturing stream has unjoined work" otherwise).
                 be.attention_ready(r.start)
             self.kernels.sparse_mla_decode(
                 q_abs[r],
