@@ -9,8 +9,8 @@ kernels, the torch reference and every KV mode produce the same bytes and the sa
 
 The fp32 -> e4m3 rounding is done with integer ops, not Triton's fp8 cast: Triton 3.9's
 interpreter drops the carry when a mantissa rounds up into the next binade (126.6 -> 64).
-Reading uses the native conversions (fp8 -> bf16 on GPU, fp8 -> fp32 under the interpreter, whose
-bf16 arithmetic is not usable), exact both ways.
+Reading rows as tensor-core tiles lives in kernels/kv_tiles.py (integer dequantization on GPU,
+fp32 under the interpreter, whose bf16 arithmetic is not usable), exact both ways.
 """
 
 from __future__ import annotations
@@ -83,39 +83,6 @@ def store_fp8_rows(base_ptr, rows, mask, codes, scale, rope):
     tl.store(scale_ptr + rows[:, None] * 164 + c[None, :], scale, mask=mask[:, None])
     rope_ptr = (base_ptr + 528).to(tl.pointer_type(tl.bfloat16), bitcast=True)
     tl.store(rope_ptr + rows[:, None] * 328 + tl.arange(0, 64)[None, :], rope, mask=mask[:, None])
-
-
-@triton.jit
-def load_fp8_block(kv_ptr, row, valid, D_V: tl.constexpr, D_PE: tl.constexpr, UPCAST: tl.constexpr):
-    """Dequantized rows `row` (int64 [N]) of uint8 [n, 656] rows: (latent [N, D_V] bf16,
-    rope [N, D_PE] bf16). Invalid rows are not read and come back as zeros."""
-    dv = tl.arange(0, D_V)
-    # Loaded as bytes (padding reads 0, no fp8 constant to convert), then viewed as e4m3.
-    codes = tl.load(kv_ptr + row[:, None] * 656 + dv[None, :], mask=valid[:, None], other=0)
-    q = codes.to(tl.float8e4nv, bitcast=True)
-    scale_ptr = (kv_ptr + 512).to(tl.pointer_type(tl.float32), bitcast=True)
-    s0 = tl.load(scale_ptr + row * 164, mask=valid, other=0.0)
-    s1 = tl.load(scale_ptr + row * 164 + 1, mask=valid, other=0.0)
-    s2 = tl.load(scale_ptr + row * 164 + 2, mask=valid, other=0.0)
-    s3 = tl.load(scale_ptr + row * 164 + 3, mask=valid, other=0.0)
-    # The scale of each 128-value block, by selects (no per-element scale loads, no reshape).
-    blk = dv[None, :] // 128
-    s = tl.where(
-        blk == 0,
-        s0[:, None],
-        tl.where(blk == 1, s1[:, None], tl.where(blk == 2, s2[:, None], s3[:, None])),
-    )
-    # fp8 * 2^k is exact in bf16, so neither product rounds anything. On GPU the bf16 one
-    # stays packed (fewer conversions); the interpreter multiplies bf16 bits, so it goes fp32.
-    if UPCAST:
-        k_nope = (q.to(tl.float32) * s).to(tl.bfloat16)
-    else:
-        k_nope = q.to(tl.bfloat16) * s.to(tl.bfloat16)
-    rope_ptr = (kv_ptr + 528).to(tl.pointer_type(tl.bfloat16), bitcast=True)
-    k_pe = tl.load(
-        rope_ptr + row[:, None] * 328 + tl.arange(0, D_PE)[None, :], mask=valid[:, None], other=0.0
-    )
-    return k_nope, k_pe
 
 
 @triton.jit

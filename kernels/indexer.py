@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.sparse_attention import INTERPRETED, bf16_dot
+from kernels.tiles import INTERPRETED, bf16_dot
 from kernels.topk import topk_select
 
 # docs/ARCHITECTURE.md lists top-k selection with the indexer; it lives in kernels/topk.py.

@@ -9,7 +9,13 @@ import torch
 
 import kernels  # noqa: F401  (sets TRITON_INTERPRET without CUDA)
 from kernels.reference import ref_sparse_mla_decode
-from kernels.sparse_attention import AttnWorkspace, decode_num_splits, sparse_mla_decode
+from kernels.sparse_attention import (
+    AttnWorkspace,
+    LaunchConfig,
+    TileWorkspace,
+    decode_num_splits,
+    sparse_mla_decode,
+)
 
 D_V, D_PE = 512, 64
 
@@ -150,6 +156,58 @@ def test_rejects_bad_shapes(device):
         sparse_mla_decode(q_nope, q_pe, kv, row_base, slots, 1.0, out[:, :2], lse)
 
 
+# Two-pass launches that move work between programs differently (small heads/chunk/columns
+# blocks exercise the grid's head and column axes and several chunks per row).
+LAUNCHES = [
+    None,
+    LaunchConfig(score_heads=16, chunk=32, mix_cols=64, score_stages=1, mix_stages=1),
+    LaunchConfig(score_heads=16, chunk=64, mix_cols=256, mix_warps=4),
+]
+
+
+def run_two_pass(args, scale, launch=None, row_format="bf16", ws=None):
+    bs, heads, k = args[0].shape[0], args[0].shape[1], args[-1].shape[1]
+    ws = ws or TileWorkspace.allocate(
+        bs + 2, heads, k, row_format=row_format, device=args[0].device
+    )
+    return run_kernel(*args, scale, workspace=ws, launch=launch)
+
+
+@pytest.mark.parametrize(
+    "bs,heads,k,rows,launch",
+    [(1, 4, 37, 60, LAUNCHES[1]), (3, 8, 150, 400, None), (5, 20, 64, 80, LAUNCHES[1])],
+)
+def test_two_pass_matches_reference(bs, heads, k, rows, launch, device):
+    args = make_inputs(bs, heads, k, rows, device, seed=bs * 1000 + k)
+    args[-1][-1, :] = -1  # one row with no valid slot
+    args[-1][0, :40] = -1  # row 0: its first tiles are empty
+    scale = 1.0 / math.sqrt(D_V + D_PE)
+    out, lse = run_two_pass(args, scale, launch)
+    assert_close_to_reference(out, lse, *run_reference(*args, scale))
+
+
+def test_two_pass_bits_do_not_depend_on_the_launch(device):
+    """The table may pick any launch per batch size: chunks, head and column blocks, warps and
+    stages move work between programs but never change a sum."""
+    args = make_inputs(2, 20, 70, 90, device, seed=9)
+    outs = [run_two_pass(args, 0.05, launch) for launch in LAUNCHES]
+    for out, lse in outs[1:]:
+        assert torch.equal(out, outs[0][0]) and torch.equal(lse, outs[0][1])
+
+
+def test_tile_workspace_must_fit(device):
+    args = make_inputs(3, 8, 70, 90, device, seed=2)
+    for ws in (
+        TileWorkspace.allocate(2, 8, 70, device=device),
+        TileWorkspace.allocate(3, 4, 70, device=device),
+        TileWorkspace.allocate(3, 8, 20, device=device),
+    ):
+        with pytest.raises(ValueError, match="tile workspace"):
+            run_kernel(*args, 0.1, workspace=ws)
+    with pytest.raises(ValueError, match="tile workspace"):
+        TileWorkspace.allocate(3, 8, 70, row_format="int4")
+
+
 GPU_CONFIGS = [
     dict(),
     dict(block_n=64, num_stages=2),
@@ -178,3 +236,22 @@ def test_gpu_deepseek_shapes(bs, pad_frac, cfg):
 @pytest.mark.parametrize("splits", [1, 3])
 def test_gpu_layouts_give_identical_bits(splits):
     test_layouts_that_gather_the_same_rows_give_identical_bits(splits, torch.device("cuda"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bs,pad_frac", [(4, 0.0), (9, 0.3), (70, 0.1)])
+def test_gpu_two_pass_deepseek_shapes(bs, pad_frac):
+    """The table's launches (bs 4, 9, 70 fall in different buckets) and the other test launches
+    against the reference, with the same bits for every launch and on a second call."""
+    args = make_inputs(bs, 128, 2048, 4096, "cuda", seed=bs, pad_frac=pad_frac)
+    scale = 1.0 / math.sqrt(D_V + D_PE)
+    out, lse = run_two_pass(args, scale)
+    assert_close_to_reference(out, lse, *run_reference(*args, scale))
+    for launch in LAUNCHES:
+        out2, lse2 = run_two_pass(args, scale, launch)
+        assert torch.equal(out, out2) and torch.equal(lse, lse2), launch
+
+
+@pytest.mark.gpu
+def test_gpu_two_pass_layouts_and_launches_give_identical_bits():
+    test_two_pass_bits_do_not_depend_on_the_launch(torch.device("cuda"))

@@ -27,7 +27,7 @@ from engine_client.kv.index_keys import encode_index_keys
 from engine_client.model.preset import ModelConfig
 from engine_client.model.rope import RopeTable, apply_rope
 from engine_client.model.weights import check_weights, layer_prefix
-from kernels.sparse_attention import AttnWorkspace, decode_num_splits
+from kernels.sparse_attention import AttnWorkspace, TileWorkspace
 from kernels.topk import TopkWorkspace
 
 # Benchmarks: fn(layer, req_slots, seq_lens, topk) overwriting a decode step's top-k [n, k] in
@@ -38,15 +38,16 @@ TopkSource = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None]
 @dataclass(frozen=True)
 class Workspace:
     """Per-forward scratch: scores [n, S] fp32, topk [n, k] int32, attention out [n, H, 512]
-    bf16 and lse [n, H] fp32, plus the kernels' own scratch (segmented top-k; split-k attention
-    when attn_scratch is set). Decode keeps one at fixed addresses; prefill makes one per chunk."""
+    bf16 and lse [n, H] fp32, plus the kernels' own scratch (segmented top-k; the attention's
+    tile probabilities or split partials). Decode keeps one at fixed addresses; prefill makes
+    one per chunk."""
 
     scores: torch.Tensor
     topk: torch.Tensor
     attn_out: torch.Tensor
     lse: torch.Tensor
     topk_scratch: TopkWorkspace | None = None
-    attn_scratch: AttnWorkspace | None = None
+    attn_scratch: AttnWorkspace | TileWorkspace | None = None
 
     @classmethod
     def allocate(
@@ -58,14 +59,19 @@ class Workspace:
         *,
         attn_splits: int | None = None,
     ) -> "Workspace":
-        """attn_splits: attention's split count; by default a function of cfg.topk alone, so a
-        row's bits never depend on the batch it is in. 1 = single pass, no scratch."""
-        splits = decode_num_splits(cfg.topk) if attn_splits is None else attn_splits
-        attn = (
-            AttnWorkspace.allocate(n, cfg.num_heads, splits, d_v=cfg.kv_lora_rank, device=device)
-            if splits > 1
-            else None
-        )
+        """attn_splits None: the two-pass decode attention, whose scratch (and bits) depend on
+        top-k and row format alone, so a row's bits never depend on the batch it is in;
+        1: the fused kernel in one pass, no scratch (prefill chunks); > 1: fused split-k."""
+        if attn_splits is None:
+            attn: AttnWorkspace | TileWorkspace | None = TileWorkspace.allocate(
+                n, cfg.num_heads, cfg.topk, row_format=cfg.row_format, device=device
+            )
+        elif attn_splits > 1:
+            attn = AttnWorkspace.allocate(
+                n, cfg.num_heads, attn_splits, d_v=cfg.kv_lora_rank, device=device
+            )
+        else:
+            attn = None
         return cls(
             scores=torch.empty((n, width), dtype=torch.float32, device=device),
             topk=torch.empty((n, cfg.topk), dtype=torch.int32, device=device),

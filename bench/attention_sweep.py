@@ -1,0 +1,267 @@
+"""Sweep of the two-pass sparse MLA decode (kernels/attention_two_pass.py) against the fused
+kernel, per row format and batch size, at V3.2's decode shape (H 128, k 2048, B 4096).
+
+    python bench/attention_sweep.py [--batches 8,32,64,128,256] [--quick] [--out PATH]
+
+The score and mix passes are timed apart (CUDA graphs, one variant at a time), for every
+launch variant of each; per tile size (BLOCK_T, which fixes the bits) the best score plus the
+best mix is then timed together and checked: against the fp64 reference at a small batch, and
+bit for bit against every other launch of the same tile size. Prints a table and the proposed
+kernels/attention_configs.py entries; writes JSON. Rooflines: per request-layer 570 MFLOP
+(2 * 128 * 2048 * 1088) over the same run's bf16 matmul rate, and the KV bytes over HBM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.timing import graph_time_us, measure_ceilings  # noqa: E402
+from kernels.attention_configs import LaunchConfig  # noqa: E402
+from kernels.fp8_row import kv_quantize  # noqa: E402
+from kernels.reference import ref_sparse_mla_decode  # noqa: E402
+from kernels.sparse_attention import (  # noqa: E402
+    AttnWorkspace,
+    TileWorkspace,
+    mix_pass,
+    score_pass,
+    sparse_mla_decode,
+)
+
+H, K, B, SCALE = 128, 2048, 4096, 576**-0.5
+CUDA = torch.cuda.is_available()
+DEV = "cuda" if CUDA else "cpu"
+if not CUDA:  # CPU smoke run (Triton's interpreter): the same code on tiny shapes
+    H, K, B = 16, 96, 160
+FLOP = 2 * H * K * (576 + 512)
+# (BLOCK_T, score heads, warps, stages) per row format: each fits Hopper's shared memory.
+SCORE = {
+    "bf16": [(32, 128, 8, 2), (64, 64, 4, 2), (64, 128, 8, 1), (32, 64, 4, 3)],
+    "fp8": [(32, 128, 8, 2), (32, 128, 8, 3), (64, 64, 4, 3), (64, 128, 8, 1)],
+}
+CHUNKS = (128, 256, 512, 1024, 2048) if CUDA else (32, 64)
+# (mix columns, warps, stages), for every BLOCK_T.
+MIX = [(256, 8, 3), (256, 8, 4), (128, 8, 4), (128, 4, 3), (64, 4, 4), (512, 8, 2)]
+FUSED = [
+    ("fused bn64 st2", None, dict(block_n=64, num_stages=2)),
+    ("fused split2 bn32 st3", 2, dict(block_n=32, num_stages=3)),
+]
+
+
+def chunks(bs: int, bt: int, heads: int) -> list[int]:
+    """Chunk lengths worth timing: grids of about half a wave to eight waves of 132 SMs."""
+    waves = [(c, -(-K // c) * bs * (H // heads) / 132) for c in CHUNKS if c >= bt]
+    return (
+        [c for c, w in waves if 0.5 <= w <= 8] or [waves[0][0]] if CUDA else [w[0] for w in waves]
+    )
+
+
+def inputs(bs: int, fmt: str):
+    g = torch.Generator(device=DEV).manual_seed(bs)
+    rows = torch.randn((bs * B, 576), device=DEV, dtype=torch.bfloat16, generator=g)
+    kv = rows
+    if fmt == "fp8":
+        kv = torch.empty((bs * B, 656), device=DEV, dtype=torch.uint8)
+        kv_quantize(rows, kv)
+    q = torch.randn((bs, H, 512), device=DEV, dtype=torch.bfloat16, generator=g)
+    qp = torch.randn((bs, H, 64), device=DEV, dtype=torch.bfloat16, generator=g)
+    base = torch.arange(bs, device=DEV, dtype=torch.int64) * B
+    slots = torch.argsort(torch.rand(bs, B, device=DEV, generator=g), 1)[:, :K].to(torch.int32)
+    slots[:, -5:] = -1  # a few padding slots, as the engine's lists have
+    return q, qp, kv, base, slots
+
+
+def time_us(fn, reps: int) -> float:
+    try:
+        if not CUDA:
+            t0 = time.perf_counter()
+            fn()
+            return 1e6 * (time.perf_counter() - t0)
+        return graph_time_us(fn, reps, inner=5)
+    except Exception as exc:  # a config over the shared-memory limit: recorded, not fatal
+        print(f"    ERROR {repr(exc)[:100]}", flush=True)
+        return float("nan")
+
+
+def sweep_format(fmt: str, bs: int, reps: int, ceil: dict) -> dict:
+    q, qp, kv, base, slots = inputs(bs, fmt)
+    out = torch.empty((bs, H, 512), device=DEV, dtype=torch.bfloat16)
+    lse = torch.empty((bs, H), device=DEV, dtype=torch.float32)
+    res: dict = {"fmt": fmt, "bs": bs, "score": [], "mix": [], "fused": [], "best": {}}
+    for label, splits, kw in FUSED:
+        ws = AttnWorkspace.allocate(bs, H, splits, device=DEV) if splits else None
+        us = time_us(
+            lambda: sparse_mla_decode(
+                q,
+                qp,
+                kv,
+                base,
+                slots,
+                SCALE,
+                out,
+                lse,  # noqa: B023
+                workspace=ws,
+                **kw,
+            ),
+            reps,
+        )
+        res["fused"].append({"label": label, "us": us})
+    for bt in sorted({v[0] for v in SCORE[fmt]}):
+        ws = TileWorkspace.allocate(bs, H, K, row_format=fmt, block_t=bt, device=DEV)
+        best_s, best_m = (float("inf"), None), (float("inf"), None)
+        for _, heads, warps, stages in [v for v in SCORE[fmt] if v[0] == bt]:
+            for chunk in chunks(bs, bt, heads):
+                cfg = LaunchConfig(
+                    score_heads=heads, chunk=chunk, score_warps=warps, score_stages=stages
+                )
+                us = time_us(
+                    lambda: score_pass(
+                        q,
+                        qp,
+                        kv,
+                        base,
+                        slots,
+                        SCALE * 1.4426950408889634,  # noqa: B023,E501
+                        ws,
+                        cfg,
+                    ),
+                    reps,
+                )  # noqa: B023
+                res["score"].append(
+                    {
+                        "bt": bt,
+                        "heads": heads,
+                        "warps": warps,
+                        "stages": stages,
+                        "chunk": chunk,
+                        "us": us,
+                    }
+                )
+                best_s = min(best_s, (us, cfg), key=lambda x: x[0])
+        for cols, warps, stages in MIX:
+            cfg = LaunchConfig(mix_cols=cols, mix_warps=warps, mix_stages=stages)
+            us = time_us(lambda: mix_pass(kv, base, slots, out, lse, ws, cfg), reps)  # noqa: B023
+            res["mix"].append({"bt": bt, "cols": cols, "warps": warps, "stages": stages, "us": us})
+            best_m = min(best_m, (us, cfg), key=lambda x: x[0])
+        if best_s[1] is None or best_m[1] is None:
+            continue
+        s, m = best_s[1], best_m[1]
+        cfg = LaunchConfig(
+            score_heads=s.score_heads,
+            chunk=s.chunk,
+            score_warps=s.score_warps,
+            score_stages=s.score_stages,
+            mix_cols=m.mix_cols,
+            mix_warps=m.mix_warps,
+            mix_stages=m.mix_stages,
+        )
+        total = time_us(
+            lambda: sparse_mla_decode(
+                q,
+                qp,
+                kv,
+                base,
+                slots,
+                SCALE,
+                out,
+                lse,  # noqa: B023
+                workspace=ws,
+                launch=cfg,
+            ),
+            reps,
+        )
+        res["best"][bt] = {
+            "cfg": cfg.__dict__,
+            "us": total,
+            "score_us": best_s[0],
+            "mix_us": best_m[0],
+            **check(q, qp, kv, base, slots, out, lse, ws, cfg),
+        }
+    per_rl = {bt: v["us"] / bs for bt, v in res["best"].items()}
+    res["per_request_layer_us"] = per_rl
+    res["tflops_eq"] = {bt: FLOP / (us * 1e6) for bt, us in per_rl.items()}
+    res["hbm_floor_us"] = K * kv.shape[1] * kv.element_size() / (ceil["d2d_gbs"] * 1e3)
+    res["mm_floor_us"] = FLOP / (ceil["mm_tflops"] * 1e6)
+    return res
+
+
+def check(q, qp, kv, base, slots, out, lse, ws, cfg) -> dict:
+    """Bits of the chosen launch against other launches of the same tiles; the fp64 reference
+    on the first 4 rows."""
+    sparse_mla_decode(q, qp, kv, base, slots, SCALE, out, lse, workspace=ws, launch=cfg)
+    o1, l1 = out.clone(), lse.clone()
+    same = True
+    for other in (
+        LaunchConfig(),
+        LaunchConfig(score_heads=64, score_warps=4, chunk=256, mix_cols=128, mix_warps=4),
+    ):
+        try:
+            sparse_mla_decode(q, qp, kv, base, slots, SCALE, out, lse, workspace=ws, launch=other)
+        except Exception:  # over shared memory at this tile size
+            continue
+        same &= bool(torch.equal(out, o1) and torch.equal(lse, l1))
+    n = min(4, q.shape[0])
+    ro = torch.empty((n, H, 512), dtype=torch.float64, device=DEV)
+    rl = torch.empty((n, H), dtype=torch.float64, device=DEV)
+    ref_sparse_mla_decode(q[:n], qp[:n], kv, base[:n], slots[:n], SCALE, ro, rl)
+    rel = ((o1[:n].double() - ro).norm(dim=-1) / ro.norm(dim=-1)).max().item()
+    return {
+        "bits_equal_across_launches": same,
+        "rel_err": rel,
+        "lse_err": (l1[:n].double() - rl).abs().max().item(),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--batches", default="8,64,128" if CUDA else "2")
+    ap.add_argument("--formats", default="bf16,fp8")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default="bench/results/attention_sweep.json")
+    args = ap.parse_args()
+    ceil = measure_ceilings() if CUDA else {"d2d_gbs": 1.0, "mm_tflops": 1.0, "h2d_gbs": 1.0}
+    print(f"ceilings {ceil}", flush=True)
+    results = []
+    for fmt in args.formats.split(","):
+        for bs in map(int, args.batches.split(",")):
+            t0 = time.time()
+            results.append(sweep_format(fmt, bs, 5 if args.quick else 15, ceil))
+            print(f"  {fmt} bs{bs} done in {time.time() - t0:.0f}s", flush=True)
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(
+                json.dumps(
+                    {"ceilings": ceil, "runs": results, "device": DEV}, indent=1, default=str
+                )
+            )
+    print_summary(results)
+    return 0
+
+
+def print_summary(results: list[dict]) -> None:
+    print(
+        f"\n{'fmt':<5}{'bs':>5} {'fused':>9} {'split2':>9} {'BT':>3} {'2-pass':>9} {'us/rl':>6} "
+        f"{'TFLOPS':>7} {'xHBM':>5} bits rel_err  cfg"
+    )
+    for r in results:
+        fz = [f["us"] for f in r["fused"]]
+        for bt, v in r["best"].items():
+            rl = v["us"] / r["bs"]
+            print(
+                f"{r['fmt']:<5}{r['bs']:>5} {fz[0]:>9.1f} {fz[1]:>9.1f} {bt:>3} {v['us']:>9.1f} "
+                f"{rl:>6.2f} {FLOP / (rl * 1e6):>7.0f} {rl / r['hbm_floor_us']:>5.1f} "
+                f"{'ok' if v['bits_equal_across_launches'] else 'DIFF'} {v['rel_err']:.1e}  "
+                f"{v['cfg']}"
+            )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
