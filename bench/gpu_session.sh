@@ -4,7 +4,7 @@
 # into $OUT/run.tgz (the device tool returns at most 8 files); $OUT/summary.txt is the table.
 # Usage: bash bench/gpu_session.sh [stage ...]
 #   stages: tests sanitize kernels sweep profiles ncu e2e
-#   TESTS="tests/x.py ..."  TEST_K="pytest -k expr"  TEST_S=240  TEST_TIMEOUT=150  SAN_S=90
+#   TESTS="tests/x.py ..."  TEST_M="gpu" (pytest -m)  TEST_K="pytest -k expr"  TEST_S=240  TEST_TIMEOUT=150  SAN_S=90
 #   KERN_S=100  KERNEL_CASES=miss_copy,attention (empty: all)  KERNEL_QUICK=--quick (empty: full)
 #   SWEEP_S=150  SWEEP_ARGS="--batches 8,64,128"
 #   PROF_S=60 (each)  PROFILES="bf16:128:1 bf16:128:2" (row format:batch:micro-batches)
@@ -45,7 +45,7 @@ profiles() {
 STAGES="${*:-tests sanitize kernels}"
 for s in $STAGES; do
   case $s in
-    tests) stage tests "${TEST_S:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider \
+    tests) stage tests "${TEST_S:-240}" python3 -m pytest -q -m "${TEST_M:-gpu}" -p no:cacheprovider \
              --timeout "${TEST_TIMEOUT:-150}" ${TEST_K:+-k "$TEST_K"} ${TESTS:-tests} ;;
     sanitize) stage sanitize "${SAN_S:-90}" env OUT="$RUN" STRESS_STEPS=${STRESS_STEPS:-60} \
                 bash bench/sanitize.sh ;;

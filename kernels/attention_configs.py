@@ -18,13 +18,16 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """score pass: heads per program, slot-list chunk per program, warps, pipeline stages;
-    mix pass: output columns per program, warps, stages."""
+    """score pass: heads per program, slot-list chunk per program, warps, pipeline stages,
+    register prefetch; mix pass: output columns per program, warps, stages."""
 
     score_heads: int = 128
     chunk: int = 512
     score_warps: int = 8
     score_stages: int = 2
+    # Score pass: next tile's rows loaded into registers while this one is worked on (with
+    # score_stages 1; the chunk's slots all in registers: chunk <= 2048).
+    score_prefetch: bool = False
     mix_cols: int = 256
     mix_warps: int = 8
     mix_stages: int = 3
@@ -35,24 +38,27 @@ class LaunchConfig:
             raise ValueError(f"heads, chunk and columns must be powers of two >= 16: {self}")
         if min(self.score_warps, self.mix_warps, self.score_stages, self.mix_stages) < 1:
             raise ValueError(f"warps and stages must be positive: {self}")
+        if self.score_prefetch and self.chunk > 2048:
+            raise ValueError(f"a prefetching score pass holds at most 2048 slots: {self}")
 
 
 # Rows per score tile, per row format (see the module doc).
-TILE_ROWS = {"bf16": 32, "fp8": 32}
+TILE_ROWS = {"bf16": 64, "fp8": 64}
 
 # (row format, largest batch of the bucket) -> config, buckets ascending.
+_SMALL = LaunchConfig(chunk=64, score_stages=1, mix_cols=64, mix_warps=4, mix_stages=4)
 TABLE: dict[str, list[tuple[int, LaunchConfig]]] = {
     "bf16": [
-        (4, LaunchConfig(chunk=64, mix_cols=64, mix_warps=4)),
-        (16, LaunchConfig(chunk=256, mix_cols=128)),
-        (64, LaunchConfig(chunk=1024)),
-        (1 << 30, LaunchConfig(chunk=512)),
+        (4, _SMALL),
+        (16, LaunchConfig(chunk=128, score_stages=1, mix_cols=64, mix_warps=4, mix_stages=4)),
+        (64, LaunchConfig(chunk=1024, score_stages=1)),
+        (1 << 30, LaunchConfig(chunk=2048, score_stages=1)),
     ],
     "fp8": [
-        (4, LaunchConfig(chunk=64, mix_cols=64, mix_warps=4)),
-        (16, LaunchConfig(chunk=256, mix_cols=128)),
-        (64, LaunchConfig(chunk=1024)),
-        (1 << 30, LaunchConfig(chunk=512)),
+        (4, _SMALL),
+        (16, LaunchConfig(chunk=128, score_stages=1, mix_cols=64, mix_warps=4, mix_stages=4)),
+        (64, LaunchConfig(chunk=1024, score_stages=1, score_prefetch=True)),
+        (1 << 30, LaunchConfig(chunk=2048, score_stages=1, score_prefetch=True)),
     ],
 }
 

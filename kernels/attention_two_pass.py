@@ -24,7 +24,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.kv_tiles import FAST_SHIFT, load_kv_tile, load_latent, tile_scores
+from kernels.kv_tiles import (
+    FAST_SHIFT,
+    kv_tile_from_raw,
+    load_kv_raw,
+    load_kv_tile,
+    load_latent,
+    tile_scores,
+)
 from kernels.tiles import exact_dot, staged_slot
 
 
@@ -60,6 +67,7 @@ def _score_kernel(
     STAGE: tl.constexpr,
     UPCAST: tl.constexpr,
     ROW_FP8: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     b = tl.program_id(1)
     heads = tl.program_id(2) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -78,33 +86,114 @@ def _score_kernel(
     start = tl.program_id(0) * CHUNK
     stop = tl.minimum(start + CHUNK, K)
     NB: tl.constexpr = STAGE // BLOCK_T
-    cols = tl.arange(0, BLOCK_T)
-    for staged in range(start, stop, STAGE):
-        offs = staged + tl.arange(0, STAGE)
+    if PREFETCH:
+        # All of the chunk's slots in registers (STAGE >= CHUNK); the next tile's rows are
+        # loaded into registers while this one is worked on: with Q's 147 KB in shared memory
+        # there is no room to stage K tiles there, and one CTA per SM hides no latency.
+        offs = start + tl.arange(0, STAGE)
         ids = tl.reshape(
             tl.load(slots_ptr + b * s_sl_b + offs, mask=offs < stop, other=-1), [NB, BLOCK_T]
         )
-        for j in range(0, tl.cdiv(tl.minimum(stop - staged, STAGE), BLOCK_T)):
-            slot = staged_slot(ids, j, NB)
-            valid = slot >= 0
-            k_nope, k_pe = load_kv_tile(
-                kv_ptr, base + slot.to(tl.int64), valid, s_kv, D_V, D_PE, UPCAST, ROW_FP8
+        n_tiles = tl.cdiv(stop - start, BLOCK_T)
+        slot = staged_slot(ids, 0, NB)
+        valid = slot >= 0
+        a, k_pe, c = load_kv_raw(kv_ptr, base + slot.to(tl.int64), valid, s_kv, D_V, D_PE, ROW_FP8)
+        for j in range(0, n_tiles):
+            slot_n = staged_slot(ids, j + 1, NB)
+            valid_n = (slot_n >= 0) & (j + 1 < n_tiles)
+            a_n, k_pe_n, c_n = load_kv_raw(
+                kv_ptr, base + slot_n.to(tl.int64), valid_n, s_kv, D_V, D_PE, ROW_FP8
             )
+            k_nope, k_pe = kv_tile_from_raw(a, k_pe, c, UPCAST, ROW_FP8)
             s = tile_scores(q_nope, q_pe, k_nope, k_pe, UPCAST, ROW_FP8)
-            s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
-            # An integer max (log2 units): the mix pass's factor 2^(m - M) is then a power of
-            # two, and rescaling the bf16 p by it rounds nothing (p is rounded once, as in the
-            # fused kernel). ceil keeps p <= 1; an empty tile keeps m = -inf.
-            m = tl.ceil(tl.max(s, axis=1))
-            p = tl.math.exp2(s - tl.where(m == float("-inf"), 0.0, m)[:, None])
-            t = staged // BLOCK_T + j
-            tl.store(
-                p_ptr + b * s_p_b + t * s_p_t + heads[:, None] * s_p_h + cols[None, :],
-                p.to(tl.bfloat16),
-                mask=hmask[:, None],
+            _store_tile(
+                s,
+                valid,
+                qk_scale,
+                p_ptr,
+                pm_ptr,
+                pl_ptr,
+                b,
+                start // BLOCK_T + j,
+                heads,
+                hmask,
+                s_p_b,
+                s_p_t,
+                s_p_h,
+                s_m_b,
+                s_m_t,
+                BLOCK_T,
             )
-            tl.store(pm_ptr + b * s_m_b + t * s_m_t + heads, m, mask=hmask)
-            tl.store(pl_ptr + b * s_m_b + t * s_m_t + heads, tl.sum(p, axis=1), mask=hmask)
+            a, k_pe, c, valid = a_n, k_pe_n, c_n, valid_n
+    else:
+        for staged in range(start, stop, STAGE):
+            offs = staged + tl.arange(0, STAGE)
+            ids = tl.reshape(
+                tl.load(slots_ptr + b * s_sl_b + offs, mask=offs < stop, other=-1), [NB, BLOCK_T]
+            )
+            for j in range(0, tl.cdiv(tl.minimum(stop - staged, STAGE), BLOCK_T)):
+                slot = staged_slot(ids, j, NB)
+                valid = slot >= 0
+                k_nope, k_pe = load_kv_tile(
+                    kv_ptr, base + slot.to(tl.int64), valid, s_kv, D_V, D_PE, UPCAST, ROW_FP8
+                )
+                s = tile_scores(q_nope, q_pe, k_nope, k_pe, UPCAST, ROW_FP8)
+                _store_tile(
+                    s,
+                    valid,
+                    qk_scale,
+                    p_ptr,
+                    pm_ptr,
+                    pl_ptr,
+                    b,
+                    staged // BLOCK_T + j,
+                    heads,
+                    hmask,
+                    s_p_b,
+                    s_p_t,
+                    s_p_h,
+                    s_m_b,
+                    s_m_t,
+                    BLOCK_T,
+                )
+
+
+@triton.jit
+def _store_tile(
+    s,
+    valid,
+    qk_scale,
+    p_ptr,
+    pm_ptr,
+    pl_ptr,
+    b,
+    t,
+    heads,
+    hmask,
+    s_p_b,
+    s_p_t,
+    s_p_h,
+    s_m_b,
+    s_m_t,
+    BLOCK_T: tl.constexpr,
+):
+    """Tile t's probabilities, max and sum from its raw scores s [heads, BLOCK_T]."""
+    s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
+    # An integer max (log2 units): the mix pass's factor 2^(m - M) is then a power of two, and
+    # rescaling the bf16 p by it rounds nothing (p is rounded once, as in the fused kernel).
+    # ceil keeps p <= 1; an empty tile keeps m = -inf.
+    m = tl.ceil(tl.max(s, axis=1))
+    p = tl.math.exp2(s - tl.where(m == float("-inf"), 0.0, m)[:, None])
+    tl.store(
+        p_ptr + b * s_p_b + t * s_p_t + heads[:, None] * s_p_h + tl.arange(0, BLOCK_T)[None, :],
+        p.to(tl.bfloat16),
+        mask=hmask[:, None],
+    )
+    tl.store(pm_ptr + b * s_m_b + t * s_m_t + heads, m, mask=hmask)
+    # The sum in 2^-40 fixed point (int64): integer sums are exact, so their order, which
+    # follows the launch's layout, cannot change a bit.
+    l_fix = tl.sum((p * 1099511627776.0).to(tl.int64), axis=1)
+    tl.store(pl_ptr + b * s_m_b + t * s_m_t + heads, l_fix, mask=hmask)
 
 
 @triton.jit
@@ -148,10 +237,10 @@ def _mix_kernel(
     m_all = tl.load(pm[None, :] + tt[:, None] * s_m_t, mask=tmask, other=float("-inf"))
     m_max = tl.max(m_all, axis=0)
     m_use = tl.where(m_max == float("-inf"), 0.0, m_max)
-    l_all = tl.load(
-        pl_ptr + b * s_m_b + heads[None, :] + tt[:, None] * s_m_t, mask=tmask, other=0.0
-    )
-    l_sum = tl.sum(l_all * tl.math.exp2(m_all - m_use[None, :]), axis=0)
+    l_all = tl.load(pl_ptr + b * s_m_b + heads[None, :] + tt[:, None] * s_m_t, mask=tmask, other=0)
+    # L = sum_t l_t * 2^(m_t - M) in the same fixed point: shifts and integer sums are exact.
+    shift = tl.minimum(m_use[None, :] - m_all, 63.0).to(tl.int64)
+    l_sum = tl.sum(l_all >> shift, axis=0).to(tl.float32) * (1.0 / 1099511627776.0)
     base = tl.load(row_base_ptr + b).to(tl.int64)
     NB: tl.constexpr = STAGE // BLOCK_T
     cols = tl.arange(0, BLOCK_T)

@@ -81,7 +81,8 @@ def check_split_workspace(ws: AttnWorkspace, bs: int, n_heads: int, d_v: int) ->
 @dataclass(frozen=True)
 class TileWorkspace:
     """Two-pass scratch: probabilities p [max_bs, n_tiles, H, block_t] bf16 (each tile's
-    exp2(score - tile max)), tile maxima (log2 units) and sums [max_bs, n_tiles, H] fp32.
+    exp2(score - tile max)), tile maxima [max_bs, n_tiles, H] fp32 (log2 units, integers) and
+    tile sums in 2^-40 fixed point [max_bs, n_tiles, H] int64.
     n_tiles = ceil(topk / block_t); block_t (TILE_ROWS of the row format) fixes the bits."""
 
     probs: torch.Tensor
@@ -114,7 +115,7 @@ class TileWorkspace:
         return cls(
             torch.empty(shape + (bt,), dtype=torch.bfloat16, device=device),
             torch.empty(shape, dtype=torch.float32, device=device),
-            torch.empty(shape, dtype=torch.float32, device=device),
+            torch.empty(shape, dtype=torch.int64, device=device),
         )
 
     def check(self, bs: int, n_heads: int, k: int) -> None:
@@ -127,6 +128,7 @@ class TileWorkspace:
             or not all(t.is_contiguous() for t in (self.probs, self.tile_max, self.tile_sum))
             or tuple(self.tile_max.shape) != same
             or tuple(self.tile_sum.shape) != same
+            or self.tile_sum.dtype != torch.int64
             or bt < 16
             or bt & (bt - 1)
         ):
