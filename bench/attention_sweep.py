@@ -41,12 +41,10 @@ DEV = "cuda" if CUDA else "cpu"
 if not CUDA:  # CPU smoke run (Triton's interpreter): the same code on tiny shapes
     H, K, B = 16, 96, 160
 FLOP = 2 * H * K * (576 + 512)
-# (BLOCK_T, stages, register prefetch) per row format; all 128 heads per program on 8 warps
-# (one tensor-core instruction shape, so the launch table may mix these without changing bits).
-SCORE = {
-    "bf16": [(64, 1, True), (64, 1, False), (32, 1, True), (32, 2, False)],
-    "fp8": [(64, 1, True), (32, 1, True), (32, 3, False), (64, 1, False)],
-}
+# (BLOCK_T, score stages) per row format; all 128 heads per program on 8 warps (one tensor-core
+# instruction shape, so the launch table may mix these without changing bits). Run D also timed
+# a register prefetch of the next K tile (slower at every shape; removed).
+SCORE = {"bf16": [(64, 1), (32, 2)], "fp8": [(64, 1), (32, 3)]}
 CHUNKS = (64, 128, 256, 512, 1024, 2048) if CUDA else (32, 64)
 # (mix columns, warps, stages), for every BLOCK_T.
 MIX = [(256, 8, 3), (256, 8, 2), (128, 4, 3), (64, 4, 4)]
@@ -117,9 +115,9 @@ def sweep_format(fmt: str, bs: int, reps: int, ceil: dict) -> dict:
     qk_scale = SCALE * 1.4426950408889634
     for bt in sorted({v[0] for v in SCORE[fmt]}):
         ws = TileWorkspace.allocate(bs, H, K, row_format=fmt, block_t=bt, device=DEV)
-        for _, stages, prefetch in [v for v in SCORE[fmt] if v[0] == bt]:
+        for _, stages in [v for v in SCORE[fmt] if v[0] == bt]:
             for chunk in chunks(bs, bt, 128):
-                cfg = LaunchConfig(chunk=chunk, score_stages=stages, score_prefetch=prefetch)
+                cfg = LaunchConfig(chunk=chunk, score_stages=stages)
                 fn = lambda cfg=cfg: score_pass(q, qp, kv, base, slots, qk_scale, ws, cfg)  # noqa: E731,B023
                 _timed(res["score"], fn, reps, bt=bt, cfg=cfg)
         for cols, warps, stages in MIX:
@@ -157,7 +155,6 @@ def _merge(s: LaunchConfig, m: LaunchConfig) -> LaunchConfig:
         chunk=s.chunk,
         score_warps=s.score_warps,
         score_stages=s.score_stages,
-        score_prefetch=s.score_prefetch,
         mix_cols=m.mix_cols,
         mix_warps=m.mix_warps,
         mix_stages=m.mix_stages,

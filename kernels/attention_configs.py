@@ -7,8 +7,9 @@ Two kinds of knob, kept apart on purpose:
 - Everything in `LaunchConfig` only moves work between programs: any entry gives the same bits
   (tests/test_sparse_attention.py checks it), so the table may pick per batch size freely.
 
-The table comes from `bench/attention_sweep.py` on the H200 (docs/BENCHMARKS.md, "attention
-sweep"): the fastest measured configuration for each (row format, batch bucket).
+The table comes from `bench/attention_sweep.py` on the H200 (docs/BENCHMARKS.md, run D): the
+fastest measured configuration for each (row format, batch bucket). Run D also compared each
+winner's bits with two other launches of the same tiles at every measured shape: equal.
 """
 
 from __future__ import annotations
@@ -18,16 +19,14 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """score pass: heads per program, slot-list chunk per program, warps, pipeline stages,
-    register prefetch; mix pass: output columns per program, warps, stages."""
+    """score pass: heads per program, slot-list chunk per program, warps, pipeline stages;
+    mix pass: output columns per program, warps, stages. The defaults fit 64-row tiles of 128
+    heads in shared memory (score: Q 147 KB + one 74 KB K tile)."""
 
     score_heads: int = 128
     chunk: int = 512
     score_warps: int = 8
-    score_stages: int = 2
-    # Score pass: next tile's rows loaded into registers while this one is worked on (with
-    # score_stages 1; the chunk's slots all in registers: chunk <= 2048).
-    score_prefetch: bool = False
+    score_stages: int = 1
     mix_cols: int = 256
     mix_warps: int = 8
     mix_stages: int = 3
@@ -38,27 +37,29 @@ class LaunchConfig:
             raise ValueError(f"heads, chunk and columns must be powers of two >= 16: {self}")
         if min(self.score_warps, self.mix_warps, self.score_stages, self.mix_stages) < 1:
             raise ValueError(f"warps and stages must be positive: {self}")
-        if self.score_prefetch and self.chunk > 2048:
-            raise ValueError(f"a prefetching score pass holds at most 2048 slots: {self}")
 
 
-# Rows per score tile, per row format (see the module doc).
+# Rows per score tile, per row format (see the module doc). Measured (docs/BENCHMARKS.md, run
+# D): 64-row tiles beat 32 for bf16 at every batch (bs 64: 180.5 vs 189.5 us) and tie for fp8
+# at bs 64-128 (204.1 vs 206.7, 400.6 vs 399.8 us) while winning at bs 8 (62.9 vs 75.5).
 TILE_ROWS = {"bf16": 64, "fp8": 64}
 
-# (row format, largest batch of the bucket) -> config, buckets ascending.
-_SMALL = LaunchConfig(chunk=64, score_stages=1, mix_cols=64, mix_warps=4, mix_stages=4)
+# (row format, largest batch of the bucket) -> config, buckets ascending. Each bucket holds the
+# fastest (score, mix) pair that bench/attention_sweep.py measured at bs 8, 64 and 128 (run D,
+# H200); the bs <= 4 entry is extrapolated from bs 8 (a shorter chunk keeps programs busy).
+_SMALL = LaunchConfig(chunk=128, mix_cols=64, mix_warps=4, mix_stages=4)
 TABLE: dict[str, list[tuple[int, LaunchConfig]]] = {
     "bf16": [
-        (4, _SMALL),
-        (16, LaunchConfig(chunk=128, score_stages=1, mix_cols=64, mix_warps=4, mix_stages=4)),
-        (64, LaunchConfig(chunk=1024, score_stages=1)),
-        (1 << 30, LaunchConfig(chunk=2048, score_stages=1)),
+        (4, LaunchConfig(chunk=64, mix_cols=64, mix_warps=4, mix_stages=4)),
+        (16, _SMALL),
+        (64, LaunchConfig(chunk=1024)),
+        (1 << 30, LaunchConfig(chunk=2048)),
     ],
     "fp8": [
-        (4, _SMALL),
-        (16, LaunchConfig(chunk=128, score_stages=1, mix_cols=64, mix_warps=4, mix_stages=4)),
-        (64, LaunchConfig(chunk=1024, score_stages=1, score_prefetch=True)),
-        (1 << 30, LaunchConfig(chunk=2048, score_stages=1, score_prefetch=True)),
+        (4, LaunchConfig(chunk=64, mix_cols=64, mix_warps=4, mix_stages=4)),
+        (16, _SMALL),
+        (64, LaunchConfig(chunk=1024)),
+        (1 << 30, LaunchConfig(chunk=2048)),
     ],
 }
 

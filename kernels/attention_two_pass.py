@@ -24,14 +24,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.kv_tiles import (
-    FAST_SHIFT,
-    kv_tile_from_raw,
-    load_kv_raw,
-    load_kv_tile,
-    load_latent,
-    tile_scores,
-)
+from kernels.kv_tiles import FAST_SHIFT, load_kv_tile, load_latent, tile_scores
 from kernels.tiles import exact_dot, staged_slot
 
 
@@ -67,7 +60,6 @@ def _score_kernel(
     STAGE: tl.constexpr,
     UPCAST: tl.constexpr,
     ROW_FP8: tl.constexpr,
-    PREFETCH: tl.constexpr,
 ):
     b = tl.program_id(1)
     heads = tl.program_id(2) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -86,25 +78,17 @@ def _score_kernel(
     start = tl.program_id(0) * CHUNK
     stop = tl.minimum(start + CHUNK, K)
     NB: tl.constexpr = STAGE // BLOCK_T
-    if PREFETCH:
-        # All of the chunk's slots in registers (STAGE >= CHUNK); the next tile's rows are
-        # loaded into registers while this one is worked on: with Q's 147 KB in shared memory
-        # there is no room to stage K tiles there, and one CTA per SM hides no latency.
-        offs = start + tl.arange(0, STAGE)
+    for staged in range(start, stop, STAGE):
+        offs = staged + tl.arange(0, STAGE)
         ids = tl.reshape(
             tl.load(slots_ptr + b * s_sl_b + offs, mask=offs < stop, other=-1), [NB, BLOCK_T]
         )
-        n_tiles = tl.cdiv(stop - start, BLOCK_T)
-        slot = staged_slot(ids, 0, NB)
-        valid = slot >= 0
-        a, k_pe, c = load_kv_raw(kv_ptr, base + slot.to(tl.int64), valid, s_kv, D_V, D_PE, ROW_FP8)
-        for j in range(0, n_tiles):
-            slot_n = staged_slot(ids, j + 1, NB)
-            valid_n = (slot_n >= 0) & (j + 1 < n_tiles)
-            a_n, k_pe_n, c_n = load_kv_raw(
-                kv_ptr, base + slot_n.to(tl.int64), valid_n, s_kv, D_V, D_PE, ROW_FP8
+        for j in range(0, tl.cdiv(tl.minimum(stop - staged, STAGE), BLOCK_T)):
+            slot = staged_slot(ids, j, NB)
+            valid = slot >= 0
+            k_nope, k_pe = load_kv_tile(
+                kv_ptr, base + slot.to(tl.int64), valid, s_kv, D_V, D_PE, UPCAST, ROW_FP8
             )
-            k_nope, k_pe = kv_tile_from_raw(a, k_pe, c, UPCAST, ROW_FP8)
             s = tile_scores(q_nope, q_pe, k_nope, k_pe, UPCAST, ROW_FP8)
             _store_tile(
                 s,
@@ -114,7 +98,7 @@ def _score_kernel(
                 pm_ptr,
                 pl_ptr,
                 b,
-                start // BLOCK_T + j,
+                staged // BLOCK_T + j,
                 heads,
                 hmask,
                 s_p_b,
@@ -124,38 +108,6 @@ def _score_kernel(
                 s_m_t,
                 BLOCK_T,
             )
-            a, k_pe, c, valid = a_n, k_pe_n, c_n, valid_n
-    else:
-        for staged in range(start, stop, STAGE):
-            offs = staged + tl.arange(0, STAGE)
-            ids = tl.reshape(
-                tl.load(slots_ptr + b * s_sl_b + offs, mask=offs < stop, other=-1), [NB, BLOCK_T]
-            )
-            for j in range(0, tl.cdiv(tl.minimum(stop - staged, STAGE), BLOCK_T)):
-                slot = staged_slot(ids, j, NB)
-                valid = slot >= 0
-                k_nope, k_pe = load_kv_tile(
-                    kv_ptr, base + slot.to(tl.int64), valid, s_kv, D_V, D_PE, UPCAST, ROW_FP8
-                )
-                s = tile_scores(q_nope, q_pe, k_nope, k_pe, UPCAST, ROW_FP8)
-                _store_tile(
-                    s,
-                    valid,
-                    qk_scale,
-                    p_ptr,
-                    pm_ptr,
-                    pl_ptr,
-                    b,
-                    staged // BLOCK_T + j,
-                    heads,
-                    hmask,
-                    s_p_b,
-                    s_p_t,
-                    s_p_h,
-                    s_m_b,
-                    s_m_t,
-                    BLOCK_T,
-                )
 
 
 @triton.jit

@@ -48,8 +48,10 @@ def e4m3_as_bf16(codes):
 
 
 @triton.jit
-def load_latent_raw(kv_ptr, row, valid, col0, NBLK: tl.constexpr, W: tl.constexpr):
-    """The bytes behind load_latent: codes [N, NBLK, W] uint8 and scales [N, NBLK] fp32."""
+def load_latent(kv_ptr, row, valid, col0, NBLK: tl.constexpr, W: tl.constexpr, FAST: tl.constexpr):
+    """Latent columns [col0, col0 + NBLK * W) of fp8 rows `row` as bf16 [N, NBLK * W]; W <= 128
+    divides 128 and col0 is a multiple of W. FAST: value * scale * 2^-56 (see module doc);
+    else exact value * scale (the interpreter's fp32 path)."""
     blk = tl.arange(0, NBLK)
     cols = col0 + blk[:, None] * W + tl.arange(0, W)[None, :]
     codes = tl.load(
@@ -58,26 +60,11 @@ def load_latent_raw(kv_ptr, row, valid, col0, NBLK: tl.constexpr, W: tl.constexp
     scale_ptr = (kv_ptr + 512).to(tl.pointer_type(tl.float32), bitcast=True)
     sblk = col0 // 128 + blk
     s = tl.load(scale_ptr + row[:, None] * 164 + sblk[None, :], mask=valid[:, None], other=0.0)
-    return codes, s
-
-
-@triton.jit
-def dequant_latent(codes, s, FAST: tl.constexpr):
-    """bf16 [N, NBLK * W] of load_latent_raw's bytes (see load_latent)."""
     if FAST:
         lat = e4m3_as_bf16(codes) * (s * 18446744073709551616.0).to(tl.bfloat16)[:, :, None]
     else:
         lat = (codes.to(tl.float8e4nv, bitcast=True).to(tl.float32) * s[:, :, None]).to(tl.bfloat16)
-    return tl.reshape(lat, [codes.shape[0], codes.shape[1] * codes.shape[2]])
-
-
-@triton.jit
-def load_latent(kv_ptr, row, valid, col0, NBLK: tl.constexpr, W: tl.constexpr, FAST: tl.constexpr):
-    """Latent columns [col0, col0 + NBLK * W) of fp8 rows `row` as bf16 [N, NBLK * W]; W <= 128
-    divides 128 and col0 is a multiple of W. FAST: value * scale * 2^-56 (see module doc);
-    else exact value * scale (the interpreter's fp32 path)."""
-    codes, s = load_latent_raw(kv_ptr, row, valid, col0, NBLK, W)
-    return dequant_latent(codes, s, FAST)
+    return tl.reshape(lat, [row.shape[0], NBLK * W])
 
 
 @triton.jit
@@ -86,41 +73,6 @@ def load_rope(kv_ptr, row, valid, D_PE: tl.constexpr):
     return tl.load(
         rope_ptr + row[:, None] * 328 + tl.arange(0, D_PE)[None, :], mask=valid[:, None], other=0.0
     )
-
-
-@triton.jit
-def load_kv_raw(
-    kv_ptr,
-    row,
-    valid,
-    s_kv,
-    D_V: tl.constexpr,
-    D_PE: tl.constexpr,
-    ROW_FP8: tl.constexpr,
-):
-    """The loads of load_kv_tile, without the work on them: (latent or codes, rope, scales).
-    A loop can issue the next tile's loads before it works on the current tile."""
-    if ROW_FP8:
-        codes, s = load_latent_raw(kv_ptr, row, valid, 0, D_V // 128, 128)
-        return codes, load_rope(kv_ptr, row, valid, D_PE), s
-    else:
-        row_ptr = kv_ptr + row * s_kv
-        k_nope = tl.load(
-            row_ptr[:, None] + tl.arange(0, D_V)[None, :], mask=valid[:, None], other=0.0
-        )
-        k_pe = tl.load(
-            row_ptr[:, None] + D_V + tl.arange(0, D_PE)[None, :], mask=valid[:, None], other=0.0
-        )
-        return k_nope, k_pe, valid
-
-
-@triton.jit
-def kv_tile_from_raw(a, k_pe, b, UPCAST: tl.constexpr, ROW_FP8: tl.constexpr):
-    """(latent, rope) bf16 from load_kv_raw's values."""
-    if ROW_FP8:
-        return dequant_latent(a, b, not UPCAST), k_pe
-    else:
-        return a, k_pe
 
 
 @triton.jit
@@ -136,8 +88,18 @@ def load_kv_tile(
 ):
     """(latent [N, D_V], rope [N, D_PE]) bf16 of rows `row`; invalid rows are never read (0).
     fp8 latents carry the 2^-56 of fast dequantization on GPU (see tile_scores)."""
-    a, k_pe, b = load_kv_raw(kv_ptr, row, valid, s_kv, D_V, D_PE, ROW_FP8)
-    return kv_tile_from_raw(a, k_pe, b, UPCAST, ROW_FP8)
+    if ROW_FP8:
+        k_nope = load_latent(kv_ptr, row, valid, 0, D_V // 128, 128, not UPCAST)
+        k_pe = load_rope(kv_ptr, row, valid, D_PE)
+    else:
+        row_ptr = kv_ptr + row * s_kv
+        k_nope = tl.load(
+            row_ptr[:, None] + tl.arange(0, D_V)[None, :], mask=valid[:, None], other=0.0
+        )
+        k_pe = tl.load(
+            row_ptr[:, None] + D_V + tl.arange(0, D_PE)[None, :], mask=valid[:, None], other=0.0
+        )
+    return k_nope, k_pe
 
 
 @triton.jit

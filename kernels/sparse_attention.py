@@ -94,7 +94,6 @@ def score_pass(q_nope, q_pe, kv, row_base, slots, qk_scale, ws, cfg) -> None:
     k, bt = slots.shape[1], ws.block_t
     chunk = max(cfg.chunk, bt)
     fp8 = kv.dtype == torch.uint8
-    prefetch = cfg.score_prefetch and not INTERPRETED
     heads = max(16, min(cfg.score_heads, triton.next_power_of_2(n_heads)))
     p, pm, ps = ws.probs, ws.tile_max, ws.tile_sum
     two_pass._score_kernel[(triton.cdiv(k, chunk), bs, triton.cdiv(n_heads, heads))](
@@ -121,10 +120,9 @@ def score_pass(q_nope, q_pe, kv, row_base, slots, qk_scale, ws, cfg) -> None:
         D_PE=q_pe.shape[-1],
         BLOCK_H=heads,
         BLOCK_T=bt,
-        STAGE=max(bt, min(1 << 30 if prefetch else 512, triton.next_power_of_2(chunk))),
+        STAGE=max(bt, min(512, triton.next_power_of_2(chunk))),
         UPCAST=INTERPRETED,
         ROW_FP8=fp8,
-        PREFETCH=prefetch,
         num_warps=cfg.score_warps,
         num_stages=cfg.score_stages,
     )

@@ -167,9 +167,9 @@ LAUNCHES = [
 # tensor cores' instruction stays the same; a 16-head tile would use another one).
 GPU_LAUNCHES = [
     None,
-    LaunchConfig(chunk=256, score_stages=2, mix_cols=128, mix_warps=4),
-    LaunchConfig(chunk=1024, score_stages=1, score_prefetch=True, mix_cols=64, mix_warps=4),
-    LaunchConfig(chunk=2048, score_stages=1, score_prefetch=True, mix_stages=4),
+    LaunchConfig(chunk=256, mix_cols=128, mix_warps=4),
+    LaunchConfig(chunk=1024, mix_cols=64, mix_warps=4, mix_stages=4),
+    LaunchConfig(chunk=2048, mix_stages=2),
 ]
 
 
