@@ -17,6 +17,7 @@ import torch
 import triton
 
 from kernels import attention_fused as fused
+from kernels import attention_split as split
 from kernels import attention_two_pass as two_pass
 from kernels.attention_configs import LaunchConfig, launch_config
 from kernels.attention_workspace import (
@@ -191,7 +192,8 @@ def sparse_mla_decode(
     out = softmax . kv[row, :512];
     lse = natural-log log-sum-exp of the scores. A row with no valid slot gets out = 0, lse = -inf.
     workspace: see the module doc. launch: the two-pass configuration (default: the measured
-    table); fused_knobs: the fused kernel's tunables (kernels.attention_fused.launch_fused).
+    table); fused_knobs: the fused kernel's tunables (kernels.attention_fused.fused_setup;
+    with split-k also combine_heads, combine_warps).
     Allocates nothing and never synchronizes.
     """
     _check_args(q_nope, q_pe, kv, row_base, slots, out, lse)
@@ -207,10 +209,9 @@ def sparse_mla_decode(
         score_pass(q_nope, q_pe, kv, row_base, slots, qk_scale, workspace, cfg)
         mix_pass(kv, row_base, slots, out, lse, workspace, cfg)
         return
+    args = (q_nope, q_pe, kv, row_base, slots, qk_scale, out, lse)
     if workspace is not None and workspace.num_splits > 1:
         check_split_workspace(workspace, *q_nope.shape)
+        split.launch_split(*args, workspace, **fused_knobs)
     else:
-        workspace = None
-    fused.launch_fused(
-        q_nope, q_pe, kv, row_base, slots, qk_scale, out, lse, workspace, **fused_knobs
-    )
+        fused.launch_fused(*args, **fused_knobs)
