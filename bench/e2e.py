@@ -78,8 +78,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--microbatches",
         type=int,
-        default=1,
-        help="embedded/service engines: decode parts whose miss copy overlaps compute [1: off]",
+        default=2,
+        help="embedded/service engines: decode parts whose miss copy overlaps compute "
+        "[2, the engine's default; 1: off]",
     )
     ap.add_argument(
         "--budget-s",

@@ -43,7 +43,7 @@ class Sizes:
     sweep_factors: tuple[int, ...] = (1, 4)
     index_format: str = "fp8"
     row_format: str = "bf16"
-    decode_microbatches: int = 1  # embedded/service engines: copy/compute overlap parts
+    decode_microbatches: int = 2  # embedded/service engines: copy/compute overlap parts
 
     @property
     def num_layers(self) -> int:

@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# One device call that batches this session's GPU work: the gpu-marked tests, memcheck over the
-# overlap churn test, kernel benchmark cases and a profile of one decode step. Each stage has its
-# own time limit, so one slow stage cannot eat the others; logs and JSON go to $OUT.
-# Usage: bash bench/gpu_session.sh [stage ...]   stages: tests sanitize kernels profile e2e
-#   TESTS="tests/x.py ..."  TEST_S=240  TEST_TIMEOUT=150  SAN_S=90  KERN_S=100  PROF_S=100
-#   E2E_S=480  KERNEL_CASES=miss_copy,attention_formats (empty: all)  KERNEL_QUICK=--quick (empty:
-#   full sizes)  PROFILE_ARGS="--batch 64"  E2E_ARGS="..."
+# One device call that batches this session's GPU work. Each stage has its own time limit, so
+# one slow stage cannot eat the others. Every log and JSON goes to $OUT/run/, packed at the end
+# into $OUT/run.tgz (the device tool returns at most 8 files); $OUT/summary.txt is the table.
+# Usage: bash bench/gpu_session.sh [stage ...]
+#   stages: tests sanitize kernels sweep profiles ncu e2e
+#   TESTS="tests/x.py ..."  TEST_M="gpu" (pytest -m)  TEST_K="pytest -k expr"  TEST_S=240  TEST_TIMEOUT=150  SAN_S=90
+#   KERN_S=100  KERNEL_CASES=miss_copy,attention (empty: all)  KERNEL_QUICK=--quick (empty: full)
+#   SWEEP_S=150  SWEEP_ARGS="--batches 8,64,128"
+#   PROF_S=60 (each)  PROFILES="bf16:128:1 bf16:128:2" (row format:batch:micro-batches)
+#   PROFILE_ARGS="--context 32768 --warmup 6 --steps 3"  NCU_S=90  E2E_S=480  E2E_ARGS="..."
 set -uo pipefail
 OUT=${OUT:-.gpuout}
-mkdir -p "$OUT"
+RUN="$OUT/run"
+mkdir -p "$RUN"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl
@@ -18,31 +22,48 @@ else
 fi
 export PYTHONUNBUFFERED=1
 nvidia-smi -L
+git log --oneline -1 2>/dev/null || cat .commit 2>/dev/null
 summary=()
 stage() {  # name, limit seconds, command...
   local name=$1 limit=$2; shift 2
   local t0=$SECONDS
   echo "=== $name (limit ${limit}s)"
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  timeout "$limit" "$@" > "$RUN/$name.log" 2>&1
   local rc=$?
-  tail -25 "$OUT/$name.log"
-  summary+=("$(printf '%-10s rc=%-4s %4ss  %s' "$name" "$rc" "$((SECONDS - t0))" \
-    "$(grep -Eo '[0-9]+ (passed|failed|skipped|error)[^=]*' "$OUT/$name.log" | tail -1)")")
+  tail -30 "$RUN/$name.log"
+  summary+=("$(printf '%-12s rc=%-4s %4ss  %s' "$name" "$rc" "$((SECONDS - t0))" \
+    "$(grep -Eo '[0-9]+ (passed|failed|skipped|error)[^=]*' "$RUN/$name.log" | tail -1)")")
 }
-STAGES="${*:-tests sanitize kernels profile}"
+profiles() {
+  for spec in ${PROFILES:-bf16:128:1 bf16:128:2}; do
+    IFS=: read -r fmt bs mb <<< "$spec"
+    stage "profile-$fmt-$bs-mb$mb" "${PROF_S:-60}" python3 bench/profile.py --preset bench \
+      --mode embedded --row-format "$fmt" --batch "$bs" --microbatches "$mb" \
+      ${PROFILE_ARGS:---context 32768 --warmup 6 --steps 3} --out "$RUN/profile-$fmt-$bs-mb$mb.json"
+  done
+}
+STAGES="${*:-tests sanitize kernels}"
 for s in $STAGES; do
   case $s in
-    tests) stage tests "${TEST_S:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider \
-             --timeout "${TEST_TIMEOUT:-150}" ${TESTS:-tests} ;;
-    sanitize) stage sanitize "${SAN_S:-90}" env STRESS_STEPS=${STRESS_STEPS:-60} \
+    tests) stage tests "${TEST_S:-240}" python3 -m pytest -q -m "${TEST_M:-gpu}" -p no:cacheprovider \
+             --timeout "${TEST_TIMEOUT:-150}" ${TEST_K:+-k "$TEST_K"} ${TESTS:-tests} ;;
+    sanitize) stage sanitize "${SAN_S:-90}" env OUT="$RUN" STRESS_STEPS=${STRESS_STEPS:-60} \
                 bash bench/sanitize.sh ;;
     kernels) stage kernels "${KERN_S:-100}" python3 bench/kernels.py ${KERNEL_QUICK---quick} \
-               --cases "${KERNEL_CASES-miss_copy,attention_formats}" --out "$OUT/kernels.json" ;;
-    profile) stage profile "${PROF_S:-100}" python3 bench/profile.py --preset bench \
-               --context 32768 --mode embedded --warmup 8 ${PROFILE_ARGS:---batch 64} \
-               --out "$OUT/profile.json" ;;
-    e2e) stage e2e "${E2E_S:-480}" python3 bench/e2e.py ${E2E_ARGS:-} --out "$OUT/e2e.json" ;;
+               --cases "${KERNEL_CASES-miss_copy,attention}" --out "$RUN/kernels.json" ;;
+    sweep) stage sweep "${SWEEP_S:-150}" python3 bench/attention_sweep.py ${SWEEP_ARGS:-} \
+             --out "$RUN/sweep.json" ;;
+    profiles) profiles ;;
+    ncu) stage ncu "${NCU_S:-90}" ncu --clock-control none --target-processes all \
+           -k regex:miss_copy --launch-skip 8 --launch-count 2 \
+           --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+           --section LaunchStats --section WarpStateStats \
+           python3 bench/profile.py --preset bench --mode embedded --batch 128 --context 32768 \
+           --warmup 2 --steps 1 --no-ceilings ;;
+    e2e) stage e2e "${E2E_S:-480}" python3 bench/e2e.py ${E2E_ARGS:-} --out "$RUN/e2e.json" ;;
     *) echo "unknown stage $s" ;;
   esac
 done
-echo; echo "=== summary"; printf '%s\n' "${summary[@]}"
+printf '%s\n' "${summary[@]}" > "$OUT/summary.txt"
+tar czf "$OUT/run.tgz" -C "$OUT" run && rm -rf "$RUN"
+echo; echo "=== summary"; cat "$OUT/summary.txt"

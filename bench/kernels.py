@@ -19,8 +19,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import kernel_cases as cases  # noqa: E402
-from bench import miss_copy_cases  # noqa: E402
+from bench import (  # noqa: E402
+    attention_cases,
+    kernel_cases,
+    miss_copy_cases,
+    overlap_cases,
+    select_cases,
+    swap_cases,
+)
 from bench.timing import Row, measure_ceilings, print_table  # noqa: E402
 
 
@@ -46,7 +52,15 @@ def main() -> int:
     )
     rows: list[Row] = []
     wanted = [w for w in args.cases.split(",") if w]
-    for case in cases.ALL + miss_copy_cases.ALL:
+    modules = (
+        kernel_cases,
+        swap_cases,
+        attention_cases,
+        select_cases,
+        miss_copy_cases,
+        overlap_cases,
+    )
+    for case in [c for m in modules for c in m.ALL]:
         if wanted and not any(w in case.__name__ for w in wanted):
             continue
         t0 = time.time()

@@ -54,7 +54,10 @@ CATEGORIES = (
     ("append", r"kv_append|index_copy|index_put|indexFunc"),
     ("indexer", r"indexer"),
     ("top-k", r"topk|_pass_kernel|_compact_kernel|radix"),
-    ("attention", r"sparse_mla|_split_kernel|_combine_kernel|attention"),
+    (
+        "attention",
+        r"sparse_mla|_score_kernel|_mix_kernel|_fused_kernel|_split_kernel|_combine_kernel|attention",
+    ),
     ("MLP/GEMM", r"gemm|xmma|cutlass|nvjet|cublas|splitK|aten::(mm|addmm|bmm|matmul|linear)$"),
 )
 KERNEL_RANGE = "kernel::"
@@ -77,6 +80,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--mode", choices=("baseline", "embedded"), default="embedded")
     ap.add_argument("--topk-source", choices=("trace", "indexer"), default="trace")
+    ap.add_argument("--row-format", choices=("bf16", "fp8"), default="bf16", help="KV rows")
     ap.add_argument("--hot-slots", type=int, default=0, help="B [2 x top-k]")
     ap.add_argument("--window", type=int, default=0, help="W [min(128, top-k / 2)]")
     ap.add_argument("--page-size", type=int, default=64)
@@ -123,7 +127,8 @@ def named_kernels(ks: KernelSet) -> KernelSet:
 
 def build(args: argparse.Namespace, device: torch.device):
     """Model, runner and backend at `batch` requests of `context` synthetic tokens."""
-    cfg = preset(args.preset, **({"num_layers": args.layers} if args.layers else {}))
+    over = {"num_layers": args.layers} if args.layers else {}
+    cfg = preset(args.preset, **over)
     use_triton = args.kernels == "triton" or (args.kernels == "auto" and device.type == "cuda")
     kernels = KernelSet.triton() if use_triton else KernelSet.reference()
     graphed = device.type == "cuda" and kernels.capturable
@@ -143,6 +148,7 @@ def build(args: argparse.Namespace, device: torch.device):
         num_pages=args.batch * max_ctx // P,
         max_context=max_ctx,
         index_format="fp8",
+        row_format=args.row_format,
     )
     if args.mode == "baseline":
         backend = BaselineBackend(lay, kernels=kernels, device=device)
@@ -268,7 +274,8 @@ def print_report(r: dict) -> None:
     a = r["args"]
     print(
         f"\ndecode step profile: {r['device']}, preset {a['preset']} ({r['num_layers']} layers), "
-        f"{a['mode']}, context {a['context']}, N {a['batch']}, top-k {a['topk_source']}"
+        f"{a['mode']}, {a.get('row_format', 'bf16')} rows, context {a['context']}, "
+        f"N {a['batch']}, top-k {a['topk_source']}"
         + (f", {a['microbatches']} micro-batches" if a.get("microbatches", 1) > 1 else "")
     )
     print(

@@ -27,7 +27,7 @@ import json, sys, torch
 from bench.timing import graph_time_us
 from kernels.formats import ROW_FORMATS
 from kernels.fp8_row import kv_quantize
-from kernels.sparse_attention import AttnWorkspace, decode_num_splits, sparse_mla_decode
+from kernels.sparse_attention import TileWorkspace, sparse_mla_decode
 fmt, H, K, B = ROW_FORMATS[sys.argv[1]], *map(int, sys.argv[2:5])
 out = {}
 for bs in map(int, sys.argv[5].split(",")):
@@ -43,8 +43,8 @@ for bs in map(int, sys.argv[5].split(",")):
     slots = torch.argsort(torch.rand(bs, B, device="cuda"), 1)[:, :K].to(torch.int32)
     o = torch.empty((bs, H, 512), device="cuda", dtype=torch.bfloat16)
     lse = torch.empty((bs, H), device="cuda", dtype=torch.float32)
-    splits = decode_num_splits(K)  # the engine's decode workspace (engine_client.model.model)
-    ws = AttnWorkspace.allocate(bs, H, splits, device="cuda") if splits > 1 else None
+    # The engine's decode workspace (engine_client.model.model.Workspace).
+    ws = TileWorkspace.allocate(bs, H, K, row_format=fmt, device="cuda")
     us = graph_time_us(lambda: sparse_mla_decode(q, qp, kv, base, slots, 576 ** -0.5, o, lse,
                                                  row_format=fmt, workspace=ws), 20, inner=5)
     out[bs] = us / bs

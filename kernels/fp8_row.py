@@ -11,8 +11,8 @@ Every size and offset comes from `kernels.formats` (FP8_ROW), the format's owner
 
 The fp32 -> e4m3 rounding is done with integer ops, not Triton's fp8 cast: Triton 3.9's
 interpreter drops the carry when a mantissa rounds up into the next binade (126.6 -> 64).
-Reading uses the native conversions (fp8 -> bf16 on GPU, fp8 -> fp32 under the interpreter, whose
-bf16 arithmetic is not usable), exact both ways.
+Reading rows as tensor-core tiles lives in kernels/kv_tiles.py (integer dequantization on GPU,
+fp32 under the interpreter, whose bf16 arithmetic is not usable), exact both ways.
 """
 
 from __future__ import annotations
@@ -116,41 +116,6 @@ def store_fp8_rows(base_ptr, rows, mask, codes, scale, rope):
     rope_ptr = (base_ptr + _ROPE_AT).to(tl.pointer_type(tl.bfloat16), bitcast=True)
     rope_at = rows[:, None] * _ROW_HALVES + tl.arange(0, _ROPE)[None, :]
     tl.store(rope_ptr + rope_at, rope, mask=mask[:, None])
-
-
-@triton.jit
-def load_fp8_block(kv_ptr, row, valid, D_V: tl.constexpr, D_PE: tl.constexpr, UPCAST: tl.constexpr):
-    """Dequantized rows `row` (int64 [N]) of uint8 [n, 656] rows: (latent [N, D_V] bf16,
-    rope [N, D_PE] bf16). Invalid rows are not read and come back as zeros."""
-    dv = tl.arange(0, D_V)
-    # Loaded as bytes (padding reads 0, no fp8 constant to convert), then viewed as e4m3.
-    codes = tl.load(kv_ptr + row[:, None] * _ROW + dv[None, :], mask=valid[:, None], other=0)
-    q = codes.to(tl.float8e4nv, bitcast=True)
-    scale_ptr = (kv_ptr + _SCALES_AT).to(tl.pointer_type(tl.float32), bitcast=True)
-    s0 = tl.load(scale_ptr + row * _ROW_WORDS, mask=valid, other=0.0)
-    s1 = tl.load(scale_ptr + row * _ROW_WORDS + 1, mask=valid, other=0.0)
-    s2 = tl.load(scale_ptr + row * _ROW_WORDS + 2, mask=valid, other=0.0)
-    s3 = tl.load(scale_ptr + row * _ROW_WORDS + 3, mask=valid, other=0.0)
-    # The scale of each 128-value block, by selects (no per-element scale loads, no reshape).
-    blk = dv[None, :] // _BLOCK
-    s = tl.where(
-        blk == 0,
-        s0[:, None],
-        tl.where(blk == 1, s1[:, None], tl.where(blk == 2, s2[:, None], s3[:, None])),
-    )
-    # fp8 * 2^k is exact in bf16, so neither product rounds anything. On GPU the bf16 one
-    # stays packed (fewer conversions); the interpreter multiplies bf16 bits, so it goes fp32.
-    if UPCAST:
-        k_nope = (q.to(tl.float32) * s).to(tl.bfloat16)
-    else:
-        k_nope = q.to(tl.bfloat16) * s.to(tl.bfloat16)
-    rope_ptr = (kv_ptr + _ROPE_AT).to(tl.pointer_type(tl.bfloat16), bitcast=True)
-    k_pe = tl.load(
-        rope_ptr + row[:, None] * _ROW_HALVES + tl.arange(0, D_PE)[None, :],
-        mask=valid[:, None],
-        other=0.0,
-    )
-    return k_nope, k_pe
 
 
 @triton.jit

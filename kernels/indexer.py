@@ -12,7 +12,7 @@ import triton.language as tl
 
 from kernels.formats import INDEX_DIM, IndexFormat, IndexKernel
 from kernels.interpreter import INTERPRETED
-from kernels.sparse_attention import bf16_dot
+from kernels.tiles import bf16_dot
 from kernels.topk import topk_select
 
 # docs/ARCHITECTURE.md lists top-k selection with the indexer; it lives in kernels/topk.py.

@@ -21,9 +21,15 @@ from kernels.formats import quantize_fp8_rows as ref_quantize_kv_rows
 from kernels.fp8_row import kv_quantize
 from kernels.kv_append import kv_append
 from kernels.reference import ref_kv_append
-from kernels.sparse_attention import AttnWorkspace, sparse_mla_decode
+from kernels.sparse_attention import AttnWorkspace, TileWorkspace, sparse_mla_decode
 from tests.test_kv_append import L, R, Tiers, W, control, random_rows
-from tests.test_sparse_attention import assert_close_to_reference, make_inputs, run_kernel
+from tests.test_sparse_attention import (
+    LAUNCHES,
+    assert_close_to_reference,
+    make_inputs,
+    run_kernel,
+    run_two_pass,
+)
 from tests.test_sparse_attention import run_reference as run_bf16_reference
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -173,6 +179,23 @@ def test_attention_over_fp8_rows_matches_reference(bs, heads, k, rows, splits, d
     # Dequantization is exact: the same bits as the bf16 kernel on the dequantized rows.
     deq = ref_dequantize_kv_rows(kv8)
     out_b, lse_b = run_kernel(q_nope, q_pe, deq, row_base, slots, scale, workspace=ws, block_n=16)
+    assert torch.equal(out, out_b) and torch.equal(lse, lse_b)
+
+
+@pytest.mark.parametrize(
+    "bs,heads,k,rows,launch", [(1, 4, 37, 60, None), (2, 8, 90, 120, LAUNCHES[1])]
+)
+def test_two_pass_over_fp8_rows_matches_reference(bs, heads, k, rows, launch, device) -> None:
+    q_nope, q_pe, kv8, row_base, slots = fp8_inputs(bs, heads, k, rows, device, seed=k)
+    slots[-1, :] = -1  # one row with no valid slot
+    ws = TileWorkspace.allocate(bs, heads, k, row_format=FP8_ROW, device=device)
+    args = (q_nope, q_pe, kv8, row_base, slots)
+    out, lse = run_two_pass(args, 0.04, launch, row_format=FP8_ROW, ws=ws)
+    assert_close_to_reference(out, lse, *run_reference(*args, 0.04))
+    # Dequantization is exact (the 2^-56 of the GPU path comes back exactly): the same bits as
+    # the bf16 rows the reference dequantizes to, through the same tiles.
+    deq = (q_nope, q_pe, ref_dequantize_kv_rows(kv8), row_base, slots)
+    out_b, lse_b = run_two_pass(deq, 0.04, launch, ws=ws)
     assert torch.equal(out, out_b) and torch.equal(lse, lse_b)
 
 

@@ -23,6 +23,7 @@ from engine_client.model.graph import DecodeConfig, DecodeRunner
 from engine_client.model.model import Model, Tokens, Workspace
 from engine_client.model.preset import preset
 from engine_client.model.weights import random_weights
+from kernels.sparse_attention import TileWorkspace
 from kv_service.memory import allocate_local, reset_request
 
 CFG = preset("tiny", topk=8)
@@ -174,7 +175,7 @@ def test_padding_rows_change_nothing(kernels, weights) -> None:
         assert torch.equal(before[name], after[name]), name
 
 
-def test_split_attention_workspace_matches_single_pass(kernels, weights) -> None:
+def test_attention_workspaces_match_the_single_pass(kernels, weights) -> None:
     backend = make_backend("baseline", kernels)
     model = Model(CFG, weights, backend)
     backend.fill_synthetic(1, 30, seed=1, chunk=16)
@@ -187,11 +188,14 @@ def test_split_attention_workspace_matches_single_pass(kernels, weights) -> None
         append_lens=one * 31,
     )
     logits = []
-    for splits in (1, 3):  # re-appending the same token stores the same bytes
+    # Fused single pass, fused split-k, and the decode default (two-pass, tile scratch).
+    for splits in (1, 3, None):  # re-appending the same token stores the same bytes
         ws = Workspace.allocate(CFG, 1, LAYOUT.max_context, backend.device, attn_splits=splits)
         assert (ws.attn_scratch is None) == (splits == 1)
+        assert isinstance(ws.attn_scratch, TileWorkspace) == (splits is None)
         logits.append(model.logits(model.forward(tok, ws)))
-    assert ((logits[0] - logits[1]).norm() / logits[0].norm()) < 1e-2
+    for other in logits[1:]:
+        assert ((logits[0] - other).norm() / logits[0].norm()) < 1e-2
 
 
 def test_decode_rejects_bad_batches(kernels, weights) -> None:

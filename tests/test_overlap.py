@@ -86,6 +86,35 @@ def assert_same(a, b):
         assert torch.equal(a[2][name], b[2][name]), name
 
 
+def test_every_part_joins_its_copy_before_attention(monkeypatch):
+    """A side-stream copy that attention never waits for is work a CUDA graph capture refuses
+    ("capturing stream has unjoined work"): with micro-batches on, every part of every layer,
+    the single part of a batch of 1 too, waits for its own copy before its attention."""
+    kernels, weights = KernelSet.reference(), random_weights(CFG, seed=3)
+    for rows, expect in ((1, [0]), (2, [0, 1]), (5, [0, 2])):
+        kv = allocate_local(LAYOUT, "cpu")
+        for slot in range(rows):
+            reset_request(kv, slot, MODE_OFFLOADED, list(range(slot * 7, slot * 7 + 7)))
+        inner = HiSparseBackend(kv, kernels=kernels, microbatches=2)
+        events: list[tuple[str, int]] = []
+        select = inner.select
+
+        def spy_select(layer, topk, req_slots, seq_lens, row0=0, select=select, events=events):
+            events.append(("select", row0))
+            return select(layer, topk, req_slots, seq_lens, row0=row0)
+
+        monkeypatch.setattr(inner, "select", spy_select)
+        monkeypatch.setattr(
+            inner, "attention_ready", lambda row0, events=events: events.append(("join", row0))
+        )
+        model = Model(CFG, weights, inner)
+        runner = DecodeRunner(model, DecodeConfig(max_batch=rows, use_graphs=False))
+        slots = list(range(rows))
+        runner.step([1] * rows, [20] * rows, slots, [21] * rows)
+        per_layer = [("select", r) for r in expect] + [("join", r) for r in expect]
+        assert events == per_layer * CFG.num_layers, (rows, events)
+
+
 @pytest.mark.slow
 def test_microbatches_bitwise_on_cpu():
     kernels, weights = KernelSet.triton(), random_weights(CFG, seed=3)

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
 import kernels  # noqa: F401  (sets TRITON_INTERPRET without CUDA)
+from kernels.formats import BF16_ROW, FP8_ROW, ROW_FORMATS, RowFormat
 from kernels.reference import ref_sparse_mla_decode
-from kernels.sparse_attention import AttnWorkspace, decode_num_splits, sparse_mla_decode
+from kernels.sparse_attention import (
+    AttnWorkspace,
+    LaunchConfig,
+    TileWorkspace,
+    decode_num_splits,
+    sparse_mla_decode,
+)
 
 D_V, D_PE = 512, 64
 
@@ -150,6 +158,69 @@ def test_rejects_bad_shapes(device):
         sparse_mla_decode(q_nope, q_pe, kv, row_base, slots, 1.0, out[:, :2], lse)
 
 
+# Two-pass launches that move work between programs differently (small heads/chunk/columns
+# blocks exercise the grid's head and column axes and several chunks per row).
+LAUNCHES = [
+    None,
+    LaunchConfig(score_heads=16, chunk=32, mix_cols=64, score_stages=1, mix_stages=1),
+    LaunchConfig(score_heads=16, chunk=64, mix_cols=256, mix_warps=4),
+]
+# On GPU, the knobs the launch table varies for 128 heads (all heads per score program: the
+# tensor cores' instruction stays the same; a 16-head tile would use another one).
+GPU_LAUNCHES = [
+    None,
+    LaunchConfig(chunk=256, mix_cols=128, mix_warps=4),
+    LaunchConfig(chunk=1024, mix_cols=64, mix_warps=4, mix_stages=4),
+    LaunchConfig(chunk=2048, mix_stages=2),
+]
+
+
+def run_two_pass(args, scale, launch=None, row_format: RowFormat = BF16_ROW, ws=None):
+    bs, heads, k = args[0].shape[0], args[0].shape[1], args[-1].shape[1]
+    ws = ws or TileWorkspace.allocate(
+        bs + 2, heads, k, row_format=row_format, device=args[0].device
+    )
+    return run_kernel(*args, scale, workspace=ws, launch=launch, row_format=row_format)
+
+
+@pytest.mark.parametrize(
+    "bs,heads,k,rows,launch",
+    [(1, 4, 37, 60, LAUNCHES[1]), (3, 8, 150, 400, None), (5, 20, 64, 80, LAUNCHES[1])],
+)
+def test_two_pass_matches_reference(bs, heads, k, rows, launch, device):
+    args = make_inputs(bs, heads, k, rows, device, seed=bs * 1000 + k)
+    args[-1][-1, :] = -1  # one row with no valid slot
+    args[-1][0, :40] = -1  # row 0: its first tiles are empty
+    scale = 1.0 / math.sqrt(D_V + D_PE)
+    out, lse = run_two_pass(args, scale, launch)
+    assert_close_to_reference(out, lse, *run_reference(*args, scale))
+
+
+def test_two_pass_bits_do_not_depend_on_the_launch(device):
+    """The table may pick any launch per batch size: chunks, head and column blocks, warps and
+    stages move work between programs but never change a sum."""
+    args = make_inputs(2, 20, 70, 90, device, seed=9)
+    launches = GPU_LAUNCHES if args[0].is_cuda else LAUNCHES
+    outs = [run_two_pass(args, 0.05, launch) for launch in launches]
+    for out, lse in outs[1:]:
+        assert torch.equal(out, outs[0][0]) and torch.equal(lse, outs[0][1])
+
+
+def test_tile_workspace_must_fit(device):
+    args = make_inputs(3, 8, 70, 90, device, seed=2)
+    for ws in (
+        TileWorkspace.allocate(2, 8, 70, device=device),
+        TileWorkspace.allocate(3, 4, 70, device=device),
+        TileWorkspace.allocate(3, 8, 20, device=device),
+    ):
+        with pytest.raises(ValueError, match="tile workspace"):
+            run_kernel(*args, 0.1, workspace=ws)
+    # A row format without a Triton variant (reference kernels only) has no tile size.
+    no_kernel = dataclasses.replace(BF16_ROW, name="bf16-ref", kernel=None)
+    with pytest.raises(ValueError, match="tile workspace"):
+        TileWorkspace.allocate(3, 8, 70, row_format=no_kernel)
+
+
 GPU_CONFIGS = [
     dict(),
     dict(block_n=64, num_stages=2),
@@ -178,3 +249,35 @@ def test_gpu_deepseek_shapes(bs, pad_frac, cfg):
 @pytest.mark.parametrize("splits", [1, 3])
 def test_gpu_layouts_give_identical_bits(splits):
     test_layouts_that_gather_the_same_rows_give_identical_bits(splits, torch.device("cuda"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bs,pad_frac", [(4, 0.0), (9, 0.3), (70, 0.1)])
+def test_gpu_two_pass_deepseek_shapes(bs, pad_frac):
+    """The table's launches (bs 4, 9, 70 fall in different buckets) and the other test launches
+    against the reference, with the same bits for every launch and on a second call."""
+    args = make_inputs(bs, 128, 2048, 4096, "cuda", seed=bs, pad_frac=pad_frac)
+    scale = 1.0 / math.sqrt(D_V + D_PE)
+    out, lse = run_two_pass(args, scale)
+    assert_close_to_reference(out, lse, *run_reference(*args, scale))
+    for launch in GPU_LAUNCHES:
+        out2, lse2 = run_two_pass(args, scale, launch)
+        assert torch.equal(out, out2) and torch.equal(lse, lse2), launch
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("row_format", ["bf16", "fp8"])
+def test_gpu_two_pass_launches_give_identical_bits(row_format):
+    from kernels.fp8_row import kv_quantize
+
+    q_nope, q_pe, kv, row_base, slots = make_inputs(5, 128, 700, 900, "cuda", seed=3)
+    fmt = ROW_FORMATS[row_format]
+    if fmt is FP8_ROW:
+        kv8 = torch.empty(kv.shape[0], fmt.row_bytes, dtype=torch.uint8, device="cuda")
+        kv_quantize(kv, kv8)
+        kv = kv8
+    args = (q_nope, q_pe, kv, row_base, slots)
+    ws = TileWorkspace.allocate(5, 128, 700, row_format=fmt, device="cuda")
+    outs = [run_two_pass(args, 0.05, launch, fmt, ws=ws) for launch in GPU_LAUNCHES]
+    for (out, lse), launch in zip(outs[1:], GPU_LAUNCHES[1:]):
+        assert torch.equal(out, outs[0][0]) and torch.equal(lse, outs[0][1]), launch

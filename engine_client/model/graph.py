@@ -75,7 +75,9 @@ class DecodeRunner:
         self.logits = torch.zeros(
             (m, model.cfg.vocab_size), dtype=torch.float32, device=self.device
         )
-        self.ws = Workspace.allocate(model.cfg, m, be.max_context, self.device)
+        self.ws = Workspace.allocate(
+            model.cfg, m, be.max_context, self.device, row_format=be.layout.row
+        )
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.use_graphs = cfg.use_graphs and self.device.type == "cuda" and be.capturable
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None

@@ -26,7 +26,8 @@ from engine_client.kv.backend import AttnRows, KVBackend
 from engine_client.model.preset import ModelConfig
 from engine_client.model.rope import RopeTable, apply_rope
 from engine_client.model.weights import check_weights, layer_prefix
-from kernels.sparse_attention import AttnWorkspace, decode_num_splits
+from kernels.formats import BF16_ROW, RowFormat
+from kernels.sparse_attention import AttnWorkspace, TileWorkspace
 from kernels.topk import TopkWorkspace
 
 # Benchmarks: fn(layer, req_slots, seq_lens, topk) overwriting a decode step's top-k [n, k] in
@@ -37,15 +38,16 @@ TopkSource = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None]
 @dataclass(frozen=True)
 class Workspace:
     """Per-forward scratch: scores [n, S] fp32, topk [n, k] int32, attention out [n, H, 512]
-    bf16 and lse [n, H] fp32, plus the kernels' own scratch (segmented top-k; split-k attention
-    when attn_scratch is set). Decode keeps one at fixed addresses; prefill makes one per chunk."""
+    bf16 and lse [n, H] fp32, plus the kernels' own scratch (segmented top-k; the attention's
+    tile probabilities or split partials). Decode keeps one at fixed addresses; prefill makes
+    one per chunk."""
 
     scores: torch.Tensor
     topk: torch.Tensor
     attn_out: torch.Tensor
     lse: torch.Tensor
     topk_scratch: TopkWorkspace | None = None
-    attn_scratch: AttnWorkspace | None = None
+    attn_scratch: AttnWorkspace | TileWorkspace | None = None
 
     @classmethod
     def allocate(
@@ -56,15 +58,22 @@ class Workspace:
         device: torch.device,
         *,
         attn_splits: int | None = None,
+        row_format: RowFormat = BF16_ROW,
     ) -> "Workspace":
-        """attn_splits: attention's split count; by default a function of cfg.topk alone, so a
-        row's bits never depend on the batch it is in. 1 = single pass, no scratch."""
-        splits = decode_num_splits(cfg.topk) if attn_splits is None else attn_splits
-        attn = (
-            AttnWorkspace.allocate(n, cfg.num_heads, splits, d_v=cfg.kv_lora_rank, device=device)
-            if splits > 1
-            else None
-        )
+        """attn_splits None: the two-pass decode attention, whose scratch (and bits) depend on
+        top-k and row format alone, so a row's bits never depend on the batch it is in;
+        1: the fused kernel in one pass, no scratch (prefill chunks); > 1: fused split-k.
+        row_format: the KV layout's (the model's config has none: the layout owns it); one
+        without a Triton variant runs on the reference kernels, which take no scratch."""
+        attn: AttnWorkspace | TileWorkspace | None = None
+        if attn_splits is None and row_format.kernel is not None:
+            attn = TileWorkspace.allocate(
+                n, cfg.num_heads, cfg.topk, row_format=row_format, device=device
+            )
+        elif attn_splits is not None and attn_splits > 1:
+            attn = AttnWorkspace.allocate(
+                n, cfg.num_heads, attn_splits, d_v=cfg.kv_lora_rank, device=device
+            )
         return cls(
             scores=torch.empty((n, width), dtype=torch.float32, device=device),
             topk=torch.empty((n, cfg.topk), dtype=torch.int32, device=device),
@@ -285,10 +294,14 @@ class Model:
         # Decode micro-batches (backend.microbatches > 1): every part is scored and planned
         # before any is attended, so a part's miss copy (the backend's side stream) overlaps
         # the next part's indexer, top-k and plan and the previous part's attention.
-        parts = _parts(n, be.microbatches if prefill is None else 1)
+        overlap = prefill is None and be.microbatches > 1
+        parts = _parts(n, be.microbatches if overlap else 1)
         sels = [self._select(i, r, iq, iw, tok, ws, prefill) for r in parts]
         for r, sel in zip(parts, sels):
-            if len(parts) > 1:
+            if overlap:
+                # Every part, a lone one too (a batch of 1 has one part): this joins the part's
+                # side-stream copy into the main stream, which a graph capture requires of
+                # every stream it forked ("capturing stream has unjoined work" otherwise).
                 be.attention_ready(r.start)
             self.kernels.sparse_mla_decode(
                 q_abs[r],
