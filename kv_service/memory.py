@@ -1,12 +1,18 @@
-"""Allocation of the KV tensors (`contract.tensors.KVTensors`) and the per-request resets done
-at admission: the service's (or an embedded engine's) side of the shared tensor set.
+"""Allocation of the KV tensors (`contract.tensors.KVTensors`), the per-request resets done at
+admission, and the row copies of prefix sharing: the service's (or an embedded engine's) side of
+the shared tensor set.
+
+Prefix sharing moves rows between a request's hot buffer and the host tier only while no other
+request can read the destination: a cached prefix is copied into the new request's own hot
+slots at admission, and a resident request's full page is copied to its host page before the
+page is published. Nothing here writes a published page.
 """
 
 from __future__ import annotations
 
 import torch
 
-from contract.layout import MODE_FREE, KVLayout
+from contract.layout import MODE_FREE, MODE_RESIDENT, KVLayout
 from contract.tensors import KVTensors, tensor_specs
 
 
@@ -60,3 +66,29 @@ def reset_request(kv: KVTensors, slot: int, mode: int, pages: list[int]) -> None
 def free_request(kv: KVTensors, slot: int) -> None:
     kv.req_mode[slot] = MODE_FREE
     kv.page_table[slot].fill_(-1)
+
+
+def load_cached_prefix(kv: KVTensors, slot: int, mode: int, pages: list[int], cached: int) -> None:
+    """Copy the rows of a cached prefix [0, cached) from the host tier into the hot slots where a
+    request that computed them itself would hold them: a resident request keeps token t at hot
+    slot t; an offloaded one keeps its newest W tokens in the window ring (slot t % W), so the
+    cached tokens [cached - W, cached) go there (later tokens overwrite them as they come)."""
+    lay = kv.layout
+    low = 0 if mode == MODE_RESIDENT else max(0, cached - lay.window)
+    if cached <= low:
+        return
+    t = torch.arange(low, cached)
+    page = torch.tensor(pages, dtype=torch.long)[t // lay.page_size]
+    rows = kv.host_kv[page, :, t % lay.page_size]  # [n, L, D]
+    dst = t if mode == MODE_RESIDENT else t % lay.window
+    hot = kv.hot_kv[:, slot]  # [L, B, D] view
+    hot.index_copy_(1, dst.to(hot.device), rows.transpose(0, 1).to(hot.device))
+
+
+def store_resident_pages(kv: KVTensors, slot: int, pages: list[int], indices: list[int]) -> None:
+    """Copy full pages `indices` of a resident request from its hot slots (token t at slot t)
+    into their host pages, which resident requests otherwise never write: a page must hold its
+    rows in the host tier before other requests may read it there."""
+    P = kv.layout.page_size
+    for i in indices:
+        kv.host_kv[pages[i]].copy_(kv.hot_kv[:, slot, i * P : (i + 1) * P])
