@@ -14,8 +14,6 @@ import secrets
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-import torch
-
 from contract.layout import MODE_OFFLOADED, KVLayout
 from contract.tensors import KVTensors
 from kv_service.errors import (
@@ -26,7 +24,14 @@ from kv_service.errors import (
     UnknownRequest,
     WrongEpoch,
 )
-from kv_service.ledger import PageLedger, PrefixQuery, request_namespace, scoped_keys
+from kv_service.ledger import (
+    PageLedger,
+    PrefixQuery,
+    RowStore,
+    request_namespace,
+    scoped_keys,
+)
+from kv_service.memory import TensorRows
 from kv_service.records import (
     MAX_TOKENS,
     CoreStats,
@@ -47,7 +52,7 @@ class ServiceCore:
 
     def __init__(
         self,
-        kv: KVTensors,
+        kv: KVTensors | RowStore,
         *,
         lease_seconds: float,
         epoch: int | None = None,
@@ -55,14 +60,17 @@ class ServiceCore:
         clock: Callable[[], float] = time.monotonic,
         on_session_closed: Callable[[str], None] | None = None,
     ) -> None:
-        self.kv = kv
+        # A KVTensors set (the service, embedded mode), or another RowStore (the reference
+        # engine's baseline page table: its bookkeeping without the service's memory).
+        self.kv = kv if isinstance(kv, KVTensors) else None
+        self.rows: RowStore = TensorRows(kv) if isinstance(kv, KVTensors) else kv
         self.layout: KVLayout = kv.layout
         self.lease_seconds = lease_seconds
         self.epoch = epoch if epoch is not None else secrets.randbits(63) + 1
         self._clock = clock
         self._started = clock()
         self._on_session_closed = on_session_closed
-        self.ledger = PageLedger(kv)
+        self.ledger = PageLedger(self.rows)
         self.pages, self.slots = self.ledger.pages, self.ledger.slots
         self.table = SessionTable(lease_seconds, max_sessions, clock)
         self.draining = False
@@ -292,8 +300,7 @@ class ServiceCore:
     def _publish(self) -> None:
         # Another process reads these tensors as soon as it gets our reply: the writes must have
         # landed in device memory before we answer.
-        if self.kv.device.type == "cuda":
-            torch.cuda.current_stream(self.kv.device).synchronize()
+        self.rows.sync()
 
     # --- service state ---
 

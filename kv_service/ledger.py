@@ -1,6 +1,10 @@
 """The page ledger of one service core: request slots, pages and the prefix cache, and what
-admission, publication, release and flush do to them (bookkeeping and the row copies they need,
-no sessions, no transport).
+admission, publication, release and flush do to them (bookkeeping, plus the row moves they need
+through a `RowStore`; no sessions, no transport).
+
+Row stores: `kv_service.memory.TensorRows` (the service's KVTensors: host tier, hot buffers,
+index pool) and the reference engine's baseline page table (its all-on-GPU cache), so the
+baseline shares prefixes with the same bookkeeping.
 
 Capacity rules:
 - a request reserves pages for prompt + max_new_tokens at admission, so decode never runs the
@@ -16,17 +20,36 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from contract import prefix
-from contract.layout import MODE_OFFLOADED, MODE_RESIDENT
-from contract.tensors import KVTensors
-from kv_service import memory
+from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
 from kv_service.errors import CapacityError, InvalidArgument
 from kv_service.pool import PagePool, SlotPool
 from kv_service.prefix_cache import PrefixCache
 from kv_service.records import RequestRecord, check_range
 
 log = logging.getLogger(__name__)
+
+
+class RowStore(Protocol):
+    """Where the ledger's pages and request slots live."""
+
+    layout: KVLayout
+
+    def reset(self, slot: int, mode: int, pages: list[int]) -> None:
+        """Point request slot `slot` at `pages` (token order), with `mode`, empty residency."""
+
+    def load_prefix(self, slot: int, mode: int, pages: list[int], cached: int) -> None:
+        """Put the rows of the cached prefix [0, cached) where the slot's reader expects them."""
+
+    def store_pages(self, slot: int, mode: int, pages: list[int], indices: list[int]) -> None:
+        """Make full pages `indices` hold their rows in the shared store before publication."""
+
+    def free(self, slot: int) -> None: ...
+
+    def sync(self) -> None:
+        """Let every write land before another process or stream may read it."""
 
 
 @dataclass(frozen=True)
@@ -66,8 +89,8 @@ def scoped_keys(namespace: bytes, names: Sequence[bytes], most: int) -> list[byt
 class PageLedger:
     """Slots, pages and cached pages of one KVTensors set."""
 
-    def __init__(self, kv: KVTensors) -> None:
-        self.kv, self.layout = kv, kv.layout
+    def __init__(self, rows: RowStore) -> None:
+        self.rows, self.layout = rows, rows.layout
         self.pages = PagePool(self.layout.num_pages)
         self.slots = SlotPool(self.layout.max_requests)
         self.cache = PrefixCache(self.pages)
@@ -98,8 +121,8 @@ class PageLedger:
         slot, pages = self.slots.take_one(), hits + fresh
         cached = len(hits) * lay.page_size
         mode = MODE_RESIDENT if tokens <= lay.hot_slots else MODE_OFFLOADED
-        memory.reset_request(self.kv, slot, mode, pages)
-        memory.load_cached_prefix(self.kv, slot, mode, pages, cached)
+        self.rows.reset(slot, mode, pages)
+        self.rows.load_prefix(slot, mode, pages, cached)
         if query.keys:
             c = self.counters
             c["prefix_lookups_total"] += 1
@@ -135,13 +158,12 @@ class PageLedger:
         todo = list(range(request.published, end))
         if not todo:
             return 0
-        if request.mode == MODE_RESIDENT:
-            memory.store_resident_pages(self.kv, request.slot, request.pages, todo)
+        self.rows.store_pages(request.slot, request.mode, request.pages, todo)
         request.published = end
         return sum(self.cache.publish(request.pages[i], request.keys[i]) for i in todo)
 
     def free(self, request: RequestRecord) -> None:
-        memory.free_request(self.kv, request.slot)
+        self.rows.free(request.slot)
         self.cache.release(request.pages)
         self.slots.give_back([request.slot])
 

@@ -68,6 +68,31 @@ def free_request(kv: KVTensors, slot: int) -> None:
     kv.page_table[slot].fill_(-1)
 
 
+class TensorRows:
+    """The ledger's RowStore on a KVTensors set (kv_service.ledger)."""
+
+    def __init__(self, kv: KVTensors) -> None:
+        self.kv, self.layout = kv, kv.layout
+
+    def reset(self, slot: int, mode: int, pages: list[int]) -> None:
+        reset_request(self.kv, slot, mode, pages)
+
+    def load_prefix(self, slot: int, mode: int, pages: list[int], cached: int) -> None:
+        load_cached_prefix(self.kv, slot, mode, pages, cached)
+
+    def store_pages(self, slot: int, mode: int, pages: list[int], indices: list[int]) -> None:
+        if mode == MODE_RESIDENT:  # offloaded requests wrote their host rows on append
+            store_resident_pages(self.kv, slot, pages, indices)
+
+    def free(self, slot: int) -> None:
+        free_request(self.kv, slot)
+
+    def sync(self) -> None:
+        # Another process reads these tensors as soon as it gets our reply.
+        if self.kv.device.type == "cuda":
+            torch.cuda.current_stream(self.kv.device).synchronize()
+
+
 def load_cached_prefix(kv: KVTensors, slot: int, mode: int, pages: list[int], cached: int) -> None:
     """Copy the rows of a cached prefix [0, cached) from the host tier into the hot slots where a
     request that computed them itself would hold them: a resident request keeps token t at hot

@@ -38,6 +38,7 @@ class GenerationResult:
     hits: int = 0
     misses: int = 0
     bytes_moved: int = 0
+    cached_tokens: int = 0
 
     @property
     def itl_s(self) -> list[float]:
@@ -61,6 +62,7 @@ class GenerationResult:
         rate = self.hit_rate
         parts.append(f"hit rate {rate:.1%}" if rate is not None else "hit rate n/a")
         parts.append(f"{self.bytes_moved} B moved")
+        parts.append(f"{self.cached_tokens} prompt tokens cached")
         if self.error:
             parts.append(f"error: {self.error}")
         return ", ".join(parts)
@@ -74,6 +76,7 @@ def build_request(cfg: GenerateConfig) -> pb.GenerateRequest:
             temperature=cfg.temperature, seed=cfg.seed, stop_token_ids=list(cfg.stop_token_ids)
         ),
         resume_request_id=cfg.resume_request_id,
+        cache_salt=cfg.cache_salt,
     )
 
 
@@ -111,6 +114,7 @@ async def generate_stream(
                     result.error = resp.error_message
                     result.hits, result.misses = resp.stats.hits, resp.stats.misses
                     result.bytes_moved = resp.stats.bytes_moved
+                    result.cached_tokens = resp.stats.cached_prompt_tokens
     finally:
         call.cancel()
 

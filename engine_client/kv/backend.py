@@ -189,14 +189,22 @@ class BaselineConfig:
 
 
 class BaselineBackend(KVBackend):
-    """All KV on the device: a full cache [L, R, C, 576] bf16 (fp8 rows: [L, R, C, 656] uint8,
-    quantized by the same kernel as the HiSparse appends) and an index-key pool with a fixed
-    page table (request r owns pages [r * ppr, (r + 1) * ppr)). One extra row per layer of
-    each (the last) absorbs the writes of padding rows, so appends need no data-dependent
-    branch and stay graph-safe."""
+    """All KV on the device, in pages of P tokens: KV rows [L, N * P, 576] bf16 (fp8 rows:
+    [L, N * P, 656] uint8, quantized by the same kernel as the HiSparse appends) and an
+    index-key pool [L, N, P, I], both addressed through one page table (N = R * ppr pages, as
+    many as R requests of max_context tokens need). The page table is the identity (request
+    r owns pages [r * ppr, (r + 1) * ppr)) unless the engine's control maps pages itself: with
+    prefix caching, requests share the pages of a cached prefix (engine_client.kv.local_control).
+    One extra row per layer of each (the last) absorbs the writes of padding rows and unmapped
+    pages, so appends need no data-dependent branch and stay graph-safe."""
 
     def __init__(
-        self, cfg: BaselineConfig, *, kernels: KernelSet, device: torch.device | str = "cpu"
+        self,
+        cfg: BaselineConfig,
+        *,
+        kernels: KernelSet,
+        device: torch.device | str = "cpu",
+        page_table: torch.Tensor | None = None,
     ) -> None:
         self.cfg = cfg
         self.kernels = kernels
@@ -217,10 +225,17 @@ class BaselineBackend(KVBackend):
             if cfg.row_format == "bf16"
             else (ROW_FORMATS[cfg.row_format], torch.uint8)
         )
-        self._kv = torch.zeros((L, R * C + 1, width), dtype=dtype, device=self.device)
-        self.full_kv = self._kv[:, : R * C].view(L, R, C, width)
-        self._pool = torch.zeros((L, R * ppr + 1, P, ib), dtype=torch.uint8, device=self.device)
-        self._page_table = torch.arange(R * ppr, dtype=torch.int32, device=self.device).view(R, ppr)
+        N = R * ppr
+        self._kv = torch.zeros((L, N * P + 1, width), dtype=dtype, device=self.device)
+        # Request r's rows by position, while the page table is the identity (tests).
+        self.full_kv = self._kv[:, : N * P].view(L, R, ppr * P, width)[:, :, :C]
+        self._pool = torch.zeros((L, N + 1, P, ib), dtype=torch.uint8, device=self.device)
+        identity = torch.arange(N, dtype=torch.int32, device=self.device).view(R, ppr)
+        if page_table is not None and (
+            page_table.shape != identity.shape or page_table.dtype != torch.int32
+        ):
+            raise ValueError(f"page_table must be int32 {tuple(identity.shape)}")
+        self._page_table = identity if page_table is None else page_table
         self.capturable = kernels.capturable
 
     @property
@@ -239,35 +254,49 @@ class BaselineBackend(KVBackend):
         positions: torch.Tensor,
         seq_lens: torch.Tensor,
     ) -> None:
-        cfg = self.cfg
+        cfg, P = self.cfg, self.cfg.page_size
         r, t = req_slots.long(), positions.long()
         ok = (
             (r >= 0) & (r < cfg.max_requests) & (t >= 0) & (t < seq_lens.clamp(max=cfg.max_context))
         )
-        trash_kv = cfg.max_requests * cfg.max_context
+        page = self._pages_of(r, t)
+        ok &= page >= 0
+        trash = self._pool.shape[1] - 1  # the extra page, and the extra row after N * P
+        page = torch.where(ok, page, trash)
         if cfg.row_format == "fp8":
             fp8 = torch.empty(
                 (kv_rows.shape[0], self._kv.shape[-1]), dtype=torch.uint8, device=self.device
             )
             self.kernels.kv_quantize(kv_rows, fp8)
             kv_rows = fp8
-        self._kv[layer].index_copy_(0, torch.where(ok, r * cfg.max_context + t, trash_kv), kv_rows)
-        # Page r * ppr + t // P, slot t % P: request r's keys are contiguous. fp8 pages are
-        # page-blocked (values, then scales), so the store goes through the layout's views.
-        per_req = cfg.pages_per_request * cfg.page_size
-        token = torch.where(ok, r * per_req + t, cfg.max_requests * per_req)
-        write_index_rows(
-            self._pool[layer], token // cfg.page_size, token % cfg.page_size, index_rows
-        )
+        self._kv[layer].index_copy_(0, torch.where(ok, page * P + t % P, trash * P), kv_rows)
+        # fp8 pages are page-blocked (values, then scales): the store goes through the
+        # layout's views.
+        write_index_rows(self._pool[layer], page, t % P, index_rows)
+
+    def _pages_of(self, req_slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Page ids (int64, -1 unmapped) of positions [n] or [n, k] of req_slots [n], clamped
+        into the page table: a bad index reads a wrong entry, never outside."""
+        ppr = self.cfg.pages_per_request
+        rows = self._page_table[req_slots.clamp(0, self.max_requests - 1)]
+        col = (positions.clamp(min=0) // self.cfg.page_size).clamp(max=ppr - 1)
+        if positions.dim() == 1:
+            return rows.gather(1, col[:, None])[:, 0].long()
+        return rows.gather(1, col).long()
+
+    def _attn_rows(self, layer: int, topk: torch.Tensor, req_slots: torch.Tensor) -> AttnRows:
+        """Rows of top-k positions: their page's rows, in top-k order (-1 stays -1)."""
+        page = self._pages_of(req_slots.long(), topk.long())
+        rows = page * self.cfg.page_size + topk.long().clamp(min=0) % self.cfg.page_size
+        slots = torch.where((topk >= 0) & (page >= 0), rows, -1).to(torch.int32)
+        base = torch.zeros(topk.shape[0], dtype=torch.int64, device=self.device)
+        return AttnRows(self._kv[layer], base, slots)
 
     def select(
         self, layer: int, topk: torch.Tensor, req_slots: torch.Tensor, seq_lens: torch.Tensor
     ) -> AttnRows:
-        row_base = req_slots.long().clamp(min=0) * self.max_context
-        return AttnRows(self._kv[layer], row_base, topk)
+        return self._attn_rows(layer, topk, req_slots)
 
     def gather(self, layer: int, topk: torch.Tensor, req_slot: int, seq_len: int) -> AttnRows:
-        row_base = torch.full(
-            (topk.shape[0],), req_slot * self.max_context, dtype=torch.int64, device=self.device
-        )
-        return AttnRows(self._kv[layer], row_base, topk)
+        slots = torch.full((topk.shape[0],), req_slot, dtype=torch.int64, device=self.device)
+        return self._attn_rows(layer, topk, slots)

@@ -63,6 +63,7 @@ class Engine:
         policy: QueuePolicy | None = None,
         overlap: bool = True,
         metrics: EngineMetrics | None = None,
+        prefix_cache: bool = False,
     ) -> None:
         self.compute, self.control, self.state = compute, control, state
         self.policy = policy or QueuePolicy(admit_retry=admit_retry)
@@ -77,6 +78,7 @@ class Engine:
             finish=self._finish,
             lost=self._fail_all,
             admitted=self._admitted,
+            prefix_cache=prefix_cache,
         )
         self.runner = StepRunner(compute, overlap=overlap)
         self.reports = ReportSender(control)
@@ -119,11 +121,17 @@ class Engine:
     # --- requests from the server ---
 
     def submit(
-        self, prompt: tuple[int, ...], max_new_tokens: int, sampling: SamplingParams
+        self,
+        prompt: tuple[int, ...],
+        max_new_tokens: int,
+        sampling: SamplingParams,
+        cache_salt: str = "",
     ) -> GenRequest:
+        """Queue a request; `cache_salt` keeps its cached prefix pages to requests of the
+        same salt (a tenant)."""
         if self.failure is not None:
             raise self.failure
-        req = GenRequest(uuid.uuid4().hex, prompt, max_new_tokens, sampling)
+        req = GenRequest(uuid.uuid4().hex, prompt, max_new_tokens, sampling, cache_salt=cache_salt)
         self.scheduler.enqueue(req)
         self._wake.set()
         log.info(
@@ -321,7 +329,7 @@ class Engine:
             # A StepEnd still on its way may name this request: it must arrive first.
             await self.reports.flush()
             try:
-                await self.control.release(req.request_id)
+                await self.control.release(req.request_id, self.scheduler.release_hashes(req))
             except errors.KVClientError as e:
                 log.warning("release of %s failed: %s", req.request_id, e)
             self.scheduler.released()

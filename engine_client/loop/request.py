@@ -94,6 +94,12 @@ class GenRequest:
     cancelled: bool = False
     launched: int = 0
     last_step: int = -1
+    # Prefix caching: the client's salt, the names of the prompt's full pages (computed once,
+    # at the first admission attempt), and the prompt tokens the KV side had cached (never
+    # prefilled: their pages are shared and read-only).
+    cache_salt: str = ""
+    prompt_hashes: tuple[bytes, ...] | None = None
+    cached_tokens: int = 0
     _listeners: set[asyncio.Event] = field(default_factory=set)
 
     @property

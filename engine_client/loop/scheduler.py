@@ -33,8 +33,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from contract.prefix import page_hashes
 from engine_client.client import errors
-from engine_client.client.control import KVControl
+from engine_client.client.control import KVControl, PrefixLookup
 from engine_client.loop.request import FailStatus, Finish, GenRequest, Phase
 from engine_client.loop.sampler import token_key
 
@@ -112,10 +113,13 @@ class Scheduler:
         lost: Callable[[errors.KVClientError], None],
         admitted: Callable[[GenRequest], None],
         clock: Callable[[], float] = time.monotonic,
+        prefix_cache: bool = False,
     ) -> None:
         self.control, self.policy = control, policy
         self.max_active, self.max_batch = max_active, max_batch
         self.prefill_chunk, self.synthetic_context = prefill_chunk, synthetic_context
+        # Synthetic context is random KV per request slot under placeholder ids: never shared.
+        self.prefix_cache = prefix_cache and not synthetic_context
         self._finish, self._lost, self._admitted, self.clock = finish, lost, admitted, clock
         self.requests: dict[str, GenRequest] = {}
         self.waiting: deque[GenRequest] = deque()
@@ -195,7 +199,9 @@ class Scheduler:
 
     async def _try_admit(self, req: GenRequest) -> Admit:
         try:
-            adm = await self.control.admit(req.request_id, req.prompt_len, req.max_new_tokens)
+            adm = await self.control.admit(
+                req.request_id, req.prompt_len, req.max_new_tokens, self._lookup(req)
+            )
         except errors.CapacityError as e:
             if not getattr(e, "permanent", False):
                 log.debug("request %s stays queued: %s", req.request_id, e)
@@ -221,9 +227,35 @@ class Scheduler:
             return Admit.ENDED
         self.dequeue(req)
         req.slot, req.phase = adm.slot, Phase.PREFILL
+        req.cached_tokens = req.prefilled = adm.cached_tokens
         self._admitted(req)
-        log.info("request %s admitted to slot %d (mode %d)", req.request_id, adm.slot, adm.mode)
+        log.info(
+            "request %s admitted to slot %d (mode %d, %d prompt tokens cached)",
+            req.request_id,
+            adm.slot,
+            adm.mode,
+            adm.cached_tokens,
+        )
         return Admit.ADMITTED
+
+    # --- prefix caching ---
+
+    def _lookup(self, req: GenRequest) -> PrefixLookup | None:
+        """The prompt's page names, salt, and the prefill chunk as reuse granularity."""
+        if not self.prefix_cache:
+            return None
+        if req.prompt_hashes is None:
+            req.prompt_hashes = tuple(page_hashes(req.prompt, self.control.layout.page_size))
+        return PrefixLookup(req.prompt_hashes, req.cache_salt, self.prefill_chunk)
+
+    def release_hashes(self, req: GenRequest) -> tuple[bytes, ...]:
+        """Names of the full pages of a finished request's tokens (prompt, then generated), so
+        the KV side can share its written pages with the conversation's next turn. None after
+        a failed step: its KV is undefined."""
+        if not self.prefix_cache or req.finish is Finish.ERROR:
+            return ()
+        tokens = req.prompt + tuple(req.tokens)
+        return tuple(page_hashes(tokens, self.control.layout.page_size))
 
     # --- the batch ---
 
@@ -253,7 +285,16 @@ class Scheduler:
         start = req.prefilled
         if start == 0 and self.synthetic_context:
             batch.synthetic = start = self.synthetic_context
-        end = min(start + self.prefill_chunk, req.prompt_len)
+        if start < req.cached_tokens:
+            # Positions below cached_tokens live in shared pages that no request may write.
+            raise RuntimeError(
+                f"request {req.request_id}: prefill from {start} would write its cached prefix "
+                f"[0, {req.cached_tokens})"
+            )
+        # Chunks end at multiples of the chunk size (absolute positions): a request whose
+        # prefix was cached prefills the same chunks, in the same shapes, as one computing it.
+        chunk = self.prefill_chunk
+        end = min((start // chunk + 1) * chunk, req.prompt_len)
         batch.prefill, batch.prefill_range = req, (start, end)
         req.prefilled, req.last_step = end, batch.step
         if end == req.prompt_len:

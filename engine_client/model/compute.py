@@ -131,9 +131,16 @@ def build_backend(
     swap_fn: Callable[[int, int], None] | None,
     exchange: dict | None,
     microbatches: int = 1,
+    page_table: torch.Tensor | None = None,
 ) -> KVBackend:
+    """page_table: the baseline's, when its control maps pages (prefix caching)."""
     if mode == "baseline":
-        return BaselineBackend(BaselineConfig.from_layout(layout), kernels=kernels, device=device)
+        return BaselineBackend(
+            BaselineConfig.from_layout(layout),
+            kernels=kernels,
+            device=device,
+            page_table=page_table,
+        )
     if tensors is None:
         raise ValueError(f"kv mode {mode} needs the KV tensors")
     if mode == "service-remote-swap":

@@ -182,6 +182,18 @@ class EngineConfig:
         "DeepSeek-V3.2's FlashMLA rows); empty: the preset's (v32: "
         "fp8); service modes: must match the service",
     )
+    # Prefix caching (kv_service/ledger.py, engine_client/loop/scheduler.py).
+    prefix_cache: bool = setting(
+        True,
+        help="reuse the KV of cached prompt prefixes and of finished turns (full pages shared "
+        "read-only; the prefill starts after them); 0: every request prefills all its prompt",
+    )
+    model_fingerprint: str = setting(
+        "",
+        help="names the model and weights; only engines with the same fingerprint share "
+        "cached pages; empty: derived from the preset shapes and the weights (seed, or "
+        "samples of the checkpoint files)",
+    )
     # HiSparseBackend.microbatches.
     decode_microbatches: int = setting(
         1,
@@ -248,6 +260,8 @@ class EngineConfig:
             raise ValueError(
                 f"topk_source must be 'indexer' or MODULE:FUNC, got {self.topk_source!r}"
             )
+        if len(self.model_fingerprint.encode()) > 128 or not self.model_fingerprint.isprintable():
+            raise ValueError("model_fingerprint must be at most 128 bytes of printable text")
         if self.log_level not in logging.getLevelNamesMapping():
             raise ValueError(f"log_level must be a logging level name, got {self.log_level!r}")
 

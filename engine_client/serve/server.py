@@ -30,6 +30,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
+from contract.prefix import MAX_SALT_BYTES
 from engine_client.client import errors
 from engine_client.loop.engine import Engine
 from engine_client.loop.request import FailStatus, Finish, GenRequest, SamplingParams
@@ -72,6 +73,8 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):
         s = request.sampling
         if not math.isfinite(s.temperature) or s.temperature < 0:
             return "temperature must be finite and >= 0"
+        if len(request.cache_salt.encode()) > MAX_SALT_BYTES:
+            return f"cache_salt must be at most {MAX_SALT_BYTES} bytes"
         return None
 
     async def _open(
@@ -94,7 +97,7 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):
         # Benchmarks: placeholder ids for the synthetic context, which Compute fills instead of
         # prefilling them.
         prompt = (0,) * self.engine.compute.synthetic_context + tuple(request.prompt_token_ids)
-        return self.engine.submit(prompt, request.max_new_tokens, params)
+        return self.engine.submit(prompt, request.max_new_tokens, params, request.cache_salt)
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         req = await self._open(request, context)
@@ -136,7 +139,14 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):
         resp.finished = True
         resp.finish_reason = int(req.finish)
         resp.error_message = req.error
-        resp.stats.CopyFrom(pb.FinalStats(hits=c.hits, misses=c.misses, bytes_moved=c.bytes_moved))
+        resp.stats.CopyFrom(
+            pb.FinalStats(
+                hits=c.hits,
+                misses=c.misses,
+                bytes_moved=c.bytes_moved,
+                cached_prompt_tokens=req.cached_tokens,
+            )
+        )
         return resp
 
 

@@ -87,10 +87,15 @@ class GenerateRequest(_message.Message):
     MAX_NEW_TOKENS_FIELD_NUMBER: _builtins.int
     SAMPLING_FIELD_NUMBER: _builtins.int
     RESUME_REQUEST_ID_FIELD_NUMBER: _builtins.int
+    CACHE_SALT_FIELD_NUMBER: _builtins.int
     max_new_tokens: _builtins.int
     """Most tokens to generate (>= 1)."""
     resume_request_id: _builtins.str
     """Resume a request the engine was decoding before it restarted; empty starts a new request."""
+    cache_salt: _builtins.str
+    """Prefix-cache salt (<= 128 bytes): the request shares cached prompt pages only with
+    requests of the same salt (e.g. one per tenant). Empty: the engine-wide namespace.
+    """
     @_builtins.property
     def prompt_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Prompt token ids, at least one."""
@@ -106,10 +111,11 @@ class GenerateRequest(_message.Message):
         max_new_tokens: _builtins.int = ...,
         sampling: Global___Sampling | None = ...,
         resume_request_id: _builtins.str = ...,
+        cache_salt: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["sampling", b"sampling"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_new_tokens", b"max_new_tokens", "prompt_token_ids", b"prompt_token_ids", "resume_request_id", b"resume_request_id", "sampling", b"sampling"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_salt", b"cache_salt", "max_new_tokens", b"max_new_tokens", "prompt_token_ids", b"prompt_token_ids", "resume_request_id", b"resume_request_id", "sampling", b"sampling"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -124,22 +130,26 @@ class FinalStats(_message.Message):
     HITS_FIELD_NUMBER: _builtins.int
     MISSES_FIELD_NUMBER: _builtins.int
     BYTES_MOVED_FIELD_NUMBER: _builtins.int
+    CACHED_PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
     hits: _builtins.int
     """Top-k positions served from the hot buffer."""
     misses: _builtins.int
     """Top-k positions copied from the host tier."""
     bytes_moved: _builtins.int
     """Bytes copied host -> device for this request."""
+    cached_prompt_tokens: _builtins.int
+    """Prompt tokens whose KV came from the prefix cache (not prefilled by this request)."""
     def __init__(
         self,
         *,
         hits: _builtins.int = ...,
         misses: _builtins.int = ...,
         bytes_moved: _builtins.int = ...,
+        cached_prompt_tokens: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_moved", b"bytes_moved", "hits", b"hits", "misses", b"misses"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_moved", b"bytes_moved", "cached_prompt_tokens", b"cached_prompt_tokens", "hits", b"hits", "misses", b"misses"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
