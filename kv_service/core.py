@@ -24,13 +24,7 @@ from kv_service.errors import (
     UnknownRequest,
     WrongEpoch,
 )
-from kv_service.ledger import (
-    PageLedger,
-    PrefixQuery,
-    RowStore,
-    request_namespace,
-    scoped_keys,
-)
+from kv_service.ledger import PageLedger, PrefixQuery, RowStore
 from kv_service.memory import TensorRows
 from kv_service.records import (
     MAX_TOKENS,
@@ -171,18 +165,17 @@ class ServiceCore:
             raise AlreadyExists(
                 f"request {request_id!r} is already admitted", request_id=request_id
             )
-        check_range("align", align, 0, self.layout.max_context)
-        ns = request_namespace(session.fingerprint, page_hashes, salt)
-        keys = scoped_keys(ns, page_hashes, prompt_len // self.layout.page_size)
+        query = PrefixQuery.checked(
+            self.layout, session.fingerprint, prompt_len, page_hashes, salt, align
+        )
         try:
-            request = self.ledger.admit(
-                request_id, prompt_len, max_new_tokens, PrefixQuery(tuple(keys), align)
-            )
+            request = self.ledger.admit(request_id, prompt_len, max_new_tokens, query)
         except CapacityError:
             self._counters["rejected_total"] += 1
             raise
-        request.namespace = ns
-        self._publish()
+        # Another process reads these tensors as soon as it gets our reply: the writes (and
+        # any page published before) must have landed before we answer.
+        self.rows.sync()
         session.requests[request_id] = request
         self._counters["admitted_total"] += 1
         return request
@@ -253,9 +246,11 @@ class ServiceCore:
         self._publish_written([r for r, _ in updates.values()])
 
     def _publish_written(self, requests: Iterable[RequestRecord]) -> None:
-        """Full pages whose rows are now stored become shareable."""
-        if sum(self.ledger.publish(r) for r in requests):
-            self._publish()
+        """Full pages whose rows are now stored become shareable. No sync: a resident page's
+        host copy is only enqueued, and the admission that maps the page first syncs before it
+        answers (a sync here would wait for the engine's step in flight in embedded mode)."""
+        for request in requests:
+            self.ledger.publish(request)
 
     def add_counters(self, hits: int, misses: int, bytes_moved: int) -> None:
         """Add one step's counters, refusing what no step can do: every layer of every request
@@ -276,16 +271,7 @@ class ServiceCore:
         session = self.touch(session_id)
         request = self.request(session_id, request_id)
         if page_hashes:
-            if not request.namespace:
-                raise InvalidArgument("page hashes need a model fingerprint at attach")
-            keys = scoped_keys(request.namespace, page_hashes, len(request.pages))
-            known = len(request.keys)
-            if keys[:known] != request.keys[: len(keys)]:
-                raise InvalidArgument(
-                    "page hashes differ from those given at admission", request_id=request_id
-                )
-            request.keys = keys if len(keys) > known else request.keys
-            self._publish_written([request])
+            self.ledger.learn(request, page_hashes)
         self._free(session, request)
 
     def _free(self, session: SessionRecord, request: RequestRecord) -> None:
@@ -296,11 +282,6 @@ class ServiceCore:
         """Drop every cached page no request uses; pages in use stop being shared and are
         freed with their last request. Returns (pages freed now, cached pages in use)."""
         return self.ledger.flush()
-
-    def _publish(self) -> None:
-        # Another process reads these tensors as soon as it gets our reply: the writes must have
-        # landed in device memory before we answer.
-        self.rows.sync()
 
     # --- service state ---
 
@@ -328,17 +309,18 @@ class ServiceCore:
         assert self.slots.used == len(held), "request slots leaked"
 
     def stats(self) -> CoreStats:
-        offloaded = sum(
-            len(r.pages)
+        offloaded = {  # shared pages count once
+            p
             for s in self.sessions.values()
             for r in s.requests.values()
             if r.mode == MODE_OFFLOADED
-        )
+            for p in r.pages
+        }
         cache = self.ledger.cache
         return CoreStats(
             pages_used=self.pages.used,
             pages_total=self.pages.total,
-            offloaded_pages_used=offloaded,
+            offloaded_pages_used=len(offloaded),
             slots_used=self.slots.used,
             slots_total=self.slots.total,
             sessions=len(self.sessions),

@@ -54,12 +54,28 @@ class RowStore(Protocol):
 
 @dataclass(frozen=True)
 class PrefixQuery:
-    """The prefix part of an admission: scoped keys of the prompt's full pages, and the reuse
-    granularity in tokens (the engine's prefill chunk, so that it prefills the same chunks
-    whether or not a prefix was cached; 0 or 1: a page)."""
+    """The prefix part of an admission: the request's namespace, the scoped keys of the
+    prompt's full pages, and the reuse granularity in tokens (the engine's prefill chunk, so
+    that it prefills the same chunks whether or not a prefix was cached; 0 or 1: a page)."""
 
+    namespace: bytes = b""
     keys: tuple[bytes, ...] = ()
     align: int = 0
+
+    @classmethod
+    def checked(
+        cls,
+        layout: KVLayout,
+        fingerprint: str,
+        prompt_len: int,
+        hashes: Sequence[bytes],
+        salt: str,
+        align: int,
+    ) -> PrefixQuery:
+        """From an Admit's fields, each checked (InvalidArgument)."""
+        check_range("reuse_align", align, 0, layout.max_context)
+        ns = request_namespace(fingerprint, hashes, salt)
+        return cls(ns, tuple(scoped_keys(ns, hashes, prompt_len // layout.page_size)), align)
 
 
 def request_namespace(fingerprint: str, names: Sequence[bytes], salt: str) -> bytes:
@@ -130,7 +146,23 @@ class PageLedger:
             c["prefix_hit_tokens_total"] += cached
         record = RequestRecord(request_id, slot, mode, pages, prompt_len, max_new_tokens)
         record.cached_tokens, record.keys, record.published = cached, list(query.keys), len(hits)
+        record.namespace = query.namespace
         return record
+
+    def learn(self, request: RequestRecord, hashes: Sequence[bytes]) -> None:
+        """Names of every full page of a finished request's tokens (they must start with the
+        admission's): its written pages not yet published are published now."""
+        if not request.namespace:
+            raise InvalidArgument("page hashes need a model fingerprint at attach")
+        keys = scoped_keys(request.namespace, hashes, len(request.pages))
+        known = len(request.keys)
+        if keys[:known] != request.keys[: len(keys)]:
+            raise InvalidArgument(
+                "page hashes differ from those given at admission", request_id=request.request_id
+            )
+        if len(keys) > known:
+            request.keys = keys
+        self.publish(request)
 
     def _check_room(self, hits: list[int], fresh: int) -> None:
         """A CapacityError naming every shortage unless a slot and `fresh` pages are there."""

@@ -116,4 +116,5 @@ def store_resident_pages(kv: KVTensors, slot: int, pages: list[int], indices: li
     rows in the host tier before other requests may read it there."""
     P = kv.layout.page_size
     for i in indices:
-        kv.host_kv[pages[i]].copy_(kv.hot_kv[:, slot, i * P : (i + 1) * P])
+        # Asynchronous into pinned memory; ServiceCore syncs before any admission answers.
+        kv.host_kv[pages[i]].copy_(kv.hot_kv[:, slot, i * P : (i + 1) * P], non_blocking=True)

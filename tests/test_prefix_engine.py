@@ -60,12 +60,14 @@ class SharedPageGuard:
     admission mapped as a cached prefix. Also fingerprints those pages' bytes (KV rows and
     index keys, every layer) when first seen, to compare at the end."""
 
-    def __init__(self, backend, page_table: torch.Tensor) -> None:
+    def __init__(self, backend, page_table: torch.Tensor, watch: bool = True) -> None:
+        """watch: check every append (not inside CUDA graphs: it reads its rows on the host)."""
         self.backend, self.page_table = backend, page_table
         self.shared: dict[int, str] = {}
         self.violations: list[tuple[int, int, int]] = []
         self._append = backend.append
-        backend.append = self.append
+        if watch:
+            backend.append = self.append
 
     def admitted(self, pages: tuple[int, ...], cached: int) -> None:
         for page in pages[: cached // P]:
@@ -84,16 +86,18 @@ class SharedPageGuard:
             rows, keys = be._kv[:, page * P : (page + 1) * P], be._pool[:, page]
         else:
             rows, keys = be.kv.host_kv[page], be.kv.index_pool[:, page]
-        h = hashlib.sha256(rows.contiguous().view(torch.uint8).numpy().tobytes())
-        return h.hexdigest() + hashlib.sha256(keys.contiguous().numpy().tobytes()).hexdigest()
+        h = hashlib.sha256(rows.contiguous().view(torch.uint8).cpu().numpy().tobytes())
+        return h.hexdigest() + hashlib.sha256(keys.contiguous().cpu().numpy().tobytes()).hexdigest()
 
 
-async def _run(cfg, jobs) -> tuple[list, list[torch.Tensor], list[int], SharedPageGuard, dict]:
+async def _run(
+    cfg, jobs, watch: bool = True
+) -> tuple[list, list[torch.Tensor], list[int], SharedPageGuard, dict]:
     """Each job alone (one after the other, so every step has one row in both runs): tokens,
     every decode step's logits, cached tokens, the guard and the KV side's stats."""
     engine = await build_engine(cfg)
     be = engine.compute.counting._inner
-    guard = SharedPageGuard(be, be.page_table)
+    guard = SharedPageGuard(be, be.page_table, watch)
     logits: list[torch.Tensor] = []
     step, admit = engine.compute.runner.step, engine.control.admit
 
@@ -131,25 +135,30 @@ async def _run(cfg, jobs) -> tuple[list, list[torch.Tensor], list[int], SharedPa
     return tokens, logits, cached, guard, dataclasses.asdict(stats)
 
 
-def _turn2(first_prompt: tuple[int, ...], answer: list[int]) -> tuple:
+def _turn2(first_prompt: tuple[int, ...], answer: list[int], generated: bool = True) -> tuple:
     """The next turn of a conversation: its prompt, the answer, a new message. The answer's
-    full pages were published when the first turn ended."""
+    full pages were published when the first turn ended (if `generated` pages are shared)."""
     prompt = first_prompt + tuple(answer) + (5, 6)
-    return (prompt, 4, "", (len(prompt) - 1) // P * P)
+    shared = len(prompt) - 1 if generated else len(first_prompt)
+    return (prompt, 4, "", shared // P * P)
 
 
-def test_every_mode_reuses_prefixes_and_equals_the_cold_run(svc) -> None:
+def _every_mode(svc, cfg, generated: bool = True, watch: bool = True) -> None:
+    """Every mode with prefix caching (cfg(mode, **changes)) against the baseline without:
+    the same tokens and logits, the expected cached tokens, no shared page written."""
     # Without sharing, each job alone: the next turn runs in an engine of its own.
-    cold_cfg = engine_config("baseline", prefix_cache=False)
-    cold, cold_logits, cold_cached, _, _ = asyncio.run(_run(cold_cfg, JOBS))
-    jobs = JOBS + [_turn2(JOBS[0][0], cold[0])]
-    more, more_logits, more_cached, _, _ = asyncio.run(_run(cold_cfg, jobs[-1:]))
+    cold, cold_logits, cold_cached, _, _ = asyncio.run(
+        _run(cfg("baseline", prefix_cache=False), JOBS)
+    )
+    jobs = JOBS + [_turn2(JOBS[0][0], cold[0], generated)]
+    more, more_logits, more_cached, _, _ = asyncio.run(
+        _run(cfg("baseline", prefix_cache=False), jobs[-1:])
+    )
     cold, cold_logits = cold + more, cold_logits + more_logits
     assert cold_cached + more_cached == [0] * len(jobs)
     hits = service_stats(svc).prefix_hit_tokens_total
     for mode in MODES:
-        cfg = engine_config(mode, svc if "service" in mode else None)
-        tokens, logits, cached, guard, stats = asyncio.run(_run(cfg, jobs))
+        tokens, logits, cached, guard, stats = asyncio.run(_run(cfg(mode), jobs, watch))
         assert cached == [j[3] for j in jobs], mode
         assert tokens == cold, mode
         assert len(logits) == len(cold_logits), mode
@@ -164,6 +173,34 @@ def test_every_mode_reuses_prefixes_and_equals_the_cold_run(svc) -> None:
             assert s.prefix_hit_tokens_total == hits, s
             assert flush(svc).pages_freed == s.cached_pages
     assert service_stats(svc).host_pages.used == 0
+
+
+def test_every_mode_reuses_prefixes_and_equals_the_cold_run(svc) -> None:
+    """On CPU a decode step writes the same rows as a prefill, so the next turn of a
+    conversation, which reuses the answer's pages, is bitwise a cold prefill too."""
+    _every_mode(
+        svc, lambda mode, **kw: engine_config(mode, svc if "service" in mode else None, **kw)
+    )
+
+
+@pytest.mark.gpu
+def test_every_mode_reuses_prompt_prefixes_bitwise_on_gpu() -> None:
+    """The same on CUDA, with CUDA graphs (the append guard cannot look inside them: the
+    shared pages' bytes are compared). Only prompt pages are shared: a decode step's rows
+    (batched GEMMs, split attention) need not equal a prefill's bit for bit on a GPU."""
+    with workdir() as path:
+        svc = start_service(path, device="cuda")
+        try:
+
+            def cfg(mode: str, **kw):
+                c = engine_config(
+                    mode, svc if "service" in mode else None, prefix_share_generated=False, **kw
+                )
+                return dataclasses.replace(c, device="cuda")
+
+            _every_mode(svc, cfg, generated=False, watch=False)
+        finally:
+            assert svc.stop() == 0, svc.log()
 
 
 def test_the_guard_sees_a_write_into_a_shared_page() -> None:

@@ -64,6 +64,7 @@ class Engine:
         overlap: bool = True,
         metrics: EngineMetrics | None = None,
         prefix_cache: bool = False,
+        share_generated: bool = True,
     ) -> None:
         self.compute, self.control, self.state = compute, control, state
         self.policy = policy or QueuePolicy(admit_retry=admit_retry)
@@ -79,6 +80,7 @@ class Engine:
             lost=self._fail_all,
             admitted=self._admitted,
             prefix_cache=prefix_cache,
+            share_generated=share_generated,
         )
         self.runner = StepRunner(compute, overlap=overlap)
         self.reports = ReportSender(control)

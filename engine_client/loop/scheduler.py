@@ -114,12 +114,14 @@ class Scheduler:
         admitted: Callable[[GenRequest], None],
         clock: Callable[[], float] = time.monotonic,
         prefix_cache: bool = False,
+        share_generated: bool = True,
     ) -> None:
         self.control, self.policy = control, policy
         self.max_active, self.max_batch = max_active, max_batch
         self.prefill_chunk, self.synthetic_context = prefill_chunk, synthetic_context
         # Synthetic context is random KV per request slot under placeholder ids: never shared.
         self.prefix_cache = prefix_cache and not synthetic_context
+        self.share_generated = share_generated
         self._finish, self._lost, self._admitted, self.clock = finish, lost, admitted, clock
         self.requests: dict[str, GenRequest] = {}
         self.waiting: deque[GenRequest] = deque()
@@ -251,8 +253,10 @@ class Scheduler:
     def release_hashes(self, req: GenRequest) -> tuple[bytes, ...]:
         """Names of the full pages of a finished request's tokens (prompt, then generated), so
         the KV side can share its written pages with the conversation's next turn. None after
-        a failed step: its KV is undefined."""
-        if not self.prefix_cache or req.finish is Finish.ERROR:
+        a failed step: its KV is undefined. None either without share_generated: a decode step
+        writes its rows in other shapes than a prefill (batched GEMMs, split attention), so on
+        a GPU they may differ in the last bits from the rows a cold prefill would write."""
+        if not self.prefix_cache or not self.share_generated or req.finish is Finish.ERROR:
             return ()
         tokens = req.prompt + tuple(req.tokens)
         return tuple(page_hashes(tokens, self.control.layout.page_size))

@@ -188,6 +188,12 @@ class EngineConfig:
         help="reuse the KV of cached prompt prefixes and of finished turns (full pages shared "
         "read-only; the prefill starts after them); 0: every request prefills all its prompt",
     )
+    prefix_share_generated: bool = setting(
+        True,
+        help="with --prefix-cache: a finished request's generated pages become shareable "
+        "(the next turn of a conversation reuses them); 0: only prompt pages are shared, "
+        "whose rows a prefill wrote, so every reuse is bitwise a cold prefill on any device",
+    )
     model_fingerprint: str = setting(
         "",
         help="names the model and weights; only engines with the same fingerprint share "

@@ -250,6 +250,7 @@ async def build_engine(cfg: EngineConfig) -> Engine:
         policy=policy,
         overlap=cfg.overlap,
         prefix_cache=cfg.prefix_cache,
+        share_generated=cfg.prefix_share_generated,
     )
     await restore(engine, control, saved)
     if state is not None:
