@@ -37,7 +37,7 @@ from engine_client.loop.metrics import EngineMetrics
 from engine_client.loop.postprocess import Postprocessor, ReportSender
 from engine_client.loop.request import FailStatus, Finish, GenRequest, Phase, SamplingParams
 from engine_client.loop.runner import Advance, LaunchedStep, StepRunner
-from engine_client.loop.scheduler import Batch, QueuePolicy, Scheduler
+from engine_client.loop.scheduler import Batch, QueuePolicy, Scheduler, SyntheticContext
 from engine_client.loop.state_file import StateFile
 from engine_client.model.compute import Compute
 
@@ -75,7 +75,7 @@ class Engine:
             max_active=max_active,
             max_batch=compute.max_batch,
             prefill_chunk=compute.prefill_chunk,
-            synthetic_context=compute.synthetic_context,
+            synthetic_context=SyntheticContext(compute.synthetic_context, compute.synthetic_shared),
             finish=self._finish,
             lost=self._fail_all,
             admitted=self._admitted,

@@ -177,8 +177,8 @@ class StepRunner:
     def _prefill(self, batch: Batch, bufs: _Buffers) -> None:
         c, req = self.compute, batch.prefill
         start, end = batch.prefill_range
-        if batch.synthetic:
-            c.model.backend.fill_synthetic(req.slot, batch.synthetic, seed=req.slot)
+        for first, last, seed in batch.synthetic:
+            c.model.backend.fill_synthetic(req.slot, last, seed=seed, start=first)
         logits = c.model.prefill(
             req.slot, req.prompt[start:end], start=start, chunk_size=end - start
         )

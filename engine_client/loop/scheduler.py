@@ -64,15 +64,15 @@ class QueuePolicy:
 
 @dataclass
 class Batch:
-    """One step: `prefill` runs prompt positions prefill_range (after filling `synthetic` tokens
-    of synthetic context when > 0); `decode` rows append ids[i] (-1: on the device) at
+    """One step: `prefill` runs prompt positions prefill_range (after filling the `synthetic`
+    context regions (start, end, seed), if any); `decode` rows append ids[i] (-1: on the device) at
     positions[i] of slots[i]. temps/keys: the rows' sampling, None when every row is greedy.
     first: (temperature, key) of the prefill's first token when this chunk ends the prompt."""
 
     step: int
     prefill: GenRequest | None = None
     prefill_range: tuple[int, int] = (0, 0)
-    synthetic: int = 0
+    synthetic: tuple[tuple[int, int, int], ...] = ()
     first: tuple[float, int] | None = None
     decode: list[GenRequest] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)
@@ -84,6 +84,36 @@ class Batch:
     @property
     def requests(self) -> list[GenRequest]:
         return ([self.prefill] if self.prefill is not None else []) + self.decode
+
+
+@dataclass(frozen=True)
+class SyntheticContext:
+    """Benchmarks: every prompt starts with `tokens` placeholder ids whose KV is filled with
+    random rows instead of a prefill. The first `shared` are the same for every request (id 0,
+    seed 0), so prefix caching shares them; the rest differ per request: their first id is a
+    per-request serial, which also seeds their rows (equal ids, equal rows)."""
+
+    tokens: int = 0
+    shared: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.shared <= self.tokens:
+            raise ValueError(f"shared synthetic context {self.shared} not in [0, {self.tokens}]")
+
+    def placeholders(self, serial: int, vocab: int) -> tuple[int, ...]:
+        own = self.tokens - self.shared
+        mark = (1 + serial % (vocab - 1),) if own else ()
+        return (0,) * self.shared + mark + (0,) * max(own - 1, 0)
+
+    def regions(self, start: int, prompt: tuple[int, ...]) -> tuple[tuple[int, int, int], ...]:
+        """(first, end, seed) of what a prefill from `start` must fill: nothing cached, or the
+        whole shared part cached (a part of it cannot be: it was filled in one go)."""
+        if start not in (0, self.shared):
+            raise RuntimeError(f"synthetic context cached up to {start}, not 0 or {self.shared}")
+        parts = ((start, self.shared, 0), (max(start, self.shared), self.tokens, -1))
+        return tuple(
+            (a, b, prompt[self.shared] if seed < 0 else seed) for a, b, seed in parts if b > a
+        )
 
 
 class Admit(enum.Enum):
@@ -108,7 +138,7 @@ class Scheduler:
         max_active: int,
         max_batch: int,
         prefill_chunk: int,
-        synthetic_context: int,
+        synthetic_context: int | SyntheticContext,
         finish: Callable[..., None],
         lost: Callable[[errors.KVClientError], None],
         admitted: Callable[[GenRequest], None],
@@ -118,10 +148,14 @@ class Scheduler:
     ) -> None:
         self.control, self.policy = control, policy
         self.max_active, self.max_batch = max_active, max_batch
-        self.prefill_chunk, self.synthetic_context = prefill_chunk, synthetic_context
-        # Synthetic context is random KV per request slot under placeholder ids: never shared.
-        self.prefix_cache = prefix_cache and not synthetic_context
-        self.share_generated = share_generated
+        self.prefill_chunk = prefill_chunk
+        self.synthetic = (
+            synthetic_context
+            if isinstance(synthetic_context, SyntheticContext)
+            else SyntheticContext(synthetic_context)
+        )
+        self.synthetic_context = self.synthetic.tokens
+        self.prefix_cache, self.share_generated = prefix_cache, share_generated
         self._finish, self._lost, self._admitted, self.clock = finish, lost, admitted, clock
         self.requests: dict[str, GenRequest] = {}
         self.waiting: deque[GenRequest] = deque()
@@ -247,8 +281,13 @@ class Scheduler:
         if not self.prefix_cache:
             return None
         if req.prompt_hashes is None:
-            req.prompt_hashes = tuple(page_hashes(req.prompt, self.control.layout.page_size))
-        return PrefixLookup(req.prompt_hashes, req.cache_salt, self.prefill_chunk)
+            named = req.prompt[: self.synthetic.shared] if self.synthetic.tokens else req.prompt
+            req.prompt_hashes = tuple(page_hashes(named, self.control.layout.page_size))
+        if not req.prompt_hashes:
+            return None
+        # A synthetic shared context is reused whole or not at all (it is filled in one go).
+        align = self.synthetic.shared if self.synthetic.tokens else self.prefill_chunk
+        return PrefixLookup(req.prompt_hashes, req.cache_salt, align)
 
     def release_hashes(self, req: GenRequest) -> tuple[bytes, ...]:
         """Names of the full pages of a finished request's tokens (prompt, then generated), so
@@ -256,7 +295,12 @@ class Scheduler:
         a failed step: its KV is undefined. None either without share_generated: a decode step
         writes its rows in other shapes than a prefill (batched GEMMs, split attention), so on
         a GPU they may differ in the last bits from the rows a cold prefill would write."""
-        if not self.prefix_cache or not self.share_generated or req.finish is Finish.ERROR:
+        if (
+            not self.prefix_cache
+            or not self.share_generated
+            or self.synthetic.tokens  # only a synthetic context's shared part is named
+            or req.finish is Finish.ERROR
+        ):
             return ()
         tokens = req.prompt + tuple(req.tokens)
         return tuple(page_hashes(tokens, self.control.layout.page_size))
@@ -287,8 +331,9 @@ class Scheduler:
 
     def _add_prefill(self, batch: Batch, req: GenRequest) -> None:
         start = req.prefilled
-        if start == 0 and self.synthetic_context:
-            batch.synthetic = start = self.synthetic_context
+        if start < self.synthetic.tokens:
+            batch.synthetic = self.synthetic.regions(start, req.prompt)
+            start = self.synthetic.tokens
         if start < req.cached_tokens:
             # Positions below cached_tokens live in shared pages that no request may write.
             raise RuntimeError(

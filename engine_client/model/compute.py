@@ -94,6 +94,7 @@ class Compute:
         layout: KVLayout,
         prefill_chunk: int,
         synthetic_context: int = 0,
+        synthetic_shared: int = 0,
     ) -> None:
         self.model, self.runner, self.counting = model, runner, counting
         self.layout = layout
@@ -101,6 +102,8 @@ class Compute:
         self.row_bytes = layout.row_bytes
         # Prompts start with this many placeholder tokens whose KV is filled synthetically.
         self.synthetic_context = synthetic_context
+        # ... of which the first `synthetic_shared` are the same for every request.
+        self.synthetic_shared = synthetic_shared
 
     @property
     def max_batch(self) -> int:
@@ -174,6 +177,7 @@ def build_compute(
     use_graphs: bool = True,
     topk_source: TopkSource | None = None,
     synthetic_context: int = 0,
+    synthetic_shared: int = 0,
 ) -> Compute:
     counting = CountingBackend(backend)
     model = Model(model_cfg, weights, counting)  # type: ignore[arg-type]
@@ -182,7 +186,9 @@ def build_compute(
     if runner.use_graphs:
         runner.capture()
         log.info("captured decode graphs for batch buckets %s", runner.cfg.buckets)
-    return Compute(model, runner, counting, layout, prefill_chunk, synthetic_context)
+    return Compute(
+        model, runner, counting, layout, prefill_chunk, synthetic_context, synthetic_shared
+    )
 
 
 def check_model_fits(model_cfg: ModelConfig, layout: KVLayout) -> None:

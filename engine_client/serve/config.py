@@ -152,6 +152,11 @@ class EngineConfig:
         "synthetic context tokens, filled with random KV instead "
         "of a prefill",
     )
+    synthetic_shared: int = setting(
+        0,
+        help="benchmarks: the first N tokens of the synthetic context are the same for every "
+        "request (shared by prefix caching), the rest differ per request",
+    )
     topk_source: str = setting(
         "indexer",
         help="benchmarks: decode top-k from the model's "
@@ -247,6 +252,10 @@ class EngineConfig:
             raise ValueError("engine_name must be 1..128 characters")
         if self.synthetic_context < 0:
             raise ValueError(f"synthetic_context must be >= 0, got {self.synthetic_context}")
+        if not 0 <= self.synthetic_shared <= self.synthetic_context:
+            raise ValueError(
+                f"synthetic_shared must be in [0, synthetic_context], got {self.synthetic_shared}"
+            )
         for name in ("skip_ahead", "max_queue_wait"):
             if not 0 <= getattr(self, name) <= 86400:
                 raise ValueError(f"{name} must be in [0, 86400] seconds, got {getattr(self, name)}")

@@ -159,6 +159,7 @@ def _build_compute(cfg: EngineConfig, mcfg: ModelConfig, control: KVControl, dev
         use_graphs=cfg.cuda_graphs,
         topk_source=source,
         synthetic_context=cfg.synthetic_context,
+        synthetic_shared=cfg.synthetic_shared,
     )
 
 

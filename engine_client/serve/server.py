@@ -54,6 +54,7 @@ FAIL_CODES = {
 class DecodeServicer(pb_grpc.DecodeServiceServicer):
     def __init__(self) -> None:
         self.engine: Engine | None = None
+        self._serial = 0  # requests so far: names each synthetic context's own part
 
     def _check(self, request: pb.GenerateRequest) -> str | None:
         """Why the request is invalid, or None."""
@@ -96,7 +97,10 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):
         params = SamplingParams(s.temperature, s.seed, tuple(s.stop_token_ids))
         # Benchmarks: placeholder ids for the synthetic context, which Compute fills instead of
         # prefilling them.
-        prompt = (0,) * self.engine.compute.synthetic_context + tuple(request.prompt_token_ids)
+        self._serial += 1
+        vocab = self.engine.compute.model.cfg.vocab_size
+        synthetic = self.engine.scheduler.synthetic.placeholders(self._serial, vocab)
+        prompt = synthetic + tuple(request.prompt_token_ids)
         return self.engine.submit(prompt, request.max_new_tokens, params, request.cache_salt)
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
