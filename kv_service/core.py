@@ -9,6 +9,7 @@ session can never see or touch another session's requests: they are simply not f
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import secrets
 import time
@@ -31,6 +32,7 @@ from kv_service.records import (
     CoreStats,
     RequestRecord,
     SessionRecord,
+    Totals,
     check_id,
     check_range,
 )
@@ -68,14 +70,7 @@ class ServiceCore:
         self.pages, self.slots = self.ledger.pages, self.ledger.slots
         self.table = SessionTable(lease_seconds, max_sessions, clock)
         self.draining = False
-        self._counters = dict(
-            hits=0,
-            misses=0,
-            bytes_moved=0,
-            admitted_total=0,
-            rejected_total=0,
-            expired_sessions_total=0,
-        )
+        self.totals = Totals()
 
     # --- sessions ---
 
@@ -126,7 +121,7 @@ class ServiceCore:
         """Close every session without an open stream whose lease ran out; returns their ids."""
         expired = self.table.expired()
         for session in expired:
-            self._counters["expired_sessions_total"] += 1
+            self.totals.expired_sessions_total += 1
             self._close(session, f"lease expired after {self.lease_seconds:g}s")
         return [s.session_id for s in expired]
 
@@ -171,13 +166,13 @@ class ServiceCore:
         try:
             request = self.ledger.admit(request_id, prompt_len, max_new_tokens, query)
         except CapacityError:
-            self._counters["rejected_total"] += 1
+            self.totals.rejected_total += 1
             raise
         # Another process reads these tensors as soon as it gets our reply: the writes (and
         # any page published before) must have landed before we answer.
         self.rows.sync()
         session.requests[request_id] = request
-        self._counters["admitted_total"] += 1
+        self.totals.admitted_total += 1
         return request
 
     def check_fits(self, tokens: int) -> None:
@@ -186,7 +181,7 @@ class ServiceCore:
         lay = self.layout
         pages = -(-tokens // lay.page_size)
         if tokens > lay.max_context or pages > self.pages.total:
-            self._counters["rejected_total"] += 1
+            self.totals.rejected_total += 1
             raise CapacityError(
                 f"{tokens} tokens can never fit: at most {lay.max_context} tokens per request "
                 f"and {self.pages.total} pages of {lay.page_size} tokens in all",
@@ -212,7 +207,7 @@ class ServiceCore:
         request = self.request(session_id, request_id)
         check_range("seq_len", seq_len, 0, request.reserved_tokens)
         request.seq_len = seq_len
-        self._publish_written([request])
+        self.ledger.publish(request)  # its newly stored full pages become shareable
 
     def step_end(
         self,
@@ -240,29 +235,10 @@ class ServiceCore:
             if request_id in updates:
                 raise InvalidArgument(f"request {request_id!r} listed twice", request_id=request_id)
             updates[request_id] = (request, seq_len)
-        self.add_counters(hits, misses, bytes_moved)
+        self.totals.add_step(self.layout, hits, misses, bytes_moved)
         for request, seq_len in updates.values():
             request.seq_len = seq_len
-        self._publish_written([r for r, _ in updates.values()])
-
-    def _publish_written(self, requests: Iterable[RequestRecord]) -> None:
-        """Full pages whose rows are now stored become shareable. No sync: a resident page's
-        host copy is only enqueued, and the admission that maps the page first syncs before it
-        answers (a sync here would wait for the engine's step in flight in embedded mode)."""
-        for request in requests:
             self.ledger.publish(request)
-
-    def add_counters(self, hits: int, misses: int, bytes_moved: int) -> None:
-        """Add one step's counters, refusing what no step can do: every layer of every request
-        slot selects at most topk positions, and each miss moves at most one KV row and one
-        index key. Totals are Python ints; `stats` readers clamp them to their field."""
-        lay = self.layout
-        positions = lay.num_layers * lay.topk * lay.max_requests
-        check_range("hits", hits, 0, positions)
-        check_range("misses", misses, 0, positions - hits)
-        check_range("bytes_moved", bytes_moved, 0, positions * (lay.row_bytes + lay.index_bytes))
-        for name, value in (("hits", hits), ("misses", misses), ("bytes_moved", bytes_moved)):
-            self._counters[name] += value
 
     def release(self, session_id: str, request_id: str, page_hashes: Sequence[bytes] = ()) -> None:
         """Free a request. `page_hashes`: the names of every full page of its stored tokens
@@ -332,5 +308,5 @@ class ServiceCore:
             evictable_pages=cache.evictable,
             evicted_pages_total=cache.evicted_total,
             **self.ledger.counters,
-            **self._counters,
+            **dataclasses.asdict(self.totals),
         )

@@ -183,8 +183,10 @@ class PageLedger:
 
     def publish(self, request: RequestRecord) -> int:
         """Publish the request's full pages whose rows are written (within seq_len) and whose
-        keys are known; a resident request's pages get their host rows first. Returns how many
-        pages were newly published."""
+        keys are known; a resident request's pages get their host rows first. No sync: that
+        copy is only enqueued, and the admission that maps the page syncs before it answers (a
+        sync here would wait for the engine's step in flight in embedded mode). Returns how
+        many pages were newly published."""
         P = self.layout.page_size
         end = min(len(request.keys), request.seq_len // P, len(request.pages))
         todo = list(range(request.published, end))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from contract.layout import KVLayout
 from kv_service.errors import InvalidArgument
 
 MAX_ID_BYTES = 128
@@ -77,6 +78,31 @@ class CoreStats:
     prefix_lookup_tokens_total: int = 0
     prefix_hit_tokens_total: int = 0
     evicted_pages_total: int = 0
+
+
+@dataclass
+class Totals:
+    """The core's counters since start: Python ints, which `stats` readers clamp to their
+    field."""
+
+    hits: int = 0
+    misses: int = 0
+    bytes_moved: int = 0
+    admitted_total: int = 0
+    rejected_total: int = 0
+    expired_sessions_total: int = 0
+
+    def add_step(self, layout: KVLayout, hits: int, misses: int, bytes_moved: int) -> None:
+        """Add one step's counters, refusing what no step can do: every layer of every request
+        slot selects at most topk positions, and each miss moves at most one KV row and one
+        index key."""
+        lay = layout
+        positions = lay.num_layers * lay.topk * lay.max_requests
+        check_range("hits", hits, 0, positions)
+        check_range("misses", misses, 0, positions - hits)
+        check_range("bytes_moved", bytes_moved, 0, positions * (lay.row_bytes + lay.index_bytes))
+        self.hits, self.misses = self.hits + hits, self.misses + misses
+        self.bytes_moved += bytes_moved
 
 
 def check_id(name: str, value: str) -> None:

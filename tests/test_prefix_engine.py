@@ -15,6 +15,7 @@ import torch
 
 from engine_client.kv.backend import BaselineBackend
 from engine_client.loop.request import Finish, SamplingParams
+from engine_client.loop.scheduler import SyntheticContext
 from engine_client.serve.factory import build_engine
 from tests.process_harness import (
     LOCAL,
@@ -269,3 +270,17 @@ def test_a_resumed_session_keeps_its_shared_pages(svc, tmp_path) -> None:
     stats = service_stats(svc)
     assert holds_only_cache(stats) and stats.prefix_hit_tokens_total == before + 24, stats
     flush(svc)
+
+
+def test_a_synthetic_context_shares_only_its_shared_part() -> None:
+    """Benchmarks (--synthetic-shared): the shared part has the same names and rows for every
+    request, the rest is named (and seeded) by a per-request serial."""
+    sc = SyntheticContext(12, 8)
+    a, b = sc.placeholders(1, 256), sc.placeholders(2, 256)
+    assert len(a) == 12 and a[:8] == b[:8] == (0,) * 8 and a[8] != b[8]
+    assert sc.regions(0, a) == ((0, 8, 0), (8, 12, a[8]))
+    assert sc.regions(8, a) == ((8, 12, a[8]),)  # the shared part came from the cache
+    with pytest.raises(RuntimeError):
+        sc.regions(4, a)  # a shared part is reused whole or not at all
+    own = SyntheticContext(12, 0).placeholders(3, 256)
+    assert SyntheticContext(12, 0).regions(0, own) == ((0, 12, own[0]),)
