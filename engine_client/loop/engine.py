@@ -75,7 +75,7 @@ class Engine:
             max_active=max_active,
             max_batch=compute.max_batch,
             prefill_chunk=compute.prefill_chunk,
-            synthetic_context=SyntheticContext(compute.synthetic_context, compute.synthetic_shared),
+            synthetic=SyntheticContext(compute.synthetic_context, compute.synthetic_shared),
             finish=self._finish,
             lost=self._fail_all,
             admitted=self._admitted,

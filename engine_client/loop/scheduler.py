@@ -138,7 +138,7 @@ class Scheduler:
         max_active: int,
         max_batch: int,
         prefill_chunk: int,
-        synthetic_context: int | SyntheticContext,
+        synthetic: SyntheticContext,
         finish: Callable[..., None],
         lost: Callable[[errors.KVClientError], None],
         admitted: Callable[[GenRequest], None],
@@ -149,12 +149,7 @@ class Scheduler:
         self.control, self.policy = control, policy
         self.max_active, self.max_batch = max_active, max_batch
         self.prefill_chunk = prefill_chunk
-        self.synthetic = (
-            synthetic_context
-            if isinstance(synthetic_context, SyntheticContext)
-            else SyntheticContext(synthetic_context)
-        )
-        self.synthetic_context = self.synthetic.tokens
+        self.synthetic = synthetic
         self.prefix_cache, self.share_generated = prefix_cache, share_generated
         self._finish, self._lost, self._admitted, self.clock = finish, lost, admitted, clock
         self.requests: dict[str, GenRequest] = {}
