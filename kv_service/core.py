@@ -9,17 +9,14 @@ session can never see or touch another session's requests: they are simply not f
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import secrets
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
 
-import torch
-
-from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
+from contract.layout import MODE_OFFLOADED, KVLayout
 from contract.tensors import KVTensors
-from kv_service import memory
 from kv_service.errors import (
     AlreadyExists,
     CapacityError,
@@ -27,81 +24,23 @@ from kv_service.errors import (
     EpochMismatch,
     InvalidArgument,
     UnknownRequest,
-    UnknownSession,
 )
-from kv_service.pool import PagePool, SlotPool, reserve
+from kv_service.ledger import PageLedger, PrefixQuery, RowStore
+from kv_service.memory import TensorRows
+from kv_service.records import (
+    MAX_TOKENS,
+    CoreStats,
+    RequestRecord,
+    SessionRecord,
+    Totals,
+    check_id,
+    check_range,
+)
+from kv_service.sessions import SessionTable
 
 log = logging.getLogger(__name__)
 
-MAX_ID_BYTES = 128
-
-
-@dataclass
-class RequestRecord:
-    request_id: str
-    slot: int
-    mode: int
-    pages: list[int]
-    prompt_len: int
-    max_new_tokens: int
-    seq_len: int = 0
-
-    @property
-    def reserved_tokens(self) -> int:
-        return self.prompt_len + self.max_new_tokens
-
-
-@dataclass
-class SessionRecord:
-    session_id: str
-    engine_name: str
-    last_seen: float
-    requests: dict[str, RequestRecord] = field(default_factory=dict)
-    # Open Session streams; the lease runs only while there are none.
-    streams: int = 0
-
-
-@dataclass(frozen=True)
-class CoreStats:
-    pages_used: int
-    pages_total: int
-    offloaded_pages_used: int
-    slots_used: int
-    slots_total: int
-    sessions: int
-    requests: int
-    hits: int
-    misses: int
-    bytes_moved: int
-    admitted_total: int
-    rejected_total: int
-    expired_sessions_total: int
-    draining: bool
-    uptime_seconds: float
-    epoch: int
-
-
-# Lengths beyond any layout's max_context; larger values are malformed, not merely too big.
-MAX_TOKENS = 2**40
-
-
-def check_id(name: str, value: str) -> None:
-    size = len(value.encode())
-    if not 1 <= size <= MAX_ID_BYTES or not value.isprintable():
-        raise InvalidArgument(
-            f"{name} must be 1..{MAX_ID_BYTES} bytes of printable text", field=name, length=size
-        )
-
-
-def check_range(name: str, value: int, low: int, high: int) -> None:
-    if not low <= value <= high:
-        raise InvalidArgument(
-            f"{name} = {value} is outside [{low}, {high}]",
-            field=name,
-            value=value,
-            min=low,
-            max=high,
-        )
+__all__ = ["CoreStats", "RequestRecord", "ServiceCore", "SessionRecord"]
 
 
 class ServiceCore:
@@ -109,7 +48,7 @@ class ServiceCore:
 
     def __init__(
         self,
-        kv: KVTensors,
+        kv: KVTensors | RowStore,
         *,
         lease_seconds: float,
         epoch: int | None = None,
@@ -117,68 +56,45 @@ class ServiceCore:
         clock: Callable[[], float] = time.monotonic,
         on_session_closed: Callable[[str], None] | None = None,
     ) -> None:
-        self.kv = kv
+        # A KVTensors set (the service, embedded mode), or another RowStore (the reference
+        # engine's baseline page table: its bookkeeping without the service's memory).
+        self.kv = kv if isinstance(kv, KVTensors) else None
+        self.rows: RowStore = TensorRows(kv) if isinstance(kv, KVTensors) else kv
         self.layout: KVLayout = kv.layout
         self.lease_seconds = lease_seconds
         self.epoch = epoch if epoch is not None else secrets.randbits(63) + 1
-        self.max_sessions = max_sessions
         self._clock = clock
         self._started = clock()
         self._on_session_closed = on_session_closed
-        self.pages = PagePool(self.layout.num_pages)
-        self.slots = SlotPool(self.layout.max_requests)
-        self.sessions: dict[str, SessionRecord] = {}
+        self.ledger = PageLedger(self.rows)
+        self.pages, self.slots = self.ledger.pages, self.ledger.slots
+        self.table = SessionTable(lease_seconds, max_sessions, clock)
         self.draining = False
-        self._counters = dict(
-            hits=0,
-            misses=0,
-            bytes_moved=0,
-            admitted_total=0,
-            rejected_total=0,
-            expired_sessions_total=0,
-        )
+        self.totals = Totals()
 
     # --- sessions ---
 
     def attach(
-        self, engine_name: str, resume_session_id: str = "", expected_layout: KVLayout | None = None
+        self,
+        engine_name: str,
+        resume_session_id: str = "",
+        expected_layout: KVLayout | None = None,
+        fingerprint: str = "",
     ) -> SessionRecord:
-        """A new session, or the live session `resume_session_id` with its requests."""
+        """A new session, or the live session `resume_session_id` with its requests.
+        `fingerprint` names the model and weights (the prefix cache's namespace)."""
         if expected_layout is not None:
             self.layout.check_matches(expected_layout)
-        if len(engine_name.encode()) > MAX_ID_BYTES or not engine_name.isprintable():
-            raise InvalidArgument(f"engine_name must be <= {MAX_ID_BYTES} bytes of printable text")
         if resume_session_id:
-            session = self.session(resume_session_id)
-            session.last_seen = self._clock()
-            log.info(
-                "session %s resumed by %r with %d requests",
-                session.session_id,
-                engine_name,
-                len(session.requests),
-            )
-            return session
-        if len(self.sessions) >= self.max_sessions:
-            raise CapacityError(
-                "too many sessions",
-                sessions_needed=1,
-                sessions_free=0,
-                sessions_total=self.max_sessions,
-            )
-        session = SessionRecord(secrets.token_hex(16), engine_name, self._clock())
-        self.sessions[session.session_id] = session
-        log.info("session %s attached by %r", session.session_id, engine_name)
-        return session
+            return self.table.resume(resume_session_id, engine_name, fingerprint)
+        return self.table.open(engine_name, fingerprint)
+
+    @property
+    def sessions(self) -> dict[str, SessionRecord]:
+        return self.table.sessions
 
     def session(self, session_id: str) -> SessionRecord:
-        check_id("session_id", session_id)
-        session = self.sessions.get(session_id)
-        if session is None:
-            raise UnknownSession(
-                f"no session {session_id!r} (never attached, detached or lease expired)",
-                session_id=session_id,
-            )
-        return session
+        return self.table.get(session_id)
 
     def check_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:
@@ -189,18 +105,13 @@ class ServiceCore:
             )
 
     def touch(self, session_id: str) -> SessionRecord:
-        session = self.session(session_id)
-        session.last_seen = self._clock()
-        return session
+        return self.table.touch(session_id)
 
     def stream_opened(self, session_id: str) -> None:
-        self.touch(session_id).streams += 1
+        self.table.stream_opened(session_id)
 
     def stream_closed(self, session_id: str) -> None:
-        session = self.sessions.get(session_id)
-        if session is not None:
-            session.streams = max(0, session.streams - 1)
-            session.last_seen = self._clock()
+        self.table.stream_closed(session_id)
 
     def detach(self, session_id: str) -> None:
         """End a session now and free all its requests."""
@@ -208,14 +119,9 @@ class ServiceCore:
 
     def expire_leases(self) -> list[str]:
         """Close every session without an open stream whose lease ran out; returns their ids."""
-        now = self._clock()
-        expired = [
-            s
-            for s in self.sessions.values()
-            if s.streams == 0 and now - s.last_seen > self.lease_seconds
-        ]
+        expired = self.table.expired()
         for session in expired:
-            self._counters["expired_sessions_total"] += 1
+            self.totals.expired_sessions_total += 1
             self._close(session, f"lease expired after {self.lease_seconds:g}s")
         return [s.session_id for s in expired]
 
@@ -230,10 +136,19 @@ class ServiceCore:
     # --- requests ---
 
     def admit(
-        self, session_id: str, request_id: str, prompt_len: int, max_new_tokens: int
+        self,
+        session_id: str,
+        request_id: str,
+        prompt_len: int,
+        max_new_tokens: int,
+        page_hashes: Sequence[bytes] = (),
+        salt: str = "",
+        align: int = 0,
     ) -> RequestRecord:
         """Reserve a slot and pages for prompt_len + max_new_tokens: decode can never run the
-        host tier out of pages later."""
+        host tier out of pages later. `page_hashes` (contract.prefix.page_hashes of the prompt's
+        full pages) look up a cached prefix and publish the prompt's pages once written; the
+        record's cached_tokens says how much of the prompt the engine must not prefill."""
         session = self.touch(session_id)
         if self.draining:
             raise Draining("the service is draining and admits no new request")
@@ -245,18 +160,19 @@ class ServiceCore:
             raise AlreadyExists(
                 f"request {request_id!r} is already admitted", request_id=request_id
             )
-        tokens = prompt_len + max_new_tokens
+        query = PrefixQuery.checked(
+            self.layout, session.fingerprint, prompt_len, page_hashes, salt, align
+        )
         try:
-            slot, pages = reserve(self.pages, self.slots, self.layout.pages_for(tokens))
+            request = self.ledger.admit(request_id, prompt_len, max_new_tokens, query)
         except CapacityError:
-            self._counters["rejected_total"] += 1
+            self.totals.rejected_total += 1
             raise
-        mode = MODE_RESIDENT if tokens <= self.layout.hot_slots else MODE_OFFLOADED
-        memory.reset_request(self.kv, slot, mode, pages)
-        self._publish()
-        request = RequestRecord(request_id, slot, mode, pages, prompt_len, max_new_tokens)
+        # Another process reads these tensors as soon as it gets our reply: the writes (and
+        # any page published before) must have landed before we answer.
+        self.rows.sync()
         session.requests[request_id] = request
-        self._counters["admitted_total"] += 1
+        self.totals.admitted_total += 1
         return request
 
     def check_fits(self, tokens: int) -> None:
@@ -265,7 +181,7 @@ class ServiceCore:
         lay = self.layout
         pages = -(-tokens // lay.page_size)
         if tokens > lay.max_context or pages > self.pages.total:
-            self._counters["rejected_total"] += 1
+            self.totals.rejected_total += 1
             raise CapacityError(
                 f"{tokens} tokens can never fit: at most {lay.max_context} tokens per request "
                 f"and {self.pages.total} pages of {lay.page_size} tokens in all",
@@ -291,6 +207,7 @@ class ServiceCore:
         request = self.request(session_id, request_id)
         check_range("seq_len", seq_len, 0, request.reserved_tokens)
         request.seq_len = seq_len
+        self.ledger.publish(request)  # its newly stored full pages become shareable
 
     def step_end(
         self,
@@ -318,37 +235,29 @@ class ServiceCore:
             if request_id in updates:
                 raise InvalidArgument(f"request {request_id!r} listed twice", request_id=request_id)
             updates[request_id] = (request, seq_len)
-        self.add_counters(hits, misses, bytes_moved)
+        self.totals.add_step(self.layout, hits, misses, bytes_moved)
         for request, seq_len in updates.values():
             request.seq_len = seq_len
+            self.ledger.publish(request)
 
-    def add_counters(self, hits: int, misses: int, bytes_moved: int) -> None:
-        """Add one step's counters, refusing what no step can do: every layer of every request
-        slot selects at most topk positions, and each miss moves at most one KV row and one
-        index key. Totals are Python ints; `stats` readers clamp them to their field."""
-        lay = self.layout
-        positions = lay.num_layers * lay.topk * lay.max_requests
-        check_range("hits", hits, 0, positions)
-        check_range("misses", misses, 0, positions - hits)
-        check_range("bytes_moved", bytes_moved, 0, positions * (lay.row_bytes + lay.index_bytes))
-        for name, value in (("hits", hits), ("misses", misses), ("bytes_moved", bytes_moved)):
-            self._counters[name] += value
-
-    def release(self, session_id: str, request_id: str) -> None:
+    def release(self, session_id: str, request_id: str, page_hashes: Sequence[bytes] = ()) -> None:
+        """Free a request. `page_hashes`: the names of every full page of its stored tokens
+        (prompt and generated); those written and not yet published are published first, so a
+        next turn of the conversation finds them. All or nothing: bad names free nothing."""
         session = self.touch(session_id)
-        self._free(session, self.request(session_id, request_id))
+        request = self.request(session_id, request_id)
+        if page_hashes:
+            self.ledger.learn(request, page_hashes)
+        self._free(session, request)
 
     def _free(self, session: SessionRecord, request: RequestRecord) -> None:
-        memory.free_request(self.kv, request.slot)
-        self.pages.give_back(request.pages)
-        self.slots.give_back([request.slot])
+        self.ledger.free(request)
         del session.requests[request.request_id]
 
-    def _publish(self) -> None:
-        # Another process reads these tensors as soon as it gets our reply: the writes must have
-        # landed in device memory before we answer.
-        if self.kv.device.type == "cuda":
-            torch.cuda.current_stream(self.kv.device).synchronize()
+    def flush(self) -> tuple[int, int]:
+        """Drop every cached page no request uses; pages in use stop being shared and are
+        freed with their last request. Returns (pages freed now, cached pages in use)."""
+        return self.ledger.flush()
 
     # --- service state ---
 
@@ -362,20 +271,32 @@ class ServiceCore:
         return sum(len(s.requests) for s in self.sessions.values())
 
     def is_empty(self) -> bool:
-        """No request left and both pools back to all-free."""
-        return self.num_requests == 0 and self.pages.is_empty() and self.slots.is_empty()
+        """No request left and both pools back to all-free (nothing cached either)."""
+        return self.num_requests == 0 and self.ledger.is_empty()
+
+    def holds_only_cache(self) -> bool:
+        """No request left; every page still used is an unreferenced cached page."""
+        return self.num_requests == 0 and self.ledger.holds_only_cache()
+
+    def check(self) -> None:
+        """Every bookkeeping invariant, element by element (tests; O(pages))."""
+        held = [r.pages for s in self.sessions.values() for r in s.requests.values()]
+        self.ledger.cache.check(held)
+        assert self.slots.used == len(held), "request slots leaked"
 
     def stats(self) -> CoreStats:
-        offloaded = sum(
-            len(r.pages)
+        offloaded = {  # shared pages count once
+            p
             for s in self.sessions.values()
             for r in s.requests.values()
             if r.mode == MODE_OFFLOADED
-        )
+            for p in r.pages
+        }
+        cache = self.ledger.cache
         return CoreStats(
             pages_used=self.pages.used,
             pages_total=self.pages.total,
-            offloaded_pages_used=offloaded,
+            offloaded_pages_used=len(offloaded),
             slots_used=self.slots.used,
             slots_total=self.slots.total,
             sessions=len(self.sessions),
@@ -383,5 +304,9 @@ class ServiceCore:
             draining=self.draining,
             uptime_seconds=self._clock() - self._started,
             epoch=self.epoch,
-            **self._counters,
+            cached_pages=cache.cached,
+            evictable_pages=cache.evictable,
+            evicted_pages_total=cache.evicted_total,
+            **self.ledger.counters,
+            **dataclasses.asdict(self.totals),
         )

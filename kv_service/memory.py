@@ -1,7 +1,12 @@
 """The service's memory: what it shares (the KV tensors, `contract.tensors.KVTensors`, and the
-remote-swap exchange tensors) and their initial state, and the per-request resets done at
-admission. The service's (or an embedded engine's) side of the shared tensor set; where the
-memory lives (files, CUDA IPC) is `kv_service.segment`'s business.
+remote-swap exchange tensors) and their initial state, the per-request resets done at admission,
+and the row copies of prefix sharing. The service's (or an embedded engine's) side of the shared
+tensor set; where the memory lives (files, CUDA IPC) is `kv_service.segment`'s business.
+
+Prefix sharing moves rows between a request's hot buffer and the host tier only while no other
+request can read the destination: a cached prefix is copied into the new request's own hot
+slots at admission, and a resident request's full page is copied to its host page before the
+page is published. Nothing here writes a published page.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from contract.exchange import exchange_specs
-from contract.layout import MODE_FREE, KVLayout
+from contract.layout import MODE_FREE, MODE_RESIDENT, KVLayout
 from contract.segment_map import as_kv_tensors
 from contract.tensors import KVTensors, tensor_specs
 
@@ -99,3 +104,55 @@ def reset_request(kv: KVTensors, slot: int, mode: int, pages: list[int]) -> None
 def free_request(kv: KVTensors, slot: int) -> None:
     kv.req_mode[slot] = MODE_FREE
     kv.page_table[slot].fill_(-1)
+
+
+class TensorRows:
+    """The ledger's RowStore on a KVTensors set (kv_service.ledger)."""
+
+    def __init__(self, kv: KVTensors) -> None:
+        self.kv, self.layout = kv, kv.layout
+
+    def reset(self, slot: int, mode: int, pages: list[int]) -> None:
+        reset_request(self.kv, slot, mode, pages)
+
+    def load_prefix(self, slot: int, mode: int, pages: list[int], cached: int) -> None:
+        load_cached_prefix(self.kv, slot, mode, pages, cached)
+
+    def store_pages(self, slot: int, mode: int, pages: list[int], indices: list[int]) -> None:
+        if mode == MODE_RESIDENT:  # offloaded requests wrote their host rows on append
+            store_resident_pages(self.kv, slot, pages, indices)
+
+    def free(self, slot: int) -> None:
+        free_request(self.kv, slot)
+
+    def sync(self) -> None:
+        # Another process reads these tensors as soon as it gets our reply.
+        if self.kv.device.type == "cuda":
+            torch.cuda.current_stream(self.kv.device).synchronize()
+
+
+def load_cached_prefix(kv: KVTensors, slot: int, mode: int, pages: list[int], cached: int) -> None:
+    """Copy the rows of a cached prefix [0, cached) from the host tier into the hot slots where a
+    request that computed them itself would hold them: a resident request keeps token t at hot
+    slot t; an offloaded one keeps its newest W tokens in the window ring (slot t % W), so the
+    cached tokens [cached - W, cached) go there (later tokens overwrite them as they come)."""
+    lay = kv.layout
+    low = 0 if mode == MODE_RESIDENT else max(0, cached - lay.window)
+    if cached <= low:
+        return
+    t = torch.arange(low, cached)
+    page = torch.tensor(pages, dtype=torch.long)[t // lay.page_size]
+    rows = kv.host_kv[page, :, t % lay.page_size]  # [n, L, D]
+    dst = t if mode == MODE_RESIDENT else t % lay.window
+    hot = kv.hot_kv[:, slot]  # [L, B, D] view
+    hot.index_copy_(1, dst.to(hot.device), rows.transpose(0, 1).to(hot.device))
+
+
+def store_resident_pages(kv: KVTensors, slot: int, pages: list[int], indices: list[int]) -> None:
+    """Copy full pages `indices` of a resident request from its hot slots (token t at slot t)
+    into their host pages, which resident requests otherwise never write: a page must hold its
+    rows in the host tier before other requests may read it there."""
+    P = kv.layout.page_size
+    for i in indices:
+        # Asynchronous into pinned memory; ServiceCore syncs before any admission answers.
+        kv.host_kv[pages[i]].copy_(kv.hot_kv[:, slot, i * P : (i + 1) * P], non_blocking=True)

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from kv_service.core import CoreStats
+from kv_service.records import CoreStats
 
 # RPCs over UDS take ~0.2-0.6 ms; remote swaps 30 us to a few ms per layer.
 LATENCY_BUCKETS = (
@@ -53,6 +53,26 @@ class _CoreCollector(Collector):
             ("kvs_admitted", "requests admitted", s.admitted_total),
             ("kvs_rejected", "admissions refused for capacity", s.rejected_total),
             ("kvs_expired_sessions", "sessions whose lease expired", s.expired_sessions_total),
+            (
+                "kvs_prefix_lookups",
+                "admissions that looked up a cached prefix",
+                s.prefix_lookups_total,
+            ),
+            (
+                "kvs_prefix_lookup_tokens",
+                "prompt tokens of admissions that looked up a cached prefix",
+                s.prefix_lookup_tokens_total,
+            ),
+            (
+                "kvs_prefix_hit_tokens",
+                "prompt tokens found in the prefix cache (not prefilled)",
+                s.prefix_hit_tokens_total,
+            ),
+            (
+                "kvs_prefix_evicted_pages",
+                "cached prefix pages evicted to admit requests",
+                s.evicted_pages_total,
+            ),
         ):
             yield CounterMetricFamily(name, doc, value=value)
         for name, doc, used, total in (
@@ -72,6 +92,14 @@ class _CoreCollector(Collector):
         ):
             yield GaugeMetricFamily(f"{name}_used", doc, value=used)
             yield GaugeMetricFamily(f"{name}_capacity", f"{doc}: capacity", value=total)
+        yield GaugeMetricFamily(
+            "kvs_prefix_cached_pages", "pages holding a cached prefix page", value=s.cached_pages
+        )
+        yield GaugeMetricFamily(
+            "kvs_prefix_evictable_pages",
+            "cached prefix pages no request uses (evictable)",
+            value=s.evictable_pages,
+        )
         yield GaugeMetricFamily("kvs_sessions", "live sessions", value=s.sessions)
         yield GaugeMetricFamily("kvs_requests", "live requests", value=s.requests)
         yield GaugeMetricFamily("kvs_draining", "1 while draining", value=int(s.draining))

@@ -1,4 +1,5 @@
-"""Plain-Python allocators of the service's pools: pages and request slots.
+"""Plain-Python allocators of the service's pools: pages and request slots (kv_service.ledger
+uses them, with the prefix cache).
 
 A page id addresses the same page in the host tier and in the index-key pool, so one PagePool
 serves both. Both pools hand out the lowest free ids first, so runs are reproducible.
@@ -79,20 +80,3 @@ class SlotPool(_IdPool):
 
     def take_one(self) -> int:
         return self.take(1)[0]
-
-
-def reserve(pages: PagePool, slots: SlotPool, n_pages: int) -> tuple[int, list[int]]:
-    """A request slot and n_pages pages, or a CapacityError naming every shortage: nothing is
-    taken unless everything fits, so a refused admission leaves the pools as they were."""
-    if n_pages > pages.free or slots.free < 1:
-        raise CapacityError(
-            f"admission needs 1 slot and {n_pages} pages; free: {slots.free} slots, "
-            f"{pages.free} pages",
-            pages_needed=n_pages,
-            pages_free=pages.free,
-            pages_total=pages.total,
-            slots_needed=1,
-            slots_free=slots.free,
-            slots_total=slots.total,
-        )
-    return slots.take_one(), pages.take(n_pages)

@@ -54,6 +54,7 @@ def request_to_proto(r: RequestRecord) -> pb.RequestState:
         reserved_tokens=r.reserved_tokens,
         prompt_len=r.prompt_len,
         max_new_tokens=r.max_new_tokens,
+        cached_tokens=r.cached_tokens,
     )
 
 
@@ -96,7 +97,9 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer):
         if request.remote_swap:
             # Refuse before creating a session that nobody would then use.
             rt.swapper.check_free(request.resume_session_id)
-        session = rt.core.attach(request.engine_name, request.resume_session_id, expected)
+        session = rt.core.attach(
+            request.engine_name, request.resume_session_id, expected, request.model_fingerprint
+        )
         reply = pb.AttachResponse(
             session_id=session.session_id,
             lease_seconds=rt.core.lease_seconds,
@@ -166,8 +169,15 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer):
     ) -> pb.Admitted | None:
         sid = msg.session_id
         if kind == "admit":
+            a = msg.admit
             r = core.admit(
-                sid, msg.admit.request_id, msg.admit.prompt_len, msg.admit.max_new_tokens
+                sid,
+                a.request_id,
+                a.prompt_len,
+                a.max_new_tokens,
+                a.page_hashes,
+                a.cache_salt,
+                a.reuse_align,
             )
             return pb.Admitted(
                 request_id=r.request_id,
@@ -175,6 +185,7 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer):
                 mode=r.mode,
                 pages=r.pages,
                 reserved_tokens=r.reserved_tokens,
+                cached_tokens=r.cached_tokens,
             )
         if kind == "commit":
             core.commit(sid, msg.commit.request_id, msg.commit.seq_len)
@@ -188,7 +199,7 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer):
                 s.bytes_moved,
             )
         elif kind == "release":
-            core.release(sid, msg.release.request_id)
+            core.release(sid, msg.release.request_id, msg.release.page_hashes)
             self.changed.set()
         elif kind == "heartbeat":
             core.touch(sid)
@@ -240,6 +251,12 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer):
             admitted_total=u64(s.admitted_total),
             rejected_total=u64(s.rejected_total),
             expired_sessions_total=u64(s.expired_sessions_total),
+            cached_pages=s.cached_pages,
+            evictable_pages=s.evictable_pages,
+            prefix_lookups_total=u64(s.prefix_lookups_total),
+            prefix_lookup_tokens_total=u64(s.prefix_lookup_tokens_total),
+            prefix_hit_tokens_total=u64(s.prefix_hit_tokens_total),
+            evicted_pages_total=u64(s.evicted_pages_total),
         )
 
     async def Drain(
@@ -254,6 +271,12 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer):
         await self._on_drain()
         drained = await self.wait_idle(request.timeout_seconds)
         return pb.DrainResponse(drained=drained, remaining_requests=core.num_requests)
+
+    async def Flush(
+        self, request: pb.FlushRequest, context: grpc.aio.ServicerContext
+    ) -> pb.FlushResponse:
+        freed, in_use = self.rt.core.flush()
+        return pb.FlushResponse(pages_freed=freed, pages_in_use=in_use)
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait until no request is left, at most `timeout` seconds; True if none is left."""

@@ -120,6 +120,21 @@ def service_stats(svc: ServiceProcess) -> kpb.GetStatsResponse:
     return kpb_grpc.KVCacheServiceStub(svc.channel).GetStats(kpb.GetStatsRequest(), timeout=5)
 
 
+def flush(svc: ServiceProcess) -> kpb.FlushResponse:
+    """Empty the service's prefix cache (the admin Flush RPC)."""
+    return kpb_grpc.KVCacheServiceStub(svc.channel).Flush(kpb.FlushRequest(), timeout=5)
+
+
+def holds_only_cache(stats: kpb.GetStatsResponse) -> bool:
+    """No request left, and every page still used is a cached page no request uses (prefix
+    caching keeps them until evicted or flushed)."""
+    return (
+        stats.requests == 0
+        and stats.request_slots.used == 0
+        and stats.host_pages.used == stats.cached_pages == stats.evictable_pages
+    )
+
+
 async def wait_until(predicate, timeout: float = 10.0) -> None:
     """Await a condition that an event loop task will make true (no blind sleeping: yield)."""
     async with asyncio.timeout(timeout):

@@ -44,7 +44,7 @@ class Gate:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    async def admit(self, request_id: str, prompt_len: int, max_new_tokens: int):
+    async def admit(self, request_id: str, prompt_len: int, max_new_tokens: int, prefix=None):
         need = prompt_len + max_new_tokens
         if need > self.limit:
             self.refusals += 1
@@ -55,7 +55,7 @@ class Gate:
             e.permanent = self.permanent
             raise e
         self.admitted.append(request_id)
-        return await self.inner.admit(request_id, prompt_len, max_new_tokens)
+        return await self.inner.admit(request_id, prompt_len, max_new_tokens, prefix)
 
 
 async def _engine(limit: int, permanent: bool, **cfg):

@@ -13,7 +13,8 @@ from contract.layout import MODE_OFFLOADED, MODE_RESIDENT
 from engine_client.client import errors
 from engine_client.client.control import StepReport
 from engine_client.client.kv_client import KVClient
-from engine_client.kv.local_control import BaselineControl, EmbeddedControl
+from engine_client.kv.local_control import EmbeddedControl
+from engine_client.serve.factory import baseline_control
 from tests.process_harness import LAYOUT, layout_with, start_service, workdir
 
 pytestmark = [pytest.mark.timeout(120)]
@@ -178,7 +179,7 @@ def test_error_mapping() -> None:
 
 def test_baseline_control_capacity_and_release() -> None:
     async def run() -> None:
-        ctl = BaselineControl(layout_with(max_requests=1))
+        ctl = baseline_control(layout_with(max_requests=1), "cpu")
         a = await ctl.admit("a", 4, 4)
         with pytest.raises(errors.CapacityError):
             await ctl.admit("b", 4, 4)

@@ -48,6 +48,7 @@ def test_grpc_server_series_count_every_rpc_by_code() -> None:
         assert session.release("r1").HasField("ack")
         session.close()
         svc.stub().GetStats(pb.GetStatsRequest(), metadata=svc.metadata)
+        svc.stub().Flush(pb.FlushRequest(), metadata=svc.metadata)
         with pytest.raises(grpc.RpcError) as wrong_epoch:
             svc.stub().RemoteSwap(
                 pb.RemoteSwapRequest(session_id="x", epoch=12345, layer=0), metadata=svc.metadata
@@ -80,6 +81,11 @@ def test_grpc_server_series_count_every_rpc_by_code() -> None:
         assert m["grpc_server_handled"][0] == "counter"
         assert value(m, "kvs_admitted_total") == 1
         assert value(m, "kvs_device_slots_capacity") > 0
+        assert value(m, handled, **rpc("Flush", grpc_code="OK")) == 1
+        # Prefix cache: lookups, tokens looked up / found, evictions; cached and evictable pages.
+        for counter in ("lookups", "lookup_tokens", "hit_tokens", "evicted_pages"):
+            assert value(m, f"kvs_prefix_{counter}_total") == 0
+        assert value(m, "kvs_prefix_cached_pages") == value(m, "kvs_prefix_evictable_pages") == 0
         for name, (kind, samples) in m.items():
             if kind == "gauge":
                 assert not name.endswith("_total"), name

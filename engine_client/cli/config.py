@@ -46,6 +46,9 @@ class GenerateConfig:
     resume_request_id: str = setting(
         "", flag="resume", help="request id to resume after an engine restart (serve --state-file)"
     )
+    cache_salt: str = setting(
+        "", help="prefix-cache salt: share cached prompt pages only with the same salt"
+    )
     timeout: float = setting(120.0, help="deadline in seconds of the whole stream")
     connect_timeout: float = setting(
         5.0, help="seconds to wait for the engine to accept the connection"

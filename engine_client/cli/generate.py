@@ -40,6 +40,7 @@ class GenerationResult:
     bytes_moved: int = 0
     text: str = ""  # text output, concatenated
     prompt_tokens: int = 0
+    cached_tokens: int = 0
 
     @property
     def itl_s(self) -> list[float]:
@@ -63,6 +64,7 @@ class GenerationResult:
         rate = self.hit_rate
         parts.append(f"hit rate {rate:.1%}" if rate is not None else "hit rate n/a")
         parts.append(f"{self.bytes_moved} B moved")
+        parts.append(f"{self.cached_tokens} prompt tokens cached")
         if self.error:
             parts.append(f"error: {self.error}")
         return ", ".join(parts)
@@ -75,6 +77,7 @@ def build_request(cfg: GenerateConfig) -> pb.GenerateRequest:
             temperature=cfg.temperature, seed=cfg.seed, stop_token_ids=list(cfg.stop_token_ids)
         ),
         resume_request_id=cfg.resume_request_id,
+        cache_salt=cfg.cache_salt,
     )
     if cfg.chat:
         req.chat.messages.add(role="user", content=cfg.chat)
@@ -126,6 +129,7 @@ async def generate_stream(
                     result.hits, result.misses = resp.stats.hits, resp.stats.misses
                     result.bytes_moved = resp.stats.bytes_moved
                     result.prompt_tokens = resp.usage.prompt_tokens
+                    result.cached_tokens = resp.usage.cached_tokens
     finally:
         call.cancel()
 

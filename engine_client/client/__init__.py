@@ -4,8 +4,9 @@
 - `KVClient`: attach (maps the service's KV tensors into this process), admit / commit /
   step_end / release over one Session stream, `remote_swap` in remote-swap mode, `let_go` /
   `reattach` after a lost service, `close`.
-- `KVControl`, `Admission`, `HeldRequest`, `StepReport`, `KVStats`, `MemoryUser`: the control
-  protocol and the records it exchanges (`control`).
+- `KVControl`, `Admission`, `PrefixLookup`, `HeldRequest`, `StepReport`, `KVStats`,
+  `MemoryUser`: the control protocol and the records it exchanges (`control`).
+- `page_hashes`: the names of a prompt's full pages for prefix caching (`contract.prefix`).
 - `errors`: the typed errors every call raises (the contract's taxonomy, decoded from rich
   gRPC status in one place).
 - Contract types a caller needs: `KVLayout` (the layout descriptor), `KVTensors` (the mapped
@@ -26,6 +27,8 @@ _LAZY = {
     "KVStats": "engine_client.client.control",
     "MemoryUser": "engine_client.client.control",
     "StepReport": "engine_client.client.control",
+    "PrefixLookup": "engine_client.client.control",
+    "page_hashes": "contract.prefix",
     "KVLayout": "contract.layout",
     "MODE_OFFLOADED": "contract.layout",
     "MODE_RESIDENT": "contract.layout",
@@ -43,7 +46,9 @@ __all__ = [
     "KVStats",
     "KVTensors",
     "MemoryUser",
+    "PrefixLookup",
     "StepReport",
+    "page_hashes",
     "errors",
 ]
 

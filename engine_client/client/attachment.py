@@ -31,10 +31,17 @@ def cuda_device_with_uuid(uuid: str) -> str:
 
 
 def request(
-    engine_name: str, resume: str, remote_swap: bool, expected: KVLayout | None
+    engine_name: str,
+    resume: str,
+    remote_swap: bool,
+    expected: KVLayout | None,
+    fingerprint: str = "",
 ) -> pb.AttachRequest:
     req = pb.AttachRequest(
-        engine_name=engine_name, resume_session_id=resume, remote_swap=remote_swap
+        engine_name=engine_name,
+        resume_session_id=resume,
+        remote_swap=remote_swap,
+        model_fingerprint=fingerprint,
     )
     if expected is not None:
         req.expected_layout.CopyFrom(layout_to_proto(expected))
@@ -57,7 +64,15 @@ def check(reply: pb.AttachResponse, expected: KVLayout | None) -> tuple[KVLayout
 
 def held_requests(reply: pb.AttachResponse) -> tuple[HeldRequest, ...]:
     return tuple(
-        HeldRequest(r.request_id, r.slot, int(r.mode), r.seq_len, r.prompt_len, r.max_new_tokens)
+        HeldRequest(
+            r.request_id,
+            r.slot,
+            int(r.mode),
+            r.seq_len,
+            r.prompt_len,
+            r.max_new_tokens,
+            r.cached_tokens,
+        )
         for r in reply.requests
     )
 

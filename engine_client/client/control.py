@@ -12,6 +12,7 @@ Every implementation raises the typed errors of `engine_client.client.errors`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -28,6 +29,20 @@ class Admission:
     mode: int
     reserved_tokens: int
     pages: tuple[int, ...] = ()
+    # Prompt tokens whose KV came from the prefix cache: prefill starts there.
+    cached_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class PrefixLookup:
+    """The prefix-cache part of an admission: `contract.prefix.page_hashes` of the prompt's
+    full pages, the client's salt, and the reuse granularity in tokens (the prefill chunk:
+    cached_tokens is then a multiple of it, so the engine prefills the same chunks as without
+    a cached prefix and computes bitwise-identical rows)."""
+
+    page_hashes: tuple[bytes, ...]
+    salt: str = ""
+    align: int = 0
 
 
 @dataclass(frozen=True)
@@ -40,6 +55,7 @@ class HeldRequest:
     seq_len: int
     prompt_len: int
     max_new_tokens: int
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -65,6 +81,10 @@ class KVStats:
     hits: int = 0
     misses: int = 0
     bytes_moved: int = 0
+    # Prefix cache: pages holding a cached page (counted in pages_used), and those of them no
+    # request uses (evictable).
+    cached_pages: int = 0
+    evictable_pages: int = 0
     extra: dict[str, float] = field(default_factory=dict)
 
 
@@ -76,13 +96,21 @@ class KVControl(Protocol):
     session_id: str
     held: tuple[HeldRequest, ...]
 
-    async def admit(self, request_id: str, prompt_len: int, max_new_tokens: int) -> Admission: ...
+    async def admit(
+        self,
+        request_id: str,
+        prompt_len: int,
+        max_new_tokens: int,
+        prefix: PrefixLookup | None = None,
+    ) -> Admission: ...
 
     async def commit(self, request_id: str, seq_len: int) -> None: ...
 
     async def step_end(self, report: StepReport) -> None: ...
 
-    async def release(self, request_id: str) -> None: ...
+    async def release(self, request_id: str, page_hashes: Sequence[bytes] = ()) -> None:
+        """Free the request; `page_hashes` (every full page of its stored tokens) make its
+        written pages shareable first (multi-turn reuse). Empty after a failed step."""
 
     async def stats(self) -> KVStats: ...
 

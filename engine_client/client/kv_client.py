@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Sequence
 
 import grpc
 
@@ -35,6 +36,7 @@ from engine_client.client.control import (
     HeldRequest,
     KVStats,
     MemoryUser,
+    PrefixLookup,
     StepReport,
 )
 from engine_client.client.remote_swap_call import RemoteSwapCall
@@ -69,9 +71,12 @@ class KVClient:
         attach_timeout: float = 10.0,
         heartbeat_interval: float = 1.0,
         remote_swap: bool = False,
+        model_fingerprint: str = "",
     ) -> None:
         self.target = target
         self.engine_name = engine_name
+        # Names the model and weights at Attach: the prefix cache's namespace (empty: off).
+        self.model_fingerprint = model_fingerprint
         self.rpc_timeout = rpc_timeout
         self.attach_timeout = attach_timeout
         self.heartbeat_interval = heartbeat_interval
@@ -129,7 +134,9 @@ class KVClient:
     async def _attach(
         self, resume: str, expected: KVLayout | None, wait: bool
     ) -> pb.AttachResponse:
-        req = attachment.request(self.engine_name, resume, self.with_remote_swap, expected)
+        req = attachment.request(
+            self.engine_name, resume, self.with_remote_swap, expected, self.model_fingerprint
+        )
         try:
             with errors.rpc_errors("Attach"):
                 reply = await self._stub.Attach(
@@ -343,14 +350,23 @@ class KVClient:
             raise errors.from_status(e.code, f"{what}: {e.message}", dict(e.details), e.reason)
         return reply
 
-    async def admit(self, request_id: str, prompt_len: int, max_new_tokens: int) -> Admission:
-        msg = pb.SessionMessage(
-            admit=pb.Admit(
-                request_id=request_id, prompt_len=prompt_len, max_new_tokens=max_new_tokens
-            )
+    async def admit(
+        self,
+        request_id: str,
+        prompt_len: int,
+        max_new_tokens: int,
+        prefix: PrefixLookup | None = None,
+    ) -> Admission:
+        admit = pb.Admit(
+            request_id=request_id, prompt_len=prompt_len, max_new_tokens=max_new_tokens
         )
-        a = (await self._send(msg, "Admit")).admitted
-        return Admission(a.request_id, a.slot, int(a.mode), a.reserved_tokens, tuple(a.pages))
+        if prefix is not None:
+            admit.page_hashes.extend(prefix.page_hashes)
+            admit.cache_salt, admit.reuse_align = prefix.salt, prefix.align
+        a = (await self._send(pb.SessionMessage(admit=admit), "Admit")).admitted
+        return Admission(
+            a.request_id, a.slot, int(a.mode), a.reserved_tokens, tuple(a.pages), a.cached_tokens
+        )
 
     async def commit(self, request_id: str, seq_len: int) -> None:
         await self._send(
@@ -370,8 +386,9 @@ class KVClient:
         )
         await self._send(msg, "StepEnd")
 
-    async def release(self, request_id: str) -> None:
-        await self._send(pb.SessionMessage(release=pb.Release(request_id=request_id)), "Release")
+    async def release(self, request_id: str, page_hashes: Sequence[bytes] = ()) -> None:
+        release = pb.Release(request_id=request_id, page_hashes=page_hashes)
+        await self._send(pb.SessionMessage(release=release), "Release")
 
     async def stats(self) -> KVStats:
         with errors.rpc_errors("GetStats"):
@@ -387,7 +404,17 @@ class KVClient:
             hits=s.hits,
             misses=s.misses,
             bytes_moved=s.bytes_moved,
+            cached_pages=s.cached_pages,
+            evictable_pages=s.evictable_pages,
         )
+
+    async def flush(self) -> tuple[int, int]:
+        """Admin: empty the service's prefix cache; (pages freed, cached pages in use)."""
+        with errors.rpc_errors("Flush"):
+            r = await self._stub.Flush(
+                pb.FlushRequest(), timeout=self.rpc_timeout, metadata=self._metadata
+            )
+        return r.pages_freed, r.pages_in_use
 
     # --- remote swap (called from the engine's compute thread) ---
 

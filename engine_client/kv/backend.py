@@ -122,9 +122,10 @@ class KVBackend(Protocol):
         *,
         seed: int = 0,
         chunk: int = 4096,
+        start: int = 0,
         progress: Callable[[int], None] | None = None,
     ) -> None:
-        """Random KV rows and index keys for positions [0, n_tokens) of `req_slot`."""
+        """Random KV rows and index keys for positions [start, n_tokens) of `req_slot`."""
 
 
 class SlotCounts:
@@ -201,15 +202,17 @@ class SharedBackend:
         *,
         seed: int = 0,
         chunk: int = 4096,
+        start: int = 0,
         progress: Callable[[int], None] | None = None,
     ) -> None:
-        """Write random KV rows and index keys for positions [0, n_tokens) of `req_slot`, so a
-        benchmark starts from a long context without a prefill. Deterministic in (seed, layer,
+        """Write random KV rows and index keys for positions [start, n_tokens) of `req_slot`, so
+        a benchmark starts from a long context without a prefill. Deterministic in (seed, layer,
         chunk start) on a given device type, so every backend stores the same bytes.
-        `progress(1)` is called after each of the num_layers * ceil(n_tokens / chunk) chunks."""
+        `progress(1)` is called after each of the num_layers * ceil((n_tokens - start) / chunk)
+        chunks."""
         if (
             not 0 <= req_slot < self.max_requests
-            or not 0 < n_tokens <= self.max_context
+            or not 0 <= start < n_tokens <= self.max_context
             or chunk <= 0
         ):
             raise ValueError(
@@ -218,13 +221,13 @@ class SharedBackend:
         r = torch.full((chunk,), req_slot, dtype=torch.int32, device=self.device)
         lens = torch.full((chunk,), n_tokens, dtype=torch.int32, device=self.device)
         for layer in range(self.num_layers):
-            for start in range(0, n_tokens, chunk):
-                m = min(chunk, n_tokens - start)
+            for first in range(start, n_tokens, chunk):
+                m = min(chunk, n_tokens - first)
                 gen = torch.Generator(device=self.device)
-                gen.manual_seed(zlib.crc32(f"{seed}:{layer}:{start}".encode()))
+                gen.manual_seed(zlib.crc32(f"{seed}:{layer}:{first}".encode()))
                 rows = torch.randn((m, ROW_VALUES), generator=gen, device=self.device)
                 keys = torch.randn((m, INDEX_DIM), generator=gen, device=self.device)
-                pos = torch.arange(start, start + m, dtype=torch.int32, device=self.device)
+                pos = torch.arange(first, first + m, dtype=torch.int32, device=self.device)
                 self.append(
                     layer,
                     rows.to(torch.bfloat16),

@@ -40,15 +40,23 @@ def baseline_layout(
 
 
 class BaselineBackend(SharedBackend):
-    """All KV on the device: a full cache [L, R, C] of rows as attention reads them (stored
-    bytes encoded by the same kernels as the HiSparse appends) and an index-key pool with a
-    fixed page table (request r owns pages [r * ppr, (r + 1) * ppr)). One extra row per layer
-    of each (the last) absorbs the writes of padding rows, so appends need no data-dependent
-    branch and stay graph-safe. Of the layout it uses the sizes and formats, not the hot
-    buffers (`baseline_layout` makes one)."""
+    """All KV on the device, in pages of P tokens: rows [L, N * P] as attention reads them
+    (stored bytes encoded by the same kernels as the HiSparse appends) and an index-key pool
+    [L, N, P, I], both addressed through one page table (N = R * ppr pages, as many as R
+    requests of max_context tokens need). The page table is the identity (request r owns pages
+    [r * ppr, (r + 1) * ppr)) unless the engine's control maps pages itself: with prefix
+    caching, requests share the pages of a cached prefix (engine_client.kv.local_control).
+    One extra row per layer of each (the last) absorbs the writes of padding rows and unmapped
+    pages, so appends need no data-dependent branch and stay graph-safe. Of the layout it uses
+    the sizes and formats, not the hot buffers (`baseline_layout` makes one)."""
 
     def __init__(
-        self, layout: KVLayout, *, kernels: KernelSet, device: torch.device | str = "cpu"
+        self,
+        layout: KVLayout,
+        *,
+        kernels: KernelSet,
+        device: torch.device | str = "cpu",
+        page_table: torch.Tensor | None = None,
     ) -> None:
         super().__init__(layout, kernels, torch.device(device), layout.max_requests)
         L, R, C, P, ppr = (
@@ -58,14 +66,21 @@ class BaselineBackend(SharedBackend):
             layout.page_size,
             layout.max_pages_per_request,
         )
+        N, width = R * ppr, layout.row.attn_width
         # Zero bytes viewed as attention reads rows: the same zeros whatever the format.
-        raw = torch.zeros((L, R * C + 1, layout.row_bytes), dtype=torch.uint8, device=self.device)
-        self._kv = layout.row.attn_rows(raw).view(L, R * C + 1, layout.row.attn_width)
-        self.full_kv = self._kv[:, : R * C].view(L, R, C, layout.row.attn_width)
+        raw = torch.zeros((L, N * P + 1, layout.row_bytes), dtype=torch.uint8, device=self.device)
+        self._kv = layout.row.attn_rows(raw).view(L, N * P + 1, width)
+        # Request r's rows by position, while the page table is the identity (tests).
+        self.full_kv = self._kv[:, : N * P].view(L, R, ppr * P, width)[:, :, :C]
         self._pool = torch.zeros(
-            (L, R * ppr + 1, P, layout.index_bytes), dtype=torch.uint8, device=self.device
+            (L, N + 1, P, layout.index_bytes), dtype=torch.uint8, device=self.device
         )
-        self._page_table = torch.arange(R * ppr, dtype=torch.int32, device=self.device).view(R, ppr)
+        identity = torch.arange(N, dtype=torch.int32, device=self.device).view(R, ppr)
+        if page_table is not None and (
+            page_table.shape != identity.shape or page_table.dtype != torch.int32
+        ):
+            raise ValueError(f"page_table must be int32 {tuple(identity.shape)}")
+        self._page_table = identity if page_table is None else page_table
 
     @property
     def page_table(self) -> torch.Tensor:
@@ -83,26 +98,44 @@ class BaselineBackend(SharedBackend):
         positions: torch.Tensor,
         seq_lens: torch.Tensor,
     ) -> None:
-        lay = self.layout
+        lay, P = self.layout, self.layout.page_size
         r, t = req_slots.long(), positions.long()
         ok = (
             (r >= 0) & (r < lay.max_requests) & (t >= 0) & (t < seq_lens.clamp(max=lay.max_context))
         )
-        trash_kv = lay.max_requests * lay.max_context
+        page = self._pages_of(r, t)
+        ok &= page >= 0
+        trash = self._pool.shape[1] - 1  # the extra page, and the extra row after N * P
+        page = torch.where(ok, page, trash)
         if lay.row.quantize is not None:
             stored = torch.empty(
                 (kv_rows.shape[0], lay.row_bytes), dtype=torch.uint8, device=self.device
             )
             self.kernels.kv_quantize(kv_rows, stored, row_format=lay.row)
             kv_rows = lay.row.attn_rows(stored)
-        self._kv[layer].index_copy_(0, torch.where(ok, r * lay.max_context + t, trash_kv), kv_rows)
-        # Page r * ppr + t // P, slot t % P: request r's keys are contiguous. Pages hold their
-        # keys' values, then their scales, so the store goes through the format's views.
-        per_req = lay.max_pages_per_request * lay.page_size
-        token = torch.where(ok, r * per_req + t, lay.max_requests * per_req)
-        write_index_rows(
-            self._pool[layer], token // lay.page_size, token % lay.page_size, index_rows, lay.index
-        )
+        self._kv[layer].index_copy_(0, torch.where(ok, page * P + t % P, trash * P), kv_rows)
+        # Pages hold their keys' values, then their scales, so the store goes through the
+        # format's views.
+        write_index_rows(self._pool[layer], page, t % P, index_rows, lay.index)
+
+    def _pages_of(self, req_slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Page ids (int64, -1 unmapped) of positions [n] or [n, k] of req_slots [n], clamped
+        into the page table: a bad index reads a wrong entry, never outside."""
+        ppr = self.layout.max_pages_per_request
+        rows = self._page_table[req_slots.clamp(0, self.max_requests - 1)]
+        col = (positions.clamp(min=0) // self.layout.page_size).clamp(max=ppr - 1)
+        if positions.dim() == 1:
+            return rows.gather(1, col[:, None])[:, 0].long()
+        return rows.gather(1, col).long()
+
+    def _attn_rows(self, layer: int, topk: torch.Tensor, req_slots: torch.Tensor) -> AttnRows:
+        """Rows of top-k positions: their page's rows, in top-k order (-1 stays -1)."""
+        P = self.layout.page_size
+        page = self._pages_of(req_slots.long(), topk.long())
+        rows = page * P + topk.long().clamp(min=0) % P
+        slots = torch.where((topk >= 0) & (page >= 0), rows, -1).to(torch.int32)
+        base = torch.zeros(topk.shape[0], dtype=torch.int64, device=self.device)
+        return AttnRows(self._kv[layer], base, slots)
 
     def select(
         self,
@@ -114,14 +147,11 @@ class BaselineBackend(SharedBackend):
     ) -> AttnRows:
         """Every row is on the device: nothing to copy, no misses."""
         self._slot_counts.add(req_slots, topk, None)
-        row_base = req_slots.long().clamp(min=0) * self.max_context
-        return AttnRows(self._kv[layer], row_base, topk)
+        return self._attn_rows(layer, topk, req_slots)
 
     def gather(self, layer: int, topk: torch.Tensor, req_slot: int, seq_len: int) -> AttnRows:
-        row_base = torch.full(
-            (topk.shape[0],), req_slot * self.max_context, dtype=torch.int64, device=self.device
-        )
-        return AttnRows(self._kv[layer], row_base, topk)
+        slots = torch.full((topk.shape[0],), req_slot, dtype=torch.int64, device=self.device)
+        return self._attn_rows(layer, topk, slots)
 
     def rebind(self, kv: KVTensors | None, xchg: dict[str, torch.Tensor] | None = None) -> None:
         raise TypeError("the baseline owns its memory: there is no service mapping to rebind")

@@ -39,6 +39,7 @@ from engine_client.loop.request import FailStatus, Finish, GenRequest, Phase, Sa
 from engine_client.loop.runner import Advance, LaunchedStep, StepRunner
 from engine_client.loop.scheduler import Batch, QueueLimits, Scheduler
 from engine_client.loop.state_file import StateFile
+from engine_client.loop.synthetic import SyntheticContext
 from engine_client.model.compute import Compute
 from engine_client.text.detokenizer import TextStream
 from engine_client.text.vocabulary import Vocabulary
@@ -66,6 +67,8 @@ class Engine:
         overlap: bool = True,
         metrics: EngineMetrics | None = None,
         vocab: Vocabulary | None = None,
+        prefix_cache: bool = False,
+        share_generated: bool = True,
     ) -> None:
         self.compute, self.control, self.state = compute, control, state
         # Text in, text out (the server tokenizes with it; requests detokenize with it).
@@ -78,10 +81,12 @@ class Engine:
             max_active=max_active,
             max_batch=compute.max_batch,
             prefill_chunk=compute.prefill_chunk,
-            synthetic_context=compute.synthetic_context,
+            synthetic=SyntheticContext(compute.synthetic_context, compute.synthetic_shared),
             finish=self._finish,
             lost=self._fail_all,
             admitted=self._admitted,
+            prefix_cache=prefix_cache,
+            share_generated=share_generated,
         )
         self.runner = StepRunner(compute, overlap=overlap)
         self.reports = ReportSender(control)
@@ -129,11 +134,15 @@ class Engine:
         max_new_tokens: int,
         sampling: SamplingParams,
         text: TextStream | None = None,
+        cache_salt: str = "",
     ) -> GenRequest:
-        """Queue a request; `text` detokenizes its tokens (text output, stop strings)."""
+        """Queue a request; `text` detokenizes its tokens (text output, stop strings);
+        `cache_salt` keeps its cached prefix pages to requests of the same salt (a tenant)."""
         if self.failure is not None:
             raise self.failure
-        req = GenRequest(uuid.uuid4().hex, prompt, max_new_tokens, sampling, text=text)
+        req = GenRequest(
+            uuid.uuid4().hex, prompt, max_new_tokens, sampling, text=text, cache_salt=cache_salt
+        )
         self.scheduler.enqueue(req)
         self._wake.set()
         log.info(
@@ -331,7 +340,7 @@ class Engine:
             # A StepEnd still on its way may name this request: it must arrive first.
             await self.reports.flush()
             try:
-                await self.control.release(req.request_id)
+                await self.control.release(req.request_id, self.scheduler.names.release(req))
             except errors.KVError as e:
                 log.warning("release of %s failed: %s", req.request_id, e)
             self.scheduler.released()

@@ -96,6 +96,9 @@ class Postprocessor:
         if out.prefill_token is not None:
             rows.insert(0, (batch.prefill, out.prefill_token))
         rows = [(r, t) for r, t in rows if not r.finished]
+        # Requests that ended before this step was post-processed are left out of its report;
+        # those that end with it are in: their last pages count as stored (prefix caching).
+        live = {id(r) for r in batch.requests if not r.finished}
         if self.state is not None and rows:
             self.state.tokens({r.request_id: [t] for r, t in rows})
         hits, misses = self._count(batch.decode, out.per_slot)
@@ -104,7 +107,7 @@ class Postprocessor:
         stored = list(zip(batch.decode, (p + 1 for p in batch.positions)))
         if batch.prefill is not None:
             stored.insert(0, (batch.prefill, batch.prefill_range[1]))
-        progress = tuple((r.request_id, n) for r, n in stored if not r.finished)
+        progress = tuple((r.request_id, n) for r, n in stored if id(r) in live)
         self.reports.send(StepReport(batch.step, progress, hits, misses, misses * self.row_bytes))
 
     def _count(self, decode: list[GenRequest], per_slot: list[tuple[int, int]]) -> tuple[int, int]:

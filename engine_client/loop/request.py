@@ -104,6 +104,12 @@ class GenRequest:
     text: TextStream | None = None
     texts: list[str] = field(default_factory=list)
     tail: str = ""
+    # Prefix caching: the client's salt, the names of the prompt's full pages (computed once,
+    # at the first admission attempt), and the prompt tokens the KV side had cached (never
+    # prefilled: their pages are shared and read-only).
+    cache_salt: str = ""
+    prompt_hashes: tuple[bytes, ...] | None = None
+    cached_tokens: int = 0
     _listeners: set[asyncio.Event] = field(default_factory=set)
 
     @property

@@ -182,16 +182,19 @@ class StepRunner:
         start, end = batch.prefill_range
         if batch.synthetic:
             be = c.model.backend
-            chunks = be.num_layers * -(-batch.synthetic // SYNTHETIC_CHUNK)
-            what = f"synthetic context ({batch.synthetic} tokens) of {req.request_id[:8]}"
+            per_layer = sum(-(-(b - a) // SYNTHETIC_CHUNK) for a, b, _ in batch.synthetic)
+            chunks = be.num_layers * per_layer
+            what = f"synthetic context ({batch.synthetic[-1][1]} tokens) of {req.request_id[:8]}"
             with Progress(what, chunks, "chunk") as progress:
-                be.fill_synthetic(
-                    req.slot,
-                    batch.synthetic,
-                    seed=req.slot,
-                    chunk=SYNTHETIC_CHUNK,
-                    progress=progress.update,
-                )
+                for first, last, seed in batch.synthetic:
+                    be.fill_synthetic(
+                        req.slot,
+                        last,
+                        seed=seed,
+                        start=first,
+                        chunk=SYNTHETIC_CHUNK,
+                        progress=progress.update,
+                    )
         logits = c.model.prefill(
             req.slot, req.prompt[start:end], start=start, chunk_size=end - start
         )

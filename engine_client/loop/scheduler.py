@@ -34,9 +34,11 @@ from dataclasses import dataclass, field
 
 from engine_client.client import errors
 from engine_client.client.control import KVControl
+from engine_client.loop.page_names import PageNames
 from engine_client.loop.queue_policy import QueuePolicy, SkipAhead, Turn, reserved_tokens
 from engine_client.loop.request import FailStatus, Finish, GenRequest, Phase
 from engine_client.loop.sampler import token_key
+from engine_client.loop.synthetic import SyntheticContext
 
 log = logging.getLogger(__name__)
 
@@ -62,15 +64,15 @@ class QueueLimits:
 
 @dataclass
 class Batch:
-    """One step: `prefill` runs prompt positions prefill_range (after filling `synthetic` tokens
-    of synthetic context when > 0); `decode` rows append ids[i] (-1: on the device) at
+    """One step: `prefill` runs prompt positions prefill_range (after filling the `synthetic`
+    context regions (start, end, seed), if any); `decode` rows append ids[i] (-1: on the device) at
     positions[i] of slots[i]. temps/keys: the rows' sampling, None when every row is greedy.
     first: (temperature, key) of the prefill's first token when this chunk ends the prompt."""
 
     step: int
     prefill: GenRequest | None = None
     prefill_range: tuple[int, int] = (0, 0)
-    synthetic: int = 0
+    synthetic: tuple[tuple[int, int, int], ...] = ()
     first: tuple[float, int] | None = None
     decode: list[GenRequest] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)
@@ -102,15 +104,20 @@ class Scheduler:
         max_active: int,
         max_batch: int,
         prefill_chunk: int,
-        synthetic_context: int,
+        synthetic: SyntheticContext,
         finish: Callable[..., None],
         lost: Callable[[errors.KVError], None],
         admitted: Callable[[GenRequest], None],
         clock: Callable[[], float] = time.monotonic,
+        prefix_cache: bool = False,
+        share_generated: bool = True,
     ) -> None:
         self.control, self.policy = control, policy
         self.max_active, self.max_batch = max_active, max_batch
-        self.prefill_chunk, self.synthetic_context = prefill_chunk, synthetic_context
+        self.prefill_chunk = prefill_chunk
+        self.synthetic = synthetic
+        # Prefix caching: the page names admissions look up and releases publish.
+        self.names = PageNames(control, synthetic, prefill_chunk, prefix_cache, share_generated)
         self._finish, self._lost, self._admitted, self.clock = finish, lost, admitted, clock
         self.requests: dict[str, GenRequest] = {}
         self.waiting: deque[GenRequest] = deque()
@@ -191,7 +198,9 @@ class Scheduler:
 
     async def _try_admit(self, req: GenRequest) -> Admit:
         try:
-            adm = await self.control.admit(req.request_id, req.prompt_len, req.max_new_tokens)
+            adm = await self.control.admit(
+                req.request_id, req.prompt_len, req.max_new_tokens, self.names.lookup(req)
+            )
         except errors.CapacityError as e:
             if not getattr(e, "permanent", False):
                 log.debug("request %s stays queued: %s", req.request_id, e)
@@ -217,8 +226,15 @@ class Scheduler:
             return Admit.ENDED
         self.dequeue(req)
         req.slot, req.phase = adm.slot, Phase.PREFILL
+        req.cached_tokens = req.prefilled = adm.cached_tokens
         self._admitted(req)
-        log.info("request %s admitted to slot %d (mode %d)", req.request_id, adm.slot, adm.mode)
+        log.info(
+            "request %s admitted to slot %d (mode %d, %d prompt tokens cached)",
+            req.request_id,
+            adm.slot,
+            adm.mode,
+            adm.cached_tokens,
+        )
         return Admit.ADMITTED
 
     # --- the batch ---
@@ -247,9 +263,19 @@ class Scheduler:
 
     def _add_prefill(self, batch: Batch, req: GenRequest) -> None:
         start = req.prefilled
-        if start == 0 and self.synthetic_context:
-            batch.synthetic = start = self.synthetic_context
-        end = min(start + self.prefill_chunk, req.prompt_len)
+        if start < self.synthetic.tokens:
+            batch.synthetic = self.synthetic.regions(start, req.prompt)
+            start = self.synthetic.tokens
+        if start < req.cached_tokens:
+            # Positions below cached_tokens live in shared pages that no request may write.
+            raise RuntimeError(
+                f"request {req.request_id}: prefill from {start} would write its cached prefix "
+                f"[0, {req.cached_tokens})"
+            )
+        # Chunks end at multiples of the chunk size (absolute positions): a request whose
+        # prefix was cached prefills the same chunks, in the same shapes, as one computing it.
+        chunk = self.prefill_chunk
+        end = min((start // chunk + 1) * chunk, req.prompt_len)
         batch.prefill, batch.prefill_range = req, (start, end)
         req.prefilled, req.last_step = end, batch.step
         if end == req.prompt_len:

@@ -43,6 +43,7 @@ class Compute:
         layout: KVLayout,
         prefill_chunk: int,
         synthetic_context: int = 0,
+        synthetic_shared: int = 0,
     ) -> None:
         self.model, self.runner, self.backend = model, runner, backend
         self.layout = layout
@@ -50,6 +51,8 @@ class Compute:
         self.row_bytes = layout.row_bytes
         # Prompts start with this many placeholder tokens whose KV is filled synthetically.
         self.synthetic_context = synthetic_context
+        # ... of which the first `synthetic_shared` are the same for every request.
+        self.synthetic_shared = synthetic_shared
 
     @property
     def max_batch(self) -> int:
@@ -80,9 +83,11 @@ def build_backend(
     swap_fn: Callable[[int, int], None] | None,
     exchange: dict | None,
     microbatches: int = 1,
+    page_table: torch.Tensor | None = None,
 ) -> KVBackend:
+    """page_table: the baseline's, when its control maps pages (prefix caching)."""
     if mode == "baseline":
-        return BaselineBackend(layout, kernels=kernels, device=device)
+        return BaselineBackend(layout, kernels=kernels, device=device, page_table=page_table)
     if tensors is None:
         raise ValueError(f"kv mode {mode} needs the KV tensors")
     if mode == "service-remote-swap":
@@ -116,6 +121,7 @@ def build_compute(
     use_graphs: bool = True,
     topk_source: TopkSource | None = None,
     synthetic_context: int = 0,
+    synthetic_shared: int = 0,
 ) -> Compute:
     model = Model(model_cfg, weights, backend)
     model.topk_source = topk_source  # before capture: the graphs must contain it
@@ -123,7 +129,9 @@ def build_compute(
     if runner.use_graphs:
         runner.capture()
         log.info("captured decode graphs for batch buckets %s", runner.cfg.buckets)
-    return Compute(model, runner, backend, layout, prefill_chunk, synthetic_context)
+    return Compute(
+        model, runner, backend, layout, prefill_chunk, synthetic_context, synthetic_shared
+    )
 
 
 def check_model_fits(model_cfg: ModelConfig, layout: KVLayout) -> None:

@@ -9,8 +9,11 @@ layers, extra layers) are ignored.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import math
+import os
 import re
 import zlib
 from pathlib import Path
@@ -22,6 +25,8 @@ from safetensors.torch import save_file
 from engine_client.model.preset import ModelConfig
 
 _FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# Blocks of each checkpoint file read for its fingerprint (evenly spaced, first and last).
+FINGERPRINT_BLOCKS, FINGERPRINT_BLOCK_BYTES = 16, 1 << 16
 
 
 class CheckpointError(ValueError):
@@ -120,6 +125,28 @@ def _checkpoint_files(path: Path) -> list[Path]:
     if not files:
         raise CheckpointError(f"no *.safetensors files in {path}")
     return files
+
+
+def model_fingerprint(cfg: ModelConfig, checkpoint: str | None, seed: int) -> str:
+    """Names the model and its weights for the prefix cache: every shape of `cfg`, and the seed
+    of random weights or samples of every checkpoint file (name, size, 16 blocks of 64 KiB):
+    a fine-tune with the same shapes changes its bytes everywhere, so the samples differ,
+    while reading ~1 MiB per file keeps the start fast. Random weights are drawn on the
+    service's device, which every engine of one service shares."""
+    h = hashlib.blake2b(
+        json.dumps(dataclasses.asdict(cfg), sort_keys=True).encode(), digest_size=16
+    )
+    if checkpoint is None:
+        h.update(f"random:{seed}".encode())
+    for file in _checkpoint_files(Path(checkpoint)) if checkpoint else ():
+        size = file.stat().st_size
+        h.update(f"{file.name}:{size}".encode())
+        with open(file, "rb") as f:
+            step = max(size - FINGERPRINT_BLOCK_BYTES, 0) // (FINGERPRINT_BLOCKS - 1)
+            for i in range(FINGERPRINT_BLOCKS):
+                f.seek(i * step, os.SEEK_SET)
+                h.update(f.read(FINGERPRINT_BLOCK_BYTES))
+    return "w1:" + h.hexdigest()
 
 
 def _read_tensor(

@@ -163,6 +163,11 @@ class EngineConfig:
         "synthetic context tokens, filled with random KV instead "
         "of a prefill",
     )
+    synthetic_shared: int = setting(
+        0,
+        help="benchmarks: the first N tokens of the synthetic context are the same for every "
+        "request (shared by prefix caching), the rest differ per request",
+    )
     topk_source: str = setting(
         "indexer",
         help="benchmarks: decode top-k from the model's "
@@ -194,6 +199,24 @@ class EngineConfig:
         None, help="serve Prometheus /metrics on this port; empty: off"
     )
     metrics_address: str = setting("127.0.0.1", help="address of the /metrics endpoint")
+    # Prefix caching (kv_service/ledger.py, engine_client/loop/scheduler.py).
+    prefix_cache: bool = setting(
+        True,
+        help="reuse the KV of cached prompt prefixes and of finished turns (full pages shared "
+        "read-only; the prefill starts after them); 0: every request prefills all its prompt",
+    )
+    prefix_share_generated: bool = setting(
+        True,
+        help="with --prefix-cache: a finished request's generated pages become shareable "
+        "(the next turn of a conversation reuses them); 0: only prompt pages are shared, "
+        "whose rows a prefill wrote, so every reuse is bitwise a cold prefill on any device",
+    )
+    model_fingerprint: str = setting(
+        "",
+        help="names the model and weights; only engines with the same fingerprint share "
+        "cached pages; empty: derived from the preset shapes and the weights (seed, or "
+        "samples of the checkpoint files)",
+    )
     # HiSparseBackend.microbatches. On by default (docs/DECISIONS.md, copy/compute overlap):
     # 2 parts cut the H200 step at 32K x 128 requests from 11.55 to 9.97 ms (bench/profile.py).
     decode_microbatches: int = setting(
@@ -248,6 +271,10 @@ class EngineConfig:
             raise ValueError("engine_name must be 1..128 characters")
         if self.synthetic_context < 0:
             raise ValueError(f"synthetic_context must be >= 0, got {self.synthetic_context}")
+        if not 0 <= self.synthetic_shared <= self.synthetic_context:
+            raise ValueError(
+                f"synthetic_shared must be in [0, synthetic_context], got {self.synthetic_shared}"
+            )
         if self.queue_policy not in QUEUE_POLICIES:
             raise ValueError(
                 f"queue_policy must be one of {QUEUE_POLICIES}, got {self.queue_policy!r}"
@@ -267,6 +294,8 @@ class EngineConfig:
             raise ValueError(
                 f"topk_source must be 'indexer' or MODULE:FUNC, got {self.topk_source!r}"
             )
+        if len(self.model_fingerprint.encode()) > 128 or not self.model_fingerprint.isprintable():
+            raise ValueError("model_fingerprint must be at most 128 bytes of printable text")
         if self.log_level not in logging.getLevelNamesMapping():
             raise ValueError(f"log_level must be a logging level name, got {self.log_level!r}")
 

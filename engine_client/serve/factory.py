@@ -12,6 +12,7 @@ cannot be resumed.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from concurrent.futures import ThreadPoolExecutor
 
@@ -21,7 +22,7 @@ from contract.layout import KVLayout
 from engine_client.client import errors
 from engine_client.client.control import HeldRequest, KVControl
 from engine_client.client.kv_client import KVClient
-from engine_client.kv.local_control import BaselineControl, EmbeddedControl
+from engine_client.kv.local_control import BaselineControl, BaselinePages, EmbeddedControl
 from engine_client.loop import state_file
 from engine_client.loop.engine import Engine
 from engine_client.loop.queue_policy import queue_policy
@@ -35,7 +36,12 @@ from engine_client.model.compute import (
     load_topk_source,
 )
 from engine_client.model.preset import TOKENIZERS, ModelConfig, preset
-from engine_client.model.weights import checkpoint_layers, load_safetensors, random_weights
+from engine_client.model.weights import (
+    checkpoint_layers,
+    load_safetensors,
+    model_fingerprint,
+    random_weights,
+)
 from engine_client.serve.config import EngineConfig
 from engine_client.text import vocabulary
 from engine_client.text.detokenizer import TextStream
@@ -77,9 +83,19 @@ def model_config(
     return mcfg.replace(num_layers=layout.num_layers, topk=layout.topk)
 
 
-async def connect_service(cfg: EngineConfig, saved: state_file.SavedState) -> KVClient:
+def fingerprint(cfg: EngineConfig, mcfg: ModelConfig) -> str:
+    """The model fingerprint given at attach: the prefix cache's namespace ("" turns it off)."""
+    if not cfg.prefix_cache:
+        return ""
+    return cfg.model_fingerprint or model_fingerprint(mcfg, cfg.checkpoint, cfg.weight_seed)
+
+
+async def connect_service(
+    cfg: EngineConfig, saved: state_file.SavedState, model_fingerprint: str = ""
+) -> KVClient:
     """Attach to the service, resuming the saved session if the service still has it."""
     kwargs = dict(
+        model_fingerprint=model_fingerprint,
         engine_name=cfg.engine_name,
         token=cfg.token,
         rpc_timeout=cfg.rpc_timeout,
@@ -103,15 +119,29 @@ async def connect_service(cfg: EngineConfig, saved: state_file.SavedState) -> KV
     return await KVClient.connect(cfg.service_target, **kwargs)
 
 
+def baseline_control(
+    layout: KVLayout, device: str, engine_name: str = "engine", model_fingerprint: str = ""
+) -> BaselineControl:
+    """The baseline's bookkeeping: a service core over the page table of its own cache, which
+    holds max_requests x pages-per-request pages (whatever layout.num_pages says)."""
+    from kv_service.core import ServiceCore
+
+    pages = layout.max_requests * layout.max_pages_per_request
+    pages_layout = dataclasses.replace(layout, num_pages=pages)
+    core = ServiceCore(BaselinePages(pages_layout, device), lease_seconds=EMBEDDED_LEASE_SECONDS)
+    return BaselineControl(core, engine_name, model_fingerprint)
+
+
 def local_control(cfg: EngineConfig, mcfg: ModelConfig, device: str) -> KVControl:
+    """Baseline: the engine's own cache; embedded: a service core on local tensors."""
     layout = cfg.local.layout(mcfg.num_layers, mcfg.topk)
     if cfg.kv_mode == "baseline":
-        return BaselineControl(layout)
+        return baseline_control(layout, device, cfg.engine_name, fingerprint(cfg, mcfg))
     from kv_service.core import ServiceCore
     from kv_service.memory import allocate_local
 
     core = ServiceCore(allocate_local(layout, device), lease_seconds=EMBEDDED_LEASE_SECONDS)
-    return EmbeddedControl(core, cfg.engine_name)
+    return EmbeddedControl(core, cfg.engine_name, fingerprint(cfg, mcfg))
 
 
 def _compute_thread(device: str) -> ThreadPoolExecutor:
@@ -137,6 +167,7 @@ def _build_compute(cfg: EngineConfig, mcfg: ModelConfig, control: KVControl, dev
     if isinstance(control, KVClient) and cfg.kv_mode == "service-remote-swap":
         swap_fn, exchange = (lambda layer, bs: control.remote_swap(layer, bs)), control.exchange
     max_batch = min(cfg.max_batch, control.layout.max_requests)
+    page_table = control.page_table if isinstance(control, BaselineControl) else None
     backend = build_backend(
         cfg.kv_mode,
         control.layout,
@@ -147,6 +178,7 @@ def _build_compute(cfg: EngineConfig, mcfg: ModelConfig, control: KVControl, dev
         swap_fn,
         exchange,
         cfg.decode_microbatches,
+        page_table,
     )
     source = load_topk_source(cfg.topk_source, mcfg, control.layout, device)
     return build_compute(
@@ -159,6 +191,7 @@ def _build_compute(cfg: EngineConfig, mcfg: ModelConfig, control: KVControl, dev
         use_graphs=cfg.cuda_graphs,
         topk_source=source,
         synthetic_context=cfg.synthetic_context,
+        synthetic_shared=cfg.synthetic_shared,
     )
 
 
@@ -169,7 +202,12 @@ def _resumed(
         log.warning("request %s: service and state file disagree, not resumed", held.request_id)
         return None
     req = GenRequest(
-        held.request_id, saved.prompt, saved.max_new_tokens, saved.sampling, slot=held.slot
+        held.request_id,
+        saved.prompt,
+        saved.max_new_tokens,
+        saved.sampling,
+        slot=held.slot,
+        cached_tokens=held.cached_tokens,
     )
     if saved.text:  # replaying the tokens rebuilds the text and finds stop strings again
         req.text = TextStream(vocab, saved.sampling.stop_strings)
@@ -179,8 +217,10 @@ def _resumed(
         if reason is not None:
             req.end(reason)
             return req
-    # Without a token the prefill may be partial: run it again (it rewrites the same rows).
+    # Without a token the prefill may be partial: run it again (it rewrites the same rows),
+    # after the cached prefix, whose pages are shared and never written.
     req.phase = Phase.RUNNING if req.tokens else Phase.PREFILL
+    req.prefilled = held.cached_tokens
     return req
 
 
@@ -217,7 +257,11 @@ async def build_engine(cfg: EngineConfig) -> Engine:
         )
     saved = state_file.load(cfg.state_file) if cfg.resumable else state_file.SavedState()
     if cfg.uses_service:
-        control: KVControl = await connect_service(cfg, saved)
+        # The fingerprint is named at Attach, before the layout is adopted: it names the
+        # preset's shapes as configured (every engine of one service adopts the same layers
+        # and top-k, so equal fingerprints still mean one model there).
+        named = fingerprint(cfg, model_config(cfg, vocab))
+        control: KVControl = await connect_service(cfg, saved, named)
         device = control.device
         try:
             if cfg.device != "auto" and cfg.device != device.split(":")[0]:
@@ -253,6 +297,8 @@ async def build_engine(cfg: EngineConfig) -> Engine:
         policy=policy,
         overlap=cfg.overlap,
         vocab=vocab,
+        prefix_cache=cfg.prefix_cache,
+        share_generated=cfg.prefix_share_generated,
     )
     await restore(engine, control, saved)
     if state is not None:

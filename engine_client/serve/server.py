@@ -32,6 +32,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
+from contract.prefix import MAX_SALT_BYTES
 from engine_client.client import errors
 from engine_client.loop.engine import Engine
 from engine_client.loop.request import FailStatus, Finish, GenRequest, SamplingParams
@@ -56,6 +57,7 @@ FAIL_CODES = {
 class DecodeServicer(pb_grpc.DecodeServiceServicer):
     def __init__(self) -> None:
         self.engine: Engine | None = None
+        self._serial = 0  # requests so far: names each synthetic context's own part
 
     def _check(self, request: pb.GenerateRequest, ids: list[int]) -> str | None:
         """Why the request is invalid, or None."""
@@ -72,6 +74,8 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):
         s = request.sampling
         if not math.isfinite(s.temperature) or s.temperature < 0:
             return "temperature must be finite and >= 0"
+        if len(request.cache_salt.encode()) > MAX_SALT_BYTES:
+            return f"cache_salt must be at most {MAX_SALT_BYTES} bytes"
         return None
 
     async def _tokenize(self, request: pb.GenerateRequest) -> list[int]:
@@ -104,9 +108,13 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):
         params = SamplingParams(s.temperature, s.seed, tuple(s.stop_token_ids), tuple(s.stop))
         # Benchmarks: placeholder ids for the synthetic context, which Compute fills instead of
         # prefilling them.
-        ids = [0] * self.engine.compute.synthetic_context + ids
+        self._serial += 1
+        vocab = self.engine.compute.model.cfg.vocab_size
+        synthetic = self.engine.scheduler.synthetic.placeholders(self._serial, vocab)
         text = prompt.text_stream(request, self.engine.vocab)
-        return self.engine.submit(tuple(ids), request.max_new_tokens, params, text)
+        return self.engine.submit(
+            synthetic + tuple(ids), request.max_new_tokens, params, text, request.cache_salt
+        )
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         req = await self._open(request, context)
@@ -151,11 +159,13 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):
         resp.finish_reason = int(req.finish)
         resp.error_message = req.error
         resp.stats.CopyFrom(pb.FinalStats(hits=c.hits, misses=c.misses, bytes_moved=c.bytes_moved))
-        # cached_tokens stays 0 until prefix sharing reuses KV across requests.
+        # Usage counts the client's prompt, not the synthetic context of benchmarks before it;
+        # cached tokens inside that context are left out with it.
+        synthetic = self.engine.compute.synthetic_context
         resp.usage.CopyFrom(
             pb.Usage(
-                prompt_tokens=req.prompt_len - self.engine.compute.synthetic_context,
-                cached_tokens=0,
+                prompt_tokens=req.prompt_len - synthetic,
+                cached_tokens=max(req.cached_tokens - synthetic, 0),
                 generated_tokens=len(req.tokens),
             )
         )

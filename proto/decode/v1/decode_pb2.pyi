@@ -168,6 +168,7 @@ class GenerateRequest(_message.Message):
     MAX_NEW_TOKENS_FIELD_NUMBER: _builtins.int
     SAMPLING_FIELD_NUMBER: _builtins.int
     RESUME_REQUEST_ID_FIELD_NUMBER: _builtins.int
+    CACHE_SALT_FIELD_NUMBER: _builtins.int
     text: _builtins.str
     """Plain text, tokenized as given (no BOS is added)."""
     return_text: _builtins.bool
@@ -178,6 +179,10 @@ class GenerateRequest(_message.Message):
     """Most tokens to generate (>= 1)."""
     resume_request_id: _builtins.str
     """Resume a request the engine was decoding before it restarted; empty starts a new request."""
+    cache_salt: _builtins.str
+    """Prefix-cache salt (<= 128 bytes): the request shares cached prompt pages only with
+    requests of the same salt (e.g. one per tenant). Empty: the engine-wide namespace.
+    """
     @_builtins.property
     def token_ids(self) -> Global___TokenIds:
         """Token ids, at least one."""
@@ -200,10 +205,11 @@ class GenerateRequest(_message.Message):
         max_new_tokens: _builtins.int = ...,
         sampling: Global___Sampling | None = ...,
         resume_request_id: _builtins.str = ...,
+        cache_salt: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["chat", b"chat", "prompt", b"prompt", "sampling", b"sampling", "text", b"text", "token_ids", b"token_ids"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chat", b"chat", "max_new_tokens", b"max_new_tokens", "prompt", b"prompt", "resume_request_id", b"resume_request_id", "return_text", b"return_text", "sampling", b"sampling", "text", b"text", "token_ids", b"token_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_salt", b"cache_salt", "chat", b"chat", "max_new_tokens", b"max_new_tokens", "prompt", b"prompt", "resume_request_id", b"resume_request_id", "return_text", b"return_text", "sampling", b"sampling", "text", b"text", "token_ids", b"token_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_prompt: _TypeAlias = _typing.Literal["token_ids", "text", "chat"]  # noqa: Y015
     _WhichOneofArgType_prompt: _TypeAlias = _typing.Literal["prompt", b"prompt"]  # noqa: Y015
@@ -253,7 +259,9 @@ class Usage(_message.Message):
     prompt_tokens: _builtins.int
     """Prompt tokens as the client sent them (or as the engine tokenized its text or chat)."""
     cached_tokens: _builtins.int
-    """Prompt tokens whose KV was reused from an earlier request: 0 until prefix sharing lands."""
+    """Prompt tokens whose KV was reused from an earlier request through the prefix cache (not
+    prefilled by this request).
+    """
     generated_tokens: _builtins.int
     """Tokens generated."""
     def __init__(

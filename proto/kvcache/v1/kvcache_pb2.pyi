@@ -205,6 +205,7 @@ class RequestState(_message.Message):
     RESERVED_TOKENS_FIELD_NUMBER: _builtins.int
     PROMPT_LEN_FIELD_NUMBER: _builtins.int
     MAX_NEW_TOKENS_FIELD_NUMBER: _builtins.int
+    CACHED_TOKENS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Engine-chosen request id."""
     slot: _builtins.int
@@ -219,6 +220,8 @@ class RequestState(_message.Message):
     """Prompt length given at admission."""
     max_new_tokens: _builtins.int
     """max_new_tokens given at admission."""
+    cached_tokens: _builtins.int
+    """Prompt tokens whose KV came from the prefix cache (never prefilled by this request)."""
     def __init__(
         self,
         *,
@@ -229,10 +232,11 @@ class RequestState(_message.Message):
         reserved_tokens: _builtins.int = ...,
         prompt_len: _builtins.int = ...,
         max_new_tokens: _builtins.int = ...,
+        cached_tokens: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_new_tokens", b"max_new_tokens", "mode", b"mode", "prompt_len", b"prompt_len", "request_id", b"request_id", "reserved_tokens", b"reserved_tokens", "seq_len", b"seq_len", "slot", b"slot"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached_tokens", b"cached_tokens", "max_new_tokens", b"max_new_tokens", "mode", b"mode", "prompt_len", b"prompt_len", "request_id", b"request_id", "reserved_tokens", b"reserved_tokens", "seq_len", b"seq_len", "slot", b"slot"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -246,12 +250,18 @@ class AttachRequest(_message.Message):
     RESUME_SESSION_ID_FIELD_NUMBER: _builtins.int
     EXPECTED_LAYOUT_FIELD_NUMBER: _builtins.int
     REMOTE_SWAP_FIELD_NUMBER: _builtins.int
+    MODEL_FINGERPRINT_FIELD_NUMBER: _builtins.int
     engine_name: _builtins.str
     """Free-form name of the engine, for logs and stats."""
     resume_session_id: _builtins.str
     """Session to resume after an engine restart; empty opens a new session."""
     remote_swap: _builtins.bool
     """Also export exchange tensors and events for RemoteSwap."""
+    model_fingerprint: _builtins.str
+    """Names the engine's model and weights (<= 128 bytes of printable text). Only requests of
+    sessions with the same fingerprint share cached pages; empty: no prefix caching (Admit and
+    Release must then carry no page_hashes). A resumed session must give the same fingerprint.
+    """
     @_builtins.property
     def expected_layout(self) -> Global___Layout:
         """Layout the engine was built for; refused with INVALID_ARGUMENT if it differs. Unset: no check."""
@@ -263,10 +273,11 @@ class AttachRequest(_message.Message):
         resume_session_id: _builtins.str = ...,
         expected_layout: Global___Layout | None = ...,
         remote_swap: _builtins.bool = ...,
+        model_fingerprint: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["expected_layout", b"expected_layout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["engine_name", b"engine_name", "expected_layout", b"expected_layout", "remote_swap", b"remote_swap", "resume_session_id", b"resume_session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["engine_name", b"engine_name", "expected_layout", b"expected_layout", "model_fingerprint", b"model_fingerprint", "remote_swap", b"remote_swap", "resume_session_id", b"resume_session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -340,29 +351,55 @@ Global___AttachResponse: _TypeAlias = AttachResponse  # noqa: Y015
 
 @_typing.final
 class Admit(_message.Message):
-    """Reserve a request slot and host pages for prompt_len + max_new_tokens."""
+    """Reserve a request slot and host pages for prompt_len + max_new_tokens.
+
+    Prefix caching: with page_hashes, the longest prefix of the prompt whose pages are cached (in
+    this session's namespace: model fingerprint + cache_salt) is mapped read-only into the
+    request's page table, and only private pages are reserved for the rest. The reply's
+    cached_tokens says how many prompt tokens the engine must not prefill: their KV rows and
+    index keys are in place (and in the request's hot buffer where it keeps them). The prompt's
+    own full pages become shareable once a Commit or StepEnd covers them.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     PROMPT_LEN_FIELD_NUMBER: _builtins.int
     MAX_NEW_TOKENS_FIELD_NUMBER: _builtins.int
+    PAGE_HASHES_FIELD_NUMBER: _builtins.int
+    CACHE_SALT_FIELD_NUMBER: _builtins.int
+    REUSE_ALIGN_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Engine-chosen id, unique among the service's live requests (1..128 bytes)."""
     prompt_len: _builtins.int
     """Prompt tokens (>= 1)."""
     max_new_tokens: _builtins.int
     """Tokens the request may generate (>= 0); prompt_len + max_new_tokens <= max_context."""
+    cache_salt: _builtins.str
+    """Per-client salt (<= 128 bytes): requests share pages only with requests of the same salt."""
+    reuse_align: _builtins.int
+    """cached_tokens is a multiple of lcm(page_size, reuse_align): the engine's prefill chunk, so
+    that it prefills the same chunks as without a cached prefix. 0: a page.
+    """
+    @_builtins.property
+    def page_hashes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
+        """contract.prefix.page_hashes of the prompt's full pages (16 bytes each, at most
+        prompt_len / page_size of them, in token order); empty: no lookup, nothing published.
+        """
+
     def __init__(
         self,
         *,
         request_id: _builtins.str = ...,
         prompt_len: _builtins.int = ...,
         max_new_tokens: _builtins.int = ...,
+        page_hashes: _abc.Iterable[_builtins.bytes] | None = ...,
+        cache_salt: _builtins.str = ...,
+        reuse_align: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_new_tokens", b"max_new_tokens", "prompt_len", b"prompt_len", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_salt", b"cache_salt", "max_new_tokens", b"max_new_tokens", "page_hashes", b"page_hashes", "prompt_len", b"prompt_len", "request_id", b"request_id", "reuse_align", b"reuse_align"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -467,16 +504,26 @@ class Release(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    PAGE_HASHES_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Request to free; an unknown or already released id gets NOT_FOUND."""
+    @_builtins.property
+    def page_hashes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
+        """contract.prefix.page_hashes of every full page of the request's tokens (prompt then
+        generated; must start with the Admit's). Pages within the last committed seq_len become
+        shareable before the request is freed, so the next turn of a conversation reuses them.
+        Leave empty after a failed step: its KV is undefined.
+        """
+
     def __init__(
         self,
         *,
         request_id: _builtins.str = ...,
+        page_hashes: _abc.Iterable[_builtins.bytes] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_hashes", b"page_hashes", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -593,6 +640,7 @@ class Admitted(_message.Message):
     MODE_FIELD_NUMBER: _builtins.int
     PAGES_FIELD_NUMBER: _builtins.int
     RESERVED_TOKENS_FIELD_NUMBER: _builtins.int
+    CACHED_TOKENS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """The admitted request id."""
     slot: _builtins.int
@@ -601,6 +649,10 @@ class Admitted(_message.Message):
     """Residency mode: RESIDENT if prompt_len + max_new_tokens <= hot_slots, else OFFLOADED."""
     reserved_tokens: _builtins.int
     """Tokens reserved (prompt_len + max_new_tokens)."""
+    cached_tokens: _builtins.int
+    """Prompt tokens found in the prefix cache: pages [0, cached_tokens / page_size) are shared
+    and read-only; prefill starts at this position.
+    """
     @_builtins.property
     def pages(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Pages reserved, in token order (also written to page_table[slot]). The index-key pool
@@ -615,10 +667,11 @@ class Admitted(_message.Message):
         mode: Global___ResidencyMode.ValueType = ...,
         pages: _abc.Iterable[_builtins.int] | None = ...,
         reserved_tokens: _builtins.int = ...,
+        cached_tokens: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["mode", b"mode", "pages", b"pages", "request_id", b"request_id", "reserved_tokens", b"reserved_tokens", "slot", b"slot"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached_tokens", b"cached_tokens", "mode", b"mode", "pages", b"pages", "request_id", b"request_id", "reserved_tokens", b"reserved_tokens", "slot", b"slot"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -868,6 +921,12 @@ class GetStatsResponse(_message.Message):
     ADMITTED_TOTAL_FIELD_NUMBER: _builtins.int
     REJECTED_TOTAL_FIELD_NUMBER: _builtins.int
     EXPIRED_SESSIONS_TOTAL_FIELD_NUMBER: _builtins.int
+    CACHED_PAGES_FIELD_NUMBER: _builtins.int
+    EVICTABLE_PAGES_FIELD_NUMBER: _builtins.int
+    PREFIX_LOOKUPS_TOTAL_FIELD_NUMBER: _builtins.int
+    PREFIX_LOOKUP_TOKENS_TOTAL_FIELD_NUMBER: _builtins.int
+    PREFIX_HIT_TOKENS_TOTAL_FIELD_NUMBER: _builtins.int
+    EVICTED_PAGES_TOTAL_FIELD_NUMBER: _builtins.int
     sessions: _builtins.int
     """Live sessions (connected or within their lease)."""
     requests: _builtins.int
@@ -892,6 +951,18 @@ class GetStatsResponse(_message.Message):
     """Admissions refused for capacity since start."""
     expired_sessions_total: _builtins.int
     """Sessions whose lease expired since start."""
+    cached_pages: _builtins.int
+    """Pages holding a cached prefix page (in use or not); counted in host_pages.used."""
+    evictable_pages: _builtins.int
+    """Cached pages no request uses: evicted (least recently used first) when capacity is needed."""
+    prefix_lookups_total: _builtins.int
+    """Admissions that looked up a prefix since start."""
+    prefix_lookup_tokens_total: _builtins.int
+    """Prompt tokens of those admissions."""
+    prefix_hit_tokens_total: _builtins.int
+    """Prompt tokens found cached (not prefilled)."""
+    evicted_pages_total: _builtins.int
+    """Cached pages evicted to admit requests since start."""
     @_builtins.property
     def host_pages(self) -> Global___PoolUsage:
         """Host-tier pages (the index-key pool has the same occupancy)."""
@@ -916,14 +987,59 @@ class GetStatsResponse(_message.Message):
         admitted_total: _builtins.int = ...,
         rejected_total: _builtins.int = ...,
         expired_sessions_total: _builtins.int = ...,
+        cached_pages: _builtins.int = ...,
+        evictable_pages: _builtins.int = ...,
+        prefix_lookups_total: _builtins.int = ...,
+        prefix_lookup_tokens_total: _builtins.int = ...,
+        prefix_hit_tokens_total: _builtins.int = ...,
+        evicted_pages_total: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["host_pages", b"host_pages", "request_slots", b"request_slots"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["admitted_total", b"admitted_total", "bytes_moved", b"bytes_moved", "draining", b"draining", "epoch", b"epoch", "expired_sessions_total", b"expired_sessions_total", "hits", b"hits", "host_pages", b"host_pages", "misses", b"misses", "rejected_total", b"rejected_total", "request_slots", b"request_slots", "requests", b"requests", "sessions", b"sessions", "uptime_seconds", b"uptime_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admitted_total", b"admitted_total", "bytes_moved", b"bytes_moved", "cached_pages", b"cached_pages", "draining", b"draining", "epoch", b"epoch", "evictable_pages", b"evictable_pages", "evicted_pages_total", b"evicted_pages_total", "expired_sessions_total", b"expired_sessions_total", "hits", b"hits", "host_pages", b"host_pages", "misses", b"misses", "prefix_hit_tokens_total", b"prefix_hit_tokens_total", "prefix_lookup_tokens_total", b"prefix_lookup_tokens_total", "prefix_lookups_total", b"prefix_lookups_total", "rejected_total", b"rejected_total", "request_slots", b"request_slots", "requests", b"requests", "sessions", b"sessions", "uptime_seconds", b"uptime_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetStatsResponse: _TypeAlias = GetStatsResponse  # noqa: Y015
+
+@_typing.final
+class FlushRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FlushRequest: _TypeAlias = FlushRequest  # noqa: Y015
+
+@_typing.final
+class FlushResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAGES_FREED_FIELD_NUMBER: _builtins.int
+    PAGES_IN_USE_FIELD_NUMBER: _builtins.int
+    pages_freed: _builtins.int
+    """Unreferenced cached pages freed."""
+    pages_in_use: _builtins.int
+    """Cached pages still in use: no longer shared, freed with their last request."""
+    def __init__(
+        self,
+        *,
+        pages_freed: _builtins.int = ...,
+        pages_in_use: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["pages_freed", b"pages_freed", "pages_in_use", b"pages_in_use"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FlushResponse: _TypeAlias = FlushResponse  # noqa: Y015
 
 @_typing.final
 class DrainRequest(_message.Message):

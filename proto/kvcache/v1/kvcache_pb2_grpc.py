@@ -60,6 +60,11 @@ class KVCacheServiceStub:
                 request_serializer=proto_dot_kvcache_dot_v1_dot_kvcache__pb2.DrainRequest.SerializeToString,
                 response_deserializer=proto_dot_kvcache_dot_v1_dot_kvcache__pb2.DrainResponse.FromString,
                 _registered_method=True)
+        self.Flush = channel.unary_unary(
+                '/kvcache.v1.KVCacheService/Flush',
+                request_serializer=proto_dot_kvcache_dot_v1_dot_kvcache__pb2.FlushRequest.SerializeToString,
+                response_deserializer=proto_dot_kvcache_dot_v1_dot_kvcache__pb2.FlushResponse.FromString,
+                _registered_method=True)
 
 
 class KVCacheServiceServicer:
@@ -104,6 +109,14 @@ class KVCacheServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Flush(self, request, context):
+        """Admin: empties the prefix cache. Cached pages no request uses are freed now; cached pages
+        in use stop being shared and are freed with their last request.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVCacheServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -131,6 +144,11 @@ def add_KVCacheServiceServicer_to_server(servicer, server):
                     servicer.Drain,
                     request_deserializer=proto_dot_kvcache_dot_v1_dot_kvcache__pb2.DrainRequest.FromString,
                     response_serializer=proto_dot_kvcache_dot_v1_dot_kvcache__pb2.DrainResponse.SerializeToString,
+            ),
+            'Flush': grpc.unary_unary_rpc_method_handler(
+                    servicer.Flush,
+                    request_deserializer=proto_dot_kvcache_dot_v1_dot_kvcache__pb2.FlushRequest.FromString,
+                    response_serializer=proto_dot_kvcache_dot_v1_dot_kvcache__pb2.FlushResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -269,6 +287,33 @@ class KVCacheService:
             '/kvcache.v1.KVCacheService/Drain',
             proto_dot_kvcache_dot_v1_dot_kvcache__pb2.DrainRequest.SerializeToString,
             proto_dot_kvcache_dot_v1_dot_kvcache__pb2.DrainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Flush(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvcache.v1.KVCacheService/Flush',
+            proto_dot_kvcache_dot_v1_dot_kvcache__pb2.FlushRequest.SerializeToString,
+            proto_dot_kvcache_dot_v1_dot_kvcache__pb2.FlushResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -61,6 +61,10 @@ class KVCacheServiceStub:
     """Occupancy and counters."""
     Drain: _grpc.UnaryUnaryMultiCallable[_kvcache_pb2.DrainRequest, _kvcache_pb2.DrainResponse]
     """Stops admitting and waits (up to a timeout) for the admitted requests to be released."""
+    Flush: _grpc.UnaryUnaryMultiCallable[_kvcache_pb2.FlushRequest, _kvcache_pb2.FlushResponse]
+    """Admin: empties the prefix cache. Cached pages no request uses are freed now; cached pages
+    in use stop being shared and are freed with their last request.
+    """
 
 @_typing.type_check_only
 class KVCacheServiceAsyncStub(KVCacheServiceStub):
@@ -82,6 +86,10 @@ class KVCacheServiceAsyncStub(KVCacheServiceStub):
     """Occupancy and counters."""
     Drain: _aio.UnaryUnaryMultiCallable[_kvcache_pb2.DrainRequest, _kvcache_pb2.DrainResponse]  # type: ignore[assignment]
     """Stops admitting and waits (up to a timeout) for the admitted requests to be released."""
+    Flush: _aio.UnaryUnaryMultiCallable[_kvcache_pb2.FlushRequest, _kvcache_pb2.FlushResponse]  # type: ignore[assignment]
+    """Admin: empties the prefix cache. Cached pages no request uses are freed now; cached pages
+    in use stop being shared and are freed with their last request.
+    """
 
 class KVCacheServiceServicer(metaclass=_abc_1.ABCMeta):
     """The KV cache manager of one GPU: sessions, admission, leases, stats."""
@@ -130,5 +138,15 @@ class KVCacheServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_kvcache_pb2.DrainResponse, _abc.Awaitable[_kvcache_pb2.DrainResponse]]:
         """Stops admitting and waits (up to a timeout) for the admitted requests to be released."""
+
+    @_abc_1.abstractmethod
+    def Flush(
+        self,
+        request: _kvcache_pb2.FlushRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_kvcache_pb2.FlushResponse, _abc.Awaitable[_kvcache_pb2.FlushResponse]]:
+        """Admin: empties the prefix cache. Cached pages no request uses are freed now; cached pages
+        in use stop being shared and are freed with their last request.
+        """
 
 def add_KVCacheServiceServicer_to_server(servicer: KVCacheServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

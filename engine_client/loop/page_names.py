@@ -1,0 +1,55 @@
+"""Prefix caching on the engine's side: the names of a request's full pages
+(`contract.prefix.page_hashes`) that its admission looks up and its release publishes. The KV
+side (kv_service/ledger.py) maps the cached pages and scopes the names by namespace."""
+
+from __future__ import annotations
+
+from contract.prefix import page_hashes
+from engine_client.client.control import KVControl, PrefixLookup
+from engine_client.loop.request import Finish, GenRequest
+from engine_client.loop.synthetic import SyntheticContext
+
+
+class PageNames:
+    """What the scheduler tells the KV side about a request's pages. `enabled` off (--prefix-cache
+    0): nothing is named; `share_generated` off: only prompt pages are (see `release`)."""
+
+    def __init__(
+        self,
+        control: KVControl,
+        synthetic: SyntheticContext,
+        prefill_chunk: int,
+        enabled: bool = False,
+        share_generated: bool = True,
+    ) -> None:
+        self.control, self.synthetic, self.prefill_chunk = control, synthetic, prefill_chunk
+        self.enabled, self.share_generated = enabled, share_generated
+
+    def lookup(self, req: GenRequest) -> PrefixLookup | None:
+        """The prompt's page names, salt, and the prefill chunk as reuse granularity."""
+        if not self.enabled:
+            return None
+        if req.prompt_hashes is None:
+            named = req.prompt[: self.synthetic.shared] if self.synthetic.tokens else req.prompt
+            req.prompt_hashes = tuple(page_hashes(named, self.control.layout.page_size))
+        if not req.prompt_hashes:
+            return None
+        # A synthetic shared context is reused whole or not at all (it is filled in one go).
+        align = self.synthetic.shared if self.synthetic.tokens else self.prefill_chunk
+        return PrefixLookup(req.prompt_hashes, req.cache_salt, align)
+
+    def release(self, req: GenRequest) -> tuple[bytes, ...]:
+        """Names of the full pages of a finished request's tokens (prompt, then generated), so
+        the KV side can share its written pages with the conversation's next turn. None after
+        a failed step: its KV is undefined. None either without share_generated: a decode step
+        writes its rows in other shapes than a prefill (batched GEMMs, split attention), so on
+        a GPU they may differ in the last bits from the rows a cold prefill would write."""
+        if (
+            not self.enabled
+            or not self.share_generated
+            or self.synthetic.tokens  # only a synthetic context's shared part is named
+            or req.finish is Finish.ERROR
+        ):
+            return ()
+        tokens = req.prompt + tuple(req.tokens)
+        return tuple(page_hashes(tokens, self.control.layout.page_size))
