@@ -16,9 +16,9 @@
 
 With overlap the device runs step t while the host does 4 for t - 1 and 1-2 for t + 1.
 Failure: a lost KV service fails every request (`_fail_all`, `failure`); an idle engine looks at
-its service every IDLE_CHECK_SECONDS (`_check_service`). A recovery task then waits until no step
-is in flight, lets go of the lost service's memory (the `failed` event: NOT_SERVING), and waits
-for the control to re-attach to a restarted service (`recovered`: new requests are served).
+its service every IDLE_CHECK_SECONDS (`_check_service`). `engine_client.loop.recovery` then lets go
+of the lost memory once no step is in flight (`failed`: NOT_SERVING) and re-attaches to a restarted
+service (`recovered`: new requests are served).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from engine_client.client import errors
 from engine_client.client.control import KVControl
 from engine_client.loop.metrics import EngineMetrics
 from engine_client.loop.postprocess import Postprocessor, ReportSender
+from engine_client.loop.recovery import ServiceRecovery
 from engine_client.loop.request import FailStatus, Finish, GenRequest, Phase, SamplingParams
 from engine_client.loop.runner import Advance, LaunchedStep, StepRunner
 from engine_client.loop.scheduler import Batch, QueuePolicy, Scheduler
@@ -87,11 +88,9 @@ class Engine:
         self.steps = 0
         self.done_step = -1  # every step up to this one has finished on the device
         self.failure: errors.KVClientError | None = None
-        # Set once the KV service is lost (and its memory let go of); `recovered` once the
-        # control re-attached to a restarted service and new requests are served again.
-        self.failed = asyncio.Event()
-        self.recovered = asyncio.Event()
-        self._recovery: asyncio.Task | None = None
+        self.recovery = ServiceRecovery(
+            control, compute, device_quiet=self.wait_device_quiet, on_recovered=self._recovered
+        )
         # Set after every post-processed step (waiters clear it).
         self.stepped = asyncio.Event()
         # Set while no step is in flight on the device.
@@ -103,6 +102,16 @@ class Engine:
         self._inflight: LaunchedStep | None = None
         self._task: asyncio.Task | None = None
         self._stopping = False
+
+    @property
+    def failed(self) -> asyncio.Event:
+        """Set once the KV service is lost and its memory let go of."""
+        return self.recovery.failed
+
+    @property
+    def recovered(self) -> asyncio.Event:
+        """Set once the control re-attached to a restarted service."""
+        return self.recovery.recovered
 
     @property
     def requests(self) -> dict[str, GenRequest]:
@@ -167,8 +176,7 @@ class Engine:
         release them all and end the session."""
         self._stopping = True
         self._wake.set()
-        if self._recovery is not None:
-            self._recovery.cancel()
+        self.recovery.cancel()
         if self._task is not None:
             await self._task
         await self.reports.flush()
@@ -213,6 +221,7 @@ class Engine:
         """Use another KV control from now on (a re-attach): the scheduler admits through it and
         StepEnd / release go to it."""
         self.control = self.scheduler.control = self.reports.control = control
+        self.recovery.control = control
 
     async def wait_device_quiet(self) -> None:
         """Until no launched step runs on the device: after `failed`, the KV memory of the lost
@@ -345,35 +354,19 @@ class Engine:
             else errors.ServiceUnavailable(str(why))
         )
         if isinstance(why, errors.ServiceUnavailable):
-            if self._recovery is None:
-                # The traceback holds the failed step's frames, and through them the lost memory.
-                why.__traceback__ = None
-                self.recovered.clear()
-                self._recovery = asyncio.get_running_loop().create_task(self._recover())
+            # The traceback holds the failed step's frames, and through them the lost memory.
+            why.__traceback__ = None
+            self.recovery.start()
         else:
-            self.failed.set()
+            self.recovery.give_up()
         for req in list(self.waiting):
             self.scheduler.dequeue(req)
         for req in list(self.requests.values()):
             self._finish(req, Finish.ERROR, str(why))
 
-    async def _recover(self) -> None:
-        """Let go of the lost service's memory once no launched step reads it, then serve
-        again once the control is attached to a restarted KV service."""
-        try:
-            await self.wait_device_quiet()
-            self.control.let_go(self.compute)
-            self.failed.set()
-            await self.control.reattach(self.compute)
-        except errors.KVClientError as e:
-            log.error("KV service not re-attached: %s", e)
-            return
-        finally:
-            self._recovery = None
+    def _recovered(self) -> None:
+        """The control re-attached to a restarted service: serve again."""
         if self.state is not None:  # an engine restarted later resumes the new session
             self.state.rewrite(self.control.session_id, getattr(self.control, "epoch", 0), [])
         self.failure = None
-        self.failed.clear()
-        self.recovered.set()
         self._wake.set()
-        log.info("KV service re-attached: serving new requests")
