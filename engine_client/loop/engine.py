@@ -149,6 +149,19 @@ class Engine:
             raise errors.UnknownRequest(f"no request {request_id!r} in this engine")
         return req
 
+    def resume(self, request_id: str) -> GenRequest:
+        """The request a resumed stream follows: as it stands, or revived when it failed with
+        its KV service and the engine has re-attached since (its KV is prefilled again, from
+        the prompt and the tokens it had generated)."""
+        req = self.lookup(request_id)
+        if req.lost_kv and self.failure is None and request_id not in self.requests:
+            req.revive()
+            del self.finished[request_id]
+            self.scheduler.enqueue(req)
+            self._wake.set()
+            log.info("request %s revived after %d tokens", request_id, req.replayed)
+        return req
+
     def cancel(self, req: GenRequest) -> None:
         """The client went away: drop the request now if queued, else at the next turn."""
         if req.finished:
@@ -348,12 +361,9 @@ class Engine:
         refused with UNAVAILABLE. A step still in flight finishes before any slot is let go."""
         if self.failure is None:
             log.error("failing %d requests: %s", len(self.requests), why)
-        self.failure = (
-            why
-            if isinstance(why, errors.ServiceUnavailable)
-            else errors.ServiceUnavailable(str(why))
-        )
-        if isinstance(why, errors.ServiceUnavailable):
+        lost = isinstance(why, errors.ServiceUnavailable)
+        self.failure = why if lost else errors.ServiceUnavailable(str(why))
+        if lost:
             # The traceback holds the failed step's frames, and through them the lost memory.
             why.__traceback__ = None
             self.recovery.start()
@@ -362,6 +372,8 @@ class Engine:
         for req in list(self.waiting):
             self.scheduler.dequeue(req)
         for req in list(self.requests.values()):
+            # Its KV went with the service: a resume after the re-attach prefills it again.
+            req.lost_kv = req.lost_kv or (lost and not req.finished)
             self._finish(req, Finish.ERROR, str(why))
 
     def _recovered(self) -> None:

@@ -180,7 +180,7 @@ class StepRunner:
         if batch.synthetic:
             c.model.backend.fill_synthetic(req.slot, batch.synthetic, seed=req.slot)
         logits = c.model.prefill(
-            req.slot, req.prompt[start:end], start=start, chunk_size=end - start
+            req.slot, req.context[start:end], start=start, chunk_size=end - start
         )
         if batch.first is not None:
             temp, key = batch.first

@@ -253,13 +253,13 @@ class Scheduler:
         start = req.prefilled
         if start == 0 and self.synthetic_context:
             batch.synthetic = start = self.synthetic_context
-        end = min(start + self.prefill_chunk, req.prompt_len)
+        end = min(start + self.prefill_chunk, req.context_len)
         batch.prefill, batch.prefill_range = req, (start, end)
         req.prefilled, req.last_step = end, batch.step
-        if end == req.prompt_len:
+        if end == req.context_len:
             s = req.sampling
-            batch.first = (s.temperature, token_key(s.seed, 0))
-            req.phase, req.launched = Phase.RUNNING, 1
+            batch.first = (s.temperature, token_key(s.seed, req.replayed))
+            req.phase, req.launched = Phase.RUNNING, req.replayed + 1
 
     def _add_decode(self, batch: Batch, req: GenRequest) -> None:
         # The row appends the newest token: known on the host only once it was delivered.

@@ -5,7 +5,8 @@ The file is a JSON-lines log, mode 0600 (it holds prompts). Records are buffered
 together, with one write() and flush per engine step, when the step's tokens are recorded:
 before any of them is sent to a client, so a client never sees a token the file does not have.
   {"session": ID, "epoch": N}                       first line: the KV session to resume
-  {"start": RID, "prompt": [...], "max_new_tokens": N, "temperature": T, "seed": S, "stop": [...]}
+  {"start": RID, "prompt": [...], "max_new_tokens": N, "temperature": T, "seed": S, "stop": [...],
+   "replayed": R}                                   R > 0: a revived request (see request.py)
   {"tokens": {RID: [new token ids], ...}}           one line per step
   {"end": RID}                                      the request finished and was released
 Sampling draws token i from a generator seeded by (seed, i), so prompt + tokens + seed are the
@@ -40,6 +41,7 @@ class SavedRequest:
     max_new_tokens: int
     sampling: SamplingParams
     tokens: list[int] = field(default_factory=list)
+    replayed: int = 0  # a revived request's prefill re-creates the KV of its first R tokens
 
 
 @dataclass
@@ -58,6 +60,7 @@ def _start_record(r: GenRequest | SavedRequest) -> dict:
         "temperature": s.temperature,
         "seed": s.seed,
         "stop": list(s.stop_token_ids),
+        "replayed": r.replayed,
     }
 
 
@@ -69,7 +72,11 @@ def _apply(state: SavedState, rec: dict) -> None:
             float(rec["temperature"]), int(rec["seed"]), tuple(int(t) for t in rec["stop"])
         )
         state.requests[rec["start"]] = SavedRequest(
-            rec["start"], tuple(rec["prompt"]), int(rec["max_new_tokens"]), sampling
+            rec["start"],
+            tuple(rec["prompt"]),
+            int(rec["max_new_tokens"]),
+            sampling,
+            replayed=int(rec.get("replayed", 0)),
         )
     elif "tokens" in rec:
         for rid, toks in rec["tokens"].items():
@@ -137,6 +144,8 @@ class StateFile:
 
     def started(self, r: GenRequest) -> None:
         self._append(_start_record(r))
+        if r.tokens:  # a revived request: the file was started over when its KV was lost
+            self._append({"tokens": {r.request_id: list(r.tokens)}})
 
     def tokens(self, new: dict[str, list[int]]) -> None:
         """A step's tokens: written at once, with the records buffered before them."""

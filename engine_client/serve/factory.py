@@ -146,8 +146,10 @@ def _resumed(held: HeldRequest, saved: state_file.SavedRequest) -> GenRequest | 
         if req.add_token(tok, now) is not None:
             req.end(Finish.STOP if tok in saved.sampling.stop_token_ids else Finish.LENGTH)
             return req
-    # Without a token the prefill may be partial: run it again (it rewrites the same rows).
-    req.phase = Phase.RUNNING if req.tokens else Phase.PREFILL
+    # Without a token the prefill may be partial: run it again (it rewrites the same rows). A
+    # revived request killed before its re-prefill ended (no token since) redoes it too.
+    req.phase = Phase.RUNNING if len(req.tokens) > saved.replayed else Phase.PREFILL
+    req.replayed = len(req.tokens) if req.phase is Phase.PREFILL else 0
     return req
 
 

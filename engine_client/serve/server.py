@@ -83,7 +83,7 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(self.engine.failure))
         if request.resume_request_id:
             try:
-                return self.engine.lookup(request.resume_request_id)
+                return self.engine.resume(request.resume_request_id)
             except errors.UnknownRequest as e:
                 await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
         bad = self._check(request)
