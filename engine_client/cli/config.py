@@ -9,6 +9,27 @@ from dataclasses import dataclass
 from contract.flags import setting
 from engine_client.serve.config import DEVICES, KV_MODES, default_uds, grpc_target
 
+# Proto field limits: token ids are int32, the seed uint64 (decode.v1.GenerateRequest).
+TOKEN_ID_LIMIT = 2**31
+SEED_LIMIT = 2**64
+
+
+def token_ids(text: str) -> tuple[int, ...]:
+    """Comma- or space-separated token ids."""
+    try:
+        return tuple(int(t) for t in text.replace(",", " ").split())
+    except ValueError:
+        raise ValueError(
+            "prompts and stop tokens are token ids, e.g. '1,2,3'; text prompts are not "
+            "supported yet (they come with the text gateway)"
+        ) from None
+
+
+def _check_ids(flag: str, ids: tuple[int, ...]) -> None:
+    bad = next((t for t in ids if not 0 <= t < TOKEN_ID_LIMIT), None)
+    if bad is not None:
+        raise ValueError(f"{flag}: token id {bad} is out of range: ids are in [0, 2^31)")
+
 
 @dataclass(frozen=True)
 class GenerateConfig:
@@ -23,11 +44,15 @@ class GenerateConfig:
             env.get("ENGINE_TARGET") or default_uds(dict(env), "hisparse-engine.sock")
         ),
     )
-    prompt: tuple[int, ...] = setting((1, 2, 3, 4), help="prompt token ids, e.g. '1,2,3'")
+    prompt: tuple[int, ...] = setting(
+        (1, 2, 3, 4), help="prompt token ids, e.g. '1,2,3'", parse=token_ids
+    )
     max_new_tokens: int = setting(16, help="most tokens to generate")
     temperature: float = setting(0.0, help="sampling temperature; 0 is greedy")
     seed: int = setting(0, help="sampling seed")
-    stop_token_ids: tuple[int, ...] = setting((), flag="stop", help="stop token ids, e.g. '2,7'")
+    stop_token_ids: tuple[int, ...] = setting(
+        (), flag="stop", help="stop token ids, e.g. '2,7'", parse=token_ids
+    )
     resume_request_id: str = setting(
         "", flag="resume", help="request id to resume after an engine restart (serve --state-file)"
     )
@@ -39,8 +64,10 @@ class GenerateConfig:
     def __post_init__(self) -> None:
         if not self.prompt and not self.resume_request_id:
             raise ValueError("a prompt of at least one token id is needed")
-        if any(t < 0 for t in self.prompt):
-            raise ValueError("token ids must be >= 0")
+        _check_ids("--prompt", self.prompt)
+        _check_ids("--stop", self.stop_token_ids)
+        if not 0 <= self.seed < SEED_LIMIT:
+            raise ValueError(f"--seed {self.seed} is out of range: seeds are in [0, 2^64)")
         if not 1 <= self.max_new_tokens <= 1 << 20:
             raise ValueError(f"max_new_tokens must be in 1..2^20, got {self.max_new_tokens}")
         if self.temperature < 0:

@@ -58,7 +58,8 @@ class KVClient(Reattachment):
         heartbeat_interval: float = 1.0,
         remote_swap: bool = False,
     ) -> None:
-        self.target = target
+        self.target = target = reachability.grpc_target(target)
+        self.peer = reachability.KV_SERVICE_TARGET  # who should answer at target, for errors
         self.engine_name = engine_name
         self.rpc_timeout = rpc_timeout
         self.attach_timeout = attach_timeout
@@ -93,19 +94,21 @@ class KVClient(Reattachment):
         *,
         expected_layout: KVLayout | None = None,
         resume_session_id: str = "",
+        peer: reachability.Peer = reachability.KV_SERVICE_TARGET,
         **kwargs,
     ) -> "KVClient":
-        """Attach (resuming `resume_session_id` if given), map the memory, open the stream."""
+        """Attach (resuming `resume_session_id` if given), map the memory, open the stream.
+        `target`: a socket path, unix:PATH or HOST:PORT; `peer` words the error when nothing
+        answers there (the engine's names its own flags)."""
         client = cls(target, **kwargs)
+        target, client.peer = client.target, peer
         try:
             log.info(
                 "connecting to the KV service at %s (waiting up to %gs)",
                 target,
                 client.attach_timeout,
             )
-            await reachability.wait_ready(
-                client._channel, reachability.KV_SERVICE, target, client.attach_timeout
-            )
+            await reachability.wait_ready(client._channel, peer, target, client.attach_timeout)
             reply = await client._attach(resume_session_id, expected_layout, wait=True)
             client._map(reply)
             await client._open_stream()
@@ -126,6 +129,10 @@ class KVClient(Reattachment):
         except errors.InvalidArgument as e:
             # The only argument the service checks at attach is our layout.
             raise errors.LayoutMismatch(e.message, e.details) from e
+        except errors.KVClientError as e:
+            if errors.code_of(e) is not grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            raise (await reachability.wrong_peer(self._channel, self.peer, self.target)) or e
         layout, device = attachment.check(reply, expected)
         if self.session_id and device != self.device:
             raise errors.EpochMismatch(f"service moved from {self.device} to {device}")

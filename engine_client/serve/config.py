@@ -12,7 +12,10 @@ from pathlib import Path
 
 from contract.flags import setting
 from contract.layout import INDEX_FORMATS, ROW_FORMATS, KVLayout
+from engine_client.client.reachability import grpc_target
 from engine_client.model.preset import PRESETS
+
+__all__ = ["grpc_target"]  # re-exported: the CLI configs parse addresses with it
 
 KV_MODES = ("baseline", "embedded", "service", "service-remote-swap")
 DEVICES = ("auto", "cpu", "cuda")
@@ -24,15 +27,6 @@ TCP_RE = re.compile(r"(\[[0-9a-fA-F:]+\]|[\w.-]*):\d{1,5}")
 def default_uds(env: dict[str, str], name: str) -> str:
     """$XDG_RUNTIME_DIR is per user and not world-writable, so prefer it over /tmp."""
     return str(Path(env.get("XDG_RUNTIME_DIR") or "/tmp") / name)
-
-
-def grpc_target(address: str) -> str:
-    """A gRPC channel target from a UDS path, a unix: target or HOST:PORT."""
-    if address.startswith(("unix:", "dns:", "ipv4:", "ipv6:")):
-        return address
-    if address.startswith("/") or address.startswith("."):
-        return "unix:" + os.path.abspath(address)
-    return address
 
 
 def check_uds(path: str) -> None:

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from engine_client.client import errors
+from engine_client.client import errors, reachability
 from engine_client.client.control import HeldRequest, KVControl
 from engine_client.client.kv_client import KVClient
 from engine_client.kv.local_control import BaselineControl, EmbeddedControl
@@ -58,6 +58,7 @@ async def connect_service(cfg: EngineConfig, saved: state_file.SavedState) -> KV
         attach_timeout=cfg.attach_timeout,
         heartbeat_interval=cfg.heartbeat_interval,
         remote_swap=cfg.kv_mode == "service-remote-swap",
+        peer=reachability.KV_SERVICE,  # our CLI's flags in the advice
     )
     if saved.session_id:
         try:

@@ -50,9 +50,17 @@ FAIL_CODES = {
 }
 
 
+# Where the per-request token limit is set, by who holds the KV.
+CONTEXT_FLAGS = {
+    True: "the KV service's --max-context (KVS_MAX_CONTEXT)",
+    False: "the engine's --max-context (ENGINE_MAX_CONTEXT)",
+}
+
+
 class DecodeServicer(pb_grpc.DecodeServiceServicer):
-    def __init__(self) -> None:
+    def __init__(self, uses_service: bool = True) -> None:
         self.engine: Engine | None = None
+        self.context_flag = CONTEXT_FLAGS[uses_service]
 
     def _check(self, request: pb.GenerateRequest) -> str | None:
         """Why the request is invalid, or None."""
@@ -65,10 +73,15 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):
             return f"token ids must be in [0, {vocab})"
         if request.max_new_tokens < 1:
             return "max_new_tokens must be >= 1"
-        room = engine.compute.layout.max_context
-        need = engine.compute.synthetic_context + len(ids) + request.max_new_tokens
+        room, synthetic = engine.compute.layout.max_context, engine.compute.synthetic_context
+        need = synthetic + len(ids) + request.max_new_tokens
         if need > room:
-            return f"(synthetic context +) prompt + max_new_tokens = {need} > {room}"
+            extra = f" + {synthetic} synthetic context" if synthetic else ""
+            return (
+                f"prompt {len(ids)} + max_new_tokens {request.max_new_tokens}{extra} = {need} "
+                f"tokens, over the {room} a request may hold ({self.context_flag}): ask for at "
+                f"most {max(room - need + request.max_new_tokens, 0)} new tokens, or raise it"
+            )
         s = request.sampling
         if not math.isfinite(s.temperature) or s.temperature < 0:
             return "temperature must be finite and >= 0"
@@ -201,7 +214,7 @@ async def serve(cfg: EngineConfig) -> int:
         loop.add_signal_handler(sig, stop.set)
     health = health_aio.HealthServicer()
     await _set_health(health, False)
-    servicer = DecodeServicer()
+    servicer = DecodeServicer(cfg.uses_service)
     server = build_server(cfg, servicer, health)
     await server.start()
     log.info(
