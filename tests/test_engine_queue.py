@@ -174,7 +174,7 @@ def test_metrics_count_tokens_steps_and_device_time() -> None:
     assert samples["engine_time_to_first_token_seconds_count"] == 3
     assert samples["engine_inter_token_latency_seconds_count"] == n_tokens - 3
     assert samples["engine_steps_total"] == steps > 0
-    assert samples["engine_step_gpu_seconds_count"] == steps
-    assert samples["engine_gpu_busy_seconds_total"] > 0
-    assert 0 <= samples["engine_gpu_idle_fraction"] < 1
+    assert samples["engine_step_device_seconds_count"] == steps
+    assert samples["engine_device_busy_seconds_total"] > 0
+    assert 0 <= samples["engine_device_idle_fraction"] < 1
     assert samples["engine_queue_depth"] == 0 and samples["engine_running_requests"] == 0

@@ -23,6 +23,7 @@ from engine_client.client.kv_client import KVClient
 from engine_client.kv.local_control import BaselineControl, EmbeddedControl
 from engine_client.loop import state_file
 from engine_client.loop.engine import Engine
+from engine_client.loop.metrics import EngineMetrics
 from engine_client.loop.request import Finish, GenRequest, Phase
 from engine_client.loop.scheduler import QueuePolicy
 from engine_client.model.compute import (
@@ -176,7 +177,7 @@ async def restore(engine: Engine, control: KVControl, saved: state_file.SavedSta
         )
 
 
-async def build_engine(cfg: EngineConfig) -> Engine:
+async def build_engine(cfg: EngineConfig, metrics: EngineMetrics | None = None) -> Engine:
     """Everything the server needs; the engine loop is not started yet."""
     mcfg = model_config(cfg)
     if cfg.state_file and not cfg.resumable:
@@ -217,7 +218,9 @@ async def build_engine(cfg: EngineConfig) -> Engine:
         state=state,
         policy=policy,
         overlap=cfg.overlap,
+        metrics=metrics,
     )
+    engine.metrics.describe(device=device, kv_mode=cfg.kv_mode)
     await restore(engine, control, saved)
     if state is not None:
         state.rewrite(

@@ -32,8 +32,10 @@ from grpc_reflection.v1alpha import reflection
 
 from engine_client.client import errors
 from engine_client.loop.engine import Engine
+from engine_client.loop.metrics import EngineMetrics
 from engine_client.loop.request import FailStatus, Finish, GenRequest, SamplingParams
 from engine_client.serve.config import EngineConfig
+from engine_client.serve.interceptor import EngineInterceptor
 from proto.decode.v1 import decode_pb2 as pb
 from proto.decode.v1 import decode_pb2_grpc as pb_grpc
 
@@ -164,10 +166,14 @@ async def _set_health(health: health_aio.HealthServicer, serving: bool) -> None:
 
 
 def build_server(
-    cfg: EngineConfig, servicer: DecodeServicer, health: health_aio.HealthServicer
+    cfg: EngineConfig,
+    servicer: DecodeServicer,
+    health: health_aio.HealthServicer,
+    metrics: EngineMetrics | None = None,
 ) -> grpc.aio.Server:
     server = grpc.aio.server(
-        options=[("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000)]
+        interceptors=[EngineInterceptor(metrics.rpc if metrics is not None else None)],
+        options=[("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000)],
     )
     pb_grpc.add_DecodeServiceServicer_to_server(servicer, server)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
@@ -215,7 +221,8 @@ async def serve(cfg: EngineConfig) -> int:
     health = health_aio.HealthServicer()
     await _set_health(health, False)
     servicer = DecodeServicer(cfg.uses_service)
-    server = build_server(cfg, servicer, health)
+    metrics = EngineMetrics()  # before the server: its calls are counted from the start
+    server = build_server(cfg, servicer, health, metrics)
     await server.start()
     log.info(
         "listening on %s (NOT_SERVING while the engine is built)", ", ".join(cfg.listen_targets)
@@ -224,7 +231,7 @@ async def serve(cfg: EngineConfig) -> int:
     watcher = None
     stop_metrics = None
     try:
-        engine = await build_engine(cfg)
+        engine = await build_engine(cfg, metrics)
         servicer.engine = engine
         if cfg.metrics_port is not None:
             (host, port), stop_metrics = engine.metrics.serve(cfg.metrics_port, cfg.metrics_address)
