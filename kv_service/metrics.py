@@ -18,27 +18,8 @@ from prometheus_client import CollectorRegistry, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from contract.rpc_calls import RpcMetrics
+from contract.rpc_calls import LATENCY_BUCKETS, RpcMetrics
 from kv_service.core import CoreStats
-
-# RPCs over UDS take ~0.2-0.6 ms; remote swaps 30 us to a few ms per layer.
-LATENCY_BUCKETS = (
-    25e-6,
-    50e-6,
-    100e-6,
-    200e-6,
-    400e-6,
-    800e-6,
-    1.6e-3,
-    3.2e-3,
-    6.4e-3,
-    12.8e-3,
-    25.6e-3,
-    51.2e-3,
-    0.1,
-    0.5,
-    2.0,
-)
 
 
 class _CoreCollector(Collector):
