@@ -33,6 +33,15 @@ CODES: dict[type[errors.KVError], grpc.StatusCode] = {
 }
 # Capacity details come as <unit>_needed / <unit>_free / <unit>_total.
 _QUOTA_SUFFIXES = ("_needed", "_free", "_total")
+# The codes a client may retry unchanged (with backoff): the same call can succeed later. Every
+# other code needs a change first (kvcache.proto documents both, per RPC).
+RETRYABLE_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -57,10 +66,14 @@ def status_of(exc: BaseException) -> Status:
     if isinstance(exc, LayoutError):
         exc = errors.LayoutMismatch(str(exc))
     if isinstance(exc, errors.KVError):
-        details = dict(exc.details)
+        details, code = dict(exc.details), code_for(type(exc))
         if isinstance(exc, errors.CapacityError):
             details["permanent"] = str(exc.permanent).lower()
-        return Status(code_for(type(exc)), exc.message, exc.reason, details)
+            if exc.permanent:
+                # It can never fit this service's configuration: a code nobody retries (proxies
+                # and client libraries retry RESOURCE_EXHAUSTED), the numbers in the details.
+                code = grpc.StatusCode.INVALID_ARGUMENT
+        return Status(code, exc.message, exc.reason, details)
     log.error("internal error", exc_info=exc)
     return Status(
         grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}", errors.KVError.reason
@@ -95,7 +108,7 @@ def rich_status(status: Status) -> grpc.Status:
         reason=status.reason, domain=errors.DOMAIN, metadata=status.details
     )
     extra = [_packed(info)]
-    quota = _quota(status.details) if status.code is grpc.StatusCode.RESOURCE_EXHAUSTED else None
+    quota = _quota(status.details)  # capacity numbers, now or for good
     if quota is not None:
         extra.append(_packed(quota))
     proto = status_pb2.Status(code=status.code.value[0], message=status.message, details=extra)

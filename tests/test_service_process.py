@@ -135,7 +135,7 @@ def test_in_band_error_codes(svc: ServiceProcess) -> None:
         "bad seq_len": C.INVALID_ARGUMENT.value[0],
         "negative": C.INVALID_ARGUMENT.value[0],
         "empty id": C.INVALID_ARGUMENT.value[0],
-        "too long": C.RESOURCE_EXHAUSTED.value[0],
+        "too long": C.INVALID_ARGUMENT.value[0],  # can never fit: nobody may retry it
         "empty message": C.INVALID_ARGUMENT.value[0],
         "other session": C.INVALID_ARGUMENT.value[0],
         "unknown request": C.NOT_FOUND.value[0],

@@ -87,6 +87,8 @@ def code_of(err: BaseException) -> grpc.StatusCode:
     code = getattr(err, "status", None)
     if isinstance(code, grpc.StatusCode):
         return code
+    if isinstance(err, CapacityError) and err.permanent:
+        return grpc.StatusCode.INVALID_ARGUMENT  # never fits: as the service sends it
     for base in type(err).__mro__:
         if base in _CODE_OF:
             return _CODE_OF[base]

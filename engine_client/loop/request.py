@@ -46,7 +46,8 @@ class FailStatus(enum.Enum):
     """Why an ERROR finish happened, as the status the client gets (server.py maps it)."""
 
     UNAVAILABLE = "unavailable"  # the KV service or the engine is gone
-    RESOURCE_EXHAUSTED = "resource_exhausted"  # never fits, or waited too long for capacity
+    RESOURCE_EXHAUSTED = "resource_exhausted"  # waited too long for capacity
+    INVALID_ARGUMENT = "invalid_argument"  # can never fit the KV capacity: never retried
     INTERNAL = "internal"  # a compute step failed
 
 

@@ -14,7 +14,7 @@ then names it -1 and the device reads the slot's last sampled token (engine_clie
 
 Queue policy (issue 11):
 - A request the KV side refuses as permanently too large (CapacityError.permanent) ends at once
-  with RESOURCE_EXHAUSTED and its numbers; the requests behind it go on.
+  with INVALID_ARGUMENT and its numbers (no client should retry it); the requests behind it go on.
 - FIFO with bounded skip-ahead: while the head of the queue is refused for capacity, smaller
   requests behind it (fewer reserved tokens) may be admitted, but only until the head has waited
   `skip_ahead_seconds`; from then on nothing passes it, so the capacity our running requests free
@@ -205,7 +205,7 @@ class Scheduler:
                 req,
                 Finish.ERROR,
                 f"the request can never fit the KV capacity: {e}",
-                FailStatus.RESOURCE_EXHAUSTED,
+                FailStatus.INVALID_ARGUMENT,
             )
             return Admit.ENDED
         except errors.Draining as e:

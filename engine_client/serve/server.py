@@ -5,8 +5,9 @@ Generate streams one response per token with the request id and per-token timing
 ends a request (max tokens or a stop token) carries finished = true and the request's stats; a
 request that ends otherwise gets a final response without a token. An engine or KV-service
 failure ends the stream with that final ERROR response and then status UNAVAILABLE; a request
-that can never fit the KV capacity, or waited longer than --max-queue-wait, ends the same way
-with RESOURCE_EXHAUSTED; a failed compute step with INTERNAL.
+that waited longer than --max-queue-wait ends the same way with RESOURCE_EXHAUSTED, one that can
+never fit the KV capacity with INVALID_ARGUMENT (nobody should retry it); a failed compute step
+with INTERNAL.
 
 Resume (`resume_request_id`): the stream replays every token generated so far, with its index,
 then follows live; a client that already has tokens skips the indexes it has. Across an engine
@@ -48,6 +49,7 @@ STOP_GRACE_SECONDS = 2.0
 FAIL_CODES = {
     FailStatus.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
     FailStatus.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    FailStatus.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
     FailStatus.INTERNAL: grpc.StatusCode.INTERNAL,
 }
 
