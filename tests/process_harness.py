@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -50,7 +51,8 @@ def workdir(prefix: str = "hse") -> Iterator[str]:
 def cuda_shm_dir(path: str) -> str:
     """A service on CUDA needs its host tier on tmpfs: since Linux 6.5 cudaHostRegister cannot
     pin a file of another filesystem (/tmp is ext4 on the GPU box). Removed with `workdir`."""
-    return os.path.join("/dev/shm", os.path.basename(path) + "-shm")
+    marker = os.path.basename(tempfile.gettempdir())  # the session's (tests/leftovers.py)
+    return os.path.join("/dev/shm", f"{marker}-{os.path.basename(path)}-shm")
 
 
 # Seconds a child may take to report SERVING: on a GPU the service registers its host tier and
