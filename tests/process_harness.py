@@ -61,8 +61,13 @@ STARTUP = {"cpu": 60, "cuda": 300}
 
 
 def start_service(
-    path: str, layout: KVLayout = LAYOUT, lease: float = 30.0, device: str = "cpu"
+    path: str,
+    layout: KVLayout = LAYOUT,
+    lease: float = 30.0,
+    device: str = "cpu",
+    unset: tuple[str, ...] = (),
 ) -> ServiceProcess:
+    """A SERVING service; `unset`: environment variables the child must not inherit."""
     # The last --device wins over the harness's "--device cpu".
     svc = ServiceProcess(
         path,
@@ -76,6 +81,8 @@ def start_service(
         layout=layout,
         shm_dir=cuda_shm_dir(path) if device == "cuda" else None,
     )
+    for name in unset:
+        svc.env.pop(name, None)
     return svc.start().wait_serving(STARTUP[device])
 
 
