@@ -28,7 +28,6 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 from engine_client.client import errors
@@ -283,7 +282,7 @@ class Engine:
         if isinstance(adv.error, errors.ServiceUnavailable):
             self._fail_all(adv.error)  # the step lost its service (RemoteSwap): UNAVAILABLE
         elif adv.error is not None:
-            self._step_failed(batch.requests if batch else (), adv.error)
+            self._step_failed(batch, adv.error)
         if adv.done is not None:
             self._check_service()  # nor trust what a step read while it was being lost
             if self.failure is None:
@@ -299,10 +298,22 @@ class Engine:
         rows = len(batch.requests) if batch is not None else 0
         self.metrics.host(time.perf_counter() - began - ran + launch, rows)
 
-    def _step_failed(self, requests: Iterable[GenRequest], e: Exception) -> None:
-        """A failed step leaves these requests' KV undefined."""
-        log.error("compute step failed: %s: %s", type(e).__name__, e, exc_info=e)
-        for req in requests:
+    def _step_failed(self, batch: Batch | None, e: Exception) -> None:
+        """A failed step leaves its requests' KV undefined. The log says which step it was,
+        what it ran, and after how many service recoveries (a step that fails only on a
+        re-attached service's memory shows here)."""
+        log.error(
+            "compute step %s failed (%d decode rows, prefill %s; %d KV service recoveries "
+            "before it): %s: %s",
+            batch.step if batch else "?",
+            len(batch.decode) if batch else 0,
+            f"{batch.prefill.request_id} {batch.prefill_range}" if batch and batch.prefill else "-",
+            self.recovery.rounds,
+            type(e).__name__,
+            e,
+            exc_info=e,
+        )
+        for req in batch.requests if batch else ():
             self._finish(
                 req, Finish.ERROR, f"compute failed: {type(e).__name__}: {e}", FailStatus.INTERNAL
             )
