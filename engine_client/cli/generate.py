@@ -133,7 +133,7 @@ async def run_generation(
             ):
                 if on_token is not None:
                     on_token(index, token)
-        except errors.KVClientError as e:
+        except errors.KVError as e:
             if errors.code_of(e) is not grpc.StatusCode.UNIMPLEMENTED:
                 raise
             raise (await reachability.wrong_peer(channel, reachability.ENGINE, target)) or e

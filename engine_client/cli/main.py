@@ -88,7 +88,7 @@ def _generate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     except (reachability.Unreachable, reachability.WrongPeer) as e:
         print(f"generate: {e}", file=sys.stderr)
         return 2 if isinstance(e, reachability.WrongPeer) else 1
-    except errors.KVClientError as e:
+    except errors.KVError as e:
         lead = "\n" if shown else ""  # end the line of tokens first
         code = errors.code_of(e)
         print(
@@ -141,7 +141,7 @@ def _main(argv: Sequence[str] | None, env: Mapping[str, str] | None) -> int:
 
     try:
         return run(cfg)
-    except errors.KVClientError as e:
+    except errors.KVError as e:
         # Expected failures (service unreachable, layout mismatch, ...): the message says it all.
         logging.getLogger("engine_client").error("engine failed: %s", e)
         return 1

@@ -82,7 +82,7 @@ class KVClient(Reattachment):
         self._mapped: KVTensors | None = None
         self._mapped_exchange: dict = {}
         self._stream: SessionStream | None = None
-        self._dead: errors.KVClientError | None = None
+        self._dead: errors.KVError | None = None
         self._recover_task: asyncio.Task | None = None
         self._recovering = False
         self._closing = False
@@ -129,7 +129,7 @@ class KVClient(Reattachment):
         except errors.InvalidArgument as e:
             # The only argument the service checks at attach is our layout.
             raise errors.LayoutMismatch(e.message, e.details) from e
-        except errors.KVClientError as e:
+        except errors.KVError as e:
             if errors.code_of(e) is not grpc.StatusCode.UNIMPLEMENTED:
                 raise
             raise (await reachability.wrong_peer(self._channel, self.peer, self.target)) or e
@@ -264,7 +264,7 @@ class KVClient(Reattachment):
         """Stop the stream (detaching first if asked: the service frees every request now;
         otherwise the lease keeps them for a restarted engine)."""
         if detach and self._dead is None and self._stream is not None and self._stream.open:
-            with contextlib.suppress(errors.KVClientError, asyncio.TimeoutError):
+            with contextlib.suppress(errors.KVError, asyncio.TimeoutError):
                 await self._send(pb.SessionMessage(detach=pb.Detach()), "Detach")
         self._closing = True
         if self._recover_task is not None:

@@ -51,7 +51,7 @@ class Reattachment:
     _mapped: KVTensors | None
     _mapped_exchange: dict
     _stream: SessionStream | None
-    _dead: errors.KVClientError | None
+    _dead: errors.KVError | None
     _recover_task: asyncio.Task | None
     _recovering: bool
     _closing: bool
@@ -69,7 +69,7 @@ class Reattachment:
 
     # --- a broken stream ---
 
-    def _stream_lost(self, why: errors.KVClientError) -> None:
+    def _stream_lost(self, why: errors.KVError) -> None:
         if self._closing or self._dead is not None:
             return
         log.warning("session stream to %s lost: %s", self.target, why)
@@ -89,7 +89,7 @@ class Reattachment:
                 raise errors.EpochMismatch(f"service restarted (epoch {old_epoch} -> {self.epoch})")
             await self._open_stream()
             log.info("session %s re-attached after a stream drop", self.session_id)
-        except errors.KVClientError as e:
+        except errors.KVError as e:
             self._die(errors.ServiceUnavailable(f"KV service at {self.target} lost: {e}"))
         finally:
             self._recovering = False
@@ -111,7 +111,7 @@ class Reattachment:
         if self._dead is not None:
             raise self._dead
 
-    def _die(self, why: errors.KVClientError) -> None:
+    def _die(self, why: errors.KVError) -> None:
         """Dead until `reattach`. The memory is only unmapped in let_go() or close(): a step may
         still be running on it in the compute thread; the engine discards that step
         (check_alive) and launches no other."""
@@ -190,7 +190,7 @@ class Reattachment:
             try:
                 await self._attach_again()
                 break
-            except errors.KVClientError as e:
+            except errors.KVError as e:
                 log.warning("re-attach to %s failed: %s; next try in %.1fs", self.target, e, delay)
             await asyncio.sleep(delay)
             delay = min(2 * delay, REATTACH_BACKOFF[1])

@@ -86,7 +86,7 @@ class Engine:
         self.finished: OrderedDict[str, GenRequest] = OrderedDict()
         self.steps = 0
         self.done_step = -1  # every step up to this one has finished on the device
-        self.failure: errors.KVClientError | None = None
+        self.failure: errors.KVError | None = None
         self.recovery = ServiceRecovery(
             control, compute, device_quiet=self.wait_device_quiet, on_recovered=self._recovered
         )
@@ -209,7 +209,7 @@ class Engine:
         except Exception as e:
             # A bug in the loop must not leave client streams waiting forever.
             log.exception("engine loop crashed")
-            self._fail_all(errors.KVClientError(f"engine loop crashed: {type(e).__name__}: {e}"))
+            self._fail_all(errors.KVError(f"engine loop crashed: {type(e).__name__}: {e}"))
 
     async def _loop(self) -> None:
         while not self._stopping:
@@ -355,7 +355,7 @@ class Engine:
             await self.reports.flush()
             try:
                 await self.control.release(req.request_id)
-            except errors.KVClientError as e:
+            except errors.KVError as e:
                 log.warning("release of %s failed: %s", req.request_id, e)
             self.scheduler.released()
         if self.state is not None and req.slot >= 0:
@@ -367,7 +367,7 @@ class Engine:
             len(req.tokens),
         )
 
-    def _fail_all(self, why: errors.KVClientError) -> None:
+    def _fail_all(self, why: errors.KVError) -> None:
         """The KV service is gone (or the loop broke): every request fails now, new ones are
         refused with UNAVAILABLE. A step still in flight finishes before any slot is let go."""
         if self.failure is None:

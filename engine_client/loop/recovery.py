@@ -69,7 +69,7 @@ class ServiceRecovery:
             self.failed.set()
             log.info("lost KV service let go of; waiting for it to come back")
             await self.control.reattach(self.user)
-        except errors.KVClientError as e:
+        except errors.KVError as e:
             log.error("KV service not re-attached: %s", e)
             return
         finally:

@@ -21,7 +21,7 @@ SERVICE_PREFIX = "/decode.v1.DecodeService/"
 async def abort_plain(exc: Exception, context: grpc.aio.ServicerContext) -> None:
     """decode.v1 statuses are plain code + message. A typed error keeps its code; anything
     else is a bug: INTERNAL, logged with its traceback, its text kept from the client."""
-    if isinstance(exc, errors.KVClientError):
+    if isinstance(exc, errors.KVError):
         await context.abort(errors.code_of(exc), exc.message)
     log.error("Generate failed", exc_info=exc)
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
