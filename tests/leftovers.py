@@ -4,7 +4,7 @@ The session gets a private temporary root (TMPDIR and `tempfile.tempdir` point a
 code, `short_tmpdir`, pytest's own tmp_path and every child process put their files there);
 other sessions running on the same machine never look like ours. At the end (conftest's
 `pytest_sessionfinish`) the run fails when
-- anything but pytest's own basetemp is left in the root;
+- anything but pytest's own basetemp (and torch's compile cache) is left in the root;
 - /dev/shm holds a new entry of this session: named with the session's marker, or a segment,
   lock or torch IPC counter file of a process this session started (or of pytest itself);
 - a child process of pytest still runs (it is killed).
@@ -25,6 +25,10 @@ PID_FILE_RE = re.compile(r"hisparse-[A-Za-z0-9_.-]+?-(?P<pid>[0-9]+)(-[A-Za-z0-9
 TORCH_FILE_RE = re.compile(r"torch_(?P<pid>[0-9]+)_[0-9]+_[0-9]+")
 # Processes the harnesses started (services, engines): recorded by their start().
 SPAWNED: set[int] = set()
+# Not leftovers: pytest's own basetemp and torch's compile cache (both go with the root), and
+# Python's multiprocessing resource tracker, a helper that ends when pytest does.
+KEPT_TEMP = ("pytest-of-", "torchinductor_")
+HELPER_PROCESSES = ("multiprocessing.resource_tracker",)
 
 
 @dataclass
@@ -49,7 +53,7 @@ class Session:
         left = [
             f"temp: {os.path.join(self.root, n)}"
             for n in sorted(_listdir(self.root))
-            if not n.startswith("pytest-of-")
+            if not n.startswith(KEPT_TEMP)
         ]
         ours = SPAWNED | {os.getpid()}
         for name in sorted(set(_listdir(SHM)) - self.shm_before):
@@ -58,14 +62,15 @@ class Session:
                 left.append(f"/dev/shm: {name}")
         # Only our own children: a recorded pid that exited may belong to anyone by now.
         for pid in sorted(children(os.getpid())):
-            if alive(pid):
-                left.append(f"process {pid}: {_cmdline(pid)}")
+            cmd = _cmdline(pid)
+            if alive(pid) and not any(h in cmd for h in HELPER_PROCESSES):
+                left.append(f"process {pid}: {cmd}")
                 os.kill(pid, signal.SIGKILL)
         return left
 
     def end(self, keep: bool) -> None:
-        """Remove the root, unless asked to keep it for a look."""
-        if not keep:
+        """Remove the root, unless asked to keep it for a look (and it holds something)."""
+        if not keep or not _listdir(self.root):
             shutil.rmtree(self.root, ignore_errors=True)
 
 
