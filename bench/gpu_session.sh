@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# One device call that batches this session's GPU work: the gpu-marked tests, memcheck over the
-# overlap churn test, kernel benchmark cases and a profile of one decode step. Each stage has its
+# One device call that batches this session's GPU work: the gpu-marked tests, compute-sanitizer
+# (memcheck, racecheck, synccheck; SANITIZE_TOOLS picks) over the overlap churn test in all four
+# KV modes, kernel benchmark cases and a profile of one decode step. Each stage has its
 # own time limit, so one slow stage cannot eat the others; logs and JSON go to $OUT.
 # Usage: bash bench/gpu_session.sh [stage ...]   stages: tests sanitize kernels profile e2e
-#   TESTS="tests/x.py ..."  TEST_S=240  TEST_TIMEOUT=150  SAN_S=90  KERN_S=100  PROF_S=100
+#   TESTS="tests/x.py ..."  TEST_S=240  TEST_TIMEOUT=150  SAN_S=540  KERN_S=100  PROF_S=100
 #   E2E_S=480  KERNEL_CASES=miss_copy,attention_formats (empty: all)  KERNEL_QUICK=--quick (empty:
 #   full sizes)  PROFILE_ARGS="--batch 64"  E2E_ARGS="..."
 set -uo pipefail
@@ -34,8 +35,8 @@ for s in $STAGES; do
   case $s in
     tests) stage tests "${TEST_S:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider \
              --timeout "${TEST_TIMEOUT:-150}" ${TESTS:-tests} ;;
-    sanitize) stage sanitize "${SAN_S:-90}" env STRESS_STEPS=${STRESS_STEPS:-60} \
-                bash bench/sanitize.sh ;;
+    sanitize) stage sanitize "${SAN_S:-540}" env STRESS_STEPS=${STRESS_STEPS:-60} \
+                RACECHECK_STEPS=${RACECHECK_STEPS:-20} bash bench/sanitize.sh ;;
     kernels) stage kernels "${KERN_S:-100}" python3 bench/kernels.py ${KERNEL_QUICK---quick} \
                --cases "${KERNEL_CASES-miss_copy,attention_formats}" --out "$OUT/kernels.json" ;;
     profile) stage profile "${PROF_S:-100}" python3 bench/profile.py --preset bench \
