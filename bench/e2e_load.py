@@ -178,8 +178,8 @@ def parse_rpc_metrics(text: str) -> dict[str, list[float]]:
 
 
 _ENGINE_RE = re.compile(
-    r"^(engine_step_gpu_seconds_sum|engine_step_gpu_seconds_count|"
-    r"engine_gpu_busy_seconds_total|engine_gpu_idle_seconds_total) (\S+)$",
+    r"^(engine_step_device_seconds_sum|engine_step_device_seconds_count|"
+    r"engine_device_busy_seconds_total|engine_device_idle_seconds_total) (\S+)$",
     re.MULTILINE,
 )
 

@@ -65,11 +65,11 @@ def _engine_window(samples: list[dict], a: float, b: float, itl_p50: float | Non
     if not eng:
         return {}
     d = {k: eng[1]["engine"].get(k, 0.0) - eng[0]["engine"].get(k, 0.0) for k in eng[1]["engine"]}
-    steps = d.get("engine_step_gpu_seconds_count", 0.0)
-    step = d.get("engine_step_gpu_seconds_sum", 0.0) / steps if steps else None
+    steps = d.get("engine_step_device_seconds_count", 0.0)
+    step = d.get("engine_step_device_seconds_sum", 0.0) / steps if steps else None
     busy, idle = (
-        d.get("engine_gpu_busy_seconds_total", 0.0),
-        d.get("engine_gpu_idle_seconds_total", 0.0),
+        d.get("engine_device_busy_seconds_total", 0.0),
+        d.get("engine_device_idle_seconds_total", 0.0),
     )
     return {
         "step_gpu_s": step,

@@ -147,12 +147,33 @@ _CLASS_OF_CODE: dict[str, type[KVError]] = {
 }
 
 
+# The one exception to the table, by instance: a CapacityError that can never fit (`permanent`:
+# not even on an empty service) is sent with this code, not RESOURCE_EXHAUSTED, because clients
+# and proxies retry RESOURCE_EXHAUSTED with backoff. Its reason stays CAPACITY_EXHAUSTED, its
+# numbers are in the details; read back, a capacity refusal with this code is permanent.
+NEVER_FITS_CODE = "INVALID_ARGUMENT"
+
+
 def status_code_name(cls: type[BaseException]) -> str | None:
     """The status code name of an error class; None for an exception outside the taxonomy."""
     for base in cls.__mro__:
         if base in STATUS_CODES:
             return STATUS_CODES[base]
     return None
+
+
+def status_code_name_of(err: BaseException) -> str | None:
+    """The status code name `err` is sent with: its class's, but NEVER_FITS_CODE for a permanent
+    CapacityError; None for an exception outside the taxonomy."""
+    if isinstance(err, CapacityError) and err.permanent:
+        return NEVER_FITS_CODE
+    return status_code_name(type(err))
+
+
+def capacity_is_permanent(code_name: str, details: Mapping[str, str]) -> bool:
+    """Read back: whether a capacity refusal that came with this code and these details can
+    never fit (NEVER_FITS_CODE, or the details' `permanent` flag)."""
+    return code_name == NEVER_FITS_CODE or details.get("permanent") == "true"
 
 
 def class_of_status(code_name: str) -> type[KVError]:

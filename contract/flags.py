@@ -54,6 +54,14 @@ def setting(
     )
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line (cause and value, then where the flags
+    are listed) with exit status 2, instead of the whole usage text."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: {message} (--help lists every flag)\n")
+
+
 class _EnvText(str):
     """A default taken from the environment, so a bad value names its variable."""
 

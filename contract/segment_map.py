@@ -21,6 +21,7 @@ from collections.abc import Callable
 import torch
 
 from contract import handle
+from contract.ipc_release import IpcMappings
 from contract.layout import KVLayout, LayoutError
 from contract.tensors import TENSOR_NAMES, KVTensors, tensor_specs
 from kernels.uva import UVATensor
@@ -40,6 +41,8 @@ class SegmentMap:
         self._lock = threading.Lock()
         self._registered: dict[int, tuple[torch.Tensor, torch.device]] = {}  # by data_ptr
         self._files: dict[str, tuple[int, int]] = {}  # path -> (st_dev, st_ino) at map time
+        # CUDA IPC storages opened here: closed only once none of them is alive.
+        self.ipc = IpcMappings()
 
     def map_segments(
         self, layout: KVLayout, handles: list[dict], device: torch.device | str
@@ -144,6 +147,8 @@ class SegmentMap:
         `is_owner_alive`, the host registration for `unmap`."""
         t, file_id = handle.open_tensor(h, device)
         if file_id is None:
+            with self._lock:
+                self.ipc.add(h["name"], t)
             return t
         with self._lock:
             self._files[h["path"]] = file_id

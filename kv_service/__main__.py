@@ -14,7 +14,7 @@ from kv_service.config import ServiceConfig
 
 
 def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = flags.OneLineParser(
         prog="python -m kv_service",
         description="HiSparse KV service: owns one GPU's KV memory (host tier in /dev/shm, hot "
         "buffers, index-key pool) and serves kvcache.v1.KVCacheService over gRPC. "
@@ -47,10 +47,12 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         # kernels/__init__ would leave it off; it must be set before any kernel is defined.
         os.environ["TRITON_INTERPRET"] = "1"
     # Imported here so --help and flag errors do not pay for torch and grpc.
-    from kv_service.server import run
+    from kv_service.server import ONE_LINE_ERRORS, run
 
     try:
         return run(config)
+    except ONE_LINE_ERRORS:
+        return 1  # serve() logged the one line that says why
     except Exception as exc:
         # serve() logged the traceback where it happened.
         logging.getLogger("kv_service").error("service failed: %s: %s", type(exc).__name__, exc)

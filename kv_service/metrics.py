@@ -14,30 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from contract.rpc_calls import LATENCY_BUCKETS, RpcMetrics
 from kv_service.records import CoreStats
-
-# RPCs over UDS take ~0.2-0.6 ms; remote swaps 30 us to a few ms per layer.
-LATENCY_BUCKETS = (
-    25e-6,
-    50e-6,
-    100e-6,
-    200e-6,
-    400e-6,
-    800e-6,
-    1.6e-3,
-    3.2e-3,
-    6.4e-3,
-    12.8e-3,
-    25.6e-3,
-    51.2e-3,
-    0.1,
-    0.5,
-    2.0,
-)
 
 
 class _CoreCollector(Collector):
@@ -110,23 +92,7 @@ class ServiceMetrics:
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        rpc = ["grpc_type", "grpc_service", "grpc_method"]
-        self.rpc_started = Counter(
-            "grpc_server_started_total", "RPCs started on the server", rpc, registry=r
-        )
-        self.rpc_handled = Counter(
-            "grpc_server_handled_total",
-            "RPCs completed on the server, by status code",
-            rpc + ["grpc_code"],
-            registry=r,
-        )
-        self.rpc_seconds = Histogram(
-            "grpc_server_handling_seconds",
-            "server time per RPC, from start to its status",
-            rpc + ["grpc_code"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
+        self.rpc = RpcMetrics(r)
         self.message_seconds = Histogram(
             "kvs_session_message_seconds",
             "server time per message of a Session stream",
@@ -143,15 +109,6 @@ class ServiceMetrics:
 
     def bind(self, stats: Callable[[], CoreStats]) -> None:
         self.registry.register(_CoreCollector(stats))
-
-    def rpc_start(self, kind: str, service: str, method: str) -> None:
-        self.rpc_started.labels(kind, service, method).inc()
-
-    def rpc_done(self, kind: str, service: str, method: str, code: str, seconds: float) -> None:
-        """`kind` is grpc_type (unary, client_stream, server_stream, bidi_stream); `code` a
-        grpc.StatusCode name (OK, NOT_FOUND, ...)."""
-        self.rpc_handled.labels(kind, service, method, code).inc()
-        self.rpc_seconds.labels(kind, service, method, code).observe(seconds)
 
     def observe_message(self, message: str, code: str, seconds: float) -> None:
         self.message_seconds.labels(message=message, code=code).observe(seconds)

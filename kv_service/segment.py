@@ -58,6 +58,28 @@ class _SegmentSet:
         self.paths.clear()
 
 
+# The layout fields (service flags) that size each KV tensor, named when they do not fit.
+SIZED_BY = {
+    "hot_kv": ("max_requests", "hot_slots", "num_layers", "row_format"),
+    "host_kv": ("num_pages", "page_size", "num_layers", "row_format"),
+    "index_pool": ("num_pages", "page_size", "num_layers", "index_format"),
+    "token_slot": ("max_requests", "max_context", "num_layers"),
+    "slot_token": ("max_requests", "hot_slots", "num_layers"),
+    "lru_order": ("max_requests", "hot_slots", "num_layers"),
+    "page_table": ("max_requests", "max_context", "page_size"),
+}
+
+
+def sizing(layout: KVLayout) -> Callable[[str], str]:
+    """`--flag value` of every layout field that sizes a tensor, by tensor name."""
+    values = layout.to_dict()
+
+    def flags(name: str) -> str:
+        return ", ".join(f"--{f.replace('_', '-')} {values[f]}" for f in SIZED_BY.get(name, ()))
+
+    return flags
+
+
 _lock = threading.Lock()
 _created: dict[tuple[str, str], list[_SegmentSet]] = {}  # (realpath(shm_dir), instance) -> sets
 _owner_locks: dict[tuple[str, str], shm_file.OwnerLock] = {}  # same keys
@@ -84,7 +106,7 @@ def export_service_memory(
     removed = remove_stale_segments(shm_dir, instance)
     specs = [(n, *spec) for n, spec in service_specs(layout, device).items()]
     memory, handles = _export(
-        specs, device, shm_dir, instance, lambda t: initialize(layout, t, device)
+        specs, device, shm_dir, instance, lambda t: initialize(layout, t, device), sizing(layout)
     )
     log.info(
         "exported %d segments of instance %s on %s in %s: %d bytes host, %.2f s",
@@ -119,7 +141,7 @@ def create_segments(
         clear_all(kv)
         return kv
 
-    kv, handles = _export(specs, device, shm_dir, instance, prepare)
+    kv, handles = _export(specs, device, shm_dir, instance, prepare, sizing(layout))
     log.info(
         "created %d segments of instance %s on %s in %s: %d bytes host, %d bytes total, %.2f s",
         len(handles),
@@ -183,8 +205,10 @@ def _export(
     shm_dir: str,
     instance: str,
     prepare: Callable[[dict[str, torch.Tensor]], T],
+    flags: Callable[[str], str] = lambda name: "",
 ) -> tuple[T, list[dict]]:
-    """Allocate (name, shape, dtype, in_file) specs, fill them with `prepare`, describe them."""
+    """Allocate (name, shape, dtype, in_file) specs, fill them with `prepare`, describe them.
+    `flags(name)`: the settings that size a tensor, for the error when they do not fit."""
     shm_file.check_room(
         shm_dir,
         {
@@ -192,6 +216,7 @@ def _export(
             for name, shape, dtype, in_file in specs
             if in_file
         },
+        sizing=flags,
     )
     _hold_owner_lock(shm_dir, instance)
     seg = _SegmentSet()

@@ -41,11 +41,20 @@ HEALTH_NAMES = ("", SERVICE_NAME)
 STOP_GRACE_SECONDS = 1.0
 
 
+class StartupError(RuntimeError):
+    """The service cannot start for a reason its message states in full (a flag, a file):
+    logged as one line, without a traceback."""
+
+
+# Start-up failures whose message says it all.
+ONE_LINE_ERRORS = (StartupError, shm_file.NoRoom)
+
+
 def resolve_device(choice: str) -> torch.device:
     if choice == "auto":
         choice = "cuda" if torch.cuda.is_available() else "cpu"
     if choice == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("--device cuda but CUDA is not available")
+        raise StartupError("--device cuda, but CUDA is not available here: use --device cpu")
     return (
         torch.device("cuda", torch.cuda.current_device())
         if choice == "cuda"
@@ -118,9 +127,11 @@ def _prepare_uds(path: str) -> None:
     if not os.path.lexists(path):
         return
     if not stat.S_ISSOCK(os.lstat(path).st_mode):
-        raise RuntimeError(f"{path} exists and is not a socket")
+        raise StartupError(f"--uds {path} exists and is not a socket: pick another path")
     if _socket_in_use(path):
-        raise RuntimeError(f"{path}: another service is listening there")
+        raise StartupError(
+            f"--uds {path}: another service is listening there: stop it or pick another path"
+        )
     os.unlink(path)
     log.warning("removed stale socket %s", path)
 
@@ -284,9 +295,12 @@ async def serve(config: ServiceConfig) -> int:
             )
         await stop.wait()
         await _drain(servicer, health, config.drain_timeout)
-    except BaseException:
+    except ONE_LINE_ERRORS as e:
         # Logged here, before the socket closes: whoever watches health and then reads the log
         # must find the cause, not only "stopped".
+        log.error("service cannot start: %s", e.strerror if isinstance(e, OSError) else e)
+        raise
+    except BaseException:
         log.exception("service stopping on an error")
         raise
     finally:

@@ -97,20 +97,61 @@ def path_for(shm_dir: str, instance: str, name: str) -> str:
     return os.path.join(shm_dir, f"hisparse-{instance}-{os.getpid()}-{name}")
 
 
+class NoRoom(OSError):
+    """The segments do not fit the shm filesystem: a start-up error whose message says it all
+    (no traceback needed)."""
+
+    def __init__(self, message: str, path: str) -> None:
+        super().__init__(errno.ENOSPC, message, path)
+
+
+def human(nbytes: int) -> str:
+    """Bytes in decimal units, as df -H and docker's shm_size count them."""
+    for unit, size in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if nbytes >= size:
+            return f"{nbytes / size:.1f} {unit}"
+    return f"{nbytes} B"
+
+
 def check_room(
-    shm_dir: str, wanted: dict[str, int], statvfs: Callable[[str], os.statvfs_result] = os.statvfs
+    shm_dir: str,
+    wanted: dict[str, int],
+    statvfs: Callable[[str], os.statvfs_result] = os.statvfs,
+    sizing: Callable[[str], str] = lambda name: "",
 ) -> None:
-    """Raise ENOSPC, saying what is there, unless `wanted` ({segment name: bytes}) fits."""
+    """Raise NoRoom, saying what is there, unless `wanted` ({segment name: bytes}) fits.
+    `sizing(name)` names the flags that size a segment."""
     st = statvfs(shm_dir)
     if sum(wanted.values()) > st.f_bavail * st.f_frsize:
-        raise OSError(errno.ENOSPC, no_room_message(shm_dir, wanted, st), shm_dir)
+        raise NoRoom(no_room_message(shm_dir, wanted, st, sizing), shm_dir)
 
 
-def no_room_message(shm_dir: str, wanted: dict[str, int], st: os.statvfs_result) -> str:
-    """What an operator needs when segments do not fit: the sizes wanted, the space free, the
-    other hisparse files present with their owners, and space held by no visible file."""
+def no_room_message(
+    shm_dir: str,
+    wanted: dict[str, int],
+    st: os.statvfs_result,
+    sizing: Callable[[str], str] = lambda name: "",
+) -> str:
+    """One line for an operator: what the segments need (largest first, with the flags that
+    size them), what is free, what else holds the room (other hisparse files and their owners,
+    space held by no visible file, deleted segments still mapped), and the fix."""
     free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
-    sizes = ", ".join(f"{name} {n}" for name, n in sorted(wanted.items()))
+    largest = sorted(wanted.items(), key=lambda kv: -kv[1])
+    sizes = ", ".join(
+        f"{name} {human(n)}{f' ({sizing(name)})' if sizing(name) else ''}"
+        for name, n in largest[:3]
+    )
+    more = f" and {len(largest) - 3} smaller" if len(largest) > 3 else ""
+    held = _held_elsewhere(shm_dir, total - st.f_bfree * st.f_frsize)
+    return (
+        f"no room for the KV segments in {shm_dir}: they need {human(sum(wanted.values()))} "
+        f"({sizes}{more}), {human(free)} of {human(total)} is free{held}. Lower those flags "
+        "(or their KVS_* variables), or give the shm filesystem more room (docker: shm_size)"
+    )
+
+
+def _held_elsewhere(shm_dir: str, used: int) -> str:
+    """What else uses the filesystem, when anything does: '' or '; ...' clauses."""
     owners: dict[tuple[str, int], int] = {}
     visible = 0
     for entry, m in scan(shm_dir, ANY_RE):
@@ -118,26 +159,21 @@ def no_room_message(shm_dir: str, wanted: dict[str, int], st: os.statvfs_result)
         visible += size
         key = (m["instance"], int(m["pid"]))
         owners[key] = owners.get(key, 0) + size
-    others = (
-        "; ".join(
-            f"instance {inst} pid {pid}: {n} bytes ({_owner_state(shm_dir, inst, pid)})"
-            for (inst, pid), n in sorted(owners.items())
+    parts = [
+        f"instance {inst} pid {pid} holds {human(n)} ({_owner_state(shm_dir, inst, pid)})"
+        for (inst, pid), n in sorted(owners.items())
+    ]
+    hidden = max(0, used - visible)
+    if hidden:
+        parts.append(
+            f"{human(hidden)} is used by files that are not hisparse's or are deleted but "
+            "still mapped (an engine holding a dead service's segments lets go when it notices)"
         )
-        or "none"
-    )
-    hidden = max(0, total - st.f_bfree * st.f_frsize - visible)
-    mapped = (
-        "; ".join(f"pid {pid}: {n} bytes" for pid, n in sorted(deleted_mappings(shm_dir).items()))
-        or "none visible from here"
-    )
-    return (
-        f"no room for {sum(wanted.values())} bytes of segments ({sizes}) in {shm_dir}: "
-        f"{free} of {total} bytes free; other hisparse files: {others}; {hidden} bytes used "
-        "by files that are not hisparse's or are deleted but still mapped (an engine still "
-        "holding a dead service's segments lets go when it notices); deleted hisparse "
-        f"segments still mapped: {mapped}. Free them, or raise the size of the shm "
-        "filesystem (docker: shm_size)"
-    )
+    parts += [
+        f"pid {pid} still maps {human(n)} of deleted segments"
+        for pid, n in sorted(deleted_mappings(shm_dir).items())
+    ]
+    return "".join(f"; {p}" for p in parts)
 
 
 def deleted_mappings(shm_dir: str) -> dict[int, int]:
@@ -185,8 +221,7 @@ def reserve(fd: int, nbytes: int, path: str) -> None:
     except OSError as e:
         if e.errno == errno.ENOSPC:
             shm_dir = os.path.dirname(path)
-            raise OSError(
-                errno.ENOSPC,
+            raise NoRoom(
                 no_room_message(shm_dir, {os.path.basename(path): nbytes}, os.statvfs(shm_dir)),
                 path,
             ) from e

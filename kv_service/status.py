@@ -22,6 +22,15 @@ log = logging.getLogger(__name__)
 
 # Capacity details come as <unit>_needed / <unit>_free / <unit>_total.
 _QUOTA_SUFFIXES = ("_needed", "_free", "_total")
+# The codes a client may retry unchanged (with backoff): the same call can succeed later. Every
+# other code needs a change first (kvcache.proto documents both, per RPC).
+RETRYABLE_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -46,7 +55,9 @@ def status_of(exc: BaseException) -> Status:
         details = dict(exc.details)
         if isinstance(exc, errors.CapacityError):
             details["permanent"] = str(exc.permanent).lower()
-        return Status(code_for(type(exc)), exc.message, exc.reason, details)
+        # The table's code; one that can never fit gets a code nobody retries (NEVER_FITS_CODE).
+        code = grpc.StatusCode[errors.status_code_name_of(exc) or "INTERNAL"]
+        return Status(code, exc.message, exc.reason, details)
     log.error("internal error", exc_info=exc)
     return Status(
         grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}", errors.KVError.reason
@@ -81,7 +92,7 @@ def rich_status(status: Status) -> grpc.Status:
         reason=status.reason, domain=errors.DOMAIN, metadata=status.details
     )
     extra = [_packed(info)]
-    quota = _quota(status.details) if status.code is grpc.StatusCode.RESOURCE_EXHAUSTED else None
+    quota = _quota(status.details)  # capacity numbers, now or for good
     if quota is not None:
         extra.append(_packed(quota))
     proto = status_pb2.Status(code=status.code.value[0], message=status.message, details=extra)

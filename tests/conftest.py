@@ -3,8 +3,13 @@ import os
 import pytest
 import torch
 
+from tests.leftovers import Session
+
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# Before any test makes a temporary file: every one goes under this session's own root.
+SESSION = Session.begin()
 
 
 def pytest_collection_modifyitems(config, items):
@@ -14,6 +19,20 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the run when it leaves temporary files, /dev/shm files or processes behind."""
+    left = SESSION.leftovers()
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        lines = [f"the test session left these behind ({len(left)}):", *left]
+        if reporter is not None:
+            reporter.write_sep("=", "leftovers", red=True)
+            for line in lines:
+                reporter.write_line(line)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    SESSION.end(keep=bool(left) or exitstatus != 0)
 
 
 @pytest.fixture

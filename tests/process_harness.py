@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -51,7 +52,8 @@ def workdir(prefix: str = "hse") -> Iterator[str]:
 def cuda_shm_dir(path: str) -> str:
     """A service on CUDA needs its host tier on tmpfs: since Linux 6.5 cudaHostRegister cannot
     pin a file of another filesystem (/tmp is ext4 on the GPU box). Removed with `workdir`."""
-    return os.path.join("/dev/shm", os.path.basename(path) + "-shm")
+    marker = os.path.basename(tempfile.gettempdir())  # the session's (tests/leftovers.py)
+    return os.path.join("/dev/shm", f"{marker}-{os.path.basename(path)}-shm")
 
 
 # Seconds a child may take to report SERVING: on a GPU the service registers its host tier and
@@ -60,8 +62,13 @@ STARTUP = {"cpu": 60, "cuda": 300}
 
 
 def start_service(
-    path: str, layout: KVLayout = LAYOUT, lease: float = 30.0, device: str = "cpu"
+    path: str,
+    layout: KVLayout = LAYOUT,
+    lease: float = 30.0,
+    device: str = "cpu",
+    unset: tuple[str, ...] = (),
 ) -> ServiceProcess:
+    """A SERVING service; `unset`: environment variables the child must not inherit."""
     # The last --device wins over the harness's "--device cpu".
     svc = ServiceProcess(
         path,
@@ -75,6 +82,8 @@ def start_service(
         layout=layout,
         shm_dir=cuda_shm_dir(path) if device == "cuda" else None,
     )
+    for name in unset:
+        svc.env.pop(name, None)
     return svc.start().wait_serving(STARTUP[device])
 
 

@@ -18,6 +18,7 @@ from contract.layout import KVLayout
 from engine_client.serve.procs import KV_SERVICE_NAME, ManagedProcess, service_command, service_env
 from proto.kvcache.v1 import kvcache_pb2 as pb
 from proto.kvcache.v1 import kvcache_pb2_grpc as pb_grpc
+from tests.leftovers import SPAWNED
 
 TINY = KVLayout(
     num_layers=2,
@@ -33,8 +34,9 @@ SERVICE = KV_SERVICE_NAME
 
 
 def short_tmpdir(prefix: str) -> str:
-    # A UDS path must fit in 107 bytes; pytest's tmp_path can be longer.
-    return tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+    # A UDS path must fit in 107 bytes; pytest's tmp_path can be longer. The session's own
+    # temporary root (tests/leftovers.py) is short.
+    return tempfile.mkdtemp(prefix=prefix, dir=tempfile.gettempdir())
 
 
 def free_port() -> int:
@@ -81,6 +83,7 @@ class ServiceProcess(ManagedProcess):
 
     def start(self) -> ServiceProcess:
         super().start()
+        SPAWNED.add(self.proc.pid)  # its /dev/shm files are this session's
         # The socket appears only once the service listens: retry connecting fast meanwhile.
         self.channel = grpc.insecure_channel(
             self.target,

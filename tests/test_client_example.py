@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -52,6 +53,7 @@ def test_example_decodes_against_a_service_process() -> None:
         assert stats.requests == 0 and stats.misses == int(swapped[1])  # released, reported
     finally:
         svc.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def test_doc_shows_the_example_file() -> None:

@@ -80,6 +80,26 @@ def test_one_status_table_both_ways() -> None:
     assert client.code_of(ValueError()) is grpc.StatusCode.UNKNOWN
 
 
+def test_never_fits_is_one_rule_both_ways() -> None:
+    """A permanent capacity error is sent as the contract's NEVER_FITS_CODE (the service's
+    status_of, the client's code_of) and read back as permanent from that code, even without
+    the `permanent` detail; a temporary one keeps the table's RESOURCE_EXHAUSTED."""
+    import grpc
+
+    import contract.errors as c
+    from engine_client.client import errors as client
+    from kv_service.status import status_of
+
+    never, later = c.CapacityError("x", permanent=True), c.CapacityError("x")
+    assert status_of(never).code is client.code_of(never) is grpc.StatusCode.INVALID_ARGUMENT
+    assert status_of(later).code is client.code_of(later) is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert status_of(never).reason == status_of(later).reason == "CAPACITY_EXHAUSTED"
+    back = client.from_status(grpc.StatusCode.INVALID_ARGUMENT, "x", {}, "CAPACITY_EXHAUSTED")
+    assert type(back) is c.CapacityError and back.permanent and back.details == {}
+    again = client.from_status(grpc.StatusCode.RESOURCE_EXHAUSTED, "x", {}, "CAPACITY_EXHAUSTED")
+    assert type(again) is c.CapacityError and not again.permanent
+
+
 def test_prefixed_keeps_class_details_and_permanence() -> None:
     from contract.errors import CapacityError
 

@@ -196,9 +196,14 @@ def test_engine_sizes_follow_the_service_layout(stack: dict) -> None:
 
 @needs_compose
 def test_namespaces_and_volumes(stack: dict) -> None:
-    svc, eng = stack["kv-service"], stack["engine"]
-    assert svc["ipc"] == "shareable"
-    assert eng["ipc"] == "service:kv-service" and eng["pid"] == "service:kv-service"
+    """Both join the holder's IPC and PID namespaces (CUDA IPC needs both shared, the engine
+    checks its service's pid), never each other's: a restart of either leaves the other."""
+    holder, svc, eng = stack["holder"], stack["kv-service"], stack["engine"]
+    assert holder["ipc"] == "shareable" and "pid" not in holder
+    assert holder["command"] == ["sleep", "infinity"] and holder["restart"] == "unless-stopped"
+    assert holder["network_mode"] == "none" and "volumes" not in holder
+    for joined in (svc, eng):
+        assert joined["ipc"] == "service:holder" and joined["pid"] == "service:holder"
     mounts = {
         name: dict(reversed(v.split(":")[:2]) for v in stack[name]["volumes"])
         for name in ("kv-service", "engine")
@@ -237,9 +242,9 @@ def shm_needed(env: dict, device: str) -> int:
 @needs_compose
 def test_shm_size_fits_the_configured_layout(stack: dict) -> None:
     env = stack["kv-service"]["environment"]
-    assert parse_size(stack["kv-service"]["shm_size"]) >= shm_needed(env, env["KVS_DEVICE"])
-    # The engine shares the service's /dev/shm; a size of its own would be ignored.
-    assert "shm_size" not in stack["engine"]
+    assert parse_size(stack["holder"]["shm_size"]) >= shm_needed(env, env["KVS_DEVICE"])
+    # Both share the holder's /dev/shm; a size of their own would be ignored.
+    assert "shm_size" not in stack["kv-service"] and "shm_size" not in stack["engine"]
 
 
 @needs_compose
@@ -247,7 +252,7 @@ def test_shm_size_and_layout_come_from_env() -> None:
     data = resolved(
         GPU_FILE, HISPARSE_GPU_UUID=FAKE_UUID, HISPARSE_SHM_SIZE="80g", HISPARSE_NUM_PAGES="16384"
     )["services"]
-    assert parse_size(data["kv-service"]["shm_size"]) == 80 << 30
+    assert parse_size(data["holder"]["shm_size"]) == 80 << 30
     assert data["kv-service"]["environment"]["KVS_NUM_PAGES"] == "16384"
 
 
@@ -268,7 +273,12 @@ def test_healthchecks_start_order_and_restarts(stack: dict) -> None:
         test = stack[name]["healthcheck"]["test"]
         assert test[:2] == ["CMD", "hisparse-healthcheck"], test
         assert f"unix://{sock}" in test and test[test.index("--service") + 1] == service
-    assert stack["engine"]["depends_on"] == {"kv-service": {"condition": "service_healthy"}}
+    assert stack["kv-service"]["depends_on"] == {"holder": {"condition": "service_started"}}
+    assert stack["engine"]["depends_on"] == {
+        "holder": {"condition": "service_started"},
+        "kv-service": {"condition": "service_healthy"},
+    }
+    assert stack["holder"]["healthcheck"] == {"test": ["NONE"]}
     assert stack["loadgen"]["depends_on"] == {"engine": {"condition": "service_healthy"}}
     assert stack["loadgen"]["healthcheck"] == {"test": ["NONE"]}
     assert stack["kv-service"]["restart"] == "unless-stopped"

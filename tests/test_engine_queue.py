@@ -1,6 +1,6 @@
 """The engine's queue policy (engine_client/loop/scheduler.py), in-process on the baseline KV side
 with an admission gate in front of it:
-- a request the KV side refuses as permanently too large ends at once with RESOURCE_EXHAUSTED
+- a request the KV side refuses as permanently too large ends at once with INVALID_ARGUMENT
   and the numbers, and a small request behind it is served;
 - smaller requests pass a head that waits for capacity, while the head is young;
 - once the head is old, nothing passes it: it is admitted first when capacity frees;
@@ -83,7 +83,7 @@ def test_never_fitting_request_is_refused_at_once_and_the_next_is_served() -> No
             await engine.stop()
 
     big, small, gate = asyncio.run(run())
-    assert big.finish is Finish.ERROR and big.status is FailStatus.RESOURCE_EXHAUSTED
+    assert big.finish is Finish.ERROR and big.status is FailStatus.INVALID_ARGUMENT
     assert "tokens_needed=80" in big.error and "tokens_total=20" in big.error
     assert gate.refusals == 1  # refused once, not retried
     assert small.finish is Finish.LENGTH and len(small.tokens) == SMALL[1]
@@ -179,7 +179,7 @@ def test_metrics_count_tokens_steps_and_device_time() -> None:
     assert samples["engine_time_to_first_token_seconds_count"] == 3
     assert samples["engine_inter_token_latency_seconds_count"] == n_tokens - 3
     assert samples["engine_steps_total"] == steps > 0
-    assert samples["engine_step_gpu_seconds_count"] == steps
-    assert samples["engine_gpu_busy_seconds_total"] > 0
-    assert 0 <= samples["engine_gpu_idle_fraction"] < 1
+    assert samples["engine_step_device_seconds_count"] == steps
+    assert samples["engine_device_busy_seconds_total"] > 0
+    assert 0 <= samples["engine_device_idle_fraction"] < 1
     assert samples["engine_queue_depth"] == 0 and samples["engine_running_requests"] == 0

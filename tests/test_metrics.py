@@ -4,6 +4,7 @@ and status codes, and the naming conventions (no `_total` on gauges, base units)
 from __future__ import annotations
 
 import os
+import shutil
 import urllib.request
 
 import grpc
@@ -37,10 +38,8 @@ def rpc(method: str, kind: str = "unary", **more: str) -> dict[str, str]:
 
 
 def test_grpc_server_series_count_every_rpc_by_code() -> None:
-    port = free_port()
-    svc = ServiceProcess(
-        short_tmpdir("kvsvc-m"), f"m{os.getpid()}", "--metrics-port", str(port), token="s3cret"
-    )
+    port, workdir = free_port(), short_tmpdir("kvsvc-m")
+    svc = ServiceProcess(workdir, f"m{os.getpid()}", "--metrics-port", str(port), token="s3cret")
     try:
         svc.start().wait_serving()
         session = SessionClient(svc, attach(svc))
@@ -96,3 +95,4 @@ def test_grpc_server_series_count_every_rpc_by_code() -> None:
             ), name
     finally:
         svc.stop()
+        shutil.rmtree(workdir, ignore_errors=True)

@@ -104,12 +104,14 @@ def test_aio_client_decodes_the_same_details(svc: ServiceProcess) -> None:
 
 
 def test_request_that_can_never_fit_is_refused_at_once_as_permanent(svc: ServiceProcess) -> None:
+    """INVALID_ARGUMENT, which nobody retries (RESOURCE_EXHAUSTED is for "not now")."""
     s = SessionClient(svc, attach(svc))
     reply = s.admit("huge", 60, 60).error
-    assert reply.code == C.RESOURCE_EXHAUSTED.value[0] and reply.reason == "CAPACITY_EXHAUSTED"
+    assert reply.code == C.INVALID_ARGUMENT.value[0] and reply.reason == "CAPACITY_EXHAUSTED"
     assert reply.details["permanent"] == "true" and reply.details["tokens_needed"] == "120"
     err = errors.from_status(reply.code, reply.message, dict(reply.details), reply.reason)
     assert type(err) is errors.CapacityError and err.permanent
+    assert errors.code_of(err) is C.INVALID_ARGUMENT
     assert err.details["tokens_total"] == str(TINY.max_context)
     assert s.admit("fits", 8, 8).HasField("admitted")
     s.send(detach=pb.Detach())

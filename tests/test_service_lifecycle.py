@@ -4,6 +4,7 @@ service removed by the next one, and the command line's flags, environment and v
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -144,7 +145,7 @@ def test_cli_flags_env_and_validation(capsys: pytest.CaptureFixture) -> None:
     assert "KVS_NUM_PAGES" in help_text and "from-env" not in help_text
 
 
-def test_start_up_failure_is_logged_with_its_traceback() -> None:
+def test_start_up_failure_for_room_is_one_line_naming_the_flags() -> None:
     workdir = short_tmpdir("kvsvc-f")
     os.makedirs(os.path.join(workdir, "shm"))
     st = os.statvfs(os.path.join(workdir, "shm"))
@@ -157,13 +158,12 @@ def test_start_up_failure_is_logged_with_its_traceback() -> None:
         svc.start()
         assert svc.wait_exit(60) == 1
         log = svc.log()
-        # The cause, with its traceback, comes before the socket closes and "stopped".
-        assert (
-            log.index("service stopping on an error")
-            < log.index("Traceback")
-            < log.index("no room for")
-            < log.index("stopped;")
-        ), log
+        # The cause, in one line, comes before the socket closes and "stopped".
+        assert log.index("service cannot start: no room for") < log.index("stopped;"), log
+        (line,) = [x for x in log.splitlines() if "no room for" in x]
+        assert f"--num-pages {too_many}" in line and "is free" in line, line
+        assert re.search(r"they need [0-9.]+ [kMG]B", line), line
+        assert "Traceback" not in log and "Errno" not in log, log
         assert svc.segment_files() == []
     finally:
         svc.kill()

@@ -157,11 +157,17 @@ def test_no_room_message_names_what_it_found(tmp_path: Path, owners) -> None:
     owners.append(live)
     frsize = 4096
     st = os.statvfs_result((frsize, frsize, 1000, 10, 10, 0, 0, 0, 0, 255))
-    msg = shm_file.no_room_message(str(tmp_path), {"host_kv": 123456, "xchg_topk": 64}, st)
-    assert "no room for 123520 bytes of segments (host_kv 123456, xchg_topk 64)" in msg
-    assert f"40960 of {1000 * frsize} bytes free" in msg
+    msg = shm_file.no_room_message(
+        str(tmp_path), {"host_kv": 123456, "xchg_topk": 64}, st, lambda n: f"--x-{n}"
+    )
+    assert (
+        "they need 123.5 kB (host_kv 123.5 kB (--x-host_kv), xchg_topk 64 B (--x-xchg_topk))" in msg
+    )
+    assert f"41.0 kB of {shm_file.human(1000 * frsize)} is free" in msg
     dead_bytes = sum(os.path.getsize(tmp_path / n) for n in dead.files)
-    assert f"instance old pid {dead.proc.pid}: {dead_bytes} bytes (owner dead)" in msg
+    assert (
+        f"instance old pid {dead.proc.pid} holds {shm_file.human(dead_bytes)} (owner dead)" in msg
+    )
     assert "instance busy pid" in msg and "(owner alive)" in msg
     hidden = (
         1000 * frsize
@@ -169,7 +175,8 @@ def test_no_room_message_names_what_it_found(tmp_path: Path, owners) -> None:
         - dead_bytes
         - sum(os.path.getsize(tmp_path / n) for n in live.files)
     )
-    assert f"; {hidden} bytes used by files that are not hisparse's" in msg
+    assert f"; {shm_file.human(hidden)} is used by files that are not hisparse's" in msg
+    assert "\n" not in msg
 
 
 def test_segments_larger_than_free_space_are_refused_with_the_numbers(tmp_path: Path) -> None:
@@ -177,9 +184,10 @@ def test_segments_larger_than_free_space_are_refused_with_the_numbers(tmp_path: 
     free = st.f_bavail * st.f_frsize
     row_pages = LAYOUT.num_layers * LAYOUT.page_size * LAYOUT.row_bytes
     huge = KVLayout(**{**LAYOUT.to_dict(), "num_pages": free // row_pages + 1})
-    with pytest.raises(OSError) as err:
+    with pytest.raises(shm_file.NoRoom) as err:
         segment.create_segments(huge, "cpu", str(tmp_path), "big")
-    assert "no room for" in str(err.value) and f"host_kv {huge.host_tier_bytes}" in str(err.value)
+    host = f"host_kv {shm_file.human(huge.host_tier_bytes)} (--num-pages {huge.num_pages}, "
+    assert "no room for the KV segments" in str(err.value) and host in str(err.value)
     assert os.listdir(tmp_path) == []
 
 
@@ -202,7 +210,7 @@ def test_no_room_message_names_processes_mapping_deleted_segments(tmp_path: Path
     held = shm_file.deleted_mappings(str(tmp_path))
     assert held[os.getpid()] >= LAYOUT.host_tier_bytes
     st = os.statvfs(tmp_path)
-    assert f"pid {os.getpid()}: {held[os.getpid()]} bytes" in shm_file.no_room_message(
-        str(tmp_path), {"host_kv": 1}, st
+    assert f"pid {os.getpid()} still maps {shm_file.human(held[os.getpid()])}" in (
+        shm_file.no_room_message(str(tmp_path), {"host_kv": 1}, st)
     )
     del kv

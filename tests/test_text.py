@@ -165,3 +165,23 @@ def test_a_resumed_request_gets_its_text_and_stop_strings_back(tmp_path: Path) -
     again = _resumed(held, saved, tiny)
     assert again is not None and again.finish is Finish.STOP
     assert "".join(again.texts) == "one two "
+
+
+def test_a_request_revived_after_a_service_loss_streams_its_text_on() -> None:
+    """A text request failed with its KV service (end: the held text goes out as the tail) and
+    revived on resume: its text goes on, and every token's text is the decode of all tokens."""
+    from engine_client.loop.request import Finish, GenRequest, SamplingParams
+
+    ids = VOCAB.encode(SPLIT_TEXT)
+    cut = [VOCAB.tokenizer.id_to_token(i) for i in ids].index("ðŁĻ")  # half of 🙃
+    req = GenRequest("r1", (5, 6), len(ids), SamplingParams(), text=TextStream(VOCAB))
+    for t in ids[: cut + 1]:
+        assert req.add_token(t, 0.0) is None
+    req.lost_kv = True
+    req.end(Finish.ERROR, "KV service lost")
+    assert req.tail == "\ufffd"  # the failed stream's end flushed the half character
+    req.revive()
+    assert req.tail == "" and req.replayed == cut + 1
+    for t in ids[cut + 1 :]:
+        req.add_token(t, 0.0)
+    assert "".join(req.texts) == SPLIT_TEXT and req.texts[cut + 1] == "🙃"

@@ -9,6 +9,10 @@ from dataclasses import dataclass
 from contract.flags import setting
 from engine_client.serve.config import DEVICES, KV_MODES, engine_target_default, grpc_target
 
+# Proto field limits: token ids are int32, the seed uint64 (decode.v1.GenerateRequest).
+TOKEN_ID_LIMIT = 2**31
+SEED_LIMIT = 2**64
+
 
 def token_ids(text: str) -> tuple[int, ...]:
     """'1,2,3' -> (1, 2, 3), with a hint for text given where ids belong."""
@@ -16,6 +20,12 @@ def token_ids(text: str) -> tuple[int, ...]:
         return tuple(int(t) for t in text.replace(",", " ").split())
     except ValueError:
         raise ValueError("token ids are integers like 1,2,3; for text use --text") from None
+
+
+def _check_ids(flag: str, ids: tuple[int, ...]) -> None:
+    bad = next((t for t in ids if not 0 <= t < TOKEN_ID_LIMIT), None)
+    if bad is not None:
+        raise ValueError(f"{flag}: token id {bad} is out of range: ids are in [0, 2^31)")
 
 
 @dataclass(frozen=True)
@@ -42,7 +52,9 @@ class GenerateConfig:
     max_new_tokens: int = setting(16, help="most tokens to generate")
     temperature: float = setting(0.0, help="sampling temperature; 0 is greedy")
     seed: int = setting(0, help="sampling seed")
-    stop_token_ids: tuple[int, ...] = setting((), flag="stop", help="stop token ids, e.g. '2,7'")
+    stop_token_ids: tuple[int, ...] = setting(
+        (), flag="stop", help="stop token ids, e.g. '2,7'", parse=token_ids
+    )
     resume_request_id: str = setting(
         "", flag="resume", help="request id to resume after an engine restart (serve --state-file)"
     )
@@ -63,8 +75,10 @@ class GenerateConfig:
             raise ValueError("give --text or --chat, not both")
         if not self.prompt and not self.resume_request_id and not self.text and not self.chat:
             raise ValueError("a prompt is needed: --ids, --text or --chat")
-        if any(t < 0 for t in self.prompt):
-            raise ValueError("token ids must be >= 0")
+        _check_ids("--ids", self.prompt)
+        _check_ids("--stop", self.stop_token_ids)
+        if not 0 <= self.seed < SEED_LIMIT:
+            raise ValueError(f"--seed {self.seed} is out of range: seeds are in [0, 2^64)")
         if not 1 <= self.max_new_tokens <= 1 << 20:
             raise ValueError(f"max_new_tokens must be in 1..2^20, got {self.max_new_tokens}")
         if self.temperature < 0:

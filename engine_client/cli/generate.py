@@ -147,9 +147,14 @@ async def run_generation(
     result = GenerationResult(request_id=cfg.resume_request_id)
     async with grpc.aio.insecure_channel(target) as channel:
         await reachability.wait_ready(channel, reachability.ENGINE, target, connect_timeout)
-        async for index, token in generate_stream(
-            channel, cfg, result, on_request_id=on_request_id, on_text=on_text
-        ):
-            if on_token is not None:
-                on_token(index, token)
+        try:
+            async for index, token in generate_stream(
+                channel, cfg, result, on_request_id=on_request_id, on_text=on_text
+            ):
+                if on_token is not None:
+                    on_token(index, token)
+        except errors.KVError as e:
+            if errors.code_of(e) is not grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            raise (await reachability.wrong_peer(channel, reachability.ENGINE, target)) or e
     return result

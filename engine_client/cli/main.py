@@ -92,6 +92,8 @@ def engine_config(args: argparse.Namespace, env: Mapping[str, str]) -> EngineCon
 
 
 def _generate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    import grpc
+
     from engine_client.cli.generate import run_generation
     from engine_client.client import errors, reachability
 
@@ -126,17 +128,18 @@ def _generate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
                 on_text=show_text if cfg.text_output else None,
             )
         )
-    except reachability.Unreachable as e:
+    except (reachability.Unreachable, reachability.WrongPeer) as e:
         print(f"generate: {e}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(e, reachability.WrongPeer) else 1
     except errors.KVError as e:
         lead = "\n" if shown else ""  # end the line of tokens first
+        code = errors.code_of(e)
         print(
-            f"{lead}generate: error ({errors.code_of(e).name}) from the engine at "
-            f"{cfg.target}: {e}",
+            f"{lead}generate: error ({code.name}) from the engine at {cfg.target}: {e}",
             file=sys.stderr,
         )
-        return 1
+        # The engine refused what we asked (a flag's value): a usage error, like ours.
+        return 2 if code is grpc.StatusCode.INVALID_ARGUMENT else 1
     print()
     print(result.summary())
     return 0 if result.finish_reason in ("LENGTH", "STOP") else 1
@@ -151,7 +154,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 
 def _main(argv: Sequence[str] | None, env: Mapping[str, str] | None) -> int:
     env = os.environ if env is None else env
-    parser = argparse.ArgumentParser(
+    parser = flags.OneLineParser(
         prog="python -m engine_client", description="HiSparse decode engine and its clients."
     )
     sub = parser.add_subparsers(dest="command", required=True)

@@ -33,8 +33,9 @@ from contract.errors import (
     Unauthenticated,
     UnknownRequest,
     UnknownSession,
+    capacity_is_permanent,
     class_of_status,
-    status_code_name,
+    status_code_name_of,
 )
 
 __all__ = [
@@ -68,11 +69,12 @@ def status_code(value: int | grpc.StatusCode) -> grpc.StatusCode:
 
 
 def code_of(err: BaseException) -> grpc.StatusCode:
-    """The gRPC status code an error class stands for (for messages and exit codes)."""
+    """The gRPC status code an error stands for (for messages and exit codes): the contract's
+    table as the service sends it, a permanent capacity error's NEVER_FITS_CODE included."""
     code = getattr(err, "status", None)
     if isinstance(code, grpc.StatusCode):
         return code
-    return grpc.StatusCode[status_code_name(type(err)) or "UNKNOWN"]
+    return grpc.StatusCode[status_code_name_of(err) or "UNKNOWN"]
 
 
 def from_status(
@@ -82,12 +84,14 @@ def from_status(
     reason: str = "",
 ) -> KVError:
     """The typed error for a status: by ErrorInfo reason when known, else by status code
-    (contract.errors.STATUS_CODES, read back). The base class keeps the code in `status`."""
+    (contract.errors.STATUS_CODES, read back; a capacity refusal's permanence too). The base
+    class keeps the code in `status`."""
     code = status_code(code)
     details = dict(details or {})
     cls = BY_REASON.get(reason) or class_of_status(code.name)
     if issubclass(cls, CapacityError):
-        permanent = details.pop("permanent", "false") == "true"
+        permanent = capacity_is_permanent(code.name, details)
+        details.pop("permanent", None)
         return cls(message or code.name, details, permanent=permanent)
     err = cls(message or code.name, details)
     if cls is KVError:

@@ -6,13 +6,8 @@ Failure rules:
   lost stream;
 - one reader task matches replies to requests by seq; when the stream breaks, every pending
   request fails at once with ServiceUnavailable;
-- after a break the client re-attaches once with its session id. A service that is gone, or
-  that restarted (new epoch, or it no longer knows the session), makes the client dead:
-  `check_alive` raises, so the engine launches nothing more on the mapped memory and discards
-  the step that was running. Between steps the engine then calls `let_go`, which unmaps every
-  segment of the lost service (a deleted /dev/shm file stays allocated while mapped), and
-  `reattach`, which waits for a service at the same address (a new epoch), attaches as a new
-  session, maps its memory and points the compute at it;
+- after a break, or once the service is lost: `engine_client.client.reattach` (the same
+  session again, or `let_go` of the lost memory and `reattach` to the successor);
 - gRPC errors become typed errors through `engine_client.client.errors`: failed calls in
   `errors.rpc_errors`, in-band Error replies in `_result`;
 - what Attach returns is checked and mapped in `engine_client.client.attachment`.
@@ -30,15 +25,15 @@ import grpc
 from contract import codec, segment_map
 from contract.layout import KVLayout
 from contract.tensors import KVTensors
-from engine_client.client import attachment, errors, reachability
+from engine_client.client import address, attachment, errors, reachability
 from engine_client.client.control import (
     Admission,
     HeldRequest,
     KVStats,
-    MemoryUser,
     PrefixLookup,
     StepReport,
 )
+from engine_client.client.reattach import Reattachment
 from engine_client.client.remote_swap_call import RemoteSwapCall
 from engine_client.client.session_stream import NotSent, SessionStream
 from proto.kvcache.v1 import kvcache_pb2 as pb
@@ -54,11 +49,9 @@ CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
-# Between two failed re-attach attempts (doubling): a service that answers but refuses us.
-REATTACH_BACKOFF = (0.1, 5.0)
 
 
-class KVClient:
+class KVClient(Reattachment):
     """One engine's session with one KV service. Use `await KVClient.connect(...)`."""
 
     def __init__(
@@ -73,7 +66,8 @@ class KVClient:
         remote_swap: bool = False,
         model_fingerprint: str = "",
     ) -> None:
-        self.target = target
+        self.target = target = address.grpc_target(target)
+        self.peer = reachability.KV_SERVICE_TARGET  # who should answer at target, for errors
         self.engine_name = engine_name
         # Names the model and weights at Attach: the prefix cache's namespace (empty: off).
         self.model_fingerprint = model_fingerprint
@@ -110,19 +104,21 @@ class KVClient:
         *,
         expected_layout: KVLayout | None = None,
         resume_session_id: str = "",
+        peer: reachability.Peer = reachability.KV_SERVICE_TARGET,
         **kwargs,
     ) -> "KVClient":
-        """Attach (resuming `resume_session_id` if given), map the memory, open the stream."""
+        """Attach (resuming `resume_session_id` if given), map the memory, open the stream.
+        `target`: a socket path, unix:PATH or HOST:PORT; `peer` words the error when nothing
+        answers there (the engine's names its own flags)."""
         client = cls(target, **kwargs)
+        target, client.peer = client.target, peer
         try:
             log.info(
                 "connecting to the KV service at %s (waiting up to %gs)",
                 target,
                 client.attach_timeout,
             )
-            await reachability.wait_ready(
-                client._channel, reachability.KV_SERVICE, target, client.attach_timeout
-            )
+            await reachability.wait_ready(client._channel, peer, target, client.attach_timeout)
             reply = await client._attach(resume_session_id, expected_layout, wait=True)
             client._map(reply)
             await client._open_stream()
@@ -145,6 +141,10 @@ class KVClient:
         except errors.InvalidArgument as e:
             # The only argument the service checks at attach is our layout.
             raise errors.LayoutMismatch(e.message, e.details) from e
+        except errors.KVError as e:
+            if errors.code_of(e) is not grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            raise (await reachability.wrong_peer(self._channel, self.peer, self.target)) or e
         layout, device = attachment.check(reply, expected)
         if self.session_id and device != self.device:
             raise errors.EpochMismatch(f"service moved from {self.device} to {device}")
@@ -188,121 +188,6 @@ class KVClient:
         msg.session_id, msg.epoch = self.session_id, self.epoch
         return msg
 
-    # --- loss and recovery ---
-
-    def _stream_lost(self, why: errors.KVError) -> None:
-        if self._closing or self._dead is not None:
-            return
-        log.warning("session stream to %s lost: %s", self.target, why)
-        if self._recovering or not self._segments.is_owner_alive(self._owner_files):
-            self._die(errors.ServiceUnavailable(f"KV service at {self.target} is gone: {why}"))
-            return
-        self._recover_task = asyncio.get_running_loop().create_task(self._recover())
-
-    async def _recover(self) -> None:
-        """Re-attach once with the same session; anything but the same epoch means stale
-        memory, and a new stream that breaks at once means the service is not usable."""
-        old_epoch = self.epoch
-        self._recovering = True
-        try:
-            await self._attach(self.session_id, self.layout, wait=False)
-            if self.epoch != old_epoch:
-                raise errors.EpochMismatch(f"service restarted (epoch {old_epoch} -> {self.epoch})")
-            await self._open_stream()
-            log.info("session %s re-attached after a stream drop", self.session_id)
-        except errors.KVError as e:
-            self._die(errors.ServiceUnavailable(f"KV service at {self.target} lost: {e}"))
-        finally:
-            self._recovering = False
-
-    def _die(self, why: errors.KVError) -> None:
-        """Dead until `reattach`. The memory is only unmapped in let_go() or close(): a step may
-        still be running on it in the compute thread; the engine discards that step
-        (check_alive) and launches no other."""
-        if self._dead is not None:
-            return
-        log.error("%s; failing every request, no longer using the mapped memory", why)
-        self._dead = why
-        if self._stream is not None:
-            self._stream.stop(why)
-        self.tensors, self.exchange = None, {}
-
-    def check_alive(self) -> None:
-        """Raise ServiceUnavailable unless the service and its memory are still ours."""
-        if self._dead is not None:
-            raise self._dead
-        if self._owner_files and not self._segments.is_owner_alive(self._owner_files):
-            gone = errors.ServiceUnavailable(f"KV service at {self.target} is gone")
-            self._die(gone)
-            raise gone
-
-    # --- after the service is lost: let go of it, attach to its successor ---
-
-    def let_go(self, user: MemoryUser | None = None) -> None:
-        """Unmap every segment of the service now: `user` drops its references first, then the
-        client. Only while no step runs on the memory (the engine calls it between steps).
-        Idempotent."""
-        if self._recover_task is not None:
-            self._recover_task.cancel()  # a same-session re-attach would find nothing mapped
-        self._die(errors.ServiceUnavailable(f"KV service at {self.target} let go of"))
-        if user is not None:
-            user.bind_kv(None, {})
-        self._unmap()
-
-    def _unmap(self) -> None:
-        if self._mapped is not None:
-            self._segments.unmap(self._mapped)
-        self._segments.unmap(self._mapped_exchange)
-        self._segments.forget_files(self._handles)
-        self.tensors, self.exchange, self._mapped, self._mapped_exchange = None, {}, None, {}
-        self._owner_files, self._handles = [], []
-
-    async def reattach(self, user: MemoryUser | None = None) -> None:
-        """After the service was lost and let go of: wait for a service at the same address,
-        attach to it as a new session, map its memory and point `user` at it. Retries with
-        backoff until it succeeds (a service that is down is waited for on the channel);
-        cancel the call, or close the client, to give up."""
-        if self._dead is None or self._mapped is not None:
-            raise RuntimeError("reattach() needs a lost service, let go of first")
-        delay = REATTACH_BACKOFF[0]
-        while True:
-            if self._closing:
-                raise errors.ServiceUnavailable(f"KV client of {self.target} closed")
-            try:
-                await self._attach_again()
-                break
-            except errors.KVError as e:
-                log.warning("re-attach to %s failed: %s; next try in %.1fs", self.target, e, delay)
-            await asyncio.sleep(delay)
-            delay = min(2 * delay, REATTACH_BACKOFF[1])
-        if user is not None:
-            user.bind_kv(self.tensors, self.exchange)
-
-    async def _attach_again(self) -> None:
-        old_epoch = self.epoch
-        reply = await self._attach("", self.layout, wait=True)
-        # A stream that breaks while it opens kills the client again (no same-session retry).
-        self._recovering = True
-        try:
-            self._map(reply)
-            self._dead = None
-            await self._open_stream()
-        except BaseException as e:
-            self._dead = self._dead or errors.ServiceUnavailable(f"re-attach failed: {e}")
-            if self._stream is not None:
-                self._stream.stop(self._dead)
-            self._unmap()
-            raise
-        finally:
-            self._recovering = False
-        log.info(
-            "re-attached to %s as session %s: epoch %d -> %d",
-            self.target,
-            self.session_id,
-            old_epoch,
-            self.epoch,
-        )
-
     # --- session messages ---
 
     def _live_stream(self) -> SessionStream:
@@ -322,23 +207,6 @@ class KVClient:
             await self._wait_recovered()
             reply = await self._live_stream().request(self._message(msg), what)
         return self._result(reply, what)
-
-    async def _wait_recovered(self) -> None:
-        if self._dead is not None:
-            raise self._dead
-        # A broken stream's loss callback runs in the same loop turn, so a recovery task exists.
-        task = self._recover_task
-        if (self._stream is None or not self._stream.open) and task is not None and not task.done():
-            try:
-                await asyncio.wait_for(asyncio.shield(task), self.attach_timeout)
-            except TimeoutError:
-                self._die(
-                    errors.ServiceUnavailable(
-                        f"KV service at {self.target}: re-attach took over {self.attach_timeout:g}s"
-                    )
-                )
-        if self._dead is not None:
-            raise self._dead
 
     @staticmethod
     def _result(reply: pb.SessionReply, what: str) -> pb.SessionReply:

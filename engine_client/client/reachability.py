@@ -2,7 +2,9 @@
 
 A call with wait_for_ready waits out its whole deadline on an address where nothing listens, and
 then reports only DEADLINE_EXCEEDED. The CLIs instead wait a few seconds for the channel, then
-fail with the address and the likely fix (`Unreachable`).
+fail with the address and the likely fix (`Unreachable`). A server that answers UNIMPLEMENTED may
+be the other kind of peer (an engine's socket given for a KV service, or the reverse):
+`wrong_peer` asks its health service which one it is (`WrongPeer`).
 """
 
 from __future__ import annotations
@@ -12,12 +14,17 @@ import os
 from dataclasses import dataclass
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from engine_client.client import errors
 
 
 class Unreachable(errors.ServiceUnavailable):
     """Nothing accepted a connection at the address within the connect timeout."""
+
+
+class WrongPeer(errors.InvalidArgument):
+    """The address is served by the other kind of peer (a usage error: the wrong address)."""
 
 
 @dataclass(frozen=True)
@@ -29,12 +36,21 @@ class Peer:
     flag: str
     start: str
 
+    @property
+    def a(self) -> str:
+        """`what` with its article: "an engine", "a KV service"."""
+        return ("an " if self.what[0] in "aeiou" else "a ") + self.what
+
 
 ENGINE = Peer(
     "engine", "--target (env ENGINE_TARGET)", "python -m engine_client serve --uds {path}"
 )
 KV_SERVICE = Peer(
     "KV service", "--service (env ENGINE_SERVICE)", "python -m kv_service --uds {path}"
+)
+# The library's own wording: an engine adopting it has its own flags.
+KV_SERVICE_TARGET = Peer(
+    "KV service", "the target given to KVClient.connect", "python -m kv_service --uds {path}"
 )
 
 
@@ -66,3 +82,25 @@ async def wait_ready(channel: grpc.aio.Channel, peer: Peer, target: str, timeout
         await asyncio.wait_for(channel.channel_ready(), timeout)
     except TimeoutError:
         raise unreachable(peer, target, timeout) from None
+
+
+# gRPC service names of our two servers, as their health services know them.
+SERVICE_NAMES = {"kvcache.v1.KVCacheService": KV_SERVICE, "decode.v1.DecodeService": ENGINE}
+
+
+async def wrong_peer(channel: grpc.aio.Channel, expected: Peer, target: str) -> WrongPeer | None:
+    """After an UNIMPLEMENTED answer: the error naming what listens at `target` instead of
+    `expected`, if its health service knows one of our other servers; else None."""
+    stub = health_pb2_grpc.HealthStub(channel)
+    for name, peer in SERVICE_NAMES.items():
+        if peer.what == expected.what:
+            continue
+        try:
+            await stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=2.0)
+        except grpc.RpcError:
+            continue
+        return WrongPeer(
+            f"{target} is {peer.a} ({name}), not {expected.a}: point {expected.flag} at "
+            f"the {expected.what}'s address"
+        )
+    return None

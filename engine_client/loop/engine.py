@@ -16,9 +16,9 @@
 
 With overlap the device runs step t while the host does 4 for t - 1 and 1-2 for t + 1.
 Failure: a lost KV service fails every request (`_fail_all`, `failure`); an idle engine looks at
-its service every IDLE_CHECK_SECONDS (`_check_service`). A recovery task then waits until no step
-is in flight, lets go of the lost service's memory (the `failed` event: NOT_SERVING), and waits
-for the control to re-attach to a restarted service (`recovered`: new requests are served).
+its service every IDLE_CHECK_SECONDS (`_check_service`). `engine_client.loop.recovery` then lets go
+of the lost memory once no step is in flight (`failed`: NOT_SERVING) and re-attaches to a restarted
+service (`recovered`: new requests are served).
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 from engine_client.client import errors
 from engine_client.client.control import KVControl
 from engine_client.loop.metrics import EngineMetrics
 from engine_client.loop.postprocess import Postprocessor, ReportSender
+from engine_client.loop.recovery import ServiceRecovery
 from engine_client.loop.request import FailStatus, Finish, GenRequest, Phase, SamplingParams
 from engine_client.loop.runner import Advance, LaunchedStep, StepRunner
 from engine_client.loop.scheduler import Batch, QueueLimits, Scheduler
@@ -97,11 +97,9 @@ class Engine:
         self.steps = 0
         self.done_step = -1  # every step up to this one has finished on the device
         self.failure: errors.KVError | None = None
-        # Set once the KV service is lost (and its memory let go of); `recovered` once the
-        # control re-attached to a restarted service and new requests are served again.
-        self.failed = asyncio.Event()
-        self.recovered = asyncio.Event()
-        self._recovery: asyncio.Task | None = None
+        self.recovery = ServiceRecovery(
+            control, compute, device_quiet=self.wait_device_quiet, on_recovered=self._recovered
+        )
         # Set after every post-processed step (waiters clear it).
         self.stepped = asyncio.Event()
         # Set while no step is in flight on the device.
@@ -113,6 +111,16 @@ class Engine:
         self._inflight: LaunchedStep | None = None
         self._task: asyncio.Task | None = None
         self._stopping = False
+
+    @property
+    def failed(self) -> asyncio.Event:
+        """Set once the KV service is lost and its memory let go of."""
+        return self.recovery.failed
+
+    @property
+    def recovered(self) -> asyncio.Event:
+        """Set once the control re-attached to a restarted service."""
+        return self.recovery.recovered
 
     @property
     def requests(self) -> dict[str, GenRequest]:
@@ -159,6 +167,19 @@ class Engine:
             raise errors.UnknownRequest(f"no request {request_id!r} in this engine")
         return req
 
+    def resume(self, request_id: str) -> GenRequest:
+        """The request a resumed stream follows: as it stands, or revived when it failed with
+        its KV service and the engine has re-attached since (its KV is prefilled again, from
+        the prompt and the tokens it had generated)."""
+        req = self.lookup(request_id)
+        if req.lost_kv and self.failure is None and request_id not in self.requests:
+            req.revive()
+            del self.finished[request_id]
+            self.scheduler.enqueue(req)
+            self._wake.set()
+            log.info("request %s revived after %d tokens", request_id, req.replayed)
+        return req
+
     def cancel(self, req: GenRequest) -> None:
         """The client went away: drop the request now if queued, else at the next turn."""
         if req.finished:
@@ -186,8 +207,7 @@ class Engine:
         release them all and end the session."""
         self._stopping = True
         self._wake.set()
-        if self._recovery is not None:
-            self._recovery.cancel()
+        self.recovery.cancel()
         if self._task is not None:
             await self._task
         await self.reports.flush()
@@ -232,6 +252,7 @@ class Engine:
         """Use another KV control from now on (a re-attach): the scheduler admits through it and
         StepEnd / release go to it."""
         self.control = self.scheduler.control = self.reports.control = control
+        self.recovery.control = control
 
     async def wait_device_quiet(self) -> None:
         """Until no launched step runs on the device: after `failed`, the KV memory of the lost
@@ -280,7 +301,7 @@ class Engine:
         if isinstance(adv.error, errors.ServiceUnavailable):
             self._fail_all(adv.error)  # the step lost its service (RemoteSwap): UNAVAILABLE
         elif adv.error is not None:
-            self._step_failed(batch.requests if batch else (), adv.error)
+            self._step_failed(batch, adv.error)
         if adv.done is not None:
             self._check_service()  # nor trust what a step read while it was being lost
             if self.failure is None:
@@ -296,10 +317,22 @@ class Engine:
         rows = len(batch.requests) if batch is not None else 0
         self.metrics.host(time.perf_counter() - began - ran + launch, rows)
 
-    def _step_failed(self, requests: Iterable[GenRequest], e: Exception) -> None:
-        """A failed step leaves these requests' KV undefined."""
-        log.error("compute step failed: %s: %s", type(e).__name__, e, exc_info=e)
-        for req in requests:
+    def _step_failed(self, batch: Batch | None, e: Exception) -> None:
+        """A failed step leaves its requests' KV undefined. The log says which step it was,
+        what it ran, and after how many service recoveries (a step that fails only on a
+        re-attached service's memory shows here)."""
+        log.error(
+            "compute step %s failed (%d decode rows, prefill %s; %d KV service recoveries "
+            "before it): %s: %s",
+            batch.step if batch else "?",
+            len(batch.decode) if batch else 0,
+            f"{batch.prefill.request_id} {batch.prefill_range}" if batch and batch.prefill else "-",
+            self.recovery.rounds,
+            type(e).__name__,
+            e,
+            exc_info=e,
+        )
+        for req in batch.requests if batch else ():
             self._finish(
                 req, Finish.ERROR, f"compute failed: {type(e).__name__}: {e}", FailStatus.INTERNAL
             )
@@ -358,41 +391,24 @@ class Engine:
         refused with UNAVAILABLE. A step still in flight finishes before any slot is let go."""
         if self.failure is None:
             log.error("failing %d requests: %s", len(self.requests), why)
-        self.failure = (
-            why
-            if isinstance(why, errors.ServiceUnavailable)
-            else errors.ServiceUnavailable(str(why))
-        )
-        if isinstance(why, errors.ServiceUnavailable):
-            if self._recovery is None:
-                # The traceback holds the failed step's frames, and through them the lost memory.
-                why.__traceback__ = None
-                self.recovered.clear()
-                self._recovery = asyncio.get_running_loop().create_task(self._recover())
+        lost = isinstance(why, errors.ServiceUnavailable)
+        self.failure = why if lost else errors.ServiceUnavailable(str(why))
+        if lost:
+            # The traceback holds the failed step's frames, and through them the lost memory.
+            why.__traceback__ = None
+            self.recovery.start()
         else:
-            self.failed.set()
+            self.recovery.give_up()
         for req in list(self.waiting):
             self.scheduler.dequeue(req)
         for req in list(self.requests.values()):
+            # Its KV went with the service: a resume after the re-attach prefills it again.
+            req.lost_kv = req.lost_kv or (lost and not req.finished)
             self._finish(req, Finish.ERROR, str(why))
 
-    async def _recover(self) -> None:
-        """Let go of the lost service's memory once no launched step reads it, then serve
-        again once the control is attached to a restarted KV service."""
-        try:
-            await self.wait_device_quiet()
-            self.control.let_go(self.compute)
-            self.failed.set()
-            await self.control.reattach(self.compute)
-        except errors.KVError as e:
-            log.error("KV service not re-attached: %s", e)
-            return
-        finally:
-            self._recovery = None
+    def _recovered(self) -> None:
+        """The control re-attached to a restarted service: serve again."""
         if self.state is not None:  # an engine restarted later resumes the new session
             self.state.rewrite(self.control.session_id, getattr(self.control, "epoch", 0), [])
         self.failure = None
-        self.failed.clear()
-        self.recovered.set()
         self._wake.set()
-        log.info("KV service re-attached: serving new requests")

@@ -1,5 +1,9 @@
 """Prometheus metrics of one engine, in its own registry (no process-global state).
 
+Device time is named `device`, not `gpu`: on CPU the "device" is the CPU. `engine_info` says which
+(`device="cpu"` or `"cuda:0"`) and the KV mode. The engine's gRPC calls are counted in the
+go-grpc-prometheus series (`contract.rpc_calls.RpcMetrics`), as the KV service's are.
+
 Per-token latencies go through a `BatchHistogram`: a step observes all its tokens in one call
 (a bisect per value), cheaper than prometheus_client's locked `observe` per token on the per-step
 host path. Everything else is updated once per step. Names follow Prometheus conventions: base
@@ -15,9 +19,11 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
+
+from contract.rpc_calls import RpcMetrics
 
 # Token latencies: 1 ms .. 20 s. Step times: 50 us .. 2 s.
 TOKEN_BUCKETS = (
@@ -106,13 +112,15 @@ class EngineMetrics:
         )
         r.register(self.ttft)
         r.register(self.itl)
+        self.rpc = RpcMetrics(r)
+        self.info = Info("engine", "what this engine runs on", registry=r)
         self.batch_size = Gauge("engine_batch_size", "decode rows in the last step", registry=r)
         self.queue_depth = Gauge("engine_queue_depth", "requests waiting for admission", registry=r)
         self.running = Gauge(
             "engine_running_requests", "admitted requests (prefill or decode)", registry=r
         )
-        self.step_gpu = Histogram(
-            "engine_step_gpu_seconds",
+        self.step_device = Histogram(
+            "engine_step_device_seconds",
             "device busy time of one step (CPU mode: its compute time)",
             buckets=STEP_BUCKETS,
             registry=r,
@@ -128,30 +136,35 @@ class EngineMetrics:
             "host time of the last step / its requests",
             registry=r,
         )
-        self.gpu_idle_fraction = Gauge(
-            "engine_gpu_idle_fraction",
+        self.device_idle_fraction = Gauge(
+            "engine_device_idle_fraction",
             f"device idle time between back-to-back steps / wall time, last {IDLE_WINDOW} steps",
             registry=r,
         )
-        self.gpu_busy = Counter("engine_gpu_busy_seconds", "device busy time in steps", registry=r)
-        self.gpu_idle = Counter(
-            "engine_gpu_idle_seconds", "device idle time between back-to-back steps", registry=r
+        self.device_busy = Counter(
+            "engine_device_busy_seconds", "device busy time in steps", registry=r
+        )
+        self.device_idle = Counter(
+            "engine_device_idle_seconds", "device idle time between back-to-back steps", registry=r
         )
         self.steps = Counter("engine_steps", "steps run", registry=r)
         self._window: deque[tuple[float, float]] = deque(maxlen=IDLE_WINDOW)
 
-    def step(self, rows: int, gpu_seconds: float, idle_before: float | None) -> None:
+    def describe(self, device: str, kv_mode: str) -> None:
+        self.info.info({"device": device, "kv_mode": kv_mode})
+
+    def step(self, rows: int, device_seconds: float, idle_before: float | None) -> None:
         self.steps.inc()
         self.batch_size.set(rows)
-        self.step_gpu.observe(gpu_seconds)
-        self.gpu_busy.inc(gpu_seconds)
+        self.step_device.observe(device_seconds)
+        self.device_busy.inc(device_seconds)
         if idle_before is not None:
             idle = max(0.0, idle_before)
-            self.gpu_idle.inc(idle)
-            self._window.append((gpu_seconds, idle))
+            self.device_idle.inc(idle)
+            self._window.append((device_seconds, idle))
             busy = sum(b for b, _ in self._window)
             idle_sum = sum(i for _, i in self._window)
-            self.gpu_idle_fraction.set(idle_sum / (busy + idle_sum) if busy + idle_sum else 0.0)
+            self.device_idle_fraction.set(idle_sum / (busy + idle_sum) if busy + idle_sum else 0.0)
 
     def host(self, seconds: float, requests: int) -> None:
         self.step_host.observe(seconds)

@@ -10,6 +10,11 @@ Two counts matter with overlapped steps: `launched` is how many tokens the steps
 will have produced (the scheduler's view), `len(tokens)` how many arrived on the host (the
 clients' view). `last_step` is the newest launched step that reads the request's KV: its slot is
 released only once that step has finished on the device.
+
+A request failed by the loss of the KV service (`lost_kv`) can be revived once the engine has
+re-attached (`revive`): its KV went with the service, so its prefill covers the prompt plus the
+`replayed` tokens it had generated (`context`), and the token after them is sampled with index
+`replayed`, exactly as an uninterrupted run would have drawn it.
 """
 
 from __future__ import annotations
@@ -43,7 +48,8 @@ class FailStatus(enum.Enum):
     """Why an ERROR finish happened, as the status the client gets (server.py maps it)."""
 
     UNAVAILABLE = "unavailable"  # the KV service or the engine is gone
-    RESOURCE_EXHAUSTED = "resource_exhausted"  # never fits, or waited too long for capacity
+    RESOURCE_EXHAUSTED = "resource_exhausted"  # waited too long for capacity
+    INVALID_ARGUMENT = "invalid_argument"  # can never fit the KV capacity: never retried
     INTERNAL = "internal"  # a compute step failed
 
 
@@ -110,6 +116,8 @@ class GenRequest:
     cache_salt: str = ""
     prompt_hashes: tuple[bytes, ...] | None = None
     cached_tokens: int = 0
+    replayed: int = 0  # generated tokens that the prefill re-creates the KV of (a revival)
+    lost_kv: bool = False  # failed because the KV service was lost: revivable
     _listeners: set[asyncio.Event] = field(default_factory=set)
 
     @property
@@ -117,8 +125,39 @@ class GenRequest:
         return len(self.prompt)
 
     @property
+    def context(self) -> tuple[int, ...]:
+        """The tokens the prefill stores: the prompt, then the replayed tokens."""
+        return self.prompt + tuple(self.tokens[: self.replayed])
+
+    @property
+    def context_len(self) -> int:
+        return len(self.prompt) + self.replayed
+
+    @property
     def finished(self) -> bool:
         return self.phase is Phase.FINISHED
+
+    def revive(self) -> None:
+        """Queue again a request that failed with its KV lost: prefill prompt + every token it
+        generated, then decode on. The tokens stay; streams replay them as before."""
+        if not (self.finished and self.lost_kv):
+            raise ValueError(f"request {self.request_id} did not fail by losing its KV")
+        self.phase, self.finish, self.error, self.status = (
+            Phase.WAITING,
+            None,
+            "",
+            FailStatus.UNAVAILABLE,
+        )
+        self.slot, self.prefilled, self.launched, self.last_step = -1, 0, 0, -1
+        self.cancelled, self.lost_kv, self.replayed = False, False, len(self.tokens)
+        if self.text is not None:
+            # The failure's end closed the detokenizer (what it held went out as `tail`). A new
+            # one fed the same tokens holds that text again and releases it with later tokens,
+            # so a resumed stream's text is the decode of every token, as for any request.
+            old, self.tail = self.text, ""
+            self.text = TextStream(old.vocab, old.stop_strings, old.skip_special_tokens)
+            for token in self.tokens:
+                self.text.push(token)
 
     def add_token(self, token: int, now: float) -> Finish | None:
         """Record a generated token; return why the request ends with it, if it does."""

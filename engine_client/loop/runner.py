@@ -196,7 +196,7 @@ class StepRunner:
                         progress=progress.update,
                     )
         logits = c.model.prefill(
-            req.slot, req.prompt[start:end], start=start, chunk_size=end - start
+            req.slot, req.context[start:end], start=start, chunk_size=end - start
         )
         if batch.first is not None:
             temp, key = batch.first

@@ -14,7 +14,7 @@ then names it -1 and the device reads the slot's last sampled token (engine_clie
 
 The queue (issue 11):
 - A request the KV side refuses as permanently too large (CapacityError.permanent) ends at once
-  with RESOURCE_EXHAUSTED and its numbers; the requests behind it go on.
+  with INVALID_ARGUMENT and its numbers (no client should retry it); the requests behind it go on.
 - The queue is tried in order; once a request was refused for capacity, the queue policy
   (engine_client.loop.queue_policy: FIFO, or bounded skip-ahead) says whether the requests
   behind it may be tried this turn.
@@ -210,7 +210,7 @@ class Scheduler:
                 req,
                 Finish.ERROR,
                 f"the request can never fit the KV capacity: {e}",
-                FailStatus.RESOURCE_EXHAUSTED,
+                FailStatus.INVALID_ARGUMENT,
             )
             return Admit.ENDED
         except errors.Draining as e:
@@ -275,13 +275,13 @@ class Scheduler:
         # Chunks end at multiples of the chunk size (absolute positions): a request whose
         # prefix was cached prefills the same chunks, in the same shapes, as one computing it.
         chunk = self.prefill_chunk
-        end = min((start // chunk + 1) * chunk, req.prompt_len)
+        end = min((start // chunk + 1) * chunk, req.context_len)
         batch.prefill, batch.prefill_range = req, (start, end)
         req.prefilled, req.last_step = end, batch.step
-        if end == req.prompt_len:
+        if end == req.context_len:
             s = req.sampling
-            batch.first = (s.temperature, token_key(s.seed, 0))
-            req.phase, req.launched = Phase.RUNNING, 1
+            batch.first = (s.temperature, token_key(s.seed, req.replayed))
+            req.phase, req.launched = Phase.RUNNING, req.replayed + 1
 
     def _add_decode(self, batch: Batch, req: GenRequest) -> None:
         # The row appends the newest token: known on the host only once it was delivered.

@@ -6,7 +6,8 @@ together, with one write() and flush per engine step, when the step's tokens are
 before any of them is sent to a client, so a client never sees a token the file does not have.
   {"session": ID, "epoch": N}                       first line: the KV session to resume
   {"start": RID, "prompt": [...], "max_new_tokens": N, "temperature": T, "seed": S, "stop": [...],
-   "stop_strings": [...], "text": BOOL}                (the last two: text output, optional)
+   "stop_strings": [...], "text": BOOL, "replayed": R}
+      (stop_strings and text: text output, optional; R > 0: a revived request, see request.py)
   {"tokens": {RID: [new token ids], ...}}           one line per step
   {"end": RID}                                      the request finished and was released
 Sampling draws token i from a generator seeded by (seed, i), so prompt + tokens + seed are the
@@ -42,6 +43,7 @@ class SavedRequest:
     sampling: SamplingParams
     tokens: list[int] = field(default_factory=list)
     text: bool = False  # the request streams text: a resumed one gets a TextStream again
+    replayed: int = 0  # a revived request's prefill re-creates the KV of its first R tokens
 
 
 @dataclass
@@ -62,6 +64,7 @@ def _start_record(r: GenRequest | SavedRequest) -> dict:
         "stop": list(s.stop_token_ids),
         "stop_strings": list(s.stop_strings),
         "text": r.text is not None if isinstance(r, GenRequest) else r.text,
+        "replayed": r.replayed,
     }
 
 
@@ -81,6 +84,7 @@ def _apply(state: SavedState, rec: dict) -> None:
             int(rec["max_new_tokens"]),
             sampling,
             text=bool(rec.get("text", False)),
+            replayed=int(rec.get("replayed", 0)),
         )
     elif "tokens" in rec:
         for rid, toks in rec["tokens"].items():
@@ -148,6 +152,8 @@ class StateFile:
 
     def started(self, r: GenRequest) -> None:
         self._append(_start_record(r))
+        if r.tokens:  # a revived request: the file was started over when its KV was lost
+            self._append({"tokens": {r.request_id: list(r.tokens)}})
 
     def tokens(self, new: dict[str, list[int]]) -> None:
         """A step's tokens: written at once, with the records buffered before them."""

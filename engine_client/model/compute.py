@@ -60,9 +60,10 @@ class Compute:
 
     def bind_kv(self, tensors: KVTensors | None, exchange: dict) -> None:
         """Point the backend at a restarted service's memory, or (None) at nothing once the
-        service is lost. Captured graphs hold the old addresses: dropped, recaptured on use."""
+        service is lost. Captured graphs hold the old addresses: dropped first (with their
+        pool), recaptured on use."""
+        self.runner.drop_graphs()
         self.backend.rebind(tensors, exchange or None)
-        self.runner.graphs.clear()
 
 
 def choose_kernels(name: str, device: str) -> KernelSet:

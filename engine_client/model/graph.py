@@ -167,6 +167,20 @@ class DecodeRunner:
         self.steps += 1
         return self.logits[:n]
 
+    def drop_graphs(self) -> None:
+        """Forget every captured graph (each holds the addresses it was captured on, such as a
+        lost KV service's memory) and capture later ones into a new pool. The caching allocator
+        keeps a pool whose graphs are all gone until `empty_cache` frees its blocks, with a use
+        count of 0; capturing into that pool id again trips its `use_count > 0` assert
+        (CUDACachingAllocator's create_or_incref_pool)."""
+        self.graphs.clear()
+        if not self.use_graphs:
+            return
+        with torch.cuda.device(self.device):
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()  # gives the old pool's blocks back, and its id with them
+        self._pool = torch.cuda.graph_pool_handle()
+
     def capture(self, *buckets: int) -> None:
         """Capture the graphs of `buckets` (default: all) not captured yet, largest first so
         smaller ones reuse its pool. Warm-up and capture run on padding-only inputs, which

@@ -13,9 +13,12 @@ from pathlib import Path
 
 from contract.flags import setting
 from contract.layout import KVLayout
+from engine_client.client.address import grpc_target
 from engine_client.loop.queue_policy import QUEUE_POLICIES
 from engine_client.model.preset import PRESETS
 from engine_client.text.vocabulary import DEEPSEEK, TINY
+
+__all__ = ["grpc_target"]  # re-exported: the CLI configs parse addresses with it
 
 KV_MODES = ("baseline", "embedded", "service", "service-remote-swap")
 DEVICES = ("auto", "cpu", "cuda")
@@ -33,15 +36,6 @@ def default_uds(env: dict[str, str], name: str) -> str:
 def engine_target_default(env) -> str:
     """Where a client finds the engine without a flag: ENGINE_TARGET, else the default socket."""
     return env.get("ENGINE_TARGET") or default_uds(dict(env), "hisparse-engine.sock")
-
-
-def grpc_target(address: str) -> str:
-    """A gRPC channel target from a UDS path, a unix: target or HOST:PORT."""
-    if address.startswith(("unix:", "dns:", "ipv4:", "ipv6:")):
-        return address
-    if address.startswith("/") or address.startswith("."):
-        return "unix:" + os.path.abspath(address)
-    return address
 
 
 def check_uds(path: str) -> None:

@@ -19,12 +19,13 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from contract.layout import KVLayout
-from engine_client.client import errors
+from engine_client.client import errors, reachability
 from engine_client.client.control import HeldRequest, KVControl
 from engine_client.client.kv_client import KVClient
 from engine_client.kv.local_control import BaselineControl, BaselinePages, EmbeddedControl
 from engine_client.loop import state_file
 from engine_client.loop.engine import Engine
+from engine_client.loop.metrics import EngineMetrics
 from engine_client.loop.queue_policy import queue_policy
 from engine_client.loop.request import GenRequest, Phase
 from engine_client.loop.scheduler import QueueLimits
@@ -102,6 +103,7 @@ async def connect_service(
         attach_timeout=cfg.attach_timeout,
         heartbeat_interval=cfg.heartbeat_interval,
         remote_swap=cfg.kv_mode == "service-remote-swap",
+        peer=reachability.KV_SERVICE,  # our CLI's flags in the advice
     )
     if saved.session_id:
         try:
@@ -218,8 +220,10 @@ def _resumed(
             req.end(reason)
             return req
     # Without a token the prefill may be partial: run it again (it rewrites the same rows),
-    # after the cached prefix, whose pages are shared and never written.
-    req.phase = Phase.RUNNING if req.tokens else Phase.PREFILL
+    # after the cached prefix, whose pages are shared and never written. A revived request
+    # killed before its re-prefill ended (no token since) redoes it too.
+    req.phase = Phase.RUNNING if len(req.tokens) > saved.replayed else Phase.PREFILL
+    req.replayed = len(req.tokens) if req.phase is Phase.PREFILL else 0
     req.prefilled = held.cached_tokens
     return req
 
@@ -246,7 +250,7 @@ async def restore(engine: Engine, control: KVControl, saved: state_file.SavedSta
         )
 
 
-async def build_engine(cfg: EngineConfig) -> Engine:
+async def build_engine(cfg: EngineConfig, metrics: EngineMetrics | None = None) -> Engine:
     """Everything the server needs; the engine loop is not started yet."""
     vocab = await asyncio.to_thread(load_vocabulary, cfg)
     if cfg.state_file and not cfg.resumable:
@@ -299,7 +303,9 @@ async def build_engine(cfg: EngineConfig) -> Engine:
         vocab=vocab,
         prefix_cache=cfg.prefix_cache,
         share_generated=cfg.prefix_share_generated,
+        metrics=metrics,
     )
+    engine.metrics.describe(device=device, kv_mode=cfg.kv_mode)
     await restore(engine, control, saved)
     if state is not None:
         state.rewrite(

@@ -7,8 +7,9 @@ tokenizes it with the engine's vocabulary). The token that ends a request (max t
 token or a stop string) carries finished = true, the request's stats and usage; a request that
 ends otherwise gets a final response without a token (with any text still held). An engine or
 KV-service failure ends the stream with that final ERROR response and then status UNAVAILABLE;
-a request that can never fit the KV capacity, or waited longer than --max-queue-wait, ends the
-same way with RESOURCE_EXHAUSTED; a failed compute step with INTERNAL.
+a request that waited longer than --max-queue-wait ends the same way with RESOURCE_EXHAUSTED,
+one that can never fit the KV capacity with INVALID_ARGUMENT (nobody should retry it); a failed
+compute step with INTERNAL.
 
 Resume (`resume_request_id`): the stream replays every token generated so far, with its index,
 then follows live; a client that already has tokens skips the indexes it has. Across an engine
@@ -35,9 +36,11 @@ from grpc_reflection.v1alpha import reflection
 from contract.prefix import MAX_SALT_BYTES
 from engine_client.client import errors
 from engine_client.loop.engine import Engine
+from engine_client.loop.metrics import EngineMetrics
 from engine_client.loop.request import FailStatus, Finish, GenRequest, SamplingParams
 from engine_client.serve import prompt
 from engine_client.serve.config import EngineConfig
+from engine_client.serve.interceptor import EngineInterceptor
 from proto.decode.v1 import decode_pb2 as pb
 from proto.decode.v1 import decode_pb2_grpc as pb_grpc
 
@@ -50,14 +53,23 @@ STOP_GRACE_SECONDS = 2.0
 FAIL_CODES = {
     FailStatus.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
     FailStatus.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    FailStatus.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
     FailStatus.INTERNAL: grpc.StatusCode.INTERNAL,
 }
 
 
+# Where the per-request token limit is set, by who holds the KV.
+CONTEXT_FLAGS = {
+    True: "the KV service's --max-context (KVS_MAX_CONTEXT)",
+    False: "the engine's --max-context (ENGINE_MAX_CONTEXT)",
+}
+
+
 class DecodeServicer(pb_grpc.DecodeServiceServicer):
-    def __init__(self) -> None:
+    def __init__(self, uses_service: bool = True) -> None:
         self.engine: Engine | None = None
         self._serial = 0  # requests so far: names each synthetic context's own part
+        self.context_flag = CONTEXT_FLAGS[uses_service]
 
     def _check(self, request: pb.GenerateRequest, ids: list[int]) -> str | None:
         """Why the request is invalid, or None."""
@@ -67,10 +79,15 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):
             return f"token ids must be in [0, {vocab})"
         if request.max_new_tokens < 1:
             return "max_new_tokens must be >= 1"
-        room = engine.compute.layout.max_context
-        need = engine.compute.synthetic_context + len(ids) + request.max_new_tokens
+        room, synthetic = engine.compute.layout.max_context, engine.compute.synthetic_context
+        need = synthetic + len(ids) + request.max_new_tokens
         if need > room:
-            return f"(synthetic context +) prompt + max_new_tokens = {need} > {room}"
+            extra = f" + {synthetic} synthetic context" if synthetic else ""
+            return (
+                f"prompt {len(ids)} + max_new_tokens {request.max_new_tokens}{extra} = {need} "
+                f"tokens, over the {room} a request may hold ({self.context_flag}): ask for at "
+                f"most {max(room - need + request.max_new_tokens, 0)} new tokens, or raise it"
+            )
         s = request.sampling
         if not math.isfinite(s.temperature) or s.temperature < 0:
             return "temperature must be finite and >= 0"
@@ -94,7 +111,7 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(self.engine.failure))
         if request.resume_request_id:
             try:
-                return self.engine.lookup(request.resume_request_id)
+                return self.engine.resume(request.resume_request_id)
             except errors.UnknownRequest as e:
                 await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
         try:
@@ -183,10 +200,14 @@ async def _set_health(health: health_aio.HealthServicer, serving: bool) -> None:
 
 
 def build_server(
-    cfg: EngineConfig, servicer: DecodeServicer, health: health_aio.HealthServicer
+    cfg: EngineConfig,
+    servicer: DecodeServicer,
+    health: health_aio.HealthServicer,
+    metrics: EngineMetrics | None = None,
 ) -> grpc.aio.Server:
     server = grpc.aio.server(
-        options=[("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000)]
+        interceptors=[EngineInterceptor(metrics.rpc if metrics is not None else None)],
+        options=[("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000)],
     )
     pb_grpc.add_DecodeServiceServicer_to_server(servicer, server)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
@@ -233,8 +254,9 @@ async def serve(cfg: EngineConfig) -> int:
         loop.add_signal_handler(sig, stop.set)
     health = health_aio.HealthServicer()
     await _set_health(health, False)
-    servicer = DecodeServicer()
-    server = build_server(cfg, servicer, health)
+    servicer = DecodeServicer(cfg.uses_service)
+    metrics = EngineMetrics()  # before the server: its calls are counted from the start
+    server = build_server(cfg, servicer, health, metrics)
     await server.start()
     log.info(
         "listening on %s (NOT_SERVING while the engine is built)", ", ".join(cfg.listen_targets)
@@ -243,7 +265,7 @@ async def serve(cfg: EngineConfig) -> int:
     watcher = None
     stop_metrics = None
     try:
-        engine = await build_engine(cfg)
+        engine = await build_engine(cfg, metrics)
         servicer.engine = engine
         if cfg.metrics_port is not None:
             (host, port), stop_metrics = engine.metrics.serve(cfg.metrics_port, cfg.metrics_address)

@@ -7,11 +7,17 @@ The service owns every KV tensor; an engine attaches, maps the exported memory, 
 one Session stream open for per-request bookkeeping (about one message per decode step).
 The per-layer data path never crosses gRPC, except in remote-swap mode (RemoteSwap).
 
-Errors use standard gRPC status codes: RESOURCE_EXHAUSTED (capacity, numbers in details),
-NOT_FOUND (unknown request or session), INVALID_ARGUMENT (bad field or layout),
-FAILED_PRECONDITION (wrong epoch), UNAUTHENTICATED (token), UNAVAILABLE (starting or draining),
-ALREADY_EXISTS (request id already admitted in the session). Unary RPCs carry the numbers as
-trailing metadata "kv-detail-<key>"; the Session stream carries them in Error.details.
+Errors: a standard gRPC status code, with a google.rpc.Status whose details hold a
+google.rpc.ErrorInfo (domain "hisparse.kv", reason as listed below, one per contract.errors
+class; metadata = machine-readable numbers, e.g. pages_needed / pages_free / pages_total) and,
+for capacity, a google.rpc.QuotaFailure with the same numbers. The Session stream answers a
+bad message with an in-band Error carrying the same code, reason and details.
+Retryable codes: UNAVAILABLE, RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED.
+(The same call may succeed later: retry with backoff. Every other code needs a change first:
+do not retry it unchanged. A request that can never fit this service's configuration is
+INVALID_ARGUMENT with reason CAPACITY_EXHAUSTED, never RESOURCE_EXHAUSTED.)
+Each RPC lists every status it returns besides OK, as "CODE (REASON, ...): when. Retry: yes|no."
+(tests/test_status_table.py checks each line against the service's mapping.)
 Authentication, when the service has a token: metadata "authorization: Bearer <token>" on every
 RPC except grpc.health.v1.Health (left open for probes).
 """
@@ -459,7 +465,9 @@ Global___RequestProgress: _TypeAlias = RequestProgress  # noqa: Y015
 
 @_typing.final
 class StepEnd(_message.Message):
-    """End of one decode step: commits every listed request and adds the step's swap counters."""
+    """End of one decode step: commits every listed request and adds the step's swap counters.
+    All or nothing: one bad entry or counter gets INVALID_ARGUMENT and changes nothing.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -471,14 +479,20 @@ class StepEnd(_message.Message):
     step: _builtins.int
     """Engine step number, for logs."""
     hits: _builtins.int
-    """Top-k positions served from the hot buffer during the step."""
+    """Top-k positions served from the hot buffer during the step; hits + misses <=
+    num_layers * topk * max_requests (every layer of every slot selects at most topk).
+    """
     misses: _builtins.int
     """Top-k positions copied from the host tier during the step."""
     bytes_moved: _builtins.int
-    """Bytes copied host -> device during the step."""
+    """Bytes copied host -> device during the step; <= num_layers * topk * max_requests *
+    (row bytes + index key bytes).
+    """
     @_builtins.property
     def progress(self) -> _containers.RepeatedCompositeFieldContainer[Global___RequestProgress]:
-        """Stored lengths after the step (each one validated like a Commit)."""
+        """Stored lengths after the step (each one validated like a Commit). At most
+        Layout.max_requests entries (one per request slot), each request at most once.
+        """
 
     def __init__(
         self,

@@ -73,6 +73,17 @@ class KVCacheServiceServicer:
 
     def Attach(self, request, context):
         """Opens a session (or resumes one whose lease has not expired) and returns the memory handles.
+        Statuses:
+        UNAVAILABLE (UNAVAILABLE): the service is starting (memory not allocated yet). Retry: yes.
+        INVALID_ARGUMENT (LAYOUT_MISMATCH): expected_layout differs from the service's. Retry: no.
+        INVALID_ARGUMENT (INVALID_ARGUMENT): engine_name or resume_session_id malformed, or the
+        message does not parse. Retry: no.
+        NOT_FOUND (UNKNOWN_SESSION): resume_session_id is not a live session (never attached,
+        detached, or its lease expired): attach without it. Retry: no.
+        RESOURCE_EXHAUSTED (CAPACITY_EXHAUSTED): the session table is full, or remote_swap asked
+        while another session owns the exchange. Retry: yes.
+        UNAUTHENTICATED (UNAUTHENTICATED): the bearer token is missing or wrong. Retry: no.
+        INTERNAL (INTERNAL): a fault of the service, logged there. Retry: no.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -82,6 +93,28 @@ class KVCacheServiceServicer:
         """Per-request bookkeeping. Every SessionMessage is answered, in order, by one SessionReply with
         the same seq. A bad message gets an in-band Error; the stream stays open. While a session has
         an open stream its lease does not run; once the stream ends, the lease grace period starts.
+        Statuses (the stream ends):
+        INVALID_ARGUMENT (INVALID_ARGUMENT): a message does not parse. Retry: no.
+        UNAUTHENTICATED (UNAUTHENTICATED): the bearer token is missing or wrong. Retry: no.
+        INTERNAL (INTERNAL): a fault of the service, logged there. Retry: no.
+        In-band Error codes (this message failed, the stream goes on):
+        UNAVAILABLE (UNAVAILABLE): the service is starting. Retry: yes.
+        UNAVAILABLE (DRAINING): an Admit while the service drains; admitted requests are still
+        served. Retry: yes.
+        FAILED_PRECONDITION (EPOCH_MISMATCH): the epoch is another service run's: attach again and
+        map the new memory. Retry: no.
+        NOT_FOUND (UNKNOWN_SESSION, UNKNOWN_REQUEST): no such live session, or no such request in
+        it (Commit, StepEnd, Release). Retry: no.
+        ALREADY_EXISTS (ALREADY_EXISTS): an Admit of a request id already admitted. Retry: no.
+        INVALID_ARGUMENT (INVALID_ARGUMENT): a field out of range (ids, lengths, a seq_len past
+        the reservation, a StepEnd past its limits), an empty message, or a session id other
+        than the one this stream is bound to. Retry: no.
+        INVALID_ARGUMENT (CAPACITY_EXHAUSTED): an Admit that can never fit: prompt_len +
+        max_new_tokens over max_context, or more pages than the service has; details
+        permanent=true, tokens_needed/_total, pages_needed/_free/_total. Retry: no.
+        RESOURCE_EXHAUSTED (CAPACITY_EXHAUSTED): an Admit that does not fit now (pages or request
+        slots in use); details permanent=false and the numbers. Retry: yes.
+        INTERNAL (INTERNAL): a fault of the service, logged there. Retry: no.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -90,6 +123,15 @@ class KVCacheServiceServicer:
     def RemoteSwap(self, request, context):
         """One layer's swap-in run by the service itself, for engines that cannot launch our kernels.
         Inputs and outputs live in the session's exchange tensors ("xchg_*"), exported at attach.
+        Statuses:
+        UNAVAILABLE (UNAVAILABLE): the service is starting. Retry: yes.
+        FAILED_PRECONDITION (EPOCH_MISMATCH): the epoch is another service run's. Retry: no.
+        NOT_FOUND (UNKNOWN_SESSION): no such live session. Retry: no.
+        INVALID_ARGUMENT (INVALID_ARGUMENT): the session does not own the exchange, layer or
+        batch_size out of range, req_slots of another session, a top-k row repeating a position
+        (those rows are not planned), or the message does not parse. Retry: no.
+        UNAUTHENTICATED (UNAUTHENTICATED): the bearer token is missing or wrong. Retry: no.
+        INTERNAL (INTERNAL): a fault of the service, logged there. Retry: no.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -97,6 +139,11 @@ class KVCacheServiceServicer:
 
     def GetStats(self, request, context):
         """Occupancy and counters.
+        Statuses:
+        UNAVAILABLE (UNAVAILABLE): the service is starting. Retry: yes.
+        INVALID_ARGUMENT (INVALID_ARGUMENT): the message does not parse. Retry: no.
+        UNAUTHENTICATED (UNAUTHENTICATED): the bearer token is missing or wrong. Retry: no.
+        INTERNAL (INTERNAL): a fault of the service, logged there. Retry: no.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -104,6 +151,12 @@ class KVCacheServiceServicer:
 
     def Drain(self, request, context):
         """Stops admitting and waits (up to a timeout) for the admitted requests to be released.
+        Statuses:
+        UNAVAILABLE (UNAVAILABLE): the service is starting. Retry: yes.
+        INVALID_ARGUMENT (INVALID_ARGUMENT): timeout_seconds outside [0, 3600], or the message
+        does not parse. Retry: no.
+        UNAUTHENTICATED (UNAUTHENTICATED): the bearer token is missing or wrong. Retry: no.
+        INTERNAL (INTERNAL): a fault of the service, logged there. Retry: no.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -112,6 +165,11 @@ class KVCacheServiceServicer:
     def Flush(self, request, context):
         """Admin: empties the prefix cache. Cached pages no request uses are freed now; cached pages
         in use stop being shared and are freed with their last request.
+        Statuses:
+        UNAVAILABLE (UNAVAILABLE): the service is starting. Retry: yes.
+        INVALID_ARGUMENT (INVALID_ARGUMENT): the message does not parse. Retry: no.
+        UNAUTHENTICATED (UNAUTHENTICATED): the bearer token is missing or wrong. Retry: no.
+        INTERNAL (INTERNAL): a fault of the service, logged there. Retry: no.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -7,11 +7,17 @@ The service owns every KV tensor; an engine attaches, maps the exported memory, 
 one Session stream open for per-request bookkeeping (about one message per decode step).
 The per-layer data path never crosses gRPC, except in remote-swap mode (RemoteSwap).
 
-Errors use standard gRPC status codes: RESOURCE_EXHAUSTED (capacity, numbers in details),
-NOT_FOUND (unknown request or session), INVALID_ARGUMENT (bad field or layout),
-FAILED_PRECONDITION (wrong epoch), UNAUTHENTICATED (token), UNAVAILABLE (starting or draining),
-ALREADY_EXISTS (request id already admitted in the session). Unary RPCs carry the numbers as
-trailing metadata "kv-detail-<key>"; the Session stream carries them in Error.details.
+Errors: a standard gRPC status code, with a google.rpc.Status whose details hold a
+google.rpc.ErrorInfo (domain "hisparse.kv", reason as listed below, one per contract.errors
+class; metadata = machine-readable numbers, e.g. pages_needed / pages_free / pages_total) and,
+for capacity, a google.rpc.QuotaFailure with the same numbers. The Session stream answers a
+bad message with an in-band Error carrying the same code, reason and details.
+Retryable codes: UNAVAILABLE, RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED.
+(The same call may succeed later: retry with backoff. Every other code needs a change first:
+do not retry it unchanged. A request that can never fit this service's configuration is
+INVALID_ARGUMENT with reason CAPACITY_EXHAUSTED, never RESOURCE_EXHAUSTED.)
+Each RPC lists every status it returns besides OK, as "CODE (REASON, ...): when. Retry: yes|no."
+(tests/test_status_table.py checks each line against the service's mapping.)
 Authentication, when the service has a token: metadata "authorization: Bearer <token>" on every
 RPC except grpc.health.v1.Health (left open for probes).
 """
@@ -47,23 +53,84 @@ class KVCacheServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> KVCacheServiceAsyncStub: ...
     Attach: _grpc.UnaryUnaryMultiCallable[_kvcache_pb2.AttachRequest, _kvcache_pb2.AttachResponse]
-    """Opens a session (or resumes one whose lease has not expired) and returns the memory handles."""
+    """Opens a session (or resumes one whose lease has not expired) and returns the memory handles.
+    Statuses:
+      UNAVAILABLE (UNAVAILABLE): the service is starting (memory not allocated yet). Retry: yes.
+      INVALID_ARGUMENT (LAYOUT_MISMATCH): expected_layout differs from the service's. Retry: no.
+      INVALID_ARGUMENT (INVALID_ARGUMENT): engine_name or resume_session_id malformed, or the
+        message does not parse. Retry: no.
+      NOT_FOUND (UNKNOWN_SESSION): resume_session_id is not a live session (never attached,
+        detached, or its lease expired): attach without it. Retry: no.
+      RESOURCE_EXHAUSTED (CAPACITY_EXHAUSTED): the session table is full, or remote_swap asked
+        while another session owns the exchange. Retry: yes.
+      UNAUTHENTICATED (UNAUTHENTICATED): the bearer token is missing or wrong. Retry: no.
+      INTERNAL (INTERNAL): a fault of the service, logged there. Retry: no.
+    """
     Session: _grpc.StreamStreamMultiCallable[_kvcache_pb2.SessionMessage, _kvcache_pb2.SessionReply]
     """Per-request bookkeeping. Every SessionMessage is answered, in order, by one SessionReply with
     the same seq. A bad message gets an in-band Error; the stream stays open. While a session has
     an open stream its lease does not run; once the stream ends, the lease grace period starts.
+    Statuses (the stream ends):
+      INVALID_ARGUMENT (INVALID_ARGUMENT): a message does not parse. Retry: no.
+      UNAUTHENTICATED (UNAUTHENTICATED): the bearer token is missing or wrong. Retry: no.
+      INTERNAL (INTERNAL): a fault of the service, logged there. Retry: no.
+    In-band Error codes (this message failed, the stream goes on):
+      UNAVAILABLE (UNAVAILABLE): the service is starting. Retry: yes.
+      UNAVAILABLE (DRAINING): an Admit while the service drains; admitted requests are still
+        served. Retry: yes.
+      FAILED_PRECONDITION (EPOCH_MISMATCH): the epoch is another service run's: attach again and
+        map the new memory. Retry: no.
+      NOT_FOUND (UNKNOWN_SESSION, UNKNOWN_REQUEST): no such live session, or no such request in
+        it (Commit, StepEnd, Release). Retry: no.
+      ALREADY_EXISTS (ALREADY_EXISTS): an Admit of a request id already admitted. Retry: no.
+      INVALID_ARGUMENT (INVALID_ARGUMENT): a field out of range (ids, lengths, a seq_len past
+        the reservation, a StepEnd past its limits), an empty message, or a session id other
+        than the one this stream is bound to. Retry: no.
+      INVALID_ARGUMENT (CAPACITY_EXHAUSTED): an Admit that can never fit: prompt_len +
+        max_new_tokens over max_context, or more pages than the service has; details
+        permanent=true, tokens_needed/_total, pages_needed/_free/_total. Retry: no.
+      RESOURCE_EXHAUSTED (CAPACITY_EXHAUSTED): an Admit that does not fit now (pages or request
+        slots in use); details permanent=false and the numbers. Retry: yes.
+      INTERNAL (INTERNAL): a fault of the service, logged there. Retry: no.
     """
     RemoteSwap: _grpc.UnaryUnaryMultiCallable[_kvcache_pb2.RemoteSwapRequest, _kvcache_pb2.RemoteSwapResponse]
     """One layer's swap-in run by the service itself, for engines that cannot launch our kernels.
     Inputs and outputs live in the session's exchange tensors ("xchg_*"), exported at attach.
+    Statuses:
+      UNAVAILABLE (UNAVAILABLE): the service is starting. Retry: yes.
+      FAILED_PRECONDITION (EPOCH_MISMATCH): the epoch is another service run's. Retry: no.
+      NOT_FOUND (UNKNOWN_SESSION): no such live session. Retry: no.
+      INVALID_ARGUMENT (INVALID_ARGUMENT): the session does not own the exchange, layer or
+        batch_size out of range, req_slots of another session, a top-k row repeating a position
+        (those rows are not planned), or the message does not parse. Retry: no.
+      UNAUTHENTICATED (UNAUTHENTICATED): the bearer token is missing or wrong. Retry: no.
+      INTERNAL (INTERNAL): a fault of the service, logged there. Retry: no.
     """
     GetStats: _grpc.UnaryUnaryMultiCallable[_kvcache_pb2.GetStatsRequest, _kvcache_pb2.GetStatsResponse]
-    """Occupancy and counters."""
+    """Occupancy and counters.
+    Statuses:
+      UNAVAILABLE (UNAVAILABLE): the service is starting. Retry: yes.
+      INVALID_ARGUMENT (INVALID_ARGUMENT): the message does not parse. Retry: no.
+      UNAUTHENTICATED (UNAUTHENTICATED): the bearer token is missing or wrong. Retry: no.
+      INTERNAL (INTERNAL): a fault of the service, logged there. Retry: no.
+    """
     Drain: _grpc.UnaryUnaryMultiCallable[_kvcache_pb2.DrainRequest, _kvcache_pb2.DrainResponse]
-    """Stops admitting and waits (up to a timeout) for the admitted requests to be released."""
+    """Stops admitting and waits (up to a timeout) for the admitted requests to be released.
+    Statuses:
+      UNAVAILABLE (UNAVAILABLE): the service is starting. Retry: yes.
+      INVALID_ARGUMENT (INVALID_ARGUMENT): timeout_seconds outside [0, 3600], or the message
+        does not parse. Retry: no.
+      UNAUTHENTICATED (UNAUTHENTICATED): the bearer token is missing or wrong. Retry: no.
+      INTERNAL (INTERNAL): a fault of the service, logged there. Retry: no.
+    """
     Flush: _grpc.UnaryUnaryMultiCallable[_kvcache_pb2.FlushRequest, _kvcache_pb2.FlushResponse]
     """Admin: empties the prefix cache. Cached pages no request uses are freed now; cached pages
     in use stop being shared and are freed with their last request.
+    Statuses:
+      UNAVAILABLE (UNAVAILABLE): the service is starting. Retry: yes.
+      INVALID_ARGUMENT (INVALID_ARGUMENT): the message does not parse. Retry: no.
+      UNAUTHENTICATED (UNAUTHENTICATED): the bearer token is missing or wrong. Retry: no.
+      INTERNAL (INTERNAL): a fault of the service, logged there. Retry: no.
     """
 
 @_typing.type_check_only
@@ -72,23 +139,84 @@ class KVCacheServiceAsyncStub(KVCacheServiceStub):
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     Attach: _aio.UnaryUnaryMultiCallable[_kvcache_pb2.AttachRequest, _kvcache_pb2.AttachResponse]  # type: ignore[assignment]
-    """Opens a session (or resumes one whose lease has not expired) and returns the memory handles."""
+    """Opens a session (or resumes one whose lease has not expired) and returns the memory handles.
+    Statuses:
+      UNAVAILABLE (UNAVAILABLE): the service is starting (memory not allocated yet). Retry: yes.
+      INVALID_ARGUMENT (LAYOUT_MISMATCH): expected_layout differs from the service's. Retry: no.
+      INVALID_ARGUMENT (INVALID_ARGUMENT): engine_name or resume_session_id malformed, or the
+        message does not parse. Retry: no.
+      NOT_FOUND (UNKNOWN_SESSION): resume_session_id is not a live session (never attached,
+        detached, or its lease expired): attach without it. Retry: no.
+      RESOURCE_EXHAUSTED (CAPACITY_EXHAUSTED): the session table is full, or remote_swap asked
+        while another session owns the exchange. Retry: yes.
+      UNAUTHENTICATED (UNAUTHENTICATED): the bearer token is missing or wrong. Retry: no.
+      INTERNAL (INTERNAL): a fault of the service, logged there. Retry: no.
+    """
     Session: _aio.StreamStreamMultiCallable[_kvcache_pb2.SessionMessage, _kvcache_pb2.SessionReply]  # type: ignore[assignment]
     """Per-request bookkeeping. Every SessionMessage is answered, in order, by one SessionReply with
     the same seq. A bad message gets an in-band Error; the stream stays open. While a session has
     an open stream its lease does not run; once the stream ends, the lease grace period starts.
+    Statuses (the stream ends):
+      INVALID_ARGUMENT (INVALID_ARGUMENT): a message does not parse. Retry: no.
+      UNAUTHENTICATED (UNAUTHENTICATED): the bearer token is missing or wrong. Retry: no.
+      INTERNAL (INTERNAL): a fault of the service, logged there. Retry: no.
+    In-band Error codes (this message failed, the stream goes on):
+      UNAVAILABLE (UNAVAILABLE): the service is starting. Retry: yes.
+      UNAVAILABLE (DRAINING): an Admit while the service drains; admitted requests are still
+        served. Retry: yes.
+      FAILED_PRECONDITION (EPOCH_MISMATCH): the epoch is another service run's: attach again and
+        map the new memory. Retry: no.
+      NOT_FOUND (UNKNOWN_SESSION, UNKNOWN_REQUEST): no such live session, or no such request in
+        it (Commit, StepEnd, Release). Retry: no.
+      ALREADY_EXISTS (ALREADY_EXISTS): an Admit of a request id already admitted. Retry: no.
+      INVALID_ARGUMENT (INVALID_ARGUMENT): a field out of range (ids, lengths, a seq_len past
+        the reservation, a StepEnd past its limits), an empty message, or a session id other
+        than the one this stream is bound to. Retry: no.
+      INVALID_ARGUMENT (CAPACITY_EXHAUSTED): an Admit that can never fit: prompt_len +
+        max_new_tokens over max_context, or more pages than the service has; details
+        permanent=true, tokens_needed/_total, pages_needed/_free/_total. Retry: no.
+      RESOURCE_EXHAUSTED (CAPACITY_EXHAUSTED): an Admit that does not fit now (pages or request
+        slots in use); details permanent=false and the numbers. Retry: yes.
+      INTERNAL (INTERNAL): a fault of the service, logged there. Retry: no.
     """
     RemoteSwap: _aio.UnaryUnaryMultiCallable[_kvcache_pb2.RemoteSwapRequest, _kvcache_pb2.RemoteSwapResponse]  # type: ignore[assignment]
     """One layer's swap-in run by the service itself, for engines that cannot launch our kernels.
     Inputs and outputs live in the session's exchange tensors ("xchg_*"), exported at attach.
+    Statuses:
+      UNAVAILABLE (UNAVAILABLE): the service is starting. Retry: yes.
+      FAILED_PRECONDITION (EPOCH_MISMATCH): the epoch is another service run's. Retry: no.
+      NOT_FOUND (UNKNOWN_SESSION): no such live session. Retry: no.
+      INVALID_ARGUMENT (INVALID_ARGUMENT): the session does not own the exchange, layer or
+        batch_size out of range, req_slots of another session, a top-k row repeating a position
+        (those rows are not planned), or the message does not parse. Retry: no.
+      UNAUTHENTICATED (UNAUTHENTICATED): the bearer token is missing or wrong. Retry: no.
+      INTERNAL (INTERNAL): a fault of the service, logged there. Retry: no.
     """
     GetStats: _aio.UnaryUnaryMultiCallable[_kvcache_pb2.GetStatsRequest, _kvcache_pb2.GetStatsResponse]  # type: ignore[assignment]
-    """Occupancy and counters."""
+    """Occupancy and counters.
+    Statuses:
+      UNAVAILABLE (UNAVAILABLE): the service is starting. Retry: yes.
+      INVALID_ARGUMENT (INVALID_ARGUMENT): the message does not parse. Retry: no.
+      UNAUTHENTICATED (UNAUTHENTICATED): the bearer token is missing or wrong. Retry: no.
+      INTERNAL (INTERNAL): a fault of the service, logged there. Retry: no.
+    """
     Drain: _aio.UnaryUnaryMultiCallable[_kvcache_pb2.DrainRequest, _kvcache_pb2.DrainResponse]  # type: ignore[assignment]
-    """Stops admitting and waits (up to a timeout) for the admitted requests to be released."""
+    """Stops admitting and waits (up to a timeout) for the admitted requests to be released.
+    Statuses:
+      UNAVAILABLE (UNAVAILABLE): the service is starting. Retry: yes.
+      INVALID_ARGUMENT (INVALID_ARGUMENT): timeout_seconds outside [0, 3600], or the message
+        does not parse. Retry: no.
+      UNAUTHENTICATED (UNAUTHENTICATED): the bearer token is missing or wrong. Retry: no.
+      INTERNAL (INTERNAL): a fault of the service, logged there. Retry: no.
+    """
     Flush: _aio.UnaryUnaryMultiCallable[_kvcache_pb2.FlushRequest, _kvcache_pb2.FlushResponse]  # type: ignore[assignment]
     """Admin: empties the prefix cache. Cached pages no request uses are freed now; cached pages
     in use stop being shared and are freed with their last request.
+    Statuses:
+      UNAVAILABLE (UNAVAILABLE): the service is starting. Retry: yes.
+      INVALID_ARGUMENT (INVALID_ARGUMENT): the message does not parse. Retry: no.
+      UNAUTHENTICATED (UNAUTHENTICATED): the bearer token is missing or wrong. Retry: no.
+      INTERNAL (INTERNAL): a fault of the service, logged there. Retry: no.
     """
 
 class KVCacheServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -100,7 +228,19 @@ class KVCacheServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _kvcache_pb2.AttachRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_kvcache_pb2.AttachResponse, _abc.Awaitable[_kvcache_pb2.AttachResponse]]:
-        """Opens a session (or resumes one whose lease has not expired) and returns the memory handles."""
+        """Opens a session (or resumes one whose lease has not expired) and returns the memory handles.
+        Statuses:
+          UNAVAILABLE (UNAVAILABLE): the service is starting (memory not allocated yet). Retry: yes.
+          INVALID_ARGUMENT (LAYOUT_MISMATCH): expected_layout differs from the service's. Retry: no.
+          INVALID_ARGUMENT (INVALID_ARGUMENT): engine_name or resume_session_id malformed, or the
+            message does not parse. Retry: no.
+          NOT_FOUND (UNKNOWN_SESSION): resume_session_id is not a live session (never attached,
+            detached, or its lease expired): attach without it. Retry: no.
+          RESOURCE_EXHAUSTED (CAPACITY_EXHAUSTED): the session table is full, or remote_swap asked
+            while another session owns the exchange. Retry: yes.
+          UNAUTHENTICATED (UNAUTHENTICATED): the bearer token is missing or wrong. Retry: no.
+          INTERNAL (INTERNAL): a fault of the service, logged there. Retry: no.
+        """
 
     @_abc_1.abstractmethod
     def Session(
@@ -111,6 +251,28 @@ class KVCacheServiceServicer(metaclass=_abc_1.ABCMeta):
         """Per-request bookkeeping. Every SessionMessage is answered, in order, by one SessionReply with
         the same seq. A bad message gets an in-band Error; the stream stays open. While a session has
         an open stream its lease does not run; once the stream ends, the lease grace period starts.
+        Statuses (the stream ends):
+          INVALID_ARGUMENT (INVALID_ARGUMENT): a message does not parse. Retry: no.
+          UNAUTHENTICATED (UNAUTHENTICATED): the bearer token is missing or wrong. Retry: no.
+          INTERNAL (INTERNAL): a fault of the service, logged there. Retry: no.
+        In-band Error codes (this message failed, the stream goes on):
+          UNAVAILABLE (UNAVAILABLE): the service is starting. Retry: yes.
+          UNAVAILABLE (DRAINING): an Admit while the service drains; admitted requests are still
+            served. Retry: yes.
+          FAILED_PRECONDITION (EPOCH_MISMATCH): the epoch is another service run's: attach again and
+            map the new memory. Retry: no.
+          NOT_FOUND (UNKNOWN_SESSION, UNKNOWN_REQUEST): no such live session, or no such request in
+            it (Commit, StepEnd, Release). Retry: no.
+          ALREADY_EXISTS (ALREADY_EXISTS): an Admit of a request id already admitted. Retry: no.
+          INVALID_ARGUMENT (INVALID_ARGUMENT): a field out of range (ids, lengths, a seq_len past
+            the reservation, a StepEnd past its limits), an empty message, or a session id other
+            than the one this stream is bound to. Retry: no.
+          INVALID_ARGUMENT (CAPACITY_EXHAUSTED): an Admit that can never fit: prompt_len +
+            max_new_tokens over max_context, or more pages than the service has; details
+            permanent=true, tokens_needed/_total, pages_needed/_free/_total. Retry: no.
+          RESOURCE_EXHAUSTED (CAPACITY_EXHAUSTED): an Admit that does not fit now (pages or request
+            slots in use); details permanent=false and the numbers. Retry: yes.
+          INTERNAL (INTERNAL): a fault of the service, logged there. Retry: no.
         """
 
     @_abc_1.abstractmethod
@@ -121,6 +283,15 @@ class KVCacheServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_kvcache_pb2.RemoteSwapResponse, _abc.Awaitable[_kvcache_pb2.RemoteSwapResponse]]:
         """One layer's swap-in run by the service itself, for engines that cannot launch our kernels.
         Inputs and outputs live in the session's exchange tensors ("xchg_*"), exported at attach.
+        Statuses:
+          UNAVAILABLE (UNAVAILABLE): the service is starting. Retry: yes.
+          FAILED_PRECONDITION (EPOCH_MISMATCH): the epoch is another service run's. Retry: no.
+          NOT_FOUND (UNKNOWN_SESSION): no such live session. Retry: no.
+          INVALID_ARGUMENT (INVALID_ARGUMENT): the session does not own the exchange, layer or
+            batch_size out of range, req_slots of another session, a top-k row repeating a position
+            (those rows are not planned), or the message does not parse. Retry: no.
+          UNAUTHENTICATED (UNAUTHENTICATED): the bearer token is missing or wrong. Retry: no.
+          INTERNAL (INTERNAL): a fault of the service, logged there. Retry: no.
         """
 
     @_abc_1.abstractmethod
@@ -129,7 +300,13 @@ class KVCacheServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _kvcache_pb2.GetStatsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_kvcache_pb2.GetStatsResponse, _abc.Awaitable[_kvcache_pb2.GetStatsResponse]]:
-        """Occupancy and counters."""
+        """Occupancy and counters.
+        Statuses:
+          UNAVAILABLE (UNAVAILABLE): the service is starting. Retry: yes.
+          INVALID_ARGUMENT (INVALID_ARGUMENT): the message does not parse. Retry: no.
+          UNAUTHENTICATED (UNAUTHENTICATED): the bearer token is missing or wrong. Retry: no.
+          INTERNAL (INTERNAL): a fault of the service, logged there. Retry: no.
+        """
 
     @_abc_1.abstractmethod
     def Drain(
@@ -137,7 +314,14 @@ class KVCacheServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _kvcache_pb2.DrainRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_kvcache_pb2.DrainResponse, _abc.Awaitable[_kvcache_pb2.DrainResponse]]:
-        """Stops admitting and waits (up to a timeout) for the admitted requests to be released."""
+        """Stops admitting and waits (up to a timeout) for the admitted requests to be released.
+        Statuses:
+          UNAVAILABLE (UNAVAILABLE): the service is starting. Retry: yes.
+          INVALID_ARGUMENT (INVALID_ARGUMENT): timeout_seconds outside [0, 3600], or the message
+            does not parse. Retry: no.
+          UNAUTHENTICATED (UNAUTHENTICATED): the bearer token is missing or wrong. Retry: no.
+          INTERNAL (INTERNAL): a fault of the service, logged there. Retry: no.
+        """
 
     @_abc_1.abstractmethod
     def Flush(
@@ -147,6 +331,11 @@ class KVCacheServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_kvcache_pb2.FlushResponse, _abc.Awaitable[_kvcache_pb2.FlushResponse]]:
         """Admin: empties the prefix cache. Cached pages no request uses are freed now; cached pages
         in use stop being shared and are freed with their last request.
+        Statuses:
+          UNAVAILABLE (UNAVAILABLE): the service is starting. Retry: yes.
+          INVALID_ARGUMENT (INVALID_ARGUMENT): the message does not parse. Retry: no.
+          UNAUTHENTICATED (UNAUTHENTICATED): the bearer token is missing or wrong. Retry: no.
+          INTERNAL (INTERNAL): a fault of the service, logged there. Retry: no.
         """
 
 def add_KVCacheServiceServicer_to_server(servicer: KVCacheServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,77 @@
+"""The engine's own gRPC server, as the KV service's (CPU, a real `serve` process):
+
+- a Generate whose bytes do not parse, or whose resume id is not UTF-8, is answered
+  INVALID_ARGUMENT (it was UNKNOWN), and the engine logs no traceback for it;
+- every call is counted in the grpc_server_* series, by status code;
+- the metrics name device time "device" and say which device (a CPU run is not "gpu").
+"""
+
+from __future__ import annotations
+
+import urllib.request
+
+import grpc
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.process_harness import start_engine, workdir
+from tests.service_harness import free_port
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+GENERATE = "/decode.v1.DecodeService/Generate"
+# Field 4 (resume_request_id), length-delimited, 2 bytes that are not UTF-8.
+NOT_UTF8_RESUME_ID = bytes([(4 << 3) | 2, 2, 0xFF, 0xFE])
+NOT_PROTOBUF = b"\xff\xff\xff\xff"
+
+
+def _raw_generate(target: str, payload: bytes) -> grpc.RpcError:
+    with grpc.insecure_channel(target) as channel:
+        call = channel.unary_stream(GENERATE)  # no serializers: the bytes go as they are
+        with pytest.raises(grpc.RpcError) as err:
+            list(call(payload, timeout=10))
+    return err.value
+
+
+def _samples(port: int) -> list[tuple[str, dict, float]]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return [
+        (s.name, s.labels, s.value) for f in text_string_to_metric_families(text) for s in f.samples
+    ]
+
+
+def test_malformed_generate_is_invalid_argument_and_every_call_is_counted() -> None:
+    port = free_port()
+    with workdir("hsg") as path:
+        eng = start_engine(path, "baseline", extra=("--metrics-port", str(port)))
+        try:
+            for payload in (NOT_PROTOBUF, NOT_UTF8_RESUME_ID):
+                err = _raw_generate(eng.target, payload)
+                assert err.code() is grpc.StatusCode.INVALID_ARGUMENT, err
+                assert "malformed message" in err.details()
+            assert "Traceback" not in eng.log(None), eng.log()
+
+            samples = _samples(port)
+            handled = {
+                labels["grpc_code"]: value
+                for name, labels, value in samples
+                if name == "grpc_server_handled_total" and labels["grpc_method"] == "Generate"
+            }
+            assert handled == {"INVALID_ARGUMENT": 2.0}, handled
+            started = [
+                v
+                for n, labels, v in samples
+                if n == "grpc_server_started_total"
+                and labels
+                == {
+                    "grpc_type": "server_stream",
+                    "grpc_service": "decode.v1.DecodeService",
+                    "grpc_method": "Generate",
+                }
+            ]
+            assert started == [2.0]
+            info = [labels for n, labels, _ in samples if n == "engine_info"]
+            assert info == [{"device": "cpu", "kv_mode": "baseline"}]
+            assert not [n for n, _, _ in samples if n.startswith("engine_") and "gpu" in n]
+        finally:
+            assert eng.stop() == 0, eng.log()

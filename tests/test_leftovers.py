@@ -1,0 +1,45 @@
+"""The session-level leftover check (tests/leftovers.py, run by conftest at the end of every
+session) finds temporary files, /dev/shm files and child processes, and only this session's."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from tests import leftovers
+from tests.leftovers import Session
+
+
+def test_leftovers_of_a_session_are_named_and_its_children_killed() -> None:
+    root = tempfile.mkdtemp(prefix="hsrun", dir="/tmp")
+    fake = Session(root, set(os.listdir(leftovers.SHM)))
+    shm_own = os.path.join(leftovers.SHM, f"{fake.marker}-x-shm")
+    shm_pid = os.path.join(leftovers.SHM, f"hisparse-t-{os.getpid()}-host_kv")
+    shm_other = os.path.join(leftovers.SHM, "hisparse-t-1-host_kv")  # pid 1: not ours
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        os.mkdir(os.path.join(root, "kvsvc-m123"))
+        os.mkdir(os.path.join(root, "pytest-of-root"))  # pytest's own: not a leftover
+        for path in (shm_own, shm_pid, shm_other):
+            open(path, "w").close()
+        left = fake.leftovers()
+        assert f"temp: {root}/kvsvc-m123" in left
+        assert f"/dev/shm: {os.path.basename(shm_own)}" in left
+        assert f"/dev/shm: {os.path.basename(shm_pid)}" in left
+        assert not [x for x in left if "pytest-of" in x or "hisparse-t-1-" in x], left
+        assert any(x.startswith(f"process {child.pid}: ") for x in left), left
+        assert child.wait(10) != 0  # killed
+    finally:
+        child.kill()
+        child.wait()
+        for path in (shm_own, shm_pid, shm_other):
+            os.unlink(path)
+        shutil.rmtree(root)
+
+
+def test_the_session_writes_its_temporary_files_under_its_own_root() -> None:
+    assert os.path.basename(tempfile.gettempdir()).startswith("hsrun")
+    assert os.environ["TMPDIR"] == tempfile.gettempdir()
