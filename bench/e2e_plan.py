@@ -271,6 +271,6 @@ def engine_flags(s: Sizes, run: Run) -> list[str]:
     ]
     if run.mode in ("baseline", "embedded"):
         argv += ["--device", s.device] + flags.to_flags(local_layout(s, run))
-    if run.mode in ("embedded", "service") and s.decode_microbatches > 1:
+    if run.mode in ("embedded", "service"):  # always: 1 must turn the engine's default (2) off
         argv += ["--decode-microbatches", str(s.decode_microbatches)]
     return argv
