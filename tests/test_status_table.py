@@ -74,6 +74,7 @@ def test_every_rpc_has_its_table() -> None:
     assert sorted(TABLES) == [
         ("Attach", "Statuses"),
         ("Drain", "Statuses"),
+        ("Flush", "Statuses"),
         ("GetStats", "Statuses"),
         ("RemoteSwap", "Statuses"),
         ("Session", "In-band Error codes"),
