@@ -147,10 +147,17 @@ def map_fd(fd: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 def pid_alive(pid: int) -> bool:
+    """Whether process `pid` still runs. A zombie does not: a SIGKILLed process stays one until
+    its parent reaps it, and its peers see its sockets close before that."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         pass  # exists, owned by another user
-    return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True  # no procfs here: the signal check is all there is
+    return state not in ("Z", "X")

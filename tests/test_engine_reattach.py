@@ -123,7 +123,8 @@ def test_engine_unmaps_a_killed_service_and_reattaches_to_its_successor(
             assert state_file.load(state).session_id not in ("", old_session)
         finally:
             assert eng.stop() == 0, eng.log()
-            assert services[-1].stop() == 0, services[-1].log()
+            # A failed round may have killed the last one already.
+            assert not services[-1].alive() or services[-1].stop() == 0, services[-1].log()
             for svc in services[:-1]:
                 svc.kill()
 

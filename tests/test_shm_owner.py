@@ -214,3 +214,19 @@ def test_no_room_message_names_processes_mapping_deleted_segments(tmp_path: Path
         shm_file.no_room_message(str(tmp_path), {"host_kv": 1}, st)
     )
     del kv
+
+
+def test_a_killed_process_not_yet_reaped_is_not_alive() -> None:
+    """Peers see a SIGKILLed service's sockets close before its parent reaps it: a zombie counts
+    as dead, or its CUDA IPC counter files would never be removed."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert handle.pid_alive(child.pid)
+        os.kill(child.pid, signal.SIGKILL)
+        with open(f"/proc/{child.pid}/stat") as f:  # wait until it is a zombie, unreaped
+            while f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                f.seek(0)
+        assert not handle.pid_alive(child.pid)
+    finally:
+        child.kill()
+        child.wait(10)

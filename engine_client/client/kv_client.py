@@ -96,6 +96,7 @@ class KVClient(Reattachment):
         self._recover_task: asyncio.Task | None = None
         self._recovering = False
         self._closing = False
+        self._stale_counters: list[tuple[int, str]] = []  # (exporter pid, counter file)
 
     @classmethod
     async def connect(

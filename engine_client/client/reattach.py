@@ -55,6 +55,7 @@ class Reattachment:
     _recover_task: asyncio.Task | None
     _recovering: bool
     _closing: bool
+    _stale_counters: list[tuple[int, str]]
 
     async def _attach(
         self, resume: str, expected: KVLayout | None, wait: bool
@@ -170,9 +171,17 @@ class Reattachment:
         else:
             log.info("closed the %d CUDA IPC mappings of the service at %s", len(ipc), self.target)
         shares = [handle.decode_ipc(h["ipc"]) for h in ipc]
-        alive = any(handle.pid_alive(pid) for pid, _ in shares)
-        names = [share[4].decode(errors="replace") for _, share in shares]
-        removed = remove_counter_files(names, alive)
+        self._stale_counters += [(pid, share[4].decode(errors="replace")) for pid, share in shares]
+        self._remove_stale_counters()
+
+    def _remove_stale_counters(self) -> None:
+        """Unlink the counter files of lost exporters that are dead by now. One that still runs
+        (exiting, or not yet reaped) is tried again at the next re-attach."""
+        pids = {pid for pid, _ in self._stale_counters}
+        dead = {pid for pid in pids if not handle.pid_alive(pid)}
+        names = [name for pid, name in self._stale_counters if pid in dead]
+        self._stale_counters = [(p, n) for p, n in self._stale_counters if p not in dead]
+        removed = remove_counter_files(names, alive=False)
         if removed:
             log.info("removed %d CUDA IPC counter files of the dead service", removed)
 
@@ -214,6 +223,7 @@ class Reattachment:
             raise
         finally:
             self._recovering = False
+        self._remove_stale_counters()
         log.info(
             "re-attached to %s as session %s: epoch %d -> %d",
             self.target,
