@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
+from contract.layout import MAX_ROWS_PER_STEP, MODE_OFFLOADED, MODE_RESIDENT, KVLayout
 from contract.tensors import KVTensors
 from kv_service import memory
 from kv_service.errors import (
@@ -324,10 +324,12 @@ class ServiceCore:
 
     def add_counters(self, hits: int, misses: int, bytes_moved: int) -> None:
         """Add one step's counters, refusing what no step can do: every layer of every request
-        slot selects at most topk positions, and each miss moves at most one KV row and one
-        index key. Totals are Python ints; `stats` readers clamp them to their field."""
+        slot selects at most topk positions per row, a step has at most MAX_ROWS_PER_STEP rows
+        per (layer, request) (a speculative step's verify and draft rows), and each miss moves
+        at most one KV row and one index key. Totals are Python ints; `stats` readers clamp
+        them to their field."""
         lay = self.layout
-        positions = lay.num_layers * lay.topk * lay.max_requests
+        positions = lay.num_layers * lay.topk * lay.max_requests * MAX_ROWS_PER_STEP
         check_range("hits", hits, 0, positions)
         check_range("misses", misses, 0, positions - hits)
         check_range("bytes_moved", bytes_moved, 0, positions * (lay.row_bytes + lay.index_bytes))

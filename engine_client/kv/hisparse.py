@@ -14,8 +14,8 @@ from typing import Callable
 
 import torch
 
-from contract.exchange import EVENT_NAMES, exchange_specs
-from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
+from contract.exchange import EVENT_NAMES, exchange_outputs, exchange_specs
+from contract.layout import MAX_DRAFT_TOKENS, MODE_OFFLOADED, MODE_RESIDENT, KVLayout
 from contract.tensors import KVTensors
 from engine_client.kv.backend import AttnRows, SharedBackend
 from engine_client.kv.kernel_set import KernelSet
@@ -46,17 +46,27 @@ class HiSparseBackend(SharedBackend):
         max_batch: int | None = None,
         microbatches: int = 1,
         copy_programs: int | None = None,
+        rows_per_request: int = 1,
     ) -> None:
         lay = kv.layout
         n, k = max_batch or lay.max_requests, lay.topk
         if not 0 < n <= lay.max_requests:
             raise ValueError(f"max_batch must be in [1, {lay.max_requests}], got {n}")
+        if not 1 <= rows_per_request <= MAX_DRAFT_TOKENS + 1:
+            raise ValueError(
+                f"rows_per_request must be in [1, {MAX_DRAFT_TOKENS + 1}], got {rows_per_request}"
+            )
         super().__init__(lay, kernels, kv.device, n)
         self.kv = kv
-        self.out_slots = torch.full((n, k), -1, dtype=torch.int32, device=self.device)
-        self.miss_src = torch.zeros((n, k), dtype=torch.int64, device=self.device)
-        self.miss_dst = torch.zeros((n, k), dtype=torch.int64, device=self.device)
-        self.miss_count = torch.zeros((n,), dtype=torch.int32, device=self.device)
+        # Plan outputs for up to n requests of rows_per_request rows each, flat: a call with G
+        # rows per request views its part's rows as [rows, k] and its miss lists as [rows/G, G k].
+        rows = n * rows_per_request
+        self.rows_per_request = rows_per_request
+        self.out_slots = torch.full((rows, k), -1, dtype=torch.int32, device=self.device)
+        self.miss_src = torch.zeros((rows * k,), dtype=torch.int64, device=self.device)
+        self.miss_dst = torch.zeros((rows * k,), dtype=torch.int64, device=self.device)
+        self.miss_count = torch.zeros((rows,), dtype=torch.int32, device=self.device)
+        self.miss_rows = torch.zeros((rows,), dtype=torch.int32, device=self.device)
         self.counters = torch.zeros(2, dtype=torch.int64, device=self.device)
         if microbatches < 1 or (copy_programs is not None and copy_programs < 1):
             raise ValueError(
@@ -130,11 +140,31 @@ class HiSparseBackend(SharedBackend):
         row_base = req_slots.long().clamp(min=0) * self.layout.hot_slots
         return AttnRows(self._hot_rows[layer], row_base, slots)
 
-    def _count(self, req_slots: torch.Tensor, topk: torch.Tensor, misses: torch.Tensor) -> None:
+    def _count(
+        self,
+        req_slots: torch.Tensor,
+        topk: torch.Tensor,
+        misses: torch.Tensor,
+        row_misses: torch.Tensor | None = None,
+        rows_per_request: int = 1,
+    ) -> None:
         """Totals for `stats` and per request slot for `counts`, on the device."""
         self.counters[_SELECTED] += (topk >= 0).sum()
         self.counters[_MISSES] += misses.sum()
-        self._slot_counts.add(req_slots, topk, misses)
+        self._slot_counts.add(req_slots, topk, misses, row_misses, rows_per_request)
+
+    def _outputs(self, row0: int, n: int, G: int) -> tuple[torch.Tensor, ...]:
+        """This part's plan outputs: slots [n, k], miss src/dst [n / G, G k], counts [n / G]
+        (rows row0.. of the flat buffers; parts never overlap)."""
+        k, groups = self.topk, n // G
+        flat = slice(row0 * k, (row0 + n) * k)
+        return (
+            self.out_slots[row0 : row0 + n],
+            self.miss_src[flat].view(groups, G * k),
+            self.miss_dst[flat].view(groups, G * k),
+            self.miss_count[row0 : row0 + groups],
+            self.miss_rows[row0 : row0 + groups],
+        )
 
     def select(
         self,
@@ -143,22 +173,20 @@ class HiSparseBackend(SharedBackend):
         req_slots: torch.Tensor,
         seq_lens: torch.Tensor,
         row0: int = 0,
+        rows_per_request: int = 1,
     ) -> AttnRows:
         """row0: first row of this part of the batch in the plan's output buffers."""
-        n = topk.shape[0]
-        rows = slice(row0, row0 + n)
-        out = (
-            self.out_slots[rows],
-            self.miss_src[rows],
-            self.miss_dst[rows],
-            self.miss_count[rows],
-        )
+        G = rows_per_request
+        if G > self.rows_per_request:
+            raise ValueError(f"{G} rows per request, the backend holds {self.rows_per_request}")
+        *out, rows = self._outputs(row0, topk.shape[0], G)
+        swap = (topk, seq_lens, req_slots, *out)
         if self._copy_stream is None:
-            run_swap(self.kv, self.kernels, layer, topk, seq_lens, req_slots, *out)
+            run_swap(self.kv, self.kernels, layer, *swap, rows_per_request=G, miss_rows=rows)
         else:
-            plan_swap(self.kv, self.kernels, layer, topk, seq_lens, req_slots, *out)
+            plan_swap(self.kv, self.kernels, layer, *swap, rows_per_request=G, miss_rows=rows)
             self._copy_aside(row0, *out[1:])
-        self._count(req_slots, topk, out[3])
+        self._count(req_slots, topk, out[3], rows, G)
         return self._hot(layer, req_slots, out[0])
 
     def _copy_aside(
@@ -251,10 +279,24 @@ def run_swap(
     miss_src: torch.Tensor,
     miss_dst: torch.Tensor,
     miss_count: torch.Tensor,
+    *,
+    rows_per_request: int = 1,
+    miss_rows: torch.Tensor | None = None,
 ) -> None:
     """One layer's swap-in: plan (updates residency/LRU), then copy the misses host -> hot."""
     plan_swap(
-        kv, kernels, layer, topk, seq_lens, req_slots, out_slots, miss_src, miss_dst, miss_count
+        kv,
+        kernels,
+        layer,
+        topk,
+        seq_lens,
+        req_slots,
+        out_slots,
+        miss_src,
+        miss_dst,
+        miss_count,
+        rows_per_request=rows_per_request,
+        miss_rows=miss_rows,
     )
     kernels.miss_copy(kv.host_rows, kv.hot_kv, miss_src, miss_dst, miss_count)
 
@@ -270,6 +312,9 @@ def plan_swap(
     miss_src: torch.Tensor,
     miss_dst: torch.Tensor,
     miss_count: torch.Tensor,
+    *,
+    rows_per_request: int = 1,
+    miss_rows: torch.Tensor | None = None,
 ) -> None:
     """The plan of run_swap: hits, victims and the miss lists, residency/LRU updated."""
     lay = kv.layout
@@ -291,6 +336,8 @@ def plan_swap(
         num_layers=lay.num_layers,
         page_size=lay.page_size,
         window=lay.window,
+        rows_per_request=rows_per_request,
+        out_miss_rows=miss_rows,
     )
 
 
@@ -303,33 +350,34 @@ def allocate_exchange(
     }
 
 
-SwapFn = Callable[[int, int], None]
+# swap_fn(layer, batch rows, rows per request)
+SwapFn = Callable[[int, int, int], None]
 
 
 def local_swap_fn(kv: KVTensors, xchg: dict[str, torch.Tensor], kernels: KernelSet) -> SwapFn:
     """A swap_fn that plans and copies in this process on the exchange tensors: what the service
     does on its side of the remote-swap RPC."""
 
-    def swap(layer: int, bs: int) -> None:
-        x = {name: t[:bs] for name, t in xchg.items()}
+    def swap(layer: int, bs: int, rows_per_request: int = 1) -> None:
+        *out, rows = exchange_outputs(xchg, bs, rows_per_request)
         run_swap(
             kv,
             kernels,
             layer,
-            x["xchg_topk"],
-            x["xchg_seq_lens"],
-            x["xchg_req_slots"],
-            x["xchg_slots"],
-            x["xchg_miss_src"],
-            x["xchg_miss_dst"],
-            x["xchg_miss_count"],
+            xchg["xchg_topk"][:bs],
+            xchg["xchg_seq_lens"][:bs],
+            xchg["xchg_req_slots"][:bs],
+            *out,
+            rows_per_request=rows_per_request,
+            miss_rows=rows,
         )
 
     return swap
 
 
 class RemoteSwapBackend(HiSparseBackend):
-    """Like HiSparseBackend, but the plan + copy of each layer run in `swap_fn(layer, bs)`.
+    """Like HiSparseBackend, but the plan + copy of each layer run in
+    `swap_fn(layer, bs, rows_per_request)`.
 
     Per layer the batch is written to xchg_topk / xchg_seq_lens / xchg_req_slots [:bs], then
     swap_fn runs (exchange tensors and events: kv_service.remote_swap). On CUDA the streams are
@@ -349,8 +397,11 @@ class RemoteSwapBackend(HiSparseBackend):
         xchg: dict[str, torch.Tensor] | None = None,
         events: dict[str, torch.cuda.Event] | None = None,
         max_batch: int | None = None,
+        rows_per_request: int = 1,
     ) -> None:
-        super().__init__(kv, kernels=kernels, max_batch=max_batch)
+        super().__init__(
+            kv, kernels=kernels, max_batch=max_batch, rows_per_request=rows_per_request
+        )
         self.capturable = False
         self.xchg = self._checked(xchg)
         if events is not None and set(events) != set(EVENT_NAMES):
@@ -378,9 +429,10 @@ class RemoteSwapBackend(HiSparseBackend):
         req_slots: torch.Tensor,
         seq_lens: torch.Tensor,
         row0: int = 0,
+        rows_per_request: int = 1,
     ) -> AttnRows:
         """row0 is always 0: remote swap runs no micro-batches."""
-        n, x = topk.shape[0], self.xchg
+        n, x, G = topk.shape[0], self.xchg, rows_per_request
         x["xchg_topk"][:n].copy_(topk)
         x["xchg_seq_lens"][:n].copy_(seq_lens)
         x["xchg_req_slots"][:n].copy_(req_slots)
@@ -389,8 +441,9 @@ class RemoteSwapBackend(HiSparseBackend):
             self.events["xchg_ready"].record(stream)
         elif stream is not None:
             stream.synchronize()
-        self.swap_fn(layer, n)
+        self.swap_fn(layer, n, G)
         if stream is not None and self.events is not None:
             stream.wait_event(self.events["xchg_done"])
-        self._count(req_slots, topk, x["xchg_miss_count"][:n])
-        return self._hot(layer, req_slots, x["xchg_slots"][:n])
+        slots, _, _, count, rows = exchange_outputs(x, n, G)
+        self._count(req_slots, topk, count, rows, G)
+        return self._hot(layer, req_slots, slots)

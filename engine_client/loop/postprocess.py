@@ -107,10 +107,12 @@ class Postprocessor:
         progress = tuple((r.request_id, n) for r, n in stored if not r.finished)
         self.reports.send(StepReport(batch.step, progress, hits, misses, misses * self.row_bytes))
 
-    def _count(self, decode: list[GenRequest], per_slot: list[tuple[int, int]]) -> tuple[int, int]:
+    def _count(
+        self, decode: list[GenRequest], per_slot: list[tuple[int, int, int]]
+    ) -> tuple[int, int]:
         hits = misses = 0
         for req in decode:
-            sel, miss = per_slot[req.slot]
+            sel, miss, _ = per_slot[req.slot]
             c = req.counters
             c.hits, c.misses, c.bytes_moved = (
                 c.hits + sel - miss,

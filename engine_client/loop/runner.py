@@ -38,7 +38,7 @@ class _Buffers:
         # Sampling inputs on their way to the device (pageable memory could sync the stream).
         self.temps = torch.zeros(rows, dtype=torch.float32, pin_memory=cuda)
         self.keys = torch.zeros(rows, dtype=torch.int64, pin_memory=cuda)
-        self.counts = torch.zeros((slots, 2), dtype=torch.int64, pin_memory=cuda)
+        self.counts = torch.zeros((slots, 3), dtype=torch.int64, pin_memory=cuda)
         self.start = torch.cuda.Event(enable_timing=True) if cuda else None
         self.end = torch.cuda.Event(enable_timing=True) if cuda else None
         self.cpu_start = self.cpu_end = 0.0
@@ -47,14 +47,15 @@ class _Buffers:
 @dataclass(frozen=True)
 class StepOutput:
     """What one step produced, on the host. decode_tokens[i] belongs to batch.decode[i];
-    per_slot[r] = (top-k positions selected, misses) of request slot r in this step;
+    per_slot[r] = (top-k positions selected, misses, misses summed over rows) of request slot r
+    in this step (the last differs from misses when a verify step's rows shared a swap-in);
     device_seconds: the step's busy time on the device; idle_before: device idle time between
     the previous step and this one (None after the engine was idle)."""
 
     batch: Batch
     decode_tokens: list[int]
     prefill_token: int | None
-    per_slot: list[tuple[int, int]]
+    per_slot: list[tuple[int, int, int]]
     device_seconds: float
     idle_before: float | None
 
@@ -84,7 +85,7 @@ class LaunchedStep:
         n = len(batch.decode)
         tokens = b.tokens[:n].tolist()
         first = int(b.tokens[-1]) if batch.first is not None else None
-        per_slot = [(s, m) for s, m in b.counts.tolist()]
+        per_slot = [(s, m, rm) for s, m, rm in b.counts.tolist()]
         return StepOutput(batch, tokens[:n], first, per_slot, busy, idle)
 
 

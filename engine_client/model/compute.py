@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib
 import json
 import logging
-from collections.abc import Callable
 
 import torch
 
@@ -21,7 +20,7 @@ from contract.tensors import KVTensors
 from engine_client.client.errors import LayoutMismatch
 from engine_client.kv.backend import KVBackend
 from engine_client.kv.baseline import BaselineBackend
-from engine_client.kv.hisparse import HiSparseBackend, RemoteSwapBackend
+from engine_client.kv.hisparse import HiSparseBackend, RemoteSwapBackend, SwapFn
 from engine_client.kv.kernel_set import KernelSet
 from engine_client.model.graph import DecodeConfig, DecodeRunner
 from engine_client.model.model import Model, TopkSource
@@ -77,10 +76,12 @@ def build_backend(
     kernels: KernelSet,
     max_batch: int,
     device: str,
-    swap_fn: Callable[[int, int], None] | None,
+    swap_fn: SwapFn | None,
     exchange: dict | None,
     microbatches: int = 1,
+    rows_per_request: int = 1,
 ) -> KVBackend:
+    """rows_per_request: the most decode rows per request a step has (a verify step's D + 1)."""
     if mode == "baseline":
         return BaselineBackend(layout, kernels=kernels, device=device)
     if tensors is None:
@@ -89,9 +90,20 @@ def build_backend(
         if swap_fn is None:
             raise ValueError("service-remote-swap needs a swap function")
         return RemoteSwapBackend(
-            tensors, swap_fn, kernels=kernels, xchg=exchange or None, max_batch=max_batch
+            tensors,
+            swap_fn,
+            kernels=kernels,
+            xchg=exchange or None,
+            max_batch=max_batch,
+            rows_per_request=rows_per_request,
         )
-    return HiSparseBackend(tensors, kernels=kernels, max_batch=max_batch, microbatches=microbatches)
+    return HiSparseBackend(
+        tensors,
+        kernels=kernels,
+        max_batch=max_batch,
+        microbatches=microbatches,
+        rows_per_request=rows_per_request,
+    )
 
 
 def load_topk_source(

@@ -123,7 +123,10 @@ def _build_compute(cfg: EngineConfig, mcfg: ModelConfig, control: KVControl, dev
     )
     swap_fn = exchange = None
     if isinstance(control, KVClient) and cfg.kv_mode == "service-remote-swap":
-        swap_fn, exchange = (lambda layer, bs: control.remote_swap(layer, bs)), control.exchange
+        swap_fn, exchange = (
+            (lambda layer, bs, rows: control.remote_swap(layer, bs, rows)),
+            control.exchange,
+        )
     max_batch = min(cfg.max_batch, control.layout.max_requests)
     backend = build_backend(
         cfg.kv_mode,
