@@ -79,9 +79,9 @@ class RemoteSwapper:
 
     def warm_up(self) -> None:
         """Compile the kernels before the service reports SERVING: padding rows, so nothing
-        is read or written, for every rows-per-request the layout can plan (each is its own
-        kernel variant)."""
-        for g in range(1, MAX_DRAFT_TOKENS + 2):
+        is read or written; on CUDA for every rows-per-request the layout can plan (each is
+        its own kernel variant; the CPU interpreter compiles nothing)."""
+        for g in range(1, MAX_DRAFT_TOKENS + 2 if self._cuda else 2):
             if g > 1 and not self.kv.layout.fits_draft_tokens(g - 1):
                 break
             self.x["xchg_req_slots"][:g] = -1

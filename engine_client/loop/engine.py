@@ -77,7 +77,13 @@ class Engine:
             finish=self._finish,
             lost=self._fail_all,
             admitted=self._admitted,
+            draft_tokens=compute.draft_tokens,
         )
+        if compute.draft_tokens and overlap:
+            raise ValueError(
+                "speculative steps cannot be overlapped (their positions follow "
+                "the previous step's accepted count)"
+            )
         self.runner = StepRunner(compute, overlap=overlap)
         self.reports = ReportSender(control)
         self.postprocess = Postprocessor(

@@ -24,7 +24,9 @@ from engine_client.kv.hisparse import HiSparseBackend, RemoteSwapBackend, SwapFn
 from engine_client.kv.kernel_set import KernelSet
 from engine_client.model.graph import DecodeConfig, DecodeRunner
 from engine_client.model.model import Model, TopkSource
+from engine_client.model.mtp import DraftSource
 from engine_client.model.preset import ModelConfig
+from engine_client.model.spec_runner import SpecDecodeRunner
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +44,11 @@ class Compute:
         layout: KVLayout,
         prefill_chunk: int,
         synthetic_context: int = 0,
+        draft_tokens: int = 0,
     ) -> None:
         self.model, self.runner, self.backend = model, runner, backend
+        # Speculative decoding: drafts per verify step (runner is a SpecDecodeRunner), or 0.
+        self.draft_tokens = draft_tokens
         self.layout = layout
         self.prefill_chunk = prefill_chunk
         self.row_bytes = layout.row_bytes
@@ -118,6 +123,24 @@ def load_topk_source(
     return getattr(importlib.import_module(module), func)(model_cfg, layout, device, **kwargs)
 
 
+def load_draft_source(
+    spec: str, model_cfg: ModelConfig, layout: KVLayout, device: str, draft_tokens: int
+) -> DraftSource | None:
+    """None for "mtp" (the model's MTP layer drafts); else a benchmark-only source
+    MODULE:FUNC[:JSON kwargs], FUNC(model_cfg, layout, device, draft_tokens, **kwargs)."""
+    if spec == "mtp":
+        return None
+    module, func, *rest = spec.split(":", 2)
+    kwargs = json.loads(rest[0]) if rest else {}
+    factory = getattr(importlib.import_module(module), func)
+    log.warning(
+        "draft source %s is benchmark-only: it proposes recorded target tokens, so the "
+        "acceptance rate is set by the recording, not by the model's MTP layer",
+        spec,
+    )
+    return factory(model_cfg, layout, device, draft_tokens, **kwargs)
+
+
 def build_compute(
     model_cfg: ModelConfig,
     weights: dict[str, torch.Tensor],
@@ -128,21 +151,37 @@ def build_compute(
     use_graphs: bool = True,
     topk_source: TopkSource | None = None,
     synthetic_context: int = 0,
+    draft_tokens: int = 0,
+    draft_source: DraftSource | None = None,
 ) -> Compute:
+    """draft_tokens > 0: speculative decoding with the model's MTP layer (model_cfg.mtp_layers)
+    drafting, or `draft_source` (benchmarks only)."""
     model = Model(model_cfg, weights, backend)
     model.topk_source = topk_source  # before capture: the graphs must contain it
-    runner = DecodeRunner(model, DecodeConfig(max_batch, use_graphs=use_graphs))
+    dcfg = DecodeConfig(max_batch, use_graphs=use_graphs)
+    runner = (
+        SpecDecodeRunner(model, dcfg, draft_tokens, draft_source)
+        if draft_tokens
+        else DecodeRunner(model, dcfg)
+    )
     if runner.use_graphs:
         runner.capture()
         log.info("captured decode graphs for batch buckets %s", runner.cfg.buckets)
-    return Compute(model, runner, backend, layout, prefill_chunk, synthetic_context)
+    return Compute(model, runner, backend, layout, prefill_chunk, synthetic_context, draft_tokens)
 
 
-def check_model_fits(model_cfg: ModelConfig, layout: KVLayout) -> None:
-    """The layout must be the model's: same layers and top-k (the row and index formats are
-    the layout's alone: the model hands its backend bf16 rows and keys)."""
-    if layout.num_layers != model_cfg.num_layers or layout.topk != model_cfg.topk:
+def check_model_fits(model_cfg: ModelConfig, layout: KVLayout, draft_tokens: int = 0) -> None:
+    """The layout must be the model's: same layers (the MTP layer's included) and top-k (the
+    row and index formats are the layout's alone: the model hands its backend bf16 rows and
+    keys); speculative steps need their union and window to fit (KVLayout.check_draft_tokens)."""
+    if layout.num_layers != model_cfg.kv_layers or layout.topk != model_cfg.topk:
         raise LayoutMismatch(
             f"KV layout (layers {layout.num_layers}, top-k {layout.topk}) does not "
-            f"fit the model (layers {model_cfg.num_layers}, top-k {model_cfg.topk})"
+            f"fit the model (layers {model_cfg.num_layers} + {model_cfg.mtp_layers} MTP, "
+            f"top-k {model_cfg.topk})"
         )
+    if draft_tokens:
+        try:
+            log.info("%s", layout.check_draft_tokens(draft_tokens))
+        except ValueError as e:
+            raise LayoutMismatch(str(e)) from e

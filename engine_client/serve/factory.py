@@ -32,6 +32,7 @@ from engine_client.model.compute import (
     build_compute,
     check_model_fits,
     choose_kernels,
+    load_draft_source,
     load_topk_source,
 )
 from engine_client.model.preset import ModelConfig, preset
@@ -45,24 +46,32 @@ EMBEDDED_LEASE_SECONDS = 30.0
 
 
 def model_config(cfg: EngineConfig, layout: KVLayout | None = None) -> ModelConfig:
-    """The preset, with --num-layers. In service modes the service's `layout` decides the layers
-    and top-k, which the model adopts; a model that cannot take them (another --num-layers, a
-    checkpoint with fewer layers) is refused with both values named."""
-    overrides = {"num_layers": cfg.num_layers} if cfg.num_layers else {}
-    mcfg = preset(cfg.preset, **overrides)
+    """The preset, with --num-layers (and the MTP layer with --speculative mtp). In service
+    modes the service's `layout` decides the layers and top-k, which the model adopts (with
+    --speculative mtp its last layer is the MTP layer's); a model that cannot take them
+    (another --num-layers, a checkpoint with fewer layers) is refused with both values named."""
+    overrides: dict[str, int] = {"num_layers": cfg.num_layers} if cfg.num_layers else {}
+    mtp = 1 if cfg.spec_tokens else 0
+    mcfg = preset(cfg.preset, **overrides, mtp_layers=mtp)
     if layout is None:
         return mcfg
-    if cfg.num_layers is not None and cfg.num_layers != layout.num_layers:
+    if layout.num_layers <= mtp:
         raise errors.LayoutMismatch(
-            f"the engine was started with --num-layers {cfg.num_layers} but the KV service's "
-            f"layout has {layout.num_layers} layers (leave --num-layers out to adopt it)"
+            f"--speculative mtp needs a decoder layer and the MTP layer's in the KV layout, "
+            f"which has {layout.num_layers} layer(s)"
+        )
+    if cfg.num_layers is not None and cfg.num_layers + mtp != layout.num_layers:
+        raise errors.LayoutMismatch(
+            f"the engine was started with --num-layers {cfg.num_layers}"
+            f"{' + 1 MTP layer' if mtp else ''} but the KV service's layout has "
+            f"{layout.num_layers} layers (leave --num-layers out to adopt it)"
         )
     if cfg.checkpoint and (held := checkpoint_layers(cfg.checkpoint)) < layout.num_layers:
         raise errors.LayoutMismatch(
             f"the checkpoint {cfg.checkpoint} holds {held} layers but the KV service's layout "
             f"has {layout.num_layers} layers"
         )
-    return mcfg.replace(num_layers=layout.num_layers, topk=layout.topk)
+    return mcfg.replace(num_layers=layout.num_layers - mtp, topk=layout.topk)
 
 
 async def connect_service(cfg: EngineConfig, saved: state_file.SavedState) -> KVClient:
@@ -92,7 +101,7 @@ async def connect_service(cfg: EngineConfig, saved: state_file.SavedState) -> KV
 
 
 def local_control(cfg: EngineConfig, mcfg: ModelConfig, device: str) -> KVControl:
-    layout = cfg.local.layout(mcfg.num_layers, mcfg.topk)
+    layout = cfg.local.layout(mcfg.kv_layers, mcfg.topk)
     if cfg.kv_mode == "baseline":
         return BaselineControl(layout)
     from kv_service.core import ServiceCore
@@ -114,7 +123,9 @@ def _compute_thread(device: str) -> ThreadPoolExecutor:
 
 
 def _build_compute(cfg: EngineConfig, mcfg: ModelConfig, control: KVControl, device: str):
-    check_model_fits(mcfg, control.layout)
+    spec = cfg.spec_tokens
+    # The all-on-GPU baseline has no hot buffers for the verify rows to share.
+    check_model_fits(mcfg, control.layout, spec if cfg.kv_mode != "baseline" else 0)
     kernels = choose_kernels(cfg.kernels, device.split(":")[0])
     weights = (
         load_safetensors(cfg.checkpoint, mcfg, device)
@@ -138,8 +149,12 @@ def _build_compute(cfg: EngineConfig, mcfg: ModelConfig, control: KVControl, dev
         swap_fn,
         exchange,
         cfg.decode_microbatches,
+        rows_per_request=spec + 1,
     )
     source = load_topk_source(cfg.topk_source, mcfg, control.layout, device)
+    drafts = (
+        load_draft_source(cfg.draft_source, mcfg, control.layout, device, spec) if spec else None
+    )
     return build_compute(
         mcfg,
         weights,
@@ -150,11 +165,14 @@ def _build_compute(cfg: EngineConfig, mcfg: ModelConfig, control: KVControl, dev
         use_graphs=cfg.cuda_graphs,
         topk_source=source,
         synthetic_context=cfg.synthetic_context,
+        draft_tokens=spec,
+        draft_source=drafts,
     )
 
 
-def _resumed(held: HeldRequest, saved: state_file.SavedRequest) -> GenRequest | None:
-    if held.prompt_len != len(saved.prompt) or held.max_new_tokens != saved.max_new_tokens:
+def _resumed(held: HeldRequest, saved: state_file.SavedRequest, extra: int) -> GenRequest | None:
+    """extra: what our admissions reserve beyond max_new_tokens (speculative steps)."""
+    if held.prompt_len != len(saved.prompt) or held.max_new_tokens != saved.max_new_tokens + extra:
         log.warning("request %s: service and state file disagree, not resumed", held.request_id)
         return None
     req = GenRequest(
@@ -174,7 +192,7 @@ async def restore(engine: Engine, control: KVControl, saved: state_file.SavedSta
     """Adopt the held requests the state file knows; release the others."""
     for held in control.held:
         req = (
-            _resumed(held, saved.requests[held.request_id])
+            _resumed(held, saved.requests[held.request_id], engine.scheduler.reserve_extra)
             if held.request_id in saved.requests
             else None
         )
@@ -236,8 +254,10 @@ async def build_engine(cfg: EngineConfig) -> Engine:
         max_active=cfg.max_batch,
         state=state,
         policy=policy,
-        overlap=cfg.overlap,
+        overlap=cfg.overlap and not cfg.spec_tokens,
     )
+    if cfg.overlap and cfg.spec_tokens:
+        log.info("speculative steps are not overlapped: a step's positions need the last one's")
     await restore(engine, control, saved)
     if state is not None:
         state.rewrite(
