@@ -174,11 +174,21 @@ class EngineMetrics:
             "the last step's misses summed over its rows, as if each row were planned alone",
             registry=r,
         )
+        self.misses = Counter(
+            "engine_swap_misses", "KV rows copied from the host tier (steps' swap-ins)", registry=r
+        )
+        self.misses_rows = Counter(
+            "engine_swap_misses_rows",
+            "misses summed over each step's rows, as if each row were planned alone",
+            registry=r,
+        )
 
     def speculative(self, drafted: int, accepted: int, misses: int, rows_missed: int) -> None:
         """One step's drafts and swap misses (with and without the rows' shared plan)."""
         self.step_misses.set(misses)
         self.step_misses_rows.set(rows_missed)
+        self.misses.inc(misses)
+        self.misses_rows.inc(rows_missed)
         if drafted:
             self.drafted.inc(drafted)
             self.accepted.inc(accepted)

@@ -19,6 +19,7 @@ step t - 1's end event is still needed for step t's idle gap.
 from __future__ import annotations
 
 import time
+import zlib
 from dataclasses import dataclass, field
 
 import torch
@@ -196,7 +197,10 @@ class StepRunner:
         c, req = self.compute, batch.prefill
         start, end = batch.prefill_range
         if batch.synthetic:
-            c.model.backend.fill_synthetic(req.slot, batch.synthetic, seed=req.slot)
+            # Seeded by the prompt: a request's context (so its tokens) is the same whatever
+            # slot it lands in (bench/mtp.py replays tokens recorded by another run).
+            seed = zlib.crc32(repr(req.prompt[batch.synthetic :]).encode())
+            c.model.backend.fill_synthetic(req.slot, batch.synthetic, seed=seed)
         states = c.model.prefill_states(
             req.slot, req.prompt[start:end], start=start, chunk_size=end - start
         )

@@ -66,7 +66,8 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):
         if request.max_new_tokens < 1:
             return "max_new_tokens must be >= 1"
         room = engine.compute.layout.max_context
-        need = engine.compute.synthetic_context + len(ids) + request.max_new_tokens
+        extra = engine.scheduler.reserve_extra  # speculative steps' rows past the last token
+        need = engine.compute.synthetic_context + len(ids) + request.max_new_tokens + extra
         if need > room:
             return f"(synthetic context +) prompt + max_new_tokens = {need} > {room}"
         s = request.sampling
