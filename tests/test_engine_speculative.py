@@ -52,9 +52,18 @@ def spec_config(mode: str, svc, draft_tokens: int, source: str = "mtp"):
     )
 
 
+def with_stop(plain: list[list[int]]) -> tuple[list, list[list[int]]]:
+    """JOBS plus the offloaded prompt again, stopping at its 5th token: a verify step that
+    accepts past a stop token keeps nothing after it."""
+    stop = plain[1][4]
+    jobs = JOBS + [(JOBS[1][0], JOBS[1][1], SamplingParams(stop_token_ids=(stop,)))]
+    return jobs, plain + [plain[1][: plain[1].index(stop) + 1]]
+
+
 def test_speculative_tokens_equal_plain_decoding_in_every_kv_mode() -> None:
     plain, _, _ = asyncio.run(_run_jobs(engine_config("baseline"), JOBS))
     greedy = [i for i, (_, _, s) in enumerate(JOBS) if s.temperature == 0]
+    jobs, expected = with_stop(plain)
     with workdir() as path:
         recording = os.path.join(path, "greedy.jsonl")
         write_recording(recording, [(JOBS[i][0], plain[i]) for i in greedy])
@@ -64,7 +73,7 @@ def test_speculative_tokens_equal_plain_decoding_in_every_kv_mode() -> None:
         svc = start_service(path, SPEC_LAYOUT)
         try:
             runs = {
-                mode: asyncio.run(_run_jobs(spec_config(mode, svc, 3, replay), JOBS))
+                mode: asyncio.run(_run_jobs(spec_config(mode, svc, 3, replay), jobs, []))
                 for mode in MODES
             }
             mtp = {
@@ -77,7 +86,7 @@ def test_speculative_tokens_equal_plain_decoding_in_every_kv_mode() -> None:
             assert svc.stop() == 0, svc.log()
     base_tokens, base_logits, _ = runs["baseline"]
     for mode, (tokens, logits, totals) in runs.items():
-        assert [tokens[i] for i in greedy] == [plain[i] for i in greedy], mode
+        assert [tokens[i] for i in greedy + [3]] == [expected[i] for i in greedy + [3]], mode
         assert tokens == base_tokens, mode  # the sampled request too, across KV modes
         assert len(logits) == len(base_logits)
         assert all(torch.equal(a, b) for a, b in zip(logits, base_logits)), mode

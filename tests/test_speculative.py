@@ -101,3 +101,37 @@ def test_verify_rows_score_like_plain_decode_rows(device) -> None:
                 assert (rows[:, j] - plain[i + j]).abs().max() < 0.05, (step, j)
         y = rows.argmax(-1)
         spec.draft(y, torch.full((n,), D, dtype=torch.int64, device=device))
+
+
+def test_speculative_configuration_is_checked(tmp_path) -> None:
+    """Draft tokens 1..3; a layout whose LRU slots cannot hold the verify rows' union is
+    refused at attach, naming both numbers; with --speculative mtp the service's layout must
+    hold the model's layers and the MTP layer's (checked, not adopted); a checkpoint must hold
+    the MTP layer (V3.2's layer num_layers)."""
+    import asyncio
+    import dataclasses
+
+    from engine_client.client.errors import LayoutMismatch
+    from engine_client.model.weights import checkpoint_layers, load_safetensors, save_safetensors
+    from engine_client.serve.factory import build_engine, model_config
+    from tests.process_harness import LOCAL, engine_config
+
+    for bad in (dict(draft_tokens=4), dict(draft_tokens=0), dict(draft_source="nonsense")):
+        with pytest.raises(ValueError):
+            dataclasses.replace(engine_config("embedded"), speculative="mtp", **bad)
+    # B - W = 24 < k (D + 1) = 16 * 4.
+    cfg = dataclasses.replace(engine_config("embedded"), speculative="mtp", draft_tokens=3)
+    with pytest.raises(LayoutMismatch, match=r"16 \* 4 = 64 vs B - W = 32 - 8 = 24"):
+        asyncio.run(build_engine(cfg))
+    spec = dataclasses.replace(cfg, draft_tokens=1)
+    assert model_config(spec, LOCAL.layout(3, 16)).num_layers == 2
+    with pytest.raises(LayoutMismatch, match="2 decoder layers \\+ 1 MTP layer = 3 layers"):
+        model_config(spec, LOCAL.layout(2, 16))
+    mcfg = preset("tiny", mtp_layers=1)
+    weights = random_weights(mcfg)
+    save_safetensors(weights, tmp_path / "mtp.safetensors")
+    assert checkpoint_layers(tmp_path / "mtp.safetensors") == 3
+    assert load_safetensors(tmp_path / "mtp.safetensors", mcfg).keys() == weights.keys()
+    save_safetensors(random_weights(preset("tiny")), tmp_path / "plain.safetensors")
+    with pytest.raises(ValueError, match="model.layers.2."):
+        load_safetensors(tmp_path / "plain.safetensors", mcfg)

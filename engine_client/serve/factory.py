@@ -47,24 +47,26 @@ EMBEDDED_LEASE_SECONDS = 30.0
 
 def model_config(cfg: EngineConfig, layout: KVLayout | None = None) -> ModelConfig:
     """The preset, with --num-layers (and the MTP layer with --speculative mtp). In service
-    modes the service's `layout` decides the layers and top-k, which the model adopts (with
-    --speculative mtp its last layer is the MTP layer's); a model that cannot take them
-    (another --num-layers, a checkpoint with fewer layers) is refused with both values named."""
+    modes the service's `layout` decides the layers and top-k, which the model adopts; a model
+    that cannot take them (another --num-layers, a checkpoint with fewer layers) is refused with
+    both values named. With --speculative mtp the layer count is checked, not adopted: the
+    layout must hold the model's decoder layers and, last, the MTP layer's (a layout sized for
+    the model alone would otherwise silently lose a decoder layer to the MTP layer)."""
     overrides: dict[str, int] = {"num_layers": cfg.num_layers} if cfg.num_layers else {}
     mtp = 1 if cfg.spec_tokens else 0
     mcfg = preset(cfg.preset, **overrides, mtp_layers=mtp)
     if layout is None:
         return mcfg
-    if layout.num_layers <= mtp:
+    if mtp and layout.num_layers != mcfg.kv_layers:
         raise errors.LayoutMismatch(
-            f"--speculative mtp needs a decoder layer and the MTP layer's in the KV layout, "
-            f"which has {layout.num_layers} layer(s)"
+            f"--speculative mtp needs a KV layout of the model's {mcfg.num_layers} decoder "
+            f"layers + 1 MTP layer = {mcfg.kv_layers} layers, the KV service's has "
+            f"{layout.num_layers} (start it with --num-layers {mcfg.kv_layers})"
         )
-    if cfg.num_layers is not None and cfg.num_layers + mtp != layout.num_layers:
+    if cfg.num_layers is not None and cfg.num_layers != layout.num_layers - mtp:
         raise errors.LayoutMismatch(
-            f"the engine was started with --num-layers {cfg.num_layers}"
-            f"{' + 1 MTP layer' if mtp else ''} but the KV service's layout has "
-            f"{layout.num_layers} layers (leave --num-layers out to adopt it)"
+            f"the engine was started with --num-layers {cfg.num_layers} but the KV service's "
+            f"layout has {layout.num_layers} layers (leave --num-layers out to adopt it)"
         )
     if cfg.checkpoint and (held := checkpoint_layers(cfg.checkpoint)) < layout.num_layers:
         raise errors.LayoutMismatch(
