@@ -106,8 +106,10 @@ class Postprocessor:
         rows = [(r, self._kept(r, t)) for r, t in rows if not r.finished]
         if self.state is not None and rows:
             self.state.tokens({r.request_id: t for r, t in rows})
-        hits, misses = self._count(batch.decode, out.per_slot)
-        self._speculative(out)
+        # A prefill's slot counts too: the MTP layer's first drafts swap in (speculative).
+        counted = batch.decode + ([batch.prefill] if batch.prefill is not None else [])
+        hits, misses = self._count(counted, out.per_slot)
+        self._speculative(out, counted)
         self._deliver(rows)
         # Stored lengths once the step is done: what it appended and kept (a verify step keeps
         # its first row and the accepted drafts), whatever was delivered.
@@ -127,11 +129,11 @@ class Postprocessor:
         )
         return tokens[: min(room, stop + 1)]
 
-    def _speculative(self, out: StepOutput) -> None:
+    def _speculative(self, out: StepOutput, counted: list[GenRequest]) -> None:
         """Drafted and accepted tokens of a verify step, and its misses with and without the
-        rows' shared swap-in (all on the decode requests' slots)."""
-        rows_missed = sum(out.per_slot[r.slot][2] for r in out.batch.decode)
-        misses = sum(out.per_slot[r.slot][1] for r in out.batch.decode)
+        rows' shared swap-in (on the slots of the step's requests)."""
+        rows_missed = sum(out.per_slot[r.slot][2] for r in counted)
+        misses = sum(out.per_slot[r.slot][1] for r in counted)
         drafted, accepted = sum(out.drafted), sum(out.accepted)
         t = self.totals
         t["drafted"] += drafted

@@ -63,7 +63,7 @@ class Compute:
         """Point the backend at a restarted service's memory, or (None) at nothing once the
         service is lost. Captured graphs hold the old addresses: dropped, recaptured on use."""
         self.backend.rebind(tensors, exchange or None)
-        self.runner.graphs.clear()
+        self.runner.drop_graphs()
 
 
 def choose_kernels(name: str, device: str) -> KernelSet:

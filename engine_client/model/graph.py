@@ -180,6 +180,11 @@ class DecodeRunner:
             self._capture_bucket(bs)
         torch.cuda.current_stream(self.device).synchronize()
 
+    def drop_graphs(self) -> None:
+        """Forget every captured graph (they hold the old memory's addresses after a rebind);
+        buckets are captured again on use."""
+        self.graphs.clear()
+
     def _capture_bucket(self, bs: int) -> None:
         self.graphs[bs] = self._graph_of(self._body, bs)
 

@@ -157,6 +157,10 @@ class SpecDecodeRunner(DecodeRunner):
         else:
             self._draft_body(bs)
 
+    def drop_graphs(self) -> None:
+        super().drop_graphs()
+        self.draft_graphs.clear()
+
     def _capture_bucket(self, bs: int) -> None:
         super()._capture_bucket(bs)
         self.draft_graphs[bs] = self._graph_of(self._draft_body, bs)
