@@ -47,6 +47,7 @@ class Sizes:
     decode_microbatches: int = 1  # embedded/service engines: copy/compute overlap parts
     mtp_layers: int = 0  # sized with the MTP layer's KV (speculative runs, bench/mtp.py)
     trace_json: str = ""  # TraceParams of the trace top-k source as JSON ("": defaults)
+    extra_tokens: int = 0  # reserved past the last token (speculative steps' rows)
 
     @property
     def num_layers(self) -> int:
@@ -125,11 +126,12 @@ class ContextPlan:
 def plan_context(s: Sizes, context: int) -> ContextPlan:
     """Fixed point: C must hold the longest phase (n_hisparse + steady steps new tokens), and
     n_hisparse shrinks as C grows, so two passes settle it."""
-    max_ctx = _round_up(context + s.prompt_len + s.steady_steps + s.batch1_tokens, s.page_size)
+    first = context + s.prompt_len + s.extra_tokens
+    max_ctx = _round_up(first + s.steady_steps + s.batch1_tokens, s.page_size)
     for _ in range(3):
         n_hs = s.gpu_kv_bytes // hisparse_request_bytes(s, max_ctx, s.hot_slots)
         longest = max(n_hs + s.steady_steps, s.batch1_tokens)
-        max_ctx = _round_up(context + s.prompt_len + longest, s.page_size)
+        max_ctx = _round_up(first + longest, s.page_size)
     n_hs = s.gpu_kv_bytes // hisparse_request_bytes(s, max_ctx, s.hot_slots)
     n_base = s.gpu_kv_bytes // baseline_request_bytes(s, max_ctx)
     if n_base < 1 or n_hs < 1:

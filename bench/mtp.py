@@ -39,6 +39,7 @@ from bench.draft_replay import write_recording  # noqa: E402
 from bench.e2e import GIB, Children, Progress, measure_ceilings, run_one  # noqa: E402
 from bench.e2e_load import LoadGen, prompt_ids  # noqa: E402
 from bench.e2e_stats import _window  # noqa: E402
+from engine_client.loop.speculative import reserve_extra  # noqa: E402
 from engine_client.serve.procs import REPO_ROOT  # noqa: E402
 
 REPLAY = "bench.draft_replay:replay_source"
@@ -82,6 +83,7 @@ def sizes_of(args: argparse.Namespace, device: str) -> plan.Sizes:
         mtp_layers=1,
         # A request's tokens must not depend on its slot: the replay finds them by prompt.
         trace_json=json.dumps({"per_slot": False}),
+        extra_tokens=reserve_extra(d),
     )
     # The verify rows' union of top-k must fit the LRU slots: B - W >= k (D + 1).
     return replace(base, hot_slots=base.topk * (d + 1) + window)
