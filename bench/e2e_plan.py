@@ -48,6 +48,9 @@ class Sizes:
     mtp_layers: int = 0  # sized with the MTP layer's KV (speculative runs, bench/mtp.py)
     trace_json: str = ""  # TraceParams of the trace top-k source as JSON ("": defaults)
     extra_tokens: int = 0  # reserved past the last token (speculative steps' rows)
+    # Tokens a step yields per request at most (speculative: D + 1): a phase's streams run
+    # that many times more tokens, so its steady window still spans steady_steps steps.
+    tokens_per_step: int = 1
 
     @property
     def num_layers(self) -> int:
@@ -130,7 +133,7 @@ def plan_context(s: Sizes, context: int) -> ContextPlan:
     max_ctx = _round_up(first + s.steady_steps + s.batch1_tokens, s.page_size)
     for _ in range(3):
         n_hs = s.gpu_kv_bytes // hisparse_request_bytes(s, max_ctx, s.hot_slots)
-        longest = max(n_hs + s.steady_steps, s.batch1_tokens)
+        longest = max((n_hs + s.steady_steps) * s.tokens_per_step, s.batch1_tokens)
         max_ctx = _round_up(first + longest, s.page_size)
     n_hs = s.gpu_kv_bytes // hisparse_request_bytes(s, max_ctx, s.hot_slots)
     n_base = s.gpu_kv_bytes // baseline_request_bytes(s, max_ctx)

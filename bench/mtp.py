@@ -10,7 +10,9 @@ acceptance, not the MTP layer's quality; the MTP layer still runs in every step)
 
 Per context and mode: the run without speculation first (phases batch1 and max, N = the mode's
 max concurrency in the GPU KV budget, sized with the MTP layer's KV so both runs use the same
-N); its greedy tokens become the recording; then the speculative run on the same prompts. Both
+N; max-phase streams generate (N + steady steps) (D + 1) tokens, so the speculative run still
+has a steady window of steady steps at full concurrency); its greedy tokens become the
+recording; then the speculative run on the same prompts. Both
 read top-k from the replayed trace (bench/trace.py) and use B = k (D + 1) + W hot slots (the
 verify rows' union must fit). Reported per context and mode: tok/s without / with and the
 ratio, batch-1 mean ITL without / with (with MTP tokens arrive in bursts, so the mean gap, not
@@ -84,6 +86,7 @@ def sizes_of(args: argparse.Namespace, device: str) -> plan.Sizes:
         # A request's tokens must not depend on its slot: the replay finds them by prompt.
         trace_json=json.dumps({"per_slot": False}),
         extra_tokens=reserve_extra(d),
+        tokens_per_step=d + 1,
     )
     # The verify rows' union of top-k must fit the LRU slots: B - W >= k (D + 1).
     return replace(base, hot_slots=base.topk * (d + 1) + window)
@@ -97,7 +100,9 @@ def run_pairs(sizes: plan.Sizes, modes: list[str], draft_tokens: int, recording:
         for mode in modes:
             n = p.n_baseline if mode == "baseline" else p.n_hisparse
             phases = (plan.Phase("batch1", 1, sizes.batch1_tokens),)
-            phases += (plan.Phase("max", n, n + sizes.steady_steps),)
+            # The ramp (one prefill per step) and the steady steps at up to D + 1 tokens each.
+            new = (n + sizes.steady_steps) * sizes.tokens_per_step
+            phases += (plan.Phase("max", n, new),)
             plain = plan.Run(c, mode, "trace", phases, n, sizes.hot_slots, p.max_context)
             source = f"{REPLAY}:" + json.dumps({"path": recording})
             pairs.append((plain, replace(plain, draft_tokens=draft_tokens, draft_source=source)))
