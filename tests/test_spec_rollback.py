@@ -10,6 +10,8 @@ the MTP layer's outputs, whose drafting rows are shorter than the verify rows of
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -59,16 +61,16 @@ class WindowTopk:
         out.copy_(torch.where(pos >= 0, pos, -1).flip(1).to(out.dtype))
 
 
-def backend(mode: str, kernels: KernelSet, device: str):
+def backend(mode: str, kernels: KernelSet, device: str, layout: KVLayout):
     if mode == "baseline":
-        return BaselineBackend(LAYOUT, kernels=kernels, device=device)
-    kv = allocate_local(LAYOUT, device)
+        return BaselineBackend(layout, kernels=kernels, device=device)
+    kv = allocate_local(layout, device)
     for slot, start in zip(CONTEXT, (0, 30)):
         mode_of = MODE_RESIDENT if slot == 2 else MODE_OFFLOADED
-        reset_request(kv, slot, mode_of, list(range(start, start + LAYOUT.max_pages_per_request)))
+        reset_request(kv, slot, mode_of, list(range(start, start + layout.max_pages_per_request)))
     if mode == "embedded":
         return HiSparseBackend(kv, kernels=kernels, max_batch=2, rows_per_request=D + 1)
-    xchg = allocate_exchange(LAYOUT)
+    xchg = allocate_exchange(layout)
     swap = local_swap_fn(kv, xchg, kernels)
     return RemoteSwapBackend(
         kv, swap, kernels=kernels, xchg=xchg, max_batch=2, rows_per_request=D + 1
@@ -88,8 +90,8 @@ def recording_mtp_block(model: Model, out: list[torch.Tensor]) -> None:
     model.block = recorded  # type: ignore[method-assign]
 
 
-def run(mode: str, kernels: KernelSet, weights, device: str = "cpu"):
-    be = backend(mode, kernels, device)
+def run(mode: str, kernels: KernelSet, weights, device: str, layout: KVLayout):
+    be = backend(mode, kernels, device, layout)
     model = Model(CFG, weights, be)
     model.topk_source = WindowTopk()
     out: list[torch.Tensor] = []
@@ -114,26 +116,29 @@ def run(mode: str, kernels: KernelSet, weights, device: str = "cpu"):
     return out, counts, be, base
 
 
+@pytest.mark.parametrize("row_format", ["bf16", "fp8"])
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_rollback_and_ring_trap_read_the_right_rows_in_every_backend(device) -> None:
-    """CPU: the reference kernels; CUDA: the Triton kernels and CUDA graphs."""
+def test_rollback_and_ring_trap_read_the_right_rows_in_every_backend(device, row_format) -> None:
+    """CPU: the reference kernels; CUDA: the Triton kernels and CUDA graphs. Both row
+    formats (fp8: DeepSeek-V3.2's 656 B rows, dequantized by attention)."""
     kernels = KernelSet.reference() if device == "cpu" else KernelSet.triton()
     weights = random_weights(CFG, seed=3, device=device)
-    base, _, full, lens = run("baseline", kernels, weights, device)
+    layout = dataclasses.replace(LAYOUT, row_format=row_format)
+    base, _, full, lens = run("baseline", kernels, weights, device, layout)
     # Per step: verify logits, the MTP layer over the verify rows, D - 1 drafting passes.
     assert len(base) == STEPS * (D + 1)
     for mode in ("embedded", "remote"):
-        outs, counts, be, _ = run(mode, kernels, weights, device)
+        outs, counts, be, _ = run(mode, kernels, weights, device, layout)
         assert len(outs) == len(base)
         for i, (a, b) in enumerate(zip(base, outs)):
             assert torch.equal(a, b), (mode, i)
         # The host tier holds the accepted row of every stored position of the offloaded
         # request, rejected-then-rewritten ones included (what a later miss copies).
-        kv, P = be.kv, LAYOUT.page_size
-        for layer in range(LAYOUT.num_layers):
+        kv, P = be.kv, layout.page_size
+        for layer in range(layout.num_layers):
             for t in range(lens[0]):
                 host = kv.host_kv[kv.page_table[0, t // P], layer, t % P]
-                assert torch.equal(LAYOUT.row.attn_rows(host)[0], full.full_kv[layer, 0, t])
+                assert torch.equal(layout.row.attn_rows(host)[0], full.full_kv[layer, 0, t])
         selected, misses, misses_rows = counts.tolist()
         # The offloaded request's rows shared their misses: each copied once.
         assert 0 < misses < misses_rows, (mode, counts)
