@@ -173,6 +173,7 @@ class Run:
     # Speculative decoding (bench/mtp.py): drafts per step (0: off) and the draft source.
     draft_tokens: int = 0
     draft_source: str = "mtp"
+    overlap: bool = True  # False: the engine waits for every step (as speculative steps do)
 
     @property
     def label(self) -> str:
@@ -296,4 +297,6 @@ def engine_flags(s: Sizes, run: Run) -> list[str]:
     if run.draft_tokens:
         argv += ["--speculative", "mtp", "--draft-tokens", str(run.draft_tokens)]
         argv += ["--draft-source", run.draft_source]
+    if not run.overlap:
+        argv += ["--overlap", "0"]
     return argv

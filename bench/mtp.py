@@ -60,6 +60,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--gpu-kv-gib", type=float, default=None, help="GPU KV budget [6; smoke 2 MiB]")
     ap.add_argument("--steady-steps", type=int, default=None, help="[128; smoke 8]")
     ap.add_argument("--budget-s", type=float, default=None, help="skip runs past this [540]")
+    ap.add_argument(
+        "--plain-overlap",
+        type=int,
+        default=1,
+        help="1: the plain runs overlap steps (the engine as it serves); 0: they wait for every "
+        "step, as speculative steps do, to separate the overlap's share of the difference",
+    )
     return ap.parse_args(argv)
 
 
@@ -92,7 +99,9 @@ def sizes_of(args: argparse.Namespace, device: str) -> plan.Sizes:
     return replace(base, hot_slots=base.topk * (d + 1) + window)
 
 
-def run_pairs(sizes: plan.Sizes, modes: list[str], draft_tokens: int, recording: str):
+def run_pairs(
+    sizes: plan.Sizes, modes: list[str], draft_tokens: int, recording: str, overlap: bool = True
+):
     """Per context and mode: (plain run, speculative run), same N and phases."""
     pairs = []
     for c in sizes.contexts:
@@ -103,9 +112,12 @@ def run_pairs(sizes: plan.Sizes, modes: list[str], draft_tokens: int, recording:
             # The ramp (one prefill per step) and the steady steps at up to D + 1 tokens each.
             new = (n + sizes.steady_steps) * sizes.tokens_per_step
             phases += (plan.Phase("max", n, new),)
-            plain = plan.Run(c, mode, "trace", phases, n, sizes.hot_slots, p.max_context)
+            plain = plan.Run(
+                c, mode, "trace", phases, n, sizes.hot_slots, p.max_context, overlap=overlap
+            )
             source = f"{REPLAY}:" + json.dumps({"path": recording})
-            pairs.append((plain, replace(plain, draft_tokens=draft_tokens, draft_source=source)))
+            spec = replace(plain, draft_tokens=draft_tokens, draft_source=source, overlap=True)
+            pairs.append((plain, spec))
     return pairs
 
 
@@ -210,7 +222,8 @@ def print_table(payload: dict) -> None:
     print(
         f"\nMTP vs plain decoding, {payload['device']}, preset {payload['sizes']['preset']}, "
         f"{payload['sizes']['row_format']} rows, D = {payload['draft_tokens']}, drafts: "
-        "BENCHMARK-ONLY replay of the plain run's tokens"
+        "BENCHMARK-ONLY replay of the plain run's tokens; speculative steps wait for each "
+        f"step, plain runs {'overlap' if payload['plain_overlap'] else 'wait for every step'}"
     )
     head = (
         f"{'context':>8} {'mode':<9} {'N':>4} {'tok/s':>9} {'mtp':>9} {'x':>5} "
@@ -251,6 +264,7 @@ def write_payload(args: argparse.Namespace, ctx: dict, results: list, left: list
         "device": (ctx["ceilings"] or {}).get("device", "cpu"),
         "torch": torch.__version__,
         "draft_tokens": args.draft_tokens,
+        "plain_overlap": bool(args.plain_overlap),
         "draft_source": "BENCHMARK-ONLY replay (bench/draft_replay.py)",
         "sizes": asdict(sizes),
         "plans": {str(c): plan.plan_context(sizes, c).to_dict(sizes) for c in sizes.contexts},
@@ -274,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     sizes = sizes_of(args, device)
     workdir = tempfile.mkdtemp(prefix="mtp-", dir="/tmp")
     recording = os.path.join(workdir, "greedy.jsonl")
-    pairs = run_pairs(sizes, args.modes.split(","), args.draft_tokens, recording)
+    modes = args.modes.split(",")
+    pairs = run_pairs(sizes, modes, args.draft_tokens, recording, bool(args.plain_overlap))
     children = Children(sizes, workdir, f"mtp{os.getpid()}", 120 if args.smoke else 420)
     load = LoadGen(1 if args.smoke else 4)
     ctx = {
