@@ -183,7 +183,7 @@ class Children:
         self.engine_metrics_port: int | None = None
 
     def service_for(self, run: plan.Run) -> ManagedProcess | None:
-        key = (run.context, run.slots, run.hot_slots, run.max_context)
+        key = (run.context, run.slots, run.hot_slots, run.max_context, run.draft_tokens)
         if run.mode not in ("service", "service-remote-swap"):
             self.stop_service()  # its host tier and GPU memory are not the next run's
             return None
@@ -287,6 +287,8 @@ async def run_phase(ctx: dict, run: plan.Run, phase: plan.Phase, i: int) -> dict
         )
         await asyncio.wait([task], timeout=0.5)
     samples = await sampler.stop()
+    if "records" in ctx:  # bench/mtp.py records the streams' tokens
+        ctx["records"][run.label, phase.name] = task.result()
     return analyze(
         task.result(), samples, phase.concurrency, (ctx["ceilings"] or {}).get("h2d_gbs")
     )

@@ -61,12 +61,14 @@ async def _stream(stub: pb_grpc.DecodeServiceStub, req: pb.GenerateRequest, time
         "bytes_moved": 0,
         "finish": "",
         "error": "",
+        "tokens": [],
     }
     call = stub.Generate(req, timeout=timeout, wait_for_ready=True)
     try:
         async for resp in call:
             if resp.has_token:
                 rec["arrivals"].append(time.monotonic())
+                rec["tokens"].append(resp.token_id)
                 _bump()
             if resp.finished:
                 rec["finish"] = pb.FinishReason.Name(resp.finish_reason)
@@ -76,6 +78,12 @@ async def _stream(stub: pb_grpc.DecodeServiceStub, req: pb.GenerateRequest, time
     except grpc.aio.AioRpcError as e:
         rec["error"] = f"{e.code().name}: {e.details()}"
     return rec
+
+
+def prompt_ids(stream: int, prompt_len: int, vocab: int) -> list[int]:
+    """The prompt of stream `stream` of every phase (bench/mtp.py finds recorded tokens by it)."""
+    rng = random.Random(stream)
+    return [rng.randrange(1, vocab) for _ in range(prompt_len)]
 
 
 async def run_streams_async(
@@ -88,9 +96,8 @@ async def run_streams_async(
     try:
         calls = []
         for i in range(first, first + n):
-            rng = random.Random(i)
             req = pb.GenerateRequest(
-                token_ids=pb.TokenIds(ids=[rng.randrange(1, vocab) for _ in range(prompt_len)]),
+                token_ids=pb.TokenIds(ids=prompt_ids(i, prompt_len, vocab)),
                 max_new_tokens=new_tokens,
             )
             stub = pb_grpc.DecodeServiceStub(channels[(i - first) // STREAMS_PER_CHANNEL])
@@ -179,13 +186,16 @@ def parse_rpc_metrics(text: str) -> dict[str, list[float]]:
 
 _ENGINE_RE = re.compile(
     r"^(engine_step_device_seconds_sum|engine_step_device_seconds_count|"
-    r"engine_device_busy_seconds_total|engine_device_idle_seconds_total) (\S+)$",
+    r"engine_device_busy_seconds_total|engine_device_idle_seconds_total|"
+    r"engine_spec_drafted_tokens_total|engine_spec_accepted_tokens_total|"
+    r"engine_swap_misses_total|engine_swap_misses_rows_total) (\S+)$",
     re.MULTILINE,
 )
 
 
 def parse_engine_metrics(text: str) -> dict[str, float]:
-    """The engine's step GPU time (sum, count) and GPU busy / idle seconds
+    """The engine's step GPU time (sum, count), GPU busy / idle seconds, speculative drafts
+    and swap misses with and without the verify rows' shared plan
     (engine_client.loop.metrics)."""
     return {name: float(value) for name, value in _ENGINE_RE.findall(text)}
 

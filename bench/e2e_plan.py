@@ -9,6 +9,7 @@ Budget G (bytes of GPU memory for KV state) is the same for every mode:
 Max concurrent requests of a mode = floor(G / per-request bytes). Index keys are fp8 (132 B);
 rows D are bf16 (1152 B) or fp8 (656 B, `Sizes.row_format`), the same in every mode of a run.
 C is the largest request any phase makes (synthetic context + prompt + new tokens), page-rounded.
+With `mtp_layers` (bench/mtp.py) every mode also holds the MTP layer's KV: L + 1 layers.
 """
 
 from __future__ import annotations
@@ -44,10 +45,20 @@ class Sizes:
     index_format: str = "fp8"
     row_format: str = "bf16"
     decode_microbatches: int = 2  # embedded/service engines: copy/compute overlap parts
+    mtp_layers: int = 0  # sized with the MTP layer's KV (speculative runs, bench/mtp.py)
+    trace_json: str = ""  # TraceParams of the trace top-k source as JSON ("": defaults)
+    extra_tokens: int = 0  # reserved past the last token (speculative steps' rows)
+    # Tokens a step yields per request at most (speculative: D + 1): a phase's streams run
+    # that many times more tokens, so its steady window still spans steady_steps steps.
+    tokens_per_step: int = 1
 
     @property
     def num_layers(self) -> int:
         return preset(self.preset).num_layers
+
+    @property
+    def kv_layers(self) -> int:
+        return self.num_layers + self.mtp_layers
 
     @property
     def topk(self) -> int:
@@ -65,14 +76,14 @@ def _round_up(n: int, m: int) -> int:
 def baseline_request_bytes(s: Sizes, max_context: int) -> int:
     ctx = _round_up(max_context, s.page_size)
     return (
-        s.num_layers
+        s.kv_layers
         * ctx
         * (ROW_FORMATS[s.row_format].row_bytes + INDEX_FORMATS[s.index_format].key_bytes)
     )
 
 
 def hisparse_request_bytes(s: Sizes, max_context: int, hot_slots: int) -> int:
-    L, B, W = s.num_layers, hot_slots, s.window
+    L, B, W = s.kv_layers, hot_slots, s.window
     ctx = _round_up(max_context, s.page_size)
     hot = L * B * ROW_FORMATS[s.row_format].row_bytes
     index = L * ctx * INDEX_FORMATS[s.index_format].key_bytes
@@ -93,7 +104,7 @@ class ContextPlan:
 
     def host_tier_bytes(self, s: Sizes) -> int:
         pages = self.n_hisparse * self.max_context // s.page_size
-        return pages * s.num_layers * s.page_size * ROW_FORMATS[s.row_format].row_bytes
+        return pages * s.kv_layers * s.page_size * ROW_FORMATS[s.row_format].row_bytes
 
     def to_dict(self, s: Sizes) -> dict:
         return {
@@ -118,11 +129,12 @@ class ContextPlan:
 def plan_context(s: Sizes, context: int) -> ContextPlan:
     """Fixed point: C must hold the longest phase (n_hisparse + steady steps new tokens), and
     n_hisparse shrinks as C grows, so two passes settle it."""
-    max_ctx = _round_up(context + s.prompt_len + s.steady_steps + s.batch1_tokens, s.page_size)
+    first = context + s.prompt_len + s.extra_tokens
+    max_ctx = _round_up(first + s.steady_steps + s.batch1_tokens, s.page_size)
     for _ in range(3):
         n_hs = s.gpu_kv_bytes // hisparse_request_bytes(s, max_ctx, s.hot_slots)
-        longest = max(n_hs + s.steady_steps, s.batch1_tokens)
-        max_ctx = _round_up(context + s.prompt_len + longest, s.page_size)
+        longest = max((n_hs + s.steady_steps) * s.tokens_per_step, s.batch1_tokens)
+        max_ctx = _round_up(first + longest, s.page_size)
     n_hs = s.gpu_kv_bytes // hisparse_request_bytes(s, max_ctx, s.hot_slots)
     n_base = s.gpu_kv_bytes // baseline_request_bytes(s, max_ctx)
     if n_base < 1 or n_hs < 1:
@@ -158,11 +170,16 @@ class Run:
     hot_slots: int
     max_context: int
     tag: str = "main"
+    # Speculative decoding (bench/mtp.py): drafts per step (0: off) and the draft source.
+    draft_tokens: int = 0
+    draft_source: str = "mtp"
+    overlap: bool = True  # False: the engine waits for every step (as speculative steps do)
 
     @property
     def label(self) -> str:
         tag = "" if self.tag == "main" else " " + self.tag
-        return f"{self.context} {self.mode} {self.source}{tag}"
+        mtp = f" mtp D={self.draft_tokens}" if self.draft_tokens else ""
+        return f"{self.context} {self.mode} {self.source}{mtp}{tag}"
 
 
 def _phases(s: Sizes, names: tuple[str, ...], n_eq: int, n_max: int) -> tuple[Phase, ...]:
@@ -246,11 +263,15 @@ def local_layout(s: Sizes, run: Run) -> LocalLayout:
 
 
 def service_flags(s: Sizes, run: Run) -> list[str]:
-    return flags.to_flags(local_layout(s, run).layout(s.num_layers, s.topk))
+    """The service's layout; a speculative run's holds the MTP layer's KV as one more layer."""
+    layers = s.num_layers + (1 if run.draft_tokens else 0)
+    return flags.to_flags(local_layout(s, run).layout(layers, s.topk))
 
 
 def engine_flags(s: Sizes, run: Run) -> list[str]:
     source = TRACE_SOURCE if run.source == "trace" else "indexer"
+    if run.source == "trace" and s.trace_json:
+        source += ":" + s.trace_json
     argv = [
         "--preset",
         s.preset,
@@ -273,4 +294,9 @@ def engine_flags(s: Sizes, run: Run) -> list[str]:
         argv += ["--device", s.device] + flags.to_flags(local_layout(s, run))
     if run.mode in ("embedded", "service"):  # always: 1 must turn the engine's default (2) off
         argv += ["--decode-microbatches", str(s.decode_microbatches)]
+    if run.draft_tokens:
+        argv += ["--speculative", "mtp", "--draft-tokens", str(run.draft_tokens)]
+        argv += ["--draft-source", run.draft_source]
+    if not run.overlap:
+        argv += ["--overlap", "0"]
     return argv

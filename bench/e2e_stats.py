@@ -61,7 +61,9 @@ def _service_window(samples: list[dict], a: float, b: float, itl: float | None) 
 def _engine_window(samples: list[dict], a: float, b: float, itl_p50: float | None) -> dict:
     """The engine's own view of the window: mean step GPU time (the graphed step at this N),
     GPU idle between back-to-back steps, and the clients' ITL p50 over that step time."""
-    eng = _in_window(samples, "engine", a, b)
+    eng, span = _in_window(samples, "engine", a, b), "window"
+    if not eng:  # a window shorter than two samples (CPU smoke runs): the whole phase
+        eng, span = _in_window(samples, "engine", float("-inf"), float("inf")), "phase"
     if not eng:
         return {}
     d = {k: eng[1]["engine"].get(k, 0.0) - eng[0]["engine"].get(k, 0.0) for k in eng[1]["engine"]}
@@ -71,10 +73,22 @@ def _engine_window(samples: list[dict], a: float, b: float, itl_p50: float | Non
         d.get("engine_device_busy_seconds_total", 0.0),
         d.get("engine_device_idle_seconds_total", 0.0),
     )
+    drafted = d.get("engine_spec_drafted_tokens_total", 0.0)
     return {
+        "engine_span": span,
         "step_gpu_s": step,
         "gpu_idle_frac": idle / (busy + idle) if busy + idle else None,
         "itl_p50_over_step": itl_p50 / step if itl_p50 is not None and step else None,
+        # Speculative steps: drafts per step and their acceptance; swap misses per step, as
+        # copied (the verify rows share one plan) and summed over the rows.
+        "drafted_per_step": drafted / steps if steps else None,
+        "acceptance": d.get("engine_spec_accepted_tokens_total", 0.0) / drafted
+        if drafted
+        else None,
+        "misses_per_step": d.get("engine_swap_misses_total", 0.0) / steps if steps else None,
+        "misses_rows_per_step": d.get("engine_swap_misses_rows_total", 0.0) / steps
+        if steps
+        else None,
     }
 
 

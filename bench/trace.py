@@ -34,13 +34,17 @@ _M32 = 0xFFFFFFFF
 @dataclass(frozen=True)
 class TraceParams:
     """epoch: steps between fresh draws of a lane; flicker: chance per step that a lane is off
-    its home; alternates: offsets it flickers between; static: share of lanes that never move."""
+    its home; alternates: offsets it flickers between; static: share of lanes that never move;
+    per_slot: draw per request slot (False: every request selects alike at a position, so a
+    request's selections, and tokens, do not depend on the slot it lands in: bench/mtp.py
+    replays tokens recorded by another run)."""
 
     epoch: int = 44
     flicker: float = 0.19
     alternates: int = 3
     static: float = 0.12
     seed: int = 0
+    per_slot: bool = True
 
 
 def _mix(x: torch.Tensor) -> torch.Tensor:
@@ -81,7 +85,8 @@ class TraceTopk:
         ratio = (lens // self.k).clamp(min=1)
         # Largest power of two <= seq_len / k (exact for the int range used here).
         w = torch.exp2(torch.floor(torch.log2(ratio.double()))).long()
-        base = _mix(self.key[layer] + req_slots.long()[:, None].clamp(min=0) * 0x61C88647)
+        slot = req_slots.long()[:, None].clamp(min=0) if p.per_slot else req_slots[:, None] * 0
+        base = _mix(self.key[layer] + slot * 0x61C88647)
         moving = self.moving[layer]
         epoch = torch.where(moving, (t + self.phase[layer]) // p.epoch, 0)
         draw = _mix(base + t * 0x27D4EB2F)  # per step
@@ -98,8 +103,8 @@ class TraceTopk:
 
 def trace_source(model_cfg, layout, device: str, **kwargs) -> TraceTopk:
     """Factory for `python -m engine_client serve --topk-source bench.trace:trace_source[:JSON]`
-    (JSON: TraceParams fields)."""
-    return TraceTopk(model_cfg.num_layers, model_cfg.topk, device, TraceParams(**kwargs))
+    (JSON: TraceParams fields). Every KV layer selects, the MTP layer's (speculative) too."""
+    return TraceTopk(model_cfg.kv_layers, model_cfg.topk, device, TraceParams(**kwargs))
 
 
 def lru_miss_rate(

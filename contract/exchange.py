@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import torch
 
-from contract.layout import KVLayout
+from contract.layout import MAX_DRAFT_TOKENS, KVLayout
 
 EVENT_NAMES = ("xchg_ready", "xchg_done")
 
 
 def exchange_specs(layout: KVLayout) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """Shape and dtype of every exchange tensor, by name; rows are batch rows."""
-    r, k = layout.max_requests, layout.topk
+    """Shape and dtype of every exchange tensor, by name; rows are batch rows, room for every
+    request slot with a speculative verify step's most rows (MAX_DRAFT_TOKENS + 1). With G rows
+    per request, the first n rows of xchg_miss_src / _dst are read as [n / G, G k] (one miss
+    list per request), and xchg_miss_count / xchg_miss_rows hold one count per request."""
+    r, k = layout.max_requests * (MAX_DRAFT_TOKENS + 1), layout.topk
     return {
         "xchg_topk": ((r, k), torch.int32),
         "xchg_seq_lens": ((r,), torch.int32),
@@ -24,4 +27,20 @@ def exchange_specs(layout: KVLayout) -> dict[str, tuple[tuple[int, ...], torch.d
         "xchg_miss_src": ((r, k), torch.int64),
         "xchg_miss_dst": ((r, k), torch.int64),
         "xchg_miss_count": ((r,), torch.int32),
+        "xchg_miss_rows": ((r,), torch.int32),
     }
+
+
+def exchange_outputs(
+    xchg: dict[str, torch.Tensor], n: int, rows_per_request: int
+) -> tuple[torch.Tensor, ...]:
+    """The plan's outputs for batch rows [0, n) of G = rows_per_request rows per request:
+    slots [n, k], miss src / dst [n / G, G k], miss count and miss rows [n / G]."""
+    k, groups = xchg["xchg_slots"].shape[1], n // rows_per_request
+    return (
+        xchg["xchg_slots"][:n],
+        xchg["xchg_miss_src"][:n].view(groups, rows_per_request * k),
+        xchg["xchg_miss_dst"][:n].view(groups, rows_per_request * k),
+        xchg["xchg_miss_count"][:groups],
+        xchg["xchg_miss_rows"][:groups],
+    )

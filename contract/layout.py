@@ -26,6 +26,8 @@ from kernels.formats import (
 __all__ = [
     "INDEX_FORMATS",
     "LAYOUT_VERSION",
+    "MAX_DRAFT_TOKENS",
+    "MAX_ROWS_PER_STEP",
     "MODE_FREE",
     "MODE_OFFLOADED",
     "MODE_RESIDENT",
@@ -37,6 +39,12 @@ __all__ = [
 ]
 
 LAYOUT_VERSION = 1
+# Most draft tokens of a speculative (MTP) verify step: its D + 1 rows per request share one
+# swap-in plan, and kernels.swap_plan takes at most 4 rows per request.
+MAX_DRAFT_TOKENS = 3
+# Most top-k rows one engine step plans per (layer, request): a speculative step's D + 1 verify
+# rows, and on the draft (MTP) layer D + 1 rows of draft prefill plus D - 1 drafting rows.
+MAX_ROWS_PER_STEP = 2 * MAX_DRAFT_TOKENS
 
 
 def _choices(registry: dict[str, RowFormat] | dict[str, IndexFormat]) -> str:
@@ -147,6 +155,33 @@ class KVLayout:
         """token_slot + slot_token + lru_order, int32 each."""
         per_layer = self.max_requests * (self.max_context + self.hot_slots + self.lru_slots)
         return 4 * self.num_layers * per_layer
+
+    def fits_draft_tokens(self, draft_tokens: int) -> bool:
+        try:
+            self.check_draft_tokens(draft_tokens)
+        except LayoutError:
+            return False
+        return True
+
+    def check_draft_tokens(self, draft_tokens: int) -> str:
+        """Can a verify step of `draft_tokens` drafts (D + 1 rows per request) run on this
+        layout? The union of its rows' top-k must fit the LRU slots (k (D + 1) <= B - W: every
+        miss finds a victim that no row of the step reads), and the window ring must hold the
+        D + 1 tokens it appends (W >= D + 1, so no row's append overwrites another's and a
+        rejected row's token never reaches the LRU slots). Returns the statement, for the log."""
+        d, k, lru = draft_tokens, self.topk, self.lru_slots
+        if not 0 <= d <= MAX_DRAFT_TOKENS:
+            raise LayoutError(f"draft tokens must be in [0, {MAX_DRAFT_TOKENS}], got {d}")
+        if k * (d + 1) > lru or self.window < d + 1:
+            raise LayoutError(
+                f"{d} draft tokens need k * (D + 1) <= B - W and W >= D + 1: "
+                f"{k} * {d + 1} = {k * (d + 1)} vs B - W = {self.hot_slots} - {self.window} "
+                f"= {lru}, W = {self.window}"
+            )
+        return (
+            f"speculative verify with D = {d}: union k * (D + 1) = {k * (d + 1)} <= "
+            f"B - W = {lru}, window W = {self.window} >= D + 1 = {d + 1}"
+        )
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -34,7 +34,7 @@ _LAZY = {
     "KVBackend": "engine_client.kv.backend",
     "BaselineBackend": "engine_client.kv.baseline",
     "HiSparseBackend": "engine_client.kv.hisparse",
-    "RemoteSwapBackend": "engine_client.kv.hisparse",
+    "RemoteSwapBackend": "engine_client.kv.remote_swap",
     "DecodeRunner": "engine_client.model.graph",
     "DecodeConfig": "engine_client.model.graph",
     "KernelSet": "engine_client.kv.kernel_set",

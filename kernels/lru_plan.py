@@ -1,9 +1,11 @@
 """The swap-in plan of one offloaded (layer, request), the three phases of kernels/swap_plan.py's
-program for such a row, separated by barriers:
+program for such a request, separated by barriers:
 1. `_lookup`: each position's hot slot (window ring, `token_slot`), LRU hits marked in `hit_flag`;
+   with several rows per request (speculative verify), `_claim` keeps the first occurrence of
+   each missed position (the union), so every missed position is copied once;
 2. `_reorder`: `lru_order` stable-partitioned into (kept, hits, victims) with prefix sums;
 3. `plan_offloaded`: each miss's victim from the tail of the new order, residency updated, the
-   miss list emitted.
+   miss list emitted; repeated misses read their first occurrence's slot.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import kernels.interpreter  # noqa: F401  (the interpreter switch, before any @t
 def _lookup(
     t,
     in_k,
+    row_len,
     seq_len,
     r,
     res_base,
@@ -30,7 +33,8 @@ def _lookup(
     P: tl.constexpr,
     W: tl.constexpr,
 ):
-    valid = in_k & (t >= 0) & (t < seq_len)
+    # row_len: the length of each entry's own row (validity); seq_len: the request's (window).
+    valid = in_k & (t >= 0) & (t < row_len)
     win = valid & (t >= seq_len - W)
     old = valid & (t < seq_len - W)
     # Both gathers depend only on t, so they are in flight together.
@@ -42,6 +46,20 @@ def _lookup(
     tl.store(hit_flag_ptr + r.to(tl.int64) * B + ts, 1, mask=hit)
     slots = tl.where(win, t % W, tl.where(hit, ts, -1))
     return slots, ts, page, hit, miss
+
+
+@triton.jit
+def _claim(t, miss, i, ts_row, BLOCK_K: tl.constexpr):
+    """Split the misses into first occurrences (owners) and repeats. Each missed position's
+    `token_slot` entry (not an LRU slot, so free to use until the owner writes its victim there)
+    takes the smallest claim of the entries naming it: claims are negative, below -1, and grow
+    with the entry index, so the first occurrence wins. O(entries), no sort."""
+    claim = i - BLOCK_K - 1
+    tl.atomic_min(ts_row + t, claim, mask=miss)
+    # Every claim has landed before any entry reads the winner.
+    tl.debug_barrier()
+    won = tl.load(ts_row + t, mask=miss, other=0) == claim
+    return miss & won, miss & ~won
 
 
 @triton.jit
@@ -91,6 +109,7 @@ def plan_offloaded(
     i,
     t,
     in_k,
+    row_len,
     seq_len,
     r,
     page_table_ptr,
@@ -102,6 +121,7 @@ def plan_offloaded(
     out_src_ptr,
     out_dst_ptr,
     out_count_ptr,
+    out_rows_ptr,
     R,
     C,
     B,
@@ -109,12 +129,19 @@ def plan_offloaded(
     L: tl.constexpr,
     P: tl.constexpr,
     W: tl.constexpr,
+    BLOCK_K: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    DEDUP: tl.constexpr,
+    ROWS_OUT: tl.constexpr,
 ):
+    """b: the program's request (group of rows); k: its entries (rows x top-k); entry i of
+    position t belongs to a row of length row_len[i]; seq_len: the request's length."""
     res_base = (layer * R + r).to(tl.int64)
+    ts_row = token_slot_ptr + res_base * C
     slots, ts, page, hit, miss = _lookup(
         t,
         in_k,
+        row_len,
         seq_len,
         r,
         res_base,
@@ -127,6 +154,14 @@ def plan_offloaded(
         P,
         W,
     )
+    if ROWS_OUT:
+        # Misses summed over the rows, as if each row were planned alone: the dedup's baseline.
+        tl.store(out_rows_ptr + b, tl.sum(miss.to(tl.int32), 0))
+    repeat = in_k & (i < 0)  # none yet
+    if DEDUP:
+        # The lookup read token_slot before any claim overwrites it.
+        tl.debug_barrier()
+        miss, repeat = _claim(t, miss, i, ts_row, BLOCK_K)
     miss_i = miss.to(tl.int32)
     miss_rank = tl.cumsum(miss_i, 0) - miss_i
     m = tl.sum(miss_i, 0)
@@ -146,15 +181,22 @@ def plan_offloaded(
     )
     # Evictions (token_slot -> -1) must land before new residents are written.
     tl.debug_barrier()
-    miss = miss & (miss_rank < m)
+    placed = miss & (miss_rank < m)
     # Victim j sits at position n - m + j of the order just written.
-    v = tl.load(lru_order_ptr + res_base * (B - W) + (B - W - m) + miss_rank, mask=miss, other=-1)
-    tl.store(slot_token_ptr + res_base * B + v, t, mask=miss & (v >= 0) & (v < B))
-    tl.store(token_slot_ptr + res_base * C + t, v, mask=miss)
+    v = tl.load(lru_order_ptr + res_base * (B - W) + (B - W - m) + miss_rank, mask=placed, other=-1)
+    tl.store(slot_token_ptr + res_base * B + v, t, mask=placed & (v >= 0) & (v < B))
+    tl.store(ts_row + t, v, mask=placed)
     tl.store(hit_flag_ptr + r.to(tl.int64) * B + ts, 0, mask=hit)
+    slots = tl.where(placed, v, slots)
+    if DEDUP:
+        # An owner left without a victim (only rows that repeat a position can leave too few
+        # free slots) gives its claim back; repeats then read their owner's slot.
+        tl.store(ts_row + t, -1, mask=miss & ~placed)
+        tl.debug_barrier()
+        slots = tl.where(repeat, tl.load(ts_row + t, mask=repeat, other=-1), slots)
     row = b.to(tl.int64) * k
-    tl.store(out_slots_ptr + row + i, tl.where(miss, v, slots), mask=in_k)
+    tl.store(out_slots_ptr + row + i, slots, mask=in_k)
     src = (page.to(tl.int64) * L + layer) * P + t % P
-    tl.store(out_src_ptr + row + miss_rank, src, mask=miss)
-    tl.store(out_dst_ptr + row + miss_rank, res_base * B + v, mask=miss)
+    tl.store(out_src_ptr + row + miss_rank, src, mask=placed)
+    tl.store(out_dst_ptr + row + miss_rank, res_base * B + v, mask=placed)
     tl.store(out_count_ptr + b, m)

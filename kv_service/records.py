@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from contract.layout import KVLayout
+from contract.layout import MAX_ROWS_PER_STEP, KVLayout
 from kv_service.errors import InvalidArgument
 
 MAX_ID_BYTES = 128
@@ -94,10 +94,11 @@ class Totals:
 
     def add_step(self, layout: KVLayout, hits: int, misses: int, bytes_moved: int) -> None:
         """Add one step's counters, refusing what no step can do: every layer of every request
-        slot selects at most topk positions, and each miss moves at most one KV row and one
-        index key."""
+        slot selects at most topk positions per row, a step has at most MAX_ROWS_PER_STEP rows
+        per (layer, request) (a speculative step's verify and draft rows), and each miss moves
+        at most one KV row and one index key."""
         lay = layout
-        positions = lay.num_layers * lay.topk * lay.max_requests
+        positions = lay.num_layers * lay.topk * lay.max_requests * MAX_ROWS_PER_STEP
         check_range("hits", hits, 0, positions)
         check_range("misses", misses, 0, positions - hits)
         check_range("bytes_moved", bytes_moved, 0, positions * (lay.row_bytes + lay.index_bytes))

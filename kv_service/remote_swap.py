@@ -10,7 +10,9 @@ the inputs and before sending the RPC; the service waits on it, runs the kernels
 synchronous.
 
 Each top-k row must hold distinct positions (negative padding may repeat): the plan gives each
-missing position one victim, and two copies of one would orphan a slot. Our own top-k never
+missing position one victim, and two copies of one would orphan a slot. Rows of one request
+planned together (rows_per_request > 1, a speculative verify step) may share positions: that
+plan merges them. Our own top-k never
 repeats; rows from other engines are checked here and refused with INVALID_ARGUMENT. On CUDA the
 check runs on the device and turns such rows into padding before the plan, so the refusal costs
 no extra host sync.
@@ -23,7 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-from contract.exchange import EVENT_NAMES, exchange_specs
+from contract.exchange import EVENT_NAMES, exchange_outputs, exchange_specs
+from contract.layout import MAX_DRAFT_TOKENS
 from contract.tensors import KVTensors
 from kv_service.errors import CapacityError, InvalidArgument
 
@@ -75,14 +78,18 @@ class RemoteSwapper:
                 event.record(self.stream)
 
     def warm_up(self) -> None:
-        """Compile the kernels before the service reports SERVING: one padding row, so nothing
-        is read or written."""
-        self.x["xchg_req_slots"][0] = -1
-        if self._cuda:
-            self.events["xchg_ready"].record(self.stream)
-            self._run_cuda(0, 1)
-        else:
-            self._launch(0, 1)
+        """Compile the kernels before the service reports SERVING: padding rows, so nothing
+        is read or written; on CUDA for every rows-per-request the layout can plan (each is
+        its own kernel variant; the CPU interpreter compiles nothing)."""
+        for g in range(1, MAX_DRAFT_TOKENS + 2 if self._cuda else 2):
+            if g > 1 and not self.kv.layout.fits_draft_tokens(g - 1):
+                break
+            self.x["xchg_req_slots"][:g] = -1
+            if self._cuda:
+                self.events["xchg_ready"].record(self.stream)
+                self._run_cuda(0, g, g)
+            else:
+                self._launch(0, g, g)
 
     def event_handles(self) -> list[tuple[str, bytes]]:
         return [(name, event.ipc_handle()) for name, event in self.events.items()]
@@ -106,26 +113,43 @@ class RemoteSwapper:
             self.owner = None
 
     def run(
-        self, session_id: str, layer: int, batch_size: int, allowed_slots: set[int]
+        self,
+        session_id: str,
+        layer: int,
+        batch_size: int,
+        allowed_slots: set[int],
+        rows_per_request: int = 1,
     ) -> SwapResult:
-        """Swap in `layer` for batch rows [0, batch_size) of the exchange tensors."""
-        lay = self.kv.layout
+        """Swap in `layer` for batch rows [0, batch_size) of the exchange tensors, G =
+        rows_per_request consecutive rows per request."""
+        lay, G = self.kv.layout, rows_per_request
         if self.owner != session_id:
             raise InvalidArgument(
                 "this session does not own the remote swap exchange: attach with remote_swap = true"
             )
         if not 0 <= layer < lay.num_layers:
             raise InvalidArgument(f"layer {layer} outside [0, {lay.num_layers})", layer=layer)
-        if not 1 <= batch_size <= lay.max_requests:
+        if not 1 <= G <= MAX_DRAFT_TOKENS + 1:
             raise InvalidArgument(
-                f"batch_size {batch_size} outside [1, {lay.max_requests}]", batch_size=batch_size
+                f"rows_per_request {G} outside [1, {MAX_DRAFT_TOKENS + 1}]", rows_per_request=G
+            )
+        if not 1 <= batch_size <= lay.max_requests * G or batch_size % G:
+            raise InvalidArgument(
+                f"batch_size {batch_size} outside [1, {lay.max_requests * G}] or not a "
+                f"multiple of rows_per_request {G}",
+                batch_size=batch_size,
+            )
+        if not lay.fits_draft_tokens(G - 1):
+            raise InvalidArgument(
+                f"{G} rows per request do not fit this layout: k * G <= B - W and W >= G needed",
+                rows_per_request=G,
             )
         started = time.perf_counter()
         if self._cuda:
-            counts = self._run_cuda(layer, batch_size)
+            counts = self._run_cuda(layer, batch_size, G)
         else:
             self._check_slots(batch_size, allowed_slots)
-            counts = self._launch(layer, batch_size)
+            counts = self._launch(layer, batch_size, G)
         hits, misses, repeated = (int(c) for c in counts.tolist())
         if repeated:
             raise InvalidArgument(
@@ -145,30 +169,34 @@ class RemoteSwapper:
                 "req_slots name slots this session does not own", slots=sorted(slots - allowed)
             )
 
-    def _run_cuda(self, layer: int, batch_size: int) -> torch.Tensor:
+    def _run_cuda(self, layer: int, batch_size: int, rows_per_request: int) -> torch.Tensor:
         with torch.cuda.stream(self.stream):
             self.stream.wait_event(self.events["xchg_ready"])
-            counts = self._launch(layer, batch_size)
+            counts = self._launch(layer, batch_size, rows_per_request)
             self.events["xchg_done"].record(self.stream)
         # The reply carries hits and misses, so the service waits for its own work here.
         self.stream.synchronize()
         return counts
 
-    def _launch(self, layer: int, bs: int) -> torch.Tensor:
+    def _launch(self, layer: int, bs: int, rows_per_request: int) -> torch.Tensor:
         """Plan and copy; returns [hits, misses, repeated rows] on the device, not yet
         synchronized."""
         from kernels.miss_copy import miss_copy
         from kernels.swap_plan import swap_plan
 
         kv, x, lay = self.kv, self.x, self.kv.layout
-        repeated = mask_repeated_rows(
-            x["xchg_topk"][:bs], x["xchg_req_slots"][:bs], self._req_slots[:bs]
-        )
-        out = {name: x[name][:bs] for name in x}
+        if rows_per_request == 1:
+            repeated = mask_repeated_rows(
+                x["xchg_topk"][:bs], x["xchg_req_slots"][:bs], self._req_slots[:bs]
+            )
+        else:  # a shared plan merges repeated positions
+            self._req_slots[:bs].copy_(x["xchg_req_slots"][:bs])
+            repeated = torch.zeros((), dtype=torch.int64, device=kv.device)
+        slots, src, dst, count, rows = exchange_outputs(x, bs, rows_per_request)
         swap_plan(
             layer,
-            out["xchg_topk"],
-            out["xchg_seq_lens"],
+            x["xchg_topk"][:bs],
+            x["xchg_seq_lens"][:bs],
             self._req_slots[:bs],
             kv.req_mode,
             kv.page_table,
@@ -176,21 +204,17 @@ class RemoteSwapper:
             kv.slot_token,
             kv.lru_order,
             kv.hit_flag,
-            out["xchg_slots"],
-            out["xchg_miss_src"],
-            out["xchg_miss_dst"],
-            out["xchg_miss_count"],
+            slots,
+            src,
+            dst,
+            count,
             num_layers=lay.num_layers,
             page_size=lay.page_size,
             window=lay.window,
+            rows_per_request=rows_per_request,
+            out_miss_rows=rows,
         )
-        miss_copy(
-            kv.host_rows,
-            kv.hot_kv,
-            out["xchg_miss_src"],
-            out["xchg_miss_dst"],
-            out["xchg_miss_count"],
-        )
-        placed = (out["xchg_slots"] >= 0).sum()
-        misses = out["xchg_miss_count"].clamp(0, lay.topk).sum()
+        miss_copy(kv.host_rows, kv.hot_kv, src, dst, count)
+        placed = (slots >= 0).sum()
+        misses = count.clamp(0, rows_per_request * lay.topk).sum()
         return torch.stack([placed - misses, misses, repeated])

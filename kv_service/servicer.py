@@ -224,6 +224,7 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer):
             request.layer,
             request.batch_size,
             {r.slot for r in session.requests.values()},
+            request.rows_per_request or 1,
         )
         self._metrics.swap_seconds.observe(result.seconds)
         return pb.RemoteSwapResponse(

@@ -63,6 +63,32 @@ class LRUSim:
             misses.append((i, t, v))
         return slots, misses, evicted
 
+    def step_union(self, rows: list[list[int]], row_lens: list[int]):
+        """Serve the rows of one speculative step together: one LRU step over the union of
+        their valid positions (each row's own length decides validity, the longest row's the
+        window), in first-occurrence order, row by row.
+
+        Returns (per-row slots, misses of the union as in `step`, evicted tokens, and the
+        misses summed over the rows: what planning each row alone on the old state would
+        copy)."""
+        union: list[int] = []
+        for row, n in zip(rows, row_lens):
+            union += [t for t in row if 0 <= t < n and t not in union]
+        seq_len = max(row_lens)
+        old = seq_len - self.W
+        row_misses = sum(
+            1
+            for row, n in zip(rows, row_lens)
+            for t in row
+            if 0 <= t < min(n, old) and t not in self.where
+        )
+        slots, misses, evicted = self.step(union, seq_len)
+        slot_of = dict(zip(union, slots))
+        per_row = [
+            [slot_of[t] if 0 <= t < n else -1 for t in row] for row, n in zip(rows, row_lens)
+        ]
+        return per_row, misses, evicted, row_misses
+
 
 def check_bijection(
     slot_token: list[int], token_slot: list[int], lru_order: list[int], window: int

@@ -241,13 +241,17 @@ class RemoteSwapEngine:
         page = self.kv.page_table[slot, t // self.kv.layout.page_size].item()
         return self.kv.host_kv[page, layer, t % self.kv.layout.page_size]
 
-    def swap(self, layer: int, slot: int, seq_len: int, topk: list[int]) -> pb.RemoteSwapResponse:
-        """One batch row; raises grpc.RpcError like the stub."""
+    def swap(
+        self, layer: int, slot: int, seq_len: int, topk: list[int], rows_per_request: int = 1
+    ) -> pb.RemoteSwapResponse:
+        """One request: `rows_per_request` copies of one batch row; raises grpc.RpcError like
+        the stub."""
         import torch
 
-        self.x["xchg_topk"][0] = torch.tensor(topk, dtype=torch.int32)
-        self.x["xchg_seq_lens"][0] = seq_len
-        self.x["xchg_req_slots"][0] = slot
+        g = rows_per_request
+        self.x["xchg_topk"][:g] = torch.tensor(topk, dtype=torch.int32)
+        self.x["xchg_seq_lens"][:g] = seq_len
+        self.x["xchg_req_slots"][:g] = slot
         if self.sync:
             torch.cuda.synchronize(self.device)
         reply = self.svc.stub().RemoteSwap(
@@ -255,7 +259,8 @@ class RemoteSwapEngine:
                 session_id=self.attach.session_id,
                 epoch=self.attach.epoch,
                 layer=layer,
-                batch_size=1,
+                batch_size=g,
+                rows_per_request=g,
             ),
             metadata=self.svc.metadata,
         )

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from contract.layout import (
+    MAX_ROWS_PER_STEP,
     MODE_FREE,
     MODE_OFFLOADED,
     MODE_RESIDENT,
@@ -160,7 +161,8 @@ def test_admit_that_can_never_fit_is_permanent(core: ServiceCore, prompt: int, n
 
 def test_step_counters_are_bounded_by_what_a_step_can_do(core: ServiceCore) -> None:
     sid = core.attach("eng").session_id
-    positions = LAYOUT.num_layers * LAYOUT.topk * LAYOUT.max_requests
+    # A speculative step plans up to MAX_ROWS_PER_STEP rows of top-k per (layer, request).
+    positions = LAYOUT.num_layers * LAYOUT.topk * LAYOUT.max_requests * MAX_ROWS_PER_STEP
     for hits, misses, nbytes in (
         (2**63 - 1, 0, 0),
         (positions + 1, 0, 0),

@@ -10,13 +10,9 @@ from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
 from contract.tensors import TENSOR_NAMES
 from engine_client.kv.backend import KVBackend
 from engine_client.kv.baseline import BaselineBackend, baseline_layout
-from engine_client.kv.hisparse import (
-    HiSparseBackend,
-    RemoteSwapBackend,
-    allocate_exchange,
-    local_swap_fn,
-)
+from engine_client.kv.hisparse import HiSparseBackend
 from engine_client.kv.kernel_set import KernelSet
+from engine_client.kv.remote_swap import RemoteSwapBackend, allocate_exchange, local_swap_fn
 from engine_client.model.graph import DecodeConfig, DecodeRunner
 from engine_client.model.model import Model
 from engine_client.model.preset import preset
@@ -189,7 +185,7 @@ def remote_with_service_swapper(kv) -> RemoteSwapBackend:
     swapper.claim("session")
     return RemoteSwapBackend(
         kv,
-        lambda layer, bs: swapper.run("session", layer, bs, set(REQS)),
+        lambda layer, bs, rows: swapper.run("session", layer, bs, set(REQS), rows),
         kernels=KERNELS,
         xchg=xchg,
         max_batch=2,
@@ -228,9 +224,9 @@ def test_every_backend_is_a_kv_backend() -> None:
         assert isinstance(backend, KVBackend), type(backend)
         backend.select(1, topk, slots, lens)
         assert backend.counts[0, 0] == 3 and backend.counts[2, 0] == 8, type(backend)
-        assert backend.counts[1].tolist() == [0, 0]
+        assert backend.counts[1].tolist() == [0, 0, 0]
     # Slot 2 is offloaded and nothing of it was filled: its 8 positions are all misses.
-    assert [b.counts[2, 1].item() for b in backends] == [0, 8, 8]
+    assert [b.counts[2, 1:].tolist() for b in backends] == [[0, 0], [8, 8], [8, 8]]
 
 
 def test_backend_arguments_are_checked() -> None:

@@ -87,3 +87,15 @@ def test_tensors_refuse_wrong_shapes():
     fields["hit_flag"] = torch.zeros((3, 25), dtype=torch.int8)
     with pytest.raises(ValueError, match="hit_flag"):
         type(kv)(layout=lay, **fields)
+
+
+def test_draft_tokens_need_the_union_and_the_ring_to_fit():
+    """A verify step's D + 1 rows share one plan: k (D + 1) <= B - W and W >= D + 1."""
+    lay = small(topk=8)  # B 24, W 3, k 8: 8 * 2 = 16 <= 21, 8 * 3 = 24 > 21
+    assert "k * (D + 1) = 16 <= B - W = 21" in lay.check_draft_tokens(1)
+    assert lay.fits_draft_tokens(0) and lay.fits_draft_tokens(1)
+    with pytest.raises(LayoutError, match="k \\* \\(D \\+ 1\\) <= B - W"):
+        lay.check_draft_tokens(2)
+    assert not small(topk=8, window=1).fits_draft_tokens(1)  # the ring holds one row's token
+    assert small(topk=8, hot_slots=40, window=4).fits_draft_tokens(3)
+    assert not small(topk=8, hot_slots=40, window=4).fits_draft_tokens(4)  # > MAX_DRAFT_TOKENS

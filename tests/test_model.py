@@ -12,13 +12,9 @@ from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
 from contract.tensors import TENSOR_NAMES
 from engine_client.kv.backend import KVBackend
 from engine_client.kv.baseline import BaselineBackend
-from engine_client.kv.hisparse import (
-    HiSparseBackend,
-    RemoteSwapBackend,
-    allocate_exchange,
-    local_swap_fn,
-)
+from engine_client.kv.hisparse import HiSparseBackend
 from engine_client.kv.kernel_set import KernelSet
+from engine_client.kv.remote_swap import RemoteSwapBackend, allocate_exchange, local_swap_fn
 from engine_client.model.graph import DecodeConfig, DecodeRunner
 from engine_client.model.model import Model, Tokens, Workspace
 from engine_client.model.preset import preset

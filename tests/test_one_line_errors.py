@@ -83,7 +83,8 @@ def test_max_new_tokens_over_the_context_names_the_flag() -> None:
             model=SimpleNamespace(cfg=SimpleNamespace(vocab_size=100)),
             layout=SimpleNamespace(max_context=256),
             synthetic_context=0,
-        )
+        ),
+        scheduler=SimpleNamespace(reserve_extra=0),
     )
     request = dpb.GenerateRequest(token_ids=dpb.TokenIds(ids=[1, 2, 3]), max_new_tokens=300)
     for uses_service, flag in ((True, "KVS_MAX_CONTEXT"), (False, "ENGINE_MAX_CONTEXT")):
@@ -92,6 +93,11 @@ def test_max_new_tokens_over_the_context_names_the_flag() -> None:
         why = servicer._check(request, [1, 2, 3])
         assert why is not None and "--max-context" in why and flag in why, why
         assert "303" in why and "256" in why and "at most 253 new tokens" in why, why
+    # Speculative steps (D = 2) reserve 2 more tokens, named in the answer.
+    engine.scheduler.reserve_extra = 2
+    why = servicer._check(request, [1, 2, 3])
+    assert why is not None and "+ 2 speculative rows = 305" in why, why
+    assert "at most 251 new tokens" in why, why
 
 
 @pytest.fixture(scope="module")

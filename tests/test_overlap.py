@@ -99,9 +99,11 @@ def test_every_part_joins_its_copy_before_attention(monkeypatch):
         events: list[tuple[str, int]] = []
         select = inner.select
 
-        def spy_select(layer, topk, req_slots, seq_lens, row0=0, select=select, events=events):
+        def spy_select(
+            layer, topk, req_slots, seq_lens, row0=0, select=select, events=events, **kw
+        ):
             events.append(("select", row0))
-            return select(layer, topk, req_slots, seq_lens, row0=row0)
+            return select(layer, topk, req_slots, seq_lens, row0=row0, **kw)
 
         monkeypatch.setattr(inner, "select", spy_select)
         monkeypatch.setattr(

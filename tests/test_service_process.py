@@ -258,6 +258,11 @@ def check_remote_swap(svc: ServiceProcess, device: str) -> None:
     assert (second.hits, second.misses) == (6, 0)
     assert engine.slots()[4:7] == [29 % TINY.window, -1, -1]
     check_repeated_positions_refused(engine, r.slot)
+    # Rows sharing one plan: more than 4, or a union (2 k = 16) the 12 LRU slots cannot hold.
+    for rows in (5, 2):
+        with pytest.raises(grpc.RpcError) as err:
+            engine.swap(1, r.slot, 30, list(range(8)), rows_per_request=rows)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, rows
     with pytest.raises(grpc.RpcError) as err:
         engine.swap(2, r.slot, 30, list(range(8)))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT

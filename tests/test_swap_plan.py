@@ -103,9 +103,13 @@ def outputs(bs: int, k: int, device) -> list[torch.Tensor]:
     ]
 
 
-def plan(fn, st: State, layer: int, topk, seq_lens, req_slots) -> list[torch.Tensor]:
+def plan(
+    fn, st: State, layer: int, topk, seq_lens, req_slots, outs=None, **extra
+) -> list[torch.Tensor]:
+    """fn's plan of one batch; `outs` (default: poisoned [bs, k] outputs) and `extra` keyword
+    arguments go to fn as they are."""
     dev = st.hit_flag.device
-    outs = outputs(len(topk), st.cfg.k, dev)
+    outs = outputs(len(topk), st.cfg.k, dev) if outs is None else outs
     as_t = lambda x: torch.tensor(x, dtype=torch.int32, device=dev)  # noqa: E731
     fn(
         layer,
@@ -113,10 +117,11 @@ def plan(fn, st: State, layer: int, topk, seq_lens, req_slots) -> list[torch.Ten
         as_t(seq_lens),
         as_t(req_slots),
         *(getattr(st, n) for n in STATE),
-        *outs,
+        *outs[:4],
         num_layers=st.cfg.L,
         page_size=st.cfg.P,
         window=st.cfg.W,
+        **extra,
     )
     return outs
 
@@ -126,13 +131,18 @@ def plan_both(st: State, layer: int, topk, seq_lens, req_slots) -> list[torch.Te
     ref_st = st.clone()
     outs = plan(swap_plan, st, layer, topk, seq_lens, req_slots)
     ref_outs = plan(ref_swap_plan, ref_st, layer, topk, seq_lens, req_slots)
+    assert_same_plan(st, ref_st, outs, ref_outs)
+    return outs
+
+
+def assert_same_plan(st: State, ref_st: State, outs: list, ref_outs: list) -> None:
+    """Kernel and reference gave the same outputs and state; the kernel's scratch is clean."""
     for got, want in zip(outs, ref_outs):
         assert torch.equal(got, want)
     for name in STATE:
         assert torch.equal(getattr(st, name), getattr(ref_st, name)), name
     assert not st.hit_flag.any()
     st.assert_guards()
-    return outs
 
 
 def check_residency(st: State, layer: int, r: int) -> None:

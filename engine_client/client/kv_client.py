@@ -287,11 +287,14 @@ class KVClient(Reattachment):
 
     # --- remote swap (called from the engine's compute thread) ---
 
-    def remote_swap(self, layer: int, batch_size: int) -> pb.RemoteSwapResponse:
-        """One layer's swap-in run by the service; blocks until its outputs are final."""
+    def remote_swap(
+        self, layer: int, batch_size: int, rows_per_request: int = 1
+    ) -> pb.RemoteSwapResponse:
+        """One layer's swap-in run by the service; blocks until its outputs are final.
+        rows_per_request: consecutive rows of one request sharing one plan (speculative)."""
         if self._dead is not None:
             raise self._dead
-        return self._swap_call(self.session_id, self.epoch, layer, batch_size)
+        return self._swap_call(self.session_id, self.epoch, layer, batch_size, rows_per_request)
 
     async def close(self, detach: bool = False) -> None:
         """Stop the stream (detaching first if asked: the service frees every request now;

@@ -29,14 +29,18 @@ class RemoteSwapCall:
         self._stub: pb_grpc.KVCacheServiceStub | None = None
 
     def __call__(
-        self, session_id: str, epoch: int, layer: int, batch_size: int
+        self, session_id: str, epoch: int, layer: int, batch_size: int, rows_per_request: int = 1
     ) -> pb.RemoteSwapResponse:
         """One layer's swap-in run by the service; returns once its outputs are final."""
         if self._stub is None:
             self._channel = grpc.insecure_channel(self._target, options=self._options)
             self._stub = pb_grpc.KVCacheServiceStub(self._channel)
         req = pb.RemoteSwapRequest(
-            session_id=session_id, epoch=epoch, layer=layer, batch_size=batch_size
+            session_id=session_id,
+            epoch=epoch,
+            layer=layer,
+            batch_size=batch_size,
+            rows_per_request=rows_per_request,
         )
         try:
             with errors.rpc_errors("RemoteSwap"):

@@ -4,12 +4,15 @@ A backend stores new KV rows and indexer keys (`append`), scores the indexer key
 (`index_scores`), and hands attention the rows of a top-k selection as (kv rows, row_base, slots)
 (`select` for decode, `gather` for prefill). Attention reads row `row_base[b] + slots[b, i]` of
 `kv`, in slot-list order, so every backend that yields the same rows gives bitwise-identical
-output. It also counts, per request slot, the positions each decode step selected and the ones
-it copied from the host (`counts`). The backends: `kv/baseline.py` (all KV on the device),
+output. It also counts, per request slot, the positions each decode step selected, the ones it
+copied from the host, and the copies it would have made without merging the rows of one
+request (`counts`). The backends: `kv/baseline.py` (all KV on the device),
 `kv/hisparse.py` (the service's memory: in-stream and remote swap).
 
 Tensor conventions: req_slots, positions, seq_lens [n] int32; a row with req_slot -1 is padding
 and changes nothing; seq_lens count the stored tokens including the new one.
+A speculative verify step hands `select` D + 1 consecutive rows per request
+(`rows_per_request`): they share one swap-in over the union of their top-k.
 """
 
 from __future__ import annotations
@@ -95,9 +98,12 @@ class KVBackend(Protocol):
         req_slots: torch.Tensor,
         seq_lens: torch.Tensor,
         row0: int = 0,
+        rows_per_request: int = 1,
     ) -> AttnRows:
         """Decode: make the top-k rows of each batch row readable, and count them. Graph-safe
-        when capturable. row0: first row of this micro-batch part in the whole batch."""
+        when capturable. row0: first row of this micro-batch part in the whole batch.
+        rows_per_request G: rows [g G, (g + 1) G) are one request's and share one swap-in
+        (kernels.swap_plan); seq_lens is then each row's own, the longest decides the window."""
 
     def attention_ready(self, row0: int) -> None:
         """Before attention reads the rows of the part starting at row0 (microbatches > 1)."""
@@ -109,8 +115,10 @@ class KVBackend(Protocol):
 
     @property
     def counts(self) -> torch.Tensor:
-        """(selected, misses) [R, 2] int64 per request slot, added by every decode `select`
-        on the device (a captured graph keeps counting); the caller zeroes it."""
+        """(selected, misses, misses summed over rows) [R, 3] int64 per request slot, added by
+        every decode `select` on the device (a captured graph keeps counting); the caller
+        zeroes it. The last column is what planning each row alone would copy: it equals the
+        misses unless several rows of a request shared a swap-in."""
 
     def rebind(self, kv: KVTensors | None, xchg: dict[str, torch.Tensor] | None = None) -> None:
         """Use another mapping of the same layout (a restarted service's memory), or none."""
@@ -129,17 +137,32 @@ class KVBackend(Protocol):
 
 
 class SlotCounts:
-    """Per request slot (selected, misses) counters on the device. Row R collects padding rows
-    (request slot -1), so adding needs no data-dependent branch."""
+    """Per request slot (selected, misses, misses summed over rows) counters on the device.
+    Row R collects padding rows (request slot -1), so adding needs no data-dependent branch."""
 
     def __init__(self, max_requests: int, device: torch.device) -> None:
-        self._counts = torch.zeros((max_requests + 1, 2), dtype=torch.int64, device=device)
+        self._counts = torch.zeros((max_requests + 1, 3), dtype=torch.int64, device=device)
 
-    def add(self, req_slots: torch.Tensor, topk: torch.Tensor, misses: torch.Tensor | None) -> None:
-        idx = torch.where(req_slots >= 0, req_slots, self._counts.shape[0] - 1).long()
-        self._counts[:, 0].index_add_(0, idx, (topk >= 0).sum(dim=1))
-        if misses is not None:
-            self._counts[:, 1].index_add_(0, idx, misses.long().clamp(min=0))
+    def _index(self, req_slots: torch.Tensor) -> torch.Tensor:
+        return torch.where(req_slots >= 0, req_slots, self._counts.shape[0] - 1).long()
+
+    def add(
+        self,
+        req_slots: torch.Tensor,
+        topk: torch.Tensor,
+        misses: torch.Tensor | None,
+        row_misses: torch.Tensor | None = None,
+        rows_per_request: int = 1,
+    ) -> None:
+        """topk [n, k] of rows req_slots [n]; misses and row_misses [n / rows_per_request], one
+        per request (row_misses None: the misses themselves)."""
+        self._counts[:, 0].index_add_(0, self._index(req_slots), (topk >= 0).sum(dim=1))
+        if misses is None:
+            return
+        idx = self._index(req_slots[::rows_per_request])
+        self._counts[:, 1].index_add_(0, idx, misses.long().clamp(min=0))
+        rows = misses if row_misses is None else row_misses
+        self._counts[:, 2].index_add_(0, idx, rows.long().clamp(min=0))
 
     @property
     def counts(self) -> torch.Tensor:

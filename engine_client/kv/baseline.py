@@ -144,6 +144,7 @@ class BaselineBackend(SharedBackend):
         req_slots: torch.Tensor,
         seq_lens: torch.Tensor,
         row0: int = 0,
+        rows_per_request: int = 1,
     ) -> AttnRows:
         """Every row is on the device: nothing to copy, no misses."""
         self._slot_counts.add(req_slots, topk, None)

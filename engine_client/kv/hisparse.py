@@ -4,18 +4,15 @@ HiSparseBackend ("embedded" / "service" modes) launches the swap-in in the engin
 per layer, swap_plan finds hits and victims, miss_copy moves the missed rows host -> hot buffer,
 and attention reads the layer's hot buffer through the plan's slot list.
 
-RemoteSwapBackend ("service-remote-swap") writes the batch into exchange tensors and lets
-`swap_fn(layer, bs)` run the same plan + copy elsewhere (the service, over a unary RPC).
+RemoteSwapBackend ("service-remote-swap", kv/remote_swap.py) runs the same plan + copy
+elsewhere (the service, over a unary RPC).
 """
 
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 
-from contract.exchange import EVENT_NAMES, exchange_specs
-from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
+from contract.layout import MAX_DRAFT_TOKENS, MODE_OFFLOADED, MODE_RESIDENT
 from contract.tensors import KVTensors
 from engine_client.kv.backend import AttnRows, SharedBackend
 from engine_client.kv.kernel_set import KernelSet
@@ -46,17 +43,27 @@ class HiSparseBackend(SharedBackend):
         max_batch: int | None = None,
         microbatches: int = 1,
         copy_programs: int | None = None,
+        rows_per_request: int = 1,
     ) -> None:
         lay = kv.layout
         n, k = max_batch or lay.max_requests, lay.topk
         if not 0 < n <= lay.max_requests:
             raise ValueError(f"max_batch must be in [1, {lay.max_requests}], got {n}")
+        if not 1 <= rows_per_request <= MAX_DRAFT_TOKENS + 1:
+            raise ValueError(
+                f"rows_per_request must be in [1, {MAX_DRAFT_TOKENS + 1}], got {rows_per_request}"
+            )
         super().__init__(lay, kernels, kv.device, n)
         self.kv = kv
-        self.out_slots = torch.full((n, k), -1, dtype=torch.int32, device=self.device)
-        self.miss_src = torch.zeros((n, k), dtype=torch.int64, device=self.device)
-        self.miss_dst = torch.zeros((n, k), dtype=torch.int64, device=self.device)
-        self.miss_count = torch.zeros((n,), dtype=torch.int32, device=self.device)
+        # Plan outputs for up to n requests of rows_per_request rows each, flat: a call with G
+        # rows per request views its part's rows as [rows, k] and its miss lists as [rows/G, G k].
+        rows = n * rows_per_request
+        self.rows_per_request = rows_per_request
+        self.out_slots = torch.full((rows, k), -1, dtype=torch.int32, device=self.device)
+        self.miss_src = torch.zeros((rows * k,), dtype=torch.int64, device=self.device)
+        self.miss_dst = torch.zeros((rows * k,), dtype=torch.int64, device=self.device)
+        self.miss_count = torch.zeros((rows,), dtype=torch.int32, device=self.device)
+        self.miss_rows = torch.zeros((rows,), dtype=torch.int32, device=self.device)
         self.counters = torch.zeros(2, dtype=torch.int64, device=self.device)
         if microbatches < 1 or (copy_programs is not None and copy_programs < 1):
             raise ValueError(
@@ -130,11 +137,31 @@ class HiSparseBackend(SharedBackend):
         row_base = req_slots.long().clamp(min=0) * self.layout.hot_slots
         return AttnRows(self._hot_rows[layer], row_base, slots)
 
-    def _count(self, req_slots: torch.Tensor, topk: torch.Tensor, misses: torch.Tensor) -> None:
+    def _count(
+        self,
+        req_slots: torch.Tensor,
+        topk: torch.Tensor,
+        misses: torch.Tensor,
+        row_misses: torch.Tensor | None = None,
+        rows_per_request: int = 1,
+    ) -> None:
         """Totals for `stats` and per request slot for `counts`, on the device."""
         self.counters[_SELECTED] += (topk >= 0).sum()
         self.counters[_MISSES] += misses.sum()
-        self._slot_counts.add(req_slots, topk, misses)
+        self._slot_counts.add(req_slots, topk, misses, row_misses, rows_per_request)
+
+    def _outputs(self, row0: int, n: int, G: int) -> tuple[torch.Tensor, ...]:
+        """This part's plan outputs: slots [n, k], miss src/dst [n / G, G k], counts [n / G]
+        (rows row0.. of the flat buffers; parts never overlap)."""
+        k, groups = self.topk, n // G
+        flat = slice(row0 * k, (row0 + n) * k)
+        return (
+            self.out_slots[row0 : row0 + n],
+            self.miss_src[flat].view(groups, G * k),
+            self.miss_dst[flat].view(groups, G * k),
+            self.miss_count[row0 : row0 + groups],
+            self.miss_rows[row0 : row0 + groups],
+        )
 
     def select(
         self,
@@ -143,22 +170,20 @@ class HiSparseBackend(SharedBackend):
         req_slots: torch.Tensor,
         seq_lens: torch.Tensor,
         row0: int = 0,
+        rows_per_request: int = 1,
     ) -> AttnRows:
         """row0: first row of this part of the batch in the plan's output buffers."""
-        n = topk.shape[0]
-        rows = slice(row0, row0 + n)
-        out = (
-            self.out_slots[rows],
-            self.miss_src[rows],
-            self.miss_dst[rows],
-            self.miss_count[rows],
-        )
+        G = rows_per_request
+        if G > self.rows_per_request:
+            raise ValueError(f"{G} rows per request, the backend holds {self.rows_per_request}")
+        *out, rows = self._outputs(row0, topk.shape[0], G)
+        swap = (topk, seq_lens, req_slots, *out)
         if self._copy_stream is None:
-            run_swap(self.kv, self.kernels, layer, topk, seq_lens, req_slots, *out)
+            run_swap(self.kv, self.kernels, layer, *swap, rows_per_request=G, miss_rows=rows)
         else:
-            plan_swap(self.kv, self.kernels, layer, topk, seq_lens, req_slots, *out)
+            plan_swap(self.kv, self.kernels, layer, *swap, rows_per_request=G, miss_rows=rows)
             self._copy_aside(row0, *out[1:])
-        self._count(req_slots, topk, out[3])
+        self._count(req_slots, topk, out[3], rows, G)
         return self._hot(layer, req_slots, out[0])
 
     def _copy_aside(
@@ -251,10 +276,24 @@ def run_swap(
     miss_src: torch.Tensor,
     miss_dst: torch.Tensor,
     miss_count: torch.Tensor,
+    *,
+    rows_per_request: int = 1,
+    miss_rows: torch.Tensor | None = None,
 ) -> None:
     """One layer's swap-in: plan (updates residency/LRU), then copy the misses host -> hot."""
     plan_swap(
-        kv, kernels, layer, topk, seq_lens, req_slots, out_slots, miss_src, miss_dst, miss_count
+        kv,
+        kernels,
+        layer,
+        topk,
+        seq_lens,
+        req_slots,
+        out_slots,
+        miss_src,
+        miss_dst,
+        miss_count,
+        rows_per_request=rows_per_request,
+        miss_rows=miss_rows,
     )
     kernels.miss_copy(kv.host_rows, kv.hot_kv, miss_src, miss_dst, miss_count)
 
@@ -270,6 +309,9 @@ def plan_swap(
     miss_src: torch.Tensor,
     miss_dst: torch.Tensor,
     miss_count: torch.Tensor,
+    *,
+    rows_per_request: int = 1,
+    miss_rows: torch.Tensor | None = None,
 ) -> None:
     """The plan of run_swap: hits, victims and the miss lists, residency/LRU updated."""
     lay = kv.layout
@@ -291,106 +333,6 @@ def plan_swap(
         num_layers=lay.num_layers,
         page_size=lay.page_size,
         window=lay.window,
+        rows_per_request=rows_per_request,
+        out_miss_rows=miss_rows,
     )
-
-
-def allocate_exchange(
-    layout: KVLayout, device: torch.device | str = "cpu"
-) -> dict[str, torch.Tensor]:
-    return {
-        name: torch.zeros(shape, dtype=dtype, device=device)
-        for name, (shape, dtype) in exchange_specs(layout).items()
-    }
-
-
-SwapFn = Callable[[int, int], None]
-
-
-def local_swap_fn(kv: KVTensors, xchg: dict[str, torch.Tensor], kernels: KernelSet) -> SwapFn:
-    """A swap_fn that plans and copies in this process on the exchange tensors: what the service
-    does on its side of the remote-swap RPC."""
-
-    def swap(layer: int, bs: int) -> None:
-        x = {name: t[:bs] for name, t in xchg.items()}
-        run_swap(
-            kv,
-            kernels,
-            layer,
-            x["xchg_topk"],
-            x["xchg_seq_lens"],
-            x["xchg_req_slots"],
-            x["xchg_slots"],
-            x["xchg_miss_src"],
-            x["xchg_miss_dst"],
-            x["xchg_miss_count"],
-        )
-
-    return swap
-
-
-class RemoteSwapBackend(HiSparseBackend):
-    """Like HiSparseBackend, but the plan + copy of each layer run in `swap_fn(layer, bs)`.
-
-    Per layer the batch is written to xchg_topk / xchg_seq_lens / xchg_req_slots [:bs], then
-    swap_fn runs (exchange tensors and events: kv_service.remote_swap). On CUDA the streams are
-    ordered with the service's interprocess events: "xchg_ready" is recorded after the inputs
-    are written, and the engine's stream waits on "xchg_done" after swap_fn returns; without
-    events the stream is synchronized before swap_fn, which must then return only once its
-    outputs are final. A host round trip per layer cannot be captured: never graphed."""
-
-    capturable = False
-
-    def __init__(
-        self,
-        kv: KVTensors,
-        swap_fn: SwapFn,
-        *,
-        kernels: KernelSet,
-        xchg: dict[str, torch.Tensor] | None = None,
-        events: dict[str, torch.cuda.Event] | None = None,
-        max_batch: int | None = None,
-    ) -> None:
-        super().__init__(kv, kernels=kernels, max_batch=max_batch)
-        self.capturable = False
-        self.xchg = self._checked(xchg)
-        if events is not None and set(events) != set(EVENT_NAMES):
-            raise ValueError(f"events must be {EVENT_NAMES}, got {sorted(events)}")
-        self.swap_fn, self.events = swap_fn, events
-
-    def _checked(self, xchg: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
-        xchg = xchg if xchg is not None else allocate_exchange(self.layout, self.device)
-        for name, (shape, dtype) in exchange_specs(self.layout).items():
-            t = xchg.get(name)
-            if t is None or tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous():
-                raise ValueError(f"exchange tensor {name}: expected contiguous {shape} {dtype}")
-        return xchg
-
-    def rebind(self, kv: KVTensors | None, xchg: dict[str, torch.Tensor] | None = None) -> None:
-        """As HiSparseBackend.rebind, with the exchange tensors of the new mapping."""
-        new_xchg = self._checked(xchg) if kv is not None else {}
-        super().rebind(kv)
-        self.xchg = new_xchg
-
-    def select(
-        self,
-        layer: int,
-        topk: torch.Tensor,
-        req_slots: torch.Tensor,
-        seq_lens: torch.Tensor,
-        row0: int = 0,
-    ) -> AttnRows:
-        """row0 is always 0: remote swap runs no micro-batches."""
-        n, x = topk.shape[0], self.xchg
-        x["xchg_topk"][:n].copy_(topk)
-        x["xchg_seq_lens"][:n].copy_(seq_lens)
-        x["xchg_req_slots"][:n].copy_(req_slots)
-        stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
-        if stream is not None and self.events is not None:
-            self.events["xchg_ready"].record(stream)
-        elif stream is not None:
-            stream.synchronize()
-        self.swap_fn(layer, n)
-        if stream is not None and self.events is not None:
-            stream.wait_event(self.events["xchg_done"])
-        self._count(req_slots, topk, x["xchg_miss_count"][:n])
-        return self._hot(layer, req_slots, x["xchg_slots"][:n])

@@ -87,7 +87,13 @@ class Engine:
             admitted=self._admitted,
             prefix_cache=prefix_cache,
             share_generated=share_generated,
+            draft_tokens=compute.draft_tokens,
         )
+        if compute.draft_tokens and overlap:
+            raise ValueError(
+                "speculative steps cannot be overlapped (their positions follow "
+                "the previous step's accepted count)"
+            )
         self.runner = StepRunner(compute, overlap=overlap)
         self.reports = ReportSender(control)
         self.postprocess = Postprocessor(

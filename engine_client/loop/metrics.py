@@ -148,6 +148,7 @@ class EngineMetrics:
             "engine_device_idle_seconds", "device idle time between back-to-back steps", registry=r
         )
         self.steps = Counter("engine_steps", "steps run", registry=r)
+        self._speculative_metrics(r)
         self._window: deque[tuple[float, float]] = deque(maxlen=IDLE_WINDOW)
 
     def describe(self, device: str, kv_mode: str) -> None:
@@ -165,6 +166,46 @@ class EngineMetrics:
             busy = sum(b for b, _ in self._window)
             idle_sum = sum(i for _, i in self._window)
             self.device_idle_fraction.set(idle_sum / (busy + idle_sum) if busy + idle_sum else 0.0)
+
+    def _speculative_metrics(self, r: CollectorRegistry) -> None:
+        self.drafted = Counter(
+            "engine_spec_drafted_tokens", "draft tokens verified (speculative steps)", registry=r
+        )
+        self.accepted = Counter(
+            "engine_spec_accepted_tokens", "draft tokens accepted (speculative steps)", registry=r
+        )
+        self.acceptance = Gauge(
+            "engine_spec_acceptance_rate", "accepted / drafted tokens of the last step", registry=r
+        )
+        self.step_misses = Gauge(
+            "engine_step_swap_misses",
+            "KV rows the last step copied from the host tier (a verify step's rows share them)",
+            registry=r,
+        )
+        self.step_misses_rows = Gauge(
+            "engine_step_swap_misses_rows",
+            "the last step's misses summed over its rows, as if each row were planned alone",
+            registry=r,
+        )
+        self.misses = Counter(
+            "engine_swap_misses", "KV rows copied from the host tier (steps' swap-ins)", registry=r
+        )
+        self.misses_rows = Counter(
+            "engine_swap_misses_rows",
+            "misses summed over each step's rows, as if each row were planned alone",
+            registry=r,
+        )
+
+    def speculative(self, drafted: int, accepted: int, misses: int, rows_missed: int) -> None:
+        """One step's drafts and swap misses (with and without the rows' shared plan)."""
+        self.step_misses.set(misses)
+        self.step_misses_rows.set(rows_missed)
+        self.misses.inc(misses)
+        self.misses_rows.inc(rows_missed)
+        if drafted:
+            self.drafted.inc(drafted)
+            self.accepted.inc(accepted)
+            self.acceptance.set(accepted / drafted)
 
     def host(self, seconds: float, requests: int) -> None:
         self.step_host.observe(seconds)

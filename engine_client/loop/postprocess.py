@@ -88,32 +88,68 @@ class Postprocessor:
     ) -> None:
         self.row_bytes, self.state, self.reports = row_bytes, state, reports
         self.metrics, self._finish = metrics, finish
-        self.totals = {"hits": 0, "misses": 0, "bytes_moved": 0, "tokens": 0}
+        self.totals = {
+            "hits": 0,
+            "misses": 0,
+            "bytes_moved": 0,
+            "tokens": 0,
+            "drafted": 0,
+            "accepted": 0,
+            "misses_rows": 0,
+        }
 
     def __call__(self, out: StepOutput) -> None:
         batch = out.batch
-        rows: list[tuple[GenRequest, int]] = list(zip(batch.decode, out.decode_tokens))
+        rows: list[tuple[GenRequest, list[int]]] = list(zip(batch.decode, out.decode_tokens))
         if out.prefill_token is not None:
-            rows.insert(0, (batch.prefill, out.prefill_token))
-        rows = [(r, t) for r, t in rows if not r.finished]
+            rows.insert(0, (batch.prefill, [out.prefill_token]))
+        rows = [(r, self._kept(r, t)) for r, t in rows if not r.finished]
         # Requests that ended before this step was post-processed are left out of its report;
         # those that end with it are in: their last pages count as stored (prefix caching).
         live = {id(r) for r in batch.requests if not r.finished}
         if self.state is not None and rows:
-            self.state.tokens({r.request_id: [t] for r, t in rows})
-        hits, misses = self._count(batch.decode, out.per_slot)
+            self.state.tokens({r.request_id: t for r, t in rows})
+        # A prefill's slot counts too: the MTP layer's first drafts swap in (speculative).
+        counted = batch.decode + ([batch.prefill] if batch.prefill is not None else [])
+        hits, misses = self._count(counted, out.per_slot)
+        self._speculative(out, counted)
         self._deliver(rows)
-        # Stored lengths once the step is done: what it appended, whatever was delivered.
-        stored = list(zip(batch.decode, (p + 1 for p in batch.positions)))
+        # Stored lengths once the step is done: what it appended and kept (a verify step keeps
+        # its first row and the accepted drafts), whatever was delivered.
+        kept = (len(t) for t in out.decode_tokens)
+        stored = list(zip(batch.decode, (p + k for p, k in zip(batch.positions, kept))))
         if batch.prefill is not None:
             stored.insert(0, (batch.prefill, batch.prefill_range[1]))
         progress = tuple((r.request_id, n) for r, n in stored if id(r) in live)
         self.reports.send(StepReport(batch.step, progress, hits, misses, misses * self.row_bytes))
 
-    def _count(self, decode: list[GenRequest], per_slot: list[tuple[int, int]]) -> tuple[int, int]:
+    @staticmethod
+    def _kept(req: GenRequest, tokens: list[int]) -> list[int]:
+        """The tokens a request takes: up to its first stop token and its max_new_tokens."""
+        room = req.max_new_tokens - len(req.tokens)
+        stop = next(
+            (i for i, t in enumerate(tokens) if t in req.sampling.stop_token_ids), len(tokens)
+        )
+        return tokens[: min(room, stop + 1)]
+
+    def _speculative(self, out: StepOutput, counted: list[GenRequest]) -> None:
+        """Drafted and accepted tokens of a verify step, and its misses with and without the
+        rows' shared swap-in (on the slots of the step's requests)."""
+        rows_missed = sum(out.per_slot[r.slot][2] for r in counted)
+        misses = sum(out.per_slot[r.slot][1] for r in counted)
+        drafted, accepted = sum(out.drafted), sum(out.accepted)
+        t = self.totals
+        t["drafted"] += drafted
+        t["accepted"] += accepted
+        t["misses_rows"] += rows_missed
+        self.metrics.speculative(drafted, accepted, misses, rows_missed)
+
+    def _count(
+        self, decode: list[GenRequest], per_slot: list[tuple[int, int, int]]
+    ) -> tuple[int, int]:
         hits = misses = 0
         for req in decode:
-            sel, miss = per_slot[req.slot]
+            sel, miss, _ = per_slot[req.slot]
             c = req.counters
             c.hits, c.misses, c.bytes_moved = (
                 c.hits + sel - miss,
@@ -126,15 +162,16 @@ class Postprocessor:
         t["bytes_moved"] += misses * self.row_bytes
         return hits, misses
 
-    def _deliver(self, rows: list[tuple[GenRequest, int]]) -> None:
+    def _deliver(self, rows: list[tuple[GenRequest, list[int]]]) -> None:
         now = time.monotonic()
         first, gaps = [], []
-        for req, token in rows:
-            (gaps.append(now - req.times[-1]) if req.times else first.append(now - req.started))
-            reason = req.add_token(token, now)
-            if reason is not None:
-                req.cancelled = False
-                self._finish(req, reason)
-        self.totals["tokens"] += len(rows)
+        for req, tokens in rows:
+            for token in tokens:
+                (gaps.append(now - req.times[-1]) if req.times else first.append(now - req.started))
+                reason = req.add_token(token, now)
+                if reason is not None:
+                    req.cancelled = False
+                    self._finish(req, reason)
+            self.totals["tokens"] += len(tokens)
         self.metrics.ttft.observe_many(first)
         self.metrics.itl.observe_many(gaps)

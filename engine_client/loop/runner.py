@@ -19,14 +19,17 @@ step t - 1's end event is still needed for step t's idle gap.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from engine_client.loop.request import GenRequest
 from engine_client.loop.sampler import sample_rows
 from engine_client.loop.scheduler import Batch
+from engine_client.loop.speculative import verify
 from engine_client.model.compute import Compute
 from engine_client.model.progress import Progress
+from engine_client.model.spec_runner import SpecDecodeRunner
 
 BUFFER_SETS = 3
 # Tokens per chunk of a synthetic context fill (KVBackend.fill_synthetic), a progress step.
@@ -36,12 +39,14 @@ SYNTHETIC_CHUNK = 4096
 class _Buffers:
     """Pinned host copies of one step's outputs, and its device timing events."""
 
-    def __init__(self, rows: int, slots: int, cuda: bool) -> None:
+    def __init__(self, rows: int, requests: int, slots: int, cuda: bool) -> None:
         self.tokens = torch.zeros(rows, dtype=torch.int64, pin_memory=cuda)
+        # Speculative steps: (accepted, drafted) per request.
+        self.spec = torch.zeros((2, requests), dtype=torch.int64, pin_memory=cuda)
         # Sampling inputs on their way to the device (pageable memory could sync the stream).
         self.temps = torch.zeros(rows, dtype=torch.float32, pin_memory=cuda)
         self.keys = torch.zeros(rows, dtype=torch.int64, pin_memory=cuda)
-        self.counts = torch.zeros((slots, 2), dtype=torch.int64, pin_memory=cuda)
+        self.counts = torch.zeros((slots, 3), dtype=torch.int64, pin_memory=cuda)
         self.start = torch.cuda.Event(enable_timing=True) if cuda else None
         self.end = torch.cuda.Event(enable_timing=True) if cuda else None
         self.cpu_start = self.cpu_end = 0.0
@@ -49,17 +54,22 @@ class _Buffers:
 
 @dataclass(frozen=True)
 class StepOutput:
-    """What one step produced, on the host. decode_tokens[i] belongs to batch.decode[i];
-    per_slot[r] = (top-k positions selected, misses) of request slot r in this step;
+    """What one step produced, on the host. decode_tokens[i] belongs to batch.decode[i]: the
+    tokens its row(s) yielded (one; a verify step's accepted drafts and the token after them);
+    drafted[i] / accepted[i]: its drafts checked / taken (speculative steps, else empty);
+    per_slot[r] = (top-k positions selected, misses, misses summed over rows) of request slot r
+    in this step (the last differs from misses when a verify step's rows shared a swap-in);
     device_seconds: the step's busy time on the device; idle_before: device idle time between
     the previous step and this one (None after the engine was idle)."""
 
     batch: Batch
-    decode_tokens: list[int]
+    decode_tokens: list[list[int]]
     prefill_token: int | None
-    per_slot: list[tuple[int, int]]
+    per_slot: list[tuple[int, int, int]]
     device_seconds: float
     idle_before: float | None
+    drafted: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
 
 
 class LaunchedStep:
@@ -84,11 +94,15 @@ class LaunchedStep:
             prev = self.previous
             idle = b.cpu_start - prev.bufs.cpu_end if prev is not None else None
         self.previous = None  # only the idle gap needed it
-        n = len(batch.decode)
-        tokens = b.tokens[:n].tolist()
+        n, G = len(batch.decode), batch.rows_per_request
+        rows = b.tokens[: n * G].tolist()
         first = int(b.tokens[-1]) if batch.first is not None else None
-        per_slot = [(s, m) for s, m in b.counts.tolist()]
-        return StepOutput(batch, tokens[:n], first, per_slot, busy, idle)
+        per_slot = [(s, m, rm) for s, m, rm in b.counts.tolist()]
+        if G == 1:
+            return StepOutput(batch, [[t] for t in rows], first, per_slot, busy, idle)
+        accepted, drafted = (x[:n] for x in b.spec.tolist())
+        tokens = [rows[i * G : i * G + a + 1] for i, a in enumerate(accepted)]
+        return StepOutput(batch, tokens, first, per_slot, busy, idle, drafted, accepted)
 
 
 @dataclass(frozen=True)
@@ -113,12 +127,15 @@ class StepRunner:
     def _allocate(self) -> None:
         """On the compute thread, at the first launch: CUDA work stays on that thread."""
         m, dev = self.compute.max_batch, self.compute.model.device
-        # Rows [0, m): decode; row m: the prefill's first token.
-        self._out = torch.zeros(m + 1, dtype=torch.int64, device=dev)
-        self._temps = torch.zeros(m + 1, dtype=torch.float32, device=dev)
-        self._keys = torch.zeros(m + 1, dtype=torch.int64, device=dev)
+        rows = m * (self.compute.draft_tokens + 1)
+        # Rows [0, rows): decode (D + 1 per request in speculative steps); the last: the
+        # prefill's first token.
+        self._out = torch.zeros(rows + 1, dtype=torch.int64, device=dev)
+        self._spec = torch.zeros((2, m), dtype=torch.int64, device=dev)
+        self._temps = torch.zeros(rows + 1, dtype=torch.float32, device=dev)
+        self._keys = torch.zeros(rows + 1, dtype=torch.int64, device=dev)
         slots = self.compute.backend.max_requests
-        self._bufs = [_Buffers(m + 1, slots, self.cuda) for _ in range(BUFFER_SETS)]
+        self._bufs = [_Buffers(rows + 1, m, slots, self.cuda) for _ in range(BUFFER_SETS)]
 
     def idle(self) -> None:
         """The engine waited for work: the next step's idle gap is not the device's fault."""
@@ -155,6 +172,7 @@ class StepRunner:
             self._decode(batch, bufs)
         counts = self.compute.backend.counts
         bufs.tokens.copy_(self._out, non_blocking=True)
+        bufs.spec.copy_(self._spec, non_blocking=True)
         bufs.counts.copy_(counts, non_blocking=True)
         counts.zero_()
         if bufs.end is not None:
@@ -195,18 +213,46 @@ class StepRunner:
                         chunk=SYNTHETIC_CHUNK,
                         progress=progress.update,
                     )
-        logits = c.model.prefill(
+        states = c.model.prefill_states(
             req.slot, req.context[start:end], start=start, chunk_size=end - start
         )
+        logits = c.model.logits(c.model.final(states[-1:]))[0]
+        token = None
         if batch.first is not None:
             temp, key = batch.first
-            m = self.compute.max_batch
-            temps, keys = self._sampling(bufs, [temp], [key], m) if temp else (None, None)
+            last = self._out.shape[0] - 1
+            temps, keys = self._sampling(bufs, [temp], [key], last) if temp else (None, None)
             token = sample_rows(logits[None], temps, keys)
             self._out[-1:].copy_(token)
             c.runner.remember_slot(req.slot, token)
+        if c.draft_tokens:
+            self._prefill_drafts(req, start, end, states, token)
+
+    def _prefill_drafts(
+        self,
+        req: GenRequest,
+        start: int,
+        end: int,
+        states: torch.Tensor,
+        token: torch.Tensor | None,
+    ) -> None:
+        """The MTP layer over the chunk: each position with the token after it (the prompt's,
+        the sampled first token after the last); the last chunk also drafts the first step."""
+        runner = self.compute.runner
+        assert isinstance(runner, SpecDecodeRunner)
+        # The context: a revived request's prefill re-creates its replayed tokens too.
+        after = torch.tensor(req.context[start + 1 : end + 1], dtype=torch.int64)
+        following = after.to(runner.device)
+        if token is not None:
+            following = torch.cat((following, token.view(1)))
+        runner.prefill_drafts(
+            req.slot, following, states, start, req.prompt if token is not None else None
+        )
 
     def _decode(self, batch: Batch, bufs: _Buffers) -> None:
+        if self.compute.draft_tokens:
+            self._verify(batch, bufs)
+            return
         c, n = self.compute, len(batch.decode)
         logits = c.runner.step(
             batch.ids, batch.positions, batch.slots, [p + 1 for p in batch.positions]
@@ -214,3 +260,16 @@ class StepRunner:
         tokens = sample_rows(logits, *self._sampling(bufs, batch.temps, batch.keys, 0))
         self._out[:n].copy_(tokens)
         c.runner.remember(tokens, n)
+
+    def _verify(self, batch: Batch, bufs: _Buffers) -> None:
+        """A speculative step: verify each request's drafts, accept on the device, draft on."""
+        runner, n = self.compute.runner, len(batch.decode)
+        assert isinstance(runner, SpecDecodeRunner)
+        G = runner.rows_per_request
+        logits = runner.step(batch.ids, batch.positions, batch.slots)
+        drafts = runner.step_drafts[:n]
+        y, accepted = verify(logits, drafts, *self._sampling(bufs, batch.temps, batch.keys, 0))
+        runner.draft(y, accepted)
+        self._out[: n * G].copy_(y.view(-1))
+        self._spec[0, :n].copy_(accepted)
+        self._spec[1, :n].copy_((drafts >= 0).sum(dim=1))

@@ -16,6 +16,9 @@ import torch
 
 M32 = 0xFFFFFFFF
 _GOLDEN = 0x9E3779B1
+# The acceptance uniform of a key hashes key ^ salt; a token's Gumbel noise hashes
+# key + id * _GOLDEN. They coincide for one token with probability vocab / 2^32 per key.
+_UNIFORM_SALT = 0x5BD1E995
 
 
 def token_key(seed: int, index: int) -> int:
@@ -45,6 +48,13 @@ def gumbel(keys: torch.Tensor, vocab: int) -> torch.Tensor:
     x = _fmix32((keys[:, None] + v * _GOLDEN) & M32)
     u = ((x >> 8).float() + 0.5) * (1.0 / (1 << 24))  # in (0, 1), 24 exact bits
     return -torch.log(-torch.log(u))
+
+
+def uniform(keys: torch.Tensor) -> torch.Tensor:
+    """A uniform in (0, 1) fp32 per 32-bit key [n] int64, from another stream than `gumbel`'s
+    noise of the same key (speculative sampling's acceptance draw)."""
+    x = _fmix32((keys ^ _UNIFORM_SALT) & M32)
+    return ((x >> 8).float() + 0.5) * (1.0 / (1 << 24))
 
 
 def sample_rows(

@@ -38,6 +38,7 @@ from engine_client.loop.page_names import PageNames
 from engine_client.loop.queue_policy import QueuePolicy, SkipAhead, Turn, reserved_tokens
 from engine_client.loop.request import FailStatus, Finish, GenRequest, Phase
 from engine_client.loop.sampler import token_key
+from engine_client.loop.speculative import reserve_extra
 from engine_client.loop.synthetic import SyntheticContext
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,9 @@ class Batch:
     """One step: `prefill` runs prompt positions prefill_range (after filling the `synthetic`
     context regions (start, end, seed), if any); `decode` rows append ids[i] (-1: on the device) at
     positions[i] of slots[i]. temps/keys: the rows' sampling, None when every row is greedy.
-    first: (temperature, key) of the prefill's first token when this chunk ends the prompt."""
+    first: (temperature, key) of the prefill's first token when this chunk ends the prompt.
+    rows_per_request: forward rows per decode request (a speculative verify step's D + 1: the
+    token at positions[i] and D drafts on the device); temps/keys then hold one entry per row."""
 
     step: int
     prefill: GenRequest | None = None
@@ -80,6 +83,7 @@ class Batch:
     slots: list[int] = field(default_factory=list)
     temps: list[float] | None = None
     keys: list[int] | None = None
+    rows_per_request: int = 1
 
     @property
     def requests(self) -> list[GenRequest]:
@@ -111,7 +115,10 @@ class Scheduler:
         clock: Callable[[], float] = time.monotonic,
         prefix_cache: bool = False,
         share_generated: bool = True,
+        draft_tokens: int = 0,
     ) -> None:
+        """draft_tokens D > 0: speculative steps of D + 1 rows per request, never overlapped
+        (a step's positions follow the previous step's accepted count)."""
         self.control, self.policy = control, policy
         self.max_active, self.max_batch = max_active, max_batch
         self.prefill_chunk = prefill_chunk
@@ -125,6 +132,8 @@ class Scheduler:
         self.next_step = 0
         self.refused = False  # the last admission attempt was refused for capacity
         self._retry_at = 0.0
+        self.draft_tokens = draft_tokens
+        self.reserve_extra = reserve_extra(draft_tokens)
 
     # --- the queue ---
 
@@ -199,7 +208,10 @@ class Scheduler:
     async def _try_admit(self, req: GenRequest) -> Admit:
         try:
             adm = await self.control.admit(
-                req.request_id, req.prompt_len, req.max_new_tokens, self.names.lookup(req)
+                req.request_id,
+                req.prompt_len,
+                req.max_new_tokens + self.reserve_extra,
+                self.names.lookup(req),
             )
         except errors.CapacityError as e:
             if not getattr(e, "permanent", False):
@@ -247,17 +259,20 @@ class Scheduler:
         ]
         if prefill is None and not decode:
             return None
-        batch = Batch(self.next_step)
+        batch = Batch(self.next_step, rows_per_request=self.draft_tokens + 1)
         self.next_step += 1
         if prefill is not None:
             self._add_prefill(batch, prefill)
         for req in decode:
             self._add_decode(batch, req)
         if any(r.sampling.temperature > 0 for r in decode):
-            batch.temps = [r.sampling.temperature for r in decode]
+            # Row j of a request yields its token launched - 1 + j.
+            rows = range(batch.rows_per_request)
+            batch.temps = [r.sampling.temperature for r in decode for _ in rows]
             batch.keys = [
-                token_key(r.sampling.seed, r.launched - 1) if r.sampling.temperature else 0
+                token_key(r.sampling.seed, r.launched - 1 + j) if r.sampling.temperature else 0
                 for r in decode
+                for j in rows
             ]
         return batch
 
@@ -284,6 +299,9 @@ class Scheduler:
             req.phase, req.launched = Phase.RUNNING, req.replayed + 1
 
     def _add_decode(self, batch: Batch, req: GenRequest) -> None:
+        if self.draft_tokens:
+            # Not overlapped: the previous step's tokens (1 to D + 1) were all delivered.
+            req.launched = len(req.tokens)
         # The row appends the newest token: known on the host only once it was delivered.
         batch.ids.append(req.tokens[-1] if len(req.tokens) == req.launched else -1)
         batch.positions.append(req.prompt_len + req.launched - 1)

@@ -4,15 +4,25 @@ hundreds of long requests quickly (KVBackend.fill_synthetic)."""
 
 from __future__ import annotations
 
+import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+
+def prompt_serial(ids: Sequence[int]) -> int:
+    """The serial that names (and seeds) a request's own synthetic part: a hash of its own
+    prompt, not its arrival order, so a prompt meets the same synthetic context in every run
+    (bench/mtp.py replays a plain run's tokens by prompt; requests then arrive in any order)."""
+    return zlib.crc32(repr(tuple(ids)).encode())
 
 
 @dataclass(frozen=True)
 class SyntheticContext:
     """Benchmarks: every prompt starts with `tokens` placeholder ids whose KV is filled with
     random rows instead of a prefill. The first `shared` are the same for every request (id 0,
-    seed 0), so prefix caching shares them; the rest differ per request: their first id is a
-    per-request serial, which also seeds their rows (equal ids, equal rows)."""
+    seed 0), so prefix caching shares them; the rest differ per prompt: their first id is a
+    serial of the request's own prompt (`prompt_serial`), which also seeds their rows (equal
+    ids, equal rows)."""
 
     tokens: int = 0
     shared: int = 0

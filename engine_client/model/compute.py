@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib
 import json
 import logging
-from collections.abc import Callable
 
 import torch
 
@@ -21,11 +20,14 @@ from contract.tensors import KVTensors
 from engine_client.client.errors import LayoutMismatch
 from engine_client.kv.backend import KVBackend
 from engine_client.kv.baseline import BaselineBackend
-from engine_client.kv.hisparse import HiSparseBackend, RemoteSwapBackend
+from engine_client.kv.hisparse import HiSparseBackend
 from engine_client.kv.kernel_set import KernelSet
+from engine_client.kv.remote_swap import RemoteSwapBackend, SwapFn
 from engine_client.model.graph import DecodeConfig, DecodeRunner
 from engine_client.model.model import Model, TopkSource
+from engine_client.model.mtp import DraftSource
 from engine_client.model.preset import ModelConfig
+from engine_client.model.spec_runner import SpecDecodeRunner
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +46,11 @@ class Compute:
         prefill_chunk: int,
         synthetic_context: int = 0,
         synthetic_shared: int = 0,
+        draft_tokens: int = 0,
     ) -> None:
         self.model, self.runner, self.backend = model, runner, backend
+        # Speculative decoding: drafts per verify step (runner is a SpecDecodeRunner), or 0.
+        self.draft_tokens = draft_tokens
         self.layout = layout
         self.prefill_chunk = prefill_chunk
         self.row_bytes = layout.row_bytes
@@ -81,12 +86,14 @@ def build_backend(
     kernels: KernelSet,
     max_batch: int,
     device: str,
-    swap_fn: Callable[[int, int], None] | None,
+    swap_fn: SwapFn | None,
     exchange: dict | None,
     microbatches: int = 1,
     page_table: torch.Tensor | None = None,
+    rows_per_request: int = 1,
 ) -> KVBackend:
-    """page_table: the baseline's, when its control maps pages (prefix caching)."""
+    """page_table: the baseline's, when its control maps pages (prefix caching);
+    rows_per_request: the most decode rows per request a step has (a verify step's D + 1)."""
     if mode == "baseline":
         return BaselineBackend(layout, kernels=kernels, device=device, page_table=page_table)
     if tensors is None:
@@ -95,9 +102,20 @@ def build_backend(
         if swap_fn is None:
             raise ValueError("service-remote-swap needs a swap function")
         return RemoteSwapBackend(
-            tensors, swap_fn, kernels=kernels, xchg=exchange or None, max_batch=max_batch
+            tensors,
+            swap_fn,
+            kernels=kernels,
+            xchg=exchange or None,
+            max_batch=max_batch,
+            rows_per_request=rows_per_request,
         )
-    return HiSparseBackend(tensors, kernels=kernels, max_batch=max_batch, microbatches=microbatches)
+    return HiSparseBackend(
+        tensors,
+        kernels=kernels,
+        max_batch=max_batch,
+        microbatches=microbatches,
+        rows_per_request=rows_per_request,
+    )
 
 
 def load_topk_source(
@@ -112,6 +130,24 @@ def load_topk_source(
     return getattr(importlib.import_module(module), func)(model_cfg, layout, device, **kwargs)
 
 
+def load_draft_source(
+    spec: str, model_cfg: ModelConfig, layout: KVLayout, device: str, draft_tokens: int
+) -> DraftSource | None:
+    """None for "mtp" (the model's MTP layer drafts); else a benchmark-only source
+    MODULE:FUNC[:JSON kwargs], FUNC(model_cfg, layout, device, draft_tokens, **kwargs)."""
+    if spec == "mtp":
+        return None
+    module, func, *rest = spec.split(":", 2)
+    kwargs = json.loads(rest[0]) if rest else {}
+    factory = getattr(importlib.import_module(module), func)
+    log.warning(
+        "draft source %s is benchmark-only: it proposes recorded target tokens, so the "
+        "acceptance rate is set by the recording, not by the model's MTP layer",
+        spec,
+    )
+    return factory(model_cfg, layout, device, draft_tokens, **kwargs)
+
+
 def build_compute(
     model_cfg: ModelConfig,
     weights: dict[str, torch.Tensor],
@@ -123,23 +159,46 @@ def build_compute(
     topk_source: TopkSource | None = None,
     synthetic_context: int = 0,
     synthetic_shared: int = 0,
+    draft_tokens: int = 0,
+    draft_source: DraftSource | None = None,
 ) -> Compute:
+    """draft_tokens > 0: speculative decoding with the model's MTP layer (model_cfg.mtp_layers)
+    drafting, or `draft_source` (benchmarks only)."""
     model = Model(model_cfg, weights, backend)
     model.topk_source = topk_source  # before capture: the graphs must contain it
-    runner = DecodeRunner(model, DecodeConfig(max_batch, use_graphs=use_graphs))
+    dcfg = DecodeConfig(max_batch, use_graphs=use_graphs)
+    runner = (
+        SpecDecodeRunner(model, dcfg, draft_tokens, draft_source)
+        if draft_tokens
+        else DecodeRunner(model, dcfg)
+    )
     if runner.use_graphs:
         runner.capture()
         log.info("captured decode graphs for batch buckets %s", runner.cfg.buckets)
     return Compute(
-        model, runner, backend, layout, prefill_chunk, synthetic_context, synthetic_shared
+        model,
+        runner,
+        backend,
+        layout,
+        prefill_chunk,
+        synthetic_context=synthetic_context,
+        synthetic_shared=synthetic_shared,
+        draft_tokens=draft_tokens,
     )
 
 
-def check_model_fits(model_cfg: ModelConfig, layout: KVLayout) -> None:
-    """The layout must be the model's: same layers and top-k (the row and index formats are
-    the layout's alone: the model hands its backend bf16 rows and keys)."""
-    if layout.num_layers != model_cfg.num_layers or layout.topk != model_cfg.topk:
+def check_model_fits(model_cfg: ModelConfig, layout: KVLayout, draft_tokens: int = 0) -> None:
+    """The layout must be the model's: same layers (the MTP layer's included) and top-k (the
+    row and index formats are the layout's alone: the model hands its backend bf16 rows and
+    keys); speculative steps need their union and window to fit (KVLayout.check_draft_tokens)."""
+    if layout.num_layers != model_cfg.kv_layers or layout.topk != model_cfg.topk:
         raise LayoutMismatch(
             f"KV layout (layers {layout.num_layers}, top-k {layout.topk}) does not "
-            f"fit the model (layers {model_cfg.num_layers}, top-k {model_cfg.topk})"
+            f"fit the model (layers {model_cfg.num_layers} + {model_cfg.mtp_layers} MTP, "
+            f"top-k {model_cfg.topk})"
         )
+    if draft_tokens:
+        try:
+            log.info("%s", layout.check_draft_tokens(draft_tokens))
+        except ValueError as e:
+            raise LayoutMismatch(str(e)) from e

@@ -15,13 +15,14 @@ t + 1 before step t's tokens reach the host (overlap). The engine writes it afte
 from __future__ import annotations
 
 import gc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from engine_client.model.model import Model, Tokens, Workspace
+from engine_client.model.model import Model, Tokens
 from engine_client.model.progress import Progress
+from engine_client.model.workspace import Workspace
 
 
 @dataclass(frozen=True)
@@ -57,12 +58,15 @@ class DecodeRunner:
     """Runs decode steps of `model` on static buffers. `step` returns a view of the static
     logits buffer: read (or copy) it before the next step."""
 
-    def __init__(self, model: Model, cfg: DecodeConfig) -> None:
+    def __init__(self, model: Model, cfg: DecodeConfig, rows_per_request: int = 1) -> None:
+        """rows_per_request: forward rows per request of a step (a verify step's D + 1); the
+        staged inputs have one row per request, logits and scratch rows_per_request each."""
         be = model.backend
         if cfg.max_batch > be.max_batch:
             raise ValueError(f"max_batch {cfg.max_batch} exceeds what the backend holds")
         self.model, self.cfg, self.device = model, cfg, model.device
         m = cfg.max_batch
+        self.rows_per_request = rows_per_request
         self.inputs = torch.zeros((4, m), dtype=torch.int32, device=self.device)
         cuda = self.device.type == "cuda"
         # Two pinned staging buffers, alternated: with overlap one may still be in its copy.
@@ -73,10 +77,10 @@ class DecodeRunner:
         self.last_token = torch.zeros(be.max_requests + 1, dtype=torch.int32, device=self.device)
         self._pad_slot = be.max_requests
         self.logits = torch.zeros(
-            (m, model.cfg.vocab_size), dtype=torch.float32, device=self.device
+            (m * rows_per_request, model.cfg.vocab_size), dtype=torch.float32, device=self.device
         )
         self.ws = Workspace.allocate(
-            model.cfg, m, be.max_context, self.device, row_format=be.layout.row
+            model.cfg, m * rows_per_request, be.max_context, self.device, row_format=be.layout.row
         )
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.use_graphs = cfg.use_graphs and self.device.type == "cuda" and be.capturable
@@ -165,7 +169,7 @@ class DecodeRunner:
         else:
             self._body(bs)
         self.steps += 1
-        return self.logits[:n]
+        return self.logits[: n * self.rows_per_request]
 
     def drop_graphs(self) -> None:
         """Forget every captured graph (each holds the addresses it was captured on, such as a
@@ -187,23 +191,26 @@ class DecodeRunner:
         change no state."""
         if not self.use_graphs:
             return
-        dev = self.device
         self.inputs.zero_()
         self.inputs[_SLOTS].fill_(-1)
         todo = sorted(set(buckets or self.cfg.buckets) - set(self.graphs), reverse=True)
         with Progress("warm-up and CUDA graph capture", len(todo), "batch bucket") as progress:
             for bs in todo:
-                self._capture_one(bs)
+                self._capture_bucket(bs)
                 progress.update()
-        torch.cuda.current_stream(dev).synchronize()
+        torch.cuda.current_stream(self.device).synchronize()
 
-    def _capture_one(self, bs: int) -> None:
+    def _capture_bucket(self, bs: int) -> None:
+        self.graphs[bs] = self._graph_of(self._body, bs)
+
+    def _graph_of(self, body: Callable[[int], None], bs: int) -> torch.cuda.CUDAGraph:
+        """body(bs) warmed up, then captured into a graph (in this runner's pool)."""
         dev = self.device
         side = torch.cuda.Stream(dev)
         side.wait_stream(torch.cuda.current_stream(dev))
         # Warm-up off the capture: compiles Triton kernels, creates cuBLAS workspaces.
         with torch.cuda.stream(side):
-            self._body(bs)
+            body(bs)
         torch.cuda.current_stream(dev).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         # thread_local: CUDA work of the engine's other threads must not abort the capture.
@@ -213,8 +220,8 @@ class DecodeRunner:
         gc.disable()
         try:
             with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-                self._body(bs)
+                body(bs)
         finally:
             if gc_was_on:
                 gc.enable()
-        self.graphs[bs] = graph
+        return graph

@@ -15,7 +15,6 @@ V3.2's Hadamard rotation of indexer q/k and fp8 activation quantization are not 
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -26,9 +25,7 @@ from engine_client.kv.backend import AttnRows, KVBackend
 from engine_client.model.preset import ModelConfig
 from engine_client.model.rope import RopeTable, apply_rope
 from engine_client.model.weights import check_weights, layer_prefix
-from kernels.formats import BF16_ROW, RowFormat
-from kernels.sparse_attention import AttnWorkspace, TileWorkspace
-from kernels.topk import TopkWorkspace
+from engine_client.model.workspace import Workspace
 
 # Benchmarks: fn(layer, req_slots, seq_lens, topk) overwriting a decode step's top-k [n, k] in
 # place (graph-safe), e.g. a replayed trace (bench/trace.py).
@@ -36,76 +33,20 @@ TopkSource = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None]
 
 
 @dataclass(frozen=True)
-class Workspace:
-    """Per-forward scratch: scores [n, S] fp32, topk [n, k] int32, attention out [n, H, 512]
-    bf16 and lse [n, H] fp32, plus the kernels' own scratch (segmented top-k; the attention's
-    tile probabilities or split partials). Decode keeps one at fixed addresses; prefill makes
-    one per chunk."""
-
-    scores: torch.Tensor
-    topk: torch.Tensor
-    attn_out: torch.Tensor
-    lse: torch.Tensor
-    topk_scratch: TopkWorkspace | None = None
-    attn_scratch: AttnWorkspace | TileWorkspace | None = None
-
-    @classmethod
-    def allocate(
-        cls,
-        cfg: ModelConfig,
-        n: int,
-        width: int,
-        device: torch.device,
-        *,
-        attn_splits: int | None = None,
-        row_format: RowFormat = BF16_ROW,
-    ) -> "Workspace":
-        """attn_splits None: the two-pass decode attention, whose scratch (and bits) depend on
-        top-k and row format alone, so a row's bits never depend on the batch it is in;
-        1: the fused kernel in one pass, no scratch (prefill chunks); > 1: fused split-k.
-        row_format: the KV layout's (the model's config has none: the layout owns it); one
-        without a Triton variant runs on the reference kernels, which take no scratch."""
-        attn: AttnWorkspace | TileWorkspace | None = None
-        if attn_splits is None and row_format.kernel is not None:
-            attn = TileWorkspace.allocate(
-                n, cfg.num_heads, cfg.topk, row_format=row_format, device=device
-            )
-        elif attn_splits is not None and attn_splits > 1:
-            attn = AttnWorkspace.allocate(
-                n, cfg.num_heads, attn_splits, d_v=cfg.kv_lora_rank, device=device
-            )
-        return cls(
-            scores=torch.empty((n, width), dtype=torch.float32, device=device),
-            topk=torch.empty((n, cfg.topk), dtype=torch.int32, device=device),
-            attn_out=torch.empty(
-                (n, cfg.num_heads, cfg.kv_lora_rank), dtype=cfg.torch_dtype, device=device
-            ),
-            lse=torch.empty((n, cfg.num_heads), dtype=torch.float32, device=device),
-            topk_scratch=TopkWorkspace.allocate(n, width, device=device),
-            attn_scratch=attn,
-        )
-
-    def rows(self, n: int) -> "Workspace":
-        # The kernels' scratch serves any batch up to its capacity: kept whole.
-        return dataclasses.replace(
-            self,
-            scores=self.scores[:n],
-            topk=self.topk[:n],
-            attn_out=self.attn_out[:n],
-            lse=self.lse[:n],
-        )
-
-
-@dataclass(frozen=True)
 class Tokens:
     """One forward's tokens: ids [n] int64; req_slots, positions, seq_lens (causal: pos + 1,
-    or 0 on padding rows) and append_lens (each request's length after this append) [n] int32."""
+    or 0 on padding rows) and append_lens [n] int32: each request's stored length after this
+    append, as far as residency goes (the window ring keeps tokens >= append_len - W; a
+    speculative step passes the longest length any row of the request reached, so the ring is
+    never trusted for a token a speculative row's append overwrote). rows_per_request G: rows
+    [g G, (g + 1) G) are one request's (a verify step's D + 1 rows) and share one swap-in."""
 
     ids: torch.Tensor
     req_slots: torch.Tensor
     positions: torch.Tensor
     seq_lens: torch.Tensor
     append_lens: torch.Tensor
+    rows_per_request: int = 1
 
 
 @dataclass(frozen=True)
@@ -117,9 +58,10 @@ class PrefillChunk:
     seq_len: int
 
 
-def _parts(n: int, m: int) -> list[slice]:
-    """Rows [0, n) cut into at most m contiguous, non-empty, near-equal parts."""
-    bounds = [n * j // m for j in range(m + 1)]
+def _parts(n: int, m: int, g: int = 1) -> list[slice]:
+    """Rows [0, n) cut into at most m contiguous, non-empty, near-equal parts of whole groups
+    of g rows (a request's rows stay in one part: they share one swap-in)."""
+    bounds = [(n // g) * j // m * g for j in range(m + 1)]
     return [slice(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
@@ -137,8 +79,11 @@ class Model:
         check_weights(weights, cfg)
         if backend.topk != cfg.topk:
             raise ValueError(f"backend top-k {backend.topk} != model top-k {cfg.topk}")
-        if backend.num_layers != cfg.num_layers:
-            raise ValueError(f"backend has {backend.num_layers} layers, model {cfg.num_layers}")
+        if backend.num_layers != cfg.kv_layers:
+            raise ValueError(
+                f"backend has {backend.num_layers} layers, model {cfg.num_layers} "
+                f"+ {cfg.mtp_layers} MTP"
+            )
         self.cfg, self.backend, self.kernels = cfg, backend, backend.kernels
         self.device = backend.device
         w = {n: t.to(self.device) for n, t in weights.items()}
@@ -148,6 +93,8 @@ class Model:
             w["lm_head.weight"],
         )
         self.layers = [self._layer_weights(w, i) for i in range(cfg.num_layers)]
+        # V3.2's MTP layer (engine_client.model.mtp): KV layer num_layers of the backend.
+        self.mtp = self._layer_weights(w, cfg.num_layers) if cfg.mtp_layers else None
         self.rope = RopeTable(cfg.rope_dim, backend.max_context, cfg.rope_theta, self.device)
         self.topk_source: TopkSource | None = None
 
@@ -167,17 +114,43 @@ class Model:
     ) -> torch.Tensor:
         """Hidden states [n, hidden] after the final norm; decode (backend.select) unless
         `prefill` says the tokens are one request's chunk."""
+        return self.final(self.hidden_states(tok, ws, prefill))
+
+    def final(self, x: torch.Tensor) -> torch.Tensor:
+        """The final norm of the last layer's output."""
+        return rms_norm(x, self.final_norm, self.cfg.norm_eps)
+
+    def hidden_states(
+        self, tok: Tokens, ws: Workspace, prefill: PrefillChunk | None = None
+    ) -> torch.Tensor:
+        """The last decoder layer's output [n, hidden], before the final norm (what V3.2's MTP
+        layer takes)."""
         x = F.embedding(tok.ids, self.embed)
         cos, sin = self.rope.lookup(tok.positions)
         for i, lw in enumerate(self.layers):
-            x = self._attention(i, lw, x, cos, sin, tok, ws, prefill)
-            if self.cfg.mlp_hidden:
-                h = rms_norm(x, lw["post_attention_layernorm.weight"], self.cfg.norm_eps)
-                gate = F.silu(F.linear(h, lw["mlp.gate_proj.weight"]))
-                x = x + F.linear(
-                    gate * F.linear(h, lw["mlp.up_proj.weight"]), lw["mlp.down_proj.weight"]
-                )
-        return rms_norm(x, self.final_norm, self.cfg.norm_eps)
+            x = self.block(i, lw, x, cos, sin, tok, ws, prefill)
+        return x
+
+    def block(
+        self,
+        i: int,
+        lw: dict,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        tok: Tokens,
+        ws: Workspace,
+        prefill: PrefillChunk | None,
+    ) -> torch.Tensor:
+        """One decoder block on KV layer i: attention, then the MLP (if any), each residual."""
+        x = self._attention(i, lw, x, cos, sin, tok, ws, prefill)
+        if self.cfg.mlp_hidden:
+            h = rms_norm(x, lw["post_attention_layernorm.weight"], self.cfg.norm_eps)
+            gate = F.silu(F.linear(h, lw["mlp.gate_proj.weight"]))
+            x = x + F.linear(
+                gate * F.linear(h, lw["mlp.up_proj.weight"]), lw["mlp.down_proj.weight"]
+            )
+        return x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits [n, vocab] of final hidden states [n, hidden]."""
@@ -191,6 +164,13 @@ class Model:
         positions <= itself and attends through backend.gather (never the plan kernel, which
         would move LRU state). The request slot must be admitted (service modes) with room for
         the tokens. Returns the fp32 logits [vocab] of the last token."""
+        states = self.prefill_states(req_slot, token_ids, start=start, chunk_size=chunk_size)
+        return self.logits(self.final(states[-1:]))[0]
+
+    def prefill_states(
+        self, req_slot: int, token_ids: Sequence[int], *, start: int = 0, chunk_size: int = 512
+    ) -> torch.Tensor:
+        """`prefill`'s work; returns every token's last-layer output [len, hidden] (pre-norm)."""
         n, be = len(token_ids), self.backend
         if n == 0 or chunk_size <= 0:
             raise ValueError(f"prefill needs tokens and a positive chunk size ({n}, {chunk_size})")
@@ -203,15 +183,21 @@ class Model:
         if int(ids.min()) < 0 or int(ids.max()) >= self.cfg.vocab_size:
             raise ValueError(f"token ids must be in [0, {self.cfg.vocab_size})")
         ids = ids.to(self.device)
+        states = []
         for s in range(0, n, chunk_size):
             e = min(s + chunk_size, n)
-            pos = torch.arange(start + s, start + e, dtype=torch.int32, device=self.device)
-            slots = torch.full_like(pos, req_slot)
-            tok = Tokens(ids[s:e], slots, pos, pos + 1, torch.full_like(pos, start + e))
-            # Chunks are wide batches: single-pass attention, no split scratch to allocate.
-            ws = Workspace.allocate(self.cfg, e - s, start + e, self.device, attn_splits=1)
-            hidden = self.forward(tok, ws, PrefillChunk(req_slot, start + e))
-        return self.logits(hidden[-1:])[0]
+            tok, ws = self.chunk(req_slot, ids[s:e], start + s)
+            states.append(self.hidden_states(tok, ws, PrefillChunk(req_slot, start + e)))
+        return torch.cat(states)
+
+    def chunk(self, req_slot: int, ids: torch.Tensor, start: int) -> tuple[Tokens, Workspace]:
+        """The tokens and scratch of one prefill chunk: ids [n] at positions [start, start + n)
+        of request slot req_slot."""
+        e = start + ids.shape[0]
+        pos = torch.arange(start, e, dtype=torch.int32, device=self.device)
+        tok = Tokens(ids, torch.full_like(pos, req_slot), pos, pos + 1, torch.full_like(pos, e))
+        # Chunks are wide batches: single-pass attention, no split scratch to allocate.
+        return tok, Workspace.allocate(self.cfg, e - start, e, self.device, attn_splits=1)
 
     def _indexer(
         self, lw: dict, h: torch.Tensor, qr: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -254,7 +240,15 @@ class Model:
             return be.gather(i, ws.topk[r], prefill.req_slot, prefill.seq_len)
         if self.topk_source is not None:
             self.topk_source(i, slots, lens, ws.topk[r])
-        return be.select(i, ws.topk[r], slots, lens, row0=r.start)
+        # Top-k is causal per row (< seq_len); the plan's window follows append_lens.
+        return be.select(
+            i,
+            ws.topk[r],
+            slots,
+            tok.append_lens[r],
+            row0=r.start,
+            rows_per_request=tok.rows_per_request,
+        )
 
     def _attention(
         self,
@@ -295,7 +289,7 @@ class Model:
         # before any is attended, so a part's miss copy (the backend's side stream) overlaps
         # the next part's indexer, top-k and plan and the previous part's attention.
         overlap = prefill is None and be.microbatches > 1
-        parts = _parts(n, be.microbatches if overlap else 1)
+        parts = _parts(n, be.microbatches if overlap else 1, tok.rows_per_request)
         sels = [self._select(i, r, iq, iw, tok, ws, prefill) for r in parts]
         for r, sel in zip(parts, sels):
             if overlap:

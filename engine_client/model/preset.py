@@ -45,6 +45,8 @@ class ModelConfig:
     index_dim       indexer head dim, 128 (fixed by the index-key layout)
     topk            tokens attention reads per (layer, request) (V3.2: 2048)
     mlp_hidden      dense SwiGLU hidden size; 0 = no MLP
+    mtp_layers      multi-token-prediction layers after the decoder layers (V3.2: 1, checkpoint
+                    layer num_layers); 1 gives speculative decoding its draft module
     rope_theta      RoPE base; plain RoPE (V3.2's YaRN long-context scaling is not modelled)
     norm_eps        RMSNorm / LayerNorm epsilon
     dtype           weight and activation dtype; only "bf16"
@@ -63,6 +65,7 @@ class ModelConfig:
     index_dim: int = INDEX_DIM
     topk: int = 2048
     mlp_hidden: int = 0
+    mtp_layers: int = 0
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
     dtype: str = "bf16"
@@ -87,6 +90,8 @@ class ModelConfig:
                 raise ConfigError(
                     f"{name} is fixed at {want} by the KV layout, got {getattr(self, name)}"
                 )
+        if self.mtp_layers not in (0, 1):
+            raise ConfigError(f"mtp_layers must be 0 or 1, got {self.mtp_layers}")
         if self.mlp_hidden < 0:
             raise ConfigError(f"mlp_hidden must be >= 0 (0 = no MLP), got {self.mlp_hidden}")
         if self.dtype not in _DTYPES:
@@ -100,6 +105,11 @@ class ModelConfig:
 
         dtype: torch.dtype = getattr(torch, _DTYPES[self.dtype])
         return dtype
+
+    @property
+    def kv_layers(self) -> int:
+        """Layers whose KV the backend holds: the decoder layers, then the MTP layer's."""
+        return self.num_layers + self.mtp_layers
 
     @property
     def qk_head_dim(self) -> int:

@@ -3,8 +3,10 @@
 Weights are kept by their checkpoint name in one flat dict, so the loader, the saver and the
 random init share a single table of names and shapes (`weight_shapes`). Checkpoints must hold
 float tensors (bf16, fp16 or fp32; cast to the model dtype); DeepSeek's block-fp8 weights with
-`weight_scale_inv` must be dequantized first. Tensors the model does not use (MoE experts, MTP
-layers, extra layers) are ignored.
+`weight_scale_inv` must be dequantized first. Tensors the model does not use (MoE experts, extra
+layers, the MTP layer unless `mtp_layers`) are ignored. V3.2's MTP layer is checkpoint layer
+`num_layers`: a decoder layer plus enorm, hnorm, eh_proj and shared_head.norm (its embedding and
+output head are the model's own, shared).
 """
 
 from __future__ import annotations
@@ -39,39 +41,55 @@ def layer_prefix(i: int) -> str:
 
 def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor the model reads, by DeepSeek-V3.2 checkpoint name."""
-    h, H = cfg.hidden_size, cfg.num_heads
+    h = cfg.hidden_size
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, h)}
     for i in range(cfg.num_layers):
-        p = layer_prefix(i)
-        a = p + "self_attn."
+        shapes.update(_layer_shapes(cfg, i))
+    if cfg.mtp_layers:
+        p = layer_prefix(cfg.num_layers)
+        shapes.update(_layer_shapes(cfg, cfg.num_layers))
         shapes.update(
             {
-                p + "input_layernorm.weight": (h,),
-                a + "q_a_proj.weight": (cfg.q_lora_rank, h),
-                a + "q_a_layernorm.weight": (cfg.q_lora_rank,),
-                a + "q_b_proj.weight": (H * cfg.qk_head_dim, cfg.q_lora_rank),
-                a + "kv_a_proj_with_mqa.weight": (cfg.row_dim, h),
-                a + "kv_a_layernorm.weight": (cfg.kv_lora_rank,),
-                a + "kv_b_proj.weight": (H * (cfg.qk_nope_dim + cfg.v_head_dim), cfg.kv_lora_rank),
-                a + "o_proj.weight": (h, H * cfg.v_head_dim),
-                a + "indexer.wq_b.weight": (cfg.index_heads * cfg.index_dim, cfg.q_lora_rank),
-                a + "indexer.wk.weight": (cfg.index_dim, h),
-                a + "indexer.k_norm.weight": (cfg.index_dim,),
-                a + "indexer.k_norm.bias": (cfg.index_dim,),
-                a + "indexer.weights_proj.weight": (cfg.index_heads, h),
-                p + "post_attention_layernorm.weight": (h,),
+                p + "enorm.weight": (h,),
+                p + "hnorm.weight": (h,),
+                p + "eh_proj.weight": (h, 2 * h),
+                p + "shared_head.norm.weight": (h,),
             }
         )
-        if cfg.mlp_hidden:
-            shapes.update(
-                {
-                    p + "mlp.gate_proj.weight": (cfg.mlp_hidden, h),
-                    p + "mlp.up_proj.weight": (cfg.mlp_hidden, h),
-                    p + "mlp.down_proj.weight": (h, cfg.mlp_hidden),
-                }
-            )
     shapes["model.norm.weight"] = (h,)
     shapes["lm_head.weight"] = (cfg.vocab_size, h)
+    return shapes
+
+
+def _layer_shapes(cfg: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
+    """The tensors of decoder layer i (the MTP layer's block has the same)."""
+    h, H = cfg.hidden_size, cfg.num_heads
+    p = layer_prefix(i)
+    a = p + "self_attn."
+    shapes = {
+        p + "input_layernorm.weight": (h,),
+        a + "q_a_proj.weight": (cfg.q_lora_rank, h),
+        a + "q_a_layernorm.weight": (cfg.q_lora_rank,),
+        a + "q_b_proj.weight": (H * cfg.qk_head_dim, cfg.q_lora_rank),
+        a + "kv_a_proj_with_mqa.weight": (cfg.row_dim, h),
+        a + "kv_a_layernorm.weight": (cfg.kv_lora_rank,),
+        a + "kv_b_proj.weight": (H * (cfg.qk_nope_dim + cfg.v_head_dim), cfg.kv_lora_rank),
+        a + "o_proj.weight": (h, H * cfg.v_head_dim),
+        a + "indexer.wq_b.weight": (cfg.index_heads * cfg.index_dim, cfg.q_lora_rank),
+        a + "indexer.wk.weight": (cfg.index_dim, h),
+        a + "indexer.k_norm.weight": (cfg.index_dim,),
+        a + "indexer.k_norm.bias": (cfg.index_dim,),
+        a + "indexer.weights_proj.weight": (cfg.index_heads, h),
+        p + "post_attention_layernorm.weight": (h,),
+    }
+    if cfg.mlp_hidden:
+        shapes.update(
+            {
+                p + "mlp.gate_proj.weight": (cfg.mlp_hidden, h),
+                p + "mlp.up_proj.weight": (cfg.mlp_hidden, h),
+                p + "mlp.down_proj.weight": (h, cfg.mlp_hidden),
+            }
+        )
     return shapes
 
 

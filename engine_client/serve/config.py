@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from contract.flags import setting
-from contract.layout import KVLayout
+from contract.layout import MAX_DRAFT_TOKENS, KVLayout
 from engine_client.client.address import grpc_target
 from engine_client.loop.queue_policy import QUEUE_POLICIES
 from engine_client.model.preset import PRESETS
@@ -21,6 +21,7 @@ from engine_client.text.vocabulary import DEEPSEEK, TINY
 __all__ = ["grpc_target"]  # re-exported: the CLI configs parse addresses with it
 
 KV_MODES = ("baseline", "embedded", "service", "service-remote-swap")
+SPECULATIVE = ("none", "mtp")
 DEVICES = ("auto", "cpu", "cuda")
 KERNELS = ("auto", "triton", "reference")
 TOKENIZER_NAMES = (DEEPSEEK, TINY)
@@ -167,6 +168,21 @@ class EngineConfig:
         help="benchmarks: decode top-k from the model's "
         "indexer, or from MODULE:FUNC[:JSON] (e.g. bench.trace:trace_source)",
     )
+    # Speculative decoding (engine_client/model/spec_runner.py, loop/speculative.py).
+    speculative: str = setting(
+        "none",
+        choices=SPECULATIVE,
+        help="mtp: the model's MTP layer drafts --draft-tokens tokens per step and each step "
+        "verifies them (D + 1 rows per request); the KV layout holds the MTP layer's KV as its "
+        "last layer (service modes: start the service with one more layer)",
+    )
+    draft_tokens: int = setting(1, help="speculative: drafts per verify step, 1..3")
+    draft_source: str = setting(
+        "mtp",
+        help="speculative: mtp (the model's MTP layer), or MODULE:FUNC[:JSON], a BENCHMARK-ONLY "
+        "source of drafts (bench.draft_replay:replay_source replays a recorded greedy run: "
+        "acceptance is the recording's, not the model's)",
+    )
     # The engine loop (engine_client/loop/engine.py).
     overlap: bool = setting(
         True,
@@ -284,6 +300,16 @@ class EngineConfig:
             raise ValueError(
                 f"decode_microbatches must be in 1..64, got {self.decode_microbatches}"
             )
+        if self.speculative not in SPECULATIVE:
+            raise ValueError(f"speculative must be one of {SPECULATIVE}, got {self.speculative!r}")
+        if not 1 <= self.draft_tokens <= MAX_DRAFT_TOKENS:
+            raise ValueError(
+                f"draft_tokens must be in 1..{MAX_DRAFT_TOKENS}, got {self.draft_tokens}"
+            )
+        if self.draft_source != "mtp" and ":" not in self.draft_source:
+            raise ValueError(
+                f"draft_source must be 'mtp' or MODULE:FUNC, got {self.draft_source!r}"
+            )
         if self.topk_source != "indexer" and ":" not in self.topk_source:
             raise ValueError(
                 f"topk_source must be 'indexer' or MODULE:FUNC, got {self.topk_source!r}"
@@ -292,6 +318,11 @@ class EngineConfig:
             raise ValueError("model_fingerprint must be at most 128 bytes of printable text")
         if self.log_level not in logging.getLevelNamesMapping():
             raise ValueError(f"log_level must be a logging level name, got {self.log_level!r}")
+
+    @property
+    def spec_tokens(self) -> int:
+        """Drafts per step: draft_tokens with --speculative mtp, else 0."""
+        return self.draft_tokens if self.speculative == "mtp" else 0
 
     @property
     def uses_service(self) -> bool:

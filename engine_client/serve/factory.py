@@ -34,6 +34,7 @@ from engine_client.model.compute import (
     build_compute,
     check_model_fits,
     choose_kernels,
+    load_draft_source,
     load_topk_source,
 )
 from engine_client.model.preset import TOKENIZERS, ModelConfig, preset
@@ -61,17 +62,27 @@ def load_vocabulary(cfg: EngineConfig) -> vocabulary.Vocabulary:
 def model_config(
     cfg: EngineConfig, vocab: vocabulary.Vocabulary, layout: KVLayout | None = None
 ) -> ModelConfig:
-    """The preset with --num-layers and the vocabulary size of `vocab`. In service modes the
-    service's `layout` decides the layers and top-k, which the model adopts; a model that cannot
-    take them (another --num-layers, a checkpoint with fewer layers) is refused with both values
-    named."""
-    overrides: dict = {"vocab_size": vocab.model_vocab_size}
+    """The preset with --num-layers, the vocabulary size of `vocab` (and the MTP layer with
+    --speculative mtp). In service modes the service's `layout` decides the layers and top-k,
+    which the model adopts; a model that cannot take them (another --num-layers, a checkpoint
+    with fewer layers) is refused with both values named. With --speculative mtp the layer
+    count is checked, not adopted: the layout must hold the model's decoder layers and, last,
+    the MTP layer's (a layout sized for the model alone would otherwise silently lose a decoder
+    layer to the MTP layer)."""
+    mtp = 1 if cfg.spec_tokens else 0
+    overrides: dict = {"vocab_size": vocab.model_vocab_size, "mtp_layers": mtp}
     if cfg.num_layers:
         overrides["num_layers"] = cfg.num_layers
     mcfg = preset(cfg.preset, **overrides)
     if layout is None:
         return mcfg
-    if cfg.num_layers is not None and cfg.num_layers != layout.num_layers:
+    if mtp and layout.num_layers != mcfg.kv_layers:
+        raise errors.LayoutMismatch(
+            f"--speculative mtp needs a KV layout of the model's {mcfg.num_layers} decoder "
+            f"layers + 1 MTP layer = {mcfg.kv_layers} layers, the KV service's has "
+            f"{layout.num_layers} (start it with --num-layers {mcfg.kv_layers})"
+        )
+    if cfg.num_layers is not None and cfg.num_layers != layout.num_layers - mtp:
         raise errors.LayoutMismatch(
             f"the engine was started with --num-layers {cfg.num_layers} but the KV service's "
             f"layout has {layout.num_layers} layers (leave --num-layers out to adopt it)"
@@ -81,7 +92,7 @@ def model_config(
             f"the checkpoint {cfg.checkpoint} holds {held} layers but the KV service's layout "
             f"has {layout.num_layers} layers"
         )
-    return mcfg.replace(num_layers=layout.num_layers, topk=layout.topk)
+    return mcfg.replace(num_layers=layout.num_layers - mtp, topk=layout.topk)
 
 
 def fingerprint(cfg: EngineConfig, mcfg: ModelConfig) -> str:
@@ -135,8 +146,9 @@ def baseline_control(
 
 
 def local_control(cfg: EngineConfig, mcfg: ModelConfig, device: str) -> KVControl:
-    """Baseline: the engine's own cache; embedded: a service core on local tensors."""
-    layout = cfg.local.layout(mcfg.num_layers, mcfg.topk)
+    """Baseline: the engine's own cache; embedded: a service core on local tensors (both hold
+    the MTP layer's KV as their last layer with --speculative mtp)."""
+    layout = cfg.local.layout(mcfg.kv_layers, mcfg.topk)
     if cfg.kv_mode == "baseline":
         return baseline_control(layout, device, cfg.engine_name, fingerprint(cfg, mcfg))
     from kv_service.core import ServiceCore
@@ -158,7 +170,9 @@ def _compute_thread(device: str) -> ThreadPoolExecutor:
 
 
 def _build_compute(cfg: EngineConfig, mcfg: ModelConfig, control: KVControl, device: str):
-    check_model_fits(mcfg, control.layout)
+    spec = cfg.spec_tokens
+    # The all-on-GPU baseline has no hot buffers for the verify rows to share.
+    check_model_fits(mcfg, control.layout, spec if cfg.kv_mode != "baseline" else 0)
     kernels = choose_kernels(cfg.kernels, device.split(":")[0])
     weights = (
         load_safetensors(cfg.checkpoint, mcfg, device)
@@ -167,7 +181,10 @@ def _build_compute(cfg: EngineConfig, mcfg: ModelConfig, control: KVControl, dev
     )
     swap_fn = exchange = None
     if isinstance(control, KVClient) and cfg.kv_mode == "service-remote-swap":
-        swap_fn, exchange = (lambda layer, bs: control.remote_swap(layer, bs)), control.exchange
+        swap_fn, exchange = (
+            (lambda layer, bs, rows: control.remote_swap(layer, bs, rows)),
+            control.exchange,
+        )
     max_batch = min(cfg.max_batch, control.layout.max_requests)
     page_table = control.page_table if isinstance(control, BaselineControl) else None
     backend = build_backend(
@@ -181,8 +198,12 @@ def _build_compute(cfg: EngineConfig, mcfg: ModelConfig, control: KVControl, dev
         exchange,
         cfg.decode_microbatches,
         page_table,
+        rows_per_request=spec + 1,
     )
     source = load_topk_source(cfg.topk_source, mcfg, control.layout, device)
+    drafts = (
+        load_draft_source(cfg.draft_source, mcfg, control.layout, device, spec) if spec else None
+    )
     return build_compute(
         mcfg,
         weights,
@@ -194,13 +215,19 @@ def _build_compute(cfg: EngineConfig, mcfg: ModelConfig, control: KVControl, dev
         topk_source=source,
         synthetic_context=cfg.synthetic_context,
         synthetic_shared=cfg.synthetic_shared,
+        draft_tokens=spec,
+        draft_source=drafts,
     )
 
 
 def _resumed(
-    held: HeldRequest, saved: state_file.SavedRequest, vocab: vocabulary.Vocabulary
+    held: HeldRequest,
+    saved: state_file.SavedRequest,
+    vocab: vocabulary.Vocabulary,
+    extra: int = 0,
 ) -> GenRequest | None:
-    if held.prompt_len != len(saved.prompt) or held.max_new_tokens != saved.max_new_tokens:
+    """extra: what our admissions reserve beyond max_new_tokens (speculative steps)."""
+    if held.prompt_len != len(saved.prompt) or held.max_new_tokens != saved.max_new_tokens + extra:
         log.warning("request %s: service and state file disagree, not resumed", held.request_id)
         return None
     req = GenRequest(
@@ -232,7 +259,12 @@ async def restore(engine: Engine, control: KVControl, saved: state_file.SavedSta
     """Adopt the held requests the state file knows; release the others."""
     for held in control.held:
         req = (
-            _resumed(held, saved.requests[held.request_id], engine.vocab)
+            _resumed(
+                held,
+                saved.requests[held.request_id],
+                engine.vocab,
+                engine.scheduler.reserve_extra,
+            )
             if held.request_id in saved.requests
             else None
         )
@@ -299,13 +331,15 @@ async def build_engine(cfg: EngineConfig, metrics: EngineMetrics | None = None) 
         max_active=cfg.max_batch,
         state=state,
         policy=policy,
-        overlap=cfg.overlap,
+        overlap=cfg.overlap and not cfg.spec_tokens,
         vocab=vocab,
         prefix_cache=cfg.prefix_cache,
         share_generated=cfg.prefix_share_generated,
         metrics=metrics,
     )
     engine.metrics.describe(device=device, kv_mode=cfg.kv_mode)
+    if cfg.overlap and cfg.spec_tokens:
+        log.info("speculative steps are not overlapped: a step's positions need the last one's")
     await restore(engine, control, saved)
     if state is not None:
         state.rewrite(

@@ -38,6 +38,7 @@ from engine_client.client import errors
 from engine_client.loop.engine import Engine
 from engine_client.loop.metrics import EngineMetrics
 from engine_client.loop.request import FailStatus, Finish, GenRequest, SamplingParams
+from engine_client.loop.synthetic import prompt_serial
 from engine_client.serve import prompt
 from engine_client.serve.config import EngineConfig
 from engine_client.serve.interceptor import EngineInterceptor
@@ -68,7 +69,6 @@ CONTEXT_FLAGS = {
 class DecodeServicer(pb_grpc.DecodeServiceServicer):
     def __init__(self, uses_service: bool = True) -> None:
         self.engine: Engine | None = None
-        self._serial = 0  # requests so far: names each synthetic context's own part
         self.context_flag = CONTEXT_FLAGS[uses_service]
 
     def _check(self, request: pb.GenerateRequest, ids: list[int]) -> str | None:
@@ -80,9 +80,11 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):
         if request.max_new_tokens < 1:
             return "max_new_tokens must be >= 1"
         room, synthetic = engine.compute.layout.max_context, engine.compute.synthetic_context
-        need = synthetic + len(ids) + request.max_new_tokens
+        spec = engine.scheduler.reserve_extra  # speculative steps' rows past the last token
+        need = synthetic + len(ids) + request.max_new_tokens + spec
         if need > room:
             extra = f" + {synthetic} synthetic context" if synthetic else ""
+            extra += f" + {spec} speculative rows" if spec else ""
             return (
                 f"prompt {len(ids)} + max_new_tokens {request.max_new_tokens}{extra} = {need} "
                 f"tokens, over the {room} a request may hold ({self.context_flag}): ask for at "
@@ -125,9 +127,9 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):
         params = SamplingParams(s.temperature, s.seed, tuple(s.stop_token_ids), tuple(s.stop))
         # Benchmarks: placeholder ids for the synthetic context, which Compute fills instead of
         # prefilling them.
-        self._serial += 1
         vocab = self.engine.compute.model.cfg.vocab_size
-        synthetic = self.engine.scheduler.synthetic.placeholders(self._serial, vocab)
+        serial = prompt_serial(ids)  # not the arrival order: runs reproduce a prompt's context
+        synthetic = self.engine.scheduler.synthetic.placeholders(serial, vocab)
         text = prompt.text_stream(request, self.engine.vocab)
         return self.engine.submit(
             synthetic + tuple(ids), request.max_new_tokens, params, text, request.cache_salt

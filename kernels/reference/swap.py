@@ -18,18 +18,13 @@ def flat_rows(x) -> torch.Tensor:
     return t.view(-1, t.shape[-1])
 
 
-def _ref_plan_request(
-    layer, r, row, seq_len, pages, token_slot, slot_token, lru_order, num_layers, page_size, window
-):
-    """Plan one offloaded (layer, request); returns (slots, [(host row, hot row)] per miss)."""
-    _, R, C = token_slot.shape
-    B, W, P = slot_token.shape[2], window, page_size
-    ts, st = token_slot[layer, r].tolist(), slot_token[layer, r].tolist()
-    order = lru_order[layer, r].tolist()
-    slots, hits, missed = [], set(), []
-    for i, t in enumerate(row):
+def _lookup(entries, seq_len, ts, pages, B, W, P, dedup):
+    """Slots of the window and LRU hits; the entries that miss (first occurrences when dedup)
+    and the repeats; every miss summed over rows."""
+    slots, hits, missed, repeats, first = [], set(), [], [], set()
+    for i, (t, row_len) in enumerate(entries):
         slots.append(-1)
-        if not 0 <= t < seq_len:
+        if not 0 <= t < row_len:
             continue
         if t >= seq_len - W:
             slots[i] = t % W
@@ -37,25 +32,45 @@ def _ref_plan_request(
             slots[i] = ts[t]
             hits.add(ts[t])
         elif pages[t // P] >= 0:
-            missed.append(i)
+            (repeats if dedup and t in first else missed).append(i)
+            first.add(t)
+    return slots, hits, missed, repeats
+
+
+def _ref_plan_request(
+    layer, r, entries, seq_len, pages, token_slot, slot_token, lru_order, dedup, num_layers, P, W
+):
+    """Plan one offloaded (layer, request) over entries [(position, its row's length)];
+    returns (slots, [(host row, hot row)] per miss, misses summed over rows)."""
+    _, R, C = token_slot.shape
+    B = slot_token.shape[2]
+    ts, st = token_slot[layer, r].tolist(), slot_token[layer, r].tolist()
+    order = lru_order[layer, r].tolist()
+    slots, hits, missed, repeats = _lookup(entries, seq_len, ts, pages, B, W, P, dedup)
+    row_misses = len(missed) + len(repeats)
     free = [s for s in order if s not in hits]
-    missed = missed[: len(free)]
-    victims = free[: len(missed)]
-    kept = free[len(missed) :]
+    placed, unplaced = missed[: len(free)], missed[len(free) :]
+    victims = free[: len(placed)]
+    kept = free[len(placed) :]
     lru_order[layer, r] = torch.tensor(kept + [s for s in order if s in hits] + victims)
     for v in victims:
         if 0 <= v < B and 0 <= st[v] < C:
             ts[st[v]] = -1
     misses = []
-    for i, v in zip(missed, victims):
-        t = row[i]
+    for i, v in zip(placed, victims):
+        t = entries[i][0]
         slots[i], ts[t] = v, v
         if 0 <= v < B:
             st[v] = t
         misses.append(((pages[t // P] * num_layers + layer) * P + t % P, (layer * R + r) * B + v))
+    if dedup:
+        for i in unplaced:  # the kernel's claim, given back
+            ts[entries[i][0]] = -1
+        for i in repeats:
+            slots[i] = ts[entries[i][0]]
     token_slot[layer, r] = torch.tensor(ts)
     slot_token[layer, r] = torch.tensor(st)
-    return slots, misses
+    return slots, misses, row_misses
 
 
 def ref_swap_plan(
@@ -77,36 +92,44 @@ def ref_swap_plan(
     num_layers,
     page_size,
     window,
+    rows_per_request=1,
+    out_miss_rows=None,
 ):
     """Reference of kernels.swap_plan.swap_plan (hit_flag is not needed here: left untouched)."""
     _, R, C = token_slot.shape
-    B = slot_token.shape[2]
-    rows = zip(topk.tolist(), seq_lens.tolist(), req_slots.tolist())
-    for b, (row, seq_len, r) in enumerate(rows):
+    B, G, k = slot_token.shape[2], rows_per_request, topk.shape[1]
+    rows, lens, req = topk.tolist(), seq_lens.tolist(), req_slots.tolist()
+    for g in range(len(rows) // G):
+        r = req[g * G]
         mode = int(req_mode[r]) if 0 <= r < R else 0
-        seq_len = min(max(seq_len, 0), C)
-        misses = []
+        row_lens = [min(max(n, 0), C) for n in lens[g * G : (g + 1) * G]]
+        entries = [(t, n) for row, n in zip(rows[g * G : (g + 1) * G], row_lens) for t in row]
+        misses, row_misses = [], 0
         if mode == MODE_OFFLOADED:
-            slots, misses = _ref_plan_request(
+            slots, misses, row_misses = _ref_plan_request(
                 layer,
                 r,
-                row,
-                seq_len,
+                entries,
+                max(row_lens),
                 page_table[r].tolist(),
                 token_slot,
                 slot_token,
                 lru_order,
+                G > 1,
                 num_layers,
                 page_size,
                 window,
             )
         else:
-            slots = [t if mode == MODE_RESIDENT and 0 <= t < min(seq_len, B) else -1 for t in row]
-        out_slots[b] = torch.tensor(slots, dtype=torch.int32)
+            resident = mode == MODE_RESIDENT
+            slots = [t if resident and 0 <= t < min(n, B) else -1 for t, n in entries]
+        out_slots[g * G : (g + 1) * G] = torch.tensor(slots, dtype=torch.int32).view(G, k)
         for j, (src, dst) in enumerate(misses):
-            out_miss_src[b, j] = src
-            out_miss_dst[b, j] = dst
-        out_miss_count[b] = len(misses)
+            out_miss_src[g, j] = src
+            out_miss_dst[g, j] = dst
+        out_miss_count[g] = len(misses)
+        if out_miss_rows is not None:
+            out_miss_rows[g] = row_misses
 
 
 def ref_miss_copy(host_rows, hot_rows, miss_src, miss_dst, miss_count):

@@ -819,6 +819,7 @@ class RemoteSwapRequest(_message.Message):
     EPOCH_FIELD_NUMBER: _builtins.int
     LAYER_FIELD_NUMBER: _builtins.int
     BATCH_SIZE_FIELD_NUMBER: _builtins.int
+    ROWS_PER_REQUEST_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Session id from Attach (attached with remote_swap = true)."""
     epoch: _builtins.int
@@ -826,7 +827,11 @@ class RemoteSwapRequest(_message.Message):
     layer: _builtins.int
     """Layer to swap in, 0 <= layer < num_layers."""
     batch_size: _builtins.int
-    """Batch rows used in the exchange tensors, 1 <= batch_size <= max_requests."""
+    """Batch rows used in the exchange tensors, 1 <= batch_size <= max_requests * rows_per_request."""
+    rows_per_request: _builtins.int
+    """Consecutive rows of one request that share one plan over the union of their top-k (a
+    speculative verify step's D + 1 rows), 1..4; 0 means 1. Must divide batch_size.
+    """
     def __init__(
         self,
         *,
@@ -834,10 +839,11 @@ class RemoteSwapRequest(_message.Message):
         epoch: _builtins.int = ...,
         layer: _builtins.int = ...,
         batch_size: _builtins.int = ...,
+        rows_per_request: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "epoch", b"epoch", "layer", b"layer", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "epoch", b"epoch", "layer", b"layer", "rows_per_request", b"rows_per_request", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -100,9 +100,10 @@ class KVCacheServiceStub:
       UNAVAILABLE (UNAVAILABLE): the service is starting. Retry: yes.
       FAILED_PRECONDITION (EPOCH_MISMATCH): the epoch is another service run's. Retry: no.
       NOT_FOUND (UNKNOWN_SESSION): no such live session. Retry: no.
-      INVALID_ARGUMENT (INVALID_ARGUMENT): the session does not own the exchange, layer or
-        batch_size out of range, req_slots of another session, a top-k row repeating a position
-        (those rows are not planned), or the message does not parse. Retry: no.
+      INVALID_ARGUMENT (INVALID_ARGUMENT): the session does not own the exchange, layer,
+        batch_size or rows_per_request out of range (or more rows per request than the layout
+        can plan), req_slots of another session, a top-k row repeating a position (those rows
+        are not planned), or the message does not parse. Retry: no.
       UNAUTHENTICATED (UNAUTHENTICATED): the bearer token is missing or wrong. Retry: no.
       INTERNAL (INTERNAL): a fault of the service, logged there. Retry: no.
     """
@@ -186,9 +187,10 @@ class KVCacheServiceAsyncStub(KVCacheServiceStub):
       UNAVAILABLE (UNAVAILABLE): the service is starting. Retry: yes.
       FAILED_PRECONDITION (EPOCH_MISMATCH): the epoch is another service run's. Retry: no.
       NOT_FOUND (UNKNOWN_SESSION): no such live session. Retry: no.
-      INVALID_ARGUMENT (INVALID_ARGUMENT): the session does not own the exchange, layer or
-        batch_size out of range, req_slots of another session, a top-k row repeating a position
-        (those rows are not planned), or the message does not parse. Retry: no.
+      INVALID_ARGUMENT (INVALID_ARGUMENT): the session does not own the exchange, layer,
+        batch_size or rows_per_request out of range (or more rows per request than the layout
+        can plan), req_slots of another session, a top-k row repeating a position (those rows
+        are not planned), or the message does not parse. Retry: no.
       UNAUTHENTICATED (UNAUTHENTICATED): the bearer token is missing or wrong. Retry: no.
       INTERNAL (INTERNAL): a fault of the service, logged there. Retry: no.
     """
@@ -287,9 +289,10 @@ class KVCacheServiceServicer(metaclass=_abc_1.ABCMeta):
           UNAVAILABLE (UNAVAILABLE): the service is starting. Retry: yes.
           FAILED_PRECONDITION (EPOCH_MISMATCH): the epoch is another service run's. Retry: no.
           NOT_FOUND (UNKNOWN_SESSION): no such live session. Retry: no.
-          INVALID_ARGUMENT (INVALID_ARGUMENT): the session does not own the exchange, layer or
-            batch_size out of range, req_slots of another session, a top-k row repeating a position
-            (those rows are not planned), or the message does not parse. Retry: no.
+          INVALID_ARGUMENT (INVALID_ARGUMENT): the session does not own the exchange, layer,
+            batch_size or rows_per_request out of range (or more rows per request than the layout
+            can plan), req_slots of another session, a top-k row repeating a position (those rows
+            are not planned), or the message does not parse. Retry: no.
           UNAUTHENTICATED (UNAUTHENTICATED): the bearer token is missing or wrong. Retry: no.
           INTERNAL (INTERNAL): a fault of the service, logged there. Retry: no.
         """
