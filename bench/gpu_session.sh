@@ -3,7 +3,7 @@
 # one slow stage cannot eat the others. Every log and JSON goes to $OUT/run/, packed at the end
 # into $OUT/run.tgz (the device tool returns at most 8 files); $OUT/summary.txt is the table.
 # Usage: bash bench/gpu_session.sh [stage ...]
-#   stages: tests sanitize kernels sweep profiles ncu e2e prefix gateway
+#   stages: tests sanitize kernels sweep profiles ncu e2e mtp prefix gateway
 #   TESTS="tests/x.py ..."  TEST_M="gpu" (pytest -m)  TEST_K="pytest -k expr"  TEST_S=240
 #   TEST_TIMEOUT=150  SAN_S=540 (compute-sanitizer memcheck, racecheck, synccheck over the churn
 #   test in all four KV modes; SANITIZE_TOOLS picks)  RACECHECK_STEPS=20
@@ -11,7 +11,7 @@
 #   SWEEP_S=150  SWEEP_ARGS="--batches 8,64,128"
 #   PROF_S=60 (each)  PROFILES="bf16:128:1 bf16:128:2" (row format:batch:micro-batches)
 #   PROFILE_ARGS="--context 32768 --warmup 6 --steps 3"  NCU_S=90  E2E_S=480  E2E_ARGS="..."
-#   PREFIX_S=120  PREFIX_ARGS="..."  GW_S=120  GW_ARGS="..."
+#   MTP_S=200  MTP_ARGS="..."  PREFIX_S=120  PREFIX_ARGS="..."  GW_S=120  GW_ARGS="..."
 set -uo pipefail
 OUT=${OUT:-.gpuout}
 RUN="$OUT/run"
@@ -66,6 +66,7 @@ for s in $STAGES; do
     e2e) stage e2e "${E2E_S:-480}" python3 bench/e2e.py ${E2E_ARGS:-} --out "$RUN/e2e.json" ;;
     gateway) stage gateway "${GW_S:-120}" python3 bench/gateway.py ${GW_ARGS:-} \
                --out "$RUN/gateway.json" ;;
+    mtp) stage mtp "${MTP_S:-200}" python3 bench/mtp.py ${MTP_ARGS:-} --out "$RUN/mtp.json" ;;
     prefix) stage prefix "${PREFIX_S:-120}" python3 bench/prefix.py ${PREFIX_ARGS:-} \
               --out "$RUN/prefix.json" ;;
     *) echo "unknown stage $s" ;;
