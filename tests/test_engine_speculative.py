@@ -143,10 +143,12 @@ def test_speculative_on_gpu_in_every_kv_mode(row_format) -> None:
         layout = dataclasses.replace(SPEC_LAYOUT, row_format=row_format)
         svc = start_service(path, layout, device="cuda")
         try:
-            runs = {
-                mode: asyncio.run(_run_jobs(on_gpu(spec_config(mode, svc, 2, replay)), JOBS))
-                for mode in MODES
-            }
+            runs = {}
+            for mode in MODES:
+                # Each run from an empty prefix cache: cached prompts would prefill less and
+                # batch the steps differently (the H200 run saw it in remote swap).
+                flush(svc)
+                runs[mode] = asyncio.run(_run_jobs(on_gpu(spec_config(mode, svc, 2, replay)), JOBS))
         finally:
             assert svc.stop() == 0, svc.log()
     _, base_logits, _ = runs["baseline"]

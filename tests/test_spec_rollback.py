@@ -91,7 +91,8 @@ def run(mode: str, kernels: KernelSet, weights, device: str, layout: KVLayout):
     model = Model(CFG, weights, be)
     model.topk_source = WindowTopk()
     out: list[torch.Tensor] = []
-    recording_mtp_block(model, out)
+    if device == "cpu":  # graphs replay the block without calling it: CUDA checks the logits
+        recording_mtp_block(model, out)
     # On CUDA the verify and draft steps replay CUDA graphs (remote swap runs eagerly).
     runner = SpecDecodeRunner(model, DecodeConfig(max_batch=2), D)
     slots, counts = list(CONTEXT), torch.zeros(3, dtype=torch.int64)
@@ -121,8 +122,10 @@ def test_rollback_and_ring_trap_read_the_right_rows_in_every_backend(device, row
     weights = random_weights(CFG, seed=3, device=device)
     layout = dataclasses.replace(LAYOUT, row_format=row_format)
     base, _, full, lens = run("baseline", kernels, weights, device, layout)
-    # Per step: verify logits, the MTP layer over the verify rows, D - 1 drafting passes.
-    assert len(base) == STEPS * (D + 1)
+    # Per step: verify logits, and on CPU the MTP layer over the verify rows and D - 1
+    # drafting passes. On CUDA the drafts still feed the next step's verify rows, so the
+    # logits check the MTP layer's argmax there.
+    assert len(base) == STEPS * (D + 1 if device == "cpu" else 1)
     for mode in ("embedded", "remote"):
         outs, counts, be, _ = run(mode, kernels, weights, device, layout)
         assert len(outs) == len(base)
