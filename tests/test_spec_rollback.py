@@ -66,7 +66,7 @@ def backend(mode: str, kernels: KernelSet, device: str, layout: KVLayout):
         reset_request(kv, slot, mode_of, list(range(start, start + layout.max_pages_per_request)))
     if mode == "embedded":
         return HiSparseBackend(kv, kernels=kernels, max_batch=2, rows_per_request=D + 1)
-    xchg = allocate_exchange(layout)
+    xchg = allocate_exchange(layout, device)
     swap = local_swap_fn(kv, xchg, kernels)
     return RemoteSwapBackend(
         kv, swap, kernels=kernels, xchg=xchg, max_batch=2, rows_per_request=D + 1
@@ -137,7 +137,9 @@ def test_rollback_and_ring_trap_read_the_right_rows_in_every_backend(device, row
         for layer in range(layout.num_layers):
             for t in range(lens[0]):
                 host = kv.host_kv[kv.page_table[0, t // P], layer, t % P]
-                assert torch.equal(layout.row.attn_rows(host)[0], full.full_kv[layer, 0, t])
+                assert torch.equal(
+                    layout.row.attn_rows(host)[0], full.full_kv[layer, 0, t].to(host.device)
+                )
         selected, misses, misses_rows = counts.tolist()
         # The offloaded request's rows shared their misses: each copied once.
         assert 0 < misses < misses_rows, (mode, counts)
