@@ -210,13 +210,26 @@ def sparse_mla_decode(
         cfg = launch or (
             _INTERPRETER_LAUNCH if INTERPRETED else launch_config(row_format, q_nope.shape[0])
         )
-        workspace.check(*q_nope.shape[:2], slots.shape[1])
+        workspace.check(q_nope.shape[0], q_nope.shape[1], slots.shape[1])
         score_pass(q_nope, q_pe, kv, row_base, slots, qk_scale, workspace, cfg, row_format)
         mix_pass(kv, row_base, slots, out, lse, workspace, cfg, row_format)
         return
-    args = (q_nope, q_pe, kv, row_base, slots, qk_scale, out, lse, row_format)
     if workspace is not None and workspace.num_splits > 1:
         check_split_workspace(workspace, *q_nope.shape)
-        split.launch_split(*args, workspace, **fused_knobs)
+        split.launch_split(
+            q_nope,
+            q_pe,
+            kv,
+            row_base,
+            slots,
+            qk_scale,
+            out,
+            lse,
+            row_format,
+            workspace,
+            **fused_knobs,
+        )
     else:
-        fused.launch_fused(*args, **fused_knobs)
+        fused.launch_fused(
+            q_nope, q_pe, kv, row_base, slots, qk_scale, out, lse, row_format, **fused_knobs
+        )

@@ -39,7 +39,7 @@ class _IdPool:
         if n > self.free:
             raise CapacityError(
                 f"{n} {self.unit} needed, {self.free} free of {self.total}",
-                **{
+                {
                     f"{self.unit}_needed": n,
                     f"{self.unit}_free": self.free,
                     f"{self.unit}_total": self.total,

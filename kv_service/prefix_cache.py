@@ -147,7 +147,7 @@ class PrefixCache:
         return len(freed)
 
     def _evict(self, n: int) -> None:
-        victims = []
+        victims: list[int] = []
         for page in self._lru:
             if len(victims) >= n:
                 break

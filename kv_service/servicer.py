@@ -49,7 +49,7 @@ def request_to_proto(r: RequestRecord) -> pb.RequestState:
     return pb.RequestState(
         request_id=r.request_id,
         slot=r.slot,
-        mode=r.mode,
+        mode=pb.ResidencyMode.ValueType(r.mode),
         seq_len=r.seq_len,
         reserved_tokens=r.reserved_tokens,
         prompt_len=r.prompt_len,
@@ -182,7 +182,7 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer):
             return pb.Admitted(
                 request_id=r.request_id,
                 slot=r.slot,
-                mode=r.mode,
+                mode=pb.ResidencyMode.ValueType(r.mode),
                 pages=r.pages,
                 reserved_tokens=r.reserved_tokens,
                 cached_tokens=r.cached_tokens,

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import grpc
 from google.protobuf import any_pb2
+from google.protobuf.message import Message
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
@@ -64,7 +65,7 @@ def status_of(exc: BaseException) -> Status:
     )
 
 
-def _packed(message: object) -> any_pb2.Any:
+def _packed(message: Message) -> any_pb2.Any:
     packed = any_pb2.Any()
     packed.Pack(message)
     return packed

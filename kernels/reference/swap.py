@@ -21,7 +21,10 @@ def flat_rows(x) -> torch.Tensor:
 def _lookup(entries, seq_len, ts, pages, B, W, P, dedup):
     """Slots of the window and LRU hits; the entries that miss (first occurrences when dedup)
     and the repeats; every miss summed over rows."""
-    slots, hits, missed, repeats, first = [], set(), [], [], set()
+    slots: list[int] = []
+    missed: list[int] = []
+    repeats: list[int] = []
+    hits, first = set(), set()
     for i, (t, row_len) in enumerate(entries):
         slots.append(-1)
         if not 0 <= t < row_len:
