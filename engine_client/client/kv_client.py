@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import grpc
 
@@ -106,7 +107,7 @@ class KVClient(Reattachment):
         expected_layout: KVLayout | None = None,
         resume_session_id: str = "",
         peer: reachability.Peer = reachability.KV_SERVICE_TARGET,
-        **kwargs,
+        **kwargs: Any,
     ) -> "KVClient":
         """Attach (resuming `resume_session_id` if given), map the memory, open the stream.
         `target`: a socket path, unix:PATH or HOST:PORT; `peer` words the error when nothing

@@ -191,6 +191,7 @@ class HiSparseBackend(SharedBackend):
     ) -> None:
         """The miss copy on the side stream, after what the main stream queued so far."""
         main, side = torch.cuda.current_stream(self.device), self._copy_stream
+        assert side is not None  # only called when overlap made the side stream
         done = self._copied.setdefault(row0, torch.cuda.Event())
         side.wait_stream(main)
         with torch.cuda.stream(side):

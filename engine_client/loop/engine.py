@@ -385,6 +385,7 @@ class Engine:
             self.scheduler.released()
         if self.state is not None and req.slot >= 0:
             self.state.ended(req.request_id)
+        assert req.finish is not None  # only finished requests are released
         log.info(
             "request %s %s after %d tokens",
             req.request_id,

@@ -228,4 +228,5 @@ class EngineMetrics:
             server.server_close()
             thread.join(timeout=5)
 
-        return server.server_address[:2], stop
+        host, port = server.server_address[:2]
+        return (str(host), port), stop  # str(): an AF_INET server's host is already a str

@@ -102,6 +102,7 @@ class Postprocessor:
         batch = out.batch
         rows: list[tuple[GenRequest, list[int]]] = list(zip(batch.decode, out.decode_tokens))
         if out.prefill_token is not None:
+            assert batch.prefill is not None  # a prefill token comes only with a prefill row
             rows.insert(0, (batch.prefill, [out.prefill_token]))
         rows = [(r, self._kept(r, t)) for r, t in rows if not r.finished]
         # Requests that ended before this step was post-processed are left out of its report;

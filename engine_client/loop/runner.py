@@ -85,10 +85,12 @@ class LaunchedStep:
         """Block until the step has finished on the device; its results (no other sync)."""
         b, batch = self.bufs, self.batch
         if b.end is not None:
+            assert b.start is not None  # on CUDA every step has both events, elsewhere neither
             b.end.synchronize()
             busy = b.start.elapsed_time(b.end) / 1e3
             prev = self.previous
-            idle = prev.bufs.end.elapsed_time(b.start) / 1e3 if prev is not None else None
+            prev_end = prev.bufs.end if prev is not None else None
+            idle = prev_end.elapsed_time(b.start) / 1e3 if prev_end is not None else None
         else:
             busy = b.cpu_end - b.cpu_start
             prev = self.previous
@@ -161,6 +163,7 @@ class StepRunner:
     def launch(self, batch: Batch) -> LaunchedStep:
         if self._out is None:
             self._allocate()
+        assert self._out is not None
         bufs = self._bufs[self._launches % BUFFER_SETS]
         self._launches += 1
         bufs.cpu_start = time.perf_counter()
@@ -197,6 +200,7 @@ class StepRunner:
 
     def _prefill(self, batch: Batch, bufs: _Buffers) -> None:
         c, req = self.compute, batch.prefill
+        assert req is not None and self._out is not None  # launch: a prefill, buffers allocated
         start, end = batch.prefill_range
         if batch.synthetic:
             be = c.model.backend
@@ -258,6 +262,7 @@ class StepRunner:
             batch.ids, batch.positions, batch.slots, [p + 1 for p in batch.positions]
         )
         tokens = sample_rows(logits, *self._sampling(bufs, batch.temps, batch.keys, 0))
+        assert self._out is not None  # allocated at the first launch
         self._out[:n].copy_(tokens)
         c.runner.remember(tokens, n)
 
@@ -270,6 +275,7 @@ class StepRunner:
         drafts = runner.step_drafts[:n]
         y, accepted = verify(logits, drafts, *self._sampling(bufs, batch.temps, batch.keys, 0))
         runner.draft(y, accepted)
+        assert self._out is not None  # allocated at the first launch
         self._out[: n * G].copy_(y.view(-1))
         self._spec[0, :n].copy_(accepted)
         self._spec[1, :n].copy_((drafts >= 0).sum(dim=1))

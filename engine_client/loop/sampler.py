@@ -65,6 +65,7 @@ def sample_rows(
     greedy = logits.argmax(dim=-1)
     if temps is None:
         return greedy
+    assert keys is not None, "sampling rows (temps given) need their keys"
     scaled = logits / temps.clamp(min=1e-6)[:, None] + gumbel(keys, logits.shape[-1])
     return torch.where(temps > 0, scaled.argmax(dim=-1), greedy)
 

@@ -126,8 +126,9 @@ class DecodeRunner:
     def _stage(self, rows: list[Sequence[int]]) -> None:
         """Copy the batch, padded, into the static inputs: one host -> device copy."""
         k = self.steps % 2
-        if self._staged[k] is not None:
-            self._staged[k].synchronize()  # the copy of two steps ago: long done
+        staged = self._staged[k]
+        if staged is not None:
+            staged.synchronize()  # the copy of two steps ago: long done
         st = self._staging[k]
         n = len(rows[0])
         st[:, :n] = torch.tensor(rows, dtype=torch.int32)
@@ -135,8 +136,8 @@ class DecodeRunner:
         st[_SLOTS, n:] = -1
         # The whole buffer: both sides contiguous, and rows past bs are padding anyway.
         self.inputs.copy_(st, non_blocking=True)
-        if self._staged[k] is not None:
-            self._staged[k].record()
+        if staged is not None:
+            staged.record()
 
     def remember(self, tokens: torch.Tensor, n: int) -> None:
         """Store tokens [n] (device) as the last tokens of the request slots of the step just
