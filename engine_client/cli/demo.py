@@ -228,7 +228,7 @@ class StopSignals:
     def _handle(self, signum: int, frame: object) -> None:
         if self.signum is None:
             self.signum = signum
-            if self._task is not None:
+            if self._task is not None and self._loop is not None:
                 self._loop.call_soon_threadsafe(self._task.cancel)
 
     def requested(self) -> bool:
@@ -291,7 +291,7 @@ def run_demo(cfg: DemoConfig) -> int:
         ok = _shutdown(children, instance) and ok
         shutil.rmtree(workdir, ignore_errors=True)
         stop.restore()
-    if stop.requested():
+    if stop.signum is not None:
         print("demo stopped; processes and files cleaned up", flush=True)
         return 128 + stop.signum
     print("demo finished cleanly" if ok else "demo FAILED", flush=True)

@@ -9,7 +9,7 @@ import asyncio
 import logging
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from contract import flags
 from engine_client.cli.config import DemoConfig, GenerateConfig
@@ -103,7 +103,7 @@ def _generate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         print(f"generate: {e}", file=sys.stderr)
         return 2
 
-    shown = []
+    shown: list[int | str] = []
 
     def show(index: int, token: int) -> None:
         shown.append(token)
@@ -184,12 +184,14 @@ def _main(argv: Sequence[str] | None, env: Mapping[str, str] | None) -> int:
     )
     from engine_client.client import errors
 
+    # Both take the EngineConfig and return the exit status (their parameter names differ).
+    run_engine: Callable[[EngineConfig], int]
     if cfg.http is not None:
-        from engine_client.gateway.server import run_beside_engine as run
+        from engine_client.gateway.server import run_beside_engine as run_engine
     else:
-        from engine_client.serve.server import run
+        from engine_client.serve.server import run as run_engine
     try:
-        return run(cfg)
+        return run_engine(cfg)
     except errors.KVError as e:
         # Expected failures (service unreachable, layout mismatch, ...): the message says it all.
         logging.getLogger("engine_client").error("engine failed: %s", e)

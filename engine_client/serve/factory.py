@@ -15,6 +15,7 @@ import asyncio
 import dataclasses
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, cast
 
 import torch
 
@@ -106,7 +107,7 @@ async def connect_service(
     cfg: EngineConfig, saved: state_file.SavedState, model_fingerprint: str = ""
 ) -> KVClient:
     """Attach to the service, resuming the saved session if the service still has it."""
-    kwargs = dict(
+    kwargs: dict[str, Any] = dict(
         model_fingerprint=model_fingerprint,
         engine_name=cfg.engine_name,
         token=cfg.token,
@@ -223,7 +224,7 @@ def _build_compute(cfg: EngineConfig, mcfg: ModelConfig, control: KVControl, dev
 def _resumed(
     held: HeldRequest,
     saved: state_file.SavedRequest,
-    vocab: vocabulary.Vocabulary,
+    vocab: vocabulary.Vocabulary | None,
     extra: int = 0,
 ) -> GenRequest | None:
     """extra: what our admissions reserve beyond max_new_tokens (speculative steps)."""
@@ -239,6 +240,7 @@ def _resumed(
         cached_tokens=held.cached_tokens,
     )
     if saved.text:  # replaying the tokens rebuilds the text and finds stop strings again
+        assert vocab is not None  # a request with text was made by an engine with a vocabulary
         req.text = TextStream(vocab, saved.sampling.stop_strings)
     now = req.started
     for tok in saved.tokens:
@@ -291,14 +293,19 @@ async def build_engine(cfg: EngineConfig, metrics: EngineMetrics | None = None) 
             cfg.state_file,
             cfg.kv_mode,
         )
-    saved = state_file.load(cfg.state_file) if cfg.resumable else state_file.SavedState()
+    # The state file path when resumable (which implies one), as a str | None mypy narrows.
+    state_path = cfg.state_file if cfg.resumable else None
+    saved = state_file.load(state_path) if state_path is not None else state_file.SavedState()
     if cfg.uses_service:
         # The fingerprint is named at Attach, before the layout is adopted: it names the
         # preset's shapes as configured (every engine of one service adopts the same layers
         # and top-k, so equal fingerprints still mean one model there).
         named = fingerprint(cfg, model_config(cfg, vocab))
-        control: KVControl = await connect_service(cfg, saved, named)
-        device = control.device
+        client = await connect_service(cfg, saved, named)
+        device = client.device
+        # An attached client (what connect returns) has its layout: KVControl's `layout` is
+        # never None then, which KVClient's own `KVLayout | None` attribute cannot say.
+        control = cast(KVControl, client)
         try:
             if cfg.device != "auto" and cfg.device != device.split(":")[0]:
                 raise errors.LayoutMismatch(f"engine device {cfg.device} but service on {device}")
@@ -318,7 +325,7 @@ async def build_engine(cfg: EngineConfig, metrics: EngineMetrics | None = None) 
         executor.shutdown()
         await control.close()
         raise
-    state = state_file.StateFile(cfg.state_file) if cfg.resumable else None
+    state = state_file.StateFile(state_path) if state_path is not None else None
     policy = QueueLimits(
         order=queue_policy(cfg.queue_policy, cfg.skip_ahead),
         max_queue_wait=cfg.max_queue_wait,

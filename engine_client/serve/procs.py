@@ -98,8 +98,14 @@ class ManagedProcess:
         assert self.proc is not None
         return self.proc.pid
 
+    def running(self) -> subprocess.Popen | None:
+        """The child while it runs; None before `start` and once it has exited."""
+        if self.proc is not None and self.proc.poll() is None:
+            return self.proc
+        return None
+
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.running() is not None
 
     def log(self, tail: int | None = 4000) -> str:
         """The last `tail` characters of the child's output (None: all of it)."""
@@ -126,9 +132,8 @@ class ManagedProcess:
             stub = health_pb2_grpc.HealthStub(channel)
             while time.monotonic() < deadline:
                 if not self.alive():
-                    raise ChildFailed(
-                        f"{self.name} exited with {self.proc.returncode}:\n{self.log()}"
-                    )
+                    code = None if self.proc is None else self.proc.returncode
+                    raise ChildFailed(f"{self.name} exited with {code}:\n{self.log()}")
                 if abort is not None and abort():
                     raise ChildFailed(f"{self.name}: start-up abandoned")
                 window = min(1.0, max(0.05, deadline - time.monotonic()))
@@ -162,8 +167,8 @@ class ManagedProcess:
             raise ChildFailed(f"{self.name} health: {e.code().name}: {e.details()}") from None
 
     def signal(self, sig: int) -> None:
-        if self.alive():
-            self.proc.send_signal(sig)
+        if (proc := self.running()) is not None:
+            proc.send_signal(sig)
 
     def wait_exit(self, timeout: float = 30.0) -> int:
         """The exit status once the child ends by itself (subprocess.TimeoutExpired if not)."""
@@ -174,18 +179,18 @@ class ManagedProcess:
         """SIGTERM and wait; SIGKILL if it does not exit in time. Returns the exit status."""
         if self.proc is None:
             return 0
-        if self.alive():
-            self.proc.send_signal(signal.SIGTERM)
+        if (proc := self.running()) is not None:
+            proc.send_signal(signal.SIGTERM)
             try:
-                return self.proc.wait(timeout)
+                return proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
+                proc.kill()
         return self.proc.wait(10)
 
     def kill(self) -> None:
-        if self.alive():
-            self.proc.kill()
-            self.proc.wait(10)
+        if (proc := self.running()) is not None:
+            proc.kill()
+            proc.wait(10)
 
 
 def service_command(

@@ -74,6 +74,7 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):
     def _check(self, request: pb.GenerateRequest, ids: list[int]) -> str | None:
         """Why the request is invalid, or None."""
         engine = self.engine
+        assert engine is not None  # _open turns requests away until the engine is set
         vocab = engine.compute.model.cfg.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
             return f"token ids must be in [0, {vocab})"
@@ -98,7 +99,9 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):
         return None
 
     async def _tokenize(self, request: pb.GenerateRequest) -> list[int]:
+        assert self.engine is not None  # _open turns requests away until the engine is set
         vocab = self.engine.vocab
+        assert vocab is not None  # build_engine gives the served engine its vocabulary
         prompt.check_stop(request)
         if prompt.is_long(request):
             return await asyncio.to_thread(prompt.tokenize, request, vocab)
@@ -109,6 +112,7 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):
     ) -> GenRequest:
         if self.engine is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the engine is starting")
+        assert self.engine is not None  # context.abort raised (grpc is untyped: mypy cannot see)
         if self.engine.failure is not None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(self.engine.failure))
         if request.resume_request_id:
@@ -130,6 +134,7 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):
         vocab = self.engine.compute.model.cfg.vocab_size
         serial = prompt_serial(ids)  # not the arrival order: runs reproduce a prompt's context
         synthetic = self.engine.scheduler.synthetic.placeholders(serial, vocab)
+        assert self.engine.vocab is not None  # build_engine gives the served engine its vocabulary
         text = prompt.text_stream(request, self.engine.vocab)
         return self.engine.submit(
             synthetic + tuple(ids), request.max_new_tokens, params, text, request.cache_salt
@@ -137,6 +142,7 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         req = await self._open(request, context)
+        assert self.engine is not None  # _open aborted without one
         final_sent = False
         try:
             # The id before any token: a client can resume the request even if we stop in prefill.
@@ -175,7 +181,8 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):
     def _finalize(self, resp: pb.GenerateResponse, req: GenRequest) -> pb.GenerateResponse:
         c = req.counters
         resp.finished = True
-        resp.finish_reason = int(req.finish)
+        assert req.finish is not None and self.engine is not None  # a finished, served request
+        resp.finish_reason = pb.FinishReason.ValueType(int(req.finish))
         resp.error_message = req.error
         resp.stats.CopyFrom(pb.FinalStats(hits=c.hits, misses=c.misses, bytes_moved=c.bytes_moved))
         # Usage counts the client's prompt, not the synthetic context of benchmarks before it;
