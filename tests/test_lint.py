@@ -45,7 +45,7 @@ def test_ruff_format_is_clean() -> None:
     assert done.returncode == 0, f"ruff format would change files:\n{done.stdout}\n{done.stderr}"
 
 
-def test_mypy_passes_on_contract_and_client_library() -> None:
+def test_mypy_passes_on_the_whole_package() -> None:
     done = run_tool("mypy")
     assert done.returncode == 0, f"mypy failed:\n{done.stdout}\n{done.stderr}"
     assert "Success" in done.stdout
