@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from contract.handle import pid_alive
+
 log = logging.getLogger(__name__)
 
 # torch's process-wide shm handles: "/torch_<pid>_<random>_<counter>" (ATen MapAllocator).
@@ -137,13 +139,15 @@ def _describe(ref: object, held: object) -> str:
     return type(ref).__qualname__
 
 
-def remove_counter_files(counter_names: list[str], alive: bool, shm_dir: str = SHM_DIR) -> int:
-    """Unlink torch's reference counter files of a dead exporter (named in its IPC handles);
-    a live exporter unlinks its own. Returns how many were removed."""
-    if alive:
-        return 0
+def remove_counter_files(
+    counters: list[tuple[int, str]], shm_dir: str = SHM_DIR
+) -> tuple[int, list[tuple[int, str]]]:
+    """Unlink torch's reference counter files (exporter pid, name from its IPC handles) of
+    exporters that are dead; a live exporter unlinks its own, and one still exiting (or not yet
+    reaped) may be tried again later. Returns how many were removed and the entries kept."""
+    dead = {pid for pid, _ in counters if not pid_alive(pid)}
     removed = 0
-    for name in set(counter_names):
+    for name in {name for pid, name in counters if pid in dead}:
         if COUNTER_FILE_RE.fullmatch(name) is None:
             continue  # not a name torch makes: never unlink it
         try:
@@ -151,7 +155,7 @@ def remove_counter_files(counter_names: list[str], alive: bool, shm_dir: str = S
             removed += 1
         except FileNotFoundError:
             pass
-    return removed
+    return removed, [(pid, name) for pid, name in counters if pid not in dead]
 
 
 def counter_files_of(pid: int, shm_dir: str = SHM_DIR) -> list[str]:

@@ -58,6 +58,8 @@ def test_counter_files_of_a_dead_exporter_are_removed(shm: str) -> None:
     for name in (mine, dead, other):
         open(os.path.join(shm, name.lstrip("/")), "w").close()
     assert counter_files_of(4194999, shm) == [dead]
-    assert remove_counter_files([dead], alive=True, shm_dir=shm) == 0  # its owner unlinks it
-    assert remove_counter_files([dead, dead, other], alive=False, shm_dir=shm) == 1
+    live = (os.getpid(), dead)  # named by a live exporter: its owner unlinks it
+    assert remove_counter_files([live], shm_dir=shm) == (0, [live])
+    ghost = 4194999  # above Linux's largest pid: never alive
+    assert remove_counter_files([(ghost, dead), (ghost, dead), (ghost, other)], shm) == (1, [])
     assert sorted(os.listdir(shm)) == sorted(n.lstrip("/") for n in (mine, other))

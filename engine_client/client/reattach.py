@@ -177,11 +177,7 @@ class Reattachment:
     def _remove_stale_counters(self) -> None:
         """Unlink the counter files of lost exporters that are dead by now. One that still runs
         (exiting, or not yet reaped) is tried again at the next re-attach."""
-        pids = {pid for pid, _ in self._stale_counters}
-        dead = {pid for pid in pids if not handle.pid_alive(pid)}
-        names = [name for pid, name in self._stale_counters if pid in dead]
-        self._stale_counters = [(p, n) for p, n in self._stale_counters if p not in dead]
-        removed = remove_counter_files(names, alive=False)
+        removed, self._stale_counters = remove_counter_files(self._stale_counters)
         if removed:
             log.info("removed %d CUDA IPC counter files of the dead service", removed)
 
