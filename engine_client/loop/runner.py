@@ -139,6 +139,12 @@ class StepRunner:
         slots = self.compute.backend.max_requests
         self._bufs = [_Buffers(rows + 1, m, slots, self.cuda) for _ in range(BUFFER_SETS)]
 
+    @property
+    def _tokens(self) -> torch.Tensor:
+        """The step's sampled tokens on the device (allocated at the first launch)."""
+        assert self._out is not None, "read before the first launch"
+        return self._out
+
     def idle(self) -> None:
         """The engine waited for work: the next step's idle gap is not the device's fault."""
         self._last = None
@@ -163,7 +169,6 @@ class StepRunner:
     def launch(self, batch: Batch) -> LaunchedStep:
         if self._out is None:
             self._allocate()
-        assert self._out is not None
         bufs = self._bufs[self._launches % BUFFER_SETS]
         self._launches += 1
         bufs.cpu_start = time.perf_counter()
@@ -174,7 +179,7 @@ class StepRunner:
         if batch.decode:
             self._decode(batch, bufs)
         counts = self.compute.backend.counts
-        bufs.tokens.copy_(self._out, non_blocking=True)
+        bufs.tokens.copy_(self._tokens, non_blocking=True)
         bufs.spec.copy_(self._spec, non_blocking=True)
         bufs.counts.copy_(counts, non_blocking=True)
         counts.zero_()
@@ -200,7 +205,7 @@ class StepRunner:
 
     def _prefill(self, batch: Batch, bufs: _Buffers) -> None:
         c, req = self.compute, batch.prefill
-        assert req is not None and self._out is not None  # launch: a prefill, buffers allocated
+        assert req is not None  # launched as a prefill
         start, end = batch.prefill_range
         if batch.synthetic:
             be = c.model.backend
@@ -224,10 +229,10 @@ class StepRunner:
         token = None
         if batch.first is not None:
             temp, key = batch.first
-            last = self._out.shape[0] - 1
+            last = self._tokens.shape[0] - 1
             temps, keys = self._sampling(bufs, [temp], [key], last) if temp else (None, None)
             token = sample_rows(logits[None], temps, keys)
-            self._out[-1:].copy_(token)
+            self._tokens[-1:].copy_(token)
             c.runner.remember_slot(req.slot, token)
         if c.draft_tokens:
             self._prefill_drafts(req, start, end, states, token)
@@ -262,8 +267,7 @@ class StepRunner:
             batch.ids, batch.positions, batch.slots, [p + 1 for p in batch.positions]
         )
         tokens = sample_rows(logits, *self._sampling(bufs, batch.temps, batch.keys, 0))
-        assert self._out is not None  # allocated at the first launch
-        self._out[:n].copy_(tokens)
+        self._tokens[:n].copy_(tokens)
         c.runner.remember(tokens, n)
 
     def _verify(self, batch: Batch, bufs: _Buffers) -> None:
@@ -275,7 +279,6 @@ class StepRunner:
         drafts = runner.step_drafts[:n]
         y, accepted = verify(logits, drafts, *self._sampling(bufs, batch.temps, batch.keys, 0))
         runner.draft(y, accepted)
-        assert self._out is not None  # allocated at the first launch
-        self._out[: n * G].copy_(y.view(-1))
+        self._tokens[: n * G].copy_(y.view(-1))
         self._spec[0, :n].copy_(accepted)
         self._spec[1, :n].copy_((drafts >= 0).sum(dim=1))
