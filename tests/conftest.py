@@ -1,4 +1,5 @@
 import os
+import sys
 
 import pytest
 import torch
@@ -24,15 +25,22 @@ def pytest_collection_modifyitems(config, items):
 def pytest_sessionfinish(session, exitstatus):
     """Fail the run when it leaves temporary files, /dev/shm files or processes behind."""
     left = SESSION.leftovers()
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if left:
-        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         lines = [f"the test session left these behind ({len(left)}):", *left]
         if reporter is not None:
             reporter.write_sep("=", "leftovers", red=True)
             for line in lines:
                 reporter.write_line(line)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
-    SESSION.end(keep=bool(left) or exitstatus != 0)
+    kept = SESSION.end(keep=bool(left) or exitstatus != 0)
+    if kept is not None:
+        # A failed session keeps its files (logs, pytest's tmp_path) for a look: say where.
+        message = f"this session's temporary files are kept for a look (rm -r when done): {kept}"
+        if reporter is not None:
+            reporter.write_line(message)
+        else:
+            print(message, file=sys.stderr)
 
 
 @pytest.fixture

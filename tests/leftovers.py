@@ -68,10 +68,13 @@ class Session:
                 os.kill(pid, signal.SIGKILL)
         return left
 
-    def end(self, keep: bool) -> None:
-        """Remove the root, unless asked to keep it for a look (and it holds something)."""
+    def end(self, keep: bool) -> str | None:
+        """Remove the root, unless asked to keep it for a look (and it holds something); return
+        its path when kept, for the run's output to name it."""
         if not keep or not _listdir(self.root):
             shutil.rmtree(self.root, ignore_errors=True)
+            return None
+        return self.root
 
 
 def _listdir(path: str) -> list[str]:

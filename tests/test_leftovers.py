@@ -43,3 +43,16 @@ def test_leftovers_of_a_session_are_named_and_its_children_killed() -> None:
 def test_the_session_writes_its_temporary_files_under_its_own_root() -> None:
     assert os.path.basename(tempfile.gettempdir()).startswith("hsrun")
     assert os.environ["TMPDIR"] == tempfile.gettempdir()
+
+
+def test_a_kept_root_is_named_and_a_clean_one_removed() -> None:
+    kept = Session(tempfile.mkdtemp(prefix="hsrun", dir="/tmp"))
+    gone = Session(tempfile.mkdtemp(prefix="hsrun", dir="/tmp"))
+    try:
+        for s in (kept, gone):
+            open(os.path.join(s.root, "log"), "w").close()
+        assert kept.end(keep=True) == kept.root and os.path.isdir(kept.root)
+        assert gone.end(keep=False) is None and not os.path.exists(gone.root)
+    finally:
+        shutil.rmtree(kept.root, ignore_errors=True)
+        shutil.rmtree(gone.root, ignore_errors=True)
