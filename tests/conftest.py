@@ -16,13 +16,28 @@ SESSION = Session.begin()
 FROM_WORKERS: dict[str, list[str]] = {"leftovers": [], "kept": []}
 
 
-def pytest_xdist_auto_num_workers(config):
-    """`-n auto` (pyproject's addopts): two workers on a CPU machine of two cores or more, as
-    CI's; on a CUDA machine one process, so the GPU tests run one at a time as they always did.
-    PYTEST_XDIST_AUTO_NUM_WORKERS, or `-n N` on the command line, overrides it."""
-    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
-        return None  # xdist's own hook reads it
-    return 0 if torch.cuda.is_available() else min(2, os.cpu_count() or 1)
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """Two pytest-xdist workers on a CPU machine of two cores or more, as CI's, when xdist is
+    installed (the `test` extra) and the command line does not say (`-n 0`: one process). On a
+    CUDA machine one process, so the GPU tests run one at a time as they always did. Here rather
+    than in pyproject's addopts, so that an environment without xdist still runs the tests. Runs
+    before xdist's own hook, which turns the worker count into workers."""
+    workers = min(2, os.cpu_count() or 1)
+    if (
+        hasattr(config, "workerinput")  # a worker itself
+        or not config.pluginmanager.has_plugin("xdist")
+        or config.getoption("numprocesses", None) is not None
+        or config.getoption("usepdb", False)
+        or torch.cuda.is_available()
+        or workers < 2
+    ):
+        return None
+    config.option.numprocesses = workers
+    if config.option.dist == "no":
+        # A worker out of tests takes some of the other's queue: one long test ends no run alone.
+        config.option.dist = "worksteal"
+    return None
 
 
 def pytest_collection_modifyitems(config, items):
