@@ -10,6 +10,8 @@ import subprocess
 import sys
 import tempfile
 
+import pytest
+
 from tests import leftovers
 from tests.leftovers import Session
 
@@ -75,6 +77,7 @@ def test_leaves_a_process():
 def test_leftovers_of_xdist_workers_fail_the_run_and_are_named(tmp_path) -> None:
     """Two workers, each a session with its own check: the controller reports what they left
     and the roots they kept, and the run fails although every test passed."""
+    pytest.importorskip("xdist")
     (tmp_path / "conftest.py").write_text("from tests.conftest import *  # noqa: F403\n")
     (tmp_path / "test_leaky.py").write_text(LEAKY)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
