@@ -97,9 +97,9 @@ async def _decode(kv_mode: str, row_format: str, device: str) -> None:
     engine.start()
     try:
         reqs = [engine.submit(tuple(range(3, 3 + n)), new, SamplingParams()) for n, new in PROMPTS]
-        while not all(r.finished for r in reqs):
-            engine.stepped.clear()
-            await asyncio.wait_for(engine.stepped.wait(), timeout=600)
+        async with asyncio.timeout(600):
+            while not all(r.finished for r in reqs):
+                await asyncio.sleep(0.01)  # the engine's loop runs meanwhile
     finally:
         await engine.stop()
 
