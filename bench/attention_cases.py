@@ -1,5 +1,5 @@
 """Attention cases of bench/kernels.py: the two-pass decode the engine runs (its measured launch
-table, kernels/attention_configs.py) against the fused kernel's settings, per row format, in
+table, kernels/attention/configs.py) against the fused kernel's settings, per row format, in
 TFLOPS-equivalent (2 * 128 * 2048 * 1088 = 570 MFLOP per request-layer) and as a multiple of
 the same run's floors: HBM (the rows read once) and bf16 matmul (the FLOPs at the measured
 rate). bench/attention_sweep.py is the full launch sweep behind the table."""
@@ -24,7 +24,7 @@ VARIANTS = [
 def inputs(bs: int, fmt: str):
     """Random q, rows (quantized for fp8), bases and distinct slots for bs requests."""
     from kernels.formats import ROW_FORMATS
-    from kernels.fp8_row import kv_quantize
+    from kernels.store.fp8_row import kv_quantize
 
     row_format = ROW_FORMATS[fmt]
     kv = torch.randn((bs * B, 576), device="cuda", dtype=torch.bfloat16)
@@ -39,8 +39,8 @@ def inputs(bs: int, fmt: str):
 
 
 def attention_sweep(bs: int, ceil: dict, reps: int, fmt: str = "bf16") -> list[Row]:
+    from kernels.attention.sparse import AttnWorkspace, TileWorkspace, sparse_mla_decode
     from kernels.formats import ROW_FORMATS
-    from kernels.sparse_attention import AttnWorkspace, TileWorkspace, sparse_mla_decode
 
     row_format = ROW_FORMATS[fmt]
     q_nope, q_pe, kv, row_base, slots = inputs(bs, fmt)

@@ -1,4 +1,4 @@
-"""Sweep of the two-pass sparse MLA decode (kernels/attention_two_pass.py) against the fused
+"""Sweep of the two-pass sparse MLA decode (kernels/attention/two_pass.py) against the fused
 kernel, per row format and batch size, at V3.2's decode shape (H 128, k 2048, B 4096).
 
     python bench/attention_sweep.py [--batches 8,32,64,128,256] [--quick] [--out PATH]
@@ -7,7 +7,7 @@ The score and mix passes are timed apart (CUDA graphs, one variant at a time), f
 launch variant of each; per tile size (BLOCK_T, which fixes the bits) the best score plus the
 best mix is then timed together and checked: against the fp64 reference at a small batch, and
 bit for bit against every other launch of the same tile size. Prints a table and the proposed
-kernels/attention_configs.py entries; writes JSON. Rooflines: per request-layer 570 MFLOP
+kernels/attention/configs.py entries; writes JSON. Rooflines: per request-layer 570 MFLOP
 (2 * 128 * 2048 * 1088) over the same run's bf16 matmul rate, and the KV bytes over HBM.
 """
 
@@ -24,17 +24,17 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.timing import graph_time_us, measure_ceilings  # noqa: E402
-from kernels.attention_configs import LaunchConfig  # noqa: E402
-from kernels.formats import ROW_FORMATS  # noqa: E402
-from kernels.fp8_row import kv_quantize  # noqa: E402
-from kernels.reference import ref_sparse_mla_decode  # noqa: E402
-from kernels.sparse_attention import (  # noqa: E402
+from kernels.attention.configs import LaunchConfig  # noqa: E402
+from kernels.attention.sparse import (  # noqa: E402
     AttnWorkspace,
     TileWorkspace,
     mix_pass,
     score_pass,
     sparse_mla_decode,
 )
+from kernels.formats import ROW_FORMATS  # noqa: E402
+from kernels.reference import ref_sparse_mla_decode  # noqa: E402
+from kernels.store.fp8_row import kv_quantize  # noqa: E402
 
 H, K, B, SCALE = 128, 2048, 4096, 576**-0.5
 CUDA = torch.cuda.is_available()

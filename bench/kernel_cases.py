@@ -21,7 +21,7 @@ def _distinct(n_rows: int, count: int, lo: int, hi: int) -> torch.Tensor:
 
 
 def miss_copy_case(ceil: dict, reps: int) -> list[Row]:
-    from kernels.miss_copy import miss_copy
+    from kernels.swap.miss_copy import miss_copy
 
     rows = []
     for d in (1152, 656):

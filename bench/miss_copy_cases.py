@@ -61,11 +61,11 @@ class _Tier:
 
 
 def _copy_fn(host: torch.Tensor, hot: torch.Tensor, lists, **kw):
-    from kernels.miss_copy import default_programs, miss_copy
+    from kernels.swap.miss_copy import default_programs, miss_copy
 
     per_sm = kw.pop("programs_per_sm", None)
     if per_sm is not None:
-        from kernels.miss_copy import PROGRAMS_PER_SM
+        from kernels.swap.miss_copy import PROGRAMS_PER_SM
 
         kw["programs"] = default_programs(hot.device) * per_sm // PROGRAMS_PER_SM
     uva = UVATensor(host)

@@ -34,9 +34,9 @@ def copy_tier_case(ceil: dict, reps: int) -> list[Row]:
 
 
 def _score_fn(bs: int, fmt: str):
-    from kernels.attention_configs import launch_config
+    from kernels.attention.configs import launch_config
+    from kernels.attention.sparse import TileWorkspace, score_pass
     from kernels.formats import ROW_FORMATS
-    from kernels.sparse_attention import TileWorkspace, score_pass
 
     q, qp, kv, base, slots = inputs(bs, fmt)
     row_format = ROW_FORMATS[fmt]

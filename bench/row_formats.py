@@ -26,8 +26,8 @@ _PROBE = """
 import json, sys, torch
 from bench.timing import graph_time_us
 from kernels.formats import ROW_FORMATS
-from kernels.fp8_row import kv_quantize
-from kernels.sparse_attention import TileWorkspace, sparse_mla_decode
+from kernels.store.fp8_row import kv_quantize
+from kernels.attention.sparse import TileWorkspace, sparse_mla_decode
 fmt, H, K, B = ROW_FORMATS[sys.argv[1]], *map(int, sys.argv[2:5])
 out = {}
 for bs in map(int, sys.argv[5].split(",")):

@@ -32,8 +32,8 @@ INDEXER_VARIANTS = {
 
 def indexer_case(ceil: dict, reps: int) -> list[Row]:
     from kernels.formats import INDEX_FORMATS
-    from kernels.indexer import indexer_scores
     from kernels.reference import page_views
+    from kernels.select.indexer import indexer_scores
 
     rows = []
     pages = C // P
@@ -81,8 +81,8 @@ TOPK_VARIANTS = [
 
 
 def topk_case(ceil: dict, reps: int) -> list[Row]:
-    from kernels.indexer import topk_select
-    from kernels.topk import TopkWorkspace
+    from kernels.select.indexer import topk_select
+    from kernels.select.topk import TopkWorkspace
 
     scores = torch.randn((BS, C), device="cuda", dtype=torch.float32)
     sl = torch.full((BS,), C, dtype=torch.int32, device="cuda")

@@ -38,7 +38,7 @@ class PlanState:
         self.plan_with()
 
     def plan_with(self, **knobs) -> None:
-        from kernels.swap_plan import swap_plan
+        from kernels.swap.plan import swap_plan
 
         swap_plan(
             0,
@@ -129,7 +129,7 @@ def _next_step(first: torch.Tensor, ctx: int, frac: float) -> torch.Tensor:
 def _swap(st: PlanState, first: torch.Tensor, reps: int, d: int = 1152, frac: float = 0.1):
     """(plan + copy µs, plan alone µs, miss rows, same-run contiguous pinned copy µs of the
     same bytes) for one decode step whose selection changes by frac."""
-    from kernels.miss_copy import miss_copy
+    from kernels.swap.miss_copy import miss_copy
 
     st.topk.copy_(first)
     st.plan()  # fills the LRU slots with the first selection

@@ -40,7 +40,7 @@ __all__ = [
 
 LAYOUT_VERSION = 1
 # Most draft tokens of a speculative (MTP) verify step: its D + 1 rows per request share one
-# swap-in plan, and kernels.swap_plan takes at most 4 rows per request.
+# swap-in plan, and kernels.swap.plan takes at most 4 rows per request.
 MAX_DRAFT_TOKENS = 3
 # Most top-k rows one engine step plans per (layer, request): a speculative step's D + 1 verify
 # rows, and on the draft (MTP) layer D + 1 rows of draft prefill plus D - 1 drafting rows.

@@ -13,9 +13,9 @@ import sys
 import torch
 
 from engine_client.client import KVClient, KVLayout, KVTensors, StepReport
-from kernels.kv_append import kv_append
-from kernels.miss_copy import miss_copy
-from kernels.swap_plan import swap_plan
+from kernels.store.append import kv_append
+from kernels.swap.miss_copy import miss_copy
+from kernels.swap.plan import swap_plan
 
 
 def row(layout: KVLayout, layer: int, pos: int) -> torch.Tensor:

@@ -56,7 +56,7 @@ class RowKernel(enum.IntEnum):
     """The variant of the Triton kernels (kv_append, sparse attention) for a row format."""
 
     BF16 = 0  # stored and read as the bf16 values appended
-    FP8 = 1  # quantized in kv_append, dequantized in registers by attention (kernels.fp8_row)
+    FP8 = 1  # quantized in kv_append, dequantized in registers by attention (kernels.store.fp8_row)
 
 
 class IndexKernel(enum.IntEnum):

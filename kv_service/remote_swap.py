@@ -181,8 +181,8 @@ class RemoteSwapper:
     def _launch(self, layer: int, bs: int, rows_per_request: int) -> torch.Tensor:
         """Plan and copy; returns [hits, misses, repeated rows] on the device, not yet
         synchronized."""
-        from kernels.miss_copy import miss_copy
-        from kernels.swap_plan import swap_plan
+        from kernels.swap.miss_copy import miss_copy
+        from kernels.swap.plan import swap_plan
 
         kv, x, lay = self.kv, self.x, self.kv.layout
         if rows_per_request == 1:

@@ -24,7 +24,7 @@ from engine_client.kv.kernel_set import KernelSet
 from engine_client.loop.request import SamplingParams
 from engine_client.serve.factory import build_engine
 from kernels.formats import ROW_VALUES, RowFormat
-from kernels.kv_append import kv_append
+from kernels.store.append import kv_append
 from kv_service.memory import allocate_local
 from tests.process_harness import LAYOUT, engine_config
 

@@ -19,7 +19,7 @@ from engine_client.model.graph import DecodeConfig, DecodeRunner
 from engine_client.model.model import Model, Tokens, Workspace
 from engine_client.model.preset import preset
 from engine_client.model.weights import random_weights
-from kernels.sparse_attention import TileWorkspace
+from kernels.attention.sparse import TileWorkspace
 from kv_service.memory import allocate_local, reset_request
 
 CFG = preset("tiny", topk=8)

@@ -103,7 +103,7 @@ class KVBackend(Protocol):
         """Decode: make the top-k rows of each batch row readable, and count them. Graph-safe
         when capturable. row0: first row of this micro-batch part in the whole batch.
         rows_per_request G: rows [g G, (g + 1) G) are one request's and share one swap-in
-        (kernels.swap_plan); seq_lens is then each row's own, the longest decides the window."""
+        (kernels.swap.plan); seq_lens is then each row's own, the longest decides the window."""
 
     def attention_ready(self, row0: int) -> None:
         """Before attention reads the rows of the part starting at row0 (microbatches > 1)."""

@@ -26,13 +26,13 @@ class KernelSet:
 
     @classmethod
     def triton(cls) -> "KernelSet":
-        from kernels.fp8_row import kv_quantize
-        from kernels.indexer import indexer_scores
-        from kernels.kv_append import kv_append
-        from kernels.miss_copy import miss_copy
-        from kernels.sparse_attention import sparse_mla_decode
-        from kernels.swap_plan import swap_plan
-        from kernels.topk import topk_select
+        from kernels.attention.sparse import sparse_mla_decode
+        from kernels.select.indexer import indexer_scores
+        from kernels.select.topk import topk_select
+        from kernels.store.append import kv_append
+        from kernels.store.fp8_row import kv_quantize
+        from kernels.swap.miss_copy import miss_copy
+        from kernels.swap.plan import swap_plan
 
         return cls(
             kv_append=kv_append,

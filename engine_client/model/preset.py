@@ -135,7 +135,7 @@ class ModelConfig:
 
 
 # CPU tests: real 576-value rows and 128-dim index keys, everything else tiny (16 indexer heads:
-# the fewest kernels.indexer takes).
+# the fewest kernels.select.indexer takes).
 TINY = ModelConfig(
     vocab_size=1024,
     hidden_size=64,

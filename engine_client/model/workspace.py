@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import torch
 
 from engine_client.model.preset import ModelConfig
+from kernels.attention.sparse import AttnWorkspace, TileWorkspace
 from kernels.formats import BF16_ROW, RowFormat
-from kernels.sparse_attention import AttnWorkspace, TileWorkspace
-from kernels.topk import TopkWorkspace
+from kernels.select.topk import TopkWorkspace
 
 
 @dataclass(frozen=True)

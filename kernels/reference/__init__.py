@@ -1,20 +1,20 @@
 """Plain-PyTorch references for every kernel in this package, one module per wing of kernels:
 
 - `swap`: the swap-in plan and the miss copy (`ref_swap_plan`, `ref_miss_copy`)
-- `append`: the KV append and the stored row encoding (`ref_kv_append`, `ref_kv_quantize`)
+- `store`: the KV append and the stored row encoding (`ref_kv_append`, `ref_kv_quantize`)
 - `index_pool`: the index-key pool's page layout (`page_views`, `read_index_rows`, ...)
 - `attention`: sparse MLA decode (`ref_sparse_mla_decode`)
-- `selection`: indexer scores and top-k (`ref_indexer_scores`, `ref_topk_select`)
+- `select`: indexer scores and top-k (`ref_indexer_scores`, `ref_topk_select`)
 
 Each `ref_*` computes the same function as its kernel, written for clarity rather than speed,
 with the kernel wrapper's signature (engine_client.kv.kernel_set swaps them in). Tests compare
 kernels against these on random inputs of irregular sizes. Everything is importable from here.
 """
 
-from kernels.reference.append import kv_rows_for_store, ref_kv_append, ref_kv_quantize
 from kernels.reference.attention import ref_sparse_mla_decode
 from kernels.reference.index_pool import page_views, read_index_rows, write_index_rows
-from kernels.reference.selection import order_key, ref_indexer_scores, ref_topk_select
+from kernels.reference.select import order_key, ref_indexer_scores, ref_topk_select
+from kernels.reference.store import kv_rows_for_store, ref_kv_append, ref_kv_quantize
 from kernels.reference.swap import ref_miss_copy, ref_swap_plan
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""Reference of the sparse MLA decode attention (kernels/sparse_attention.py)."""
+"""Reference of the sparse MLA decode attention (kernels/attention/sparse.py)."""
 
 from __future__ import annotations
 

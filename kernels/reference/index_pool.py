@@ -1,5 +1,6 @@
-"""The index-key pool's page layout (written by kernels/kv_append.py, read by kernels/indexer.py):
-a page of P keys holds their value bytes, then their scale bytes (kernels.formats)."""
+"""The index-key pool's page layout (written by kernels/store/append.py, read by
+kernels/select/indexer.py): a page of P keys holds their value bytes, then their scale bytes
+(kernels.formats)."""
 
 from __future__ import annotations
 

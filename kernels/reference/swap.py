@@ -1,5 +1,5 @@
-"""References of the swap-in: the plan (kernels/swap_plan.py) and the miss copy
-(kernels/miss_copy.py). Plan semantics: docs/ARCHITECTURE.md."""
+"""References of the swap-in: the plan (kernels/swap/plan.py) and the miss copy
+(kernels/swap/miss_copy.py). Plan semantics: docs/ARCHITECTURE.md."""
 
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ def ref_swap_plan(
     rows_per_request=1,
     out_miss_rows=None,
 ):
-    """Reference of kernels.swap_plan.swap_plan (hit_flag is not needed here: left untouched)."""
+    """Reference of kernels.swap.plan.swap_plan (hit_flag is not needed here: left untouched)."""
     _, R, C = token_slot.shape
     B, G, k = slot_token.shape[2], rows_per_request, topk.shape[1]
     rows, lens, req = topk.tolist(), seq_lens.tolist(), req_slots.tolist()
@@ -136,7 +136,8 @@ def ref_swap_plan(
 
 
 def ref_miss_copy(host_rows, hot_rows, miss_src, miss_dst, miss_count):
-    """Reference of kernels.miss_copy.miss_copy: rows out of either tier's range are skipped."""
+    """Reference of kernels.swap.miss_copy.miss_copy: rows out of either tier's range are
+    skipped."""
     host, hot = flat_rows(host_rows), flat_rows(hot_rows)
     k = miss_src.shape[1]
     for b, count in enumerate(miss_count.tolist()):

@@ -1,0 +1,1 @@
+"""Sparse MLA decode attention: `sparse.sparse_mla_decode` and the kernels behind it."""

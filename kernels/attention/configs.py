@@ -1,0 +1,75 @@
+"""Launch configurations of the two-pass sparse MLA decode, chosen by measurement per shape.
+
+Two kinds of knob, kept apart on purpose:
+- BLOCK_T (rows per score tile) fixes where each tile's softmax max is taken, hence the output
+  bits. It is one value per row format's kernel variant (`TILE_ROWS`, keyed by
+  `kernels.formats.RowKernel`), never a function of the batch, so a row's
+  output does not depend on its batch mates (micro-batches and KV modes stay bitwise equal).
+- Everything in `LaunchConfig` only moves work between programs: any entry gives the same bits
+  (tests/kernels/attention/test_sparse_attention.py checks it), so the table may pick per
+  batch size freely.
+
+The table comes from `bench/attention_sweep.py` on the H200 (docs/BENCHMARKS.md, run D): the
+fastest measured configuration for each (row format, batch bucket). Run D also compared each
+winner's bits with two other launches of the same tiles at every measured shape: equal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kernels.formats import RowFormat, RowKernel
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """score pass: heads per program, slot-list chunk per program, warps, pipeline stages;
+    mix pass: output columns per program, warps, stages. The defaults fit 64-row tiles of 128
+    heads in shared memory (score: Q 147 KB + one 74 KB K tile)."""
+
+    score_heads: int = 128
+    chunk: int = 512
+    score_warps: int = 8
+    score_stages: int = 1
+    mix_cols: int = 256
+    mix_warps: int = 8
+    mix_stages: int = 3
+
+    def __post_init__(self) -> None:
+        pow2 = (self.score_heads, self.chunk, self.mix_cols)
+        if any(v < 16 or v & (v - 1) for v in pow2):
+            raise ValueError(f"heads, chunk and columns must be powers of two >= 16: {self}")
+        if min(self.score_warps, self.mix_warps, self.score_stages, self.mix_stages) < 1:
+            raise ValueError(f"warps and stages must be positive: {self}")
+
+
+# Rows per score tile, per row format (see the module doc). Measured (docs/BENCHMARKS.md, run
+# D): 64-row tiles beat 32 for bf16 at every batch (bs 64: 180.5 vs 189.5 us) and tie for fp8
+# at bs 64-128 (204.1 vs 206.7, 400.6 vs 399.8 us) while winning at bs 8 (62.9 vs 75.5).
+TILE_ROWS: dict[RowKernel, int] = {RowKernel.BF16: 64, RowKernel.FP8: 64}
+
+# (row kernel variant, largest batch of the bucket) -> config, buckets ascending. Each bucket
+# holds the fastest (score, mix) pair that bench/attention_sweep.py measured at bs 8, 64 and 128
+# (run D, H200); the bs <= 4 entry is extrapolated from bs 8 (a shorter chunk keeps programs busy).
+_SMALL = LaunchConfig(chunk=128, mix_cols=64, mix_warps=4, mix_stages=4)
+TABLE: dict[RowKernel, list[tuple[int, LaunchConfig]]] = {
+    RowKernel.BF16: [
+        (4, LaunchConfig(chunk=64, mix_cols=64, mix_warps=4, mix_stages=4)),
+        (16, _SMALL),
+        (64, LaunchConfig(chunk=1024)),
+        (1 << 30, LaunchConfig(chunk=2048)),
+    ],
+    RowKernel.FP8: [
+        (4, LaunchConfig(chunk=64, mix_cols=64, mix_warps=4, mix_stages=4)),
+        (16, _SMALL),
+        (64, LaunchConfig(chunk=1024)),
+        (1 << 30, LaunchConfig(chunk=2048)),
+    ],
+}
+
+
+def launch_config(row_format: RowFormat, batch: int) -> LaunchConfig:
+    """The measured-best configuration for `batch` rows of `row_format` (by its kernel variant)."""
+    if row_format.kernel not in TABLE:
+        raise ValueError(f"row format {row_format.name} has no two-pass attention kernel")
+    return next(cfg for top, cfg in TABLE[row_format.kernel] if batch <= top)

@@ -1,0 +1,244 @@
+"""Sparse MLA decode in two passes that give every head of a request one shared K tile.
+
+The fused kernel (kernels/attention/sparse.py) keeps a [heads, 512] fp32 output accumulator in
+registers, so one program holds at most 64 of V3.2's 128 heads: every K tile is gathered (and an
+fp8 tile dequantized) twice, and Triton lets both warpgroups of a 64-head tile compute the same
+score tile. Split the work where the accumulator stops fitting:
+
+- score pass, one program per (chunk of the slot list, request): all heads (M = 128) against each
+  gathered K tile of BLOCK_T rows; per tile it writes p = exp2(s - m_tile) as bf16 with the
+  tile's max m_tile (log2 units, rounded up to an integer) and sum l_tile. No output
+  accumulator: Q and the scores fit.
+- mix pass, one program per (block of BLOCK_D output columns, request): the request's global
+  max M from all m_tile first, then out = sum_t (p_t * 2^(m_t - M)) . V_t / L over the tiles in
+  slot-list order (2^(m_t - M) is a power of two: exact on the bf16 p), with all heads sharing
+  each gathered V tile (only its BLOCK_D columns).
+
+Bits depend on the slot list and BLOCK_T only: chunk length, head block and BLOCK_D change which
+program does the work, never a sum's order, so a per-shape launch table changes no output.
+fp8 rows dequantize with integer ops (kernels/attention/kv_tiles.py), once per tile for all heads.
+"""
+
+from __future__ import annotations
+
+import kernels.interpreter  # noqa: F401  (the interpreter switch, before import triton)
+
+# isort: split
+import triton
+import triton.language as tl
+
+from kernels.attention.kv_tiles import FAST_SHIFT, load_kv_tile, load_latent, tile_scores
+from kernels.formats import FP8_BLOCK
+from kernels.tiles import exact_dot, staged_slot
+
+# An fp8 row's values per scale: the mix pass reads V in pieces that never straddle two scales.
+_FP8_BLOCK = tl.constexpr(FP8_BLOCK)
+
+
+@triton.jit
+def _score_kernel(
+    q_nope_ptr,
+    q_pe_ptr,
+    kv_ptr,
+    row_base_ptr,
+    slots_ptr,
+    p_ptr,
+    pm_ptr,
+    pl_ptr,
+    qk_scale,
+    H,
+    K,
+    CHUNK,
+    s_qn_b,
+    s_qn_h,
+    s_qp_b,
+    s_qp_h,
+    s_kv,
+    s_sl_b,
+    s_p_b,
+    s_p_t,
+    s_p_h,
+    s_m_b,
+    s_m_t,
+    D_V: tl.constexpr,
+    D_PE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    STAGE: tl.constexpr,
+    UPCAST: tl.constexpr,
+    ROW_FP8: tl.constexpr,
+):
+    b = tl.program_id(1)
+    heads = tl.program_id(2) * BLOCK_H + tl.arange(0, BLOCK_H)
+    hmask = heads < H
+    q_nope = tl.load(
+        q_nope_ptr + b * s_qn_b + heads[:, None] * s_qn_h + tl.arange(0, D_V)[None, :],
+        mask=hmask[:, None],
+        other=0.0,
+    )
+    q_pe = tl.load(
+        q_pe_ptr + b * s_qp_b + heads[:, None] * s_qp_h + tl.arange(0, D_PE)[None, :],
+        mask=hmask[:, None],
+        other=0.0,
+    )
+    base = tl.load(row_base_ptr + b).to(tl.int64)
+    start = tl.program_id(0) * CHUNK
+    stop = tl.minimum(start + CHUNK, K)
+    NB: tl.constexpr = STAGE // BLOCK_T
+    for staged in range(start, stop, STAGE):
+        offs = staged + tl.arange(0, STAGE)
+        ids = tl.reshape(
+            tl.load(slots_ptr + b * s_sl_b + offs, mask=offs < stop, other=-1), [NB, BLOCK_T]
+        )
+        for j in range(0, tl.cdiv(tl.minimum(stop - staged, STAGE), BLOCK_T)):
+            slot = staged_slot(ids, j, NB)
+            valid = slot >= 0
+            k_nope, k_pe = load_kv_tile(
+                kv_ptr, base + slot.to(tl.int64), valid, s_kv, D_V, D_PE, UPCAST, ROW_FP8
+            )
+            s = tile_scores(q_nope, q_pe, k_nope, k_pe, UPCAST, ROW_FP8)
+            _store_tile(
+                s,
+                valid,
+                qk_scale,
+                p_ptr,
+                pm_ptr,
+                pl_ptr,
+                b,
+                staged // BLOCK_T + j,
+                heads,
+                hmask,
+                s_p_b,
+                s_p_t,
+                s_p_h,
+                s_m_b,
+                s_m_t,
+                BLOCK_T,
+            )
+
+
+@triton.jit
+def _store_tile(
+    s,
+    valid,
+    qk_scale,
+    p_ptr,
+    pm_ptr,
+    pl_ptr,
+    b,
+    t,
+    heads,
+    hmask,
+    s_p_b,
+    s_p_t,
+    s_p_h,
+    s_m_b,
+    s_m_t,
+    BLOCK_T: tl.constexpr,
+):
+    """Tile t's probabilities, max and sum from its raw scores s [heads, BLOCK_T]."""
+    s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
+    # An integer max (log2 units): the mix pass's factor 2^(m - M) is then a power of two, and
+    # rescaling the bf16 p by it rounds nothing (p is rounded once, as in the fused kernel).
+    # ceil keeps p <= 1; an empty tile keeps m = -inf.
+    m = tl.ceil(tl.max(s, axis=1))
+    p = tl.math.exp2(s - tl.where(m == float("-inf"), 0.0, m)[:, None])
+    tl.store(
+        p_ptr + b * s_p_b + t * s_p_t + heads[:, None] * s_p_h + tl.arange(0, BLOCK_T)[None, :],
+        p.to(tl.bfloat16),
+        mask=hmask[:, None],
+    )
+    tl.store(pm_ptr + b * s_m_b + t * s_m_t + heads, m, mask=hmask)
+    # The sum in 2^-40 fixed point (int64): integer sums are exact, so their order, which
+    # follows the launch's layout, cannot change a bit.
+    l_fix = tl.sum((p * 1099511627776.0).to(tl.int64), axis=1)
+    tl.store(pl_ptr + b * s_m_b + t * s_m_t + heads, l_fix, mask=hmask)
+
+
+@triton.jit
+def _mix_kernel(
+    p_ptr,
+    pm_ptr,
+    pl_ptr,
+    kv_ptr,
+    row_base_ptr,
+    slots_ptr,
+    out_ptr,
+    lse_ptr,
+    H,
+    K,
+    s_kv,
+    s_sl_b,
+    s_p_b,
+    s_p_t,
+    s_p_h,
+    s_m_b,
+    s_m_t,
+    s_o_b,
+    s_o_h,
+    s_l_b,
+    BLOCK_H: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    NT_POW2: tl.constexpr,
+    STAGE: tl.constexpr,
+    UPCAST: tl.constexpr,
+    ROW_FP8: tl.constexpr,
+):
+    b = tl.program_id(1)
+    col0 = tl.program_id(0) * BLOCK_D
+    heads = tl.program_id(2) * BLOCK_H + tl.arange(0, BLOCK_H)
+    hmask = heads < H
+    # The request's max over every tile first: each tile's p then needs one factor, 2^(m_t - M).
+    tt = tl.arange(0, NT_POW2)
+    pm = pm_ptr + b * s_m_b + heads
+    tmask = (tt[:, None] < tl.cdiv(K, BLOCK_T)) & hmask[None, :]
+    m_all = tl.load(pm[None, :] + tt[:, None] * s_m_t, mask=tmask, other=float("-inf"))
+    m_max = tl.max(m_all, axis=0)
+    m_use = tl.where(m_max == float("-inf"), 0.0, m_max)
+    l_all = tl.load(pl_ptr + b * s_m_b + heads[None, :] + tt[:, None] * s_m_t, mask=tmask, other=0)
+    # L = sum_t l_t * 2^(m_t - M) in the same fixed point: shifts and integer sums are exact.
+    shift = tl.minimum(m_use[None, :] - m_all, 63.0).to(tl.int64)
+    l_sum = tl.sum(l_all >> shift, axis=0).to(tl.float32) * (1.0 / 1099511627776.0)
+    base = tl.load(row_base_ptr + b).to(tl.int64)
+    NB: tl.constexpr = STAGE // BLOCK_T
+    cols = tl.arange(0, BLOCK_T)
+    dv = col0 + tl.arange(0, BLOCK_D)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    for staged in range(0, K, STAGE):
+        offs = staged + tl.arange(0, STAGE)
+        ids = tl.reshape(
+            tl.load(slots_ptr + b * s_sl_b + offs, mask=offs < K, other=-1), [NB, BLOCK_T]
+        )
+        for j in range(0, tl.cdiv(tl.minimum(K - staged, STAGE), BLOCK_T)):
+            slot = staged_slot(ids, j, NB)
+            valid = slot >= 0
+            row = base + slot.to(tl.int64)
+            t = staged // BLOCK_T + j
+            w = tl.math.exp2(tl.load(pm + t * s_m_t, mask=hmask, other=float("-inf")) - m_use)
+            p = tl.load(
+                p_ptr + b * s_p_b + t * s_p_t + heads[:, None] * s_p_h + cols[None, :],
+                mask=hmask[:, None],
+                other=0.0,
+            )
+            p = (p.to(tl.float32) * w[:, None]).to(tl.bfloat16)
+            if ROW_FP8:
+                W: tl.constexpr = BLOCK_D if BLOCK_D < _FP8_BLOCK else _FP8_BLOCK
+                v = load_latent(kv_ptr, row, valid, col0, BLOCK_D // W, W, not UPCAST)
+            else:
+                v = tl.load(
+                    kv_ptr + row[:, None] * s_kv + dv[None, :], mask=valid[:, None], other=0.0
+                )
+            acc = exact_dot(p, v, acc, UPCAST)
+    empty = l_sum == 0.0
+    out = acc / tl.where(empty, 1.0, l_sum)[:, None]
+    if ROW_FP8 and not UPCAST:
+        out = out * (1.0 / FAST_SHIFT)
+    tl.store(
+        out_ptr + b * s_o_b + heads[:, None] * s_o_h + dv[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=hmask[:, None],
+    )
+    if col0 == 0:
+        lse = (m_max + tl.math.log2(tl.where(empty, 1.0, l_sum))) * 0.6931471805599453
+        tl.store(lse_ptr + b * s_l_b + heads, tl.where(empty, float("-inf"), lse), mask=hmask)

@@ -1,0 +1,1 @@
+"""Choosing rows: the lightning indexer's scores and the top-k selection."""

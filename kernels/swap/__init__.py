@@ -1,0 +1,1 @@
+"""Swap-in: the plan (hits, LRU victims, slot list, miss list) and the miss copy."""

@@ -1,0 +1,236 @@
+"""Swap-in plan: per (layer, request) find the hits of a top-k selection and give each miss an
+LRU victim slot. Semantics and tensor layout: docs/ARCHITECTURE.md ("Plan semantics").
+
+One program per request: a group of `rows_per_request` consecutive batch rows (1 for plain
+decode; D + 1 for a speculative verify step, whose rows share one plan over the union of their
+top-k). A resident request maps position t to slot t; an offloaded one does O(B + G k) work in
+three phases separated by barriers (kernels/swap/lru.py):
+1. look up each position (window ring, `token_slot`), mark LRU hits in `hit_flag`; with G > 1
+   keep only the first occurrence of each missed position;
+2. stable-partition `lru_order` into (kept, hits, victims) with prefix sums and scatter it back;
+3. read each miss's victim from the tail of the new order, update residency, emit the miss list.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import kernels.interpreter  # noqa: F401  (the interpreter switch, before import triton)
+
+# isort: split
+import triton
+import triton.language as tl
+
+from kernels import formats
+from kernels.swap.lru import plan_offloaded
+
+MODE_RESIDENT = tl.constexpr(formats.MODE_RESIDENT)
+MODE_OFFLOADED = tl.constexpr(formats.MODE_OFFLOADED)
+# One program per request; at B = 4096 more warps shorten the O(B) scans. Tune on the H200.
+NUM_WARPS_LARGE = 8
+# Rows one plan may share: a verify step's D + 1 rows, D <= 3 draft tokens.
+MAX_ROWS_PER_REQUEST = 4
+
+
+@triton.jit(do_not_specialize=["layer"])
+def _swap_plan_kernel(
+    topk_ptr,
+    seq_lens_ptr,
+    req_slots_ptr,
+    req_mode_ptr,
+    page_table_ptr,
+    token_slot_ptr,
+    slot_token_ptr,
+    lru_order_ptr,
+    hit_flag_ptr,
+    out_slots_ptr,
+    out_src_ptr,
+    out_dst_ptr,
+    out_count_ptr,
+    out_rows_ptr,
+    layer,
+    k,
+    R,
+    C,
+    B,
+    max_pages,
+    L: tl.constexpr,
+    P: tl.constexpr,
+    W: tl.constexpr,
+    G: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    ROWS_OUT: tl.constexpr,
+):
+    b = tl.program_id(0)
+    r = tl.load(req_slots_ptr + b * G)
+    r_ok = (r >= 0) & (r < R)
+    mode = tl.load(req_mode_ptr + r, mask=r_ok, other=0)
+    # The request's entries: its G rows of k positions, contiguous.
+    i = tl.arange(0, BLOCK_K)
+    in_k = i < G * k
+    t = tl.load(topk_ptr + b.to(tl.int64) * G * k + i, mask=in_k, other=-1)
+    row_len = tl.load(seq_lens_ptr + b * G + i // k, mask=in_k, other=0)
+    row_len = tl.minimum(tl.maximum(row_len, 0), C)
+    # The request's length: its longest row's (the window ring holds every row's token).
+    seq_len = tl.max(row_len, 0)
+    if mode == MODE_OFFLOADED:
+        plan_offloaded(
+            layer,
+            b,
+            G * k,
+            i,
+            t,
+            in_k,
+            row_len,
+            seq_len,
+            r,
+            page_table_ptr,
+            token_slot_ptr,
+            slot_token_ptr,
+            lru_order_ptr,
+            hit_flag_ptr,
+            out_slots_ptr,
+            out_src_ptr,
+            out_dst_ptr,
+            out_count_ptr,
+            out_rows_ptr,
+            R,
+            C,
+            B,
+            max_pages,
+            L,
+            P,
+            W,
+            BLOCK_K,
+            BLOCK_N,
+            G > 1,
+            ROWS_OUT,
+        )
+    else:
+        # Resident: token t is hot slot t. Free slots and padding rows select nothing.
+        ok = (mode == MODE_RESIDENT) & (t >= 0) & (t < tl.minimum(row_len, B))
+        tl.store(out_slots_ptr + b.to(tl.int64) * G * k + i, tl.where(ok, t, -1), mask=in_k)
+        tl.store(out_count_ptr + b, 0)
+        if ROWS_OUT:
+            tl.store(out_rows_ptr + b, 0)
+
+
+def _check(specs: dict) -> None:
+    # Shapes guard every flat address the kernel computes; a device mix-up fails at launch.
+    for name, (x, dtype, shape) in specs.items():
+        if x.dtype is not dtype or x.shape != shape or not x.is_contiguous():
+            raise ValueError(
+                f"{name}: expected contiguous {tuple(shape)} {dtype}, "
+                f"got {tuple(x.shape)} {x.dtype}"
+            )
+
+
+def swap_plan(
+    layer: int,
+    topk: torch.Tensor,
+    seq_lens: torch.Tensor,
+    req_slots: torch.Tensor,
+    req_mode: torch.Tensor,
+    page_table: torch.Tensor,
+    token_slot: torch.Tensor,
+    slot_token: torch.Tensor,
+    lru_order: torch.Tensor,
+    hit_flag: torch.Tensor,
+    out_slots: torch.Tensor,
+    out_miss_src: torch.Tensor,
+    out_miss_dst: torch.Tensor,
+    out_miss_count: torch.Tensor,
+    *,
+    num_layers: int,
+    page_size: int,
+    window: int,
+    rows_per_request: int = 1,
+    out_miss_rows: torch.Tensor | None = None,
+    num_warps: int | None = None,
+) -> None:
+    """Plan one layer's swap-in for a batch; updates residency state in place.
+
+    topk [bs, k] int32 (entries < 0 or >= their row's seq_len are skipped), seq_lens [bs] int32,
+    req_slots [bs] int32 (-1: padding row), req_mode [R] int32, page_table [R, max_pages] int32,
+    token_slot [L, R, C] int32, slot_token [L, R, B] int32, lru_order [L, R, B - W] int32,
+    hit_flag [R, B] int8 (zero before and after).
+    rows_per_request G: rows [g G, (g + 1) G) are one request's (a verify step's D + 1 rows;
+    the group's request slot is its first row's) and share one plan over the union of their
+    positions: each missed position gets one victim and is copied once, repeats read its slot,
+    and the window is the longest row's. With G = 1 a row's valid entries must be distinct
+    (a repeated miss would get two victims and orphan one; the engine's top-k never repeats,
+    and remote swap refuses rows that do); with G > 1 repeats anywhere are merged.
+    Outputs: out_slots [bs, k] int32 (each row's own list through the shared slots),
+    out_miss_src / out_miss_dst [bs / G, G k] int64 (flat host row, flat hot row; entries at
+    j >= out_miss_count[g] are left untouched), out_miss_count [bs / G] int32, and, if given,
+    out_miss_rows [bs / G] int32: the misses summed over the rows, repeats counted (what G
+    separate plans of the same state would copy).
+    Launch-only (no sync, no allocation), so it can be captured in a CUDA graph.
+    """
+    (bs, k), (L, R, C), B = topk.shape, token_slot.shape, slot_token.shape[2]
+    W, G = window, rows_per_request
+    if num_layers != L or not 0 <= layer < L:
+        raise ValueError(f"layer {layer} / num_layers {num_layers} do not match token_slot {L}")
+    if not 1 <= G <= MAX_ROWS_PER_REQUEST or bs % G:
+        raise ValueError(
+            f"rows_per_request must be in [1, {MAX_ROWS_PER_REQUEST}] and divide the batch "
+            f"({bs} rows), got {G}"
+        )
+    if not G <= W < B or G * k > B - W or page_table.shape[1] * page_size < C:
+        raise ValueError(
+            f"need G <= W < B, G * k <= B - W, max_pages * P >= C: G={G} W={W} B={B} k={k} "
+            f"page_table {tuple(page_table.shape)} P={page_size} C={C}"
+        )
+    n, i32, i64 = bs // G, torch.int32, torch.int64
+    specs = {
+        "topk": (topk, i32, (bs, k)),
+        "seq_lens": (seq_lens, i32, (bs,)),
+        "req_slots": (req_slots, i32, (bs,)),
+        "req_mode": (req_mode, i32, (R,)),
+        "page_table": (page_table, i32, (R, page_table.shape[1])),
+        "token_slot": (token_slot, i32, (L, R, C)),
+        "slot_token": (slot_token, i32, (L, R, B)),
+        "lru_order": (lru_order, i32, (L, R, B - W)),
+        "hit_flag": (hit_flag, torch.int8, (R, B)),
+        "out_slots": (out_slots, i32, (bs, k)),
+        "out_miss_src": (out_miss_src, i64, (n, G * k)),
+        "out_miss_dst": (out_miss_dst, i64, (n, G * k)),
+        "out_miss_count": (out_miss_count, i32, (n,)),
+    }
+    if out_miss_rows is not None:
+        specs["out_miss_rows"] = (out_miss_rows, i32, (n,))
+    _check(specs)
+    if bs == 0:
+        return
+    block_n = max(16, triton.next_power_of_2(B - W))
+    _swap_plan_kernel[(n,)](
+        topk,
+        seq_lens,
+        req_slots,
+        req_mode,
+        page_table,
+        token_slot,
+        slot_token,
+        lru_order,
+        hit_flag,
+        out_slots,
+        out_miss_src,
+        out_miss_dst,
+        out_miss_count,
+        out_miss_count if out_miss_rows is None else out_miss_rows,
+        layer,
+        k,
+        R,
+        C,
+        B,
+        page_table.shape[1],
+        L=L,
+        P=page_size,
+        W=W,
+        G=G,
+        BLOCK_K=max(16, triton.next_power_of_2(G * k)),
+        BLOCK_N=block_n,
+        ROWS_OUT=out_miss_rows is not None,
+        num_warps=num_warps or (NUM_WARPS_LARGE if max(block_n, G * k) >= 2048 else 4),
+    )

@@ -1,0 +1,130 @@
+"""indexer_scores against its fp64 reference, for bf16 and fp8 index keys."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.formats import FP8_KEYS, INDEX_FORMATS
+from kernels.reference import read_index_rows, ref_indexer_scores
+from kernels.select.indexer import indexer_scores
+
+HEADS, DIM = 64, 128
+
+
+def make_pool(fmt, num_pages, page, g):
+    """An index-key pool of one layer in the service's byte layout; fp8 pages are page-blocked:
+    the page's P x 128 fp8 values, then its P fp32 scales."""
+    keys = torch.randn(num_pages, page, DIM, generator=g)
+    if fmt == "bf16":
+        return keys.to(torch.bfloat16).view(torch.uint8)
+    values = keys.to(torch.float8_e4m3fn).view(torch.uint8).view(num_pages, page * DIM)
+    scales = (torch.rand(num_pages, page, generator=g) + 0.05).view(torch.uint8)
+    return torch.cat([values, scales], dim=1).view(num_pages, page, DIM + 4)
+
+
+def make_inputs(fmt, bs, page, seq_lens, cols, device, seed, requests=None):
+    g = torch.Generator().manual_seed(seed)
+    requests = requests or bs + 2
+    max_pages = -(-max(max(seq_lens), cols) // page)
+    pages = torch.randperm(requests * max_pages + 3, generator=g)[: requests * max_pages]
+    page_table = pages.view(requests, max_pages).to(torch.int32)
+    req_slots = torch.randperm(requests, generator=g)[:bs].to(torch.int32)
+    req_slots[bs // 2] = -1 if bs > 1 else req_slots[0]  # a padding row
+    return dict(
+        q=torch.randn(bs, HEADS, DIM, generator=g).to(torch.bfloat16).to(device),
+        w=torch.randn(bs, HEADS, generator=g).to(device),
+        index_pool_layer=make_pool(fmt, requests * max_pages + 3, page, g).to(device),
+        page_table=page_table.to(device),
+        req_slots=req_slots.to(device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        index_format=INDEX_FORMATS[fmt],
+    )
+
+
+def check(inputs, cols, **kw):
+    bs = inputs["q"].shape[0]
+    out = torch.full((bs, cols), float("nan"), device=inputs["q"].device)
+    indexer_scores(**inputs, out_scores=out, **kw)
+    ref = torch.empty_like(out)
+    ref_indexer_scores(**inputs, out_scores=ref)
+    finite = torch.isfinite(ref)
+    assert torch.equal(torch.isfinite(out), finite)
+    assert (out[~finite] == float("-inf")).all()
+    scale = ref[finite].abs().max() if finite.any() else 1.0
+    torch.testing.assert_close(out[finite], ref[finite], rtol=1e-5, atol=1e-5 * float(scale))
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
+@pytest.mark.parametrize(
+    "bs,page,seq_lens,cols",
+    [
+        (1, 16, [77], 100),
+        (3, 7, [130, 5, 64], 150),
+        (17, 16, [i * 23 + 1 for i in range(17)], 300),
+    ],
+)
+def test_matches_reference(fmt, bs, page, seq_lens, cols, device):
+    check(make_inputs(fmt, bs, page, seq_lens, cols, device, seed=bs * 7 + page), cols)
+
+
+def test_seq_len_beyond_output_width_is_clamped(device):
+    inputs = make_inputs("bf16", 2, 16, [200, 40], 96, device, seed=3)
+    check(inputs, 96, block_t=32, tiles=2)
+
+
+def test_missing_page_scores_minus_inf(device):
+    inputs = make_inputs("fp8", 2, 8, [60, 60], 64, device, seed=4)
+    r = int(inputs["req_slots"][0])
+    inputs["page_table"][r, 2] = -1  # tokens 16..23 of row 0 have no page
+    out = check(inputs, 64)
+    assert (out[0, 16:24] == float("-inf")).all() and torch.isfinite(out[0, :16]).all()
+
+
+def test_tokens_beyond_the_page_table_score_minus_inf(device):
+    inputs = make_inputs("bf16", 2, 8, [60, 30], 64, device, seed=6)
+    inputs["page_table"] = inputs["page_table"][:, :5].contiguous()  # reaches 40 tokens
+    out = check(inputs, 64)
+    assert (out[0, 40:] == float("-inf")).all() and torch.isfinite(out[0, :40]).all()
+
+
+def test_fp8_queries_of_any_magnitude(device):
+    """fp8 keys are scored with an f16 copy of q scaled by a power of two: exact for q far
+    outside f16's range, and q = 0 gives 0, not 0 * inf."""
+    inputs = make_inputs("fp8", 4, 16, [77, 30, 5, 60], 100, device, seed=9)  # row 2: padding
+    inputs["q"][0] = 0
+    inputs["q"][1] *= 1e5
+    inputs["q"][3] *= 1e-7
+    out = check(inputs, 100)
+    assert (out[0, :77] == 0).all()
+
+
+def test_explicit_format_must_match_key_bytes(device):
+    inputs = make_inputs("bf16", 1, 16, [10], 16, device, seed=5)
+    out = torch.empty(1, 16, device=device)
+    with pytest.raises(ValueError):
+        indexer_scores(**{**inputs, "index_format": FP8_KEYS}, out_scores=out)
+
+
+def test_fp8_pool_pages_are_value_rows_then_scales():
+    pool = make_pool("fp8", 3, 5, torch.Generator().manual_seed(1))
+    rows = read_index_rows(pool, torch.tensor([2, 0]), torch.tensor([4, 1]), FP8_KEYS)
+    flat = pool.view(3, 5 * (DIM + 4))
+    assert torch.equal(rows[0, :DIM], flat[2, 4 * DIM : 5 * DIM])
+    assert torch.equal(rows[0, DIM:], flat[2, 5 * DIM + 16 : 5 * DIM + 20])
+    assert torch.equal(rows[1, DIM:], flat[0, 5 * DIM + 4 : 5 * DIM + 8])
+
+
+def test_fp8_keys_decode_to_value_times_scale():
+    raw = torch.zeros(1, DIM + 4, dtype=torch.uint8)
+    raw[0, :DIM] = torch.full((DIM,), 1.5).to(torch.float8_e4m3fn).view(torch.uint8)
+    raw[0, DIM:] = torch.tensor([0.25]).view(torch.uint8)
+    assert torch.equal(FP8_KEYS.decode(raw), torch.full((1, DIM), 0.375))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
+def test_gpu_long_context(fmt):
+    seq_lens = [32768, 1, 20000, 32700, 64, 31999, 5000, 32768]
+    check(make_inputs(fmt, 8, 64, seq_lens, 32768, "cuda", seed=11), 32768)
