@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import re
 import sys
@@ -36,6 +37,12 @@ elif str(_ROOT) not in sys.path:
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 
+from bench.profile_parts import (  # noqa: E402
+    KERNEL_RANGE,
+    charged_name,
+    families_us,
+    kernel_kind,
+)
 from contract.layout import MODE_OFFLOADED, KVLayout  # noqa: E402
 from engine_client.kv.baseline import BaselineBackend  # noqa: E402
 from engine_client.kv.hisparse import HiSparseBackend  # noqa: E402
@@ -45,13 +52,6 @@ from engine_client.model.model import Model  # noqa: E402
 from engine_client.model.preset import preset  # noqa: E402
 from engine_client.model.weights import random_weights  # noqa: E402
 from kv_service.memory import allocate_local, reset_request  # noqa: E402
-
-from bench.profile_parts import (  # noqa: E402
-    KERNEL_RANGE,
-    charged_name,
-    families_us,
-    kernel_kind,
-)
 
 # First match wins: GPU kernel names (Triton kernels, cuBLAS/CUTLASS GEMMs) and, on CPU, the
 # "kernel::<KernelSet field>" ranges and aten GEMM ops.
@@ -112,6 +112,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0,
         help="CTAs of the side-stream miss copy [0: the backend's default, OVERLAP_COPY_PROGRAMS]",
     )
+    ap.add_argument(
+        "--copy-rows",
+        type=int,
+        default=0,
+        help="rows per program of the miss copy (a power of 2) [0: the kernel's default]",
+    )
     ap.add_argument("--no-ceilings", action="store_true", help="skip the pinned-copy measurement")
     ap.add_argument(
         "--no-families",
@@ -143,6 +149,9 @@ def build(args: argparse.Namespace, device: torch.device):
     use_triton = args.kernels == "triton" or (args.kernels == "auto" and device.type == "cuda")
     kernels = KernelSet.triton() if use_triton else KernelSet.reference()
     graphed = device.type == "cuda" and kernels.capturable
+    if args.copy_rows:
+        copy = functools.partial(kernels.miss_copy, rows_per_program=args.copy_rows)
+        kernels = dataclasses.replace(kernels, miss_copy=copy)
     if not graphed:
         kernels = named_kernels(kernels)
     P = args.page_size
