@@ -4,7 +4,8 @@ In the step the miss copy runs on a side stream with OVERLAP_COPY_PROGRAMS (64) 
 ~336 KB of 656-byte rows in flight against ~590 KB of 1152-byte rows. Candidates, each timed on
 the same miss lists (bs 128, 13% of k, 4 GiB host tier), GB/s counted on the 656 useful bytes:
 - geometry at the side stream's 64-CTA grid and the default one: rows per program 8 / 16 / 32,
-  4 or 8 warps, one row tile or a dense power-of-two head tile + a tail tile (`dense`);
+  4 or 8 warps (a dense power-of-two head tile + tail tile per row was measured in run I and
+  dropped: docs/DECISIONS.md);
 - host layouts with aligned copy units: rows padded to 768 B (6 x 128 B, +17% bytes moved), and
   the 512-byte fp8 block and the 144-byte scales + rope tail in two arrays (two launches).
 A 1152-byte row is 9 x 128 B, so its rows start on a 128-byte line; a 656-byte row (5 x 128 +
@@ -22,27 +23,19 @@ from kernels.uva import UVATensor
 BS, RATE = 128, 0.13
 SIDE_GRID = 64  # engine_client.kv.hisparse.OVERLAP_COPY_PROGRAMS
 GEOMETRY = [
-    (rows, warps, programs, dense)
+    (rows, warps, programs)
     for programs in (SIDE_GRID, None)
-    for rows, warps, dense in (
-        (8, 4, False),
-        (8, 4, True),
-        (16, 4, False),
-        (16, 4, True),
-        (16, 8, False),
-        (32, 8, False),
-        (32, 8, True),
-    )
+    for rows, warps in ((8, 4), (16, 4), (16, 8), (32, 8))
 ]
 
 
 def _geometry_rows(tier: _Tier, ceil: dict, reps: int) -> list[Row]:
     out = []
     for d in (656, 1152):
-        for rows, warps, programs, dense in GEOMETRY:
+        for rows, warps, programs in GEOMETRY:
             grid = f"{programs} CTAs" if programs else "default grid"
-            kw = dict(rows_per_program=rows, num_warps=warps, programs=programs, dense=dense)
-            label = f"rows{rows} w{warps}{' dense' if dense else ''} {grid}"
+            kw = dict(rows_per_program=rows, num_warps=warps, programs=programs)
+            label = f"rows{rows} w{warps} {grid}"
             out.append(_case(tier, BS, RATE, d, ceil, reps, label=label, **kw))
     return out
 

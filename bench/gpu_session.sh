@@ -12,7 +12,6 @@
 #   PROF_S=60 (each)  PROFILES="bf16:128:1 bf16:128:2" (row format:batch:micro-batches[:args,
 #   comma-separated, e.g. fp8:222:2:--copy-rows=16])
 #   PROFILE_ARGS="--context 32768 --warmup 6 --steps 3"  NCU_S=90  E2E_S=480  E2E_ARGS="..."
-#   NCU_PROFILES="bf16:128:1" (the profile.py steps ncu reads the miss copy in; one stage each)
 #   MTP_S=200  MTP_ARGS="..."  PREFIX_S=120  PREFIX_ARGS="..."  GW_S=120  GW_ARGS="..."
 set -uo pipefail
 OUT=${OUT:-.gpuout}
@@ -48,17 +47,12 @@ profiles() {
       ${PROFILE_ARGS:---context 32768 --warmup 6 --steps 3} --out "$RUN/$name.json"
   done
 }
-ncus() {  # Nsight Compute on the miss copy of a captured step, one stage per format:batch:parts
-  for spec in ${NCU_PROFILES:-bf16:128:1}; do
-    IFS=: read -r fmt bs mb <<< "$spec"
-    stage "ncu-$fmt-$bs-mb$mb" "${NCU_S:-90}" ncu --clock-control none --target-processes all \
-      -k regex:miss_copy --launch-skip 8 --launch-count 2 \
-      --section SpeedOfLight --section MemoryWorkloadAnalysis \
-      --section MemoryWorkloadAnalysis_Tables --section Occupancy --section LaunchStats \
-      --section WarpStateStats --section SchedulerStats \
-      python3 bench/profile.py --preset bench --mode embedded --row-format "$fmt" --batch "$bs" \
-      --microbatches "$mb" --context 32768 --warmup 2 --steps 1 --no-ceilings --no-families
-  done
+ncus() {  # Nsight Compute on the miss copy alone (bench/ncu_copy.py): both row formats, the
+  # side stream's 64-CTA grid and the default grid; the second round of its launches
+  stage ncu "${NCU_S:-90}" ncu --clock-control none -k regex:miss_copy --launch-skip 4 \
+    --launch-count 4 --section SpeedOfLight --section MemoryWorkloadAnalysis_Tables \
+    --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
+    python3 bench/ncu_copy.py
 }
 STAGES="${*:-tests sanitize kernels}"
 for s in $STAGES; do

@@ -118,6 +118,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0,
         help="rows per program of the miss copy (a power of 2) [0: the kernel's default]",
     )
+    ap.add_argument(
+        "--skip-copy",
+        action="store_true",
+        help="timing only, wrong outputs: no miss copy, to measure what the copy adds to the step",
+    )
     ap.add_argument("--no-ceilings", action="store_true", help="skip the pinned-copy measurement")
     ap.add_argument(
         "--no-families",
@@ -149,6 +154,8 @@ def build(args: argparse.Namespace, device: torch.device):
     use_triton = args.kernels == "triton" or (args.kernels == "auto" and device.type == "cuda")
     kernels = KernelSet.triton() if use_triton else KernelSet.reference()
     graphed = device.type == "cuda" and kernels.capturable
+    if args.skip_copy:
+        kernels = dataclasses.replace(kernels, miss_copy=lambda *a, **kw: None)
     if args.copy_rows:
         copy = functools.partial(kernels.miss_copy, rows_per_program=args.copy_rows)
         kernels = dataclasses.replace(kernels, miss_copy=copy)

@@ -145,8 +145,9 @@ def parts_of(event) -> list[str]:
 
 def families_us(step: Callable[[int], None], runner, n: int, device, category) -> dict:
     """µs per family summed over n eager steps with the parts named. On CUDA each kernel is
-    charged through the op that launched it; kernels the profiler linked to no op stay in
-    "unlinked". On CPU each op's self time goes to its innermost kernel:: range or part."""
+    charged through the call that launched it; kernels of no known launch stay
+    "unlinked" (by kind). On CPU each op's self time goes to its innermost kernel:: range or
+    part."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -168,25 +169,45 @@ def families_us(step: Callable[[int], None], runner, n: int, device, category) -
 
 
 def _charge(events, cuda: bool, category) -> dict[str, float]:
-    import torch
-
     out: dict[str, float] = {}
 
     def add(fam: str, us: float) -> None:
         out[fam] = out.get(fam, 0.0) + us
 
-    device_total = 0.0
-    for e in events:
-        if cuda and e.device_type != torch.autograd.DeviceType.CPU:
-            device_total += e.time_range.elapsed_us()
-        elif cuda:
-            for k in e.kernels:
-                add(family(k.name, parts_of(e), category), k.duration)
-        else:
+    if not cuda:
+        for e in events:
             add(family(charged_name(e), parts_of(e), category), e.self_cpu_time_total)
-    if cuda:
-        add("unlinked", device_total - sum(out.values()))
+        return out
+    # A kernel shares its correlation id with the runtime or driver call that launched it
+    # (cudaLaunchKernel; cuLaunchKernelEx for Triton), a CPU event nested in the ranges.
+    launches = {e.id: e for e in events if _is_launch(e)}
+    for e in events:
+        if not _is_device_work(e):
+            continue
+        launch = launches.get(e.id)
+        if launch is None:
+            cat = category(e.name)
+            fam = cat if cat not in ("other", "MLP/GEMM") else f"unlinked: {kernel_kind(e.name)}"
+        else:
+            fam = family(e.name, parts_of(launch), category)
+        add(fam, e.time_range.elapsed_us())
     return out
+
+
+def _is_launch(e) -> bool:
+    import torch
+
+    return e.device_type == torch.autograd.DeviceType.CPU and e.name.startswith("cu")
+
+
+def _is_device_work(e) -> bool:
+    """A kernel, copy or fill on the device; not the ranges the profiler also projects onto
+    the device's timeline (gpu_user_annotation: part::, kernel::, ProfilerStep)."""
+    import torch
+
+    return e.device_type != torch.autograd.DeviceType.CPU and not e.name.startswith(
+        (PART_RANGE, KERNEL_RANGE, "ProfilerStep")
+    )
 
 
 def charged_name(e) -> str:

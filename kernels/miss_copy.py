@@ -69,7 +69,6 @@ def _miss_copy_kernel(
     BLOCK_W: tl.constexpr,
     ROWS: tl.constexpr,
     BS_BLOCK: tl.constexpr,
-    HEAD_W: tl.constexpr,
 ):
     host_ptr = host_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
     hot_ptr = hot_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
@@ -89,22 +88,9 @@ def _miss_copy_kernel(
         dst = tl.load(dst_ptr + at, mask=live, other=-1)
         # A row outside either tier is a caller bug: skip it rather than touch foreign memory.
         ok = live & (src >= 0) & (src < host_rows) & (dst >= 0) & (dst < hot_rows)
-        if HEAD_W > 0:
-            # Dense: a power-of-two head with no idle lanes, then the tail (1152 B: 256 + 32
-            # words, 656 B: 128 + 36), in place of one tile with 36-44% of its lanes masked.
-            h = tl.arange(0, HEAD_W)
-            hmask = ok[:, None] & (h < HEAD_W)[None, :]
-            head = tl.load(host_ptr + src[:, None] * WORDS + h[None, :], mask=hmask)
-            tl.store(hot_ptr + dst[:, None] * WORDS + h[None, :], head, mask=hmask)
-            mask = ok[:, None] & (w < WORDS - HEAD_W)[None, :]
-            src_w = src[:, None] * WORDS + HEAD_W + w[None, :]
-            dst_w = dst[:, None] * WORDS + HEAD_W + w[None, :]
-        else:
-            mask = ok[:, None] & (w < WORDS)[None, :]
-            src_w = src[:, None] * WORDS + w[None, :]
-            dst_w = dst[:, None] * WORDS + w[None, :]
-        words = tl.load(host_ptr + src_w, mask=mask)
-        tl.store(hot_ptr + dst_w, words, mask=mask)
+        mask = ok[:, None] & (w < WORDS)[None, :]
+        words = tl.load(host_ptr + src[:, None] * WORDS + w[None, :], mask=mask)
+        tl.store(hot_ptr + dst[:, None] * WORDS + w[None, :], words, mask=mask)
 
 
 @functools.lru_cache(maxsize=None)
@@ -159,7 +145,6 @@ def miss_copy(
     rows_per_program: int = ROWS_PER_PROGRAM,
     num_warps: int = 4,
     programs: int | None = None,
-    dense: bool = False,
 ) -> None:
     """Copy host row miss_src[b, j] to hot row miss_dst[b, j] for j < miss_count[b].
 
@@ -169,8 +154,7 @@ def miss_copy(
     D must be a multiple of 4. Rows out of range are skipped. Launch-only: graph capturable.
     Tuning knobs for the benchmark: rows_per_program (a power of 2: rows in flight per program
     per iteration), num_warps, programs (persistent grid size; default PROGRAMS_PER_SM per SM,
-    a bound on the CTAs the copy occupies), dense (a power-of-two head tile and a tail tile
-    per row, where the one tile leaves lanes idle).
+    a bound on the CTAs the copy occupies).
     """
     _check(host_rows, hot_rows, miss_src, miss_dst, miss_count)
     bs, k = miss_src.shape
@@ -184,8 +168,6 @@ def miss_copy(
     )
     if grid[0] <= 0:
         raise ValueError(f"programs must be positive, got {programs}")
-    words = D // 4
-    head = 1 << (words.bit_length() - 1) if dense and words & (words - 1) else 0
     # The kernel reads the uint8 tiers as int32 words: passing them as they are spares building
     # views (for a UVATensor, a pinned-memory query) on every launch.
     _miss_copy_kernel[grid](
@@ -199,8 +181,7 @@ def miss_copy(
         math.prod(host_rows.shape) // D,
         hot_rows.numel() // D,
         WORDS=D // 4,
-        BLOCK_W=triton.next_power_of_2(D // 4 - head if head else D // 4),
-        HEAD_W=head,
+        BLOCK_W=triton.next_power_of_2(D // 4),
         ROWS=rows_per_program,
         BS_BLOCK=min(BATCH_BLOCK, triton.next_power_of_2(bs)),
         num_warps=num_warps,
