@@ -42,6 +42,8 @@ from bench.profile_parts import (  # noqa: E402
     charged_name,
     families_us,
     kernel_kind,
+    per_step,
+    print_families,
 )
 from contract.layout import MODE_OFFLOADED, KVLayout  # noqa: E402
 from engine_client.kv.baseline import BaselineBackend  # noqa: E402
@@ -324,23 +326,6 @@ def print_report(r: dict) -> None:
             else f" vs pinned copy {pin:.1f} GB/s" + ("" if gbs is None else f" = {gbs / pin:.2f}")
         )
     )
-
-
-def per_step(us: dict[str, float], steps: int, step_us: float) -> dict[str, dict]:
-    """µs per step and share of the timed step, largest first."""
-    rows = {k: v / steps for k, v in sorted(us.items(), key=lambda kv: -kv[1])}
-    return {k: {"us_per_step": v, "share": v / step_us} for k, v in rows.items()}
-
-
-def print_families(r: dict) -> None:
-    for key, title in (
-        ("other_kinds", "'other' of the profiled step by kernel kind"),
-        ("families", "every kernel by the model part that launched it (eager pass)"),
-    ):
-        if r.get(key):
-            print(f"\n{title}:")
-            for name, v in r[key].items():
-                print(f"  {name:<48} {v['us_per_step']:>10.1f} {100 * v['share']:>5.1f}%")
 
 
 def main(argv: list[str] | None = None) -> int:
