@@ -33,6 +33,8 @@ PART_FAMILIES = {
     "indexer_qkw": ("indexer q/k/w projections", "indexer q/k prep (layer norm, cat, casts)"),
     "index_scores": ("indexer", "indexer glue"),
     "select": ("plan glue", "plan glue"),
+    "count": ("select: hit/miss counters", "select: hit/miss counters"),
+    "row_base": ("select: row bases", "select: row bases"),
     "append": ("append", "append glue"),
     "trace_topk": ("trace top-k (bench input)", "trace top-k (bench input)"),
     "attention": ("MLA projections (q_a, q_b, kv_a, absorb, o)", "MLA glue (cat, copies, add)"),
@@ -127,6 +129,10 @@ def named_parts(runner) -> Iterator[None]:
             st.enter_context(_patched(model, attr, name))
         for attr in ("index_scores", "select", "append"):
             st.enter_context(_patched(be, attr, attr))
+        # HiSparse's select: its stats counters and its row bases, apart from the plan.
+        for attr, name in (("_count", "count"), ("_hot", "row_base")):
+            if hasattr(be, attr):
+                st.enter_context(_patched(be, attr, name))
         if model.topk_source is not None:
             st.enter_context(_patched(model, "topk_source", "trace_topk"))
         st.enter_context(_patched(runner, "_body", "step"))
