@@ -10,7 +10,8 @@
 #   own settings pass through: *_STEPS, *_MIN_ENDS, KERNELS_S, CHURN_S)
 #   KERN_S=100  KERNEL_CASES=miss_copy,attention (empty: all)  KERNEL_QUICK=--quick (empty: full)
 #   SWEEP_S=150  SWEEP_ARGS="--batches 8,64,128"
-#   PROF_S=60 (each)  PROFILES="bf16:128:1 bf16:128:2" (row format:batch:micro-batches)
+#   PROF_S=60 (each)  PROFILES="bf16:128:1 bf16:128:2" (row format:batch:micro-batches[:args,
+#   comma-separated, e.g. fp8:222:2:--copy-rows=16])
 #   PROFILE_ARGS="--context 32768 --warmup 6 --steps 3"  NCU_S=90  E2E_S=480  E2E_ARGS="..."
 #   MTP_S=200  MTP_ARGS="..."  PREFIX_S=120  PREFIX_ARGS="..."  GW_S=120  GW_ARGS="..."
 set -uo pipefail
@@ -40,11 +41,19 @@ stage() {  # name, limit seconds, command...
 }
 profiles() {
   for spec in ${PROFILES:-bf16:128:1 bf16:128:2}; do
-    IFS=: read -r fmt bs mb <<< "$spec"
-    stage "profile-$fmt-$bs-mb$mb" "${PROF_S:-60}" python3 bench/profile.py --preset bench \
-      --mode embedded --row-format "$fmt" --batch "$bs" --microbatches "$mb" \
-      ${PROFILE_ARGS:---context 32768 --warmup 6 --steps 3} --out "$RUN/profile-$fmt-$bs-mb$mb.json"
+    IFS=: read -r fmt bs mb extra <<< "$spec"
+    local name="profile-$fmt-$bs-mb$mb$(echo "${extra:-}" | tr -c 'A-Za-z0-9\n' '-')"
+    stage "$name" "${PROF_S:-60}" python3 bench/profile.py --preset bench \
+      --mode embedded --row-format "$fmt" --batch "$bs" --microbatches "$mb" ${extra//,/ } \
+      ${PROFILE_ARGS:---context 32768 --warmup 6 --steps 3} --out "$RUN/$name.json"
   done
+}
+ncus() {  # Nsight Compute on the miss copy alone (bench/ncu_copy.py): both row formats, the
+  # side stream's 64-CTA grid and the default grid; the second round of its launches
+  stage ncu "${NCU_S:-90}" ncu --clock-control none -k regex:miss_copy --launch-skip 4 \
+    --launch-count 4 --section SpeedOfLight --section MemoryWorkloadAnalysis_Tables \
+    --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
+    python3 bench/ncu_copy.py
 }
 STAGES="${*:-tests sanitize kernels}"
 for s in $STAGES; do
@@ -57,12 +66,7 @@ for s in $STAGES; do
     sweep) stage sweep "${SWEEP_S:-150}" python3 bench/attention_sweep.py ${SWEEP_ARGS:-} \
              --out "$RUN/sweep.json" ;;
     profiles) profiles ;;
-    ncu) stage ncu "${NCU_S:-90}" ncu --clock-control none --target-processes all \
-           -k regex:miss_copy --launch-skip 8 --launch-count 2 \
-           --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
-           --section LaunchStats --section WarpStateStats \
-           python3 bench/profile.py --preset bench --mode embedded --batch 128 --context 32768 \
-           --warmup 2 --steps 1 --no-ceilings ;;
+    ncu) ncus ;;
     e2e) stage e2e "${E2E_S:-480}" python3 bench/e2e.py ${E2E_ARGS:-} --out "$RUN/e2e.json" ;;
     gateway) stage gateway "${GW_S:-120}" python3 bench/gateway.py ${GW_ARGS:-} \
                --out "$RUN/gateway.json" ;;

@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import (  # noqa: E402
     attention_cases,
+    copy_layout_cases,
     kernel_cases,
     miss_copy_cases,
     overlap_cases,
@@ -58,6 +59,7 @@ def main() -> int:
         attention_cases,
         select_cases,
         miss_copy_cases,
+        copy_layout_cases,
         overlap_cases,
     )
     for case in [c for m in modules for c in m.ALL]:

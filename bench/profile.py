@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import re
 import sys
@@ -36,6 +37,14 @@ elif str(_ROOT) not in sys.path:
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 
+from bench.profile_parts import (  # noqa: E402
+    KERNEL_RANGE,
+    charged_name,
+    families_us,
+    kernel_kind,
+    per_step,
+    print_families,
+)
 from contract.layout import MODE_OFFLOADED, KVLayout  # noqa: E402
 from engine_client.kv.baseline import BaselineBackend  # noqa: E402
 from engine_client.kv.hisparse import HiSparseBackend  # noqa: E402
@@ -60,7 +69,6 @@ CATEGORIES = (
     ),
     ("MLP/GEMM", r"gemm|xmma|cutlass|nvjet|cublas|splitK|aten::(mm|addmm|bmm|matmul|linear)$"),
 )
-KERNEL_RANGE = "kernel::"
 
 
 def category(name: str) -> str:
@@ -106,7 +114,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0,
         help="CTAs of the side-stream miss copy [0: the backend's default, OVERLAP_COPY_PROGRAMS]",
     )
+    ap.add_argument(
+        "--copy-rows",
+        type=int,
+        default=0,
+        help="rows per program of the miss copy (a power of 2) [0: the kernel's default]",
+    )
+    ap.add_argument(
+        "--skip-copy",
+        action="store_true",
+        help="timing only, wrong outputs: no miss copy, to measure what the copy adds to the step",
+    )
     ap.add_argument("--no-ceilings", action="store_true", help="skip the pinned-copy measurement")
+    ap.add_argument(
+        "--no-families",
+        action="store_true",
+        help="skip the eager pass that charges each kernel to the model part that launched it",
+    )
     ap.add_argument("--out", default="", help="JSON path [none]")
     return ap.parse_args(argv)
 
@@ -132,11 +156,16 @@ def build(args: argparse.Namespace, device: torch.device):
     use_triton = args.kernels == "triton" or (args.kernels == "auto" and device.type == "cuda")
     kernels = KernelSet.triton() if use_triton else KernelSet.reference()
     graphed = device.type == "cuda" and kernels.capturable
+    if args.skip_copy:
+        kernels = dataclasses.replace(kernels, miss_copy=lambda *a, **kw: None)
+    if args.copy_rows:
+        copy = functools.partial(kernels.miss_copy, rows_per_program=args.copy_rows)
+        kernels = dataclasses.replace(kernels, miss_copy=copy)
     if not graphed:
         kernels = named_kernels(kernels)
     P = args.page_size
-    # Decode positions: warm-up, timed, profiled and (fallback) eager-profiled steps.
-    max_ctx = -(-(args.context + args.warmup + 3 * args.steps + 8) // P) * P
+    # Decode positions: warm-up, timed, profiled, (fallback) eager-profiled and families steps.
+    max_ctx = -(-(args.context + args.warmup + 4 * args.steps + 8) // P) * P
     window = args.window or min(128, cfg.topk // 2)
     lay = KVLayout(
         num_layers=cfg.num_layers,
@@ -207,9 +236,12 @@ def step_seconds(step: Stepper, n: int, device: torch.device) -> float:
     return (time.perf_counter() - t0) / n
 
 
-def profiled_us(step: Stepper, n: int, device: torch.device) -> dict[str, float]:
+def profiled_us(
+    step: Stepper, n: int, device: torch.device, kinds: dict[str, float] | None = None
+) -> dict[str, float]:
     """µs per category summed over n steps: device kernels on CUDA; on CPU each op's self
-    time, charged to the innermost kernel:: range it runs in."""
+    time, charged to the innermost kernel:: range it runs in. `kinds` gets the "other"
+    kernels' µs by PyTorch kernel kind (bench/profile_parts.py)."""
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     _sync(device)
     with profile(activities=acts) as prof:
@@ -222,18 +254,12 @@ def profiled_us(step: Stepper, n: int, device: torch.device) -> dict[str, float]
                 continue
             name, us = e.name, e.time_range.elapsed_us()
         else:
-            name, us = _charged_name(e), e.self_cpu_time_total
-        out[category(name)] = out.get(category(name), 0.0) + us
+            name, us = charged_name(e), e.self_cpu_time_total
+        cat = category(name)
+        out[cat] = out.get(cat, 0.0) + us
+        if cat == "other" and kinds is not None:
+            kinds[kernel_kind(name)] = kinds.get(kernel_kind(name), 0.0) + us
     return out
-
-
-def _charged_name(e) -> str:
-    p = e
-    while p is not None:
-        if p.name.startswith(KERNEL_RANGE):
-            return p.name
-        p = p.cpu_parent
-    return e.name
 
 
 def report(
@@ -316,19 +342,24 @@ def main(argv: list[str] | None = None) -> int:
     step = Stepper(runner, args.batch, args.context)
     step(args.warmup)
     step_s = step_seconds(step, args.steps, dev)
-    before = misses_so_far(backend)
-    by_cat = profiled_us(step, args.steps, dev)
+    before, kinds = misses_so_far(backend), {}
+    by_cat = profiled_us(step, args.steps, dev, kinds)
     traced = "graph replay" if runner.use_graphs else "eager"
     if runner.use_graphs and sum(by_cat.values()) < 0.01 * 1e6 * step_s * args.steps:
         # This profiler build did not trace the kernels inside graph replays: profile the
         # same step eagerly (same kernels; launch gaps differ, the step time stays graphed).
         runner.use_graphs, traced = False, "eager (graph kernels not traced)"
-        before = misses_so_far(backend)
-        by_cat = profiled_us(step, args.steps, dev)
+        before, kinds = misses_so_far(backend), {}
+        by_cat = profiled_us(step, args.steps, dev, kinds)
     miss_rows = (misses_so_far(backend) - before) / args.steps
     r = report(args, cfg, lay, step_s, by_cat, miss_rows, h2d)
     r["profiled"] = traced
+    r["other_kinds"] = per_step(kinds, args.steps, r["step_us"])
+    if not args.no_families:
+        fams = families_us(step, runner, args.steps, dev, category)
+        r["families"] = per_step(fams, args.steps, r["step_us"])
     print_report(r)
+    print_families(r)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(r, indent=1))

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from bench.profile import CATEGORIES, category, main
+from bench.profile_parts import PART_FAMILIES, family, kernel_kind
 
 KERNEL_CATEGORIES = [c for c, _ in CATEGORIES if c != "MLP/GEMM"]
 
@@ -31,6 +32,39 @@ def test_kernel_names_fall_in_their_categories():
         "void at::native::vectorized_elementwise_kernel": "other",
     }
     assert {n: category(n) for n in names} == names
+
+
+def test_kernels_fall_in_the_family_of_their_part():
+    """Kernels of ours keep their name's category; PyTorch's go to the innermost part, GEMMs
+    split from the rest; outside every part, to their kernel kind."""
+    mm = "sm90_xmma_gemm_bf16bf16_bf16f32"
+    ew = "void at::native::vectorized_elementwise_kernel<4, MulFunctor>"
+    cases = [
+        ("_miss_copy_kernel", ["append", "block"], "miss copy"),
+        (mm, ["attention", "block", "embed", "step"], PART_FAMILIES["attention"][0]),
+        (ew, ["attention", "block"], PART_FAMILIES["attention"][1]),
+        (ew, ["norm", "attention", "block"], "norms"),
+        (mm, ["block", "embed"], "MLP/GEMM"),
+        (mm, ["indexer_qkw", "attention"], "indexer q/k/w projections"),
+        (mm, ["logits", "step"], "logits (lm_head)"),
+        ("aten::cat", ["unknown part"], "outside the model: cat"),
+        ("Memcpy HtoD (Pinned -> Device)", [], "outside the model: copy/cast"),
+    ]
+    assert [family(k, p, category) for k, p, _ in cases] == [f for *_, f in cases]
+
+
+def test_kernel_kinds():
+    kinds = {
+        "void at::native::reduce_kernel<512, 1, MeanOps>": "reduce",
+        "void at::native::(anonymous namespace)::CatArrayBatchedCopy<...>": "cat",
+        "void at::native::unrolled_elementwise_kernel<direct_copy_kernel_cuda>": "copy/cast",
+        "void at::native::vectorized_elementwise_kernel<4, AddFunctor>": "elementwise",
+        "void at::native::vectorized_layer_norm_kernel<float>": "layer norm",
+        "void at::native::index_elementwise_kernel<128, 4>": "index/gather",
+        "nvjet_tst_64x8": "GEMM",
+        "mystery": "unnamed",
+    }
+    assert {n: kernel_kind(n) for n in kinds} == kinds
 
 
 def _run(tmp_path, mode: str) -> dict:
@@ -70,6 +104,11 @@ def test_embedded_step_breakdown(tmp_path):
     assert 0 < r["miss_rows_per_step"] <= n * L * 16
     assert r["miss_rate"] == pytest.approx(r["miss_rows_per_step"] / (n * L * 16))
     assert r["miss_copy_gbs"] > 0 and r["pinned_h2d_gbs"] is None
+    fams = r["families"]  # the eager pass names the model's parts
+    for fam in ("norms", "rope", "quantize index keys", "MLP/GEMM", "logits (lm_head)"):
+        assert fams[fam]["us_per_step"] > 0, fam
+    assert PART_FAMILIES["attention"][0] in fams and "miss copy" in fams
+    assert fams["select: hit/miss counters"]["us_per_step"] > 0  # HiSparse's select, split
 
 
 @pytest.mark.slow
@@ -110,3 +149,6 @@ def test_graphed_step_on_gpu(tmp_path):
     for cat in KERNEL_CATEGORIES:
         assert r["categories"][cat]["us_per_step"] > 0, cat
     assert r["miss_rows_per_step"] > 0 and r["miss_copy_gbs"] > 0
+    # The eager pass links PyTorch's kernels to their launching ops, hence to parts.
+    for fam in ("norms", "rope", "MLP/GEMM", "attention"):
+        assert r["families"][fam]["us_per_step"] > 0, fam
