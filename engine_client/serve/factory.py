@@ -19,6 +19,7 @@ from typing import Any, cast
 
 import torch
 
+from contract import residency
 from contract.layout import KVLayout
 from engine_client.client import errors, reachability
 from engine_client.client.control import HeldRequest, KVControl
@@ -257,8 +258,15 @@ def _resumed(
     return req
 
 
+def _committed(req: GenRequest) -> int:
+    """Positions whose KV rows the previous engine wrote for good: those of the steps whose tokens
+    it recorded. Its steps launched past them are re-run, and rewrite the same rows."""
+    return req.prefilled if req.phase is Phase.PREFILL else req.prompt_len + len(req.tokens) - 1
+
+
 async def restore(engine: Engine, control: KVControl, saved: state_file.SavedState) -> None:
-    """Adopt the held requests the state file knows; release the others."""
+    """Adopt the held requests the state file knows, trusting none of their hot buffer's
+    residency (contract/residency.py says why); release the others."""
     for held in control.held:
         req = (
             _resumed(
@@ -275,6 +283,8 @@ async def restore(engine: Engine, control: KVControl, saved: state_file.SavedSta
             await control.release(held.request_id)
             continue
         engine.adopt(req)
+        if control.tensors is not None and not req.finished:
+            residency.restart(control.tensors, req.slot, _committed(req))
         log.info(
             "resumed request %s in slot %d after %d of %d tokens",
             req.request_id,
