@@ -92,18 +92,26 @@ class Totals:
     rejected_total: int = 0
     expired_sessions_total: int = 0
 
-    def add_step(self, layout: KVLayout, hits: int, misses: int, bytes_moved: int) -> None:
-        """Add one step's counters, refusing what no step can do: every layer of every request
-        slot selects at most topk positions per row, a step has at most MAX_ROWS_PER_STEP rows
-        per (layer, request) (a speculative step's verify and draft rows), and each miss moves
-        at most one KV row and one index key."""
+    def add_step(
+        self, layout: KVLayout, hits: int, misses: int, bytes_moved: int, steps: int = 1
+    ) -> None:
+        """Add the counters of `steps` merged steps, refusing what no step can do: every layer of
+        every request slot selects at most topk positions per row, a step has at most
+        MAX_ROWS_PER_STEP rows per (layer, request) (a speculative step's verify and draft rows),
+        and each miss moves at most one KV row and one index key."""
         lay = layout
-        positions = lay.num_layers * lay.topk * lay.max_requests * MAX_ROWS_PER_STEP
+        check_range("steps", steps, 1, MAX_MERGED_STEPS)
+        positions = steps * lay.num_layers * lay.topk * lay.max_requests * MAX_ROWS_PER_STEP
         check_range("hits", hits, 0, positions)
         check_range("misses", misses, 0, positions - hits)
         check_range("bytes_moved", bytes_moved, 0, positions * (lay.row_bytes + lay.index_bytes))
         self.hits, self.misses = self.hits + hits, self.misses + misses
         self.bytes_moved += bytes_moved
+
+
+# Most steps one StepEnd may merge: far more than a stalled service makes an engine merge, and a
+# bound on what the counters may grow by per message.
+MAX_MERGED_STEPS = 1 << 20
 
 
 def check_id(name: str, value: str) -> None:
