@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from contract.ids import id_problem
 from contract.layout import MAX_ROWS_PER_STEP, KVLayout
 from kv_service.errors import InvalidArgument
 
-MAX_ID_BYTES = 128
 # Lengths beyond any layout's max_context; larger values are malformed, not merely too big.
 MAX_TOKENS = 2**40
 
@@ -115,11 +115,9 @@ MAX_MERGED_STEPS = 1 << 20
 
 
 def check_id(name: str, value: str) -> None:
-    size = len(value.encode())
-    if not 1 <= size <= MAX_ID_BYTES or not value.isprintable():
-        raise InvalidArgument(
-            f"{name} must be 1..{MAX_ID_BYTES} bytes of printable text", field=name, length=size
-        )
+    problem = id_problem(name, value)
+    if problem is not None:
+        raise InvalidArgument(problem, field=name, length=len(value.encode()))
 
 
 def check_range(name: str, value: int, low: int, high: int) -> None:

@@ -14,6 +14,9 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from contract.ids import MAX_ID_BYTES
+from proto.decode.v1 import decode_pb2 as pb
+from proto.decode.v1 import decode_pb2_grpc as pb_grpc
 from tests.process_harness import start_engine, workdir
 from tests.service_harness import free_port
 
@@ -38,6 +41,32 @@ def _samples(port: int) -> list[tuple[str, dict, float]]:
     return [
         (s.name, s.labels, s.value) for f in text_string_to_metric_families(text) for s in f.samples
     ]
+
+
+def test_resume_ids_are_bounded_as_the_service_bounds_ids() -> None:
+    """A resume id over the service's id bound (or not printable) is INVALID_ARGUMENT with a
+    message naming the bound; it was RESOURCE_EXHAUSTED (the NOT_FOUND message quoted the id,
+    and 20 KB of it did not fit in gRPC's metadata). An unknown id within it stays NOT_FOUND."""
+    with workdir("hsg") as path:
+        eng = start_engine(path, "baseline")
+        try:
+            with grpc.insecure_channel(eng.target) as channel:
+                stub = pb_grpc.DecodeServiceStub(channel)
+                for rid, code in (
+                    ("x" * 20_000, grpc.StatusCode.INVALID_ARGUMENT),
+                    ("x" * (MAX_ID_BYTES + 1), grpc.StatusCode.INVALID_ARGUMENT),
+                    ("tab\there", grpc.StatusCode.INVALID_ARGUMENT),
+                    ("x" * MAX_ID_BYTES, grpc.StatusCode.NOT_FOUND),
+                ):
+                    with pytest.raises(grpc.RpcError) as err:
+                        list(stub.Generate(pb.GenerateRequest(resume_request_id=rid), timeout=10))
+                    assert err.value.code() is code, err.value
+                    if code is grpc.StatusCode.INVALID_ARGUMENT:
+                        assert f"resume_request_id must be 1..{MAX_ID_BYTES} bytes" in (
+                            err.value.details()
+                        )
+        finally:
+            assert eng.stop() == 0, eng.log()
 
 
 def test_malformed_generate_is_invalid_argument_and_every_call_is_counted() -> None:
