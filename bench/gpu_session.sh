@@ -5,8 +5,9 @@
 # Usage: bash bench/gpu_session.sh [stage ...]
 #   stages: tests sanitize kernels sweep profiles ncu e2e mtp prefix gateway
 #   TESTS="tests/x.py ..."  TEST_M="gpu" (pytest -m)  TEST_K="pytest -k expr"  TEST_S=240
-#   TEST_TIMEOUT=150  SAN_S=540 (compute-sanitizer memcheck, racecheck, synccheck over the churn
-#   test in all four KV modes; SANITIZE_TOOLS picks)  RACECHECK_STEPS=20
+#   TEST_TIMEOUT=150  SAN_S=570 (compute-sanitizer memcheck, racecheck, synccheck over every
+#   kernel entry and the churn test in all four KV modes; SANITIZE_TOOLS picks, sanitize.sh's
+#   own settings pass through: *_STEPS, *_MIN_ENDS, KERNELS_S, CHURN_S)
 #   KERN_S=100  KERNEL_CASES=miss_copy,attention (empty: all)  KERNEL_QUICK=--quick (empty: full)
 #   SWEEP_S=150  SWEEP_ARGS="--batches 8,64,128"
 #   PROF_S=60 (each)  PROFILES="bf16:128:1 bf16:128:2" (row format:batch:micro-batches)
@@ -50,8 +51,7 @@ for s in $STAGES; do
   case $s in
     tests) stage tests "${TEST_S:-240}" python3 -m pytest -q -m "${TEST_M:-gpu}" -p no:cacheprovider \
              --timeout "${TEST_TIMEOUT:-150}" ${TEST_K:+-k "$TEST_K"} ${TESTS:-tests} ;;
-    sanitize) stage sanitize "${SAN_S:-540}" env OUT="$RUN" STRESS_STEPS=${STRESS_STEPS:-60} \
-                RACECHECK_STEPS=${RACECHECK_STEPS:-20} bash bench/sanitize.sh ;;
+    sanitize) stage sanitize "${SAN_S:-570}" env OUT="$RUN" bash bench/sanitize.sh ;;
     kernels) stage kernels "${KERN_S:-100}" python3 bench/kernels.py ${KERNEL_QUICK---quick} \
                --cases "${KERNEL_CASES-miss_copy,attention}" --out "$RUN/kernels.json" ;;
     sweep) stage sweep "${SWEEP_S:-150}" python3 bench/attention_sweep.py ${SWEEP_ARGS:-} \

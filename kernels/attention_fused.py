@@ -9,10 +9,12 @@ scratch) and remains the reference point of the benchmark.
 
 from __future__ import annotations
 
+import kernels.interpreter  # noqa: F401  (the interpreter switch, before import triton)
+
+# isort: split
 import triton
 import triton.language as tl
 
-import kernels.interpreter  # noqa: F401  (the interpreter switch, before any @triton.jit)
 from kernels.formats import RowFormat, RowKernel
 from kernels.interpreter import INTERPRETED
 from kernels.kv_tiles import FAST_SHIFT, load_kv_tile, tile_scores

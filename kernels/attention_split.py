@@ -6,10 +6,13 @@ ascending order, so the bits depend on k and the split count, never on timing or
 from __future__ import annotations
 
 import torch
+
+import kernels.interpreter  # noqa: F401  (the interpreter switch, before import triton)
+
+# isort: split
 import triton
 import triton.language as tl
 
-import kernels.interpreter  # noqa: F401  (the interpreter switch, before any @triton.jit)
 from kernels.attention_fused import _LN2, _attend_range, fused_setup
 from kernels.attention_workspace import AttnWorkspace
 from kernels.formats import RowFormat

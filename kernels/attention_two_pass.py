@@ -21,10 +21,12 @@ fp8 rows dequantize with integer ops (kernels/kv_tiles.py), once per tile for al
 
 from __future__ import annotations
 
+import kernels.interpreter  # noqa: F401  (the interpreter switch, before import triton)
+
+# isort: split
 import triton
 import triton.language as tl
 
-import kernels.interpreter  # noqa: F401  (the interpreter switch, before any @triton.jit)
 from kernels.formats import FP8_BLOCK
 from kernels.kv_tiles import FAST_SHIFT, load_kv_tile, load_latent, tile_scores
 from kernels.tiles import exact_dot, staged_slot

@@ -11,6 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+import kernels.interpreter  # noqa: F401  (the interpreter switch, before import triton)
+
+# isort: split
 import triton
 
 from kernels.attention_configs import TILE_ROWS

@@ -18,10 +18,13 @@ fp32 under the interpreter, whose bf16 arithmetic is not usable), exact both way
 from __future__ import annotations
 
 import torch
+
+import kernels.interpreter  # noqa: F401  (the interpreter switch, before import triton)
+
+# isort: split
 import triton
 import triton.language as tl
 
-import kernels.interpreter  # noqa: F401  (the interpreter switch, before any @triton.jit)
 from kernels.formats import (
     FP8_AMAX_FLOOR,
     FP8_BLOCK,

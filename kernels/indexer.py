@@ -7,6 +7,10 @@ once, straight from the pool through the page table; the kernel is bound by thos
 from __future__ import annotations
 
 import torch
+
+import kernels.interpreter  # noqa: F401  (the interpreter switch, before import triton)
+
+# isort: split
 import triton
 import triton.language as tl
 

@@ -11,10 +11,13 @@ from __future__ import annotations
 from typing import Union
 
 import torch
+
+import kernels.interpreter  # noqa: F401  (the interpreter switch, before import triton)
+
+# isort: split
 import triton
 import triton.language as tl
 
-import kernels.interpreter  # noqa: F401  (the interpreter switch, before any @triton.jit)
 from kernels import formats
 from kernels.formats import ROW_VALUES, IndexFormat, RowFormat, RowKernel
 from kernels.fp8_row import quantize_rows, store_fp8_rows

@@ -13,10 +13,11 @@ of the plain dequantized rows. Under the interpreter the rows dequantize through
 
 from __future__ import annotations
 
+import kernels.interpreter  # noqa: F401  (the interpreter switch, before import triton)
+
+# isort: split
 import triton
 import triton.language as tl
-
-import kernels.interpreter  # noqa: F401  (the interpreter switch, before any @triton.jit)
 
 # The fp8 row's geometry as compile-time constants (bytes, fp32 words, bf16 halves, where scales
 # and rope start, values per scale): kernels.fp8_row derives them from kernels.formats, once.

@@ -10,10 +10,11 @@ program for such a request, separated by barriers:
 
 from __future__ import annotations
 
+import kernels.interpreter  # noqa: F401  (the interpreter switch, before import triton)
+
+# isort: split
 import triton
 import triton.language as tl
-
-import kernels.interpreter  # noqa: F401  (the interpreter switch, before any @triton.jit)
 
 
 @triton.jit

@@ -22,10 +22,13 @@ import math
 from typing import Union
 
 import torch
+
+import kernels.interpreter  # noqa: F401  (the interpreter switch, before import triton)
+
+# isort: split
 import triton
 import triton.language as tl
 
-import kernels.interpreter  # noqa: F401  (the interpreter switch, before any @triton.jit)
 from kernels.uva import UVATensor
 
 ROWS_PER_PROGRAM = 8

@@ -8,10 +8,11 @@ results never depend on the order in which programs run.
 
 from __future__ import annotations
 
+import kernels.interpreter  # noqa: F401  (the interpreter switch, before import triton)
+
+# isort: split
 import triton
 import triton.language as tl
-
-import kernels.interpreter  # noqa: F401  (the interpreter switch, before any @triton.jit)
 
 INT32_MIN = tl.constexpr(-2147483648)
 

@@ -14,6 +14,10 @@ the same rows in the same order give bitwise-identical output.
 from __future__ import annotations
 
 import torch
+
+import kernels.interpreter  # noqa: F401  (the interpreter switch, before import triton)
+
+# isort: split
 import triton
 
 from kernels import attention_fused as fused

@@ -14,10 +14,13 @@ three phases separated by barriers (kernels/lru_plan.py):
 from __future__ import annotations
 
 import torch
+
+import kernels.interpreter  # noqa: F401  (the interpreter switch, before import triton)
+
+# isort: split
 import triton
 import triton.language as tl
 
-import kernels.interpreter  # noqa: F401  (the interpreter switch, before any @triton.jit)
 from kernels import formats
 from kernels.lru_plan import plan_offloaded
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import kernels.interpreter  # noqa: F401  (the interpreter switch, before import triton)
+
+# isort: split
 import triton
 import triton.language as tl
-
-import kernels.interpreter  # noqa: F401  (the interpreter switch, before any @triton.jit)
 
 
 @triton.jit

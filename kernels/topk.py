@@ -19,10 +19,13 @@ Two schedules, same result bit for bit:
 from __future__ import annotations
 
 import torch
+
+import kernels.interpreter  # noqa: F401  (the interpreter switch, before import triton)
+
+# isort: split
 import triton
 import triton.language as tl
 
-import kernels.interpreter  # noqa: F401  (the interpreter switch, before any @triton.jit)
 from kernels.radix_select import INT32_MIN, digit_histogram, pad_tail, pick_bucket, write_selected
 from kernels.topk_segmented import launch_segmented
 from kernels.topk_workspace import TopkWorkspace

@@ -8,6 +8,8 @@ other sessions running on the same machine never look like ours. At the end (con
 - /dev/shm holds a new entry of this session: named with the session's marker, or a segment,
   lock or torch IPC counter file of a process this session started (or of pytest itself);
 - a child process of pytest still runs (it is killed).
+Under pytest-xdist each worker is such a session and checks its own root, files and children; it
+hands what it found to the controller, which reports it and fails the run (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -48,8 +50,9 @@ class Session:
         tempfile.tempdir = root  # gettempdir() may have been cached by an import already
         return cls(root, set(_listdir(SHM)))
 
-    def leftovers(self) -> list[str]:
-        """Every leftover, in words; processes found alive are killed (SIGKILL, by pid)."""
+    def leftovers(self, processes: bool = True) -> list[str]:
+        """Every leftover, in words; processes found alive are killed (SIGKILL, by pid).
+        `processes=False`: files only (pytest-xdist's controller: its children are workers)."""
         left = [
             f"temp: {os.path.join(self.root, n)}"
             for n in sorted(_listdir(self.root))
@@ -61,17 +64,20 @@ class Session:
             if name.startswith(self.marker) or (m is not None and int(m["pid"]) in ours):
                 left.append(f"/dev/shm: {name}")
         # Only our own children: a recorded pid that exited may belong to anyone by now.
-        for pid in sorted(children(os.getpid())):
+        for pid in sorted(children(os.getpid())) if processes else []:
             cmd = _cmdline(pid)
             if alive(pid) and not any(h in cmd for h in HELPER_PROCESSES):
                 left.append(f"process {pid}: {cmd}")
                 os.kill(pid, signal.SIGKILL)
         return left
 
-    def end(self, keep: bool) -> None:
-        """Remove the root, unless asked to keep it for a look (and it holds something)."""
+    def end(self, keep: bool) -> str | None:
+        """Remove the root, unless asked to keep it for a look (and it holds something); return
+        its path when kept, for the run's output to name it."""
         if not keep or not _listdir(self.root):
             shutil.rmtree(self.root, ignore_errors=True)
+            return None
+        return self.root
 
 
 def _listdir(path: str) -> list[str]:

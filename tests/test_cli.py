@@ -16,6 +16,8 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -123,27 +125,46 @@ def test_generate_prints_the_request_id_first_and_it_resumes() -> None:
             assert again.stderr.splitlines()[0] == f"request {request_id}"
             assert again.stdout.splitlines()[0].split() == tokens
 
-            # Ctrl-C mid-stream: quiet exit 130.
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "engine_client",
-                    "generate",
-                    "--target",
-                    target,
-                    "--max-new-tokens",
-                    "2000",
-                ],
-                cwd=REPO_ROOT,
-                text=True,
-                env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-            )
+            # Ctrl-C mid-stream: quiet exit 130, also when pytest itself ignores SIGINT (a
+            # background job does; its children inherit SIG_IGN unless the handler is reset).
+            with _sigint_ignored():
+                proc = _interruptible_generate(target)
             assert proc.stderr.readline().startswith("request ")
             proc.send_signal(signal.SIGINT)
             _, err = proc.communicate(timeout=HANG_BOUND)
             assert proc.returncode == 130 and "Traceback" not in err, err
         finally:
             assert eng.stop() == 0, eng.log()
+
+
+@contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """Ignore SIGINT here meanwhile, as in a background job (`pytest &`)."""
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def _interruptible_generate(target: str) -> subprocess.Popen:
+    """A long `generate`, with the default SIGINT disposition whatever this process's is (as a
+    terminal's foreground job has it), so that Ctrl-C reaches it."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "engine_client",
+            "generate",
+            "--target",
+            target,
+            "--max-new-tokens",
+            "2000",
+        ],
+        cwd=REPO_ROOT,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )

@@ -4,13 +4,18 @@ session) finds temporary files, /dev/shm files and child processes, and only thi
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 
+import pytest
+
 from tests import leftovers
 from tests.leftovers import Session
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_leftovers_of_a_session_are_named_and_its_children_killed() -> None:
@@ -43,3 +48,53 @@ def test_leftovers_of_a_session_are_named_and_its_children_killed() -> None:
 def test_the_session_writes_its_temporary_files_under_its_own_root() -> None:
     assert os.path.basename(tempfile.gettempdir()).startswith("hsrun")
     assert os.environ["TMPDIR"] == tempfile.gettempdir()
+
+
+def test_a_kept_root_is_named_and_a_clean_one_removed() -> None:
+    kept = Session(tempfile.mkdtemp(prefix="hsrun", dir="/tmp"))
+    gone = Session(tempfile.mkdtemp(prefix="hsrun", dir="/tmp"))
+    try:
+        for s in (kept, gone):
+            open(os.path.join(s.root, "log"), "w").close()
+        assert kept.end(keep=True) == kept.root and os.path.isdir(kept.root)
+        assert gone.end(keep=False) is None and not os.path.exists(gone.root)
+    finally:
+        shutil.rmtree(kept.root, ignore_errors=True)
+        shutil.rmtree(gone.root, ignore_errors=True)
+
+
+LEAKY = """
+import os, subprocess, sys, tempfile
+
+def test_leaves_a_file():
+    open(os.path.join(tempfile.gettempdir(), "left-by-a-worker"), "w").close()
+
+def test_leaves_a_process():
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+"""
+
+
+def test_leftovers_of_xdist_workers_fail_the_run_and_are_named(tmp_path) -> None:
+    """Two workers, each a session with its own check: the controller reports what they left
+    and the roots they kept, and the run fails although every test passed."""
+    pytest.importorskip("xdist")
+    (tmp_path / "conftest.py").write_text("from tests.conftest import *  # noqa: F403\n")
+    (tmp_path / "test_leaky.py").write_text(LEAKY)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", str(tmp_path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    kept = re.findall(r"kept for a look \(rm -r when done\): (\S+)", run.stdout)
+    try:
+        assert run.returncode == 1 and "2 passed" in run.stdout, run.stdout + run.stderr
+        assert re.search(r"temp: /tmp/hsrun\w+/left-by-a-worker", run.stdout), run.stdout
+        assert re.search(r"process \d+: \S+ -c import time", run.stdout), run.stdout
+        assert kept and all(os.path.isdir(k) for k in kept), run.stdout
+    finally:
+        for root in kept:
+            shutil.rmtree(root, ignore_errors=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 import urllib.request
 
 import grpc
@@ -33,6 +34,18 @@ def value(families: dict, sample: str, **labels: str) -> float:
     raise AssertionError(f"no {sample}{labels}")
 
 
+def _has(families: dict, sample: str, **labels: str) -> bool:
+    return any(s.name == sample and s.labels == labels for _, ss in families.values() for s in ss)
+
+
+def _scrape_until(port: int, counted, timeout: float = 10.0) -> dict[str, list]:
+    """A scrape in which `counted(families)` holds (another process's counters: polled)."""
+    deadline = time.monotonic() + timeout
+    while not counted(m := scrape(port)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return m
+
+
 def rpc(method: str, kind: str = "unary", **more: str) -> dict[str, str]:
     return dict(grpc_type=kind, grpc_service=SERVICE, grpc_method=method, **more)
 
@@ -57,8 +70,15 @@ def test_grpc_server_series_count_every_rpc_by_code() -> None:
             svc.stub().GetStats(pb.GetStatsRequest())
         assert no_token.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
-        m = scrape(port)
         handled = "grpc_server_handled_total"
+        # A call is counted after its status went out: wait for the last ones' counts.
+        m = _scrape_until(
+            port,
+            lambda m: (
+                _has(m, handled, **rpc("GetStats", grpc_code="UNAUTHENTICATED"))
+                and _has(m, handled, **rpc("Session", "bidi_stream", grpc_code="OK"))
+            ),
+        )
         assert value(m, handled, **rpc("Attach", grpc_code="OK")) == 1
         assert value(m, handled, **rpc("GetStats", grpc_code="OK")) == 1
         assert value(m, handled, **rpc("GetStats", grpc_code="UNAUTHENTICATED")) == 1

@@ -4,10 +4,12 @@ Their removal (this process's files, a killed process's): tests/test_segment_cle
 from __future__ import annotations
 
 import base64
+import gc
 import json
 import multiprocessing as mp
 import os
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -221,7 +223,38 @@ def _uva_copy(src, n: int) -> torch.Tensor:
     return dst
 
 
+@pytest.fixture
+def cuda_exports_released() -> Iterator[None]:
+    """A CUDA IPC export here (`_share_cuda_`) puts a consumer count in a
+    /dev/shm/torch_<pid>_* file of this (pytest's) process, set to 1 for the one consumer
+    expected; the consumer's unmapping takes it to 0. The file goes once every exported storage
+    is freed with a count of 0 and `ipc_collect` drops torch's current counter file: after the
+    test, with its tensors gone, collect, and check that the file went."""
+    before = _counter_files()
+    yield
+    gc.collect()
+    torch.cuda.ipc_collect()
+    assert _counter_files() - before == set(), "CUDA IPC counter files left by this process"
+
+
+def _counter_files() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith(f"torch_{os.getpid()}_")}
+
+
+def _child_maps_and_unmaps(layout: dict, handles: list[dict], conn) -> None:
+    """An engine's part in an export: map, then unmap (which takes its consumer count back)."""
+    try:
+        segs = SegmentMap()
+        kv = segs.map_segments(KVLayout.from_dict(layout), handles, torch.device("cuda"))
+        segs.unmap(kv)
+        del kv
+        conn.send("ok")
+    except BaseException:
+        conn.send(traceback.format_exc())
+
+
 @pytest.mark.gpu
+@pytest.mark.usefixtures("cuda_exports_released")
 def test_gpu_writes_are_shared_both_ways(tmp_path: Path) -> None:
     """hot_kv and the extras by CUDA IPC, host_kv as a registered file read by Triton through
     UVA."""
@@ -229,11 +262,16 @@ def test_gpu_writes_are_shared_both_ways(tmp_path: Path) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.usefixtures("cuda_exports_released")
 def test_gpu_handles_and_cleanup() -> None:
     segs = SegmentMap()
     kv, handles = segment.create_segments(LAYOUT, "cuda", "/dev/shm", f"gpu-{os.getpid()}")
     kinds = {h["name"]: h["kind"] for h in handles}
     assert kinds.pop("host_kv") == "shm" and set(kinds.values()) == {"cuda_ipc"}
     assert kv.host_kv.is_pinned() and kv.hot_kv.is_cuda and segs.is_owner_alive(handles)
+    # Mapped once, as an engine would: an export nobody maps keeps its count (and its storage)
+    # in torch's limbo until this process exits.
+    assert _run_child(_child_maps_and_unmaps, LAYOUT.to_dict(), handles) == "ok"
+    del kv
     segment.remove_segments("/dev/shm", f"gpu-{os.getpid()}")
     assert not os.path.exists(handles[0]["path"]) and not segs.is_owner_alive(handles)

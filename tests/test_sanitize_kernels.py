@@ -1,0 +1,40 @@
+"""bench/sanitize_kernels.py's table: the sanitizer's findings are counted against the kernel
+entry whose launch marker follows them, and an entry that never launched fails the table. (The
+driver itself runs on the H200 under compute-sanitizer, bench/sanitize.sh.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.sanitize_kernels import MARKER, _entry_names, table
+
+HEADER = "========= COMPUTE-SANITIZER\n"
+RACE = (
+    "========= Error: Race reported between Write access at 0x1f0 in k.py:12:_topk_kernel\n"
+    "=========     and Read access at 0x2a0 in k.py:14:_topk_kernel [4 hazards]\n"
+)
+SUMMARY = "========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)\n"
+
+
+def _log(tmp_path: Path, body: str) -> str:
+    path = tmp_path / "run.log"
+    path.write_text(body)
+    return str(path)
+
+
+def test_findings_go_to_the_launch_they_precede(tmp_path: Path, capsys) -> None:
+    marks = "".join(f"{MARKER}{n}\n" for n in _entry_names())
+    body = HEADER + marks + RACE + f"{MARKER}topk_select\n" + marks + f"{MARKER}(end)\n" + SUMMARY
+    assert table(_log(tmp_path, body)) == 1  # a finding fails it
+    rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()}
+    assert rows["topk_select"] == ["3", "1"]
+    assert rows["kv_append"] == ["2", "0"]
+
+
+def test_a_clean_run_passes_and_a_missing_entry_fails(tmp_path: Path, capsys) -> None:
+    names = _entry_names()
+    clean = HEADER + "".join(f"{MARKER}{n}\n" for n in names) + SUMMARY
+    assert table(_log(tmp_path, clean)) == 0
+    partial = HEADER + "".join(f"{MARKER}{n}\n" for n in names[1:]) + SUMMARY
+    assert table(_log(tmp_path, partial)) == 1
+    assert f"never launched: {names[0]}" in capsys.readouterr().out
