@@ -216,9 +216,10 @@ class ServiceCore:
         hits: int,
         misses: int,
         bytes_moved: int,
+        steps: int = 1,
     ) -> None:
-        """Commit every (request id, seq_len) and add the step's counters. All or nothing: one bad
-        entry changes nothing."""
+        """Commit every (request id, seq_len) and add the counters of the `steps` steps the report
+        merges. All or nothing: one bad entry changes nothing."""
         self.touch(session_id)
         progress = list(progress)
         if len(progress) > self.layout.max_requests:
@@ -235,7 +236,7 @@ class ServiceCore:
             if request_id in updates:
                 raise InvalidArgument(f"request {request_id!r} listed twice", request_id=request_id)
             updates[request_id] = (request, seq_len)
-        self.totals.add_step(self.layout, hits, misses, bytes_moved)
+        self.totals.add_step(self.layout, hits, misses, bytes_moved, steps)
         for request, seq_len in updates.values():
             request.seq_len = seq_len
             self.ledger.publish(request)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from contract.ids import id_problem
 from contract.layout import MAX_ROWS_PER_STEP, KVLayout
 from kv_service.errors import InvalidArgument
 
-MAX_ID_BYTES = 128
 # Lengths beyond any layout's max_context; larger values are malformed, not merely too big.
 MAX_TOKENS = 2**40
 
@@ -92,13 +92,16 @@ class Totals:
     rejected_total: int = 0
     expired_sessions_total: int = 0
 
-    def add_step(self, layout: KVLayout, hits: int, misses: int, bytes_moved: int) -> None:
-        """Add one step's counters, refusing what no step can do: every layer of every request
-        slot selects at most topk positions per row, a step has at most MAX_ROWS_PER_STEP rows
-        per (layer, request) (a speculative step's verify and draft rows), and each miss moves
-        at most one KV row and one index key."""
+    def add_step(
+        self, layout: KVLayout, hits: int, misses: int, bytes_moved: int, steps: int = 1
+    ) -> None:
+        """Add the counters of `steps` merged steps, refusing what no step can do: every layer of
+        every request slot selects at most topk positions per row, a step has at most
+        MAX_ROWS_PER_STEP rows per (layer, request) (a speculative step's verify and draft rows),
+        and each miss moves at most one KV row and one index key."""
         lay = layout
-        positions = lay.num_layers * lay.topk * lay.max_requests * MAX_ROWS_PER_STEP
+        check_range("steps", steps, 1, MAX_MERGED_STEPS)
+        positions = steps * lay.num_layers * lay.topk * lay.max_requests * MAX_ROWS_PER_STEP
         check_range("hits", hits, 0, positions)
         check_range("misses", misses, 0, positions - hits)
         check_range("bytes_moved", bytes_moved, 0, positions * (lay.row_bytes + lay.index_bytes))
@@ -106,12 +109,15 @@ class Totals:
         self.bytes_moved += bytes_moved
 
 
+# Most steps one StepEnd may merge: far more than a stalled service makes an engine merge, and a
+# bound on what the counters may grow by per message.
+MAX_MERGED_STEPS = 1 << 20
+
+
 def check_id(name: str, value: str) -> None:
-    size = len(value.encode())
-    if not 1 <= size <= MAX_ID_BYTES or not value.isprintable():
-        raise InvalidArgument(
-            f"{name} must be 1..{MAX_ID_BYTES} bytes of printable text", field=name, length=size
-        )
+    problem = id_problem(name, value)
+    if problem is not None:
+        raise InvalidArgument(problem, field=name, length=len(value.encode()))
 
 
 def check_range(name: str, value: int, low: int, high: int) -> None:

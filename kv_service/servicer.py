@@ -197,6 +197,7 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer):
                 s.hits,
                 s.misses,
                 s.bytes_moved,
+                s.steps or 1,  # unset by engines that never merge
             )
         elif kind == "release":
             core.release(sid, msg.release.request_id, msg.release.page_hashes)

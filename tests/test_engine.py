@@ -289,6 +289,35 @@ def test_state_file_round_trip_and_torn_last_line(tmp_path) -> None:
     )
 
 
+def test_state_file_queued_records_are_written_at_once(tmp_path) -> None:
+    """A queued request is on disk before its id goes out (no step needed); admission turns it
+    into a started one, and an end (a queued request cancelled) forgets it."""
+    from engine_client.loop import state_file
+
+    path = str(tmp_path / "state.jsonl")
+    f = state_file.StateFile(path)
+    f.rewrite("sess", 1, [])
+    waits, runs, gone = (
+        GenRequest(rid, (1, 2), 4, SamplingParams(), cache_salt="t") for rid in "wrg"
+    )
+    for r in (waits, runs, gone):
+        f.queued(r)
+    assert state_file.load(path).requests["w"].queued  # no step wrote the file
+    f.started(runs)
+    f.ended("g")
+    f.tokens({"r": [5]})
+    saved = state_file.load(path).requests
+    assert sorted(saved) == ["r", "w"]
+    assert saved["w"].queued and saved["w"].cache_salt == "t"
+    assert not saved["r"].queued and saved["r"].tokens == [5]
+    f.rewrite("sess", 2, [runs], [waits])  # a restart keeps both
+    assert {k: v.queued for k, v in state_file.load(path).requests.items()} == {
+        "r": False,
+        "w": True,
+    }
+    f.close()
+
+
 @pytest.mark.gpu
 def test_overlap_on_and_off_identical_on_gpu() -> None:
     """The same jobs, plus stop tokens, on CUDA (graphs, Triton kernels) in the in-process KV

@@ -9,6 +9,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import os
 import time
 
@@ -130,6 +132,59 @@ def test_engine_killed_then_resumed_gives_identical_tokens() -> None:
             eng.kill()
             assert svc.stop() == 0, svc.log()
         assert svc.segment_files() == []
+
+
+def test_requests_queued_at_an_engine_kill_are_resumed_after_the_restart() -> None:
+    """An id handed out is resumable: with one request slot (--max-batch 1) a second request
+    waits behind a long first one; the engine is SIGKILLed while it waits (its id already on
+    the client's side), and the restarted engine runs it: its resumed stream is the whole of an
+    uninterrupted run, and the first request resumes too."""
+    greedy = dataclasses.replace(SAMPLED, temperature=0.0, max_new_tokens=12)
+    long_job = dataclasses.replace(greedy, max_new_tokens=60)
+    with workdir() as path:
+        svc = start_service(path)
+        state = os.path.join(path, "engine.state")
+        extra = ("--state-file", state, "--max-batch", "1")
+        eng = start_engine(path, "service", svc, extra=extra)
+        try:
+            reference = asyncio.run(_stream(eng, greedy))
+
+            async def killed_while_queued() -> tuple[GenerationResult, GenerationResult]:
+                first, queued = GenerationResult(), GenerationResult()
+                decoding = asyncio.Event()
+
+                async def follow(cfg, result, on_id=None) -> None:
+                    async with engine_channel(eng) as channel:
+                        with contextlib.suppress(errors.ServiceUnavailable):
+                            async for _ in generate_stream(channel, cfg, result, 0, on_id):
+                                decoding.set()
+
+                async def second() -> None:
+                    await decoding.wait()  # the first request holds the one slot
+                    # SIGKILL as soon as the id is handed out: the request is still queued.
+                    await follow(greedy, queued, lambda _: eng.signal(9))
+
+                await asyncio.gather(follow(long_job, first), second())
+                return first, queued
+
+            first, queued = asyncio.run(killed_while_queued())
+            assert queued.request_id and queued.tokens == [], queued
+            eng.proc.wait(10)
+            eng = start_engine(path, "service", svc, name="engine2", extra=extra)
+            whole = []
+            for done in (queued, first):
+                resume = GenerateConfig(
+                    target="", prompt=(), max_new_tokens=1, resume_request_id=done.request_id
+                )
+                rest = asyncio.run(_stream(eng, resume, skip_below=len(done.tokens)))
+                assert rest.finish_reason == "LENGTH", rest.error
+                whole.append(done.tokens + rest.tokens)
+            assert whole[0] == reference.tokens
+            assert len(whole[1]) == long_job.max_new_tokens
+            assert f"queued request {queued.request_id} again" in eng.log()
+        finally:
+            assert eng.stop() == 0, eng.log()
+            assert svc.stop() == 0, svc.log()
 
 
 def test_client_cancel_frees_the_request() -> None:

@@ -2,6 +2,7 @@
 
 - a Generate whose bytes do not parse, or whose resume id is not UTF-8, is answered
   INVALID_ARGUMENT (it was UNKNOWN), and the engine logs no traceback for it;
+- a resume id over the service's id bound is INVALID_ARGUMENT (it was RESOURCE_EXHAUSTED);
 - every call is counted in the grpc_server_* series, by status code;
 - the metrics name device time "device" and say which device (a CPU run is not "gpu").
 """
@@ -15,6 +16,9 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from contract.ids import MAX_ID_BYTES
+from proto.decode.v1 import decode_pb2 as pb
+from proto.decode.v1 import decode_pb2_grpc as pb_grpc
 from tests.process_harness import start_engine, workdir
 from tests.service_harness import free_port
 
@@ -56,6 +60,32 @@ def _until_handled(port: int, want: dict[str, float], timeout: float = 10.0):
         time.sleep(0.05)
     assert _handled(samples) == want, _handled(samples)
     return samples
+
+
+def test_resume_ids_are_bounded_as_the_service_bounds_ids() -> None:
+    """A resume id over the service's id bound (or not printable) is INVALID_ARGUMENT with a
+    message naming the bound; it was RESOURCE_EXHAUSTED (the NOT_FOUND message quoted the id,
+    and 20 KB of it did not fit in gRPC's metadata). An unknown id within it stays NOT_FOUND."""
+    with workdir("hsg") as path:
+        eng = start_engine(path, "baseline")
+        try:
+            with grpc.insecure_channel(eng.target) as channel:
+                stub = pb_grpc.DecodeServiceStub(channel)
+                for rid, code in (
+                    ("x" * 20_000, grpc.StatusCode.INVALID_ARGUMENT),
+                    ("x" * (MAX_ID_BYTES + 1), grpc.StatusCode.INVALID_ARGUMENT),
+                    ("tab\there", grpc.StatusCode.INVALID_ARGUMENT),
+                    ("x" * MAX_ID_BYTES, grpc.StatusCode.NOT_FOUND),
+                ):
+                    with pytest.raises(grpc.RpcError) as err:
+                        list(stub.Generate(pb.GenerateRequest(resume_request_id=rid), timeout=10))
+                    assert err.value.code() is code, err.value
+                    if code is grpc.StatusCode.INVALID_ARGUMENT:
+                        assert f"resume_request_id must be 1..{MAX_ID_BYTES} bytes" in (
+                            err.value.details()
+                        )
+        finally:
+            assert eng.stop() == 0, eng.log()
 
 
 def test_malformed_generate_is_invalid_argument_and_every_call_is_counted() -> None:

@@ -9,11 +9,12 @@ import time
 import grpc
 import pytest
 
-from contract.layout import MODE_OFFLOADED, MODE_RESIDENT
+from contract.layout import MAX_ROWS_PER_STEP, MODE_OFFLOADED, MODE_RESIDENT
 from engine_client.client import errors
 from engine_client.client.control import StepReport
 from engine_client.client.kv_client import KVClient
 from engine_client.kv.local_control import EmbeddedControl
+from engine_client.loop.postprocess import ReportSender
 from engine_client.serve.factory import baseline_control
 from tests.process_harness import LAYOUT, layout_with, start_service, workdir
 
@@ -74,6 +75,40 @@ def test_session_lifecycle_and_typed_errors(svc) -> None:
             for rid in ("small", "big"):
                 await c.release(rid)
             assert (await c.stats()).pages_used == 0
+        finally:
+            await c.close(detach=True)
+
+    asyncio.run(run())
+
+
+@pytest.mark.slow
+def test_merged_step_reports_are_bounded_by_their_step_count(svc) -> None:
+    """Reports queued while one is on its way go out merged, each step at the most a step can
+    do: the service takes them as that many steps; counters over steps x one step's bound are
+    refused, and change nothing."""
+    one_step = LAYOUT.num_layers * LAYOUT.topk * LAYOUT.max_requests * MAX_ROWS_PER_STEP
+    row = LAYOUT.row_bytes + LAYOUT.index_bytes
+
+    async def run() -> None:
+        c = await _connect(svc)
+        try:
+            before = await c.stats()
+            sender = ReportSender(c)
+            for step in range(5):  # all sent before the first goes out: one report of 5 steps
+                sender.send(StepReport(step, (), one_step - 1, 1, one_step * row))
+            await sender.flush()
+            assert sender.sent == 1
+            s = await c.stats()
+            assert (s.hits - before.hits, s.misses - before.misses) == (5 * one_step - 5, 5)
+            assert s.bytes_moved - before.bytes_moved == 5 * one_step * row
+            for over in (
+                StepReport(9, (), 2 * one_step, 1, 0, steps=2),
+                StepReport(9, (), 0, 0, 2 * one_step * row + 1, steps=2),
+                StepReport(9, (), 0, 0, 0, steps=2**21),
+            ):
+                with pytest.raises(errors.InvalidArgument):
+                    await c.step_end(over)
+            assert (await c.stats()).hits == s.hits
         finally:
             await c.close(detach=True)
 

@@ -60,13 +60,15 @@ class HeldRequest:
 
 @dataclass(frozen=True)
 class StepReport:
-    """Bookkeeping of one decode step: stored lengths and the swap counters of the step."""
+    """Bookkeeping of decode steps: stored lengths and the swap counters of the steps; `steps`
+    merged reports (the service bounds the counters by steps x what one step can do)."""
 
     step: int
     progress: tuple[tuple[str, int], ...]
     hits: int = 0
     misses: int = 0
     bytes_moved: int = 0
+    steps: int = 1
 
 
 @dataclass(frozen=True)

@@ -252,6 +252,7 @@ class KVClient(Reattachment):
                 hits=report.hits,
                 misses=report.misses,
                 bytes_moved=report.bytes_moved,
+                steps=report.steps,
             )
         )
         await self._send(msg, "StepEnd")

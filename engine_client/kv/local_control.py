@@ -100,6 +100,7 @@ class EmbeddedControl(LocalMemory):
             report.hits,
             report.misses,
             report.bytes_moved,
+            report.steps,
         )
 
     async def release(self, request_id: str, page_hashes: Sequence[bytes] = ()) -> None:

@@ -158,6 +158,8 @@ class Engine:
             uuid.uuid4().hex, prompt, max_new_tokens, sampling, text=text, cache_salt=cache_salt
         )
         self.scheduler.enqueue(req)
+        if self.state is not None:  # before the id goes to the client: it must be resumable
+            self.state.queued(req)
         self._wake.set()
         log.info(
             "request %s queued: %d prompt tokens, up to %d new",
@@ -194,6 +196,11 @@ class Engine:
         if req.phase is Phase.WAITING:
             self.scheduler.dequeue(req)
             self._finish(req, Finish.CANCELLED)
+        self._wake.set()
+
+    def requeue(self, req: GenRequest) -> None:
+        """A request the state file had queued when the previous engine process died."""
+        self.scheduler.enqueue(req)
         self._wake.set()
 
     def adopt(self, req: GenRequest) -> None:
@@ -383,7 +390,7 @@ class Engine:
             except errors.KVError as e:
                 log.warning("release of %s failed: %s", req.request_id, e)
             self.scheduler.released()
-        if self.state is not None and req.slot >= 0:
+        if self.state is not None:  # admitted, or only queued (its queued record ends too)
             self.state.ended(req.request_id)
         assert req.finish is not None  # only finished requests are released
         log.info(
@@ -416,6 +423,7 @@ class Engine:
     def _recovered(self) -> None:
         """The control re-attached to a restarted service: serve again."""
         if self.state is not None:  # an engine restarted later resumes the new session
-            self.state.rewrite(self.control.session_id, getattr(self.control, "epoch", 0), [])
+            epoch = getattr(self.control, "epoch", 0)
+            self.state.rewrite(self.control.session_id, epoch, [], list(self.waiting))
         self.failure = None
         self._wake.set()

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 
 def merge_reports(a: StepReport, b: StepReport) -> StepReport:
-    """One report for steps a then b: b's stored lengths win, counters add up."""
+    """One report for steps a then b: b's stored lengths win, counters and step counts add up."""
     progress = dict(a.progress)
     progress.update(b.progress)
     return StepReport(
@@ -39,6 +39,7 @@ def merge_reports(a: StepReport, b: StepReport) -> StepReport:
         a.hits + b.hits,
         a.misses + b.misses,
         a.bytes_moved + b.bytes_moved,
+        a.steps + b.steps,
     )
 
 

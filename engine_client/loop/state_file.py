@@ -4,10 +4,15 @@ the requests that the KV service still holds for its session.
 The file is a JSON-lines log, mode 0600 (it holds prompts). Records are buffered and written
 together, with one write() and flush per engine step, when the step's tokens are recorded:
 before any of them is sent to a client, so a client never sees a token the file does not have.
+A queued record is written at once, before its request id is handed to the client: every id a
+client holds can be resumed.
   {"session": ID, "epoch": N}                       first line: the KV session to resume
+  {"queued": RID, ...}                              a request queued, not admitted yet (the
+                                                    fields of start); a restarted engine queues
+                                                    it again
   {"start": RID, "prompt": [...], "max_new_tokens": N, "temperature": T, "seed": S, "stop": [...],
-   "stop_strings": [...], "text": BOOL, "replayed": R}
-      (stop_strings and text: text output, optional; R > 0: a revived request, see request.py)
+   "stop_strings": [...], "text": BOOL, "replayed": R, "cache_salt": SALT}
+      (stop_strings, text, cache_salt: optional; R > 0: a revived request, see request.py)
   {"tokens": {RID: [new token ids], ...}}           one line per step
   {"end": RID}                                      the request finished and was released
 Sampling draws token i from a generator seeded by (seed, i), so prompt + tokens + seed are the
@@ -17,7 +22,9 @@ Durability: flushed to the OS, never fsynced. The file survives the engine proce
 (the case resume exists for: the KV service keeps the KV for its lease), not the machine losing
 power, which also loses the service's KV. A start or end record is buffered until the next
 step's write: a start lost with the process belongs to a request that sent no token (the
-restarted engine releases it); a lost end only names a request the service no longer holds.
+restarted engine releases it, and queues it again from its queued record); a lost end only names
+a request the service no longer holds, or a queued one that a restarted engine runs again for a
+client that went away.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import contextlib
 import json
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -44,6 +52,8 @@ class SavedRequest:
     tokens: list[int] = field(default_factory=list)
     text: bool = False  # the request streams text: a resumed one gets a TextStream again
     replayed: int = 0  # a revived request's prefill re-creates the KV of its first R tokens
+    queued: bool = False  # its id was handed out, it was not admitted (no start record)
+    cache_salt: str = ""
 
 
 @dataclass
@@ -65,27 +75,42 @@ def _start_record(r: GenRequest | SavedRequest) -> dict:
         "stop_strings": list(s.stop_strings),
         "text": r.text is not None if isinstance(r, GenRequest) else r.text,
         "replayed": r.replayed,
+        "cache_salt": r.cache_salt,
     }
+
+
+def _queued_record(r: GenRequest | SavedRequest) -> dict:
+    rec = _start_record(r)
+    rec["queued"] = rec.pop("start")
+    return rec
+
+
+def _saved(rid: str, rec: dict, queued: bool) -> SavedRequest:
+    sampling = SamplingParams(
+        float(rec["temperature"]),
+        int(rec["seed"]),
+        tuple(int(t) for t in rec["stop"]),
+        tuple(str(t) for t in rec.get("stop_strings", ())),
+    )
+    return SavedRequest(
+        rid,
+        tuple(rec["prompt"]),
+        int(rec["max_new_tokens"]),
+        sampling,
+        text=bool(rec.get("text", False)),
+        replayed=int(rec.get("replayed", 0)),
+        queued=queued,
+        cache_salt=str(rec.get("cache_salt", "")),
+    )
 
 
 def _apply(state: SavedState, rec: dict) -> None:
     if "session" in rec:
         state.session_id, state.epoch = rec["session"], int(rec["epoch"])
     elif "start" in rec:
-        sampling = SamplingParams(
-            float(rec["temperature"]),
-            int(rec["seed"]),
-            tuple(int(t) for t in rec["stop"]),
-            tuple(str(t) for t in rec.get("stop_strings", ())),
-        )
-        state.requests[rec["start"]] = SavedRequest(
-            rec["start"],
-            tuple(rec["prompt"]),
-            int(rec["max_new_tokens"]),
-            sampling,
-            text=bool(rec.get("text", False)),
-            replayed=int(rec.get("replayed", 0)),
-        )
+        state.requests[rec["start"]] = _saved(rec["start"], rec, queued=False)
+    elif "queued" in rec:
+        state.requests[rec["queued"]] = _saved(rec["queued"], rec, queued=True)
     elif "tokens" in rec:
         for rid, toks in rec["tokens"].items():
             if rid in state.requests:
@@ -119,9 +144,14 @@ class StateFile:
         self._buffer: list[str] = []
 
     def rewrite(
-        self, session_id: str, epoch: int, live: list[GenRequest] | list[SavedRequest]
+        self,
+        session_id: str,
+        epoch: int,
+        live: list[GenRequest] | list[SavedRequest],
+        queued: Sequence[GenRequest] = (),
     ) -> None:
-        """Start the file over: the session line and every live request, compactly."""
+        """Start the file over: the session line, every live (admitted) request and every queued
+        one, compactly."""
         tmp = f"{self.path}.tmp"
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)  # a leftover of a killed engine, maybe with wider permissions
@@ -131,6 +161,8 @@ class StateFile:
                 f.write(json.dumps(_start_record(r)) + "\n")
                 if r.tokens:
                     f.write(json.dumps({"tokens": {r.request_id: list(r.tokens)}}) + "\n")
+            for q in queued:
+                f.write(json.dumps(_queued_record(q)) + "\n")
         os.replace(tmp, self.path)
         self._buffer.clear()  # records of the file just replaced
         if self._f is not None:
@@ -149,6 +181,12 @@ class StateFile:
             self._f.write("".join(self._buffer))
             self._f.flush()
         self._buffer.clear()
+
+    def queued(self, r: GenRequest) -> None:
+        """A request queued: written at once (with the records buffered before it), since its
+        id goes to the client next."""
+        self._append(_queued_record(r))
+        self.flush()
 
     def started(self, r: GenRequest) -> None:
         self._append(_start_record(r))

@@ -19,6 +19,7 @@ from typing import Any, cast
 
 import torch
 
+from contract import residency
 from contract.layout import KVLayout
 from engine_client.client import errors, reachability
 from engine_client.client.control import HeldRequest, KVControl
@@ -123,13 +124,15 @@ async def connect_service(
                 cfg.service_target, resume_session_id=saved.session_id, **kwargs
             )
         except errors.UnknownRequest as e:
+            # Queued requests had no KV there: they are queued again all the same.
+            queued = {rid: r for rid, r in saved.requests.items() if r.queued}
             log.warning(
-                "saved session %s is gone (%s): its %d requests cannot be resumed",
+                "saved session %s is gone (%s): its %d admitted requests cannot be resumed",
                 saved.session_id,
                 e,
-                len(saved.requests),
+                len(saved.requests) - len(queued),
             )
-            saved.requests.clear()
+            saved.requests = queued
     return await KVClient.connect(cfg.service_target, **kwargs)
 
 
@@ -257,24 +260,53 @@ def _resumed(
     return req
 
 
+def _committed(req: GenRequest) -> int:
+    """Positions whose KV rows the previous engine wrote for good: those of the steps whose tokens
+    it recorded. Its steps launched past them are re-run, and rewrite the same rows."""
+    return req.prefilled if req.phase is Phase.PREFILL else req.prompt_len + len(req.tokens) - 1
+
+
+def _requeued(saved: state_file.SavedRequest, vocab: vocabulary.Vocabulary | None) -> GenRequest:
+    req = GenRequest(
+        saved.request_id,
+        saved.prompt,
+        saved.max_new_tokens,
+        saved.sampling,
+        cache_salt=saved.cache_salt,
+    )
+    if saved.text:
+        assert vocab is not None  # a request with text was made by an engine with a vocabulary
+        req.text = TextStream(vocab, saved.sampling.stop_strings)
+    return req
+
+
 async def restore(engine: Engine, control: KVControl, saved: state_file.SavedState) -> None:
-    """Adopt the held requests the state file knows; release the others."""
+    """Adopt the held requests the state file saw admitted, trusting none of their hot buffer's
+    residency (contract/residency.py says why), and release the others; queue again the requests
+    the file saw queued (one the service holds was admitted, but its start record was lost with
+    the process: it sent no token, and runs from the start)."""
+    await _adopt_held(engine, control, saved)
+    for s in saved.requests.values():
+        if s.queued:
+            engine.requeue(_requeued(s, engine.vocab))
+            log.info("queued request %s again", s.request_id)
+
+
+async def _adopt_held(engine: Engine, control: KVControl, saved: state_file.SavedState) -> None:
     for held in control.held:
+        s = saved.requests.get(held.request_id)
         req = (
-            _resumed(
-                held,
-                saved.requests[held.request_id],
-                engine.vocab,
-                engine.scheduler.reserve_extra,
-            )
-            if held.request_id in saved.requests
-            else None
+            None
+            if s is None or s.queued
+            else _resumed(held, s, engine.vocab, engine.scheduler.reserve_extra)
         )
         if req is None:
             log.info("releasing held request %s: nothing to resume it from", held.request_id)
             await control.release(held.request_id)
             continue
         engine.adopt(req)
+        if control.tensors is not None and not req.finished:
+            residency.restart(control.tensors, req.slot, _committed(req))
         log.info(
             "resumed request %s in slot %d after %d of %d tokens",
             req.request_id,
@@ -349,7 +381,7 @@ async def build_engine(cfg: EngineConfig, metrics: EngineMetrics | None = None) 
         log.info("speculative steps are not overlapped: a step's positions need the last one's")
     await restore(engine, control, saved)
     if state is not None:
-        state.rewrite(
-            control.session_id, getattr(control, "epoch", 0), list(engine.requests.values())
-        )
+        admitted = [r for r in engine.requests.values() if r.slot >= 0]
+        epoch = getattr(control, "epoch", 0)
+        state.rewrite(control.session_id, epoch, admitted, list(engine.waiting))
     return engine

@@ -33,6 +33,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
+from contract.ids import id_problem
 from contract.prefix import MAX_SALT_BYTES
 from engine_client.client import errors
 from engine_client.loop.engine import Engine
@@ -116,6 +117,11 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):
         if self.engine.failure is not None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(self.engine.failure))
         if request.resume_request_id:
+            # Bounded before any lookup: the NOT_FOUND message names the id, and a huge one
+            # would not fit in the status metadata.
+            bad_id = id_problem("resume_request_id", request.resume_request_id)
+            if bad_id is not None:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, bad_id)
             try:
                 return self.engine.resume(request.resume_request_id)
             except errors.UnknownRequest as e:

@@ -178,7 +178,10 @@ class GenerateRequest(_message.Message):
     max_new_tokens: _builtins.int
     """Most tokens to generate (>= 1)."""
     resume_request_id: _builtins.str
-    """Resume a request the engine was decoding before it restarted; empty starts a new request."""
+    """Resume a request the engine was decoding before it restarted; empty starts a new request.
+    An id is 1..128 bytes of printable text (as the KV service's ids); others are
+    INVALID_ARGUMENT, an unknown one NOT_FOUND.
+    """
     cache_salt: _builtins.str
     """Prefix-cache salt (<= 128 bytes): the request shares cached prompt pages only with
     requests of the same salt (e.g. one per tenant). Empty: the engine-wide namespace.

@@ -465,8 +465,12 @@ Global___RequestProgress: _TypeAlias = RequestProgress  # noqa: Y015
 
 @_typing.final
 class StepEnd(_message.Message):
-    """End of one decode step: commits every listed request and adds the step's swap counters.
+    """End of one or more decode steps (an engine merges the reports of steps that ended while its
+    last report was on its way): commits every listed request and adds the steps' swap counters.
     All or nothing: one bad entry or counter gets INVALID_ARGUMENT and changes nothing.
+    Bounds, with positions = steps * num_layers * topk * max_requests * 6 (a step plans at most
+    6 top-k rows per layer and request: a speculative step's verify and draft rows):
+    hits + misses <= positions; bytes_moved <= positions * (row bytes + index key bytes).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -476,21 +480,20 @@ class StepEnd(_message.Message):
     HITS_FIELD_NUMBER: _builtins.int
     MISSES_FIELD_NUMBER: _builtins.int
     BYTES_MOVED_FIELD_NUMBER: _builtins.int
+    STEPS_FIELD_NUMBER: _builtins.int
     step: _builtins.int
-    """Engine step number, for logs."""
+    """Engine step number (the last one merged), for logs."""
     hits: _builtins.int
-    """Top-k positions served from the hot buffer during the step; hits + misses <=
-    num_layers * topk * max_requests (every layer of every slot selects at most topk).
-    """
+    """Top-k positions served from the hot buffer during the steps."""
     misses: _builtins.int
-    """Top-k positions copied from the host tier during the step."""
+    """Top-k positions copied from the host tier during the steps."""
     bytes_moved: _builtins.int
-    """Bytes copied host -> device during the step; <= num_layers * topk * max_requests *
-    (row bytes + index key bytes).
-    """
+    """Bytes copied host -> device during the steps."""
+    steps: _builtins.int
+    """How many engine steps this report covers, 1..2^20; 0 (unset) is read as 1."""
     @_builtins.property
     def progress(self) -> _containers.RepeatedCompositeFieldContainer[Global___RequestProgress]:
-        """Stored lengths after the step (each one validated like a Commit). At most
+        """Stored lengths after the steps (each one validated like a Commit). At most
         Layout.max_requests entries (one per request slot), each request at most once.
         """
 
@@ -502,10 +505,11 @@ class StepEnd(_message.Message):
         hits: _builtins.int = ...,
         misses: _builtins.int = ...,
         bytes_moved: _builtins.int = ...,
+        steps: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_moved", b"bytes_moved", "hits", b"hits", "misses", b"misses", "progress", b"progress", "step", b"step"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_moved", b"bytes_moved", "hits", b"hits", "misses", b"misses", "progress", b"progress", "step", b"step", "steps", b"steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
