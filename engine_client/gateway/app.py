@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from engine_client.gateway import shapes
+from engine_client.gateway import body, shapes
 from engine_client.gateway.api_error import ApiError
 from engine_client.gateway.config import GatewayConfig
 from engine_client.gateway.upstream import Upstream
@@ -48,7 +48,9 @@ class Gateway:
         self.created = int(time.time())
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors])
+        # The body is read as sent: a Content-Encoding is refused in OpenAI's shape (body.py),
+        # where aiohttp's own decoding of a bad one drops the connection.
+        app = web.Application(middlewares=[self._errors], handler_args={"auto_decompress": False})
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
@@ -68,6 +70,10 @@ class Gateway:
         except web.HTTPException as e:  # unknown route, wrong method: OpenAI's shape too
             err = ApiError(e.status, f"{e.reason}: {request.method} {request.path}")
             return web.json_response(err.body(), status=e.status)
+        except Exception:  # a fault of ours: still OpenAI's shape, the traceback in our log
+            log.exception("%s %s failed", request.method, request.path)
+            err = ApiError(500, "the gateway failed on this request", "server_error")
+            return web.json_response(err.body(), status=500)
 
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -83,11 +89,7 @@ class Gateway:
         return await self._complete(request, chat=True)
 
     async def _complete(self, request: web.Request, chat: bool) -> web.StreamResponse:
-        try:
-            body = await request.json()
-        except (ValueError, UnicodeDecodeError):
-            raise ApiError.bad_request("the request body is not valid JSON") from None
-        c = shapes.parse(body, chat, self.cfg.max_tokens)
+        c = shapes.parse(await body.read(request, chat), chat, self.cfg.max_tokens)
         if c.model and c.model != self.cfg.model_name:
             raise ApiError(
                 404,
