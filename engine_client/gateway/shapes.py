@@ -1,8 +1,9 @@
 """OpenAI's request and response shapes for completions and chat completions: a request body
 becomes a decode.v1 GenerateRequest, the engine's answers become OpenAI JSON objects.
 
-Supported (body.py checks each field's type first): prompt (text, token ids, or a list of one), messages (text content, or text parts),
-max_tokens / max_completion_tokens, temperature, seed, stop, stream, stream_options.include_usage.
+Supported (body.py checked each field's type first): prompt (text, token ids, or a list of one),
+messages (text content, or text parts), max_tokens / max_completion_tokens, temperature, seed,
+stop, stream, stream_options.include_usage.
 Refused with 400 (not silently ignored): n > 1, best_of > 1, echo, logprobs, suffix, a top_p
 other than 1, non-zero penalties, logit_bias, tools.
 """
