@@ -41,6 +41,19 @@ def _ended(final: pb.GenerateResponse | None) -> pb.GenerateResponse:
     return final
 
 
+async def _first(responses: AsyncIterator[pb.GenerateResponse]) -> pb.GenerateResponse:
+    """The stream's first response, which carries a token or ends the request as a completion
+    ends. A request that failed before it (queue wait over, engine or KV service gone) is an
+    ApiError with the engine's status: the engine sends its final ERROR response first and its
+    gRPC status after it, and that status, not a 200 with an error event, is the HTTP answer."""
+    resp = await anext(responses, None)
+    if resp is None or (resp.finished and resp.finish_reason not in shapes.FINISH):
+        await anext(responses, None)  # raises the engine's status, if it sends one
+        _ended(resp)  # it sent none: 503
+    assert resp is not None  # _ended raised for None
+    return resp
+
+
 class Gateway:
     def __init__(self, cfg: GatewayConfig) -> None:
         self.cfg = cfg
@@ -122,7 +135,7 @@ class Gateway:
         rid: str,
         responses: AsyncIterator[pb.GenerateResponse],
     ) -> web.StreamResponse:
-        resp = await anext(responses, None)  # errors before the first response: HTTP status
+        resp: pb.GenerateResponse | None = await _first(responses)  # until then: HTTP status
         out = web.StreamResponse(headers=SSE_HEADERS)
         await out.prepare(request)
         created, model = int(time.time()), self.cfg.model_name
