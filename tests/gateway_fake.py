@@ -56,13 +56,15 @@ class FakeUpstream:
 Session = Callable[[aiohttp.ClientSession, str], Awaitable[Any]]
 
 
-def run(upstream: FakeUpstream, body: Session, **cfg: Any) -> Any:
-    """body(session, base URL) against a gateway over `upstream`, in a fresh event loop."""
+def run(upstream: FakeUpstream | None, body: Session, **cfg: Any) -> Any:
+    """body(session, base URL) against a gateway over `upstream` (None: its real one, to
+    cfg["target"]), in a fresh event loop."""
 
     async def main() -> Any:
-        gateway = Gateway(GatewayConfig(target="unix:/nonexistent", **cfg))
-        await gateway.upstream.close()
-        gateway.upstream = upstream  # type: ignore[assignment]
+        gateway = Gateway(GatewayConfig(**({"target": "unix:/nonexistent"} | cfg)))
+        if upstream is not None:
+            await gateway.upstream.close()
+            gateway.upstream = upstream  # type: ignore[assignment]
         server = test_utils.TestServer(gateway.app(), handler_cancellation=True)
         await server.start_server()
         try:

@@ -65,6 +65,7 @@ class Gateway:
         # where aiohttp's own decoding of a bad one drops the connection.
         app = web.Application(middlewares=[self._errors], handler_args={"auto_decompress": False})
         app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/v1/models/{model:.+}", self.model)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/health", self.health)
@@ -89,11 +90,32 @@ class Gateway:
             return web.json_response(err.body(), status=500)
 
     async def health(self, request: web.Request) -> web.Response:
+        """200 while the engine serves; else 503 (ApiError), so compose sees what clients do."""
+        await self.upstream.health()
         return web.json_response({"status": "ok"})
 
+    def _model(self) -> dict:
+        return {
+            "id": self.cfg.model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "hisparse",
+        }
+
     async def models(self, request: web.Request) -> web.Response:
-        model = {"id": self.cfg.model_name, "object": "model", "created": self.created}
-        return web.json_response({"object": "list", "data": [model | {"owned_by": "hisparse"}]})
+        return web.json_response({"object": "list", "data": [self._model()]})
+
+    async def model(self, request: web.Request) -> web.Response:
+        name = request.match_info["model"]
+        if name != self.cfg.model_name:
+            raise ApiError(
+                404,
+                f"the model {name!r} does not exist",
+                "invalid_request_error",
+                "model",
+                "model_not_found",
+            )
+        return web.json_response(self._model())
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._complete(request, chat=False)
