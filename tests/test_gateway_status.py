@@ -150,3 +150,13 @@ def test_the_engines_resume_advice_becomes_retry_advice(tmp_path: Path, stream: 
     status, text = run(None, session, target=f"unix:{socket}")
     assert status == 503, text
     assert "resume" not in text and "retry the request" in text
+
+
+def test_chat_without_max_tokens_asks_for_the_rest_of_the_context() -> None:
+    """OpenAI's chat has no default limit (completions keep its 16): max_new_tokens 0."""
+    upstream = FakeUpstream()
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    run(upstream, lambda s, url: _post(s, url, "chat/completions", chat))
+    run(upstream, lambda s, url: _post(s, url, "completions", {"prompt": "hi"}))
+    run(upstream, lambda s, url: _post(s, url, "chat/completions", chat | {"max_tokens": 5}))
+    assert [r.max_new_tokens for r in upstream.requests] == [0, 16, 5]

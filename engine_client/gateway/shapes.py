@@ -132,7 +132,10 @@ def parse(body: Any, chat: bool, default_max_tokens: int) -> Completion:
     _check_supported(body)
     newer = chat and body.get("max_completion_tokens") is not None
     limit = "max_completion_tokens" if newer else "max_tokens"
-    max_tokens = int(_number(body, limit, default_max_tokens, 1, 1 << 20))
+    # OpenAI's chat has no default limit: 0 asks the engine for the rest of the context.
+    default = 0 if chat else default_max_tokens
+    given = body.get(limit) is not None
+    max_tokens = int(_number(body, limit, default, 1, 1 << 20)) if given else default
     seed = body.get("seed")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
         raise ApiError.bad_request("seed must be a non-negative integer", "seed")

@@ -98,6 +98,14 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):
             return f"cache_salt must be at most {MAX_SALT_BYTES} bytes"
         return None
 
+    def _room(self, ids: list[int]) -> int:
+        """max_new_tokens 0 asks for what the request's context holds after its prompt (as
+        OpenAI's chat without max_tokens); at least 1, so that _check names a prompt too long."""
+        engine = self.engine
+        assert engine is not None  # _open turns requests away until the engine is set
+        taken = engine.compute.synthetic_context + len(ids) + engine.scheduler.reserve_extra
+        return max(engine.compute.layout.max_context - taken, 1)
+
     async def _tokenize(self, request: pb.GenerateRequest) -> list[int]:
         assert self.engine is not None  # _open turns requests away until the engine is set
         vocab = self.engine.vocab
@@ -124,6 +132,8 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):
             ids = await self._tokenize(request)
         except prompt.BadPrompt as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        if request.max_new_tokens == 0:
+            request.max_new_tokens = self._room(ids)
         bad = self._check(request, ids)
         if bad:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, bad)
