@@ -33,6 +33,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
+from contract.listen_address import claim_socket_path
 from contract.prefix import MAX_SALT_BYTES
 from engine_client.client import errors
 from engine_client.loop.engine import Engine
@@ -238,9 +239,10 @@ def build_server(
         ),
         server,
     )
-    if cfg.uds:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(cfg.uds)  # a socket left by a killed engine
+    # A socket left by a killed engine is reused; a live engine's, or any other file, is not
+    # ours to remove (the KV service's rule, one implementation).
+    if cfg.uds and claim_socket_path(cfg.uds, "--uds", "engine"):
+        log.warning("removed stale socket %s", cfg.uds)
     old = os.umask(0o177)  # the socket file is created 0600
     try:
         for target in cfg.listen_targets:
