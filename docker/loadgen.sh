@@ -31,7 +31,8 @@ for pid in $pids; do
     wait "$pid"
 done
 
-grep -h -E '^(request |error)' "$logs"/*.out
+# A failed stream's reason is the client's `generate: ...` line: shown, not only counted.
+grep -h -E '^(request |error|generate: )' "$logs"/*.out
 # Each client starts Python and torch first, so wall time would mostly measure that. A stream's
 # own span is its end minus (TTFT + ITL mean * (tokens - 1)); throughput is all tokens over the
 # union of the spans, from the first request sent to the last token received.

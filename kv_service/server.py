@@ -12,8 +12,6 @@ import contextlib
 import logging
 import os
 import signal
-import socket
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -24,6 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
+from contract.listen_address import AddressTaken, claim_socket_path
 from kv_service import segment, shm_file
 from kv_service.config import ServiceConfig
 from kv_service.core import ServiceCore
@@ -47,7 +46,7 @@ class StartupError(RuntimeError):
 
 
 # Start-up failures whose message says it all.
-ONE_LINE_ERRORS = (StartupError, shm_file.NoRoom)
+ONE_LINE_ERRORS = (StartupError, AddressTaken, shm_file.NoRoom)
 
 
 def resolve_device(choice: str) -> torch.device:
@@ -113,27 +112,10 @@ def build_runtime(config: ServiceConfig, device: torch.device) -> Runtime:
     )
 
 
-def _socket_in_use(path: str) -> bool:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        try:
-            probe.connect(path)
-        except OSError:
-            return False
-    return True
-
-
 def _prepare_uds(path: str) -> None:
     """Remove a socket left by a dead service; refuse a live one or a non-socket file."""
-    if not os.path.lexists(path):
-        return
-    if not stat.S_ISSOCK(os.lstat(path).st_mode):
-        raise StartupError(f"--uds {path} exists and is not a socket: pick another path")
-    if _socket_in_use(path):
-        raise StartupError(
-            f"--uds {path}: another service is listening there: stop it or pick another path"
-        )
-    os.unlink(path)
-    log.warning("removed stale socket %s", path)
+    if claim_socket_path(path, "--uds", "service"):
+        log.warning("removed stale socket %s", path)
 
 
 def build_server(

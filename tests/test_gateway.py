@@ -162,6 +162,19 @@ def test_models_and_the_gateway_inside_the_engine(stack: dict) -> None:
     assert out.choices[0].text == VOCAB.decode(ids)  # token-id prompts answer in text too
 
 
+def test_chat_without_max_tokens_runs_to_the_context_and_models_retrieve(stack: dict) -> None:
+    """OpenAI's chat has no default limit: the engine fills the request's context (defect 6)."""
+    client = openai.OpenAI(base_url=stack["url"] + "/v1", api_key="unused", max_retries=0)
+    assert client.models.retrieve(MODEL).id == MODEL
+    out = client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0)
+    assert out.choices[0].finish_reason == "length" and out.usage.completion_tokens > 16
+    # One more token than that is over the context: the engine's own bound, not ours.
+    with pytest.raises(openai.BadRequestError, match="over the"):
+        client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=out.usage.completion_tokens + 1
+        )
+
+
 def test_stop_strings_end_the_text_before_them(stack: dict) -> None:
     client = openai.OpenAI(base_url=stack["url"] + "/v1", api_key="unused", max_retries=0)
     kw = dict(model=MODEL, prompt=PROMPT, max_tokens=20, temperature=0.9, seed=3)

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 
 from contract import flags
+from contract.listen_address import AddressTaken
 from engine_client.cli.config import DemoConfig, GenerateConfig
 from engine_client.serve.config import EngineConfig
 
@@ -84,7 +85,11 @@ def _gateway(args: argparse.Namespace, env: Mapping[str, str], parser) -> int:
     logging.basicConfig(
         level=cfg.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    return run(cfg)
+    try:
+        return run(cfg)
+    except AddressTaken as e:
+        logging.getLogger("engine_client").error("gateway cannot start: %s", e)
+        return 1
 
 
 def engine_config(args: argparse.Namespace, env: Mapping[str, str]) -> EngineConfig:
@@ -192,8 +197,9 @@ def _main(argv: Sequence[str] | None, env: Mapping[str, str] | None) -> int:
         from engine_client.serve.server import run as run_engine
     try:
         return run_engine(cfg)
-    except errors.KVError as e:
-        # Expected failures (service unreachable, layout mismatch, ...): the message says it all.
+    except (errors.KVError, AddressTaken) as e:
+        # Expected failures (service unreachable, layout mismatch, address taken, ...): the
+        # message says it all.
         logging.getLogger("engine_client").error("engine failed: %s", e)
         return 1
     except Exception:

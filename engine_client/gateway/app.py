@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from engine_client.gateway import shapes
+from engine_client.gateway import body, shapes
 from engine_client.gateway.api_error import ApiError
 from engine_client.gateway.config import GatewayConfig
 from engine_client.gateway.upstream import Upstream
@@ -41,6 +41,19 @@ def _ended(final: pb.GenerateResponse | None) -> pb.GenerateResponse:
     return final
 
 
+async def _first(responses: AsyncIterator[pb.GenerateResponse]) -> pb.GenerateResponse:
+    """The stream's first response, which carries a token or ends the request as a completion
+    ends. A request that failed before it (queue wait over, engine or KV service gone) is an
+    ApiError with the engine's status: the engine sends its final ERROR response first and its
+    gRPC status after it, and that status, not a 200 with an error event, is the HTTP answer."""
+    resp = await anext(responses, None)
+    if resp is None or (resp.finished and resp.finish_reason not in shapes.FINISH):
+        await anext(responses, None)  # raises the engine's status, if it sends one
+        _ended(resp)  # it sent none: 503
+    assert resp is not None  # _ended raised for None
+    return resp
+
+
 class Gateway:
     def __init__(self, cfg: GatewayConfig) -> None:
         self.cfg = cfg
@@ -48,8 +61,11 @@ class Gateway:
         self.created = int(time.time())
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors])
+        # The body is read as sent: a Content-Encoding is refused in OpenAI's shape (body.py),
+        # where aiohttp's own decoding of a bad one drops the connection.
+        app = web.Application(middlewares=[self._errors], handler_args={"auto_decompress": False})
         app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/v1/models/{model:.+}", self.model)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/health", self.health)
@@ -68,13 +84,38 @@ class Gateway:
         except web.HTTPException as e:  # unknown route, wrong method: OpenAI's shape too
             err = ApiError(e.status, f"{e.reason}: {request.method} {request.path}")
             return web.json_response(err.body(), status=e.status)
+        except Exception:  # a fault of ours: still OpenAI's shape, the traceback in our log
+            log.exception("%s %s failed", request.method, request.path)
+            err = ApiError(500, "the gateway failed on this request", "server_error")
+            return web.json_response(err.body(), status=500)
 
     async def health(self, request: web.Request) -> web.Response:
+        """200 while the engine serves; else 503 (ApiError), so compose sees what clients do."""
+        await self.upstream.health()
         return web.json_response({"status": "ok"})
 
+    def _model(self) -> dict:
+        return {
+            "id": self.cfg.model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "hisparse",
+        }
+
     async def models(self, request: web.Request) -> web.Response:
-        model = {"id": self.cfg.model_name, "object": "model", "created": self.created}
-        return web.json_response({"object": "list", "data": [model | {"owned_by": "hisparse"}]})
+        return web.json_response({"object": "list", "data": [self._model()]})
+
+    async def model(self, request: web.Request) -> web.Response:
+        name = request.match_info["model"]
+        if name != self.cfg.model_name:
+            raise ApiError(
+                404,
+                f"the model {name!r} does not exist",
+                "invalid_request_error",
+                "model",
+                "model_not_found",
+            )
+        return web.json_response(self._model())
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._complete(request, chat=False)
@@ -83,11 +124,7 @@ class Gateway:
         return await self._complete(request, chat=True)
 
     async def _complete(self, request: web.Request, chat: bool) -> web.StreamResponse:
-        try:
-            body = await request.json()
-        except (ValueError, UnicodeDecodeError):
-            raise ApiError.bad_request("the request body is not valid JSON") from None
-        c = shapes.parse(body, chat, self.cfg.max_tokens)
+        c = shapes.parse(await body.read(request, chat), chat, self.cfg.max_tokens)
         if c.model and c.model != self.cfg.model_name:
             raise ApiError(
                 404,
@@ -120,7 +157,7 @@ class Gateway:
         rid: str,
         responses: AsyncIterator[pb.GenerateResponse],
     ) -> web.StreamResponse:
-        resp = await anext(responses, None)  # errors before the first response: HTTP status
+        resp: pb.GenerateResponse | None = await _first(responses)  # until then: HTTP status
         out = web.StreamResponse(headers=SSE_HEADERS)
         await out.prepare(request)
         created, model = int(time.time()), self.cfg.model_name

@@ -30,7 +30,10 @@ class GatewayConfig:
     )
     http: str = setting("127.0.0.1:8000", help="HOST:PORT to serve HTTP on (port 0: any free)")
     model_name: str = setting("hisparse", help="the model name of /v1/models and of responses")
-    max_tokens: int = setting(16, help="max_tokens of a request that gives none (as OpenAI)")
+    max_tokens: int = setting(
+        16,
+        help="max_tokens of a completions request that gives none (as OpenAI; chat: the context)",
+    )
     timeout: float = setting(600.0, help="deadline in seconds of one generation")
     log_level: str = setting("INFO", help="logging level", parse=str.upper)
 

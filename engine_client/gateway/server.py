@@ -10,6 +10,7 @@ import signal
 
 from aiohttp import web
 
+from contract import listen_address
 from engine_client.gateway.app import Gateway
 from engine_client.gateway.config import GatewayConfig, split_http
 from engine_client.serve.config import EngineConfig
@@ -23,7 +24,11 @@ async def start(cfg: GatewayConfig) -> tuple[web.AppRunner, str]:
     host, port = split_http(cfg.http)
     runner = web.AppRunner(Gateway(cfg).app(), handler_cancellation=True, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as e:
+        await runner.cleanup()
+        raise listen_address.bind_failure("--http", cfg.http, e) from None
     bound_port = runner.addresses[0][1]
     url = f"http://{cfg.http.rsplit(':', 1)[0]}:{bound_port}"
     # Tests and scripts read this line to find a port chosen with port 0.

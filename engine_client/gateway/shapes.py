@@ -1,8 +1,9 @@
 """OpenAI's request and response shapes for completions and chat completions: a request body
 becomes a decode.v1 GenerateRequest, the engine's answers become OpenAI JSON objects.
 
-Supported: prompt (text, token ids, or a list of one), messages (text content, or text parts),
-max_tokens / max_completion_tokens, temperature, seed, stop, stream, stream_options.include_usage.
+Supported (body.py checked each field's type first): prompt (text, token ids, or a list of one),
+messages (text content, or text parts), max_tokens / max_completion_tokens, temperature, seed,
+stop, stream, stream_options.include_usage.
 Refused with 400 (not silently ignored): n > 1, best_of > 1, echo, logprobs, suffix, a top_p
 other than 1, non-zero penalties, logit_bias, tools.
 """
@@ -17,6 +18,7 @@ from typing import Any
 from engine_client.gateway.api_error import ApiError
 from proto.decode.v1 import decode_pb2 as pb
 
+INT32_MAX = (1 << 31) - 1  # the engine's token ids are int32
 FINISH = {pb.LENGTH: "length", pb.STOP: "stop"}
 # Fields whose presence with anything but these values asks for what the engine cannot do.
 UNSUPPORTED = {
@@ -48,8 +50,10 @@ class Completion:
 def _number(body: dict, name: str, default: float, lo: float, hi: float) -> float:
     value = body.get(name, default)
     value = default if value is None else value
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float):
         raise ApiError.bad_request(f"{name} must be a number", name)
+    if isinstance(value, float) and not math.isfinite(value):  # JSON's NaN, Infinity
+        raise ApiError.bad_request(f"{name} must be finite", name)
     if not lo <= value <= hi:
         raise ApiError.bad_request(f"{name} must be in [{lo}, {hi}], got {value}", name)
     return value
@@ -73,14 +77,23 @@ def _set_prompt(req: pb.GenerateRequest, prompt: Any) -> None:
     elif (
         isinstance(prompt, list)
         and prompt
-        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+        and all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= INT32_MAX for t in prompt
+        )
     ):
         req.token_ids.ids.extend(prompt)
     else:
         raise ApiError.bad_request(
-            "prompt must be a non-empty string or token id list (one prompt per request)",
+            "prompt must be a non-empty string or list of token ids in [0, 2^31) "
+            "(one prompt per request)",
             "prompt",
         )
+
+
+def _text_part(part: Any) -> bool:
+    return (
+        isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+    )
 
 
 def _content(message: Any, i: int) -> tuple[str, str]:
@@ -88,9 +101,9 @@ def _content(message: Any, i: int) -> tuple[str, str]:
         raise ApiError.bad_request(f"messages[{i}] must be an object with a role", "messages")
     content = message.get("content")
     if isinstance(content, list):  # text parts
-        if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+        if not all(_text_part(p) for p in content):
             raise ApiError.bad_request("only text content parts are supported", "messages")
-        content = "".join(str(p.get("text", "")) for p in content)
+        content = "".join(p["text"] for p in content)
     if not isinstance(content, str):
         raise ApiError.bad_request(f"messages[{i}].content must be text", "messages")
     return message["role"], content
@@ -119,7 +132,10 @@ def parse(body: Any, chat: bool, default_max_tokens: int) -> Completion:
     _check_supported(body)
     newer = chat and body.get("max_completion_tokens") is not None
     limit = "max_completion_tokens" if newer else "max_tokens"
-    max_tokens = int(_number(body, limit, default_max_tokens, 1, 1 << 20))
+    # OpenAI's chat has no default limit: 0 asks the engine for the rest of the context.
+    default = 0 if chat else default_max_tokens
+    given = body.get(limit) is not None
+    max_tokens = int(_number(body, limit, default, 1, 1 << 20)) if given else default
     seed = body.get("seed")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
         raise ApiError.bad_request("seed must be a non-negative integer", "seed")
@@ -134,15 +150,18 @@ def parse(body: Any, chat: bool, default_max_tokens: int) -> Completion:
     )
     (_set_messages if chat else _set_prompt)(req, body.get("messages" if chat else "prompt"))
     options = body.get("stream_options") or {}
-    if not isinstance(options, dict):
-        raise ApiError.bad_request("stream_options must be an object", "stream_options")
+    include_usage = options.get("include_usage", False) if isinstance(options, dict) else None
+    if not isinstance(include_usage, bool):
+        raise ApiError.bad_request(
+            "stream_options must be an object, its include_usage a boolean", "stream_options"
+        )
     model = body.get("model", "")
     return Completion(
         chat,
         model if isinstance(model, str) else "",
         req,
-        bool(body.get("stream", False)),
-        bool(options.get("include_usage", False)),
+        body.get("stream") is True,
+        include_usage,
     )
 
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from engine_client.client import errors
+from engine_client.client import errors, reachability
 from engine_client.gateway.api_error import ApiError
 from proto.decode.v1 import decode_pb2 as pb
 from proto.decode.v1 import decode_pb2_grpc as pb_grpc
@@ -17,6 +18,11 @@ from proto.decode.v1 import decode_pb2_grpc as pb_grpc
 # carrying hundreds of streams is served by one thread of the engine's gRPC core.
 CHANNELS = 4
 CHANNEL_OPTIONS = [("grpc.use_local_subchannel_pool", 1)]
+ENGINE_SERVICE = "decode.v1.DecodeService"
+HEALTH_TIMEOUT = 2.0  # a health probe's answer: compose polls it every few seconds
+# The engine's advice when it stops mid-request. The gateway's ids are not the engine's and it
+# has no resume route: its client should retry the request instead (503 is retryable).
+ENGINE_RESUME_ADVICE = "resume with this request id"
 
 
 class Upstream:
@@ -35,16 +41,45 @@ class Upstream:
         its handler was cancelled) cancels the call: the engine cancels the request and frees
         its KV."""
         self._next = (self._next + 1) % len(self.stubs)
+        channel = self.channels[self._next]
         call = self.stubs[self._next].Generate(request, timeout=self.timeout)
         try:
             with errors.rpc_errors("Generate"):
                 async for resp in call:
+                    if resp.finished and ENGINE_RESUME_ADVICE in resp.error_message:
+                        resp.error_message = _retry_advice(resp.error_message)
                     yield resp
         except errors.KVError as e:
-            raise ApiError.from_engine(e) from None
+            raise await self._api_error(channel, e) from None
         finally:
             call.cancel()
+
+    async def _api_error(self, channel: grpc.aio.Channel, e: errors.KVError) -> ApiError:
+        if errors.code_of(e) is grpc.StatusCode.UNIMPLEMENTED:  # not an engine's address?
+            wrong = await reachability.wrong_peer(channel, reachability.ENGINE, self.target)
+            what = str(wrong) if wrong is not None else f"{self.target} is not an engine: {e}"
+            return ApiError(502, f"the gateway's --target is wrong: {what}", "server_error")
+        err = ApiError.from_engine(e)
+        err.message = _retry_advice(err.message)
+        return err
+
+    async def health(self) -> None:
+        """Returns if the engine answers SERVING; else ApiError 503 saying why."""
+        stub = health_pb2_grpc.HealthStub(self.channels[0])
+        check = health_pb2.HealthCheckRequest(service=ENGINE_SERVICE)
+        try:
+            resp = await stub.Check(check, timeout=HEALTH_TIMEOUT)
+        except grpc.RpcError as e:
+            why = f"{e.code().name}: {e.details()}"
+            raise ApiError(503, f"the engine at {self.target}: {why}", "server_error") from None
+        if resp.status != health_pb2.HealthCheckResponse.SERVING:
+            status = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+            raise ApiError(503, f"the engine at {self.target} is {status}", "server_error")
 
     async def close(self) -> None:
         for ch in self.channels:
             await ch.close()
+
+
+def _retry_advice(message: str) -> str:
+    return message.replace(ENGINE_RESUME_ADVICE, "retry the request")

@@ -34,6 +34,7 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from contract.ids import id_problem
+from contract.listen_address import claim_socket_path
 from contract.prefix import MAX_SALT_BYTES
 from engine_client.client import errors
 from engine_client.loop.engine import Engine
@@ -99,6 +100,14 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):
             return f"cache_salt must be at most {MAX_SALT_BYTES} bytes"
         return None
 
+    def _room(self, ids: list[int]) -> int:
+        """max_new_tokens 0 asks for what the request's context holds after its prompt (as
+        OpenAI's chat without max_tokens); at least 1, so that _check names a prompt too long."""
+        engine = self.engine
+        assert engine is not None  # _open turns requests away until the engine is set
+        taken = engine.compute.synthetic_context + len(ids) + engine.scheduler.reserve_extra
+        return max(engine.compute.layout.max_context - taken, 1)
+
     async def _tokenize(self, request: pb.GenerateRequest) -> list[int]:
         assert self.engine is not None  # _open turns requests away until the engine is set
         vocab = self.engine.vocab
@@ -130,6 +139,8 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):
             ids = await self._tokenize(request)
         except prompt.BadPrompt as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        if request.max_new_tokens == 0:
+            request.max_new_tokens = self._room(ids)
         bad = self._check(request, ids)
         if bad:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, bad)
@@ -234,9 +245,10 @@ def build_server(
         ),
         server,
     )
-    if cfg.uds:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(cfg.uds)  # a socket left by a killed engine
+    # A socket left by a killed engine is reused; a live engine's, or any other file, is not
+    # ours to remove (the KV service's rule, one implementation).
+    if cfg.uds and claim_socket_path(cfg.uds, "--uds", "engine"):
+        log.warning("removed stale socket %s", cfg.uds)
     old = os.umask(0o177)  # the socket file is created 0600
     try:
         for target in cfg.listen_targets:

@@ -1,0 +1,104 @@
+"""A request body as OpenAI checks it, before shapes reads its meaning: the bytes are JSON text
+(no Content-Encoding, a JSON content type), an object whose every string is encodable UTF-8,
+whose fields are all known to the route and each of the type OpenAI documents.
+
+Strict on purpose: a lenient reading answers 200 to what OpenAI refuses (`"stream": "no"`
+would stream, `max_tokens: 1.5` would become 1) and silently ignores what it cannot do, so a
+client never learns its request meant something else here.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+from engine_client.gateway.api_error import ApiError
+
+_INT, _NUMBER = (int,), (int, float)
+# Field -> the JSON types it may have (null is always allowed: "use the default").
+COMMON: dict[str, tuple[type, ...]] = {
+    "model": (str,),
+    "stream": (bool,),
+    "stream_options": (dict,),
+    "max_tokens": _INT,
+    "temperature": _NUMBER,
+    "top_p": _NUMBER,
+    "seed": _INT,
+    "stop": (str, list),
+    "user": (str,),  # the end user's id, for the provider's abuse checks: nothing to do here
+    "n": _INT,
+    "logprobs": (bool, int),  # chat: a flag; completions: how many
+    "top_logprobs": _INT,
+    "presence_penalty": _NUMBER,
+    "frequency_penalty": _NUMBER,
+    "logit_bias": (dict,),
+    "response_format": (dict,),
+}
+ROUTE: dict[bool, dict[str, tuple[type, ...]]] = {
+    False: COMMON | {"prompt": (str, list), "best_of": _INT, "echo": (bool,), "suffix": (str,)},
+    True: COMMON | {"messages": (list,), "max_completion_tokens": _INT, "tools": (list,)},
+}
+JSON_TYPES = ("application/json",)
+
+
+def _type_name(types: tuple[type, ...]) -> str:
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+    names |= {list: "an array", dict: "an object"}
+    return " or ".join(names[t] for t in types)
+
+
+def _check_type(name: str, value: Any, types: tuple[type, ...]) -> None:
+    if value is None:
+        return
+    # bool is an int in Python but not in JSON: true is no max_tokens, 1 is no stream flag.
+    fits = (bool in types) if isinstance(value, bool) else isinstance(value, types)
+    if not fits:
+        got = f"{value!r:.60}"
+        raise ApiError.bad_request(f"{name} must be {_type_name(types)}, got {got}", name)
+
+
+def check_fields(body: Any, chat: bool) -> dict:
+    """The body if it is an object of known fields with their types; else ApiError 400."""
+    if not isinstance(body, dict):
+        raise ApiError.bad_request("the request body must be a JSON object")
+    known = ROUTE[chat]
+    for name, value in body.items():
+        if name not in known:
+            raise ApiError.bad_request(f"unrecognized request argument: {name!r:.60}", name)
+        _check_type(name, value, known[name])
+    fmt = body.get("response_format")
+    if fmt is not None and fmt != {"type": "text"}:
+        raise ApiError.bad_request(
+            "response_format: only {'type': 'text'} is supported", "response_format"
+        )
+    return body
+
+
+async def _text(request: web.Request) -> str:
+    if request.headers.get("Content-Encoding", "identity").lower() != "identity":
+        raise ApiError.bad_request("Content-Encoding is not supported: send the body as it is")
+    kind = request.content_type  # aiohttp's default when absent: application/octet-stream
+    if "Content-Type" in request.headers and kind not in JSON_TYPES:
+        raise ApiError.bad_request(f"Content-Type must be application/json, got {kind!r:.60}")
+    try:
+        return (await request.read()).decode("utf-8")
+    except UnicodeDecodeError:
+        raise ApiError.bad_request("the request body is not UTF-8") from None
+
+
+async def read(request: web.Request, chat: bool) -> dict:
+    """The request's JSON object, checked by check_fields; any fault is an ApiError 4xx."""
+    text = await _text(request)
+    try:
+        body = json.loads(text)
+        # A lone UTF-16 surrogate (\\ud800) parses but cannot be encoded for the engine.
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except RecursionError:
+        raise ApiError.bad_request("the request body's JSON is nested too deeply") from None
+    except UnicodeEncodeError:
+        raise ApiError.bad_request("the request body has a lone UTF-16 surrogate") from None
+    except ValueError as e:
+        raise ApiError.bad_request(f"the request body is not valid JSON: {e}") from None
+    return check_fields(body, chat)
