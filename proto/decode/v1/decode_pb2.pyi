@@ -176,7 +176,7 @@ class GenerateRequest(_message.Message):
     prompts when this is set (or stop strings are given).
     """
     max_new_tokens: _builtins.int
-    """Most tokens to generate (>= 1)."""
+    """Most tokens to generate; 0: as many as the request's context holds after its prompt."""
     resume_request_id: _builtins.str
     """Resume a request the engine was decoding before it restarted; empty starts a new request.
     An id is 1..128 bytes of printable text (as the KV service's ids); others are
