@@ -29,7 +29,6 @@ ALLOWED_LONG_FUNCTIONS = Counter(
         "generate.py::generate_stream",
         "hisparse.py::HiSparseBackend.__init__",
         "indexer.py::indexer_scores",
-        "kv_client.py::KVClient.__init__",
         "main.py::_generate",
         "main.py::_main",
         "metrics.py::EngineMetrics.__init__",
