@@ -34,7 +34,6 @@ ALLOWED_LONG_FUNCTIONS = Counter(
         "metrics.py::EngineMetrics.__init__",
         "metrics.py::_CoreCollector.collect",
         "miss_copy.py::miss_copy",
-        "model.py::Model._attention",
         "plan.py::swap_plan",
         "remote_swap.py::RemoteSwapper.run",
         "scheduler.py::Scheduler._try_admit",
