@@ -31,7 +31,6 @@ ALLOWED_LONG_FUNCTIONS = Counter(
         "indexer.py::indexer_scores",
         "main.py::_generate",
         "main.py::_main",
-        "metrics.py::EngineMetrics.__init__",
         "metrics.py::_CoreCollector.collect",
         "miss_copy.py::miss_copy",
         "plan.py::swap_plan",
