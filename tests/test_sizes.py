@@ -35,7 +35,6 @@ ALLOWED_LONG_FUNCTIONS = Counter(
         "miss_copy.py::miss_copy",
         "plan.py::swap_plan",
         "remote_swap.py::RemoteSwapper.run",
-        "scheduler.py::Scheduler._try_admit",
         "segmented.py::launch_segmented",
         "server.py::serve",
         "server.py::serve",
