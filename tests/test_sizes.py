@@ -22,8 +22,6 @@ ALLOWED_LONG_FUNCTIONS = Counter(
     [
         "append.py::kv_append",
         "backend.py::SharedBackend.fill_synthetic",
-        "engine.py::Engine.__init__",
-        "engine.py::Engine._run_step",
         "factory.py::_build_compute",
         "factory.py::build_engine",
         "generate.py::generate_stream",
