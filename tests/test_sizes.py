@@ -24,7 +24,6 @@ ALLOWED_LONG_FUNCTIONS = Counter(
         "backend.py::SharedBackend.fill_synthetic",
         "factory.py::_build_compute",
         "factory.py::build_engine",
-        "generate.py::generate_stream",
         "hisparse.py::HiSparseBackend.__init__",
         "indexer.py::indexer_scores",
         "main.py::_generate",
