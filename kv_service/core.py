@@ -25,9 +25,9 @@ from kv_service.errors import (
     InvalidArgument,
     UnknownRequest,
 )
-from kv_service.ledger import PageLedger, PrefixQuery, RowStore
-from kv_service.memory import TensorRows
-from kv_service.records import (
+from kv_service.books.ledger import PageLedger, PrefixQuery, RowStore
+from kv_service.memory.store import TensorRows
+from kv_service.books.records import (
     MAX_TOKENS,
     CoreStats,
     RequestRecord,
@@ -36,7 +36,7 @@ from kv_service.records import (
     check_id,
     check_range,
 )
-from kv_service.sessions import SessionTable
+from kv_service.books.sessions import SessionTable
 
 log = logging.getLogger(__name__)
 

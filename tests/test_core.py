@@ -23,7 +23,7 @@ from kv_service.errors import (
     UnknownRequest,
     UnknownSession,
 )
-from kv_service.memory import allocate_local
+from kv_service.memory.store import allocate_local
 
 LAYOUT = KVLayout(
     num_layers=2,

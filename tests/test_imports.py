@@ -214,8 +214,8 @@ def test_only_the_factory_imports_the_service_in_the_reference_engine() -> None:
     assert users[EMBEDDED_FACTORY] == [
         "kv_service.core",
         "kv_service.core.ServiceCore",
-        "kv_service.memory",
-        "kv_service.memory.allocate_local",
+        "kv_service.memory.store",
+        "kv_service.memory.store.allocate_local",
     ]
 
 
@@ -227,7 +227,7 @@ def test_only_the_factory_imports_the_service_in_the_reference_engine() -> None:
             "import importlib\nimportlib.import_module('kv_service.core')\n",
             {"importlib", "kv_service.core"},
         ),
-        ("class A:\n    def m(self):\n        import kv_service.pool as p\n", {"kv_service.pool"}),
+        ("class A:\n    def m(self):\n        import kv_service.books.pool as p\n", {"kv_service.books.pool"}),
         ("from . import sibling\n", set()),
     ],
 )

@@ -14,7 +14,7 @@ from kernels.miss_copy import miss_copy
 from kernels.reference import ref_miss_copy
 from kernels.swap_plan import swap_plan
 from kernels.uva import UVATensor
-from kv_service.memory import allocate_local, reset_request
+from kv_service.memory.store import allocate_local, reset_request
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 GUARD = 64

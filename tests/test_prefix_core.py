@@ -11,7 +11,7 @@ from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
 from contract.prefix import page_hashes
 from kv_service.core import ServiceCore
 from kv_service.errors import CapacityError, InvalidArgument
-from kv_service.memory import allocate_local
+from kv_service.memory.store import allocate_local
 from tests.service_harness import TINY
 from tests.test_core import Clock
 

@@ -129,7 +129,7 @@ class EmbeddedControl(LocalMemory):
 
 
 class BaselinePages:
-    """The RowStore (kv_service.ledger) of the baseline: its page table [R, ppr] int32 on the
+    """The RowStore (kv_service.books.ledger) of the baseline: its page table [R, ppr] int32 on the
     device, which BaselineBackend addresses its KV rows and index keys through. Every row of a
     page is in the one cache every request reads, so a cached prefix needs no copy."""
 

@@ -19,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from contract.rpc_calls import LATENCY_BUCKETS, RpcMetrics
-from kv_service.records import CoreStats
+from kv_service.books.records import CoreStats
 
 
 class _CoreCollector(Collector):

@@ -21,7 +21,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 from kv_service.errors import CapacityError
-from kv_service.pool import PagePool
+from kv_service.books.pool import PagePool
 
 
 class PrefixCache:
