@@ -17,16 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from contract.layout import MODE_OFFLOADED, KVLayout
 from contract.tensors import KVTensors
-from kv_service.errors import (
-    AlreadyExists,
-    CapacityError,
-    Draining,
-    EpochMismatch,
-    InvalidArgument,
-    UnknownRequest,
-)
 from kv_service.books.ledger import PageLedger, PrefixQuery, RowStore
-from kv_service.memory.store import TensorRows
 from kv_service.books.records import (
     MAX_TOKENS,
     CoreStats,
@@ -37,6 +28,15 @@ from kv_service.books.records import (
     check_range,
 )
 from kv_service.books.sessions import SessionTable
+from kv_service.errors import (
+    AlreadyExists,
+    CapacityError,
+    Draining,
+    EpochMismatch,
+    InvalidArgument,
+    UnknownRequest,
+)
+from kv_service.memory.store import TensorRows
 
 log = logging.getLogger(__name__)
 

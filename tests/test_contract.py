@@ -26,7 +26,8 @@ def imported_after(statement: str) -> set[str]:
 
 
 @pytest.mark.parametrize(
-    "statement", ["import contract.errors", "import kv_service.books.pool", "import kv_service.errors"]
+    "statement",
+    ["import contract.errors", "import kv_service.books.pool", "import kv_service.errors"],
 )
 def test_domain_modules_import_no_grpc_and_no_side(statement: str) -> None:
     modules = imported_after(statement)

@@ -1,5 +1,6 @@
-"""The service's start-up export (kv_service.memory.segment.export_service_memory): memory first (every
-tensor of memory.service_specs, initialized), exported in one call under one owner lock, after
+"""The service's start-up export (kv_service.memory.segment.export_service_memory): memory
+first (every tensor of memory.service_specs, initialized), exported in one call
+under one owner lock, after
 the files of a dead owner are gone; removed in one call at exit."""
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ import secrets
 from collections.abc import Callable
 
 from contract import prefix
-from kv_service.errors import CapacityError, InvalidArgument, UnknownSession
 from kv_service.books.records import MAX_ID_BYTES, SessionRecord, check_id
+from kv_service.errors import CapacityError, InvalidArgument, UnknownSession
 
 log = logging.getLogger(__name__)
 

@@ -24,12 +24,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from kv_service.memory import segment, shm_file
 from kv_service.config import ServiceConfig
 from kv_service.core import ServiceCore
+from kv_service.memory import segment, shm_file
+from kv_service.memory.remote_swap import RemoteSwapper
 from kv_service.rpc.interceptor import ServiceInterceptor
 from kv_service.rpc.metrics import ServiceMetrics
-from kv_service.memory.remote_swap import RemoteSwapper
 from kv_service.rpc.servicer import KVCacheServicer, Runtime
 from proto.kvcache.v1 import kvcache_pb2, kvcache_pb2_grpc
 
@@ -85,8 +85,8 @@ def _check_shm_dir(config: ServiceConfig, device: torch.device) -> None:
 
 def build_runtime(config: ServiceConfig, device: torch.device) -> Runtime:
     """Memory, then segments, once: every shared tensor allocated, initialized and exported in
-    one call (kv_service.memory.segment); then the core and the swapper on it, and the warm-up. Runs in
-    a worker thread, before the server reports SERVING."""
+    one call (kv_service.memory.segment); then the core and the swapper on it, and the warm-up.
+    Runs in a worker thread, before the server reports SERVING."""
     shared = segment.export_service_memory(config.layout, device, config.shm_dir, config.instance)
     if shared.removed_stale:
         log.warning(
