@@ -124,7 +124,7 @@ class EmbeddedControl(LocalMemory):
         return None
 
     async def close(self, detach: bool = False) -> None:
-        if detach and self.session_id in self.core.sessions:
+        if detach and self.session_id in self.core.table.sessions:
             self.core.detach(self.session_id)
 
 
