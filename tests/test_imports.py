@@ -18,7 +18,7 @@ EMBEDDED_FACTORY = "engine_client/serve/factory.py"  # the only engine module th
 # The wings of engine_client, top floor first: each imports only the ones after it.
 WINGS = ("cli", "gateway", "serve", "loop", "model", "kv", "text", "client")
 # Our packages: the whole import graph (tests aside).
-PACKAGES = ("contract", "kernels", "kv_service", "engine_client", "proto", "bench")
+PACKAGES = ("contract", "transport", "kernels", "kv_service", "engine_client", "proto", "bench")
 # The rooms of kv_service (a wing folder or a root module) and the rooms each may import.
 SERVICE_ROOMS: dict[str, set[str]] = {
     "__main__": {"rpc", "config"},
@@ -86,6 +86,18 @@ def _offenders(
 
 def test_contract_imports_neither_side() -> None:
     assert _offenders("contract", {"kv_service", "engine_client"}) == {}
+
+
+def test_contract_holds_no_transport_code() -> None:
+    assert (
+        _offenders("contract", {"grpc", "grpc_health", "grpc_reflection", "prometheus_client"})
+        == {}
+    )
+
+
+def test_transport_imports_neither_side() -> None:
+    """The gRPC scaffold and call handling both servers share (docs/DECISIONS.md)."""
+    assert _offenders("transport", {"kv_service", "engine_client", "kernels"}) == {}
 
 
 def test_kernels_import_neither_side() -> None:

@@ -1,5 +1,5 @@
 """The engine server's interceptor: every decode.v1.DecodeService call gets the transport handling
-the KV service's calls get (`contract.rpc_calls`): a request that does not parse is answered
+the KV service's calls get (`transport.rpc_calls`): a request that does not parse is answered
 INVALID_ARGUMENT, without a traceback, and each call is counted in the grpc_server_* series."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 
 import grpc
 
-from contract import rpc_calls
 from engine_client.client import errors
+from transport import rpc_calls
 
 log = logging.getLogger(__name__)
 

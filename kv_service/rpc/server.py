@@ -20,9 +20,7 @@ from dataclasses import dataclass
 import grpc
 import torch
 import uvloop
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
-from grpc_reflection.v1alpha import reflection
 
 from kv_service.config import ServiceConfig
 from kv_service.core import ServiceCore
@@ -32,11 +30,11 @@ from kv_service.rpc.interceptor import ServiceInterceptor
 from kv_service.rpc.metrics import ServiceMetrics
 from kv_service.rpc.servicer import KVCacheServicer, Runtime
 from proto.kvcache.v1 import kvcache_pb2, kvcache_pb2_grpc
+from transport import grpc_server
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = kvcache_pb2.DESCRIPTOR.services_by_name["KVCacheService"].full_name
-HEALTH_NAMES = ("", SERVICE_NAME)
 # Streams still open after the drain get this long to finish before they are cancelled.
 STOP_GRACE_SECONDS = 1.0
 
@@ -145,26 +143,13 @@ def build_server(
     options = [
         ("grpc.max_receive_message_length", config.max_message_bytes),
         ("grpc.max_send_message_length", config.max_message_bytes),
-        # A peer that vanished without closing (TCP) is found within ~15 s, so its
-        # session's lease starts running.
-        ("grpc.keepalive_time_ms", 10_000),
-        ("grpc.keepalive_timeout_ms", 5_000),
+        # Keepalive pings on an idle connection too, so a vanished peer's lease starts running.
         ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
         ("grpc.keepalive_permit_without_calls", 1),
     ]
-    server = grpc.aio.server(
-        interceptors=[ServiceInterceptor(config.token, metrics)], options=options
-    )
+    interceptors = [ServiceInterceptor(config.token, metrics)]
+    server = grpc_server.scaffold(SERVICE_NAME, health, interceptors, options)
     kvcache_pb2_grpc.add_KVCacheServiceServicer_to_server(servicer, server)
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    reflection.enable_server_reflection(
-        (
-            SERVICE_NAME,
-            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-            reflection.SERVICE_NAME,
-        ),
-        server,
-    )
     return server
 
 
@@ -189,13 +174,7 @@ async def _listen(server: grpc.aio.Server, config: ServiceConfig) -> None:
 
 
 async def _set_health(health: health_aio.HealthServicer, serving: bool) -> None:
-    status = (
-        health_pb2.HealthCheckResponse.SERVING
-        if serving
-        else health_pb2.HealthCheckResponse.NOT_SERVING
-    )
-    for name in HEALTH_NAMES:
-        await health.set(name, status)
+    await grpc_server.set_health(health, SERVICE_NAME, serving)
 
 
 async def _expire_leases(servicer: KVCacheServicer, period: float) -> None:
