@@ -67,7 +67,7 @@ def test_one_status_table_both_ways() -> None:
 
     import contract.errors as c
     from engine_client.client import errors as client
-    from kv_service.rpc.status import code_for
+    from transport.status import code_for
 
     for cls in c.BY_REASON.values():
         code = code_for(cls)
@@ -89,7 +89,7 @@ def test_never_fits_is_one_rule_both_ways() -> None:
 
     import contract.errors as c
     from engine_client.client import errors as client
-    from kv_service.rpc.status import status_of
+    from transport.status import status_of
 
     never, later = c.CapacityError("x", permanent=True), c.CapacityError("x")
     assert status_of(never).code is client.code_of(never) is grpc.StatusCode.INVALID_ARGUMENT

@@ -18,9 +18,9 @@ from kv_service.core import RequestRecord, ServiceCore
 from kv_service.errors import InvalidArgument, ServiceUnavailable
 from kv_service.memory.remote_swap import RemoteSwapper
 from kv_service.rpc.metrics import ServiceMetrics
-from kv_service.rpc.status import status_of
 from proto.kvcache.v1 import kvcache_pb2 as pb
 from proto.kvcache.v1 import kvcache_pb2_grpc as pb_grpc
+from transport.status import status_of
 
 CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 UINT64_MAX = 2**64 - 1
