@@ -209,7 +209,7 @@ class EngineConfig:
         None, help="serve Prometheus /metrics on this port; empty: off"
     )
     metrics_address: str = setting("127.0.0.1", help="address of the /metrics endpoint")
-    # Prefix caching (kv_service/ledger.py, engine_client/loop/scheduler.py).
+    # Prefix caching (kv_service/books/ledger.py, engine_client/loop/scheduler.py).
     prefix_cache: bool = setting(
         True,
         help="reuse the KV of cached prompt prefixes and of finished turns (full pages shared "
