@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from contract.layout import KVLayout  # noqa: E402
 from kv_service.core import ServiceCore  # noqa: E402
-from kv_service.memory import allocate_local  # noqa: E402
+from kv_service.memory.store import allocate_local  # noqa: E402
 
 
 def main() -> int:

@@ -25,7 +25,7 @@ from engine_client.model.graph import DecodeConfig, DecodeRunner  # noqa: E402
 from engine_client.model.model import Model  # noqa: E402
 from engine_client.model.preset import preset  # noqa: E402
 from engine_client.model.weights import random_weights  # noqa: E402
-from kv_service.memory import allocate_local, reset_request  # noqa: E402
+from kv_service.memory.store import allocate_local, reset_request  # noqa: E402
 
 
 def run(args: argparse.Namespace, use_graphs: bool, weights, cfg) -> dict:

@@ -53,7 +53,7 @@ from engine_client.model.graph import DecodeConfig, DecodeRunner  # noqa: E402
 from engine_client.model.model import Model  # noqa: E402
 from engine_client.model.preset import preset  # noqa: E402
 from engine_client.model.weights import random_weights  # noqa: E402
-from kv_service.memory import allocate_local, reset_request  # noqa: E402
+from kv_service.memory.store import allocate_local, reset_request  # noqa: E402
 
 # First match wins: GPU kernel names (Triton kernels, cuBLAS/CUTLASS GEMMs) and, on CPU, the
 # "kernel::<KernelSet field>" ranges and aten GEMM ops.

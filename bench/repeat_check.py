@@ -1,4 +1,4 @@
-"""Cost of remote swap's check for repeated top-k positions (kv_service.remote_swap
+"""Cost of remote swap's check for repeated top-k positions (kv_service.memory.remote_swap
 .mask_repeated_rows), next to the plan it guards.
 
     python bench/repeat_check.py
@@ -17,7 +17,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.timing import cpu_call_us  # noqa: E402
-from kv_service.remote_swap import mask_repeated_rows  # noqa: E402
+from kv_service.memory.remote_swap import mask_repeated_rows  # noqa: E402
 
 
 def rows(bs: int, k: int, context: int, device: torch.device) -> torch.Tensor:

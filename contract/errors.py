@@ -2,7 +2,7 @@
 
 Domain code raises these; they carry a machine-readable `reason` (google.rpc.ErrorInfo.reason)
 and string `details`, never a transport status code. The server maps them to gRPC statuses in
-one place (`kv_service.status`); the client decodes them in one place
+one place (`transport.status`); the client decodes them in one place
 (`engine_client.client.errors`),
 so an engine sees the same class whether the service runs in-process or behind gRPC.
 """
@@ -126,7 +126,7 @@ class DeadlineExceeded(ServiceUnavailable):
 
 
 # The gRPC status code of each error class, by name (the contract imports no gRPC); a class not
-# listed has its nearest listed ancestor's. The one table, read both ways: kv_service.status
+# listed has its nearest listed ancestor's. The one table, read both ways: transport.status
 # gives a raised error its code, engine_client.client.errors gives a code that came without an
 # ErrorInfo (a proxy, grpc itself) its class.
 STATUS_CODES: dict[type[KVError], str] = {

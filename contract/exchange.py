@@ -1,6 +1,6 @@
 """The remote-swap exchange, as both sides see it: the tensors ("xchg_*") the service exports
 for one layer's swap-in launched on the engine's behalf, and the names of the two interprocess
-events that order the engine's stream with the service's (`kv_service.remote_swap` explains
+events that order the engine's stream with the service's (`kv_service.memory.remote_swap` explains
 the protocol).
 """
 

@@ -22,7 +22,7 @@ import torch
 
 from contract.layout import LayoutError
 
-# Segment files: hisparse-<instance>-<pid>-<name> in a shm directory (`kv_service.shm_file`
+# Segment files: hisparse-<instance>-<pid>-<name> in a shm directory (`kv_service.memory.shm_file`
 # creates them and their owner's lock). Instances may contain '-', tensor names may not: the pid
 # is the second field from the end.
 FILE_RE = re.compile(

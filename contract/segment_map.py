@@ -1,6 +1,6 @@
 """The engine's side of shared memory: mapping the KV tensors (and extra tensors) a service
 exported, unmapping them, and telling whether their owner still lives. The export side is the
-service's (`kv_service.segment`); each tensor travels as a handle dict (`contract.handle`).
+service's (`kv_service.memory.segment`); each tensor travels as a handle dict (`contract.handle`).
 
 On GPU each process that maps a "shm" file registers it with CUDA, so kernels load it zero-copy
 (UVA); "cuda_ipc" handles are device memory shared by CUDA IPC. File names and IPC handles carry

@@ -2,7 +2,7 @@
 `KVTensors`, the same tensors whether the service allocated them, an embedded engine allocated
 them locally, or an engine in another process mapped the service's exports
 (`contract.segment_map`). Allocation and the per-request resets are the service's
-(`kv_service.memory`). Shapes are in docs/ARCHITECTURE.md.
+(`kv_service.memory.store`). Shapes are in docs/ARCHITECTURE.md.
 """
 
 from __future__ import annotations

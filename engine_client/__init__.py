@@ -16,13 +16,13 @@ Public API, imported lazily so that `import engine_client` stays light (no torch
   the compute side (see each module)
 """
 
-import importlib
+from engine_client.client.lazy_exports import load
 
 _LAZY = {
     "KVClient": "engine_client.client",
     "KVControl": "engine_client.client",
     "KVLayout": "engine_client.client",
-    "errors": "engine_client.client",
+    "errors": "engine_client.client.errors",
     "Engine": "engine_client.loop.engine",
     "build_engine": "engine_client.serve.factory",
     # Not `preset`: importing the submodule engine_client.model.preset would shadow the function.
@@ -43,9 +43,5 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str):
-    if name == "errors":
-        return importlib.import_module("engine_client.client.errors")
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'engine_client' has no attribute {name!r}")
+def __getattr__(name: str) -> object:
+    return load(__name__, _LAZY, name)

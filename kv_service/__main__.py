@@ -47,7 +47,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         # kernels/__init__ would leave it off; it must be set before any kernel is defined.
         os.environ["TRITON_INTERPRET"] = "1"
     # Imported here so --help and flag errors do not pay for torch and grpc.
-    from kv_service.server import ONE_LINE_ERRORS, run
+    from kv_service.rpc.server import ONE_LINE_ERRORS, run
 
     try:
         return run(config)

@@ -17,17 +17,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 from contract.layout import MODE_OFFLOADED, KVLayout
 from contract.tensors import KVTensors
-from kv_service.errors import (
-    AlreadyExists,
-    CapacityError,
-    Draining,
-    EpochMismatch,
-    InvalidArgument,
-    UnknownRequest,
-)
-from kv_service.ledger import PageLedger, PrefixQuery, RowStore
-from kv_service.memory import TensorRows
-from kv_service.records import (
+from kv_service.books.ledger import PageLedger, PrefixQuery, RowStore
+from kv_service.books.records import (
     MAX_TOKENS,
     CoreStats,
     RequestRecord,
@@ -36,7 +27,16 @@ from kv_service.records import (
     check_id,
     check_range,
 )
-from kv_service.sessions import SessionTable
+from kv_service.books.sessions import SessionTable
+from kv_service.errors import (
+    AlreadyExists,
+    CapacityError,
+    Draining,
+    EpochMismatch,
+    InvalidArgument,
+    UnknownRequest,
+)
+from kv_service.memory.store import TensorRows
 
 log = logging.getLogger(__name__)
 
@@ -89,13 +89,6 @@ class ServiceCore:
             return self.table.resume(resume_session_id, engine_name, fingerprint)
         return self.table.open(engine_name, fingerprint)
 
-    @property
-    def sessions(self) -> dict[str, SessionRecord]:
-        return self.table.sessions
-
-    def session(self, session_id: str) -> SessionRecord:
-        return self.table.get(session_id)
-
     def check_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:
             raise EpochMismatch(
@@ -104,18 +97,9 @@ class ServiceCore:
                 got=epoch,
             )
 
-    def touch(self, session_id: str) -> SessionRecord:
-        return self.table.touch(session_id)
-
-    def stream_opened(self, session_id: str) -> None:
-        self.table.stream_opened(session_id)
-
-    def stream_closed(self, session_id: str) -> None:
-        self.table.stream_closed(session_id)
-
     def detach(self, session_id: str) -> None:
         """End a session now and free all its requests."""
-        self._close(self.session(session_id), "detached")
+        self._close(self.table.get(session_id), "detached")
 
     def expire_leases(self) -> list[str]:
         """Close every session without an open stream whose lease ran out; returns their ids."""
@@ -128,7 +112,7 @@ class ServiceCore:
     def _close(self, session: SessionRecord, why: str) -> None:
         for request in list(session.requests.values()):
             self._free(session, request)
-        del self.sessions[session.session_id]
+        del self.table.sessions[session.session_id]
         log.info("session %s closed: %s", session.session_id, why)
         if self._on_session_closed is not None:
             self._on_session_closed(session.session_id)
@@ -149,7 +133,7 @@ class ServiceCore:
         host tier out of pages later. `page_hashes` (contract.prefix.page_hashes of the prompt's
         full pages) look up a cached prefix and publish the prompt's pages once written; the
         record's cached_tokens says how much of the prompt the engine must not prefill."""
-        session = self.touch(session_id)
+        session = self.table.touch(session_id)
         if self.draining:
             raise Draining("the service is draining and admits no new request")
         check_id("request_id", request_id)
@@ -195,7 +179,7 @@ class ServiceCore:
 
     def request(self, session_id: str, request_id: str) -> RequestRecord:
         check_id("request_id", request_id)
-        request = self.session(session_id).requests.get(request_id)
+        request = self.table.get(session_id).requests.get(request_id)
         if request is None:
             raise UnknownRequest(
                 f"no request {request_id!r} in this session", request_id=request_id
@@ -203,7 +187,7 @@ class ServiceCore:
         return request
 
     def commit(self, session_id: str, request_id: str, seq_len: int) -> None:
-        self.touch(session_id)
+        self.table.touch(session_id)
         request = self.request(session_id, request_id)
         check_range("seq_len", seq_len, 0, request.reserved_tokens)
         request.seq_len = seq_len
@@ -220,7 +204,7 @@ class ServiceCore:
     ) -> None:
         """Commit every (request id, seq_len) and add the counters of the `steps` steps the report
         merges. All or nothing: one bad entry changes nothing."""
-        self.touch(session_id)
+        self.table.touch(session_id)
         progress = list(progress)
         if len(progress) > self.layout.max_requests:
             raise InvalidArgument(
@@ -245,7 +229,7 @@ class ServiceCore:
         """Free a request. `page_hashes`: the names of every full page of its stored tokens
         (prompt and generated); those written and not yet published are published first, so a
         next turn of the conversation finds them. All or nothing: bad names free nothing."""
-        session = self.touch(session_id)
+        session = self.table.touch(session_id)
         request = self.request(session_id, request_id)
         if page_hashes:
             self.ledger.learn(request, page_hashes)
@@ -269,7 +253,7 @@ class ServiceCore:
 
     @property
     def num_requests(self) -> int:
-        return sum(len(s.requests) for s in self.sessions.values())
+        return sum(len(s.requests) for s in self.table.sessions.values())
 
     def is_empty(self) -> bool:
         """No request left and both pools back to all-free (nothing cached either)."""
@@ -281,14 +265,14 @@ class ServiceCore:
 
     def check(self) -> None:
         """Every bookkeeping invariant, element by element (tests; O(pages))."""
-        held = [r.pages for s in self.sessions.values() for r in s.requests.values()]
+        held = [r.pages for s in self.table.sessions.values() for r in s.requests.values()]
         self.ledger.cache.check(held)
         assert self.slots.used == len(held), "request slots leaked"
 
     def stats(self) -> CoreStats:
         offloaded = {  # shared pages count once
             p
-            for s in self.sessions.values()
+            for s in self.table.sessions.values()
             for r in s.requests.values()
             if r.mode == MODE_OFFLOADED
             for p in r.pages
@@ -300,7 +284,7 @@ class ServiceCore:
             offloaded_pages_used=len(offloaded),
             slots_used=self.slots.used,
             slots_total=self.slots.total,
-            sessions=len(self.sessions),
+            sessions=len(self.table.sessions),
             requests=self.num_requests,
             draining=self.draining,
             uptime_seconds=self._clock() - self._started,

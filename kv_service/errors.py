@@ -1,5 +1,5 @@
 """The service's names for the contract's errors (`contract.errors`), kept so domain code and
-older imports read as before. No gRPC here: `kv_service.status` maps errors to statuses."""
+older imports read as before. No gRPC here: `transport.status` maps errors to statuses."""
 
 from __future__ import annotations
 

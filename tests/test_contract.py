@@ -26,7 +26,8 @@ def imported_after(statement: str) -> set[str]:
 
 
 @pytest.mark.parametrize(
-    "statement", ["import contract.errors", "import kv_service.pool", "import kv_service.errors"]
+    "statement",
+    ["import contract.errors", "import kv_service.books.pool", "import kv_service.errors"],
 )
 def test_domain_modules_import_no_grpc_and_no_side(statement: str) -> None:
     modules = imported_after(statement)
@@ -66,7 +67,7 @@ def test_one_status_table_both_ways() -> None:
 
     import contract.errors as c
     from engine_client.client import errors as client
-    from kv_service.status import code_for
+    from transport.status import code_for
 
     for cls in c.BY_REASON.values():
         code = code_for(cls)
@@ -88,7 +89,7 @@ def test_never_fits_is_one_rule_both_ways() -> None:
 
     import contract.errors as c
     from engine_client.client import errors as client
-    from kv_service.status import status_of
+    from transport.status import status_of
 
     never, later = c.CapacityError("x", permanent=True), c.CapacityError("x")
     assert status_of(never).code is client.code_of(never) is grpc.StatusCode.INVALID_ARGUMENT

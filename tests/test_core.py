@@ -23,7 +23,7 @@ from kv_service.errors import (
     UnknownRequest,
     UnknownSession,
 )
-from kv_service.memory import allocate_local
+from kv_service.memory.store import allocate_local
 
 LAYOUT = KVLayout(
     num_layers=2,
@@ -199,10 +199,10 @@ def test_commit_and_step_end_validation(core: ServiceCore) -> None:
 def test_lease_expiry_reclaims_and_open_stream_holds(core: ServiceCore, clock: Clock) -> None:
     sid = core.attach("eng").session_id
     core.admit(sid, "a", 40, 8)
-    core.stream_opened(sid)
+    core.table.stream_opened(sid)
     clock.now += 100
     assert core.expire_leases() == []
-    core.stream_closed(sid)
+    core.table.stream_closed(sid)
     clock.now += 4
     assert core.expire_leases() == []
     resumed = core.attach("eng-restarted", resume_session_id=sid)
@@ -223,7 +223,7 @@ def test_detach_frees_everything_and_calls_back(clock: Clock) -> None:
     core.admit(sid, "a", 4, 4)
     core.admit(sid, "b", 40, 4)
     core.detach(sid)
-    assert closed == [sid] and core.is_empty() and not core.sessions
+    assert closed == [sid] and core.is_empty() and not core.table.sessions
 
 
 def test_epoch_and_layout_checks(core: ServiceCore) -> None:

@@ -27,7 +27,7 @@ from engine_client.cli.config import GenerateConfig
 from engine_client.cli.generate import GenerationResult, generate_stream
 from engine_client.client import attachment, errors
 from engine_client.loop import state_file
-from kv_service import segment
+from kv_service.memory import segment
 from proto.kvcache.v1 import kvcache_pb2 as kpb
 from tests.process_harness import (
     LAYOUT,

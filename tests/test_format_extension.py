@@ -25,7 +25,7 @@ from engine_client.loop.request import SamplingParams
 from engine_client.serve.factory import build_engine
 from kernels.formats import ROW_VALUES, RowFormat
 from kernels.store.append import kv_append
-from kv_service.memory import allocate_local
+from kv_service.memory.store import allocate_local
 from tests.process_harness import LAYOUT, engine_config
 
 BF16_BYTES = 2 * ROW_VALUES

@@ -18,7 +18,17 @@ EMBEDDED_FACTORY = "engine_client/serve/factory.py"  # the only engine module th
 # The wings of engine_client, top floor first: each imports only the ones after it.
 WINGS = ("cli", "gateway", "serve", "loop", "model", "kv", "text", "client")
 # Our packages: the whole import graph (tests aside).
-PACKAGES = ("contract", "kernels", "kv_service", "engine_client", "proto", "bench")
+PACKAGES = ("contract", "transport", "kernels", "kv_service", "engine_client", "proto", "bench")
+# The rooms of kv_service (a wing folder or a root module) and the rooms each may import.
+SERVICE_ROOMS: dict[str, set[str]] = {
+    "__main__": {"rpc", "config"},
+    "rpc": {"core", "books", "memory", "config", "errors"},
+    "core": {"books", "memory", "errors"},
+    "books": {"errors"},
+    "memory": {"errors"},
+    "config": set(),
+    "errors": set(),
+}
 
 
 def imports_of(path: Path) -> set[str]:
@@ -76,6 +86,18 @@ def _offenders(
 
 def test_contract_imports_neither_side() -> None:
     assert _offenders("contract", {"kv_service", "engine_client"}) == {}
+
+
+def test_contract_holds_no_transport_code() -> None:
+    assert (
+        _offenders("contract", {"grpc", "grpc_health", "grpc_reflection", "prometheus_client"})
+        == {}
+    )
+
+
+def test_transport_imports_neither_side() -> None:
+    """The gRPC scaffold and call handling both servers share (docs/DECISIONS.md)."""
+    assert _offenders("transport", {"kv_service", "engine_client", "kernels"}) == {}
 
 
 def test_kernels_import_neither_side() -> None:
@@ -215,8 +237,8 @@ def test_only_the_factory_imports_the_service_in_the_reference_engine() -> None:
     assert users[EMBEDDED_FACTORY] == [
         "kv_service.core",
         "kv_service.core.ServiceCore",
-        "kv_service.memory",
-        "kv_service.memory.allocate_local",
+        "kv_service.memory.store",
+        "kv_service.memory.store.allocate_local",
     ]
 
 
@@ -228,7 +250,10 @@ def test_only_the_factory_imports_the_service_in_the_reference_engine() -> None:
             "import importlib\nimportlib.import_module('kv_service.core')\n",
             {"importlib", "kv_service.core"},
         ),
-        ("class A:\n    def m(self):\n        import kv_service.pool as p\n", {"kv_service.pool"}),
+        (
+            "class A:\n    def m(self):\n        import kv_service.books.pool as p\n",
+            {"kv_service.books.pool"},
+        ),
         ("from . import sibling\n", set()),
     ],
 )
@@ -271,3 +296,49 @@ def test_gateway_is_a_decode_client_above_serve() -> None:
         and not _rel(p).startswith(("engine_client/gateway/", "engine_client/cli/"))
     }
     assert users == set()
+
+
+def _service_room(name: str) -> str | None:
+    parts = name.split(".")
+    return parts[1] if parts[0] == "kv_service" and len(parts) > 1 else None
+
+
+def service_arrows() -> dict[str, set[str]]:
+    """Room -> the other kv_service rooms its modules import."""
+    arrows: dict[str, set[str]] = {room: set() for room in SERVICE_ROOMS}
+    for path in modules("kv_service"):
+        room = _service_room(_module_name(path))
+        if room is None:
+            continue
+        arrows.setdefault(room, set()).update(
+            r for n in imports_of(path) if (r := _service_room(n)) and r != room
+        )
+    return arrows
+
+
+def test_service_rooms_import_only_what_their_rule_allows() -> None:
+    arrows = service_arrows()
+    assert set(arrows) == set(SERVICE_ROOMS), "a kv_service room has no declared rule"
+    bad = {room: sorted(to - SERVICE_ROOMS[room]) for room, to in arrows.items()}
+    assert {room: to for room, to in bad.items() if to} == {}
+
+
+def _floor(room: str, arrows: dict[str, set[str]]) -> int:
+    return 1 + max((_floor(r, arrows) for r in arrows[room]), default=0)
+
+
+def test_service_has_no_cycle_and_at_most_five_floors() -> None:
+    arrows = service_arrows()
+    assert cycle_in(arrows) == []
+    assert max(_floor(room, arrows) for room in arrows) <= 5
+
+
+def test_service_wings_hold_the_modules_the_architecture_lists() -> None:
+    doc = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    rows = re.findall(r"^\| `kv_service/(\w+)/` \| ([\w, ]+) \| (\d+) \|", doc, re.M)
+    listed = {wing: (set(names.split(", ")), int(count)) for wing, names, count in rows}
+    wings = {p.name for p in (ROOT / "kv_service").iterdir() if (p / "__init__.py").exists()}
+    assert set(listed) == wings
+    for wing in wings:
+        held = {p.stem for p in modules(f"kv_service/{wing}") if p.stem != "__init__"}
+        assert listed[wing] == (held, len(held)), wing

@@ -19,8 +19,8 @@ from engine_client.model.preset import preset
 from engine_client.model.weights import random_weights
 from kernels.formats import BF16_KEYS, INDEX_FORMATS
 from kernels.reference import read_index_rows
-from kv_service.memory import allocate_local, reset_request
-from kv_service.remote_swap import RemoteSwapper
+from kv_service.memory.remote_swap import RemoteSwapper
+from kv_service.memory.store import allocate_local, reset_request
 
 CFG = preset("tiny", topk=8)
 LAYOUT = KVLayout(

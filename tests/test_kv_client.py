@@ -230,7 +230,7 @@ def test_baseline_control_capacity_and_release() -> None:
 
 def test_embedded_control_maps_core_errors() -> None:
     from kv_service.core import ServiceCore
-    from kv_service.memory import allocate_local
+    from kv_service.memory.store import allocate_local
 
     async def run() -> None:
         ctl = EmbeddedControl(

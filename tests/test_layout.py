@@ -3,7 +3,7 @@ import torch
 
 from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout, LayoutError
 from contract.tensors import tensor_specs
-from kv_service.memory import allocate_local, free_request, reset_request
+from kv_service.memory.store import allocate_local, free_request, reset_request
 
 
 def small(**kw) -> KVLayout:

@@ -20,7 +20,7 @@ from engine_client.model.model import Model, Tokens, Workspace
 from engine_client.model.preset import preset
 from engine_client.model.weights import random_weights
 from kernels.attention.sparse import TileWorkspace
-from kv_service.memory import allocate_local, reset_request
+from kv_service.memory.store import allocate_local, reset_request
 
 CFG = preset("tiny", topk=8)
 # B = 9 hot slots, W = 1: the LRU region holds exactly k rows, so a changing top-k evicts.

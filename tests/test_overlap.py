@@ -15,7 +15,7 @@ from engine_client.model.graph import DecodeConfig, DecodeRunner
 from engine_client.model.model import Model, _parts
 from engine_client.model.preset import preset
 from engine_client.model.weights import random_weights
-from kv_service.memory import allocate_local, reset_request
+from kv_service.memory.store import allocate_local, reset_request
 
 CFG = preset("tiny", topk=8)
 LAYOUT = KVLayout(

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-OUR_PACKAGES = ("proto", "kernels", "kv_service", "engine_client", "contract")
+OUR_PACKAGES = ("proto", "kernels", "kv_service", "engine_client", "contract", "transport")
 OUR_DISTRIBUTION = "hisparse-kv"
 # A module only our package of that name has: the other `proto` and `kernels` lack these.
 OUR_MARKERS = {"proto": "proto.kvcache.v1.kvcache_pb2", "kernels": "kernels.reference"}

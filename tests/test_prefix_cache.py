@@ -8,9 +8,9 @@ import random
 import pytest
 
 from contract.prefix import PAGE_HASH_BYTES, namespace, page_hashes, scoped
+from kv_service.books.pool import PagePool
+from kv_service.books.prefix_cache import PrefixCache
 from kv_service.errors import CapacityError
-from kv_service.pool import PagePool
-from kv_service.prefix_cache import PrefixCache
 
 
 def key(i: int) -> bytes:

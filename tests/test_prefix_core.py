@@ -11,7 +11,7 @@ from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
 from contract.prefix import page_hashes
 from kv_service.core import ServiceCore
 from kv_service.errors import CapacityError, InvalidArgument
-from kv_service.memory import allocate_local
+from kv_service.memory.store import allocate_local
 from tests.service_harness import TINY
 from tests.test_core import Clock
 
@@ -113,7 +113,7 @@ def test_page_hashes_need_a_fingerprint_and_valid_sizes(core: ServiceCore) -> No
         core.admit(sid, "b", 30, 1, names(PROMPT), salt="s" * 200)
     with pytest.raises(InvalidArgument):
         core.attach("eng", fingerprint="\n")
-    assert len(core.sessions[sid].requests) == 0
+    assert len(core.table.sessions[sid].requests) == 0
     core.check()
 
 
@@ -193,7 +193,7 @@ def test_lease_expiry_releases_references_and_resume_keeps_them(
     clock.now += 4  # the first session (no stream) expires, the resumed one does not
     assert core.expire_leases() == [sid]
     core.check()
-    assert core.ledger.cache.refs(core.sessions[reader].requests["b"].pages[0]) == 1
+    assert core.ledger.cache.refs(core.table.sessions[reader].requests["b"].pages[0]) == 1
     clock.now += 6
     assert core.expire_leases() == [reader]
     assert core.holds_only_cache() and core.stats().cached_pages == 7

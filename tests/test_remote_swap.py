@@ -1,10 +1,10 @@
-"""Remote swap's guard against top-k rows that repeat a position (kv_service.remote_swap)."""
+"""Remote swap's guard against top-k rows that repeat a position (kv_service.memory.remote_swap)."""
 
 from __future__ import annotations
 
 import torch
 
-from kv_service.remote_swap import mask_repeated_rows
+from kv_service.memory.remote_swap import mask_repeated_rows
 
 
 def test_repeated_positions_refused_only_in_rows_that_are_planned() -> None:

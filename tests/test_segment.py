@@ -20,7 +20,7 @@ from contract.layout import KVLayout, LayoutError
 from contract.segment_map import SegmentMap
 from contract.tensors import TENSOR_NAMES, KVTensors
 from kernels.uva import UVATensor
-from kv_service import segment
+from kv_service.memory import segment
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYOUT = KVLayout(

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from contract.segment_map import SegmentMap
-from kv_service import segment
+from kv_service.memory import segment
 from tests.test_segment import LAYOUT, ROOT
 
 
@@ -43,7 +43,7 @@ def test_remove_segments_leaves_no_files(tmp_path: Path) -> None:
 CHILD = """
 import json, sys, time, torch
 from kernels.uva import UVATensor
-from kv_service import segment
+from kv_service.memory import segment
 from contract.layout import KVLayout
 layout = KVLayout(**json.loads(sys.argv[1]))
 kv, handles = segment.create_segments(layout, "cpu", sys.argv[2], "dead")

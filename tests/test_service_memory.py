@@ -1,5 +1,6 @@
-"""The service's start-up export (kv_service.segment.export_service_memory): memory first (every
-tensor of memory.service_specs, initialized), exported in one call under one owner lock, after
+"""The service's start-up export (kv_service.memory.segment.export_service_memory): memory
+first (every tensor of memory.service_specs, initialized), exported in one call
+under one owner lock, after
 the files of a dead owner are gone; removed in one call at exit."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from contract.exchange import exchange_specs
 from contract.layout import MODE_FREE
 from contract.segment_map import SegmentMap
 from contract.tensors import TENSOR_NAMES
-from kv_service import segment, shm_file
+from kv_service.memory import segment, shm_file
 from tests.process_harness import LAYOUT
 
 

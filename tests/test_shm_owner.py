@@ -17,7 +17,7 @@ import pytest
 
 from contract import handle
 from contract.layout import KVLayout
-from kv_service import segment, shm_file
+from kv_service.memory import segment, shm_file
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYOUT = KVLayout(
@@ -32,7 +32,7 @@ LAYOUT = KVLayout(
 )
 OWNER = """
 import json, os, sys, time
-from kv_service import segment
+from kv_service.memory import segment
 from contract.layout import KVLayout
 shm_dir, instance, fake_pid = sys.argv[2], sys.argv[3], sys.argv[4]
 segment.create_segments(KVLayout(**json.loads(sys.argv[1])), "cpu", shm_dir, instance)

@@ -46,7 +46,6 @@ ALLOWED_LONG_FUNCTIONS = Counter(
 ALLOWED_LONG_FILES = Counter(
     [
         "config.py",
-        "core.py",
         "engine.py",
         "factory.py",
         "hisparse.py",

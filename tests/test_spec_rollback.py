@@ -25,7 +25,7 @@ from engine_client.model.model import Model
 from engine_client.model.preset import preset
 from engine_client.model.spec_runner import SpecDecodeRunner
 from engine_client.model.weights import random_weights
-from kv_service.memory import allocate_local, reset_request
+from kv_service.memory.store import allocate_local, reset_request
 from tests.test_engine import one_cpu_thread  # noqa: F401 (autouse: one CPU thread)
 
 D, W, K = 3, 4, 8

@@ -1,5 +1,5 @@
 """kvcache.proto documents, per RPC, every status it returns and whether to retry; this reads
-that table and checks it against what the service really sends (`kv_service.status.status_of`,
+that table and checks it against what the service really sends (`transport.status.status_of`,
 the one mapping the interceptor and the Session stream's in-band errors use):
 
 - each documented (code, reason) is what an error of that reason maps to;
@@ -17,7 +17,7 @@ import grpc
 import pytest
 
 from contract.errors import BY_REASON, CapacityError
-from kv_service.status import RETRYABLE_CODES, status_of
+from transport.status import RETRYABLE_CODES, status_of
 
 PROTO = Path(__file__).resolve().parents[1] / "proto/kvcache/v1/kvcache.proto"
 LINE_RE = re.compile(r"^(?P<code>[A-Z_]+) \((?P<reasons>[A-Z_, ]+)\): (?P<when>.*)$")

@@ -15,7 +15,7 @@
 docs/CLIENT.md documents the API with a runnable decode loop (`docs/client_example.py`).
 """
 
-import importlib
+from engine_client.client.lazy_exports import load
 
 # Lazy, so that `engine_client.client.errors` (used by light CLIs) does not pull in torch.
 _LAZY = {
@@ -54,8 +54,4 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    if name == "errors":
-        return importlib.import_module("engine_client.client.errors")
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'engine_client.client' has no attribute {name!r}")
+    return load(__name__, _LAZY, name)

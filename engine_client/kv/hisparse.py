@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from contract.layout import MAX_DRAFT_TOKENS, MODE_OFFLOADED, MODE_RESIDENT
+from contract.swap_plan import plan_swap as shared_plan
 from contract.tensors import KVTensors
 from engine_client.kv.backend import AttnRows, SharedBackend
 from engine_client.kv.kernel_set import KernelSet
@@ -315,25 +316,12 @@ def plan_swap(
     miss_rows: torch.Tensor | None = None,
 ) -> None:
     """The plan of run_swap: hits, victims and the miss lists, residency/LRU updated."""
-    lay = kv.layout
-    kernels.swap_plan(
+    shared_plan(
+        kernels.swap_plan,
+        kv,
         layer,
-        topk,
-        seq_lens,
-        req_slots,
-        kv.req_mode,
-        kv.page_table,
-        kv.token_slot,
-        kv.slot_token,
-        kv.lru_order,
-        kv.hit_flag,
-        out_slots,
-        miss_src,
-        miss_dst,
-        miss_count,
-        num_layers=lay.num_layers,
-        page_size=lay.page_size,
-        window=lay.window,
+        (topk, seq_lens, req_slots),
+        (out_slots, miss_src, miss_dst, miss_count),
         rows_per_request=rows_per_request,
-        out_miss_rows=miss_rows,
+        miss_rows=miss_rows,
     )

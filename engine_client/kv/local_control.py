@@ -125,12 +125,12 @@ class EmbeddedControl(LocalMemory):
         return None
 
     async def close(self, detach: bool = False) -> None:
-        if detach and self.session_id in self.core.sessions:
+        if detach and self.session_id in self.core.table.sessions:
             self.core.detach(self.session_id)
 
 
 class BaselinePages:
-    """The RowStore (kv_service.ledger) of the baseline: its page table [R, ppr] int32 on the
+    """The RowStore (kv_service.books.ledger) of the baseline: its page table [R, ppr] int32 on the
     device, which BaselineBackend addresses its KV rows and index keys through. Every row of a
     page is in the one cache every request reads, so a cached prefix needs no copy."""
 

@@ -55,8 +55,9 @@ class RemoteSwapBackend(HiSparseBackend):
     `swap_fn(layer, bs, rows_per_request)`.
 
     Per layer the batch is written to xchg_topk / xchg_seq_lens / xchg_req_slots [:bs], then
-    swap_fn runs (exchange tensors and events: kv_service.remote_swap). On CUDA the streams are
-    ordered with the service's interprocess events: "xchg_ready" is recorded after the inputs
+    swap_fn runs (exchange tensors and events: kv_service.memory.remote_swap). On CUDA the
+    streams are ordered with the service's interprocess events: "xchg_ready" is recorded
+    after the inputs
     are written, and the engine's stream waits on "xchg_done" after swap_fn returns; without
     events the stream is synchronized before swap_fn, which must then return only once its
     outputs are final. A host round trip per layer cannot be captured: never graphed."""

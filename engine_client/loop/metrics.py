@@ -2,7 +2,7 @@
 
 Device time is named `device`, not `gpu`: on CPU the "device" is the CPU. `engine_info` says which
 (`device="cpu"` or `"cuda:0"`) and the KV mode. The engine's gRPC calls are counted in the
-go-grpc-prometheus series (`contract.rpc_calls.RpcMetrics`), as the KV service's are.
+go-grpc-prometheus series (`transport.rpc_calls.RpcMetrics`), as the KV service's are.
 
 Per-token latencies go through a `BatchHistogram`: a step observes all its tokens in one call
 (a bisect per value), cheaper than prometheus_client's locked `observe` per token on the per-step
@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from contract.rpc_calls import RpcMetrics
+from transport.rpc_calls import RpcMetrics
 
 # Token latencies: 1 ms .. 20 s. Step times: 50 us .. 2 s.
 TOKEN_BUCKETS = (

@@ -1,6 +1,6 @@
 """Prefix caching on the engine's side: the names of a request's full pages
 (`contract.prefix.page_hashes`) that its admission looks up and its release publishes. The KV
-side (kv_service/ledger.py) maps the cached pages and scopes the names by namespace."""
+side (kv_service/books/ledger.py) maps the cached pages and scopes the names by namespace."""
 
 from __future__ import annotations
 

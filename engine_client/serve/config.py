@@ -278,7 +278,7 @@ class EngineConfig:
     metrics_address: str = setting(
         "127.0.0.1", help="address of the /metrics endpoint", check=non_empty
     )
-    # Prefix caching (kv_service/ledger.py, engine_client/loop/scheduler.py).
+    # Prefix caching (kv_service/books/ledger.py, engine_client/loop/scheduler.py).
     prefix_cache: bool = setting(
         True,
         help="reuse the KV of cached prompt prefixes and of finished turns (full pages shared "

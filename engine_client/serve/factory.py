@@ -156,7 +156,7 @@ def local_control(cfg: EngineConfig, mcfg: ModelConfig, device: str) -> KVContro
     if cfg.kv_mode == "baseline":
         return baseline_control(layout, device, cfg.engine_name, fingerprint(cfg, mcfg))
     from kv_service.core import ServiceCore
-    from kv_service.memory import allocate_local
+    from kv_service.memory.store import allocate_local
 
     core = ServiceCore(allocate_local(layout, device), lease_seconds=EMBEDDED_LEASE_SECONDS)
     return EmbeddedControl(core, cfg.engine_name, fingerprint(cfg, mcfg))

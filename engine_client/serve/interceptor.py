@@ -1,30 +1,26 @@
 """The engine server's interceptor: every decode.v1.DecodeService call gets the transport handling
-the KV service's calls get (`contract.rpc_calls`): a request that does not parse is answered
+the KV service's calls get (`transport.rpc_calls`): a request that does not parse is answered
 INVALID_ARGUMENT, without a traceback, and each call is counted in the grpc_server_* series."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
 
-from contract import rpc_calls
-from engine_client.client import errors
-
-log = logging.getLogger(__name__)
+from transport import rpc_calls
+from transport.status import rich_status, status_of
 
 SERVICE_PREFIX = "/decode.v1.DecodeService/"
 
 
-async def abort_plain(exc: Exception, context: grpc.aio.ServicerContext) -> None:
-    """decode.v1 statuses are plain code + message. A typed error keeps its code; anything
-    else is a bug: INTERNAL, logged with its traceback, its text kept from the client."""
-    if isinstance(exc, errors.KVError):
-        await context.abort(errors.code_of(exc), exc.message)
-    log.error("Generate failed", exc_info=exc)
-    await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
+async def abort_rich(exc: Exception, context: grpc.aio.ServicerContext) -> None:
+    """decode.v1 errors carry the google.rpc.Status details kvcache.v1's do (code, message,
+    ErrorInfo reason, QuotaFailure), from the one mapping `transport.status.status_of`; anything
+    untyped is a bug: INTERNAL, logged with its traceback (by status_of), its text kept from
+    the client."""
+    await context.abort_with_status(rich_status(status_of(exc)))
 
 
 class EngineInterceptor(grpc.aio.ServerInterceptor):
@@ -39,4 +35,4 @@ class EngineInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None or not details.method.startswith(SERVICE_PREFIX):
             return handler
-        return rpc_calls.wrap(handler, details.method, self._metrics, abort_plain)
+        return rpc_calls.wrap(handler, details.method, self._metrics, abort_rich)

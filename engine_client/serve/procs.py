@@ -289,7 +289,7 @@ def engine_process(
 
 
 def segment_files(shm_dir: str, instance: str) -> list[str]:
-    """Shared-memory files of a service instance (kv_service.shm_file names them
+    """Shared-memory files of a service instance (kv_service.memory.shm_file names them
     hisparse-<instance>-<pid>-<tensor>)."""
     prefix = f"hisparse-{instance}-"
     try:

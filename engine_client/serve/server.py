@@ -29,9 +29,7 @@ import os
 import signal
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
-from grpc_reflection.v1alpha import reflection
 
 from contract.ids import id_problem
 from contract.listen_address import claim_socket_path
@@ -46,11 +44,11 @@ from engine_client.serve.config import EngineConfig
 from engine_client.serve.interceptor import EngineInterceptor
 from proto.decode.v1 import decode_pb2 as pb
 from proto.decode.v1 import decode_pb2_grpc as pb_grpc
+from transport import grpc_server
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["DecodeService"].full_name
-HEALTH_NAMES = ("", SERVICE_NAME)
 STOP_GRACE_SECONDS = 2.0
 # The status a stream that ended with an ERROR finish closes with.
 FAIL_CODES = {
@@ -216,13 +214,7 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):
 
 
 async def _set_health(health: health_aio.HealthServicer, serving: bool) -> None:
-    status = (
-        health_pb2.HealthCheckResponse.SERVING
-        if serving
-        else health_pb2.HealthCheckResponse.NOT_SERVING
-    )
-    for name in HEALTH_NAMES:
-        await health.set(name, status)
+    await grpc_server.set_health(health, SERVICE_NAME, serving)
 
 
 def build_server(
@@ -231,20 +223,9 @@ def build_server(
     health: health_aio.HealthServicer,
     metrics: EngineMetrics | None = None,
 ) -> grpc.aio.Server:
-    server = grpc.aio.server(
-        interceptors=[EngineInterceptor(metrics.rpc if metrics is not None else None)],
-        options=[("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000)],
-    )
+    interceptors = [EngineInterceptor(metrics.rpc if metrics is not None else None)]
+    server = grpc_server.scaffold(SERVICE_NAME, health, interceptors)
     pb_grpc.add_DecodeServiceServicer_to_server(servicer, server)
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    reflection.enable_server_reflection(
-        (
-            SERVICE_NAME,
-            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-            reflection.SERVICE_NAME,
-        ),
-        server,
-    )
     # A socket left by a killed engine is reused; a live engine's, or any other file, is not
     # ours to remove (the KV service's rule, one implementation).
     if cfg.uds and claim_socket_path(cfg.uds, "--uds", "engine"):

@@ -14,7 +14,7 @@ from kernels.store.append import kv_append
 from kernels.swap.miss_copy import miss_copy
 from kernels.swap.plan import swap_plan
 from kernels.uva import UVATensor
-from kv_service.memory import allocate_local, reset_request
+from kv_service.memory.store import allocate_local, reset_request
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 GUARD = 64

@@ -27,6 +27,7 @@ import torch
 
 from contract.exchange import EVENT_NAMES, exchange_outputs, exchange_specs
 from contract.layout import MAX_DRAFT_TOKENS
+from contract.swap_plan import plan_swap
 from contract.tensors import KVTensors
 from kv_service.errors import CapacityError, InvalidArgument
 
@@ -193,26 +194,14 @@ class RemoteSwapper:
             self._req_slots[:bs].copy_(x["xchg_req_slots"][:bs])
             repeated = torch.zeros((), dtype=torch.int64, device=kv.device)
         slots, src, dst, count, rows = exchange_outputs(x, bs, rows_per_request)
-        swap_plan(
+        plan_swap(
+            swap_plan,
+            kv,
             layer,
-            x["xchg_topk"][:bs],
-            x["xchg_seq_lens"][:bs],
-            self._req_slots[:bs],
-            kv.req_mode,
-            kv.page_table,
-            kv.token_slot,
-            kv.slot_token,
-            kv.lru_order,
-            kv.hit_flag,
-            slots,
-            src,
-            dst,
-            count,
-            num_layers=lay.num_layers,
-            page_size=lay.page_size,
-            window=lay.window,
+            (x["xchg_topk"][:bs], x["xchg_seq_lens"][:bs], self._req_slots[:bs]),
+            (slots, src, dst, count),
             rows_per_request=rows_per_request,
-            out_miss_rows=rows,
+            miss_rows=rows,
         )
         miss_copy(kv.host_rows, kv.hot_kv, src, dst, count)
         placed = (slots >= 0).sum()

@@ -1,7 +1,7 @@
 """The service's memory: what it shares (the KV tensors, `contract.tensors.KVTensors`, and the
 remote-swap exchange tensors) and their initial state, the per-request resets done at admission,
 and the row copies of prefix sharing. The service's (or an embedded engine's) side of the shared
-tensor set; where the memory lives (files, CUDA IPC) is `kv_service.segment`'s business.
+tensor set; where the memory lives (files, CUDA IPC) is `kv_service.memory.segment`'s business.
 
 Prefix sharing moves rows between a request's hot buffer and the host tier only while no other
 request can read the destination: a cached prefix is copied into the new request's own hot
@@ -107,7 +107,7 @@ def free_request(kv: KVTensors, slot: int) -> None:
 
 
 class TensorRows:
-    """The ledger's RowStore on a KVTensors set (kv_service.ledger)."""
+    """The ledger's RowStore on a KVTensors set (kv_service.books.ledger)."""
 
     def __init__(self, kv: KVTensors) -> None:
         self.kv, self.layout = kv, kv.layout

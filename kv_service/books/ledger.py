@@ -2,7 +2,7 @@
 admission, publication, release and flush do to them (bookkeeping, plus the row moves they need
 through a `RowStore`; no sessions, no transport).
 
-Row stores: `kv_service.memory.TensorRows` (the service's KVTensors: host tier, hot buffers,
+Row stores: `kv_service.memory.store.TensorRows` (the service's KVTensors: host tier, hot buffers,
 index pool) and the reference engine's baseline page table (its all-on-GPU cache), so the
 baseline shares prefixes with the same bookkeeping.
 
@@ -24,10 +24,10 @@ from typing import Protocol
 
 from contract import prefix
 from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
+from kv_service.books.pool import PagePool, SlotPool
+from kv_service.books.prefix_cache import PrefixCache
+from kv_service.books.records import RequestRecord, check_range
 from kv_service.errors import CapacityError, InvalidArgument
-from kv_service.pool import PagePool, SlotPool
-from kv_service.prefix_cache import PrefixCache
-from kv_service.records import RequestRecord, check_range
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 from contract import prefix
 from contract.ids import MAX_ID_BYTES
+from kv_service.books.records import SessionRecord, check_id
 from kv_service.errors import CapacityError, InvalidArgument, UnknownSession
-from kv_service.records import SessionRecord, check_id
 
 log = logging.getLogger(__name__)
 

@@ -18,24 +18,22 @@ from dataclasses import dataclass
 import grpc
 import torch
 import uvloop
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
-from grpc_reflection.v1alpha import reflection
 
 from contract.listen_address import AddressTaken, claim_socket_path
-from kv_service import segment, shm_file
 from kv_service.config import ServiceConfig
 from kv_service.core import ServiceCore
-from kv_service.interceptor import ServiceInterceptor
-from kv_service.metrics import ServiceMetrics
-from kv_service.remote_swap import RemoteSwapper
-from kv_service.servicer import KVCacheServicer, Runtime
+from kv_service.memory import segment, shm_file
+from kv_service.memory.remote_swap import RemoteSwapper
+from kv_service.rpc.interceptor import ServiceInterceptor
+from kv_service.rpc.metrics import ServiceMetrics
+from kv_service.rpc.servicer import KVCacheServicer, Runtime
 from proto.kvcache.v1 import kvcache_pb2, kvcache_pb2_grpc
+from transport import grpc_server
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = kvcache_pb2.DESCRIPTOR.services_by_name["KVCacheService"].full_name
-HEALTH_NAMES = ("", SERVICE_NAME)
 # Streams still open after the drain get this long to finish before they are cancelled.
 STOP_GRACE_SECONDS = 1.0
 
@@ -84,8 +82,8 @@ def _check_shm_dir(config: ServiceConfig, device: torch.device) -> None:
 
 def build_runtime(config: ServiceConfig, device: torch.device) -> Runtime:
     """Memory, then segments, once: every shared tensor allocated, initialized and exported in
-    one call (kv_service.segment); then the core and the swapper on it, and the warm-up. Runs in
-    a worker thread, before the server reports SERVING."""
+    one call (kv_service.memory.segment); then the core and the swapper on it, and the warm-up.
+    Runs in a worker thread, before the server reports SERVING."""
     shared = segment.export_service_memory(config.layout, device, config.shm_dir, config.instance)
     if shared.removed_stale:
         log.warning(
@@ -127,26 +125,13 @@ def build_server(
     options = [
         ("grpc.max_receive_message_length", config.max_message_bytes),
         ("grpc.max_send_message_length", config.max_message_bytes),
-        # A peer that vanished without closing (TCP) is found within ~15 s, so its
-        # session's lease starts running.
-        ("grpc.keepalive_time_ms", 10_000),
-        ("grpc.keepalive_timeout_ms", 5_000),
+        # Keepalive pings on an idle connection too, so a vanished peer's lease starts running.
         ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
         ("grpc.keepalive_permit_without_calls", 1),
     ]
-    server = grpc.aio.server(
-        interceptors=[ServiceInterceptor(config.token, metrics)], options=options
-    )
+    interceptors = [ServiceInterceptor(config.token, metrics)]
+    server = grpc_server.scaffold(SERVICE_NAME, health, interceptors, options)
     kvcache_pb2_grpc.add_KVCacheServiceServicer_to_server(servicer, server)
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    reflection.enable_server_reflection(
-        (
-            SERVICE_NAME,
-            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-            reflection.SERVICE_NAME,
-        ),
-        server,
-    )
     return server
 
 
@@ -171,13 +156,7 @@ async def _listen(server: grpc.aio.Server, config: ServiceConfig) -> None:
 
 
 async def _set_health(health: health_aio.HealthServicer, serving: bool) -> None:
-    status = (
-        health_pb2.HealthCheckResponse.SERVING
-        if serving
-        else health_pb2.HealthCheckResponse.NOT_SERVING
-    )
-    for name in HEALTH_NAMES:
-        await health.set(name, status)
+    await grpc_server.set_health(health, SERVICE_NAME, serving)
 
 
 async def _expire_leases(servicer: KVCacheServicer, period: float) -> None:

@@ -1,4 +1,4 @@
-"""Plain-Python allocators of the service's pools: pages and request slots (kv_service.ledger
+"""Plain-Python allocators of the service's pools: pages and request slots (kv_service.books.ledger
 uses them, with the prefix cache).
 
 A page id addresses the same page in the host tier and in the index-key pool, so one PagePool

@@ -18,8 +18,8 @@ from prometheus_client import CollectorRegistry, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from contract.rpc_calls import LATENCY_BUCKETS, RpcMetrics
-from kv_service.records import CoreStats
+from kv_service.books.records import CoreStats
+from transport.rpc_calls import LATENCY_BUCKETS, RpcMetrics
 
 
 class _CoreCollector(Collector):

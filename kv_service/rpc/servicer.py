@@ -16,11 +16,11 @@ import grpc
 from contract.codec import handle_to_proto, layout_from_proto, layout_to_proto
 from kv_service.core import RequestRecord, ServiceCore
 from kv_service.errors import InvalidArgument, ServiceUnavailable
-from kv_service.metrics import ServiceMetrics
-from kv_service.remote_swap import RemoteSwapper
-from kv_service.status import status_of
+from kv_service.memory.remote_swap import RemoteSwapper
+from kv_service.rpc.metrics import ServiceMetrics
 from proto.kvcache.v1 import kvcache_pb2 as pb
 from proto.kvcache.v1 import kvcache_pb2_grpc as pb_grpc
+from transport.status import status_of
 
 CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 UINT64_MAX = 2**64 - 1
@@ -138,7 +138,7 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer):
                     return
         finally:
             if bound and self._rt is not None:
-                self._rt.core.stream_closed(bound[0])
+                self._rt.core.table.stream_closed(bound[0])
             self.changed.set()
 
     def _answer(self, msg: pb.SessionMessage, bound: list[str]) -> tuple[pb.SessionReply, bool]:
@@ -148,7 +148,7 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer):
             core = self.rt.core
             core.check_epoch(msg.epoch)
             if not bound:
-                core.stream_opened(msg.session_id)
+                core.table.stream_opened(msg.session_id)
                 bound.append(msg.session_id)
             elif msg.session_id != bound[0]:
                 raise InvalidArgument(
@@ -203,7 +203,7 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer):
             core.release(sid, msg.release.request_id, msg.release.page_hashes)
             self.changed.set()
         elif kind == "heartbeat":
-            core.touch(sid)
+            core.table.touch(sid)
         elif kind == "detach":
             core.detach(sid)
             self.changed.set()
@@ -219,7 +219,7 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer):
     ) -> pb.RemoteSwapResponse:
         rt = self.rt
         rt.core.check_epoch(request.epoch)
-        session = rt.core.touch(request.session_id)
+        session = rt.core.table.touch(request.session_id)
         result = rt.swapper.run(
             session.session_id,
             request.layer,

@@ -1,7 +1,7 @@
 """The one server interceptor: shared-token authentication for every RPC, and for every
 KVCacheService RPC (refused ones included) the transport handling both our servers share
-(`contract.rpc_calls`: malformed requests answered INVALID_ARGUMENT, grpc_server_* metrics),
-with typed errors mapped to rich statuses (kv_service.status)."""
+(`transport.rpc_calls`: malformed requests answered INVALID_ARGUMENT, grpc_server_* metrics),
+with typed errors mapped to rich statuses (transport.status)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from typing import Any
 
 import grpc
 
-from contract import rpc_calls
 from kv_service.errors import Unauthenticated
-from kv_service.metrics import ServiceMetrics
-from kv_service.status import rich_status, status_of
+from kv_service.rpc.metrics import ServiceMetrics
+from transport import rpc_calls
+from transport.status import rich_status, status_of
 
 SERVICE_PREFIX = "/kvcache.v1.KVCacheService/"
 # Health stays open so orchestrators can probe without the secret; it reveals nothing else.

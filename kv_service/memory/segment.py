@@ -5,7 +5,7 @@ Each tensor travels in the Attach reply as a handle dict (`contract.handle`):
 - "shm": a file in `shm_dir` (normally /dev/shm). The host tier always; every tensor in CPU mode.
   On GPU the exporter registers it with CUDA too (UVA).
 - "cuda_ipc": device memory shared by CUDA IPC.
-File names carry the creator's pid (`kv_service.shm_file`), and the creator holds a lock file
+File names carry the creator's pid (`kv_service.memory.shm_file`), and the creator holds a lock file
 beside them for its whole life: files left by a killed service of the same instance can be
 found and removed (`remove_stale_segments`) without ever touching a live owner's, even one in
 another PID namespace; an engine can tell that its service is gone
@@ -31,8 +31,8 @@ from contract import handle
 from contract.layout import KVLayout
 from contract.segment_map import as_kv_tensors, register_host, unregister_host
 from contract.tensors import KVTensors, tensor_specs
-from kv_service import shm_file
-from kv_service.memory import ServiceMemory, clear_all, initialize, service_specs
+from kv_service.memory import shm_file
+from kv_service.memory.store import ServiceMemory, clear_all, initialize, service_specs
 
 log = logging.getLogger(__name__)
 

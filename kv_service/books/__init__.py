@@ -1,0 +1,1 @@
+"""The bookkeeping wing: who holds which pages, slots, sessions and prefix entries."""

@@ -1,0 +1,1 @@
+"""The RPC wing: the gRPC server, its servicer, interceptor, status mapping and metrics."""
