@@ -26,7 +26,6 @@ ALLOWED_LONG_FUNCTIONS = Counter(
         "factory.py::build_engine",
         "hisparse.py::HiSparseBackend.__init__",
         "indexer.py::indexer_scores",
-        "main.py::_main",
         "metrics.py::_CoreCollector.collect",
         "miss_copy.py::miss_copy",
         "plan.py::swap_plan",

@@ -177,13 +177,21 @@ def _main(argv: Sequence[str] | None, env: Mapping[str, str] | None) -> int:
     if args.command == "generate":
         return _generate(args, env)
     if args.command == "demo":
-        from engine_client.cli.demo import run_demo
+        return _demo(args, env, parser)
+    return _serve(args, env, parser)
 
-        try:
-            cfg = flags.build(DemoConfig, args, "DEMO", env)
-        except ValueError as e:
-            parser.error(str(e))
-        return run_demo(cfg)
+
+def _demo(args: argparse.Namespace, env: Mapping[str, str], parser: flags.OneLineParser) -> int:
+    from engine_client.cli.demo import run_demo
+
+    try:
+        cfg = flags.build(DemoConfig, args, "DEMO", env)
+    except ValueError as e:
+        parser.error(str(e))
+    return run_demo(cfg)
+
+
+def _serve(args: argparse.Namespace, env: Mapping[str, str], parser: flags.OneLineParser) -> int:
     try:
         cfg = engine_config(args, env)
     except ValueError as e:
