@@ -35,10 +35,12 @@ def setting(
     flag: str | None = None,
     negated: bool = False,
     default_factory: Any = dataclasses.MISSING,
+    check: Callable[[str, Any], None] | None = None,
 ) -> Any:
     """A dataclass field that is also a flag. `parse`/`show` override the text form of the
     type; `cli_default(env)` gives a default that depends on the environment (a socket path
-    under $XDG_RUNTIME_DIR); a `secret` never shows in --help, repr or `to_flags`."""
+    under $XDG_RUNTIME_DIR); a `secret` never shows in --help, repr or `to_flags`; `check` is
+    the value's rule (contract.rules), run by `check_settings`."""
     meta = {
         "help": help,
         "choices": choices,
@@ -48,6 +50,7 @@ def setting(
         "secret": secret,
         "flag": flag,
         "negated": negated,
+        "check": check,
     }
     return dataclasses.field(
         default=default, default_factory=default_factory, repr=not secret, metadata=meta

@@ -124,14 +124,19 @@ async def generate_stream(
                     result.arrival_s.append(now)
                     yield resp.index, resp.token_id
                 if resp.finished:
-                    result.finish_reason = FINISH_NAMES.get(resp.finish_reason, "UNKNOWN")
-                    result.error = resp.error_message
-                    result.hits, result.misses = resp.stats.hits, resp.stats.misses
-                    result.bytes_moved = resp.stats.bytes_moved
-                    result.prompt_tokens = resp.usage.prompt_tokens
-                    result.cached_tokens = resp.usage.cached_tokens
+                    _record_end(result, resp)
     finally:
         call.cancel()
+
+
+def _record_end(result: GenerationResult, resp: pb.GenerateResponse) -> None:
+    """The last response's finish reason, error, swap counters and token usage."""
+    result.finish_reason = FINISH_NAMES.get(resp.finish_reason, "UNKNOWN")
+    result.error = resp.error_message
+    result.hits, result.misses = resp.stats.hits, resp.stats.misses
+    result.bytes_moved = resp.stats.bytes_moved
+    result.prompt_tokens = resp.usage.prompt_tokens
+    result.cached_tokens = resp.usage.cached_tokens
 
 
 async def run_generation(

@@ -97,8 +97,6 @@ def engine_config(args: argparse.Namespace, env: Mapping[str, str]) -> EngineCon
 
 
 def _generate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    import grpc
-
     from engine_client.cli.generate import run_generation
     from engine_client.client import errors, reachability
 
@@ -133,21 +131,27 @@ def _generate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
                 on_text=show_text if cfg.text_output else None,
             )
         )
-    except (reachability.Unreachable, reachability.WrongPeer) as e:
-        print(f"generate: {e}", file=sys.stderr)
-        return 2 if isinstance(e, reachability.WrongPeer) else 1
-    except errors.KVError as e:
-        lead = "\n" if shown else ""  # end the line of tokens first
-        code = errors.code_of(e)
-        print(
-            f"{lead}generate: error ({code.name}) from the engine at {cfg.target}: {e}",
-            file=sys.stderr,
-        )
-        # The engine refused what we asked (a flag's value): a usage error, like ours.
-        return 2 if code is grpc.StatusCode.INVALID_ARGUMENT else 1
+    except (reachability.Unreachable, reachability.WrongPeer, errors.KVError) as e:
+        return _generation_failed(e, cfg.target, bool(shown))
     print()
     print(result.summary())
     return 0 if result.finish_reason in ("LENGTH", "STOP") else 1
+
+
+def _generation_failed(e: Exception, target: str, after_tokens: bool) -> int:
+    """Say why `generate` failed, on one line; the exit status (2: a usage error)."""
+    import grpc
+
+    from engine_client.client import errors, reachability
+
+    if isinstance(e, (reachability.Unreachable, reachability.WrongPeer)):
+        print(f"generate: {e}", file=sys.stderr)
+        return 2 if isinstance(e, reachability.WrongPeer) else 1
+    lead = "\n" if after_tokens else ""  # end the line of tokens first
+    code = errors.code_of(e)
+    print(f"{lead}generate: error ({code.name}) from the engine at {target}: {e}", file=sys.stderr)
+    # The engine refused what we asked (a flag's value): a usage error, like ours.
+    return 2 if code is grpc.StatusCode.INVALID_ARGUMENT else 1
 
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
@@ -173,13 +177,21 @@ def _main(argv: Sequence[str] | None, env: Mapping[str, str] | None) -> int:
     if args.command == "generate":
         return _generate(args, env)
     if args.command == "demo":
-        from engine_client.cli.demo import run_demo
+        return _demo(args, env, parser)
+    return _serve(args, env, parser)
 
-        try:
-            cfg = flags.build(DemoConfig, args, "DEMO", env)
-        except ValueError as e:
-            parser.error(str(e))
-        return run_demo(cfg)
+
+def _demo(args: argparse.Namespace, env: Mapping[str, str], parser: flags.OneLineParser) -> int:
+    from engine_client.cli.demo import run_demo
+
+    try:
+        cfg = flags.build(DemoConfig, args, "DEMO", env)
+    except ValueError as e:
+        parser.error(str(e))
+    return run_demo(cfg)
+
+
+def _serve(args: argparse.Namespace, env: Mapping[str, str], parser: flags.OneLineParser) -> int:
     try:
         cfg = engine_config(args, env)
     except ValueError as e:

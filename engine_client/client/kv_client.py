@@ -6,8 +6,9 @@ Failure rules:
   lost stream;
 - one reader task matches replies to requests by seq; when the stream breaks, every pending
   request fails at once with ServiceUnavailable;
-- after a break, or once the service is lost: `engine_client.client.reattach` (the same
-  session again, or `let_go` of the lost memory and `reattach` to the successor);
+- after a break, or once the service is lost: the client's `Reattachment`
+  (`engine_client.client.reattach`: the same session again, or `let_go` of the lost memory and
+  `reattach` to the successor); the mapped memory is its `Mapping` (`client.mapping`);
 - gRPC errors become typed errors through `engine_client.client.errors`: failed calls in
   `errors.rpc_errors`, in-band Error replies in `_result`;
 - what Attach returns is checked and mapped in `engine_client.client.attachment`.
@@ -23,7 +24,6 @@ from typing import Any
 
 import grpc
 
-from contract import codec, segment_map
 from contract.layout import KVLayout
 from contract.tensors import KVTensors
 from engine_client.client import address, attachment, errors, reachability
@@ -31,9 +31,11 @@ from engine_client.client.control import (
     Admission,
     HeldRequest,
     KVStats,
+    MemoryUser,
     PrefixLookup,
     StepReport,
 )
+from engine_client.client.mapping import Mapping
 from engine_client.client.reattach import Reattachment
 from engine_client.client.remote_swap_call import RemoteSwapCall
 from engine_client.client.session_stream import NotSent, SessionStream
@@ -52,7 +54,7 @@ CHANNEL_OPTIONS = [
 ]
 
 
-class KVClient(Reattachment):
+class KVClient:
     """One engine's session with one KV service. Use `await KVClient.connect(...)`."""
 
     def __init__(
@@ -87,17 +89,10 @@ class KVClient(Reattachment):
         self.tensors: KVTensors | None = None
         self.exchange: dict = {}
         self.held: tuple[HeldRequest, ...] = ()
-        self._segments = segment_map.SegmentMap()  # what this client mapped
-        self._owner_files: list[dict] = []
-        self._handles: list[dict] = []
-        self._mapped: KVTensors | None = None
-        self._mapped_exchange: dict = {}
+        self.memory = Mapping(target)  # what this client mapped (tensors: None once dead)
+        self.recovery = Reattachment(self)
         self._stream: SessionStream | None = None
-        self._dead: errors.KVError | None = None
-        self._recover_task: asyncio.Task | None = None
-        self._recovering = False
-        self._closing = False
-        self._stale_counters: list[tuple[int, str]] = []  # (exporter pid, counter file)
+        self.closing = False
 
     @classmethod
     async def connect(
@@ -121,17 +116,17 @@ class KVClient(Reattachment):
                 client.attach_timeout,
             )
             await reachability.wait_ready(client._channel, peer, target, client.attach_timeout)
-            reply = await client._attach(resume_session_id, expected_layout, wait=True)
-            client._map(reply)
-            await client._open_stream()
+            reply = await client.attach(resume_session_id, expected_layout, wait=True)
+            client.map(reply)
+            await client.open_stream()
         except BaseException:
             await client.close()
             raise
         return client
 
-    async def _attach(
-        self, resume: str, expected: KVLayout | None, wait: bool
-    ) -> pb.AttachResponse:
+    # --- the steps of connect, also the recovery's ---
+
+    async def attach(self, resume: str, expected: KVLayout | None, wait: bool) -> pb.AttachResponse:
         req = attachment.request(
             self.engine_name, resume, self.with_remote_swap, expected, self.model_fingerprint
         )
@@ -163,21 +158,18 @@ class KVClient(Reattachment):
         )
         return reply
 
-    def _map(self, reply: pb.AttachResponse) -> None:
+    def map(self, reply: pb.AttachResponse) -> None:
         assert self.layout is not None, "map only after an attach"
-        self.tensors, self.exchange, self._owner_files = attachment.map_memory(
-            reply, self.layout, self.device, self.with_remote_swap, self._segments
-        )
-        self._mapped, self._mapped_exchange = self.tensors, self.exchange
-        self._handles = [codec.handle_from_proto(h) for h in reply.tensors]
+        self.memory.map(reply, self.layout, self.device, self.with_remote_swap)
+        self.tensors, self.exchange = self.memory.tensors, self.memory.exchange
 
-    async def _open_stream(self) -> None:
+    async def open_stream(self) -> None:
         self._stream = SessionStream(
             self._stub.Session(metadata=self._metadata),
             self.rpc_timeout,
             self.heartbeat_interval,
             self._heartbeat,
-            on_lost=self._stream_lost,
+            on_lost=self.recovery.stream_lost,
         )
         self._stream.start()
         # The first message binds the stream to the session; a heartbeat checks the round trip.
@@ -185,6 +177,31 @@ class KVClient(Reattachment):
 
     async def _heartbeat(self) -> None:
         await self._send(pb.SessionMessage(heartbeat=pb.Heartbeat()), "Heartbeat")
+
+    @property
+    def stream_open(self) -> bool:
+        return self._stream is not None and self._stream.open
+
+    def stop_using(self, why: errors.KVError) -> None:
+        """The client is dead: fail the stream's requests and hide the memory (still mapped:
+        a step may run on it until let_go)."""
+        if self._stream is not None:
+            self._stream.stop(why)
+        self.tensors, self.exchange = None, {}
+
+    # --- loss and recovery: the client's Reattachment ---
+
+    def check_alive(self) -> None:
+        """Raise ServiceUnavailable unless the service and its memory are still ours."""
+        self.recovery.check_alive()
+
+    def let_go(self, user: MemoryUser | None = None) -> None:
+        """Unmap the lost service's memory; `user` drops its references first."""
+        self.recovery.let_go(user)
+
+    async def reattach(self, user: MemoryUser | None = None) -> None:
+        """Attach to the lost service's successor at the same address and map its memory."""
+        await self.recovery.reattach(user)
 
     def _message(self, msg: pb.SessionMessage) -> pb.SessionMessage:
         msg.session_id, msg.epoch = self.session_id, self.epoch
@@ -194,19 +211,21 @@ class KVClient(Reattachment):
 
     def _live_stream(self) -> SessionStream:
         if self._stream is None:  # before the first attach or after a failed re-attach
-            raise self._dead or errors.ServiceUnavailable("no session stream to the KV service")
+            raise self.recovery.dead or errors.ServiceUnavailable(
+                "no session stream to the KV service"
+            )
         return self._stream
 
     async def _send(self, msg: pb.SessionMessage, what: str) -> pb.SessionReply:
         """Send on the session stream. A message the service never saw (the stream was
         already broken) is sent again once, after the re-attach."""
-        await self._wait_recovered()
+        await self.recovery.wait_recovered()
         try:
             reply = await self._live_stream().request(self._message(msg), what)
         except NotSent:
-            if self._closing:
+            if self.closing:
                 raise
-            await self._wait_recovered()
+            await self.recovery.wait_recovered()
             reply = await self._live_stream().request(self._message(msg), what)
         return self._result(reply, what)
 
@@ -294,21 +313,21 @@ class KVClient(Reattachment):
     ) -> pb.RemoteSwapResponse:
         """One layer's swap-in run by the service; blocks until its outputs are final.
         rows_per_request: consecutive rows of one request sharing one plan (speculative)."""
-        if self._dead is not None:
-            raise self._dead
+        if self.recovery.dead is not None:
+            raise self.recovery.dead
         return self._swap_call(self.session_id, self.epoch, layer, batch_size, rows_per_request)
 
     async def close(self, detach: bool = False) -> None:
         """Stop the stream (detaching first if asked: the service frees every request now;
         otherwise the lease keeps them for a restarted engine)."""
-        if detach and self._dead is None and self._stream is not None and self._stream.open:
+        if detach and self.recovery.dead is None and self.stream_open:
             with contextlib.suppress(errors.KVError, asyncio.TimeoutError):
                 await self._send(pb.SessionMessage(detach=pb.Detach()), "Detach")
-        self._closing = True
-        if self._recover_task is not None:
-            self._recover_task.cancel()
+        self.closing = True
+        self.recovery.cancel()
         if self._stream is not None:
             await self._stream.aclose()
-        self._unmap()
+        self.memory.unmap()
+        self.tensors, self.exchange = None, {}
         self._swap_call.close()
         await self._channel.close()

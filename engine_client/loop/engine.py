@@ -75,8 +75,27 @@ class Engine:
         self.vocab = vocab
         self.policy = policy or QueueLimits(admit_retry=admit_retry)
         self.metrics = metrics or EngineMetrics()
-        self.scheduler = Scheduler(
-            control,
+        self.scheduler = self._new_scheduler(max_active, prefix_cache, share_generated)
+        self.runner = _step_runner(compute, overlap)
+        self.reports = ReportSender(control)
+        self.postprocess = Postprocessor(
+            compute.row_bytes, state, self.reports, self.metrics, self._finish
+        )
+        self.finished: OrderedDict[str, GenRequest] = OrderedDict()
+        self.failure: errors.KVError | None = None
+        self.recovery = ServiceRecovery(
+            control, compute, device_quiet=self.wait_device_quiet, on_recovered=self._recovered
+        )
+        # One thread runs every model call, in order (it holds the CUDA device and stream).
+        self._executor = executor
+        self._init_stepping()
+
+    def _new_scheduler(
+        self, max_active: int, prefix_cache: bool, share_generated: bool
+    ) -> Scheduler:
+        compute = self.compute
+        return Scheduler(
+            self.control,
             self.policy,
             max_active=max_active,
             max_batch=compute.max_batch,
@@ -89,31 +108,17 @@ class Engine:
             share_generated=share_generated,
             draft_tokens=compute.draft_tokens,
         )
-        if compute.draft_tokens and overlap:
-            raise ValueError(
-                "speculative steps cannot be overlapped (their positions follow "
-                "the previous step's accepted count)"
-            )
-        self.runner = StepRunner(compute, overlap=overlap)
-        self.reports = ReportSender(control)
-        self.postprocess = Postprocessor(
-            compute.row_bytes, state, self.reports, self.metrics, self._finish
-        )
-        self.finished: OrderedDict[str, GenRequest] = OrderedDict()
+
+    def _init_stepping(self) -> None:
+        """The step loop's state: step counts, the step in flight and the events around it."""
         self.steps = 0
         self.done_step = -1  # every step up to this one has finished on the device
-        self.failure: errors.KVError | None = None
-        self.recovery = ServiceRecovery(
-            control, compute, device_quiet=self.wait_device_quiet, on_recovered=self._recovered
-        )
         # Set after every post-processed step (waiters clear it).
         self.stepped = asyncio.Event()
         # Set while no step is in flight on the device.
         self._quiet = asyncio.Event()
         self._quiet.set()
         self._wake = asyncio.Event()
-        # One thread runs every model call, in order (it holds the CUDA device and stream).
-        self._executor = executor
         self._inflight: LaunchedStep | None = None
         self._task: asyncio.Task | None = None
         self._stopping = False
@@ -303,6 +308,15 @@ class Engine:
             self._executor, self.runner.advance, batch, self._inflight
         )
         ran = time.perf_counter() - t0
+        self._advanced(adv, batch)
+        launch = (
+            adv.launched.launch_seconds if adv.launched is not None and self.runner.cuda else 0.0
+        )
+        rows = len(batch.requests) if batch is not None else 0
+        self.metrics.host(time.perf_counter() - began - ran + launch, rows)
+
+    def _advanced(self, adv: Advance, batch: Batch | None) -> None:
+        """Take in what one advance did: the step now in flight, a failure, a finished step."""
         self._inflight = adv.launched
         (self._quiet.clear if adv.launched is not None else self._quiet.set)()
         # Steps finish in launch order: all but the one in flight are done.
@@ -324,11 +338,6 @@ class Engine:
                 self.metrics.step(
                     len(adv.done.batch.decode), adv.done.device_seconds, adv.done.idle_before
                 )
-        launch = (
-            adv.launched.launch_seconds if adv.launched is not None and self.runner.cuda else 0.0
-        )
-        rows = len(batch.requests) if batch is not None else 0
-        self.metrics.host(time.perf_counter() - began - ran + launch, rows)
 
     def _step_failed(self, batch: Batch | None, e: Exception) -> None:
         """A failed step leaves its requests' KV undefined. The log says which step it was,
@@ -427,3 +436,12 @@ class Engine:
             self.state.rewrite(self.control.session_id, epoch, [], list(self.waiting))
         self.failure = None
         self._wake.set()
+
+
+def _step_runner(compute: Compute, overlap: bool) -> StepRunner:
+    if compute.draft_tokens and overlap:
+        raise ValueError(
+            "speculative steps cannot be overlapped (their positions follow "
+            "the previous step's accepted count)"
+        )
+    return StepRunner(compute, overlap=overlap)

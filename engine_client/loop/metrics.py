@@ -102,6 +102,16 @@ class BatchHistogram(Collector):
 class EngineMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
+        self.rpc = RpcMetrics(r)
+        self.info = Info("engine", "what this engine runs on", registry=r)
+        self._token_metrics(r)
+        self._load_metrics(r)
+        self._step_metrics(r)
+        self._speculative_metrics(r)
+        self._window: deque[tuple[float, float]] = deque(maxlen=IDLE_WINDOW)
+
+    def _token_metrics(self, r: CollectorRegistry) -> None:
+        """Per-token latencies, as the client sees them."""
         self.ttft = BatchHistogram(
             "engine_time_to_first_token_seconds", "submit to first token delivered", TOKEN_BUCKETS
         )
@@ -112,13 +122,17 @@ class EngineMetrics:
         )
         r.register(self.ttft)
         r.register(self.itl)
-        self.rpc = RpcMetrics(r)
-        self.info = Info("engine", "what this engine runs on", registry=r)
+
+    def _load_metrics(self, r: CollectorRegistry) -> None:
+        """How full the engine is: the batch, the queue, the admitted requests."""
         self.batch_size = Gauge("engine_batch_size", "decode rows in the last step", registry=r)
         self.queue_depth = Gauge("engine_queue_depth", "requests waiting for admission", registry=r)
         self.running = Gauge(
             "engine_running_requests", "admitted requests (prefill or decode)", registry=r
         )
+
+    def _step_metrics(self, r: CollectorRegistry) -> None:
+        """Where a step's time goes: device busy and idle, host."""
         self.step_device = Histogram(
             "engine_step_device_seconds",
             "device busy time of one step (CPU mode: its compute time)",
@@ -148,8 +162,6 @@ class EngineMetrics:
             "engine_device_idle_seconds", "device idle time between back-to-back steps", registry=r
         )
         self.steps = Counter("engine_steps", "steps run", registry=r)
-        self._speculative_metrics(r)
-        self._window: deque[tuple[float, float]] = deque(maxlen=IDLE_WINDOW)
 
     def describe(self, device: str, kv_mode: str) -> None:
         self.info.info({"device": device, "kv_mode": kv_mode})

@@ -213,29 +213,8 @@ class Scheduler:
                 req.max_new_tokens + self.reserve_extra,
                 self.names.lookup(req),
             )
-        except errors.CapacityError as e:
-            if not getattr(e, "permanent", False):
-                log.debug("request %s stays queued: %s", req.request_id, e)
-                return Admit.REFUSED
-            self.dequeue(req)
-            self._finish(
-                req,
-                Finish.ERROR,
-                f"the request can never fit the KV capacity: {e}",
-                FailStatus.INVALID_ARGUMENT,
-            )
-            return Admit.ENDED
-        except errors.Draining as e:
-            self.dequeue(req)
-            self._finish(req, Finish.ERROR, f"KV service unavailable: {e}")
-            return Admit.ENDED
-        except errors.ServiceUnavailable as e:
-            self._lost(e)
-            return Admit.LOST
         except errors.KVError as e:
-            self.dequeue(req)
-            self._finish(req, Finish.ERROR, f"admission refused: {e}")
-            return Admit.ENDED
+            return self._refused(req, e)
         self.dequeue(req)
         req.slot, req.phase = adm.slot, Phase.PREFILL
         req.cached_tokens = req.prefilled = adm.cached_tokens
@@ -248,6 +227,24 @@ class Scheduler:
             adm.cached_tokens,
         )
         return Admit.ADMITTED
+
+    def _refused(self, req: GenRequest, e: errors.KVError) -> Admit:
+        """What a refused admission means for the request: wait, fail, or the service is lost."""
+        if isinstance(e, errors.CapacityError) and not getattr(e, "permanent", False):
+            log.debug("request %s stays queued: %s", req.request_id, e)
+            return Admit.REFUSED
+        if isinstance(e, errors.ServiceUnavailable) and not isinstance(e, errors.Draining):
+            self._lost(e)
+            return Admit.LOST
+        self.dequeue(req)
+        if isinstance(e, errors.CapacityError):
+            why = f"the request can never fit the KV capacity: {e}"
+            self._finish(req, Finish.ERROR, why, FailStatus.INVALID_ARGUMENT)
+        elif isinstance(e, errors.Draining):
+            self._finish(req, Finish.ERROR, f"KV service unavailable: {e}")
+        else:
+            self._finish(req, Finish.ERROR, f"admission refused: {e}")
+        return Admit.ENDED
 
     # --- the batch ---
 

@@ -261,20 +261,10 @@ class Model:
         ws: Workspace,
         prefill: PrefillChunk | None,
     ) -> torch.Tensor:
-        cfg, n, eps = self.cfg, x.shape[0], self.cfg.norm_eps
-        h = rms_norm(x, lw["input_layernorm.weight"], eps)
-        qr = rms_norm(
-            F.linear(h, lw["self_attn.q_a_proj.weight"]), lw["self_attn.q_a_layernorm.weight"], eps
-        )
-        q = F.linear(qr, lw["self_attn.q_b_proj.weight"]).view(n, cfg.num_heads, cfg.qk_head_dim)
-        q_pe = apply_rope(q[..., cfg.qk_nope_dim :], cos, sin, interleaved=True)
-        kv = F.linear(h, lw["self_attn.kv_a_proj_with_mqa.weight"])
-        c_kv = rms_norm(kv[:, : cfg.kv_lora_rank], lw["self_attn.kv_a_layernorm.weight"], eps)
-        rows = torch.cat(
-            (c_kv, apply_rope(kv[:, cfg.kv_lora_rank :], cos, sin, interleaved=True)), -1
-        )
+        cfg, n = self.cfg, x.shape[0]
+        h = rms_norm(x, lw["input_layernorm.weight"], cfg.norm_eps)
+        q, qr, rows = self._project(lw, h, cos, sin)
         iq, iw, ik = self._indexer(lw, h, qr, cos, sin)
-
         be = self.backend
         be.append(
             i,
@@ -285,11 +275,45 @@ class Model:
             tok.append_lens,
         )
         q_abs = torch.bmm(q[..., : cfg.qk_nope_dim].transpose(0, 1), lw["w_uk"]).transpose(0, 1)
+        q_pe = apply_rope(q[..., cfg.qk_nope_dim :], cos, sin, interleaved=True)
+        self._attend(i, q_abs, q_pe, (iq, iw), tok, ws, prefill)
+        o = torch.bmm(ws.attn_out.transpose(0, 1), lw["w_uv_t"]).transpose(0, 1).reshape(n, -1)
+        return x + F.linear(o, lw["self_attn.o_proj.weight"])
+
+    def _project(
+        self, lw: dict, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """MLA's projections: the queries (heads x qk_head_dim, rope part not yet rotated),
+        the normed query latent (the indexer's input) and the KV rows to store (latent + rope)."""
+        cfg, n, eps = self.cfg, h.shape[0], self.cfg.norm_eps
+        qr = rms_norm(
+            F.linear(h, lw["self_attn.q_a_proj.weight"]), lw["self_attn.q_a_layernorm.weight"], eps
+        )
+        q = F.linear(qr, lw["self_attn.q_b_proj.weight"]).view(n, cfg.num_heads, cfg.qk_head_dim)
+        kv = F.linear(h, lw["self_attn.kv_a_proj_with_mqa.weight"])
+        c_kv = rms_norm(kv[:, : cfg.kv_lora_rank], lw["self_attn.kv_a_layernorm.weight"], eps)
+        rows = torch.cat(
+            (c_kv, apply_rope(kv[:, cfg.kv_lora_rank :], cos, sin, interleaved=True)), -1
+        )
+        return q, qr, rows
+
+    def _attend(
+        self,
+        i: int,
+        q_abs: torch.Tensor,
+        q_pe: torch.Tensor,
+        index_q: tuple[torch.Tensor, torch.Tensor],
+        tok: Tokens,
+        ws: Workspace,
+        prefill: PrefillChunk | None,
+    ) -> None:
+        """Sparse attention over each part's top-k rows into ws.attn_out."""
+        be, iq, iw = self.backend, *index_q
         # Decode micro-batches (backend.microbatches > 1): every part is scored and planned
         # before any is attended, so a part's miss copy (the backend's side stream) overlaps
         # the next part's indexer, top-k and plan and the previous part's attention.
         overlap = prefill is None and be.microbatches > 1
-        parts = _parts(n, be.microbatches if overlap else 1, tok.rows_per_request)
+        parts = _parts(q_abs.shape[0], be.microbatches if overlap else 1, tok.rows_per_request)
         sels = [self._select(i, r, iq, iw, tok, ws, prefill) for r in parts]
         for r, sel in zip(parts, sels):
             if overlap:
@@ -303,11 +327,9 @@ class Model:
                 sel.kv,
                 sel.row_base,
                 sel.slots,
-                cfg.softmax_scale,
+                self.cfg.softmax_scale,
                 ws.attn_out[r],
                 ws.lse[r],
                 row_format=be.layout.row,
                 workspace=ws.attn_scratch,
             )
-        o = torch.bmm(ws.attn_out.transpose(0, 1), lw["w_uv_t"]).transpose(0, 1).reshape(n, -1)
-        return x + F.linear(o, lw["self_attn.o_proj.weight"])

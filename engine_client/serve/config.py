@@ -7,12 +7,24 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from contract.flags import setting
 from contract.layout import MAX_DRAFT_TOKENS, KVLayout
+from contract.rules import (
+    at_least,
+    check_settings,
+    host_port,
+    length,
+    non_empty,
+    one_of,
+    plugin_or,
+    positive,
+    seconds,
+    text,
+    within,
+)
 from engine_client.client.address import grpc_target
 from engine_client.loop.queue_policy import QUEUE_POLICIES
 from engine_client.model.preset import PRESETS
@@ -26,7 +38,7 @@ DEVICES = ("auto", "cpu", "cuda")
 KERNELS = ("auto", "triton", "reference")
 TOKENIZER_NAMES = (DEEPSEEK, TINY)
 MAX_UDS_PATH_BYTES = 107
-TCP_RE = re.compile(r"(\[[0-9a-fA-F:]+\]|[\w.-]*):\d{1,5}")
+LOG_LEVELS = tuple(logging.getLevelNamesMapping())
 
 
 def default_uds(env: dict[str, str], name: str) -> str:
@@ -42,6 +54,20 @@ def engine_target_default(env) -> str:
 def check_uds(path: str) -> None:
     if len(os.fsencode(path)) > MAX_UDS_PATH_BYTES:
         raise ValueError(f"uds path is longer than {MAX_UDS_PATH_BYTES} bytes: {path}")
+
+
+def _socket_path(name: str, value: str) -> None:
+    check_uds(value)
+
+
+def _tokenizer(name: str, value: str) -> None:
+    if not (value in TOKENIZER_NAMES or Path(value).is_file()):
+        raise ValueError(f"{name} must be {' or '.join(TOKENIZER_NAMES)} or a file")
+
+
+def _existing_path(name: str, value: str) -> None:
+    if not Path(value).exists():
+        raise ValueError(f"{name} does not exist: {value}")
 
 
 def _layout_help(name: str) -> str:
@@ -76,17 +102,21 @@ class LocalLayout:
 class EngineConfig:
     """Everything `python -m engine_client serve` can be told. See `--help` for each field."""
 
-    kv_mode: str = setting("service", help=f"where KV lives: {', '.join(KV_MODES)}")
+    kv_mode: str = setting(
+        "service", help=f"where KV lives: {', '.join(KV_MODES)}", check=one_of(KV_MODES)
+    )
     uds: str = setting(
         "",
         help="Unix socket path the engine listens on",
         cli_default=lambda env: default_uds(dict(env), "hisparse-engine.sock"),
+        check=_socket_path,
     )
-    tcp: str | None = setting(None, help="also listen on HOST:PORT (insecure)")
+    tcp: str | None = setting(None, help="also listen on HOST:PORT (insecure)", check=host_port)
     http: str | None = setting(
         None,
         help="also serve the OpenAI-compatible HTTP gateway on HOST:PORT, in this process "
         "(python -m engine_client gateway runs it alone); empty: off",
+        check=host_port,
     )
     model_name: str = setting("hisparse", help="the model name the HTTP gateway serves")
     service: str = setting(
@@ -94,28 +124,38 @@ class EngineConfig:
         help="KV service address (socket path, unix:PATH or HOST:PORT); service modes only",
         cli_default=lambda env: default_uds(dict(env), "hisparse-kv.sock"),
     )
-    preset: str = setting("tiny", help="model shapes: tiny, bench or v32")
+    preset: str = setting(
+        "tiny", help="model shapes: tiny, bench or v32", check=one_of(sorted(PRESETS))
+    )
     tokenizer: str | None = setting(
         None,
         help="tokenizer.json of the model (any tokenizers file), or deepseek-v3.2 / "
         "deepseek-v3.2-tiny; empty: the preset's (tiny: deepseek-v3.2-tiny, else "
         "deepseek-v3.2); the model's vocabulary size follows it",
+        check=_tokenizer,
     )
     num_layers: int | None = setting(
         None,
         help="override the preset's layer count; service modes adopt the service's layers "
         "and top-k (a different value here is refused)",
+        check=positive,
     )
     checkpoint: str | None = setting(
         None,
         help="safetensors file or directory (DeepSeek-V3.2 names); empty: seeded random weights",
+        check=_existing_path,
     )
     weight_seed: int = setting(0, help="seed of the random weights")
-    device: str = setting("auto", help=f"{', '.join(DEVICES)}; service modes use the service's GPU")
+    device: str = setting(
+        "auto",
+        help=f"{', '.join(DEVICES)}; service modes use the service's GPU",
+        check=one_of(DEVICES),
+    )
     kernels: str = setting(
         "auto",
         help=f"{', '.join(KERNELS)}: auto is Triton on CUDA and the "
         "torch references on CPU (Triton's interpreter is ~30x slower)",
+        check=one_of(KERNELS),
     )
     cuda_graphs: bool = setting(
         True, help="capture the decode step as CUDA graphs per batch bucket"
@@ -124,9 +164,14 @@ class EngineConfig:
         1,
         help="torch CPU threads; more than the free cores makes OpenMP "
         "spin against the KV service and slows CPU mode down by 10-30x",
+        check=within(1, 1024),
     )
-    max_batch: int = setting(8, help="most requests admitted and decoded together")
-    prefill_chunk: int = setting(32, help="prompt tokens per prefill chunk (one chunk per step)")
+    max_batch: int = setting(
+        8, help="most requests admitted and decoded together", check=within(1, 4096)
+    )
+    prefill_chunk: int = setting(
+        32, help="prompt tokens per prefill chunk (one chunk per step)", check=within(1, 65536)
+    )
     local: LocalLayout = field(default_factory=LocalLayout)
     state_file: str | None = setting(
         None,
@@ -134,21 +179,33 @@ class EngineConfig:
         "seeds) so a restarted engine continues its requests; "
         "service modes; empty disables",
     )
-    engine_name: str = setting("engine", help="name shown in the service's logs")
+    engine_name: str = setting(
+        "engine", help="name shown in the service's logs", check=length(1, 128)
+    )
     token: str | None = setting(
         None,
         secret=True,
         help="KV service token; prefer the env variable (flags are visible in ps)",
+        check=text(4096, empty=False, spaces=False),
     )
-    rpc_timeout: float = setting(5.0, help="deadline in seconds of every call to the KV service")
+    rpc_timeout: float = setting(
+        5.0,
+        help="deadline in seconds of every call to the KV service",
+        check=seconds(3600, zero=False),
+    )
     attach_timeout: float = setting(
         5.0,
         help="seconds to wait for the KV service at start (and "
         "for each attach); the compose files wait 60",
+        check=seconds(3600, zero=False),
     )
-    heartbeat_interval: float = setting(1.0, help="seconds between Session heartbeats")
+    heartbeat_interval: float = setting(
+        1.0, help="seconds between Session heartbeats", check=seconds(3600, zero=False)
+    )
     admit_retry: float = setting(
-        0.5, help="seconds between admission retries while the service has no capacity"
+        0.5,
+        help="seconds between admission retries while the service has no capacity",
+        check=seconds(3600, zero=False),
     )
     # Benchmark hooks (bench/e2e.py): KVBackend.fill_synthetic instead of a prefill, and a top-k
     # source factory "MODULE:FUNC[:JSON kwargs]".
@@ -157,9 +214,11 @@ class EngineConfig:
         help="benchmarks: prefix every prompt with this many "
         "synthetic context tokens, filled with random KV instead "
         "of a prefill",
+        check=at_least(0),
     )
     synthetic_shared: int = setting(
         0,
+        check=at_least(0),
         help="benchmarks: the first N tokens of the synthetic context are the same for every "
         "request (shared by prefix caching), the rest differ per request",
     )
@@ -167,6 +226,7 @@ class EngineConfig:
         "indexer",
         help="benchmarks: decode top-k from the model's "
         "indexer, or from MODULE:FUNC[:JSON] (e.g. bench.trace:trace_source)",
+        check=plugin_or("indexer"),
     )
     # Speculative decoding (engine_client/model/spec_runner.py, loop/speculative.py).
     speculative: str = setting(
@@ -175,13 +235,17 @@ class EngineConfig:
         help="mtp: the model's MTP layer drafts --draft-tokens tokens per step and each step "
         "verifies them (D + 1 rows per request); the KV layout holds the MTP layer's KV as its "
         "last layer (service modes: start the service with one more layer)",
+        check=one_of(SPECULATIVE),
     )
-    draft_tokens: int = setting(1, help="speculative: drafts per verify step, 1..3")
+    draft_tokens: int = setting(
+        1, help="speculative: drafts per verify step, 1..3", check=within(1, MAX_DRAFT_TOKENS)
+    )
     draft_source: str = setting(
         "mtp",
         help="speculative: mtp (the model's MTP layer), or MODULE:FUNC[:JSON], a BENCHMARK-ONLY "
         "source of drafts (bench.draft_replay:replay_source replays a recorded greedy run: "
         "acceptance is the recording's, not the model's)",
+        check=plugin_or("mtp"),
     )
     # The engine loop (engine_client/loop/engine.py).
     overlap: bool = setting(
@@ -195,20 +259,25 @@ class EngineConfig:
         choices=QUEUE_POLICIES,
         help="admission order once the queue's head is refused for KV capacity: fifo (nothing "
         "passes it) or skip-ahead (smaller requests pass it for --skip-ahead seconds)",
+        check=one_of(QUEUE_POLICIES),
     )
     skip_ahead: float = setting(
         5.0,
         help="skip-ahead: seconds smaller requests may pass a queue head waiting for KV capacity",
+        check=seconds(86400, zero=True),
     )
     max_queue_wait: float = setting(
         300.0,
         help="seconds a request may wait for admission "
         "before it fails with RESOURCE_EXHAUSTED; 0: no limit",
+        check=seconds(86400, zero=True),
     )
     metrics_port: int | None = setting(
-        None, help="serve Prometheus /metrics on this port; empty: off"
+        None, help="serve Prometheus /metrics on this port; empty: off", check=within(0, 65535)
     )
-    metrics_address: str = setting("127.0.0.1", help="address of the /metrics endpoint")
+    metrics_address: str = setting(
+        "127.0.0.1", help="address of the /metrics endpoint", check=non_empty
+    )
     # Prefix caching (kv_service/books/ledger.py, engine_client/loop/scheduler.py).
     prefix_cache: bool = setting(
         True,
@@ -226,6 +295,7 @@ class EngineConfig:
         help="names the model and weights; only engines with the same fingerprint share "
         "cached pages; empty: derived from the preset shapes and the weights (seed, or "
         "samples of the checkpoint files)",
+        check=text(128),
     )
     # HiSparseBackend.microbatches. On by default (docs/DECISIONS.md, copy/compute overlap):
     # 2 parts cut the H200 step at 32K x 128 requests from 11.55 to 9.97 ms (bench/profile.py).
@@ -234,90 +304,23 @@ class EngineConfig:
         help="embedded/service: split each decode step into "
         "this many parts whose host->GPU miss copy overlaps the "
         "other parts' compute; 1 = off",
+        check=within(1, 64),
     )
-    log_level: str = setting("INFO", help="logging level", parse=str.upper)
+    log_level: str = setting(
+        "INFO", help="logging level", parse=str.upper, check=one_of(LOG_LEVELS)
+    )
 
     def __post_init__(self) -> None:
-        if self.kv_mode not in KV_MODES:
-            raise ValueError(f"kv_mode must be one of {KV_MODES}, got {self.kv_mode!r}")
+        check_settings(self)
+        # The rules that tie settings together.
         if not self.uds and not self.tcp:
             raise ValueError("the engine needs a uds path or a tcp address to listen on")
-        if self.uds:
-            check_uds(self.uds)
-        if self.tcp is not None and not TCP_RE.fullmatch(self.tcp):
-            raise ValueError(f"tcp must be HOST:PORT, got {self.tcp!r}")
-        if self.http is not None and not TCP_RE.fullmatch(self.http):
-            raise ValueError(f"http must be HOST:PORT, got {self.http!r}")
         if self.uses_service and not self.service:
             raise ValueError(f"kv_mode {self.kv_mode} needs the service address")
-        if self.preset not in PRESETS:
-            raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {self.preset!r}")
-        if self.tokenizer is not None and not (
-            self.tokenizer in TOKENIZER_NAMES or Path(self.tokenizer).is_file()
-        ):
-            raise ValueError(f"tokenizer must be {' or '.join(TOKENIZER_NAMES)} or a file")
-        if self.num_layers is not None and self.num_layers <= 0:
-            raise ValueError(f"num_layers must be positive, got {self.num_layers}")
-        if self.checkpoint is not None and not Path(self.checkpoint).exists():
-            raise ValueError(f"checkpoint does not exist: {self.checkpoint}")
-        if self.device not in DEVICES:
-            raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
-        if not 1 <= self.cpu_threads <= 1024:
-            raise ValueError(f"cpu_threads must be in 1..1024, got {self.cpu_threads}")
-        if self.kernels not in KERNELS:
-            raise ValueError(f"kernels must be one of {KERNELS}, got {self.kernels!r}")
-        if not 1 <= self.max_batch <= 4096:
-            raise ValueError(f"max_batch must be in 1..4096, got {self.max_batch}")
-        if not 1 <= self.prefill_chunk <= 65536:
-            raise ValueError(f"prefill_chunk must be in 1..65536, got {self.prefill_chunk}")
-        if self.token is not None and (
-            not self.token.isprintable() or " " in self.token or not self.token
-        ):
-            raise ValueError("token must be non-empty printable text without spaces")
-        for name in ("rpc_timeout", "attach_timeout", "heartbeat_interval", "admit_retry"):
-            if not 0 < getattr(self, name) <= 3600:
-                raise ValueError(f"{name} must be in (0, 3600] seconds, got {getattr(self, name)}")
-        if not self.engine_name or len(self.engine_name) > 128:
-            raise ValueError("engine_name must be 1..128 characters")
-        if self.synthetic_context < 0:
-            raise ValueError(f"synthetic_context must be >= 0, got {self.synthetic_context}")
-        if not 0 <= self.synthetic_shared <= self.synthetic_context:
+        if self.synthetic_shared > self.synthetic_context:
             raise ValueError(
                 f"synthetic_shared must be in [0, synthetic_context], got {self.synthetic_shared}"
             )
-        if self.queue_policy not in QUEUE_POLICIES:
-            raise ValueError(
-                f"queue_policy must be one of {QUEUE_POLICIES}, got {self.queue_policy!r}"
-            )
-        for name in ("skip_ahead", "max_queue_wait"):
-            if not 0 <= getattr(self, name) <= 86400:
-                raise ValueError(f"{name} must be in [0, 86400] seconds, got {getattr(self, name)}")
-        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
-            raise ValueError(f"metrics_port must be in 0..65535, got {self.metrics_port}")
-        if not self.metrics_address:
-            raise ValueError("metrics_address must not be empty")
-        if not 1 <= self.decode_microbatches <= 64:
-            raise ValueError(
-                f"decode_microbatches must be in 1..64, got {self.decode_microbatches}"
-            )
-        if self.speculative not in SPECULATIVE:
-            raise ValueError(f"speculative must be one of {SPECULATIVE}, got {self.speculative!r}")
-        if not 1 <= self.draft_tokens <= MAX_DRAFT_TOKENS:
-            raise ValueError(
-                f"draft_tokens must be in 1..{MAX_DRAFT_TOKENS}, got {self.draft_tokens}"
-            )
-        if self.draft_source != "mtp" and ":" not in self.draft_source:
-            raise ValueError(
-                f"draft_source must be 'mtp' or MODULE:FUNC, got {self.draft_source!r}"
-            )
-        if self.topk_source != "indexer" and ":" not in self.topk_source:
-            raise ValueError(
-                f"topk_source must be 'indexer' or MODULE:FUNC, got {self.topk_source!r}"
-            )
-        if len(self.model_fingerprint.encode()) > 128 or not self.model_fingerprint.isprintable():
-            raise ValueError("model_fingerprint must be at most 128 bytes of printable text")
-        if self.log_level not in logging.getLevelNamesMapping():
-            raise ValueError(f"log_level must be a logging level name, got {self.log_level!r}")
 
     @property
     def spec_tokens(self) -> int:

@@ -1,0 +1,57 @@
+"""Rules declared beside each setting (contract.rules): each names the setting it refuses,
+an unset optional setting is not checked, and EngineConfig runs the rules of its fields plus
+the ones that tie settings together."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from contract.flags import setting
+from contract.rules import check_settings, one_of, seconds, within
+from engine_client.serve.config import EngineConfig
+
+
+@dataclass(frozen=True)
+class Knobs:
+    mode: str = setting("a", help="mode", check=one_of(("a", "b")))
+    count: int | None = setting(None, help="count", check=within(1, 4))
+    wait: float = setting(1.0, help="wait", check=seconds(10, zero=False))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"mode": "c"}, r"mode must be one of \('a', 'b'\), got 'c'"),
+        ({"count": 5}, r"count must be in 1\.\.4, got 5"),
+        ({"wait": 0.0}, r"wait must be in \(0, 10\] seconds, got 0.0"),
+    ],
+)
+def test_a_rule_refuses_a_bad_value_naming_the_setting(kwargs, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        check_settings(Knobs(**kwargs))
+
+
+def test_an_unset_optional_setting_is_not_checked() -> None:
+    check_settings(Knobs(count=None))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_batch": 0}, "max_batch must be in 1..4096"),
+        ({"token": "a b"}, "token must be non-empty printable text without spaces"),
+        ({"kv_mode": "service"}, "needs the service address"),
+        ({"synthetic_context": 2, "synthetic_shared": 3}, "synthetic_shared must be in"),
+        ({"uds": ""}, "needs a uds path or a tcp address"),
+        ({"uds": "/" + "x" * 200}, "longer than 107 bytes"),
+    ],
+)
+def test_engine_config_refuses(kwargs, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        EngineConfig(**{"uds": "/tmp/e.sock", "kv_mode": "embedded", **kwargs})
+
+
+def test_engine_config_accepts_its_defaults() -> None:
+    assert EngineConfig(uds="/tmp/e.sock", kv_mode="embedded").max_batch == 8
