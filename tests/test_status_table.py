@@ -111,7 +111,9 @@ def test_every_reason_the_service_sends_is_documented() -> None:
 
 def test_step_end_states_its_limits_and_no_stale_trailers() -> None:
     text = PROTO.read_text()
-    step_end = text[text.index("message StepEnd {") : text.index("}", text.index("StepEnd {"))]
+    start = text.index("message StepEnd {")
+    # The message and the comment block above it (where the counters' bound is stated).
+    step_end = text[text.rindex("\n\n", 0, start) : text.index("}", start)]
     assert "At most\n  // Layout.max_requests entries" in step_end
-    assert "num_layers * topk * max_requests" in step_end
+    assert "steps * num_layers * topk * max_requests" in step_end
     assert "kv-detail" not in text
