@@ -40,6 +40,21 @@ NAMED: list[Case] = [
     _case("chat/completions", CHAT | {"response_format": {"type": "json_object"}}),
     _case("completions", b'{"prompt": "a", "max_tokens": 1' + b"0" * 400 + b"}"),
     _case("completions", b'{"prompt": "a", "temperature": 1' + b"0" * 400 + b"}"),
+    # Bad unicode where the cases above do not put it: a key, a list item, a name, a map key.
+    _case("completions", b'{"\\ud800": 1, "prompt": "a", "max_tokens": 2}'),
+    _case("completions", b'{"prompt": ["\\ud800"], "max_tokens": 2}'),
+    _case(
+        "chat/completions", b'{"messages": [{"role": "user", "content": "x", "name": "\\ud800"}]}'
+    ),
+    _case("completions", b'{"prompt": "a", "logit_bias": {"\\ud800": 1}}'),
+    # Python's json takes these non-JSON constants; OpenAI does not.
+    _case("completions", b'{"prompt": "a", "temperature": NaN}'),
+    _case("completions", b'{"prompt": "a", "top_p": -Infinity}'),
+    # A JSON body that is not an object, and encodings other than gzip.
+    _case("completions", b"[]"),
+    _case("completions", b"null"),
+    _case("completions", COMPLETION, JSON | {"Content-Encoding": "br"}),
+    _case("completions", COMPLETION, JSON | {"Content-Encoding": "deflate"}),
 ]
 
 # Per field, values of the wrong type or out of range.
