@@ -4,7 +4,7 @@
 #   kernels  bench/sanitize_kernels.py: every Triton kernel entry of the engine (KernelSet),
 #            launched from Python on requests of irregular lengths in both row formats, the device
 #            synchronized after each launch; the findings are counted per entry in a table
-#   churn    the overlap churn test (tests/test_engine_stress.py, gpu cases): all four KV modes,
+#   churn    the overlap churn test (tests/integration/test_engine_stress.py, gpu cases): all four KV modes,
 #            the service modes against a real kv_service process that the sanitizer follows too
 #            (--target-processes all); tiny preset, CUDA graphs, cancels / stop tokens /
 #            admissions at every step. STEPS is a minimum: the test goes on until every way out
@@ -76,7 +76,7 @@ for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
     >"$OUT/sanitize_$tool.table.txt" 2>&1 || status=1
   export STRESS_STEPS=$steps STRESS_MIN_ENDS=$ends  # read by the test
   part "$tool" churn "$steps" "${CHURN_S:-130}" python3 -m pytest -q -m gpu -p no:cacheprovider \
-    --timeout 7200 tests/test_engine_stress.py -k "${SANITIZE_K:-gpu}"
+    --timeout 7200 tests/integration/test_engine_stress.py -k "${SANITIZE_K:-gpu}"
 done
 
 echo

@@ -1,7 +1,7 @@
 """Regenerate the Python code of every .proto under proto/ (messages, gRPC stubs, .pyi stubs).
 
 Run from anywhere: `python -m proto.generate` or `python proto/generate.py`.
-The generated code is committed; tests/test_proto.py fails when it is stale.
+The generated code is committed; tests/proto/test_proto.py fails when it is stale.
 Generation pins grpcio-tools (the generated gRPC version guard is its version) and the .pyi
 stubs depend on mypy-protobuf's version, so both are checked before writing anything.
 """

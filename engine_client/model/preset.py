@@ -164,8 +164,9 @@ V32 = ModelConfig(vocab_size=129280, hidden_size=7168, num_layers=61)
 
 PRESETS = {"tiny": TINY, "bench": BENCH, "v32": V32}
 # Each preset's tokenizer (engine_client.text.vocabulary names). The vocabulary sizes above are
-# those tokenizers' (DeepSeek-V3.2's 129,280; the tiny cut's 1,024: tests/test_weights.py checks
-# both); the engine replaces vocab_size with its tokenizer's when --tokenizer names another.
+# those tokenizers' (DeepSeek-V3.2's 129,280; the tiny cut's 1,024:
+# tests/engine_client/model/test_weights.py checks both); the engine replaces vocab_size with its
+# tokenizer's when --tokenizer names another.
 TOKENIZERS = {"tiny": TINY_TOKENIZER, "bench": DEEPSEEK_TOKENIZER, "v32": DEEPSEEK_TOKENIZER}
 
 

@@ -5,9 +5,9 @@
 - TINY ("deepseek-v3.2-tiny"): the same tokenizer cut to its first TINY_BPE_IDS ids (the 256
   byte tokens and the earliest merges, which are the lowest ids) plus its chat role tokens,
   renumbered after them. Generated, committed as tiny_tokenizer.json (loads in milliseconds;
-  `python -m engine_client.text.vocabulary` rewrites it, tests/test_text.py checks it is
-  current). The tiny CPU preset uses it: a 129,280-row output layer and sampler cost ~20 ms
-  (batch 1) to ~250 ms (batch 8) more per decode step on a CI core, minutes over the test
+  `python -m engine_client.text.vocabulary` rewrites it, tests/engine_client/text/test_text.py
+  checks it is current). The tiny CPU preset uses it: a 129,280-row output layer and sampler cost
+  ~20 ms (batch 1) to ~250 ms (batch 8) more per decode step on a CI core, minutes over the test
   suite. Text through it is real byte-level BPE: words split into more, smaller tokens, and
   every non-ASCII character is split across byte tokens;
 - any other tokenizer.json by path (`--tokenizer PATH`).

@@ -1,6 +1,6 @@
 """The KV row format option: a layout setting (the service's, or the engine's local layout),
 never the model's; flags, env, and the benchmark's sizing of both formats. That service modes
-adopt the service's format: tests/test_layout_adoption.py."""
+adopt the service's format: tests/engine_client/model/test_layout_adoption.py."""
 
 from __future__ import annotations
 

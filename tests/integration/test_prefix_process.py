@@ -2,7 +2,7 @@
 reusing a cached prefix streams the tokens of a cold one; shared pages are never leaked, whether
 a client cancels or the engine holding them is killed (-9) and its lease expires; a flush then
 empties the pools. (An engine that resumes its session keeps its references:
-tests/test_prefix_engine.py.)"""
+tests/integration/test_prefix_engine.py.)"""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-DOCKER = Path(__file__).resolve().parent.parent / "docker"
+DOCKER = Path(__file__).resolve().parents[2] / "docker"
 SCRIPT = DOCKER / "restart-check.sh"
 CPU_FILE = DOCKER / "docker-compose.cpu.yml"
 

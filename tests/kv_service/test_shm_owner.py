@@ -19,7 +19,7 @@ from contract import handle
 from contract.layout import KVLayout
 from kv_service.memory import segment, shm_file
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LAYOUT = KVLayout(
     num_layers=1,
     max_requests=2,

@@ -13,8 +13,8 @@ import torch
 from contract import residency
 from engine_client.loop.request import Phase
 from engine_client.serve.factory import build_engine
+from tests.engine_client.loop.test_engine import JOBS
 from tests.process_harness import engine_config
-from tests.test_engine import JOBS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 

@@ -19,7 +19,7 @@ import pytest
 from contract.errors import BY_REASON, CapacityError
 from transport.status import RETRYABLE_CODES, status_of
 
-PROTO = Path(__file__).resolve().parents[1] / "proto/kvcache/v1/kvcache.proto"
+PROTO = Path(__file__).resolve().parents[2] / "proto/kvcache/v1/kvcache.proto"
 LINE_RE = re.compile(r"^(?P<code>[A-Z_]+) \((?P<reasons>[A-Z_, ]+)\): (?P<when>.*)$")
 RETRY_RE = re.compile(r"Retry: (yes|no)\.$")
 # Reasons only a client produces: its own deadline.

@@ -10,8 +10,8 @@ import dataclasses
 import pytest
 import torch
 
+from tests.engine_client.loop.test_engine import MODES, _run_jobs
 from tests.process_harness import engine_config, flush, layout_with, start_service, workdir
-from tests.test_engine import MODES, _run_jobs
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -8,7 +8,7 @@ with no traceback; exit status 2 for usage errors, 1 for runtime ones (issue 24)
   pointed at an engine says the reverse;
 - the client library takes a plain socket path, as every CLI does;
 - a prompt + max_new_tokens over the per-request limit names the flag that sets it.
-(`python -m kv_service` without room in /dev/shm: tests/test_service_lifecycle.py.)
+(`python -m kv_service` without room in /dev/shm: tests/integration/test_service_lifecycle.py.)
 """
 
 from __future__ import annotations

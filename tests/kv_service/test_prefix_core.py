@@ -12,8 +12,8 @@ from contract.prefix import page_hashes
 from kv_service.core import ServiceCore
 from kv_service.errors import CapacityError, InvalidArgument
 from kv_service.memory.store import allocate_local
+from tests.kv_service.test_core import Clock
 from tests.service_harness import TINY
-from tests.test_core import Clock
 
 # P = 4, B = 16, W = 4 (16 tokens or fewer are resident), 24 pages.
 LAYOUT = KVLayout(**{**TINY.to_dict(), "num_pages": 24})

@@ -16,7 +16,7 @@ import torch
 
 from contract.segment_map import SegmentMap
 from kv_service.memory import segment
-from tests.test_segment import LAYOUT, ROOT
+from tests.kv_service.test_segment import LAYOUT, ROOT
 
 
 def test_failed_create_removes_its_partial_files(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ import torch
 
 from bench.draft_replay import write_recording
 from engine_client.loop.request import SamplingParams
+from tests.engine_client.loop.test_engine import MODES, _run_jobs, one_cpu_thread  # noqa: F401 (autouse)
 from tests.process_harness import (
     LOCAL,
     engine_config,
@@ -34,7 +35,6 @@ from tests.process_harness import (
     start_service,
     workdir,
 )
-from tests.test_engine import MODES, _run_jobs, one_cpu_thread  # noqa: F401 (autouse)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

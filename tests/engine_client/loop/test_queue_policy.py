@@ -1,5 +1,6 @@
 """The queue policies on their own (engine_client.loop.queue_policy): what FIFO and skip-ahead
-let pass a head refused for capacity. tests/test_engine_queue.py runs them in the engine."""
+let pass a head refused for capacity. tests/engine_client/loop/test_engine_queue.py runs them in
+the engine."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ from engine_client.model.preset import preset
 from engine_client.model.spec_runner import SpecDecodeRunner
 from engine_client.model.weights import random_weights
 from kv_service.memory.store import allocate_local, reset_request
-from tests.test_engine import one_cpu_thread  # noqa: F401 (autouse: one CPU thread)
+from tests.engine_client.loop.test_engine import one_cpu_thread  # noqa: F401 (autouse: one CPU thread)
 
 D, W, K = 3, 4, 8
 CFG = preset("tiny", topk=K, mtp_layers=1)

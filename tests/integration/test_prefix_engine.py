@@ -17,6 +17,7 @@ from engine_client.kv.baseline import BaselineBackend
 from engine_client.loop.request import Finish, SamplingParams
 from engine_client.loop.synthetic import SyntheticContext
 from engine_client.serve.factory import build_engine
+from tests.engine_client.loop.test_engine import one_cpu_thread  # noqa: F401 (autouse fixture)
 from tests.process_harness import (
     LOCAL,
     engine_config,
@@ -26,7 +27,6 @@ from tests.process_harness import (
     start_service,
     workdir,
 )
-from tests.test_engine import one_cpu_thread  # noqa: F401 (autouse fixture)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -1,7 +1,7 @@
 """The scripts of the docker image, run for real: docker/healthcheck.py against a running service
 and a stand-in health server, docker/loadgen.sh against a stand-in `python`.
 
-Unlike tests/test_docker.py these need no docker-compose.
+Unlike tests/integration/test_docker.py these need no docker-compose.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from tests.service_harness import SERVICE, ServiceProcess, short_tmpdir
 
 pytestmark = pytest.mark.timeout(120)
 
-DOCKER = Path(__file__).resolve().parent.parent / "docker"
+DOCKER = Path(__file__).resolve().parents[2] / "docker"
 HEALTHCHECK = DOCKER / "healthcheck.py"
 
 

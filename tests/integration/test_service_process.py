@@ -1,7 +1,7 @@
 """The service as a separate process over a temp UDS, driven by the generated client (CPU):
 the session protocol, its error codes, auth, leases and remote swap, against one shared service
 (the GPU variant starts its own).
-Drain, crash recovery and the CLI are in tests/test_service_lifecycle.py."""
+Drain, crash recovery and the CLI are in tests/integration/test_service_lifecycle.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Shared segments between two processes: byte-exact sharing both ways, handles, layout checks.
-Their removal (this process's files, a killed process's): tests/test_segment_cleanup.py."""
+Their removal (this process's files, a killed process's):
+tests/kv_service/test_segment_cleanup.py."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from contract.tensors import TENSOR_NAMES, KVTensors
 from kernels.uva import UVATensor
 from kv_service.memory import segment
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LAYOUT = KVLayout(
     num_layers=2,
     max_requests=3,

@@ -7,7 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
-LOADGEN = Path(__file__).resolve().parents[1] / "docker" / "loadgen.sh"
+LOADGEN = Path(__file__).resolve().parents[2] / "docker" / "loadgen.sh"
 FAILING_CLIENT = """#!/bin/sh
 echo "generate: error (UNAVAILABLE) from the engine at unix:/x: the KV service went away" >&2
 exit 1

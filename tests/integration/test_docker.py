@@ -1,6 +1,6 @@
 """The compose deployment in docker/: both files validated by docker-compose, the resolved
 configuration checked for what CUDA IPC and the host tier need, and the entry points run with
---help. The image's scripts themselves run in tests/test_docker_script.py.
+--help. The image's scripts themselves run in tests/integration/test_docker_script.py.
 
 No Docker engine is needed: `docker-compose config` only parses, merges and interpolates.
 Tests that run docker-compose skip, naming why, where it is not installed (a fresh machine
@@ -32,7 +32,7 @@ from proto.kvcache.v1 import kvcache_pb2
 
 pytestmark = pytest.mark.timeout(120)
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"
 GPU_FILE = DOCKER / "docker-compose.yml"
 CPU_FILE = DOCKER / "docker-compose.cpu.yml"
