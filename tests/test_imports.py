@@ -1,7 +1,8 @@
 """The one direction of imports between the parts and the wings (docs/ARCHITECTURE.md):
 contract <- kv_service, contract <- engine_client.client <- the engine's other wings, which
-import only downward (cli -> serve -> loop -> model -> kv -> client) and touch kv_service in one
-place (the embedded mode's factory); no import cycle anywhere; the wings hold the modules the
+import only downward (cli -> serve -> loop -> model -> kv -> client; the gateway beside serve,
+on client alone) and touch kv_service in one place (the embedded mode's factory); no import
+cycle anywhere; the wings hold the modules the
 architecture page lists. Imports are read with `ast`, function-level ones included, so a lazy
 import counts too."""
 
@@ -15,7 +16,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 EMBEDDED_FACTORY = "engine_client/serve/factory.py"  # the only engine module that may build a core
-# The wings of engine_client, top floor first: each imports only the ones after it.
+# The wings of engine_client, top floor first: each imports only the ones after it. The gateway
+# sits beside serve (it imports only client: test_gateway_is_a_plain_client_of_the_engine).
 WINGS = ("cli", "gateway", "serve", "loop", "model", "kv", "text", "client")
 # Our packages: the whole import graph (tests aside).
 PACKAGES = ("contract", "transport", "kernels", "kv_service", "engine_client", "proto", "bench")
@@ -283,11 +285,11 @@ def test_text_wing_imports_no_other_wing() -> None:
     assert _engine_imports("engine_client/text", ("engine_client.text",)) == {}
 
 
-def test_gateway_is_a_decode_client_above_serve() -> None:
-    """The gateway talks to the engine over gRPC only: the client library's errors, the serve
-    wing's config and server (to run beside the engine), never the loop, model or KV code; and
-    only the CLI imports the gateway."""
-    allowed = ("engine_client.gateway", "engine_client.client", "engine_client.serve")
+def test_gateway_is_a_plain_client_of_the_engine() -> None:
+    """The gateway talks to the engine over gRPC only, as any client: it imports the client
+    library (errors, addresses) and nothing of serve, the loop, the model or the KV code; only
+    the CLI imports it, and the CLI composes it with the engine (`serve --http`)."""
+    allowed = ("engine_client.gateway", "engine_client.client")
     assert _engine_imports("engine_client/gateway", allowed) == {}
     users = {
         _rel(p)

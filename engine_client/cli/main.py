@@ -204,7 +204,7 @@ def _serve(args: argparse.Namespace, env: Mapping[str, str], parser: flags.OneLi
     # Both take the EngineConfig and return the exit status (their parameter names differ).
     run_engine: Callable[[EngineConfig], int]
     if cfg.http is not None:
-        from engine_client.gateway.server import run_beside_engine as run_engine
+        from engine_client.cli.colocation import run_beside_engine as run_engine
     else:
         from engine_client.serve.server import run as run_engine
     try:

@@ -1,5 +1,5 @@
 """Configuration of the gateway (`python -m engine_client gateway`, flags default to GATEWAY_*
-env variables), also built by `serve --http` for a gateway inside the engine process."""
+env variables), also built by the CLI's `serve --http` for a gateway inside the engine process."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 
 from contract.flags import setting
-from engine_client.serve.config import engine_target_default, grpc_target
+from engine_client.client.address import engine_target_default, grpc_target
 
 HTTP_RE = re.compile(r"(\[[0-9a-fA-F:]+\]|[\w.-]+):(\d{1,5})")
 

@@ -1,6 +1,6 @@
-"""Running the gateway: as its own process (`python -m engine_client gateway`), or beside the
-engine in the engine's process and event loop (`python -m engine_client serve --http ADDR`),
-talking to it over its own gRPC socket either way."""
+"""Running the gateway: as its own process (`python -m engine_client gateway`), or started in
+another's event loop (`start`: the CLI's `serve --http` runs it beside the engine, see
+engine_client/cli/colocation.py), talking to the engine over its gRPC socket either way."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from aiohttp import web
 from contract import listen_address
 from engine_client.gateway.app import Gateway
 from engine_client.gateway.config import GatewayConfig, split_http
-from engine_client.serve.config import EngineConfig
 
 log = logging.getLogger(__name__)
 
@@ -51,36 +50,7 @@ async def serve(cfg: GatewayConfig) -> int:
     return 0
 
 
-async def serve_beside_engine(engine_cfg: EngineConfig, cfg: GatewayConfig) -> int:
-    """The engine's server (which handles the stop signals) with the gateway in its loop."""
-    from engine_client.serve.server import serve as serve_engine
-
-    runner, _ = await start(cfg)
-    try:
-        return await serve_engine(engine_cfg)
-    finally:
-        await runner.cleanup()
-
-
-def beside_engine_config(engine_cfg: EngineConfig) -> GatewayConfig:
-    """The gateway of `serve --http`: on the engine's first listening address."""
-    if engine_cfg.http is None:
-        raise ValueError("the engine config has no http address")
-    return GatewayConfig(
-        target=engine_cfg.listen_targets[0],
-        http=engine_cfg.http,
-        model_name=engine_cfg.model_name,
-        log_level=engine_cfg.log_level,
-    )
-
-
 def run(cfg: GatewayConfig) -> int:
     import uvloop
 
     return uvloop.run(serve(cfg))
-
-
-def run_beside_engine(engine_cfg: EngineConfig) -> int:
-    import uvloop
-
-    return uvloop.run(serve_beside_engine(engine_cfg, beside_engine_config(engine_cfg)))

@@ -25,12 +25,10 @@ from contract.rules import (
     text,
     within,
 )
-from engine_client.client.address import grpc_target
+from engine_client.client.address import ENGINE_SOCKET, default_uds, grpc_target
 from engine_client.loop.queue_policy import QUEUE_POLICIES
 from engine_client.model.preset import PRESETS
 from engine_client.text.vocabulary import DEEPSEEK, TINY
-
-__all__ = ["grpc_target"]  # re-exported: the CLI configs parse addresses with it
 
 KV_MODES = ("baseline", "embedded", "service", "service-remote-swap")
 SPECULATIVE = ("none", "mtp")
@@ -39,16 +37,6 @@ KERNELS = ("auto", "triton", "reference")
 TOKENIZER_NAMES = (DEEPSEEK, TINY)
 MAX_UDS_PATH_BYTES = 107
 LOG_LEVELS = tuple(logging.getLevelNamesMapping())
-
-
-def default_uds(env: dict[str, str], name: str) -> str:
-    """$XDG_RUNTIME_DIR is per user and not world-writable, so prefer it over /tmp."""
-    return str(Path(env.get("XDG_RUNTIME_DIR") or "/tmp") / name)
-
-
-def engine_target_default(env) -> str:
-    """Where a client finds the engine without a flag: ENGINE_TARGET, else the default socket."""
-    return env.get("ENGINE_TARGET") or default_uds(dict(env), "hisparse-engine.sock")
 
 
 def check_uds(path: str) -> None:
@@ -108,7 +96,7 @@ class EngineConfig:
     uds: str = setting(
         "",
         help="Unix socket path the engine listens on",
-        cli_default=lambda env: default_uds(dict(env), "hisparse-engine.sock"),
+        cli_default=lambda env: default_uds(env, ENGINE_SOCKET),
         check=_socket_path,
     )
     tcp: str | None = setting(None, help="also listen on HOST:PORT (insecure)", check=host_port)
@@ -122,7 +110,7 @@ class EngineConfig:
     service: str = setting(
         "",
         help="KV service address (socket path, unix:PATH or HOST:PORT); service modes only",
-        cli_default=lambda env: default_uds(dict(env), "hisparse-kv.sock"),
+        cli_default=lambda env: default_uds(env, "hisparse-kv.sock"),
     )
     preset: str = setting(
         "tiny", help="model shapes: tiny, bench or v32", check=one_of(sorted(PRESETS))
