@@ -44,7 +44,6 @@ ALLOWED_LONG_FUNCTIONS = Counter(
 ALLOWED_LONG_FILES = Counter(
     [
         "config.py",
-        "engine.py",
         "factory.py",
         "hisparse.py",
         "kv_client.py",
