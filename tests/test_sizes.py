@@ -22,8 +22,6 @@ ALLOWED_LONG_FUNCTIONS = Counter(
     [
         "append.py::kv_append",
         "backend.py::SharedBackend.fill_synthetic",
-        "factory.py::_build_compute",
-        "factory.py::build_engine",
         "hisparse.py::HiSparseBackend.__init__",
         "indexer.py::indexer_scores",
         "metrics.py::_CoreCollector.collect",
@@ -44,7 +42,6 @@ ALLOWED_LONG_FUNCTIONS = Counter(
 ALLOWED_LONG_FILES = Counter(
     [
         "config.py",
-        "factory.py",
         "hisparse.py",
         "kv_client.py",
         "model.py",

@@ -84,17 +84,7 @@ class Engine(RequestAPI):
         # One thread runs every model call, in order (it holds the CUDA device and stream).
         self._executor = executor
         self._init_stepping()
-        self.releaser = Releaser(
-            self.scheduler, self.reports, state, serving=lambda: self.failure is None
-        )
-        self.failures = Failures(self.scheduler, state, self._finish, self._wake)
-        self.recovery = ServiceRecovery(
-            control,
-            compute,
-            device_quiet=self.wait_device_quiet,
-            on_recovered=self.failures.recovered,
-        )
-        self.failures.recovery = self.recovery
+        self._init_ends()
 
     def _new_scheduler(
         self, max_active: int, prefix_cache: bool, share_generated: bool
@@ -128,6 +118,20 @@ class Engine(RequestAPI):
         self._inflight: LaunchedStep | None = None
         self._task: asyncio.Task | None = None
         self._stopping = False
+
+    def _init_ends(self) -> None:
+        """Who releases ended requests, and who fails them and recovers from a lost service."""
+        self.releaser = Releaser(
+            self.scheduler, self.reports, self.state, serving=lambda: self.failure is None
+        )
+        self.failures = Failures(self.scheduler, self.state, self._finish, self._wake)
+        self.recovery = ServiceRecovery(
+            self.control,
+            self.compute,
+            device_quiet=self.wait_device_quiet,
+            on_recovered=self.failures.recovered,
+        )
+        self.failures.recovery = self.recovery
 
     @property
     def failed(self) -> asyncio.Event:
@@ -179,7 +183,7 @@ class Engine(RequestAPI):
         if not keep_requests:
             for req in list(self.requests.values()):
                 self._finish(req, Finish.CANCELLED)
-            await self._release_ended()
+            await self.releaser.release_ended(self.done_step)
         for req in list(self.requests.values()):
             req.end(Finish.ERROR, "the engine stopped; resume with this request id")
         self._executor.shutdown(wait=True)
@@ -200,7 +204,7 @@ class Engine(RequestAPI):
             # Cleared before looking at the state: anything that happens from here on wakes us.
             self._wake.clear()
             began = time.perf_counter()
-            await self._release_ended()
+            await self.releaser.release_ended(self.done_step)
             batch = await self.scheduler.schedule()
             self.metrics.queue(len(self.waiting), self.scheduler.active())
             if batch is None and self._inflight is None:
@@ -283,9 +287,6 @@ class Engine(RequestAPI):
     def _admitted(self, req: GenRequest) -> None:
         if self.state is not None:
             self.state.started(req)
-
-    async def _release_ended(self) -> None:
-        await self.releaser.release_ended(self.done_step)
 
 
 def _step_runner(compute: Compute, overlap: bool) -> StepRunner:
