@@ -30,7 +30,6 @@ ALLOWED_LONG_FUNCTIONS = Counter(
         "sparse.py::sparse_mla_decode",
         "split.py::launch_split",
         "swap.py::ref_swap_plan",
-        "topk.py::topk_select",
     ]
 )
 # Remaining long files, by file name; each is explained in docs/DECISIONS.md.
@@ -40,7 +39,6 @@ ALLOWED_LONG_FILES = Counter(
         "hisparse.py",
         "kv_client.py",
         "model.py",
-        "scheduler.py",
         "server.py",
         "shm_file.py",
     ]

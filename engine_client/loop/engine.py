@@ -35,12 +35,13 @@ from engine_client.client.control import KVControl
 from engine_client.loop.failure import Failures
 from engine_client.loop.metrics import EngineMetrics
 from engine_client.loop.postprocess import Postprocessor, ReportSender
+from engine_client.loop.queue_policy import QueueLimits
 from engine_client.loop.recovery import ServiceRecovery
 from engine_client.loop.release import Releaser
 from engine_client.loop.request import Finish, GenRequest
 from engine_client.loop.request_api import RequestAPI
 from engine_client.loop.runner import Advance, LaunchedStep, StepRunner
-from engine_client.loop.scheduler import Batch, QueueLimits, Scheduler
+from engine_client.loop.scheduler import Batch, Scheduler
 from engine_client.loop.state_file import StateFile
 from engine_client.loop.synthetic import SyntheticContext
 from engine_client.model.compute import Compute

@@ -18,8 +18,7 @@ from engine_client.kv.local_control import BaselineControl, BaselinePages, Embed
 from engine_client.loop import state_file
 from engine_client.loop.engine import Engine
 from engine_client.loop.metrics import EngineMetrics
-from engine_client.loop.queue_policy import queue_policy
-from engine_client.loop.scheduler import QueueLimits
+from engine_client.loop.queue_policy import QueueLimits, queue_policy
 from engine_client.model.preset import TOKENIZERS, ModelConfig, preset
 from engine_client.model.weights import (
     checkpoint_layers,
