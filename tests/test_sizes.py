@@ -40,7 +40,6 @@ ALLOWED_LONG_FILES = Counter(
         "kv_client.py",
         "model.py",
         "server.py",
-        "shm_file.py",
     ]
 )
 

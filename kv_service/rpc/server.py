@@ -23,7 +23,7 @@ from grpc_health.v1.health import aio as health_aio
 from contract.listen_address import AddressTaken, claim_socket_path
 from kv_service.config import ServiceConfig
 from kv_service.core import ServiceCore
-from kv_service.memory import segment, shm_file
+from kv_service.memory import segment, shm_file, shm_room
 from kv_service.memory.remote_swap import RemoteSwapper
 from kv_service.rpc.interceptor import ServiceInterceptor
 from kv_service.rpc.metrics import ServiceMetrics
@@ -44,7 +44,7 @@ class StartupError(RuntimeError):
 
 
 # Start-up failures whose message says it all.
-ONE_LINE_ERRORS = (StartupError, AddressTaken, shm_file.NoRoom)
+ONE_LINE_ERRORS = (StartupError, AddressTaken, shm_room.NoRoom)
 
 
 def resolve_device(choice: str) -> torch.device:
