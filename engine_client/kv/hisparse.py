@@ -60,12 +60,7 @@ class HiSparseBackend(SharedBackend):
         # rows per request views its part's rows as [rows, k] and its miss lists as [rows/G, G k].
         rows = n * rows_per_request
         self.rows_per_request = rows_per_request
-        self.out_slots = torch.full((rows, k), -1, dtype=torch.int32, device=self.device)
-        self.miss_src = torch.zeros((rows * k,), dtype=torch.int64, device=self.device)
-        self.miss_dst = torch.zeros((rows * k,), dtype=torch.int64, device=self.device)
-        self.miss_count = torch.zeros((rows,), dtype=torch.int32, device=self.device)
-        self.miss_rows = torch.zeros((rows,), dtype=torch.int32, device=self.device)
-        self.counters = torch.zeros(2, dtype=torch.int64, device=self.device)
+        self._init_plan_outputs(rows, k)
         if microbatches < 1 or (copy_programs is not None and copy_programs < 1):
             raise ValueError(
                 f"microbatches and copy_programs must be positive, got "
@@ -77,6 +72,15 @@ class HiSparseBackend(SharedBackend):
         self._copy_stream = torch.cuda.Stream(self.device) if overlap else None
         self._copied: dict[int, torch.cuda.Event] = {}  # by a part's first row
         self._hot_rows = self._hot_views(kv)
+
+    def _init_plan_outputs(self, rows: int, k: int) -> None:
+        """The swap plan's outputs, allocated once (a captured graph keeps their addresses)."""
+        self.out_slots = torch.full((rows, k), -1, dtype=torch.int32, device=self.device)
+        self.miss_src = torch.zeros((rows * k,), dtype=torch.int64, device=self.device)
+        self.miss_dst = torch.zeros((rows * k,), dtype=torch.int64, device=self.device)
+        self.miss_count = torch.zeros((rows,), dtype=torch.int32, device=self.device)
+        self.miss_rows = torch.zeros((rows,), dtype=torch.int32, device=self.device)
+        self.counters = torch.zeros(2, dtype=torch.int64, device=self.device)
 
     def _hot_views(self, kv: KVTensors) -> list[torch.Tensor]:
         # Per-layer row views of the hot buffers, made once so a captured graph keeps them.

@@ -15,10 +15,12 @@
    requests ended, StepEnd queued in the background.
 
 With overlap the device runs step t while the host does 4 for t - 1 and 1-2 for t + 1.
-Failure: a lost KV service fails every request (`_fail_all`, `failure`); an idle engine looks at
-its service every IDLE_CHECK_SECONDS (`_check_service`). `engine_client.loop.recovery` then lets go
-of the lost memory once no step is in flight (`failed`: NOT_SERVING) and re-attaches to a restarted
-service (`recovered`: new requests are served).
+The engine's parts, one concept each: the request API the server calls
+(engine_client.loop.request_api, the engine's base class), release of ended requests
+(engine_client.loop.release) and failure handling (engine_client.loop.failure: a lost KV service
+fails every request; an idle engine looks at its service every IDLE_CHECK_SECONDS).
+`engine_client.loop.recovery` then lets go of the lost memory once no step is in flight
+(`failed`: NOT_SERVING) and re-attaches to a restarted service (`recovered`: serving again).
 """
 
 from __future__ import annotations
@@ -26,34 +28,33 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
-from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
 from engine_client.client import errors
 from engine_client.client.control import KVControl
+from engine_client.loop.failure import Failures
 from engine_client.loop.metrics import EngineMetrics
 from engine_client.loop.postprocess import Postprocessor, ReportSender
+from engine_client.loop.queue_policy import QueueLimits
 from engine_client.loop.recovery import ServiceRecovery
-from engine_client.loop.request import FailStatus, Finish, GenRequest, Phase, SamplingParams
+from engine_client.loop.release import Releaser
+from engine_client.loop.request import Finish, GenRequest
+from engine_client.loop.request_api import RequestAPI
 from engine_client.loop.runner import Advance, LaunchedStep, StepRunner
-from engine_client.loop.scheduler import Batch, QueueLimits, Scheduler
+from engine_client.loop.scheduler import Batch, Scheduler
 from engine_client.loop.state_file import StateFile
 from engine_client.loop.synthetic import SyntheticContext
 from engine_client.model.compute import Compute
-from engine_client.text.detokenizer import TextStream
 from engine_client.text.vocabulary import Vocabulary
 
 log = logging.getLogger(__name__)
 
-# Finished requests kept for a late resume of their stream.
-FINISHED_KEPT = 1024
 # How often an idle engine looks at its KV service, so that its health turns NOT_SERVING soon
 # after the service is lost even when no request would have noticed.
 IDLE_CHECK_SECONDS = 0.5
 
 
-class Engine:
+class Engine(RequestAPI):
     def __init__(
         self,
         compute: Compute,
@@ -81,14 +82,10 @@ class Engine:
         self.postprocess = Postprocessor(
             compute.row_bytes, state, self.reports, self.metrics, self._finish
         )
-        self.finished: OrderedDict[str, GenRequest] = OrderedDict()
-        self.failure: errors.KVError | None = None
-        self.recovery = ServiceRecovery(
-            control, compute, device_quiet=self.wait_device_quiet, on_recovered=self._recovered
-        )
         # One thread runs every model call, in order (it holds the CUDA device and stream).
         self._executor = executor
         self._init_stepping()
+        self._init_ends()
 
     def _new_scheduler(
         self, max_active: int, prefix_cache: bool, share_generated: bool
@@ -102,7 +99,7 @@ class Engine:
             prefill_chunk=compute.prefill_chunk,
             synthetic=SyntheticContext(compute.synthetic_context, compute.synthetic_shared),
             finish=self._finish,
-            lost=self._fail_all,
+            lost=lambda why: self.failures.fail_all(why),
             admitted=self._admitted,
             prefix_cache=prefix_cache,
             share_generated=share_generated,
@@ -123,6 +120,20 @@ class Engine:
         self._task: asyncio.Task | None = None
         self._stopping = False
 
+    def _init_ends(self) -> None:
+        """Who releases ended requests, and who fails them and recovers from a lost service."""
+        self.releaser = Releaser(
+            self.scheduler, self.reports, self.state, serving=lambda: self.failure is None
+        )
+        self.failures = Failures(self.scheduler, self.state, self._finish, self._wake)
+        self.recovery = ServiceRecovery(
+            self.control,
+            self.compute,
+            device_quiet=self.wait_device_quiet,
+            on_recovered=self.failures.recovered,
+        )
+        self.failures.recovery = self.recovery
+
     @property
     def failed(self) -> asyncio.Event:
         """Set once the KV service is lost and its memory let go of."""
@@ -132,6 +143,16 @@ class Engine:
     def recovered(self) -> asyncio.Event:
         """Set once the control re-attached to a restarted service."""
         return self.recovery.recovered
+
+    @property
+    def failure(self) -> errors.KVError | None:
+        """What new requests are refused with while the KV service is lost; None while serving."""
+        return self.failures.error
+
+    @property
+    def finished(self) -> dict[str, GenRequest]:
+        """Released requests, kept for a late resume of their stream."""
+        return self.releaser.finished
 
     @property
     def requests(self) -> dict[str, GenRequest]:
@@ -144,75 +165,6 @@ class Engine:
     @property
     def totals(self) -> dict[str, int]:
         return self.postprocess.totals
-
-    # --- requests from the server ---
-
-    def submit(
-        self,
-        prompt: tuple[int, ...],
-        max_new_tokens: int,
-        sampling: SamplingParams,
-        text: TextStream | None = None,
-        cache_salt: str = "",
-    ) -> GenRequest:
-        """Queue a request; `text` detokenizes its tokens (text output, stop strings);
-        `cache_salt` keeps its cached prefix pages to requests of the same salt (a tenant)."""
-        if self.failure is not None:
-            raise self.failure
-        req = GenRequest(
-            uuid.uuid4().hex, prompt, max_new_tokens, sampling, text=text, cache_salt=cache_salt
-        )
-        self.scheduler.enqueue(req)
-        if self.state is not None:  # before the id goes to the client: it must be resumable
-            self.state.queued(req)
-        self._wake.set()
-        log.info(
-            "request %s queued: %d prompt tokens, up to %d new",
-            req.request_id,
-            len(prompt),
-            max_new_tokens,
-        )
-        return req
-
-    def lookup(self, request_id: str) -> GenRequest:
-        req = self.requests.get(request_id) or self.finished.get(request_id)
-        if req is None:
-            raise errors.UnknownRequest(f"no request {request_id!r} in this engine")
-        return req
-
-    def resume(self, request_id: str) -> GenRequest:
-        """The request a resumed stream follows: as it stands, or revived when it failed with
-        its KV service and the engine has re-attached since (its KV is prefilled again, from
-        the prompt and the tokens it had generated)."""
-        req = self.lookup(request_id)
-        if req.lost_kv and self.failure is None and request_id not in self.requests:
-            req.revive()
-            del self.finished[request_id]
-            self.scheduler.enqueue(req)
-            self._wake.set()
-            log.info("request %s revived after %d tokens", request_id, req.replayed)
-        return req
-
-    def cancel(self, req: GenRequest) -> None:
-        """The client went away: drop the request now if queued, else at the next turn."""
-        if req.finished:
-            return
-        req.cancelled = True
-        if req.phase is Phase.WAITING:
-            self.scheduler.dequeue(req)
-            self._finish(req, Finish.CANCELLED)
-        self._wake.set()
-
-    def requeue(self, req: GenRequest) -> None:
-        """A request the state file had queued when the previous engine process died."""
-        self.scheduler.enqueue(req)
-        self._wake.set()
-
-    def adopt(self, req: GenRequest) -> None:
-        """A request resumed from the state file whose slot the service still holds."""
-        req.launched = len(req.tokens)
-        self.requests[req.request_id] = req
-        self._wake.set()
 
     # --- the loop ---
 
@@ -232,7 +184,7 @@ class Engine:
         if not keep_requests:
             for req in list(self.requests.values()):
                 self._finish(req, Finish.CANCELLED)
-            await self._release_ended()
+            await self.releaser.release_ended(self.done_step)
         for req in list(self.requests.values()):
             req.end(Finish.ERROR, "the engine stopped; resume with this request id")
         self._executor.shutdown(wait=True)
@@ -246,19 +198,19 @@ class Engine:
         except Exception as e:
             # A bug in the loop must not leave client streams waiting forever.
             log.exception("engine loop crashed")
-            self._fail_all(errors.KVError(f"engine loop crashed: {type(e).__name__}: {e}"))
+            self.failures.fail_all(errors.KVError(f"engine loop crashed: {type(e).__name__}: {e}"))
 
     async def _loop(self) -> None:
         while not self._stopping:
             # Cleared before looking at the state: anything that happens from here on wakes us.
             self._wake.clear()
             began = time.perf_counter()
-            await self._release_ended()
+            await self.releaser.release_ended(self.done_step)
             batch = await self.scheduler.schedule()
             self.metrics.queue(len(self.waiting), self.scheduler.active())
             if batch is None and self._inflight is None:
                 # A step checks the service itself; an idle engine must look too.
-                self._check_service()
+                self.failures.check_service()
                 self.runner.idle()
                 await self._idle(self.policy.admit_retry if self.waiting else IDLE_CHECK_SECONDS)
                 continue
@@ -277,14 +229,6 @@ class Engine:
         service may be unmapped once this returns (the loop waits for the step in flight)."""
         await self._quiet.wait()
 
-    def _check_service(self) -> None:
-        if self.failure is not None:
-            return
-        try:
-            self.control.check_alive()
-        except errors.ServiceUnavailable as e:
-            self._fail_all(e)
-
     async def _idle(self, timeout: float | None) -> None:
         try:
             async with asyncio.timeout(timeout):
@@ -299,7 +243,7 @@ class Engine:
             try:
                 self.control.check_alive()  # never launch on memory of a lost service
             except errors.ServiceUnavailable as e:
-                self._fail_all(e)
+                self.failures.fail_all(e)
         if self.failure is not None:
             batch = None  # its requests have failed: nothing to launch
         loop = asyncio.get_running_loop()
@@ -326,11 +270,11 @@ class Engine:
             else self.scheduler.next_step - 1
         )
         if isinstance(adv.error, errors.ServiceUnavailable):
-            self._fail_all(adv.error)  # the step lost its service (RemoteSwap): UNAVAILABLE
+            self.failures.fail_all(adv.error)  # the step lost its service (RemoteSwap): UNAVAILABLE
         elif adv.error is not None:
-            self._step_failed(batch, adv.error)
+            self.failures.step_failed(batch, adv.error)
         if adv.done is not None:
-            self._check_service()  # nor trust what a step read while it was being lost
+            self.failures.check_service()  # nor trust what a step read while it was being lost
             if self.failure is None:
                 self.postprocess(adv.done)
                 self.steps += 1
@@ -339,103 +283,11 @@ class Engine:
                     len(adv.done.batch.decode), adv.done.device_seconds, adv.done.idle_before
                 )
 
-    def _step_failed(self, batch: Batch | None, e: Exception) -> None:
-        """A failed step leaves its requests' KV undefined. The log says which step it was,
-        what it ran, and after how many service recoveries (a step that fails only on a
-        re-attached service's memory shows here)."""
-        log.error(
-            "compute step %s failed (%d decode rows, prefill %s; %d KV service recoveries "
-            "before it): %s: %s",
-            batch.step if batch else "?",
-            len(batch.decode) if batch else 0,
-            f"{batch.prefill.request_id} {batch.prefill_range}" if batch and batch.prefill else "-",
-            self.recovery.rounds,
-            type(e).__name__,
-            e,
-            exc_info=e,
-        )
-        for req in batch.requests if batch else ():
-            self._finish(
-                req, Finish.ERROR, f"compute failed: {type(e).__name__}: {e}", FailStatus.INTERNAL
-            )
-
     # --- ends ---
 
     def _admitted(self, req: GenRequest) -> None:
         if self.state is not None:
             self.state.started(req)
-
-    def _finish(
-        self,
-        req: GenRequest,
-        reason: Finish,
-        error: str = "",
-        status: FailStatus = FailStatus.UNAVAILABLE,
-    ) -> None:
-        """Mark the request ended; its slot is released once no launched step reads it."""
-        if req.finished:
-            return
-        if reason is Finish.ERROR:
-            log.warning("request %s failed: %s", req.request_id, error)
-        req.end(reason, error, status)
-        self._wake.set()
-
-    async def _release_ended(self) -> None:
-        for req in list(self.requests.values()):
-            if not req.finished or req.last_step > self.done_step:
-                continue  # live, or a launched step still reads its KV
-            await self._release(req)
-            del self.requests[req.request_id]
-            self.finished[req.request_id] = req
-            while len(self.finished) > FINISHED_KEPT:
-                self.finished.popitem(last=False)
-
-    async def _release(self, req: GenRequest) -> None:
-        if req.slot >= 0 and self.failure is None:
-            # A StepEnd still on its way may name this request: it must arrive first.
-            await self.reports.flush()
-            try:
-                await self.control.release(req.request_id, self.scheduler.names.release(req))
-            except errors.KVError as e:
-                log.warning("release of %s failed: %s", req.request_id, e)
-            self.scheduler.released()
-        if self.state is not None:  # admitted, or only queued (its queued record ends too)
-            self.state.ended(req.request_id)
-        assert req.finish is not None  # only finished requests are released
-        log.info(
-            "request %s %s after %d tokens",
-            req.request_id,
-            req.finish.name.lower(),
-            len(req.tokens),
-        )
-
-    def _fail_all(self, why: errors.KVError) -> None:
-        """The KV service is gone (or the loop broke): every request fails now, new ones are
-        refused with UNAVAILABLE. A step still in flight finishes before any slot is let go."""
-        if self.failure is None:
-            log.error("failing %d requests: %s", len(self.requests), why)
-        lost = isinstance(why, errors.ServiceUnavailable)
-        self.failure = why if lost else errors.ServiceUnavailable(str(why))
-        if lost:
-            # The traceback holds the failed step's frames, and through them the lost memory.
-            why.__traceback__ = None
-            self.recovery.start()
-        else:
-            self.recovery.give_up()
-        for req in list(self.waiting):
-            self.scheduler.dequeue(req)
-        for req in list(self.requests.values()):
-            # Its KV went with the service: a resume after the re-attach prefills it again.
-            req.lost_kv = req.lost_kv or (lost and not req.finished)
-            self._finish(req, Finish.ERROR, str(why))
-
-    def _recovered(self) -> None:
-        """The control re-attached to a restarted service: serve again."""
-        if self.state is not None:  # an engine restarted later resumes the new session
-            epoch = getattr(self.control, "epoch", 0)
-            self.state.rewrite(self.control.session_id, epoch, [], list(self.waiting))
-        self.failure = None
-        self._wake.set()
 
 
 def _step_runner(compute: Compute, overlap: bool) -> StepRunner:

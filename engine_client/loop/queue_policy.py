@@ -13,7 +13,7 @@ Adding a policy: a class with `after_refusal`, and a name in `QUEUE_POLICIES` (t
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from engine_client.loop.request import GenRequest
@@ -67,3 +67,19 @@ def queue_policy(name: str, skip_ahead_seconds: float) -> QueuePolicy:
     if name == "skip-ahead":
         return SkipAhead(skip_ahead_seconds)
     raise ValueError(f"queue policy must be one of {QUEUE_POLICIES}, got {name!r}")
+
+
+@dataclass(frozen=True)
+class QueueLimits:
+    """order: the queue policy behind a refused head; max_queue_wait: seconds a request may wait
+    for admission (0: no limit); admit_retry: seconds between admission retries while refused."""
+
+    order: QueuePolicy = field(default_factory=SkipAhead)
+    max_queue_wait: float = 300.0
+    admit_retry: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.max_queue_wait <= 86400:
+            raise ValueError(f"max_queue_wait must be in [0, 86400], got {self.max_queue_wait}")
+        if not 0 < self.admit_retry <= 3600:
+            raise ValueError(f"admit_retry must be in (0, 3600], got {self.admit_retry}")

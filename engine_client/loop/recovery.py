@@ -1,6 +1,6 @@
 """Recovery of an engine whose KV service was lost, from the loss to serving again.
 
-Once the engine has failed every request (`Engine._fail_all`), `ServiceRecovery.start` runs one
+Once the engine has failed every request (`Failures.fail_all`), `ServiceRecovery.start` runs one
 task that
 1. waits until no launched step runs on the device (the engine's `device_quiet`): only then may
    the lost service's memory be unmapped;

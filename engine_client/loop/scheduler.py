@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from engine_client.client import errors
 from engine_client.client.control import KVControl
 from engine_client.loop.page_names import PageNames
-from engine_client.loop.queue_policy import QueuePolicy, SkipAhead, Turn, reserved_tokens
+from engine_client.loop.queue_policy import QueueLimits, Turn, reserved_tokens
 from engine_client.loop.request import FailStatus, Finish, GenRequest, Phase
 from engine_client.loop.sampler import token_key
 from engine_client.loop.speculative import reserve_extra
@@ -45,22 +45,6 @@ log = logging.getLogger(__name__)
 
 # Refused admission attempts per turn, head included: each costs an RPC in service modes.
 MAX_REFUSALS_PER_TURN = 4
-
-
-@dataclass(frozen=True)
-class QueueLimits:
-    """order: the queue policy behind a refused head; max_queue_wait: seconds a request may wait
-    for admission (0: no limit); admit_retry: seconds between admission retries while refused."""
-
-    order: QueuePolicy = field(default_factory=SkipAhead)
-    max_queue_wait: float = 300.0
-    admit_retry: float = 0.5
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.max_queue_wait <= 86400:
-            raise ValueError(f"max_queue_wait must be in [0, 86400], got {self.max_queue_wait}")
-        if not 0 < self.admit_retry <= 3600:
-            raise ValueError(f"admit_retry must be in (0, 3600], got {self.admit_retry}")
 
 
 @dataclass

@@ -127,15 +127,7 @@ def topk_select(
     rows * width. num_warps defaults to 16 single, 8 segmented.
     """
     _check(scores, seq_lens, out_topk)
-    if (
-        not 1 <= radix_bits <= 11
-        or min(rows, width) < 16
-        or rows & (rows - 1)
-        or width & (width - 1)
-    ):
-        raise ValueError("radix_bits must be in [1, 11]; rows and width powers of two >= 16")
-    if block < 16 or block & (block - 1):
-        raise ValueError(f"block must be a power of two >= 16, got {block}")
+    _check_tuning(radix_bits, rows, width, block)
     bs, cols = scores.shape
     if bs == 0 or out_topk.shape[1] == 0:
         return
@@ -146,6 +138,21 @@ def topk_select(
             scores, seq_lens, out_topk, workspace, block, rows, width, num_warps or 8, pad_loads
         )
         return
+    _launch_single(scores, seq_lens, out_topk, radix_bits, rows, width, num_warps or 16, pad_loads)
+
+
+def _launch_single(
+    scores: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out_topk: torch.Tensor,
+    radix_bits: int,
+    rows: int,
+    width: int,
+    num_warps: int,
+    pad_loads: bool,
+) -> None:
+    """One program per row: the whole row's histogram steps and compaction in one program."""
+    bs, cols = scores.shape
     _topk_kernel[(bs,)](
         scores,
         seq_lens,
@@ -158,5 +165,18 @@ def topk_select(
         ROWS=rows,
         WIDTH=width,
         PAD_LOADS=pad_loads,
-        num_warps=num_warps or 16,
+        num_warps=num_warps,
     )
+
+
+def _check_tuning(radix_bits: int, rows: int, width: int, block: int) -> None:
+    """The schedule's sizes the kernels are written for: powers of two, digits of <= 11 bits."""
+    if (
+        not 1 <= radix_bits <= 11
+        or min(rows, width) < 16
+        or rows & (rows - 1)
+        or width & (width - 1)
+    ):
+        raise ValueError("radix_bits must be in [1, 11]; rows and width powers of two >= 16")
+    if block < 16 or block & (block - 1):
+        raise ValueError(f"block must be a power of two >= 16, got {block}")

@@ -124,6 +124,27 @@ class RemoteSwapper:
         """Swap in `layer` for batch rows [0, batch_size) of the exchange tensors, G =
         rows_per_request consecutive rows per request."""
         lay, G = self.kv.layout, rows_per_request
+        self._check_request(session_id, layer, batch_size, G)
+        started = time.perf_counter()
+        if self._cuda:
+            counts = self._run_cuda(layer, batch_size, G)
+        else:
+            self._check_slots(batch_size, allowed_slots)
+            counts = self._launch(layer, batch_size, G)
+        hits, misses, repeated = (int(c) for c in counts.tolist())
+        if repeated:
+            raise InvalidArgument(
+                f"{repeated} top-k rows repeat a position; each row must hold "
+                "distinct positions (only negative padding may repeat); those "
+                "rows were not planned",
+                repeated_rows=repeated,
+            )
+        return SwapResult(hits, misses, misses * lay.row_bytes, time.perf_counter() - started)
+
+    def _check_request(self, session_id: str, layer: int, batch_size: int, G: int) -> None:
+        """A RemoteSwap the exchange can run: its owner's, a real layer, whole requests of G
+        rows that the layout's hot buffer has room for."""
+        lay = self.kv.layout
         if self.owner != session_id:
             raise InvalidArgument(
                 "this session does not own the remote swap exchange: attach with remote_swap = true"
@@ -145,21 +166,6 @@ class RemoteSwapper:
                 f"{G} rows per request do not fit this layout: k * G <= B - W and W >= G needed",
                 rows_per_request=G,
             )
-        started = time.perf_counter()
-        if self._cuda:
-            counts = self._run_cuda(layer, batch_size, G)
-        else:
-            self._check_slots(batch_size, allowed_slots)
-            counts = self._launch(layer, batch_size, G)
-        hits, misses, repeated = (int(c) for c in counts.tolist())
-        if repeated:
-            raise InvalidArgument(
-                f"{repeated} top-k rows repeat a position; each row must hold "
-                "distinct positions (only negative padding may repeat); those "
-                "rows were not planned",
-                repeated_rows=repeated,
-            )
-        return SwapResult(hits, misses, misses * lay.row_bytes, time.perf_counter() - started)
 
     def _check_slots(self, batch_size: int, allowed: set[int]) -> None:
         # Kernels bound-check slots, but a session must not plan another session's request.

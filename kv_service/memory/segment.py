@@ -31,7 +31,7 @@ from contract import handle
 from contract.layout import KVLayout
 from contract.segment_map import as_kv_tensors, register_host, unregister_host
 from contract.tensors import KVTensors, tensor_specs
-from kv_service.memory import shm_file
+from kv_service.memory import shm_file, shm_room
 from kv_service.memory.store import ServiceMemory, clear_all, initialize, service_specs
 
 log = logging.getLogger(__name__)
@@ -209,7 +209,7 @@ def _export(
 ) -> tuple[T, list[dict]]:
     """Allocate (name, shape, dtype, in_file) specs, fill them with `prepare`, describe them.
     `flags(name)`: the settings that size a tensor, for the error when they do not fit."""
-    shm_file.check_room(
+    shm_room.check_room(
         shm_dir,
         {
             name: math.prod(shape) * dtype.itemsize
@@ -285,7 +285,7 @@ def _allocate(
     try:
         nbytes = numel * dtype.itemsize
         os.ftruncate(fd, nbytes)
-        shm_file.reserve(fd, nbytes, path)
+        shm_room.reserve(fd, nbytes, path)
         t = handle.map_fd(fd, numel, dtype).view(shape)
     finally:
         os.close(fd)

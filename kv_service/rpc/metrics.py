@@ -21,6 +21,59 @@ from prometheus_client.registry import Collector
 from kv_service.books.records import CoreStats
 from transport.rpc_calls import LATENCY_BUCKETS, RpcMetrics
 
+# The core's counters: (series, help, CoreStats field).
+_COUNTERS = (
+    ("kvs_hits", "top-k positions served from the hot buffer", "hits"),
+    ("kvs_misses", "top-k positions copied from the host tier", "misses"),
+    ("kvs_host_to_device_bytes", "bytes copied host -> device", "bytes_moved"),
+    ("kvs_admitted", "requests admitted", "admitted_total"),
+    ("kvs_rejected", "admissions refused for capacity", "rejected_total"),
+    ("kvs_expired_sessions", "sessions whose lease expired", "expired_sessions_total"),
+    ("kvs_prefix_lookups", "admissions that looked up a cached prefix", "prefix_lookups_total"),
+    (
+        "kvs_prefix_lookup_tokens",
+        "prompt tokens of admissions that looked up a cached prefix",
+        "prefix_lookup_tokens_total",
+    ),
+    (
+        "kvs_prefix_hit_tokens",
+        "prompt tokens found in the prefix cache (not prefilled)",
+        "prefix_hit_tokens_total",
+    ),
+    (
+        "kvs_prefix_evicted_pages",
+        "cached prefix pages evicted to admit requests",
+        "evicted_pages_total",
+    ),
+)
+# Occupancy with a capacity: (series stem, help, used field, capacity field).
+_OCCUPANCY = (
+    (
+        "kvs_host_pages",
+        "host-tier pages holding offloaded requests",
+        "offloaded_pages_used",
+        "pages_total",
+    ),
+    (
+        "kvs_index_pages",
+        "index-key pool pages reserved (all requests)",
+        "pages_used",
+        "pages_total",
+    ),
+    ("kvs_device_slots", "request slots (hot buffers) in use", "slots_used", "slots_total"),
+)
+# Plain gauges: (series, help, CoreStats field).
+_GAUGES = (
+    ("kvs_prefix_cached_pages", "pages holding a cached prefix page", "cached_pages"),
+    (
+        "kvs_prefix_evictable_pages",
+        "cached prefix pages no request uses (evictable)",
+        "evictable_pages",
+    ),
+    ("kvs_sessions", "live sessions", "sessions"),
+    ("kvs_requests", "live requests", "requests"),
+)
+
 
 class _CoreCollector(Collector):
     def __init__(self, stats: Callable[[], CoreStats]) -> None:
@@ -28,62 +81,13 @@ class _CoreCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         s = self._stats()
-        for name, doc, value in (
-            ("kvs_hits", "top-k positions served from the hot buffer", s.hits),
-            ("kvs_misses", "top-k positions copied from the host tier", s.misses),
-            ("kvs_host_to_device_bytes", "bytes copied host -> device", s.bytes_moved),
-            ("kvs_admitted", "requests admitted", s.admitted_total),
-            ("kvs_rejected", "admissions refused for capacity", s.rejected_total),
-            ("kvs_expired_sessions", "sessions whose lease expired", s.expired_sessions_total),
-            (
-                "kvs_prefix_lookups",
-                "admissions that looked up a cached prefix",
-                s.prefix_lookups_total,
-            ),
-            (
-                "kvs_prefix_lookup_tokens",
-                "prompt tokens of admissions that looked up a cached prefix",
-                s.prefix_lookup_tokens_total,
-            ),
-            (
-                "kvs_prefix_hit_tokens",
-                "prompt tokens found in the prefix cache (not prefilled)",
-                s.prefix_hit_tokens_total,
-            ),
-            (
-                "kvs_prefix_evicted_pages",
-                "cached prefix pages evicted to admit requests",
-                s.evicted_pages_total,
-            ),
-        ):
-            yield CounterMetricFamily(name, doc, value=value)
-        for name, doc, used, total in (
-            (
-                "kvs_host_pages",
-                "host-tier pages holding offloaded requests",
-                s.offloaded_pages_used,
-                s.pages_total,
-            ),
-            (
-                "kvs_index_pages",
-                "index-key pool pages reserved (all requests)",
-                s.pages_used,
-                s.pages_total,
-            ),
-            ("kvs_device_slots", "request slots (hot buffers) in use", s.slots_used, s.slots_total),
-        ):
-            yield GaugeMetricFamily(f"{name}_used", doc, value=used)
-            yield GaugeMetricFamily(f"{name}_capacity", f"{doc}: capacity", value=total)
-        yield GaugeMetricFamily(
-            "kvs_prefix_cached_pages", "pages holding a cached prefix page", value=s.cached_pages
-        )
-        yield GaugeMetricFamily(
-            "kvs_prefix_evictable_pages",
-            "cached prefix pages no request uses (evictable)",
-            value=s.evictable_pages,
-        )
-        yield GaugeMetricFamily("kvs_sessions", "live sessions", value=s.sessions)
-        yield GaugeMetricFamily("kvs_requests", "live requests", value=s.requests)
+        for name, doc, field in _COUNTERS:
+            yield CounterMetricFamily(name, doc, value=getattr(s, field))
+        for name, doc, used, total in _OCCUPANCY:
+            yield GaugeMetricFamily(f"{name}_used", doc, value=getattr(s, used))
+            yield GaugeMetricFamily(f"{name}_capacity", f"{doc}: capacity", value=getattr(s, total))
+        for name, doc, field in _GAUGES:
+            yield GaugeMetricFamily(name, doc, value=getattr(s, field))
         yield GaugeMetricFamily("kvs_draining", "1 while draining", value=int(s.draining))
 
 

@@ -23,7 +23,7 @@ from grpc_health.v1.health import aio as health_aio
 from contract.listen_address import AddressTaken, claim_socket_path
 from kv_service.config import ServiceConfig
 from kv_service.core import ServiceCore
-from kv_service.memory import segment, shm_file
+from kv_service.memory import segment, shm_file, shm_room
 from kv_service.memory.remote_swap import RemoteSwapper
 from kv_service.rpc.interceptor import ServiceInterceptor
 from kv_service.rpc.metrics import ServiceMetrics
@@ -44,7 +44,7 @@ class StartupError(RuntimeError):
 
 
 # Start-up failures whose message says it all.
-ONE_LINE_ERRORS = (StartupError, AddressTaken, shm_file.NoRoom)
+ONE_LINE_ERRORS = (StartupError, AddressTaken, shm_room.NoRoom)
 
 
 def resolve_device(choice: str) -> torch.device:
@@ -226,6 +226,21 @@ async def _shut_down(server: grpc.aio.Server, config: ServiceConfig, started: _S
     log.info("stopped; segments of instance %s removed", config.instance)
 
 
+async def _serving(
+    health: health_aio.HealthServicer, config: ServiceConfig, runtime: Runtime, device: torch.device
+) -> None:
+    """Health SERVING, and the log line that says which instance, memory and layout serve."""
+    await _set_health(health, True)
+    log.info(
+        "SERVING: instance %s, epoch %#x, device %s %s, layout %s",
+        config.instance,
+        runtime.core.epoch,
+        device,
+        runtime.gpu_uuid,
+        config.layout,
+    )
+
+
 async def serve(config: ServiceConfig) -> int:
     """Run until SIGTERM/SIGINT, then drain and clean up. Returns the exit status."""
     loop = asyncio.get_running_loop()
@@ -245,15 +260,7 @@ async def serve(config: ServiceConfig) -> int:
         started.listening = True
         runtime = await _bring_up(config, device, servicer, metrics, started)
         if not stop.is_set():
-            await _set_health(health, True)
-            log.info(
-                "SERVING: instance %s, epoch %#x, device %s %s, layout %s",
-                config.instance,
-                runtime.core.epoch,
-                device,
-                runtime.gpu_uuid,
-                config.layout,
-            )
+            await _serving(health, config, runtime, device)
         await stop.wait()
         await _drain(servicer, health, config.drain_timeout)
     except ONE_LINE_ERRORS as e:

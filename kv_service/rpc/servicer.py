@@ -169,24 +169,7 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer):
     ) -> pb.Admitted | None:
         sid = msg.session_id
         if kind == "admit":
-            a = msg.admit
-            r = core.admit(
-                sid,
-                a.request_id,
-                a.prompt_len,
-                a.max_new_tokens,
-                a.page_hashes,
-                a.cache_salt,
-                a.reuse_align,
-            )
-            return pb.Admitted(
-                request_id=r.request_id,
-                slot=r.slot,
-                mode=pb.ResidencyMode.ValueType(r.mode),
-                pages=r.pages,
-                reserved_tokens=r.reserved_tokens,
-                cached_tokens=r.cached_tokens,
-            )
+            return _admitted(core, sid, msg.admit)
         if kind == "commit":
             core.commit(sid, msg.commit.request_id, msg.commit.seq_len)
         elif kind == "step_end":
@@ -294,3 +277,24 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer):
             except TimeoutError:
                 pass
         return True
+
+
+def _admitted(core: ServiceCore, sid: str, a: pb.Admit) -> pb.Admitted:
+    """The one session message with an answer: the admission, as the engine adopts it."""
+    r = core.admit(
+        sid,
+        a.request_id,
+        a.prompt_len,
+        a.max_new_tokens,
+        a.page_hashes,
+        a.cache_salt,
+        a.reuse_align,
+    )
+    return pb.Admitted(
+        request_id=r.request_id,
+        slot=r.slot,
+        mode=pb.ResidencyMode.ValueType(r.mode),
+        pages=r.pages,
+        reserved_tokens=r.reserved_tokens,
+        cached_tokens=r.cached_tokens,
+    )

@@ -74,7 +74,7 @@ def test_a_revived_request_restarted_mid_replay_prefills_again(tmp_path) -> None
     from engine_client.client.control import HeldRequest
     from engine_client.loop import state_file
     from engine_client.loop.request import Finish, GenRequest, Phase, SamplingParams
-    from engine_client.serve.factory import _resumed
+    from engine_client.serve.restore import resumed
     from engine_client.text import vocabulary
 
     tiny = vocabulary.load(vocabulary.TINY)
@@ -93,11 +93,11 @@ def test_a_revived_request_restarted_mid_replay_prefills_again(tmp_path) -> None
     saved = state_file.load(path).requests["r"]
     assert (saved.tokens, saved.replayed) == ([11, 12, 13], 3)
     held = HeldRequest("r", 0, 2, 4, 3, 8)
-    again = _resumed(held, saved, tiny)
+    again = resumed(held, saved, tiny)
     assert (again.phase, again.replayed, again.context_len) == (Phase.PREFILL, 3, 6)
     f.tokens({"r": [14]})
     f.close()
-    on = _resumed(held, state_file.load(path).requests["r"], tiny)
+    on = resumed(held, state_file.load(path).requests["r"], tiny)
     assert (on.phase, on.replayed, on.tokens) == (Phase.RUNNING, 0, [11, 12, 13, 14])
     with pytest.raises(ValueError):
         on.revive()  # not failed by a KV loss

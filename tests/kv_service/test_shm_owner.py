@@ -17,7 +17,7 @@ import pytest
 
 from contract import handle
 from contract.layout import KVLayout
-from kv_service.memory import segment, shm_file
+from kv_service.memory import segment, shm_file, shm_room
 
 ROOT = Path(__file__).resolve().parents[2]
 LAYOUT = KVLayout(
@@ -157,16 +157,16 @@ def test_no_room_message_names_what_it_found(tmp_path: Path, owners) -> None:
     owners.append(live)
     frsize = 4096
     st = os.statvfs_result((frsize, frsize, 1000, 10, 10, 0, 0, 0, 0, 255))
-    msg = shm_file.no_room_message(
+    msg = shm_room.no_room_message(
         str(tmp_path), {"host_kv": 123456, "xchg_topk": 64}, st, lambda n: f"--x-{n}"
     )
     assert (
         "they need 123.5 kB (host_kv 123.5 kB (--x-host_kv), xchg_topk 64 B (--x-xchg_topk))" in msg
     )
-    assert f"41.0 kB of {shm_file.human(1000 * frsize)} is free" in msg
+    assert f"41.0 kB of {shm_room.human(1000 * frsize)} is free" in msg
     dead_bytes = sum(os.path.getsize(tmp_path / n) for n in dead.files)
     assert (
-        f"instance old pid {dead.proc.pid} holds {shm_file.human(dead_bytes)} (owner dead)" in msg
+        f"instance old pid {dead.proc.pid} holds {shm_room.human(dead_bytes)} (owner dead)" in msg
     )
     assert "instance busy pid" in msg and "(owner alive)" in msg
     hidden = (
@@ -175,7 +175,7 @@ def test_no_room_message_names_what_it_found(tmp_path: Path, owners) -> None:
         - dead_bytes
         - sum(os.path.getsize(tmp_path / n) for n in live.files)
     )
-    assert f"; {shm_file.human(hidden)} is used by files that are not hisparse's" in msg
+    assert f"; {shm_room.human(hidden)} is used by files that are not hisparse's" in msg
     assert "\n" not in msg
 
 
@@ -184,9 +184,9 @@ def test_segments_larger_than_free_space_are_refused_with_the_numbers(tmp_path: 
     free = st.f_bavail * st.f_frsize
     row_pages = LAYOUT.num_layers * LAYOUT.page_size * LAYOUT.row_bytes
     huge = KVLayout(**{**LAYOUT.to_dict(), "num_pages": free // row_pages + 1})
-    with pytest.raises(shm_file.NoRoom) as err:
+    with pytest.raises(shm_room.NoRoom) as err:
         segment.create_segments(huge, "cpu", str(tmp_path), "big")
-    host = f"host_kv {shm_file.human(huge.host_tier_bytes)} (--num-pages {huge.num_pages}, "
+    host = f"host_kv {shm_room.human(huge.host_tier_bytes)} (--num-pages {huge.num_pages}, "
     assert "no room for the KV segments" in str(err.value) and host in str(err.value)
     assert os.listdir(tmp_path) == []
 
@@ -207,11 +207,11 @@ def test_unheld_lock_with_our_pid_is_a_dead_owner_and_replaced(tmp_path: Path) -
 def test_no_room_message_names_processes_mapping_deleted_segments(tmp_path: Path) -> None:
     kv, _ = segment.create_segments(LAYOUT, "cpu", str(tmp_path), "gone")
     segment.remove_segments(str(tmp_path), "gone")  # names gone, kv still maps the files
-    held = shm_file.deleted_mappings(str(tmp_path))
+    held = shm_room.deleted_mappings(str(tmp_path))
     assert held[os.getpid()] >= LAYOUT.host_tier_bytes
     st = os.statvfs(tmp_path)
-    assert f"pid {os.getpid()} still maps {shm_file.human(held[os.getpid()])}" in (
-        shm_file.no_room_message(str(tmp_path), {"host_kv": 1}, st)
+    assert f"pid {os.getpid()} still maps {shm_room.human(held[os.getpid()])}" in (
+        shm_room.no_room_message(str(tmp_path), {"host_kv": 1}, st)
     )
     del kv
 

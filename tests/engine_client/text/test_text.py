@@ -149,7 +149,7 @@ def test_a_resumed_request_gets_its_text_and_stop_strings_back(tmp_path: Path) -
     from engine_client.client.control import HeldRequest
     from engine_client.loop import state_file
     from engine_client.loop.request import Finish, GenRequest, SamplingParams
-    from engine_client.serve.factory import _resumed
+    from engine_client.serve.restore import resumed
 
     tiny = vocabulary.load(vocabulary.TINY)
     ids = tiny.encode("one two three four")
@@ -162,7 +162,7 @@ def test_a_resumed_request_gets_its_text_and_stop_strings_back(tmp_path: Path) -
     assert saved.text and saved.sampling.stop_strings == ("three",)
     held = HeldRequest("r1", slot=0, mode=1, seq_len=4, prompt_len=2, max_new_tokens=32)
     saved.tokens = ids  # the whole text came out before the restart
-    again = _resumed(held, saved, tiny)
+    again = resumed(held, saved, tiny)
     assert again is not None and again.finish is Finish.STOP
     assert "".join(again.texts) == "one two "
 

@@ -1,0 +1,96 @@
+"""How the engine fails: a lost KV service fails every request, a failed step fails its own.
+
+A lost service (`fail_all`) leaves no memory to trust: every request ends with UNAVAILABLE, new
+ones are refused, and `engine_client.loop.recovery` lets go of the lost memory and re-attaches
+to a restarted service (`recovered`: new requests are served again). A request that was running
+keeps `lost_kv`, so that a resume after the re-attach prefills its KV again. A failed compute
+step (`step_failed`) leaves only its own requests' KV undefined: they end with INTERNAL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from engine_client.client import errors
+from engine_client.loop.recovery import ServiceRecovery
+from engine_client.loop.request import FailStatus, Finish, GenRequest
+from engine_client.loop.scheduler import Batch, Scheduler
+from engine_client.loop.state_file import StateFile
+
+log = logging.getLogger(__name__)
+
+FinishFn = Callable[[GenRequest, Finish, str, FailStatus], None]
+
+
+class Failures:
+    """`error` is the failure every new request is refused with, None while serving."""
+
+    def __init__(
+        self, scheduler: Scheduler, state: StateFile | None, finish: FinishFn, wake: asyncio.Event
+    ) -> None:
+        self.scheduler, self.state = scheduler, state
+        self._finish, self._wake = finish, wake
+        self.error: errors.KVError | None = None
+        self.recovery: ServiceRecovery | None = None  # set by the engine, which builds it
+
+    def check_service(self) -> None:
+        """Fail everything if the service is gone (an idle engine, or before a launch)."""
+        if self.error is not None:
+            return
+        try:
+            self.scheduler.control.check_alive()
+        except errors.ServiceUnavailable as e:
+            self.fail_all(e)
+
+    def fail_all(self, why: errors.KVError) -> None:
+        """The KV service is gone (or the loop broke): every request fails now, new ones are
+        refused with UNAVAILABLE. A step still in flight finishes before any slot is let go."""
+        assert self.recovery is not None
+        if self.error is None:
+            log.error("failing %d requests: %s", len(self.scheduler.requests), why)
+        lost = isinstance(why, errors.ServiceUnavailable)
+        self.error = why if lost else errors.ServiceUnavailable(str(why))
+        if lost:
+            # The traceback holds the failed step's frames, and through them the lost memory.
+            why.__traceback__ = None
+            self.recovery.start()
+        else:
+            self.recovery.give_up()
+        for req in list(self.scheduler.waiting):
+            self.scheduler.dequeue(req)
+        for req in list(self.scheduler.requests.values()):
+            # Its KV went with the service: a resume after the re-attach prefills it again.
+            req.lost_kv = req.lost_kv or (lost and not req.finished)
+            self._finish(req, Finish.ERROR, str(why), FailStatus.UNAVAILABLE)
+
+    def step_failed(self, batch: Batch | None, e: Exception) -> None:
+        """A failed step leaves its requests' KV undefined. The log says which step it was,
+        what it ran, and after how many service recoveries (a step that fails only on a
+        re-attached service's memory shows here)."""
+        assert self.recovery is not None
+        log.error(
+            "compute step %s failed (%d decode rows, prefill %s; %d KV service recoveries "
+            "before it): %s: %s",
+            batch.step if batch else "?",
+            len(batch.decode) if batch else 0,
+            f"{batch.prefill.request_id} {batch.prefill_range}" if batch and batch.prefill else "-",
+            self.recovery.rounds,
+            type(e).__name__,
+            e,
+            exc_info=e,
+        )
+        for req in batch.requests if batch else ():
+            self._finish(
+                req, Finish.ERROR, f"compute failed: {type(e).__name__}: {e}", FailStatus.INTERNAL
+            )
+
+    def recovered(self) -> None:
+        """The control re-attached to a restarted service: serve again."""
+        control = self.scheduler.control
+        if self.state is not None:  # an engine restarted later resumes the new session
+            epoch = getattr(control, "epoch", 0)
+            self.state.rewrite(control.session_id, epoch, [], list(self.scheduler.waiting))
+        self.error = None
+        self._wake.set()

@@ -1,0 +1,74 @@
+"""The end of a request's life in the engine: its KV slot goes back to the service.
+
+An ended request (cancelled, stopped, finished or failed) keeps its slot until the newest step
+that read it has finished on the device (`GenRequest.last_step` <= the engine's `done_step`):
+until then a launched step may still read that KV, and a new request admitted into the slot
+would have it overwritten under that step. Released requests stay a while in `finished` so that
+a late resume of their stream still finds them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable
+
+from engine_client.client import errors
+from engine_client.loop.postprocess import ReportSender
+from engine_client.loop.request import GenRequest
+from engine_client.loop.scheduler import Scheduler
+from engine_client.loop.state_file import StateFile
+
+log = logging.getLogger(__name__)
+
+# Finished requests kept for a late resume of their stream.
+FINISHED_KEPT = 1024
+
+
+class Releaser:
+    """Releases ended requests' slots (through the scheduler's current control) and keeps the
+    most recent FINISHED_KEPT of them. `serving` says whether the service's memory is still
+    trusted: after a loss there is no service to give a slot back to."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        reports: ReportSender,
+        state: StateFile | None,
+        serving: Callable[[], bool],
+    ) -> None:
+        self.scheduler, self.reports, self.state = scheduler, reports, state
+        self._serving = serving
+        self.finished: OrderedDict[str, GenRequest] = OrderedDict()
+
+    async def release_ended(self, done_step: int) -> None:
+        """Release every ended request that no step up to `done_step` still reads."""
+        requests = self.scheduler.requests
+        for req in list(requests.values()):
+            if not req.finished or req.last_step > done_step:
+                continue  # live, or a launched step still reads its KV
+            await self._release(req)
+            del requests[req.request_id]
+            self.finished[req.request_id] = req
+            while len(self.finished) > FINISHED_KEPT:
+                self.finished.popitem(last=False)
+
+    async def _release(self, req: GenRequest) -> None:
+        if req.slot >= 0 and self._serving():
+            # A StepEnd still on its way may name this request: it must arrive first.
+            await self.reports.flush()
+            try:
+                names = self.scheduler.names.release(req)
+                await self.scheduler.control.release(req.request_id, names)
+            except errors.KVError as e:
+                log.warning("release of %s failed: %s", req.request_id, e)
+            self.scheduler.released()
+        if self.state is not None:  # admitted, or only queued (its queued record ends too)
+            self.state.ended(req.request_id)
+        assert req.finish is not None  # only finished requests are released
+        log.info(
+            "request %s %s after %d tokens",
+            req.request_id,
+            req.finish.name.lower(),
+            len(req.tokens),
+        )

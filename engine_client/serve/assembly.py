@@ -1,0 +1,98 @@
+"""The compute of one KV mode: weights, the mode's attention backend over the KV control's
+memory, the top-k and draft sources, and the one thread every model call runs on.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from engine_client.client.control import KVControl
+from engine_client.client.kv_client import KVClient
+from engine_client.kv.backend import KVBackend
+from engine_client.kv.kernel_set import KernelSet
+from engine_client.kv.local_control import BaselineControl
+from engine_client.model.compute import (
+    build_backend,
+    build_compute,
+    check_model_fits,
+    choose_kernels,
+    load_draft_source,
+    load_topk_source,
+)
+from engine_client.model.preset import ModelConfig
+from engine_client.model.weights import load_safetensors, random_weights
+from engine_client.serve.config import EngineConfig
+
+
+def compute_thread(device: str) -> ThreadPoolExecutor:
+    # Triton launches on the thread's current CUDA device: pin the compute thread to ours.
+    # "cuda" (--device cuda/auto) has no index: it means the current device, 0.
+    init = (
+        (lambda: torch.cuda.set_device(torch.device(device).index or 0))
+        if device.startswith("cuda")
+        else None
+    )
+    return ThreadPoolExecutor(1, thread_name_prefix="engine-compute", initializer=init)
+
+
+def _backend(
+    cfg: EngineConfig, control: KVControl, kernels: KernelSet, max_batch: int, device: str
+) -> KVBackend:
+    """The KV mode's attention backend over the control's memory: remote-swap steps swap through
+    the service, the baseline reads its page table."""
+    swap_fn = exchange = None
+    if isinstance(control, KVClient) and cfg.kv_mode == "service-remote-swap":
+        swap_fn, exchange = (
+            (lambda layer, bs, rows: control.remote_swap(layer, bs, rows)),
+            control.exchange,
+        )
+    page_table = control.page_table if isinstance(control, BaselineControl) else None
+    return build_backend(
+        cfg.kv_mode,
+        control.layout,
+        control.tensors,
+        kernels,
+        max_batch,
+        device,
+        swap_fn,
+        exchange,
+        cfg.decode_microbatches,
+        page_table,
+        rows_per_request=cfg.spec_tokens + 1,
+    )
+
+
+def build_mode_compute(cfg: EngineConfig, mcfg: ModelConfig, control: KVControl, device: str):
+    """The model over the KV mode's backend, run on the compute thread (it may load weights
+    and build CUDA graphs)."""
+    spec = cfg.spec_tokens
+    # The all-on-GPU baseline has no hot buffers for the verify rows to share.
+    check_model_fits(mcfg, control.layout, spec if cfg.kv_mode != "baseline" else 0)
+    kernels = choose_kernels(cfg.kernels, device.split(":")[0])
+    weights = (
+        load_safetensors(cfg.checkpoint, mcfg, device)
+        if cfg.checkpoint
+        else random_weights(mcfg, cfg.weight_seed, device)
+    )
+    max_batch = min(cfg.max_batch, control.layout.max_requests)
+    backend = _backend(cfg, control, kernels, max_batch, device)
+    source = load_topk_source(cfg.topk_source, mcfg, control.layout, device)
+    drafts = (
+        load_draft_source(cfg.draft_source, mcfg, control.layout, device, spec) if spec else None
+    )
+    return build_compute(
+        mcfg,
+        weights,
+        backend,
+        control.layout,
+        max_batch,
+        cfg.prefill_chunk,
+        use_graphs=cfg.cuda_graphs,
+        topk_source=source,
+        synthetic_context=cfg.synthetic_context,
+        synthetic_shared=cfg.synthetic_shared,
+        draft_tokens=spec,
+        draft_source=drafts,
+    )

@@ -1,0 +1,114 @@
+"""Resume after an engine restart: the requests of the previous engine process come back.
+
+The state file names the KV session of the previous process. The new engine attaches with that
+session id; the service hands back the requests it still holds (within its lease), and every one
+the state file also knows continues where it was: its KV is in the service's memory, its tokens
+and sampling seed in the file. Requests the service holds but the file does not know are
+released; requests the file knows but the service lost cannot be resumed.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from contract import residency
+from engine_client.client.control import HeldRequest, KVControl
+from engine_client.loop import state_file
+from engine_client.loop.engine import Engine
+from engine_client.loop.request import GenRequest, Phase
+from engine_client.text import vocabulary
+from engine_client.text.detokenizer import TextStream
+
+log = logging.getLogger(__name__)
+
+
+def resumed(
+    held: HeldRequest,
+    saved: state_file.SavedRequest,
+    vocab: vocabulary.Vocabulary | None,
+    extra: int = 0,
+) -> GenRequest | None:
+    """extra: what our admissions reserve beyond max_new_tokens (speculative steps)."""
+    if held.prompt_len != len(saved.prompt) or held.max_new_tokens != saved.max_new_tokens + extra:
+        log.warning("request %s: service and state file disagree, not resumed", held.request_id)
+        return None
+    req = GenRequest(
+        held.request_id,
+        saved.prompt,
+        saved.max_new_tokens,
+        saved.sampling,
+        slot=held.slot,
+        cached_tokens=held.cached_tokens,
+    )
+    if saved.text:  # replaying the tokens rebuilds the text and finds stop strings again
+        assert vocab is not None  # a request with text was made by an engine with a vocabulary
+        req.text = TextStream(vocab, saved.sampling.stop_strings)
+    now = req.started
+    for tok in saved.tokens:
+        reason = req.add_token(tok, now)
+        if reason is not None:
+            req.end(reason)
+            return req
+    # Without a token the prefill may be partial: run it again (it rewrites the same rows),
+    # after the cached prefix, whose pages are shared and never written. A revived request
+    # killed before its re-prefill ended (no token since) redoes it too.
+    req.phase = Phase.RUNNING if len(req.tokens) > saved.replayed else Phase.PREFILL
+    req.replayed = len(req.tokens) if req.phase is Phase.PREFILL else 0
+    req.prefilled = held.cached_tokens
+    return req
+
+
+def _committed(req: GenRequest) -> int:
+    """Positions whose KV rows the previous engine wrote for good: those of the steps whose tokens
+    it recorded. Its steps launched past them are re-run, and rewrite the same rows."""
+    return req.prefilled if req.phase is Phase.PREFILL else req.prompt_len + len(req.tokens) - 1
+
+
+def _requeued(saved: state_file.SavedRequest, vocab: vocabulary.Vocabulary | None) -> GenRequest:
+    req = GenRequest(
+        saved.request_id,
+        saved.prompt,
+        saved.max_new_tokens,
+        saved.sampling,
+        cache_salt=saved.cache_salt,
+    )
+    if saved.text:
+        assert vocab is not None  # a request with text was made by an engine with a vocabulary
+        req.text = TextStream(vocab, saved.sampling.stop_strings)
+    return req
+
+
+async def restore(engine: Engine, control: KVControl, saved: state_file.SavedState) -> None:
+    """Adopt the held requests the state file saw admitted, trusting none of their hot buffer's
+    residency (contract/residency.py says why), and release the others; queue again the requests
+    the file saw queued (one the service holds was admitted, but its start record was lost with
+    the process: it sent no token, and runs from the start)."""
+    await _adopt_held(engine, control, saved)
+    for s in saved.requests.values():
+        if s.queued:
+            engine.requeue(_requeued(s, engine.vocab))
+            log.info("queued request %s again", s.request_id)
+
+
+async def _adopt_held(engine: Engine, control: KVControl, saved: state_file.SavedState) -> None:
+    for held in control.held:
+        s = saved.requests.get(held.request_id)
+        req = (
+            None
+            if s is None or s.queued
+            else resumed(held, s, engine.vocab, engine.scheduler.reserve_extra)
+        )
+        if req is None:
+            log.info("releasing held request %s: nothing to resume it from", held.request_id)
+            await control.release(held.request_id)
+            continue
+        engine.adopt(req)
+        if control.tensors is not None and not req.finished:
+            residency.restart(control.tensors, req.slot, _committed(req))
+        log.info(
+            "resumed request %s in slot %d after %d of %d tokens",
+            req.request_id,
+            req.slot,
+            len(req.tokens),
+            req.max_new_tokens,
+        )
