@@ -17,7 +17,8 @@ from contract.tensors import KVTensors
 
 
 def forget(kv: KVTensors, slot: int) -> None:
-    """No position of request slot `slot` is resident in an LRU slot; LRU order as at admission."""
+    """No position of request slot `slot` is resident in an LRU slot; LRU order as at admission.
+    Admission (kv_service.memory.store.reset_request) and a restarted engine both start here."""
     lay = kv.layout
     kv.token_slot[:, slot].fill_(-1)
     kv.slot_token[:, slot].fill_(-1)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from contract import residency
 from contract.exchange import exchange_specs
 from contract.layout import MODE_FREE, MODE_RESIDENT, KVLayout
 from contract.segment_map import as_kv_tensors
@@ -95,9 +96,7 @@ def reset_request(kv: KVTensors, slot: int, mode: int, pages: list[int]) -> None
     row = torch.full((lay.max_pages_per_request,), -1, dtype=torch.int32)
     row[: len(pages)] = torch.tensor(pages, dtype=torch.int32)
     kv.page_table[slot].copy_(row)
-    kv.token_slot[:, slot].fill_(-1)
-    kv.slot_token[:, slot].fill_(-1)
-    kv.lru_order[:, slot].copy_(torch.arange(lay.window, lay.hot_slots, dtype=torch.int32))
+    residency.forget(kv, slot)
     kv.req_mode[slot] = mode
 
 
