@@ -325,14 +325,15 @@ def test_service_rooms_import_only_what_their_rule_allows() -> None:
     assert {room: to for room, to in bad.items() if to} == {}
 
 
-def _floor(room: str, arrows: dict[str, set[str]]) -> int:
-    return 1 + max((_floor(r, arrows) for r in arrows[room]), default=0)
+def floor_of(room: str, arrows: dict[str, set[str]]) -> int:
+    """How many floors `room` stands on: 1 + the highest floor it imports (arrows acyclic)."""
+    return 1 + max((floor_of(r, arrows) for r in arrows[room]), default=0)
 
 
 def test_service_has_no_cycle_and_at_most_five_floors() -> None:
     arrows = service_arrows()
     assert cycle_in(arrows) == []
-    assert max(_floor(room, arrows) for room in arrows) <= 5
+    assert max(floor_of(room, arrows) for room in arrows) <= 5
 
 
 def test_service_wings_hold_the_modules_the_architecture_lists() -> None:
