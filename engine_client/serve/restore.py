@@ -32,17 +32,8 @@ def resumed(
     if held.prompt_len != len(saved.prompt) or held.max_new_tokens != saved.max_new_tokens + extra:
         log.warning("request %s: service and state file disagree, not resumed", held.request_id)
         return None
-    req = GenRequest(
-        held.request_id,
-        saved.prompt,
-        saved.max_new_tokens,
-        saved.sampling,
-        slot=held.slot,
-        cached_tokens=held.cached_tokens,
-    )
-    if saved.text:  # replaying the tokens rebuilds the text and finds stop strings again
-        assert vocab is not None  # a request with text was made by an engine with a vocabulary
-        req.text = TextStream(vocab, saved.sampling.stop_strings)
+    # Replaying the tokens rebuilds the text and finds stop strings again.
+    req = _request_of(saved, vocab, slot=held.slot, cached_tokens=held.cached_tokens)
     now = req.started
     for tok in saved.tokens:
         reason = req.add_token(tok, now)
@@ -64,12 +55,21 @@ def _committed(req: GenRequest) -> int:
     return req.prefilled if req.phase is Phase.PREFILL else req.prompt_len + len(req.tokens) - 1
 
 
-def _requeued(saved: state_file.SavedRequest, vocab: vocabulary.Vocabulary | None) -> GenRequest:
+def _request_of(
+    saved: state_file.SavedRequest,
+    vocab: vocabulary.Vocabulary | None,
+    slot: int = -1,
+    cached_tokens: int = 0,
+) -> GenRequest:
+    """The request as the state file saved it (its salt included, so a resumed request's pages
+    keep their tenant's namespace); slot and cached tokens: where the service holds it."""
     req = GenRequest(
         saved.request_id,
         saved.prompt,
         saved.max_new_tokens,
         saved.sampling,
+        slot=slot,
+        cached_tokens=cached_tokens,
         cache_salt=saved.cache_salt,
     )
     if saved.text:
@@ -86,7 +86,7 @@ async def restore(engine: Engine, control: KVControl, saved: state_file.SavedSta
     await _adopt_held(engine, control, saved)
     for s in saved.requests.values():
         if s.queued:
-            engine.requeue(_requeued(s, engine.vocab))
+            engine.requeue(_request_of(s, engine.vocab))
             log.info("queued request %s again", s.request_id)
 
 
