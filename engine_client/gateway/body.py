@@ -68,11 +68,6 @@ def check_fields(body: Any, chat: bool) -> dict:
         if name not in known:
             raise ApiError.bad_request(f"unrecognized request argument: {name!r:.60}", name)
         _check_type(name, value, known[name])
-    fmt = body.get("response_format")
-    if fmt is not None and fmt != {"type": "text"}:
-        raise ApiError.bad_request(
-            "response_format: only {'type': 'text'} is supported", "response_format"
-        )
     return body
 
 

@@ -33,6 +33,7 @@ UNSUPPORTED = {
     "frequency_penalty": (None, 0, 0.0),
     "logit_bias": (None, {}),
     "tools": (None, []),
+    "response_format": (None, {"type": "text"}),
 }
 
 
