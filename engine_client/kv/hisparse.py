@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from contract.layout import MAX_DRAFT_TOKENS, MODE_OFFLOADED, MODE_RESIDENT
-from contract.swap_plan import plan_swap as shared_plan
+from contract.swap_plan import PlanInputs, PlanOutputs, swap_in
 from contract.tensors import KVTensors
 from engine_client.kv.backend import AttnRows, SharedBackend
 from engine_client.kv.kernel_set import KernelSet
@@ -155,12 +155,12 @@ class HiSparseBackend(SharedBackend):
         self.counters[_MISSES] += misses.sum()
         self._slot_counts.add(req_slots, topk, misses, row_misses, rows_per_request)
 
-    def _outputs(self, row0: int, n: int, G: int) -> tuple[torch.Tensor, ...]:
+    def _outputs(self, row0: int, n: int, G: int) -> PlanOutputs:
         """This part's plan outputs: slots [n, k], miss src/dst [n / G, G k], counts [n / G]
         (rows row0.. of the flat buffers; parts never overlap)."""
         k, groups = self.topk, n // G
         flat = slice(row0 * k, (row0 + n) * k)
-        return (
+        return PlanOutputs(
             self.out_slots[row0 : row0 + n],
             self.miss_src[flat].view(groups, G * k),
             self.miss_dst[flat].view(groups, G * k),
@@ -181,15 +181,21 @@ class HiSparseBackend(SharedBackend):
         G = rows_per_request
         if G > self.rows_per_request:
             raise ValueError(f"{G} rows per request, the backend holds {self.rows_per_request}")
-        *out, rows = self._outputs(row0, topk.shape[0], G)
-        swap = (topk, seq_lens, req_slots, *out)
-        if self._copy_stream is None:
-            run_swap(self.kv, self.kernels, layer, *swap, rows_per_request=G, miss_rows=rows)
-        else:
-            plan_swap(self.kv, self.kernels, layer, *swap, rows_per_request=G, miss_rows=rows)
-            self._copy_aside(row0, *out[1:])
-        self._count(req_slots, topk, out[3], rows, G)
-        return self._hot(layer, req_slots, out[0])
+        out = self._outputs(row0, topk.shape[0], G)
+        aside = self._copy_stream is not None
+        swap_in(
+            self.kv,
+            layer,
+            PlanInputs(topk, seq_lens, req_slots),
+            out,
+            plan=self.kernels.swap_plan,
+            copy=None if aside else self.kernels.miss_copy,
+            rows_per_request=G,
+        )
+        if aside:
+            self._copy_aside(row0, out.miss_src, out.miss_dst, out.miss_count)
+        self._count(req_slots, topk, out.miss_count, out.miss_rows, G)
+        return self._hot(layer, req_slots, out.slots)
 
     def _copy_aside(
         self, row0: int, src: torch.Tensor, dst: torch.Tensor, count: torch.Tensor
@@ -269,63 +275,3 @@ class HiSparseBackend(SharedBackend):
 
     def reset_stats(self) -> None:
         self.counters.zero_()
-
-
-def run_swap(
-    kv: KVTensors,
-    kernels: KernelSet,
-    layer: int,
-    topk: torch.Tensor,
-    seq_lens: torch.Tensor,
-    req_slots: torch.Tensor,
-    out_slots: torch.Tensor,
-    miss_src: torch.Tensor,
-    miss_dst: torch.Tensor,
-    miss_count: torch.Tensor,
-    *,
-    rows_per_request: int = 1,
-    miss_rows: torch.Tensor | None = None,
-) -> None:
-    """One layer's swap-in: plan (updates residency/LRU), then copy the misses host -> hot."""
-    plan_swap(
-        kv,
-        kernels,
-        layer,
-        topk,
-        seq_lens,
-        req_slots,
-        out_slots,
-        miss_src,
-        miss_dst,
-        miss_count,
-        rows_per_request=rows_per_request,
-        miss_rows=miss_rows,
-    )
-    kernels.miss_copy(kv.host_rows, kv.hot_kv, miss_src, miss_dst, miss_count)
-
-
-def plan_swap(
-    kv: KVTensors,
-    kernels: KernelSet,
-    layer: int,
-    topk: torch.Tensor,
-    seq_lens: torch.Tensor,
-    req_slots: torch.Tensor,
-    out_slots: torch.Tensor,
-    miss_src: torch.Tensor,
-    miss_dst: torch.Tensor,
-    miss_count: torch.Tensor,
-    *,
-    rows_per_request: int = 1,
-    miss_rows: torch.Tensor | None = None,
-) -> None:
-    """The plan of run_swap: hits, victims and the miss lists, residency/LRU updated."""
-    shared_plan(
-        kernels.swap_plan,
-        kv,
-        layer,
-        (topk, seq_lens, req_slots),
-        (out_slots, miss_src, miss_dst, miss_count),
-        rows_per_request=rows_per_request,
-        miss_rows=miss_rows,
-    )

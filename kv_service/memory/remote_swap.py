@@ -27,7 +27,7 @@ import torch
 
 from contract.exchange import EVENT_NAMES, exchange_outputs, exchange_specs
 from contract.layout import MAX_DRAFT_TOKENS
-from contract.swap_plan import plan_swap
+from contract.swap_plan import PlanInputs, swap_in
 from contract.tensors import KVTensors
 from kv_service.errors import CapacityError, InvalidArgument
 
@@ -199,17 +199,16 @@ class RemoteSwapper:
         else:  # a shared plan merges repeated positions
             self._req_slots[:bs].copy_(x["xchg_req_slots"][:bs])
             repeated = torch.zeros((), dtype=torch.int64, device=kv.device)
-        slots, src, dst, count, rows = exchange_outputs(x, bs, rows_per_request)
-        plan_swap(
-            swap_plan,
+        out = exchange_outputs(x, bs, rows_per_request)
+        swap_in(
             kv,
             layer,
-            (x["xchg_topk"][:bs], x["xchg_seq_lens"][:bs], self._req_slots[:bs]),
-            (slots, src, dst, count),
+            PlanInputs(x["xchg_topk"][:bs], x["xchg_seq_lens"][:bs], self._req_slots[:bs]),
+            out,
+            plan=swap_plan,
+            copy=miss_copy,
             rows_per_request=rows_per_request,
-            miss_rows=rows,
         )
-        miss_copy(kv.host_rows, kv.hot_kv, src, dst, count)
-        placed = (slots >= 0).sum()
-        misses = count.clamp(0, rows_per_request * lay.topk).sum()
+        placed = (out.slots >= 0).sum()
+        misses = out.miss_count.clamp(0, rows_per_request * lay.topk).sum()
         return torch.stack([placed - misses, misses, repeated])
