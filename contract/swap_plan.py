@@ -28,13 +28,17 @@ class PlanOutputs(NamedTuple):
     """Where the plan writes, with G rows per request: slots [bs, k] int32 (each entry's hot
     slot or -1), miss_src / miss_dst [bs / G, G k] int64 (flat host row, flat hot row of each
     copy), miss_count [bs / G] int32; optionally miss_rows [bs / G] int32 (the misses summed
-    over the rows, repeats counted)."""
+    over the rows, repeats counted). Counters the plan adds to, if given: counts [R + 1, 3]
+    int64 per request slot (selected, misses, misses summed over rows; row R for padding rows)
+    and totals [2] int64 (selected, misses)."""
 
     slots: torch.Tensor
     miss_src: torch.Tensor
     miss_dst: torch.Tensor
     miss_count: torch.Tensor
     miss_rows: torch.Tensor | None = None
+    counts: torch.Tensor | None = None
+    totals: torch.Tensor | None = None
 
 
 def swap_in(
@@ -69,6 +73,8 @@ def swap_in(
         window=lay.window,
         rows_per_request=rows_per_request,
         out_miss_rows=outputs.miss_rows,
+        out_counts=outputs.counts,
+        out_totals=outputs.totals,
     )
     if copy is not None:
         copy(kv.host_rows, kv.hot_kv, outputs.miss_src, outputs.miss_dst, outputs.miss_count)

@@ -18,9 +18,6 @@ from contract.tensors import KVTensors
 from engine_client.kv.backend import AttnRows, SharedBackend
 from engine_client.kv.kernel_set import KernelSet
 
-# Counter slots in HiSparseBackend.counters (int64, on the device, updated without sync).
-# Padding rows add nothing, so graph warm-ups and captures leave them unchanged.
-_SELECTED, _MISSES = 0, 1
 # CTAs of the side-stream miss copy when micro-batches overlap it with compute: a persistent
 # grid holds its SMs for the whole copy, so it must leave most of them to the compute; 64 CTAs
 # keep ~0.6 MB of rows in flight, far more than PCIe bandwidth x latency.
@@ -80,6 +77,9 @@ class HiSparseBackend(SharedBackend):
         self.miss_dst = torch.zeros((rows * k,), dtype=torch.int64, device=self.device)
         self.miss_count = torch.zeros((rows,), dtype=torch.int32, device=self.device)
         self.miss_rows = torch.zeros((rows,), dtype=torch.int32, device=self.device)
+        # (selected, misses) for `stats`, int64 on the device: the plan kernel adds to them (and
+        # to the per-slot counts) without a sync. Padding rows of a graph's warm-up and capture
+        # select nothing (their top-k is -1), so they leave both unchanged.
         self.counters = torch.zeros(2, dtype=torch.int64, device=self.device)
 
     def _hot_views(self, kv: KVTensors) -> list[torch.Tensor]:
@@ -142,22 +142,10 @@ class HiSparseBackend(SharedBackend):
         row_base = req_slots.long().clamp(min=0) * self.layout.hot_slots
         return AttnRows(self._hot_rows[layer], row_base, slots)
 
-    def _count(
-        self,
-        req_slots: torch.Tensor,
-        topk: torch.Tensor,
-        misses: torch.Tensor,
-        row_misses: torch.Tensor | None = None,
-        rows_per_request: int = 1,
-    ) -> None:
-        """Totals for `stats` and per request slot for `counts`, on the device."""
-        self.counters[_SELECTED] += (topk >= 0).sum()
-        self.counters[_MISSES] += misses.sum()
-        self._slot_counts.add(req_slots, topk, misses, row_misses, rows_per_request)
-
     def _outputs(self, row0: int, n: int, G: int) -> PlanOutputs:
         """This part's plan outputs: slots [n, k], miss src/dst [n / G, G k], counts [n / G]
-        (rows row0.. of the flat buffers; parts never overlap)."""
+        (rows row0.. of the flat buffers; parts never overlap), and the counters the plan adds
+        to (`counts` per request slot, `stats` totals)."""
         k, groups = self.topk, n // G
         flat = slice(row0 * k, (row0 + n) * k)
         return PlanOutputs(
@@ -166,6 +154,8 @@ class HiSparseBackend(SharedBackend):
             self.miss_dst[flat].view(groups, G * k),
             self.miss_count[row0 : row0 + groups],
             self.miss_rows[row0 : row0 + groups],
+            self._slot_counts.table,
+            self.counters,
         )
 
     def select(
@@ -194,7 +184,6 @@ class HiSparseBackend(SharedBackend):
         )
         if aside:
             self._copy_aside(row0, out.miss_src, out.miss_dst, out.miss_count)
-        self._count(req_slots, topk, out.miss_count, out.miss_rows, G)
         return self._hot(layer, req_slots, out.slots)
 
     def _copy_aside(

@@ -10,7 +10,7 @@ import torch
 
 from contract.exchange import EVENT_NAMES, exchange_inputs, exchange_outputs, exchange_specs
 from contract.layout import KVLayout
-from contract.swap_plan import swap_in
+from contract.swap_plan import PlanOutputs, swap_in
 from contract.tensors import KVTensors
 from engine_client.kv.backend import AttnRows
 from engine_client.kv.hisparse import HiSparseBackend
@@ -119,5 +119,11 @@ class RemoteSwapBackend(HiSparseBackend):
         if stream is not None and self.events is not None:
             stream.wait_event(self.events["xchg_done"])
         out = exchange_outputs(x, n, G)
-        self._count(req_slots, topk, out.miss_count, out.miss_rows, G)
+        self._count(req_slots, topk, out, G)
         return self._hot(layer, req_slots, out.slots)
+
+    def _count(self, req_slots: torch.Tensor, topk: torch.Tensor, out: PlanOutputs, G: int) -> None:
+        """What the plan kernel counts in-stream, counted here: the service's plan has no
+        access to this engine's counters. On the device, no sync."""
+        self.counters += torch.stack([(topk >= 0).sum(), out.miss_count.sum()])
+        self._slot_counts.add(req_slots, topk, out.miss_count, out.miss_rows, G)

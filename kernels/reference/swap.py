@@ -97,6 +97,8 @@ def ref_swap_plan(
     window,
     rows_per_request=1,
     out_miss_rows=None,
+    out_counts=None,
+    out_totals=None,
 ):
     """Reference of kernels.swap.plan.swap_plan (hit_flag is not needed here: left untouched)."""
     _, R, C = token_slot.shape
@@ -133,6 +135,26 @@ def ref_swap_plan(
         out_miss_count[g] = len(misses)
         if out_miss_rows is not None:
             out_miss_rows[g] = row_misses
+        rows_g = rows[g * G : (g + 1) * G]
+        _add_counts(
+            out_counts, out_totals, req[g * G : (g + 1) * G], rows_g, len(misses), row_misses
+        )
+
+
+def _add_counts(counts, totals, req, rows, misses, row_misses):
+    """The plan's counters: each row's entries >= 0 at its own request slot (row R for
+    padding), the request's copies at its first row's slot."""
+    selected = [sum(t >= 0 for t in row) for row in rows]
+    if totals is not None:
+        totals[0] += sum(selected)
+        totals[1] += misses
+    if counts is not None:
+        R = counts.shape[0] - 1
+        at = [r if 0 <= r < R else R for r in req]
+        for r, n in zip(at, selected):
+            counts[r, 0] += n
+        counts[at[0], 1] += misses
+        counts[at[0], 2] += row_misses
 
 
 def ref_miss_copy(host_rows, hot_rows, miss_src, miss_dst, miss_count):

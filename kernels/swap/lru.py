@@ -136,7 +136,8 @@ def plan_offloaded(
     ROWS_OUT: tl.constexpr,
 ):
     """b: the program's request (group of rows); k: its entries (rows x top-k); entry i of
-    position t belongs to a row of length row_len[i]; seq_len: the request's length."""
+    position t belongs to a row of length row_len[i]; seq_len: the request's length. Returns
+    (rows copied, misses summed over the rows)."""
     res_base = (layer * R + r).to(tl.int64)
     ts_row = token_slot_ptr + res_base * C
     slots, ts, page, hit, miss = _lookup(
@@ -155,9 +156,10 @@ def plan_offloaded(
         P,
         W,
     )
+    # Misses summed over the rows, as if each row were planned alone: the dedup's baseline.
+    row_misses = tl.sum(miss.to(tl.int32), 0)
     if ROWS_OUT:
-        # Misses summed over the rows, as if each row were planned alone: the dedup's baseline.
-        tl.store(out_rows_ptr + b, tl.sum(miss.to(tl.int32), 0))
+        tl.store(out_rows_ptr + b, row_misses)
     repeat = in_k & (i < 0)  # none yet
     if DEDUP:
         # The lookup read token_slot before any claim overwrites it.
@@ -201,3 +203,4 @@ def plan_offloaded(
     tl.store(out_src_ptr + row + miss_rank, src, mask=placed)
     tl.store(out_dst_ptr + row + miss_rank, res_base * B + v, mask=placed)
     tl.store(out_count_ptr + b, m)
+    return m, row_misses
