@@ -5,8 +5,8 @@ One program per request: a group of `rows_per_request` consecutive batch rows (1
 decode; D + 1 for a speculative verify step, whose rows share one plan over the union of their
 top-k). A resident request maps position t to slot t; an offloaded one does O(B + G k) work in
 three phases separated by barriers (kernels/swap/lru.py):
-1. look up each position (window ring, `token_slot`), mark LRU hits in `hit_flag`; with G > 1
-   keep only the first occurrence of each missed position;
+1. look up each position (window ring, `token_slot`), mark LRU hits in `hit_flag`; keep only
+   the first occurrence of each missed position (repeats read its slot);
 2. stable-partition `lru_order` into (kept, hits, victims) with prefix sums and scatter it back;
 3. read each miss's victim from the tail of the new order, update residency, emit the miss list.
 """
@@ -109,7 +109,6 @@ def _swap_plan_kernel(
             W,
             BLOCK_K,
             BLOCK_N,
-            G > 1,
             ROWS_OUT,
         )
     else:
@@ -171,15 +170,14 @@ def swap_plan(
     hit_flag [R, B] int8 (zero before and after).
     rows_per_request G: rows [g G, (g + 1) G) are one request's (a verify step's D + 1 rows;
     the group's request slot is its first row's) and share one plan over the union of their
-    positions: each missed position gets one victim and is copied once, repeats read its slot,
-    and the window is the longest row's. With G = 1 a row's valid entries must be distinct
-    (a repeated miss would get two victims and orphan one; the engine's top-k never repeats,
-    and remote swap refuses rows that do); with G > 1 repeats anywhere are merged.
+    positions, and the window is the longest row's. Repeated positions (in one row or across
+    the rows of a request) are harmless: each missed position gets one victim and is copied
+    once, its repeats read the same slot.
     Outputs: out_slots [bs, k] int32 (each row's own list through the shared slots),
     out_miss_src / out_miss_dst [bs / G, G k] int64 (flat host row, flat hot row; entries at
     j >= out_miss_count[g] are left untouched), out_miss_count [bs / G] int32, and, if given,
-    out_miss_rows [bs / G] int32: the misses summed over the rows, repeats counted (what G
-    separate plans of the same state would copy).
+    out_miss_rows [bs / G] int32: the missed entries, repeats counted (what G separate plans
+    of the same state would copy, when each row holds distinct positions).
     Counters added to, if given (the select bookkeeping, folded in here because the plan knows
     each entry's fate): out_counts [R + 1, 3] int64, per request slot (selected: entries >= 0
     of each row, at the row's own slot; misses; misses summed over rows), row R for padding
