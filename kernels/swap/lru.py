@@ -137,7 +137,7 @@ def plan_offloaded(
 ):
     """b: the program's request (group of rows); k: its entries (rows x top-k); entry i of
     position t belongs to a row of length row_len[i]; seq_len: the request's length. Returns
-    (rows copied, misses summed over the rows)."""
+    (positions copied, missed entries with repeats counted)."""
     res_base = (layer * R + r).to(tl.int64)
     ts_row = token_slot_ptr + res_base * C
     slots, ts, page, hit, miss = _lookup(
