@@ -89,6 +89,8 @@ class RequestAPI:
             req.revive()
             del self.releaser.finished[request_id]
             self.scheduler.enqueue(req)
+            if self.state is not None:  # queued again, tokens and all: a kill now loses nothing
+                self.state.queued(req)
             self._wake.set()
             log.info("request %s revived after %d tokens", request_id, req.replayed)
         return req
