@@ -44,6 +44,10 @@ class RequestAPI:
         if reason is Finish.ERROR:
             log.warning("request %s failed: %s", req.request_id, error)
         req.end(reason, error, status)
+        if self.state is not None and req.unadmitted:
+            # On disk before anything else: its queued record alone would make an engine
+            # killed now run it again after the restart, for a client that went away.
+            self.state.ended(req.request_id, at_once=True)
         self._wake.set()
 
     def submit(

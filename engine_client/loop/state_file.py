@@ -23,11 +23,12 @@ it again as revived, to prefill the prompt and those tokens.
 
 Durability: flushed to the OS, never fsynced. The file survives the engine process being killed
 (the case resume exists for: the KV service keeps the KV for its lease), not the machine losing
-power, which also loses the service's KV. A start or end record is buffered until the next
-step's write: a start lost with the process belongs to a request that sent no token (the
-restarted engine releases it, and queues it again from its queued record); a lost end only names
-a request the service no longer holds, or a queued one that a restarted engine runs again for a
-client that went away.
+power, which also loses the service's KV. A start record, and the end of an admitted request,
+is buffered until the next step's write: a start lost with the process belongs to a request that
+sent no token (the restarted engine releases it, and queues it again from its queued record); a
+lost end only names a request the service no longer holds (it was released first). The end of a
+request that never left the queue (cancelled, expired, refused) is written at once: its queued
+record alone would make a restarted engine run it again for a client that went away.
 """
 
 from __future__ import annotations
@@ -208,8 +209,11 @@ class StateFile:
             self._append({"tokens": new})
         self.flush()
 
-    def ended(self, request_id: str) -> None:
+    def ended(self, request_id: str, at_once: bool = False) -> None:
+        """at_once: the end of a request that never left the queue (see the module docstring)."""
         self._append({"end": request_id})
+        if at_once:
+            self.flush()
 
     def close(self) -> None:
         if self._f is not None:

@@ -15,7 +15,7 @@ from engine_client.loop import state_file
 from engine_client.loop.request import Finish, GenRequest, SamplingParams
 from engine_client.serve.factory import build_engine
 from engine_client.serve.restore import resumed
-from tests.process_harness import engine_config, start_service, workdir
+from tests.process_harness import engine_config, start_service, wait_until, workdir
 
 
 def test_a_resumed_request_keeps_its_cache_salt(tmp_path) -> None:
@@ -48,6 +48,19 @@ def service():
 async def _done(req: GenRequest) -> None:
     async for _ in req.follow():
         pass
+
+
+class Full:
+    """The engine's KV control with no capacity for now: every request stays queued."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    async def admit(self, *args, **kwargs):
+        raise errors.CapacityError("no capacity (test)", {})
 
 
 @pytest.mark.slow
@@ -87,3 +100,26 @@ def test_a_revived_request_waiting_for_admission_survives_an_engine_kill(service
     assert revived.replayed >= 3 and revived.tokens == reference[: revived.replayed]
     assert back.finish is Finish.LENGTH, back.error
     assert back.tokens == reference
+
+
+@pytest.mark.slow
+def test_a_cancelled_queued_request_is_not_run_again_after_a_kill(service, tmp_path):
+    """A queued request cancelled by its client, its end taken in by the engine, then the
+    engine killed before any step wrote the file: the restarted engine must not run it."""
+    path = str(tmp_path / "engine.state")
+
+    async def run() -> tuple[str, state_file.SavedState]:
+        engine = await build_engine(engine_config("service", service, state_file=path))
+        engine.set_control(Full(engine.control))
+        engine.start()
+        try:
+            req = engine.submit(PROMPT, NEW, SamplingParams())
+            await wait_until(lambda: engine.scheduler.refused)
+            engine.cancel(req)
+            await wait_until(lambda: req.request_id in engine.finished)
+            return req.request_id, state_file.load(path)  # before stop() flushes the file
+        finally:
+            await engine.stop()
+
+    rid, kept = asyncio.run(run())
+    assert rid not in kept.requests
