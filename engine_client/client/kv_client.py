@@ -138,6 +138,11 @@ class KVClient:
         except errors.InvalidArgument as e:
             # The only argument the service checks at attach is our layout.
             raise errors.LayoutMismatch(e.message, e.details) from e
+        except errors.DeadlineExceeded as e:
+            if not wait or self._channel.get_state() is grpc.ChannelConnectivity.READY:
+                raise
+            # wait_for_ready waited the deadline out for a connection: say what is at the path.
+            raise reachability.unreachable(self.peer, self.target, self.attach_timeout) from e
         except errors.KVError as e:
             if errors.code_of(e) is not grpc.StatusCode.UNIMPLEMENTED:
                 raise
