@@ -232,6 +232,11 @@ class KVClient:
                 raise
             await self.recovery.wait_recovered()
             reply = await self._live_stream().request(self._message(msg), what)
+        if reply.error.reason == errors.Stopping.reason:
+            # Its drain is over: the service stops with what it holds. Lost now, in its words,
+            # not when the stream is cut under a call (gRPC then reports an internal error).
+            self.recovery.die(errors.ServiceUnavailable(f"{reply.error.message} ({self.target})"))
+            raise self.recovery.dead or errors.ServiceUnavailable(reply.error.message)
         return self._result(reply, what)
 
     @staticmethod
