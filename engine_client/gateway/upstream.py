@@ -82,4 +82,6 @@ class Upstream:
 
 
 def _retry_advice(message: str) -> str:
-    return message.replace(ENGINE_RESUME_ADVICE, "retry the request")
+    """The engine's advice, and what follows it (its resume command), are for its own clients."""
+    head, advice, _ = message.partition(ENGINE_RESUME_ADVICE)
+    return head + "retry the request" if advice else message

@@ -183,6 +183,11 @@ async def _drain(
         log.warning(
             "drain timed out with %d requests still admitted; stopping anyway", core.num_requests
         )
+    # Until the server stops, an engine's next message learns why its requests are lost.
+    servicer.stopping = (
+        f"the KV service is stopping (a restart or a shutdown) after its drain of {timeout:g}s "
+        f"with {core.num_requests} request(s) still admitted"
+    )
 
 
 @dataclass
