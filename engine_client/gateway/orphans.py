@@ -44,15 +44,19 @@ class Orphans:
         self.service, self.window = service, window
         self.pending: dict[str, float] = {}
         self._task: asyncio.Task | None = None
+        self._closed = False
 
     def cancel(self, request_id: str) -> None:
         """Cancel `request_id` in the engine once it serves again (in the background)."""
+        if self._closed:  # the gateway stops: a stream that ends now has no one to cancel it
+            return
         loop = asyncio.get_running_loop()
         self.pending[request_id] = loop.time() + self.window
         if self._task is None or self._task.done():
             self._task = loop.create_task(self._run(), name="gateway-orphans")
 
     async def close(self) -> None:
+        self._closed = True
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
