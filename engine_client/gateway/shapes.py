@@ -126,8 +126,10 @@ def _set_messages(req: pb.GenerateRequest, messages: Any) -> None:
 
 def _check_supported(body: dict) -> None:
     for name, allowed in UNSUPPORTED.items():
-        if name in body and body[name] not in allowed:
-            raise ApiError.bad_request(f"{name}={body[name]!r} is not supported", name)
+        value = body.get(name)
+        # Typed: a completion's logprobs 0 (the chosen tokens' logprobs) is not false.
+        if not any(type(value) is type(a) and value == a for a in allowed):
+            raise ApiError.bad_request(f"{name}={value!r:.60} is not supported", name)
 
 
 def parse(body: Any, chat: bool, default_max_tokens: int) -> Completion:

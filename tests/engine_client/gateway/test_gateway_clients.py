@@ -131,6 +131,17 @@ def test_a_field_that_would_change_the_output_is_a_400_naming_it(name: str, valu
     assert err.param.startswith(name) and name in err.message
 
 
+def test_a_completions_logprobs_0_is_a_400_not_false() -> None:
+    """0 asks a completion for its chosen tokens' logprobs: not the same as false."""
+
+    async def ask(s: aiohttp.ClientSession, url: str) -> Any:
+        with pytest.raises(openai.BadRequestError) as e:
+            await _client(url).completions.create(model="hisparse", prompt="x", logprobs=0)
+        return e.value
+
+    assert run(FakeUpstream(), ask).param == "logprobs"
+
+
 def _post_raw(data: bytes, content_type: str) -> tuple[int, dict]:
     async def post(s: aiohttp.ClientSession, url: str) -> tuple[int, dict]:
         headers = {"Content-Type": content_type}
