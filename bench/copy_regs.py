@@ -4,7 +4,8 @@
     python bench/copy_regs.py            # GPU: launches each variant once on tiny lists
     python bench/copy_regs.py --sm90     # no GPU: compiles for sm_90 (bench/sm90_report.py)
 
-Variants: both row formats (656 and 1152 bytes) at chunks of 4, 8 (the default) and 16 KiB.
+Variants: both row formats (656 and 1152 bytes) at chunks of 4, 8 (the default) and 16 KiB of 4
+warps, and 16 KiB of 8 warps.
 """
 
 from __future__ import annotations
@@ -16,13 +17,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 ROW_BYTES = (656, 1152)
-CHUNKS = (4096, 8192, 16384)
-WARPS = 4
+VARIANTS = ((4096, 4), (8192, 4), (16384, 4), (16384, 8))  # (chunk bytes, warps)
 # sm_90 per SM: 65,536 registers allocated per warp in units of 256, 64 warps, 32 CTAs.
 REGS_PER_SM, WARPS_PER_SM, CTAS_PER_SM = 65536, 64, 32
 
 
-def occupancy(regs: int, warps: int = WARPS) -> float:
+def occupancy(regs: int, warps: int) -> float:
     """Theoretical occupancy when registers are the limit (shared memory is not: 16 B)."""
     per_warp = -(-regs * 32 // 256) * 256
     ctas = min(REGS_PER_SM // (per_warp * warps), CTAS_PER_SM, WARPS_PER_SM // warps)
@@ -41,8 +41,8 @@ def on_device() -> list[dict]:
         hot = torch.zeros((64, d), dtype=torch.uint8, device="cuda")
         rows = torch.arange(8, device="cuda").view(2, 4)
         count = torch.full((2,), 4, dtype=torch.int32, device="cuda")
-        for chunk in CHUNKS:
-            miss_copy(UVATensor(host), hot, rows, rows, count, chunk_bytes=chunk)
+        for chunk, warps in VARIANTS:
+            miss_copy(UVATensor(host), hot, rows, rows, count, chunk_bytes=chunk, num_warps=warps)
     torch.cuda.synchronize()
     out = []
     for cache in _miss_copy_kernel.device_caches.values():
@@ -56,6 +56,7 @@ def on_device() -> list[dict]:
                 {
                     "row_bytes": 4 * named.get("VW", 0) * named.get("VPR", 0),
                     "chunk": 16 * named.get("VECTORS", 0),
+                    "warps": kernel.metadata.num_warps,
                     "regs": kernel.n_regs,
                     "spills": kernel.n_spills,
                 }
@@ -72,10 +73,13 @@ def offline() -> list[dict]:
     types["count_ptr"] = "*i32"
     out = []
     for d in ROW_BYTES:
-        for chunk in CHUNKS:
+        for chunk, warps in VARIANTS:
             consts = {"VW": 4, "VPR": d // 16, "VECTORS": chunk // 16, "BS_BLOCK": 256}
-            r = compile_report(_miss_copy_kernel, types, consts, num_warps=WARPS)
-            out.append({"row_bytes": d, "chunk": chunk, "regs": r["regs"], "spills": r["stack"]})
+            r = compile_report(_miss_copy_kernel, types, consts, num_warps=warps)
+            out.append(
+                {"row_bytes": d, "chunk": chunk, "warps": warps, "regs": r["regs"]}
+                | {"spills": r["stack"]}
+            )
     return out
 
 
@@ -84,11 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sm90", action="store_true", help="compile offline for sm_90 instead")
     args = ap.parse_args(argv)
     rows = offline() if args.sm90 else on_device()
-    print(f"\n{'row B':>6} {'chunk':>6} {'regs':>5} {'spills':>6} {'occupancy':>9}")
-    for r in sorted(rows, key=lambda r: (r["row_bytes"], r["chunk"])):
+    print(f"\n{'row B':>6} {'chunk':>6} {'warps':>5} {'regs':>5} {'spills':>6} {'occupancy':>9}")
+    for r in sorted(rows, key=lambda r: (r["row_bytes"], r["chunk"], r["warps"])):
         print(
-            f"{r['row_bytes']:>6} {r['chunk']:>6} {r['regs']:>5} {r['spills']:>6} "
-            f"{occupancy(r['regs']):>9.0%}"
+            f"{r['row_bytes']:>6} {r['chunk']:>6} {r['warps']:>5} {r['regs']:>5} "
+            f"{r['spills']:>6} {occupancy(r['regs'], r['warps']):>9.0%}"
         )
     return 0
 

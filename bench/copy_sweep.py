@@ -10,7 +10,8 @@ synthetic contexts by default), then for each grid re-captures the step's graph 
 the copy's grid is fixed at capture, the rule inside it decides on the device. Grids (--grids,
 comma-separated): `none` (no copy: timing only, wrong outputs), `P` (P CTAs, all working),
 `P/MIN/BYTES` (CopyGrid: P launched, ceil(miss bytes / BYTES) working, at least MIN; BYTES
-takes K/M suffixes), each optionally `@CHUNK` (the copy's bytes per CTA per iteration).
+takes K/M suffixes), each optionally `@CHUNK` (the copy's bytes per CTA per iteration) and
+`xW` after it (W warps per CTA: 16K x8 keeps the 4 vectors per thread of 8K x4).
 `--rounds` passes over the list, interleaved, so a drift shows as a spread; the table has each
 grid's median step, its spread, and its copy cost: step minus the no-copy step. The JSON is
 rewritten after every grid, so a run stopped by its time limit keeps what it measured.
@@ -35,18 +36,20 @@ from kernels.swap.copy_grid import CopyGrid  # noqa: E402
 
 # The grids of the `copysweep` stage, besides the backend's own (OVERLAP_COPY_GRID).
 DEFAULT_GRIDS = (
-    "none,16,24,32,48,64,132,24@4K,16@16K,"
-    "64/8/512K,64/8/768K,64/16/1M,64/8/1536K,64/8/2M,132/16/1M,132/16/2M,64/16/1M@4K"
+    "none,12,16,24,32,48,64,132,24@4K,16@16Kx8,12@16Kx8,"
+    "64/8/512K,64/8/768K,64/16/1M,64/8/1536K,64/8/2M,64/8/3M,132/16/1M,64/8/2M@16Kx8"
 )
 
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
-    """One grid of the sweep: the CopyGrid (None: no copy) and the copy's chunk (0: default)."""
+    """One grid of the sweep: the CopyGrid (None: no copy), the copy's chunk and warps (0: the
+    kernel's defaults)."""
 
     spec: str
     grid: CopyGrid | None
     chunk: int = 0
+    warps: int = 0
 
 
 def _bytes(text: str) -> int:
@@ -56,10 +59,11 @@ def _bytes(text: str) -> int:
 
 def setting(spec: str) -> Setting:
     """`none`, `P`, `P/MIN/BYTES`, `default` (the backend's grid), each with an optional
-    `@CHUNK`."""
+    `@CHUNK[xWARPS]`."""
     from engine_client.kv.hisparse import OVERLAP_COPY_GRID
 
-    body, _, chunk = spec.partition("@")
+    body, _, tail = spec.partition("@")
+    chunk, _, warps = tail.partition("x")
     if body == "none":
         return Setting(spec, None)
     if body == "default":
@@ -69,18 +73,23 @@ def setting(spec: str) -> Setting:
         grid = CopyGrid(programs=int(p), bytes_per_program=_bytes(per), min_programs=int(low))
     else:
         grid = CopyGrid(programs=int(body))
-    return Setting(spec, grid, _bytes(chunk) if chunk else 0)
+    return Setting(spec, grid, _bytes(chunk) if chunk else 0, int(warps or 0))
 
 
 class CopySwitch:
     """The kernel set's miss copy, switched per setting before its graph is captured."""
 
     def __init__(self, copy) -> None:
-        self.copy, self.on, self.chunk = copy, True, 0
+        self.copy, self.on, self.knobs = copy, True, {}
+
+    def set(self, s: Setting) -> None:
+        self.on = s.grid is not None
+        # Only what the setting asks: the CPU references take no knobs.
+        self.knobs = {k: v for k, v in (("chunk_bytes", s.chunk), ("num_warps", s.warps)) if v}
 
     def __call__(self, *a, **kw) -> None:
         if self.on:
-            self.copy(*a, **kw, **({"chunk_bytes": self.chunk} if self.chunk else {}))
+            self.copy(*a, **kw, **self.knobs)
 
 
 def parse(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Namespace]:
@@ -88,7 +97,7 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Namespac
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--grids", default="default," + DEFAULT_GRIDS)
-    ap.add_argument("--rounds", type=int, default=2, help="passes over the grids")
+    ap.add_argument("--rounds", type=int, default=3, help="passes over the grids")
     ap.add_argument("--budget-s", type=float, default=0, help="start no pass after this [none]")
     ap.add_argument("--out", default="", help="JSON path [none]")
     own, rest = ap.parse_known_args(argv)
@@ -122,6 +131,7 @@ def summarize(rows: list[dict], settings: list[Setting], per_launch: int, row_by
                 "spec": s.spec,
                 "grid": "no copy" if s.grid is None else s.grid.label(),
                 "chunk": s.chunk,
+                "warps": s.warps,
                 "step_ms": statistics.median(steps),
                 "spread_ms": max(steps) - min(steps),
                 "miss_rows_per_launch": launch_rows,
@@ -138,12 +148,14 @@ def summarize(rows: list[dict], settings: list[Setting], per_launch: int, row_by
 
 def print_table(title: str, summary: list[dict]) -> None:
     print(f"\n{title}")
-    print(f"{'grid':<18} {'chunk':>6} {'step ms':>8} {'spread':>7} {'copy ms':>8} {'~CTAs':>6}")
+    print(f"{'grid':<18} {'chunk':>8} {'step ms':>8} {'spread':>7} {'copy ms':>8} {'~CTAs':>6}")
     for o in summary:
         cost = "-" if o["copy_cost_ms"] is None else f"{o['copy_cost_ms']:.2f}"
-        chunk = f"{o['chunk'] >> 10}K" if o["chunk"] else "-"
+        chunk = (f"{o['chunk'] >> 10}K" if o["chunk"] else "-") + (
+            f"x{o['warps']}" if o["warps"] else ""
+        )
         print(
-            f"{o['grid']:<18} {chunk:>6} {o['step_ms']:>8.2f} {o['spread_ms']:>7.2f} "
+            f"{o['grid']:<18} {chunk:>8} {o['step_ms']:>8.2f} {o['spread_ms']:>7.2f} "
             f"{cost:>8} {o['working_ctas'] or '-':>6}"
         )
 
@@ -171,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         for s in settings:
             if own.budget_s and time.perf_counter() - t0 > own.budget_s:
                 break
-            switch.on, switch.chunk = s.grid is not None, s.chunk
+            switch.set(s)
             backend.copy_grid = s.grid or backend.copy_grid
             runner.drop_graphs()  # the grid is fixed at capture
             rows.append({"spec": s.spec, "round": r, **measure(step, args, backend, dev)})

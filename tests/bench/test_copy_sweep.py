@@ -17,7 +17,8 @@ def test_grid_specs():
     assert setting("default").grid == OVERLAP_COPY_GRID
     rule = setting("132/16/1536K@4K")
     assert rule.grid == CopyGrid(programs=132, bytes_per_program=1536 << 10, min_programs=16)
-    assert rule.chunk == 4096
+    assert rule.chunk == 4096 and rule.warps == 0
+    assert (setting("16@16Kx8").chunk, setting("16@16Kx8").warps) == (16384, 8)
     assert setting("64/8/1.5M").grid.bytes_per_program == 3 << 19
     with pytest.raises(ValueError):
         setting("64/8")
