@@ -5,7 +5,7 @@
     python bench/copy_regs.py --sm90     # no GPU: compiles for sm_90 (bench/sm90_report.py)
 
 Variants: both row formats (656 and 1152 bytes) at chunks of 4, 8 (the default) and 16 KiB of 4
-warps, and 16 KiB of 8 warps.
+warps, 16 KiB of 8 warps, and 4 and 8 KiB with the row-number prefetch.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 ROW_BYTES = (656, 1152)
-VARIANTS = ((4096, 4), (8192, 4), (16384, 4), (16384, 8))  # (chunk bytes, warps)
+# (chunk bytes, warps, row-number prefetch)
+VARIANTS = ((4096, 4, False), (8192, 4, False), (16384, 4, False), (16384, 8, False))
+VARIANTS += ((4096, 4, True), (8192, 4, True))
 # sm_90 per SM: 65,536 registers allocated per warp in units of 256, 64 warps, 32 CTAs.
 REGS_PER_SM, WARPS_PER_SM, CTAS_PER_SM = 65536, 64, 32
 
@@ -41,8 +43,9 @@ def on_device() -> list[dict]:
         hot = torch.zeros((64, d), dtype=torch.uint8, device="cuda")
         rows = torch.arange(8, device="cuda").view(2, 4)
         count = torch.full((2,), 4, dtype=torch.int32, device="cuda")
-        for chunk, warps in VARIANTS:
-            miss_copy(UVATensor(host), hot, rows, rows, count, chunk_bytes=chunk, num_warps=warps)
+        for chunk, warps, prefetch in VARIANTS:
+            kw = dict(chunk_bytes=chunk, num_warps=warps, prefetch=prefetch)
+            miss_copy(UVATensor(host), hot, rows, rows, count, **kw)
     torch.cuda.synchronize()
     out = []
     for cache in _miss_copy_kernel.device_caches.values():
@@ -57,6 +60,7 @@ def on_device() -> list[dict]:
                     "row_bytes": 4 * named.get("VW", 0) * named.get("VPR", 0),
                     "chunk": 16 * named.get("VECTORS", 0),
                     "warps": kernel.metadata.num_warps,
+                    "prefetch": bool(named.get("PREFETCH", False)),
                     "regs": kernel.n_regs,
                     "spills": kernel.n_spills,
                 }
@@ -73,12 +77,13 @@ def offline() -> list[dict]:
     types["count_ptr"] = "*i32"
     out = []
     for d in ROW_BYTES:
-        for chunk, warps in VARIANTS:
+        for chunk, warps, prefetch in VARIANTS:
             consts = {"VW": 4, "VPR": d // 16, "VECTORS": chunk // 16, "BS_BLOCK": 256}
+            consts["PREFETCH"] = prefetch
             r = compile_report(_miss_copy_kernel, types, consts, num_warps=warps)
             out.append(
-                {"row_bytes": d, "chunk": chunk, "warps": warps, "regs": r["regs"]}
-                | {"spills": r["stack"]}
+                {"row_bytes": d, "chunk": chunk, "warps": warps, "prefetch": prefetch}
+                | {"regs": r["regs"], "spills": r["stack"]}
             )
     return out
 
@@ -88,11 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sm90", action="store_true", help="compile offline for sm_90 instead")
     args = ap.parse_args(argv)
     rows = offline() if args.sm90 else on_device()
-    print(f"\n{'row B':>6} {'chunk':>6} {'warps':>5} {'regs':>5} {'spills':>6} {'occupancy':>9}")
-    for r in sorted(rows, key=lambda r: (r["row_bytes"], r["chunk"], r["warps"])):
+    head = f"{'row B':>6} {'chunk':>6} {'warps':>5} {'prefetch':>8} {'regs':>5} {'spills':>6}"
+    print(f"\n{head} {'occupancy':>9}")
+    for r in sorted(rows, key=lambda r: (r["row_bytes"], r["chunk"], r["warps"], r["prefetch"])):
         print(
-            f"{r['row_bytes']:>6} {r['chunk']:>6} {r['warps']:>5} {r['regs']:>5} "
-            f"{r['spills']:>6} {occupancy(r['regs'], r['warps']):>9.0%}"
+            f"{r['row_bytes']:>6} {r['chunk']:>6} {r['warps']:>5} {str(r['prefetch']):>8} "
+            f"{r['regs']:>5} {r['spills']:>6} {occupancy(r['regs'], r['warps']):>9.0%}"
         )
     return 0
 

@@ -10,8 +10,9 @@ synthetic contexts by default), then for each grid re-captures the step's graph 
 the copy's grid is fixed at capture, the rule inside it decides on the device. Grids (--grids,
 comma-separated): `none` (no copy: timing only, wrong outputs), `P` (P CTAs, all working),
 `P/MIN/BYTES` (CopyGrid: P launched, ceil(miss bytes / BYTES) working, at least MIN; BYTES
-takes K/M suffixes), each optionally `@CHUNK` (the copy's bytes per CTA per iteration) and
-`xW` after it (W warps per CTA: 16K x8 keeps the 4 vectors per thread of 8K x4).
+takes K/M suffixes), each optionally `@CHUNK` (the copy's bytes per CTA per iteration), then
+`xW` (W warps per CTA: 16K x8 keeps the 4 vectors per thread of 8K x4) and `p` (the copy's
+row-number prefetch), e.g. `24@8Kp`, `64/8/2M@16Kx8p`.
 `--rounds` passes over the list, interleaved, so a drift shows as a spread; the table has each
 grid's median step, its spread, and its copy cost: step minus the no-copy step. The JSON is
 rewritten after every grid, so a run stopped by its time limit keeps what it measured.
@@ -36,8 +37,8 @@ from kernels.swap.copy_grid import CopyGrid  # noqa: E402
 
 # The grids of the `copysweep` stage, besides the backend's own (OVERLAP_COPY_GRID).
 DEFAULT_GRIDS = (
-    "none,12,16,24,32,48,64,132,24@4K,16@16Kx8,12@16Kx8,"
-    "64/8/512K,64/8/768K,64/16/1M,64/8/1536K,64/8/2M,64/8/3M,132/16/1M,64/8/2M@16Kx8"
+    "none,12,16,24,32,48,64,132,24@4K,16@16Kx8,12@16Kx8,16@8Kp,24@4Kp,"
+    "64/8/512K,64/8/768K,64/16/1M,64/8/1536K,64/8/2M,64/8/3M,132/16/1M,64/8/2M@16Kx8,64/8/2M@8Kp"
 )
 
 
@@ -50,6 +51,7 @@ class Setting:
     grid: CopyGrid | None
     chunk: int = 0
     warps: int = 0
+    prefetch: bool = False
 
 
 def _bytes(text: str) -> int:
@@ -59,11 +61,12 @@ def _bytes(text: str) -> int:
 
 def setting(spec: str) -> Setting:
     """`none`, `P`, `P/MIN/BYTES`, `default` (the backend's grid), each with an optional
-    `@CHUNK[xWARPS]`."""
+    `@CHUNK[xWARPS][p]`."""
     from engine_client.kv.hisparse import OVERLAP_COPY_GRID
 
     body, _, tail = spec.partition("@")
-    chunk, _, warps = tail.partition("x")
+    prefetch = tail.endswith("p")
+    chunk, _, warps = tail.rstrip("p").partition("x")
     if body == "none":
         return Setting(spec, None)
     if body == "default":
@@ -73,7 +76,7 @@ def setting(spec: str) -> Setting:
         grid = CopyGrid(programs=int(p), bytes_per_program=_bytes(per), min_programs=int(low))
     else:
         grid = CopyGrid(programs=int(body))
-    return Setting(spec, grid, _bytes(chunk) if chunk else 0, int(warps or 0))
+    return Setting(spec, grid, _bytes(chunk) if chunk else 0, int(warps or 0), prefetch)
 
 
 class CopySwitch:
@@ -85,7 +88,8 @@ class CopySwitch:
     def set(self, s: Setting) -> None:
         self.on = s.grid is not None
         # Only what the setting asks: the CPU references take no knobs.
-        self.knobs = {k: v for k, v in (("chunk_bytes", s.chunk), ("num_warps", s.warps)) if v}
+        knobs = (("chunk_bytes", s.chunk), ("num_warps", s.warps), ("prefetch", s.prefetch))
+        self.knobs = {k: v for k, v in knobs if v}
 
     def __call__(self, *a, **kw) -> None:
         if self.on:
@@ -132,6 +136,7 @@ def summarize(rows: list[dict], settings: list[Setting], per_launch: int, row_by
                 "grid": "no copy" if s.grid is None else s.grid.label(),
                 "chunk": s.chunk,
                 "warps": s.warps,
+                "prefetch": s.prefetch,
                 "step_ms": statistics.median(steps),
                 "spread_ms": max(steps) - min(steps),
                 "miss_rows_per_launch": launch_rows,
@@ -151,8 +156,10 @@ def print_table(title: str, summary: list[dict]) -> None:
     print(f"{'grid':<18} {'chunk':>8} {'step ms':>8} {'spread':>7} {'copy ms':>8} {'~CTAs':>6}")
     for o in summary:
         cost = "-" if o["copy_cost_ms"] is None else f"{o['copy_cost_ms']:.2f}"
-        chunk = (f"{o['chunk'] >> 10}K" if o["chunk"] else "-") + (
-            f"x{o['warps']}" if o["warps"] else ""
+        chunk = (
+            (f"{o['chunk'] >> 10}K" if o["chunk"] else "-")
+            + (f"x{o['warps']}" if o["warps"] else "")
+            + ("p" if o["prefetch"] else "")
         )
         print(
             f"{o['grid']:<18} {chunk:>8} {o['step_ms']:>8.2f} {o['spread_ms']:>7.2f} "

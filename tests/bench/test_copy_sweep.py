@@ -18,7 +18,9 @@ def test_grid_specs():
     rule = setting("132/16/1536K@4K")
     assert rule.grid == CopyGrid(programs=132, bytes_per_program=1536 << 10, min_programs=16)
     assert rule.chunk == 4096 and rule.warps == 0
-    assert (setting("16@16Kx8").chunk, setting("16@16Kx8").warps) == (16384, 8)
+    wide = setting("16@16Kx8p")
+    assert (wide.chunk, wide.warps, wide.prefetch) == (16384, 8, True)
+    assert not setting("16@16Kx8").prefetch and setting("24@8Kp").chunk == 8192
     assert setting("64/8/1.5M").grid.bytes_per_program == 3 << 19
     with pytest.raises(ValueError):
         setting("64/8")

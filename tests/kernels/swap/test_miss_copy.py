@@ -132,17 +132,19 @@ GRIDS = [
 @pytest.mark.parametrize("grid", GRIDS, ids=lambda g: g.label())
 @pytest.mark.parametrize("pattern", ["none", "ragged"])
 def test_every_grid_writes_the_same_bytes(device, grid, pattern):
-    """Rows are independent: any launched grid, any rule for its working CTAs, any chunk
-    moves the reference's bytes. Irregular sizes: 656-byte rows (41 vectors), counts that
-    leave requests empty, split a request between CTAs, or overflow k; out-of-range rows.
+    """Rows are independent: any launched grid, any rule for its working CTAs, any chunk (and
+    prefetch) moves the reference's bytes. Irregular sizes: 656-byte rows (41 vectors), counts
+    that leave requests empty, split a request between CTAs, or overflow k; out-of-range rows.
     Full lists: test_work_list_patterns."""
     bs, k = 7, 9
     counts = {
         "none": [0] * bs,
         "ragged": [1, 0, k, -3, 5, 2**31 - 1, 4],
     }[pattern]
-    for chunk in (256, 4096):  # 16 vectors (chunks across rows), or several rows
-        _check_copy(device, 656, bs, k, counts, seed=bs + chunk, grid=grid, chunk_bytes=chunk)
+    # 16 vectors (chunks across rows) with and without the row-number prefetch; several rows.
+    for chunk, prefetch in ((256, False), (256, True), (4096, False)):
+        kw = dict(grid=grid, chunk_bytes=chunk, prefetch=prefetch)
+        _check_copy(device, 656, bs, k, counts, seed=bs + chunk, **kw)
 
 
 @pytest.mark.gpu
