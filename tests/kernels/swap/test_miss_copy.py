@@ -130,19 +130,22 @@ GRIDS = [
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("grid", GRIDS, ids=lambda g: g.label())
-@pytest.mark.parametrize("pattern", ["none", "ragged"])
+@pytest.mark.parametrize("pattern", ["none", "full", "ragged"])
 def test_every_grid_writes_the_same_bytes(device, grid, pattern):
     """Rows are independent: any launched grid, any rule for its working CTAs, any chunk (and
     prefetch) moves the reference's bytes. Irregular sizes: 656-byte rows (41 vectors), counts
-    that leave requests empty, split a request between CTAs, or overflow k; out-of-range rows.
-    Full lists: test_work_list_patterns."""
+    that leave requests empty, split a request between CTAs, or overflow k; out-of-range rows."""
     bs, k = 7, 9
     counts = {
         "none": [0] * bs,
+        "full": [k] * bs,
         "ragged": [1, 0, k, -3, 5, 2**31 - 1, 4],
     }[pattern]
     # 16 vectors (chunks across rows) with and without the row-number prefetch; several rows.
-    for chunk, prefetch in ((256, False), (256, True), (4096, False)):
+    chunks = ((256, False), (256, True), (4096, False))
+    if pattern == "full":  # the longest lists: 64 vectors with the prefetch, several rows
+        chunks = ((1024, True), (4096, False))
+    for chunk, prefetch in chunks:
         kw = dict(grid=grid, chunk_bytes=chunk, prefetch=prefetch)
         _check_copy(device, 656, bs, k, counts, seed=bs + chunk, **kw)
 
