@@ -52,9 +52,9 @@ profiles() {
   done
 }
 ncus() {  # Nsight Compute on the miss copy alone (bench/ncu_copy.py): both row formats, the
-  # side stream's 64-CTA grid and the default grid; the second round of its launches
-  stage ncu "${NCU_S:-90}" ncu --clock-control none -k regex:miss_copy --launch-skip 4 \
-    --launch-count 4 --section SpeedOfLight --section MemoryWorkloadAnalysis_Tables \
+  # side stream's grid, 64 CTAs all working, the default grid; the second round of its launches
+  stage ncu "${NCU_S:-90}" ncu --clock-control none -k regex:miss_copy --launch-skip 6 \
+    --launch-count 6 --section SpeedOfLight --section MemoryWorkloadAnalysis_Tables \
     --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
     python3 bench/ncu_copy.py
 }

@@ -3,12 +3,12 @@ step-shaped miss lists (bs 111 = one micro-batch of N 222, 13% of k, 1 GiB pinne
 on the side stream's grid (OVERLAP_COPY_GRID: its rule picks the working CTAs), 64 CTAs all
 working, and the default grid.
 
-    ncu --clock-control none -k regex:miss_copy --launch-skip 4 \\
+    ncu --clock-control none -k regex:miss_copy --launch-skip 6 \\
         --section SpeedOfLight ... python3 bench/ncu_copy.py
 
 (bench/gpu_session.sh's ncu stage.) The profile.py step under ncu ran past 75 s in run I (every
 launch of the model's build intercepted); this script launches little besides the copies. The
-first round of launches (4) compiles and warms up; the second is the one to profile.
+first round of launches (6) compiles and warms up; the second is the one to profile.
 """
 
 from __future__ import annotations
