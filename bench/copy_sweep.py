@@ -44,8 +44,8 @@ DEFAULT_GRIDS = (
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
-    """One grid of the sweep: the CopyGrid (None: no copy), the copy's chunk and warps (0: the
-    kernel's defaults)."""
+    """One grid of the sweep: the CopyGrid (None: no copy), the copy's chunk, warps (0: the
+    kernel's defaults) and row-number prefetch."""
 
     spec: str
     grid: CopyGrid | None
@@ -102,7 +102,9 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Namespac
     )
     ap.add_argument("--grids", default="default," + DEFAULT_GRIDS)
     ap.add_argument("--rounds", type=int, default=3, help="passes over the grids")
-    ap.add_argument("--budget-s", type=float, default=0, help="start no pass after this [none]")
+    ap.add_argument(
+        "--budget-s", type=float, default=0, help="start no grid after this many seconds [none]"
+    )
     ap.add_argument("--out", default="", help="JSON path [none]")
     own, rest = ap.parse_known_args(argv)
     defaults = ["--microbatches", "2", "--warmup", "2", "--steps", "5", "--no-families"]
