@@ -17,19 +17,21 @@ from contract.swap_plan import PlanInputs, PlanOutputs, swap_in
 from contract.tensors import KVTensors
 from engine_client.kv.backend import AttnRows, SharedBackend
 from engine_client.kv.kernel_set import KernelSet
+from kernels.swap.copy_grid import CopyGrid
 
-# CTAs of the side-stream miss copy when micro-batches overlap it with compute: a persistent
-# grid holds its SMs for the whole copy, so it must leave most of them to the compute; 64 CTAs
-# keep ~0.6 MB of rows in flight, far more than PCIe bandwidth x latency.
-OVERLAP_COPY_PROGRAMS = 64
+# The side-stream miss copy's grid when micro-batches overlap it with compute: every working
+# CTA slows the memory-bound kernels on its SM (issue 38: the fp8 step 14.07 ms at 24 CTAs,
+# 16.21 at 64), so the step's miss bytes pick how many of the 64 launched CTAs work, one per
+# bytes_per_program (kernels/swap/copy_grid.py; bench/copy_sweep.py measures the rule).
+OVERLAP_COPY_GRID = CopyGrid(programs=64, bytes_per_program=1 << 20, min_programs=16)
 
 
 class HiSparseBackend(SharedBackend):
     """In-stream swap on service memory. Decode buffers are sized for `max_batch` rows.
 
     microbatches > 1: the model splits each decode layer's batch into that many parts (see
-    Model._attention); on CUDA each part's miss copy then runs on a side stream, with a grid of
-    `copy_programs` CTAs (default OVERLAP_COPY_PROGRAMS), while the main stream scores and plans
+    Model._attention); on CUDA each part's miss copy then runs on a side stream, on the grid
+    `copy_grid` (default OVERLAP_COPY_GRID), while the main stream scores and plans
     the next part and attends the previous one. Results are bitwise the same: every kernel is
     row-independent and each part owns its rows of the plan's output buffers."""
 
@@ -40,7 +42,7 @@ class HiSparseBackend(SharedBackend):
         kernels: KernelSet,
         max_batch: int | None = None,
         microbatches: int = 1,
-        copy_programs: int | None = None,
+        copy_grid: CopyGrid = OVERLAP_COPY_GRID,
         rows_per_request: int = 1,
     ) -> None:
         lay = kv.layout
@@ -58,12 +60,9 @@ class HiSparseBackend(SharedBackend):
         rows = n * rows_per_request
         self.rows_per_request = rows_per_request
         self._init_plan_outputs(rows, k)
-        if microbatches < 1 or (copy_programs is not None and copy_programs < 1):
-            raise ValueError(
-                f"microbatches and copy_programs must be positive, got "
-                f"{microbatches}, {copy_programs}"
-            )
-        self.microbatches, self.copy_programs = microbatches, copy_programs
+        if microbatches < 1:
+            raise ValueError(f"microbatches must be positive, got {microbatches}")
+        self.microbatches, self.copy_grid = microbatches, copy_grid
         # The side stream serves the Triton kernels (the references take no grid size).
         overlap = microbatches > 1 and self.device.type == "cuda" and kernels.capturable
         self._copy_stream = torch.cuda.Stream(self.device) if overlap else None
@@ -201,7 +200,7 @@ class HiSparseBackend(SharedBackend):
                 src,
                 dst,
                 count,
-                programs=self.copy_programs or OVERLAP_COPY_PROGRAMS,
+                grid=self.copy_grid,
             )
             done.record(side)
 
