@@ -256,17 +256,17 @@ def _child_maps_and_unmaps(layout: dict, handles: list[dict], conn) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.usefixtures("cuda_exports_released")
-def test_gpu_writes_are_shared_both_ways(tmp_path: Path) -> None:
+def test_gpu_writes_are_shared_both_ways(tmpfs_dir: str) -> None:
     """hot_kv and the extras by CUDA IPC, host_kv as a registered file read by Triton through
     UVA."""
-    _roundtrip(Path("/dev/shm") if os.path.isdir("/dev/shm") else tmp_path, torch.device("cuda"))
+    _roundtrip(Path(tmpfs_dir), torch.device("cuda"))
 
 
 @pytest.mark.gpu
 @pytest.mark.usefixtures("cuda_exports_released")
-def test_gpu_handles_and_cleanup() -> None:
+def test_gpu_handles_and_cleanup(tmpfs_dir: str) -> None:
     segs = SegmentMap()
-    kv, handles = segment.create_segments(LAYOUT, "cuda", "/dev/shm", f"gpu-{os.getpid()}")
+    kv, handles = segment.create_segments(LAYOUT, "cuda", tmpfs_dir, "gpu")
     kinds = {h["name"]: h["kind"] for h in handles}
     assert kinds.pop("host_kv") == "shm" and set(kinds.values()) == {"cuda_ipc"}
     assert kv.host_kv.is_pinned() and kv.hot_kv.is_cuda and segs.is_owner_alive(handles)
@@ -274,5 +274,5 @@ def test_gpu_handles_and_cleanup() -> None:
     # in torch's limbo until this process exits.
     assert _run_child(_child_maps_and_unmaps, LAYOUT.to_dict(), handles) == "ok"
     del kv
-    segment.remove_segments("/dev/shm", f"gpu-{os.getpid()}")
+    segment.remove_segments(tmpfs_dir, "gpu")
     assert not os.path.exists(handles[0]["path"]) and not segs.is_owner_alive(handles)
