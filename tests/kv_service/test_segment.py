@@ -16,12 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from contract import handle
+from contract import cuda_shm, handle
 from contract.layout import KVLayout, LayoutError
 from contract.segment_map import SegmentMap
 from contract.tensors import TENSOR_NAMES, KVTensors
 from kernels.uva import UVATensor
 from kv_service.memory import segment
+from tests.leftovers import SPAWNED
 
 ROOT = Path(__file__).resolve().parents[2]
 LAYOUT = KVLayout(
@@ -71,9 +72,12 @@ def _run_child(target, *args) -> str:
     parent_conn, child_conn = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=target, args=(*args, child_conn))
     proc.start()
+    SPAWNED.add(proc.pid)
     child_conn.close()
     result = parent_conn.recv() if parent_conn.poll(120) else "no answer"
     proc.join(60)
+    if proc.exitcode is not None:  # what the CUDA driver left of the child (contract.cuda_shm)
+        cuda_shm.remove_of(proc.pid)
     assert proc.exitcode == 0, f"child exit code {proc.exitcode}"
     return result
 
