@@ -21,6 +21,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from contract import cuda_shm
+from kernels import toolchain
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 KV_SERVICE_NAME = "kvcache.v1.KVCacheService"
@@ -223,6 +224,7 @@ def service_env(token: str | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVS_")}
     # Its CPU work is bookkeeping: OpenMP threads would only spin against the engine's.
     env.setdefault("OMP_NUM_THREADS", "1")
+    env.update(toolchain.child_env())  # the CUDA tools our Triton found, whatever wraps the child
     if token:
         env["KVS_TOKEN"] = token
     return env
@@ -275,6 +277,7 @@ def engine_process(
         *extra,
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("ENGINE_")}
+    env.update(toolchain.child_env())
     return ManagedProcess(
         name,
         args,
