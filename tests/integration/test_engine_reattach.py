@@ -219,8 +219,9 @@ def _reply(handles: list[dict]) -> kpb.AttachResponse:
 
 
 def test_failed_exchange_mapping_unmaps_the_kv_tensors() -> None:
-    """Exporting here maps every file once; a second mapping is the attach's, and it must be
-    gone when the exchange tensors cannot be mapped after the KV tensors were."""
+    """The attach's mappings must be gone when the exchange tensors cannot be mapped after the
+    KV tensors were. One process maps a file once (contract.file_mapping), so the exporter's
+    own tensors are dropped first: every mapping of these files is then the attach's."""
     shm = short_tmpdir("hsx")
     instance = f"leak{os.getpid()}"
     try:
@@ -230,8 +231,10 @@ def test_failed_exchange_mapping_unmaps_the_kv_tensors() -> None:
             for n, (shape, dtype) in exchange_specs(LAYOUT).items()
         }
         shared, xhandles = segment.export_extra(xchg, "cpu", shm, instance)
+        del kv, shared
         gc.collect()  # mappings that earlier tests left to the collector must not count here
         exported = sorted(mapped_segments())
+        assert not [p for p in exported if instance in p]
         tensors, exchange, _ = attachment.map_memory(
             _reply(handles + xhandles), LAYOUT, "cpu", True, SegmentMap()
         )
@@ -250,7 +253,6 @@ def test_failed_exchange_mapping_unmaps_the_kv_tensors() -> None:
         with pytest.raises(errors.LayoutMismatch, match="no exchange"):
             attachment.map_memory(_reply(handles), LAYOUT, "cpu", True, SegmentMap())
         assert sorted(mapped_segments()) == exported
-        del kv, shared
     finally:
         segment.remove_segments(shm, instance)
         shutil.rmtree(shm, ignore_errors=True)
