@@ -7,13 +7,20 @@ wheel carries, and says only "Cannot find ptxas" when none answers. Under comput
 engine beside it compiled fine (issue 37). So the parent names the tools it resolved
 (`child_env`: TRITON_*_PATH, absolute), and a process that starts on CUDA checks its own before
 it compiles (`check`): a failure names the path, the exit status and what the tool printed.
+Triton caches a failed answer for good (`NvidiaTool.from_path` is an lru_cache), so one
+transient failure of `ptxas --version` would fail every later compile of the process: `check`
+clears that cache and asks again before it gives up.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
+import time
+
+log = logging.getLogger(__name__)
 
 # Triton's knob name -> the environment variable it reads (triton.knobs.env_nvidia_tool).
 TOOLS = {
@@ -43,19 +50,35 @@ def child_env() -> dict[str, str]:
     return out
 
 
-def check() -> str:
-    """The ptxas Triton uses here; ToolchainError naming why it cannot run one."""
+def check(tries: int = 3, pause: float = 1.0) -> str:
+    """The ptxas Triton uses here; ToolchainError naming why it cannot run one, after `tries`."""
     from triton import knobs
 
-    try:
-        return knobs.nvidia.ptxas.path
-    except RuntimeError as e:
-        raise ToolchainError(f"{e}: {'; '.join(_attempts(knobs))}") from e
+    said: list[str] = []
+    for n in range(tries):
+        try:
+            path = knobs.nvidia.ptxas.path
+        except RuntimeError as e:
+            said = [str(e), *_attempts(knobs)]
+            tool = getattr(knobs, "NvidiaTool", None)  # where Triton 3.6 to 3.9 keep it
+            clear = getattr(getattr(tool, "from_path", None), "cache_clear", None)
+            if clear is not None:
+                clear()  # else the failed answer stays for the process's life
+            if n + 1 < tries:
+                time.sleep(pause)
+            continue
+        if said:
+            log.warning("Triton found ptxas at try %d; before: %s", n + 1, "; ".join(said))
+        return path
+    raise ToolchainError("; ".join(said))
 
 
 def _attempts(knobs) -> list[str]:
     """What each path Triton tries answers to `--version`."""
-    bundled = os.path.join(os.path.dirname(knobs.__file__), "backends", "nvidia", "bin", "ptxas")
+    knob = type(knobs.nvidia).__dict__.get("ptxas")
+    bundled = getattr(knob, "default_path", None) or os.path.join(
+        os.path.dirname(knobs.__file__), "backends", "nvidia", "bin", "ptxas"
+    )
     paths = [p for p in (os.environ.get("TRITON_PTXAS_PATH"), bundled) if p]
     said = []
     for path in paths:

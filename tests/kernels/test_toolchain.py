@@ -34,3 +34,36 @@ def test_a_ptxas_that_does_not_answer_is_named_with_what_it_said(
     said = toolchain._attempts(triton.knobs)
     assert said[0] == f"{broken} --version exited 3: injection failed: no front-end"
     assert "release" in said[1], "the bundled ptxas is tried too, as Triton does"
+
+
+def _fake_ptxas(tmp_path: Path, fail_first: bool) -> Path:
+    """A ptxas that fails its first `--version` (fail_first) or every one."""
+    tool, seen = tmp_path / "ptxas", tmp_path / "seen"
+    answer = "echo 'Cuda compilation tools, release 12.9'; exit 0" if fail_first else "exit 3"
+    tool.write_text(
+        f"#!/bin/sh\nif [ -e {seen} ]; then {answer}; fi\n"
+        f"touch {seen}\necho 'no front-end'\nexit 3\n"
+    )
+    tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
+    return tool
+
+
+@pytest.mark.parametrize("fail_first", [True, False])
+def test_a_failed_answer_is_asked_again_then_explained(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail_first: bool
+) -> None:
+    """Triton keeps a failed `--version` answer for the process's life: check() clears it and
+    asks again; a ptxas that never answers is named with what it said."""
+    tool = _fake_ptxas(tmp_path, fail_first)
+    knob = type(triton.knobs.nvidia).__dict__["ptxas"]
+    monkeypatch.setattr(knob, "default_path", str(tool))  # Triton's own ptxas: the fake
+    monkeypatch.delenv("TRITON_PTXAS_PATH", raising=False)
+    triton.knobs.NvidiaTool.from_path.cache_clear()
+    try:
+        if fail_first:
+            assert toolchain.check(pause=0) == str(tool)
+        else:
+            with pytest.raises(toolchain.ToolchainError, match=f"{tool} --version exited 3"):
+                toolchain.check(pause=0)
+    finally:
+        triton.knobs.NvidiaTool.from_path.cache_clear()
