@@ -31,7 +31,7 @@
 #        SYNCCHECK_STEPS=8 SYNCCHECK_MIN_ENDS=1    synccheck's churn
 #        MEMCHECK_KERNELS_S=40 MEMCHECK_CHURN_S=80 time limits per tool and part (likewise
 #            RACECHECK_*: 150, 130; SYNCCHECK_*: 35, 55; KERNELS_S / CHURN_S set every tool's):
-#            495 s of parts, each killed 5 s after its limit, fits one 600 s device call
+#            490 s of parts, each killed 5 s after its limit, fits one 600 s device call
 #        SANITIZE_NO_CACHING=1 bash ...            the engine also bypasses torch's caching
 #            allocator, so an access past a tensor inside a pooled block is caught too; its
 #            steps then run eagerly (a graph capture must not cudaMalloc), the service keeps the
