@@ -7,7 +7,7 @@
 #   TESTS="tests/x.py ..."  TEST_M="gpu" (pytest -m)  TEST_K="pytest -k expr"  TEST_S=240
 #   TEST_TIMEOUT=150  SAN_S=570 (compute-sanitizer memcheck, racecheck, synccheck over every
 #   kernel entry and the churn test in all four KV modes; SANITIZE_TOOLS picks, sanitize.sh's
-#   own settings pass through: *_STEPS, *_MIN_ENDS, KERNELS_S, CHURN_S)
+#   own settings pass through: *_STEPS, *_MIN_ENDS, *_KERNELS_S, *_CHURN_S per tool)
 #   KERN_S=100  KERNEL_CASES=miss_copy,attention (empty: all)  KERNEL_QUICK=--quick (empty: full)
 #   SWEEP_S=150  SWEEP_ARGS="--batches 8,64,128"
 #   PROF_S=60 (each)  PROFILES="bf16:128:1 bf16:128:2" (row format:batch:micro-batches[:args,

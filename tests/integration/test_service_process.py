@@ -272,6 +272,7 @@ def check_remote_swap(svc: ServiceProcess, device: str) -> None:
         with pytest.raises(grpc.RpcError) as err:
             engine.swap(0, (r.slot + 1) % TINY.max_requests, 30, list(range(8)))
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    engine.close()
     s.send(detach=pb.Detach())
     s.close()
 
