@@ -37,7 +37,11 @@ def repeating_row(rng: random.Random, k: int, seq_len: int, C: int) -> list[int]
 
 
 def batch(rng: random.Random, cfg: Cfg, bs: int):
-    req = [rng.choice([-1] + list(range(cfg.R))) for _ in range(bs)]
+    # A request is planned by one program per launch (two programs of one request would race on
+    # its residency on a GPU, where programs run at once): distinct slots, the rest padding.
+    slots = rng.sample(range(cfg.R), min(bs, cfg.R))
+    req = slots + [-1] * (bs - len(slots))
+    rng.shuffle(req)
     lens = [rng.randint(0, cfg.C + 2) for _ in range(bs)]
     return [repeating_row(rng, cfg.k, min(n, cfg.C), cfg.C) for n in lens], lens, req
 
