@@ -16,6 +16,7 @@ from engine_client.client.control import KVControl
 from engine_client.client.kv_client import KVClient
 from engine_client.kv.local_control import BaselineControl, BaselinePages, EmbeddedControl
 from engine_client.loop import state_file
+from engine_client.loop.admission_limit import admission_limit
 from engine_client.loop.engine import Engine
 from engine_client.loop.metrics import EngineMetrics
 from engine_client.loop.queue_policy import QueueLimits, queue_policy
@@ -208,7 +209,7 @@ async def build_engine(cfg: EngineConfig, metrics: EngineMetrics | None = None) 
         compute,
         control,
         executor=executor,
-        max_active=cfg.max_batch,
+        admission=admission_limit(cfg.admission_limit, cfg.max_batch, cfg.kv_mode != "baseline"),
         state=state,
         policy=_queue_limits(cfg),
         overlap=cfg.overlap and not cfg.spec_tokens,

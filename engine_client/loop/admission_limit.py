@@ -1,0 +1,240 @@
+"""The admission limit: how many requests may run at once before one more lowers throughput.
+
+HiSparse fits many more requests than the baseline (the GPU holds a hot buffer per request, not
+its whole KV), so KV capacity no longer bounds the batch. But every step copies the requests'
+misses from the host tier: where locality is poor (the random model's own indexer, ~87% misses)
+the copy makes a step's time grow faster than linearly in the batch N, and past some N* one more
+request lowers the engine's tokens per second (issue 38, item 5). The scheduler asks `allows`
+before each admission; the engine tells `observe` what each decode step cost.
+
+The estimate: decode rows per second of the step's decode time, an EWMA per bucket of batch
+sizes. A bucket spans 1/8 of its N and at least `samples` sizes, so a ramp of one prefill per step
+gives a bucket enough samples as it passes through it. One more request pays while throughput at
+N + 1 >= throughput at N, i.e. while a row's marginal step time is at most the average: with step
+times linear in N, always (the limit climbs to capacity).
+
+The limit, a hill climb over buckets: it is the top of bucket `at`. A trial moves it one bucket,
+up or down, and is judged once that bucket has `samples` samples of its own:
+- up: kept unless throughput fell more than `hysteresis` below the best fresh bucket under it
+  (the best, not the last: a slow decline cannot creep in one bucket at a time); a kept up-trial
+  goes on up at once, so the first ramp climbs at the pace of the prefills;
+- down: kept only where throughput rose by more than `hysteresis` (a tie admits more), and goes
+  on down likewise;
+- a refused trial goes back where it started; the limit then rests `explore_steps` observed steps
+  and tries the other direction, so it follows the miss rate as it changes, either way.
+Trials are made only while requests wait (only then does the limit bind). Running requests are
+never preempted: after a move down, admission waits until enough of them end. Plain bookkeeping
+with step times as inputs: deterministic and testable without a device.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+# --admission-limit's words; a number is a fixed limit.
+ADMISSION_MODES = ("auto", "adaptive", "off")
+# A bucket spans 1/BUCKET_SHARE of its batch sizes (12.5%): the overshoot of a refused up-trial.
+BUCKET_SHARE = 8
+
+
+@dataclass(frozen=True)
+class AdmissionSettings:
+    """samples: steps that judge a bucket (and its least width); hysteresis: the relative change
+    in throughput a trial must beat; explore_steps: observed steps between trials once settled
+    (also how long a bucket's estimate stays fresh)."""
+
+    samples: int = 6
+    hysteresis: float = 0.04
+    explore_steps: int = 256
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.samples <= 1024:
+            raise ValueError(f"samples must be in 1..1024, got {self.samples}")
+        if not 0 <= self.hysteresis < 1:
+            raise ValueError(f"hysteresis must be in [0, 1), got {self.hysteresis}")
+        if not 1 <= self.explore_steps <= 1 << 20:
+            raise ValueError(f"explore_steps must be in 1..2^20, got {self.explore_steps}")
+
+
+@dataclass
+class _Estimate:
+    """Rows per second of one bucket: an EWMA over its current visit."""
+
+    tok_s: float = 0.0
+    samples: int = 0  # in this visit
+    last: int = -1  # observed step of the last sample
+
+
+@dataclass(frozen=True)
+class _Trial:
+    origin: int  # the bucket the limit came from (where a refused trial returns)
+    origin_tok_s: float
+    up: bool
+
+
+@dataclass(frozen=True)
+class AdmissionView:
+    """What metrics show: the limit, the estimate at its bucket, the batch of the best fresh
+    estimate (0: none yet) and whether a trial is under way."""
+
+    limit: int
+    tok_s: float
+    best_batch: int
+    trying: bool
+
+
+@dataclass
+class AdmissionLimit:
+    """`capacity`: the most requests the engine may run (its --max-batch). `adaptive` False: a
+    fixed limit (`start`) that still estimates, for metrics."""
+
+    capacity: int
+    settings: AdmissionSettings = field(default_factory=AdmissionSettings)
+    adaptive: bool = True
+    start: int = 0  # the first limit; 0: the top of the first bucket
+
+    def __post_init__(self) -> None:
+        if self.capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {self.capacity}")
+        if not self.adaptive and self.start < 1:
+            raise ValueError(f"a fixed admission limit must be >= 1, got {self.start}")
+        self._lows = _bucket_lows(self.capacity, self.settings.samples)
+        self._estimates = [_Estimate() for _ in self._lows]
+        self.at = self.bucket(self.start) if self.start else 0
+        self.fixed = min(self.start, self.capacity) if not self.adaptive else 0
+        self.steps = 0
+        self._trial: _Trial | None = None
+        self._rest_until = 0
+        self._next_up = True
+
+    @classmethod
+    def fixed(cls, limit: int) -> AdmissionLimit:
+        """At most `limit` requests, always (the estimate is still kept, for metrics)."""
+        return cls(limit, adaptive=False, start=limit)
+
+    # --- what the scheduler asks ---
+
+    @property
+    def limit(self) -> int:
+        return self.fixed or self.top(self.at)
+
+    def allows(self, running: int) -> bool:
+        """May one more request be admitted beside `running` ones? (Always when none runs.)"""
+        return running < self.limit
+
+    # --- the buckets ---
+
+    def bucket(self, n: int) -> int:
+        return max(0, min(bisect.bisect_right(self._lows, n) - 1, len(self._lows) - 1))
+
+    def top(self, b: int) -> int:
+        """The largest batch of bucket b."""
+        return self._lows[b + 1] - 1 if b + 1 < len(self._lows) else self.capacity
+
+    def estimate(self, n: int) -> float:
+        """Rows per second at batch n's bucket (0: never measured)."""
+        return self._estimates[self.bucket(n)].tok_s
+
+    # --- what the engine tells ---
+
+    def observe(self, rows: int, seconds: float, waiting: bool) -> None:
+        """A decode step of `rows` requests took `seconds` of decode time; `waiting`: requests
+        were queued for admission at the time."""
+        if rows < 1 or not seconds > 0:
+            return  # an empty or unmeasured step says nothing
+        self.steps += 1
+        est = self._estimates[self.bucket(rows)]
+        sample = rows / seconds
+        alpha = 2 / (self.settings.samples + 1)
+        est.tok_s = sample if est.samples == 0 else est.tok_s + alpha * (sample - est.tok_s)
+        est.samples += 1
+        est.last = self.steps
+        if self.adaptive:
+            self._decide(waiting)
+        assert 1 <= self.limit <= self.capacity, self.limit
+
+    def _decide(self, waiting: bool) -> None:
+        if self._estimates[self.at].samples < self.settings.samples:
+            return  # the limit's bucket is not measured yet
+        if self._trial is not None:
+            self._judge(self._trial, waiting)
+        elif waiting and self.steps >= self._rest_until:
+            self._try(self._next_up, waiting) or self._try(not self._next_up, waiting)
+
+    def _judge(self, trial: _Trial, waiting: bool) -> None:
+        h, tok_s = self.settings.hysteresis, self._estimates[self.at].tok_s
+        if trial.up:
+            kept = tok_s >= self._best_below(self.at) * (1 - h)
+        else:
+            kept = tok_s > trial.origin_tok_s * (1 + h)
+        self._trial = None
+        if kept and self._try(trial.up, waiting):
+            return  # on in the same direction
+        if kept and not waiting:
+            self._next_up = trial.up  # stopped only because nothing waits: on once requests do
+            return
+        if not kept:
+            self.at = self._best_up_to(trial.origin)
+        self._rest_until = self.steps + self.settings.explore_steps
+        self._next_up = not trial.up
+
+    def _try(self, up: bool, waiting: bool) -> bool:
+        """Start a trial one bucket up or down, if that bucket exists and the limit binds."""
+        to = self.at + (1 if up else -1)
+        if not waiting or not 0 <= to < len(self._lows):
+            return False
+        self._trial = _Trial(self.at, self._estimates[self.at].tok_s, up)
+        self._estimates[to].samples = 0  # a new visit: judged on its own samples
+        self.at = to
+        return True
+
+    def _fresh(self, b: int) -> bool:
+        est = self._estimates[b]
+        return est.samples > 0 and self.steps - est.last <= self.settings.explore_steps
+
+    def _best_below(self, b: int) -> float:
+        return max((self._estimates[i].tok_s for i in range(b) if self._fresh(i)), default=0.0)
+
+    def _best_up_to(self, b: int) -> int:
+        """The fresh bucket at or below b with the best estimate (b itself if none is fresh)."""
+        fresh = [i for i in range(b + 1) if self._fresh(i)] or [b]
+        return max(fresh, key=lambda i: self._estimates[i].tok_s)
+
+    def view(self) -> AdmissionView:
+        fresh = [b for b in range(len(self._lows)) if self._fresh(b)]
+        best = max(fresh, key=lambda b: self._estimates[b].tok_s, default=None)
+        return AdmissionView(
+            self.limit,
+            self._estimates[self.bucket(self.limit)].tok_s,
+            self.top(best) if best is not None else 0,
+            self._trial is not None,
+        )
+
+
+def _bucket_lows(capacity: int, least: int) -> list[int]:
+    """The smallest batch of each bucket: widths of 1/BUCKET_SHARE of N, at least `least`."""
+    lows = [1]
+    while True:
+        low = lows[-1] + max(least, -(-lows[-1] // BUCKET_SHARE))
+        if low > capacity:
+            return lows
+        lows.append(low)
+
+
+def admission_setting(name: str, value: str) -> None:
+    """The rule of the engine's --admission-limit: one of ADMISSION_MODES or a number >= 1."""
+    if value not in ADMISSION_MODES and not (value.isdigit() and int(value) >= 1):
+        raise ValueError(f"{name} must be one of {ADMISSION_MODES} or a number >= 1, got {value!r}")
+
+
+def admission_limit(value: str, capacity: int, hisparse: bool) -> AdmissionLimit:
+    """The limit --admission-limit `value` names, under `capacity` (--max-batch); auto is
+    adaptive where requests' KV lives off the GPU (`hisparse`), where the miss copy can make one
+    more request cost more than it brings, and off in the baseline."""
+    admission_setting("admission_limit", value)
+    if value == "adaptive" or (value == "auto" and hisparse):
+        return AdmissionLimit(capacity)
+    if value.isdigit():
+        return AdmissionLimit.fixed(min(int(value), capacity))
+    return AdmissionLimit.fixed(capacity)
