@@ -102,7 +102,7 @@ class AdmissionLimit:
         self._lows = _bucket_lows(self.capacity, self.settings.samples)
         self._estimates = [_Estimate() for _ in self._lows]
         self.at = self.bucket(self.start) if self.start else 0
-        self.fixed = min(self.start, self.capacity) if not self.adaptive else 0
+        self._fixed = min(self.start, self.capacity) if not self.adaptive else 0
         self.steps = 0
         self._trial: _Trial | None = None
         self._rest_until = 0
@@ -117,7 +117,7 @@ class AdmissionLimit:
 
     @property
     def limit(self) -> int:
-        return self.fixed or self.top(self.at)
+        return self._fixed or self.top(self.at)
 
     def allows(self, running: int) -> bool:
         """May one more request be admitted beside `running` ones? (Always when none runs.)"""
