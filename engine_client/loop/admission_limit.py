@@ -1,30 +1,25 @@
 """The admission limit: how many requests may run at once before one more lowers throughput.
 
-HiSparse fits many more requests than the baseline (the GPU holds a hot buffer per request, not
-its whole KV), so KV capacity no longer bounds the batch. But every step copies the requests'
-misses from the host tier: where locality is poor (the random model's own indexer, ~87% misses)
-the copy makes a step's time grow faster than linearly in the batch N, and past some N* one more
-request lowers the engine's tokens per second (issue 38, item 5). The scheduler asks `allows`
-before each admission; the engine tells `observe` what each decode step cost.
+HiSparse fits many more requests than the baseline, but every step copies their misses from the
+host tier: at poor locality (the random model's own indexer, ~87% misses) a step's time grows
+faster than linearly in the batch N, and past some N* one more request lowers the tokens per
+second (issue 38, item 5). The scheduler asks `allows` before each admission; the engine tells
+`observe` what each decode step cost. Plain bookkeeping with step times as inputs.
 
-The estimate: decode rows per second of the step's decode time, an EWMA per bucket of batch
-sizes. A bucket spans 1/8 of its N and at least `samples` sizes, so a ramp of one prefill per step
-gives a bucket enough samples as it passes through it. One more request pays while throughput at
-N + 1 >= throughput at N, i.e. while a row's marginal step time is at most the average: with step
-times linear in N, always (the limit climbs to capacity).
+The estimate: per bucket of batch sizes (1/8 of N wide, at least `samples`, so a ramp of one
+prefill per step measures it in passing), EWMAs of N and of the decode time. One more request
+pays while a row's marginal step time is at most the average: with linear step times, always.
 
-The limit, a hill climb over buckets: it is the top of bucket `at`. A trial moves it one bucket,
-up or down, and is judged once that bucket has `samples` samples of its own:
-- up: kept unless throughput fell more than `hysteresis` below the best fresh bucket under it
-  (the best, not the last: a slow decline cannot creep in one bucket at a time); a kept up-trial
-  goes on up at once, so the first ramp climbs at the pace of the prefills;
-- down: kept only where throughput rose by more than `hysteresis` (a tie admits more), and goes
-  on down likewise;
-- a refused trial goes back where it started; the limit then rests `explore_steps` observed steps
-  and tries the other direction, so it follows the miss rate as it changes, either way.
-Trials are made only while requests wait (only then does the limit bind). Running requests are
-never preempted: after a move down, admission waits until enough of them end. Plain bookkeeping
-with step times as inputs: deterministic and testable without a device.
+The limit, a hill climb over buckets (it is the top of bucket `at`): a trial moves it one bucket
+and is judged on that bucket's own `samples`. Up is kept unless throughput fell more than
+`hysteresis` below the best fresh bucket under it (the best: a slow decline cannot creep in one
+bucket at a time), down only where it rose by more (a tie admits more); kept trials go on at once,
+so the first ramp climbs at the pace of the prefills. A refused trial returns to the best fresh
+bucket, rests `explore_steps` and then tries the other direction: the limit follows the miss
+rate either way. Steps run at padded sizes (the decode graphs'), so throughput is a sawtooth:
+bucket tops include the padded sizes, and an up-trial refused just above one jumps to the next
+one's top (docs/DECISIONS.md). Trials only while requests wait (only then does the limit bind);
+nothing is preempted: after a move down, admission waits until enough requests end.
 """
 
 from __future__ import annotations
@@ -59,11 +54,25 @@ class AdmissionSettings:
 
 @dataclass
 class _Estimate:
-    """Rows per second of one bucket: an EWMA over its current visit."""
+    """One bucket's batch size and decode seconds: EWMAs over its current visit."""
 
-    tok_s: float = 0.0
+    rows: float = 0.0
+    seconds: float = 0.0
     samples: int = 0  # in this visit
     last: int = -1  # observed step of the last sample
+
+    @property
+    def tok_s(self) -> float:
+        """Decode rows per second (0: never measured)."""
+        return self.rows / self.seconds if self.seconds else 0.0
+
+    def add(self, rows: int, seconds: float, alpha: float) -> None:
+        if self.samples == 0:
+            self.rows, self.seconds = rows, seconds  # a new visit starts afresh
+        else:
+            self.rows += alpha * (rows - self.rows)
+            self.seconds += alpha * (seconds - self.seconds)
+        self.samples += 1
 
 
 @dataclass(frozen=True)
@@ -71,6 +80,7 @@ class _Trial:
     origin: int  # the bucket the limit came from (where a refused trial returns)
     origin_tok_s: float
     up: bool
+    jump: bool = False  # to the next padded size's top
 
 
 @dataclass(frozen=True)
@@ -87,19 +97,21 @@ class AdmissionView:
 @dataclass
 class AdmissionLimit:
     """`capacity`: the most requests the engine may run (its --max-batch). `adaptive` False: a
-    fixed limit (`start`) that still estimates, for metrics."""
+    fixed limit (`start`) that still estimates, for metrics. `padded`: the batch sizes the
+    device pads a step to (none: every size runs as itself)."""
 
     capacity: int
     settings: AdmissionSettings = field(default_factory=AdmissionSettings)
     adaptive: bool = True
     start: int = 0  # the first limit; 0: the top of the first bucket
+    padded: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {self.capacity}")
         if not self.adaptive and self.start < 1:
             raise ValueError(f"a fixed admission limit must be >= 1, got {self.start}")
-        self._lows = _bucket_lows(self.capacity, self.settings.samples)
+        self._lows = _bucket_lows(self.capacity, self.settings.samples, self.padded)
         self._estimates = [_Estimate() for _ in self._lows]
         self.at = self.bucket(self.start) if self.start else 0
         self._fixed = min(self.start, self.capacity) if not self.adaptive else 0
@@ -107,6 +119,7 @@ class AdmissionLimit:
         self._trial: _Trial | None = None
         self._rest_until = 0
         self._next_up = True
+        self._jump_after, self._jump_rest = 0, 1  # when the next jump may be tried, rests to wait
 
     @classmethod
     def fixed(cls, limit: int) -> AdmissionLimit:
@@ -145,38 +158,47 @@ class AdmissionLimit:
             return  # an empty or unmeasured step says nothing
         self.steps += 1
         est = self._estimates[self.bucket(rows)]
-        sample = rows / seconds
-        alpha = 2 / (self.settings.samples + 1)
-        est.tok_s = sample if est.samples == 0 else est.tok_s + alpha * (sample - est.tok_s)
-        est.samples += 1
+        est.add(rows, seconds, 2 / (self.settings.samples + 1))
         est.last = self.steps
         if self.adaptive:
             self._decide(waiting)
         assert 1 <= self.limit <= self.capacity, self.limit
 
     def _decide(self, waiting: bool) -> None:
-        if self._estimates[self.at].samples < self.settings.samples:
+        trial = self._trial
+        if trial is not None and trial.jump and self._valley_too_deep(trial):
+            self._judged(trial, False, waiting)
+        elif self._estimates[self.at].samples < self.settings.samples:
             return  # the limit's bucket is not measured yet
-        if self._trial is not None:
-            self._judge(self._trial, waiting)
+        elif trial is not None:
+            self._judged(trial, self._kept(trial), waiting)
         elif waiting and self.steps >= self._rest_until:
             self._try(self._next_up, waiting) or self._try(not self._next_up, waiting)
 
-    def _judge(self, trial: _Trial, waiting: bool) -> None:
+    def _kept(self, trial: _Trial) -> bool:
         h, tok_s = self.settings.hysteresis, self._estimates[self.at].tok_s
         if trial.up:
-            kept = tok_s >= self._best_below(self.at) * (1 - h)
-        else:
-            kept = tok_s > trial.origin_tok_s * (1 + h)
+            return tok_s >= self._best_below(self.at) * (1 - h)
+        return tok_s > trial.origin_tok_s * (1 + h)
+
+    def _judged(self, trial: _Trial, kept: bool, waiting: bool) -> None:
         self._trial = None
-        if kept and self._try(trial.up, waiting):
-            return  # on in the same direction
-        if kept and not waiting:
-            self._next_up = trial.up  # stopped only because nothing waits: on once requests do
+        explore = self.settings.explore_steps
+        if kept:
+            self._jump_rest = 1 if trial.jump else self._jump_rest
+            if self._try(trial.up, waiting):
+                return  # on in the same direction
+            if not waiting:
+                self._next_up = trial.up  # stopped only because nothing waits: on once requests do
+                return
+        elif trial.jump:
+            self._jump_after = self.steps + explore * self._jump_rest
+            self._jump_rest = min(2 * self._jump_rest, 16)
+        elif trial.up and self._jump(trial, waiting):
             return
         if not kept:
             self.at = self._best_up_to(trial.origin)
-        self._rest_until = self.steps + self.settings.explore_steps
+        self._rest_until = self.steps + explore
         self._next_up = not trial.up
 
     def _try(self, up: bool, waiting: bool) -> bool:
@@ -188,6 +210,38 @@ class AdmissionLimit:
         self._estimates[to].samples = 0  # a new visit: judged on its own samples
         self.at = to
         return True
+
+    def _jump(self, trial: _Trial, waiting: bool) -> bool:
+        """Past the valley above a padded size (the trial's origin): to the next one's top."""
+        if (
+            not waiting
+            or self.steps < self._jump_after
+            or self.top(trial.origin) not in self.padded
+        ):
+            return False
+        to = next((b for b in range(self.at + 1, len(self._lows)) if self.top(b) in self.padded), 0)
+        if not to:
+            return False
+        self._trial = _Trial(trial.origin, trial.origin_tok_s, up=True, jump=True)
+        for b in range(trial.origin + 1, to + 1):
+            self._estimates[b].samples = 0  # the valley is measured afresh on the way up
+        self.at = to
+        return True
+
+    def _valley_too_deep(self, trial: _Trial) -> bool:
+        """Would the jump's target fall short, by a step time linear in N within one padded size
+        through the lowest and highest valley buckets measured on the way up, once they span a
+        third of it? Then the ramp stops there instead of overshooting to the target."""
+        k, top, bottom = self.settings.samples, self.top(self.at), self.top(trial.origin)
+        seen = [b for b in range(trial.origin + 1, self.at) if self._estimates[b].samples >= k]
+        if not seen:
+            return False
+        lo, hi = self._estimates[seen[0]], self._estimates[seen[-1]]
+        if 3 * (hi.rows - lo.rows) < top - bottom:
+            return False
+        t = hi.seconds + (hi.seconds - lo.seconds) / (hi.rows - lo.rows) * (top - hi.rows)
+        best = self._best_below(trial.origin + 1)
+        return t > 0 and top / t < best * (1 - self.settings.hysteresis)
 
     def _fresh(self, b: int) -> bool:
         est = self._estimates[b]
@@ -212,11 +266,13 @@ class AdmissionLimit:
         )
 
 
-def _bucket_lows(capacity: int, least: int) -> list[int]:
-    """The smallest batch of each bucket: widths of 1/BUCKET_SHARE of N, at least `least`."""
+def _bucket_lows(capacity: int, least: int, padded: tuple[int, ...]) -> list[int]:
+    """The smallest batch of each bucket: widths of 1/BUCKET_SHARE of N, at least `least`, but
+    cut after every padded size (no bucket mixes two padded sizes)."""
     lows = [1]
     while True:
         low = lows[-1] + max(least, -(-lows[-1] // BUCKET_SHARE))
+        low = min([low] + [p + 1 for p in padded if lows[-1] <= p < low])
         if low > capacity:
             return lows
         lows.append(low)
@@ -228,13 +284,15 @@ def admission_setting(name: str, value: str) -> None:
         raise ValueError(f"{name} must be one of {ADMISSION_MODES} or a number >= 1, got {value!r}")
 
 
-def admission_limit(value: str, capacity: int, hisparse: bool) -> AdmissionLimit:
+def admission_limit(
+    value: str, capacity: int, hisparse: bool, padded: tuple[int, ...] = ()
+) -> AdmissionLimit:
     """The limit --admission-limit `value` names, under `capacity` (--max-batch); auto is
     adaptive where requests' KV lives off the GPU (`hisparse`), where the miss copy can make one
-    more request cost more than it brings, and off in the baseline."""
+    more request cost more than it brings, and off in the baseline. `padded`: as the class's."""
     admission_setting("admission_limit", value)
     if value == "adaptive" or (value == "auto" and hisparse):
-        return AdmissionLimit(capacity)
+        return AdmissionLimit(capacity, padded=padded)
     if value.isdigit():
         return AdmissionLimit.fixed(min(int(value), capacity))
     return AdmissionLimit.fixed(capacity)

@@ -61,7 +61,9 @@ async def _serve_all(limit: Modelled) -> tuple[list, float | None]:
     )
     cfg = dataclasses.replace(engine_config("embedded"), local=local, max_batch=CAPACITY)
     engine = await build_engine(cfg)
-    assert engine.scheduler.admission.adaptive  # auto: adaptive in a HiSparse mode
+    built = engine.scheduler.admission
+    assert built.adaptive  # auto: adaptive in a HiSparse mode, over the decode graphs' sizes
+    assert built.padded == engine.compute.runner.cfg.buckets == (1, 2, 4, 8, CAPACITY)
     engine.scheduler.admission = limit
     engine.metrics.watch_admission(limit)
     engine.start()
