@@ -103,7 +103,7 @@ class AdmissionLimit:
     capacity: int
     settings: AdmissionSettings = field(default_factory=AdmissionSettings)
     adaptive: bool = True
-    start: int = 0  # the first limit; 0: the top of the first bucket
+    start: int = 8  # the first limit (rounded up to its bucket's top): the first climb's base
     padded: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
@@ -113,7 +113,7 @@ class AdmissionLimit:
             raise ValueError(f"a fixed admission limit must be >= 1, got {self.start}")
         self._lows = _bucket_lows(self.capacity, self.settings.samples, self.padded)
         self._estimates = [_Estimate() for _ in self._lows]
-        self.at = self.bucket(self.start) if self.start else 0
+        self.at = self.bucket(self.start)
         self._fixed = min(self.start, self.capacity) if not self.adaptive else 0
         self.steps = 0
         self._trial: _Trial | None = None
@@ -172,8 +172,10 @@ class AdmissionLimit:
             return  # the limit's bucket is not measured yet
         elif trial is not None:
             self._judged(trial, self._kept(trial), waiting)
-        elif waiting and self.steps >= self._rest_until:
-            self._try(self._next_up, waiting) or self._try(not self._next_up, waiting)
+        elif waiting and self.steps >= self._rest_until and not self._try(self._next_up, waiting):
+            # That way ends here (at capacity, say): the other one after a rest, not at once.
+            self._next_up = not self._next_up
+            self._rest_until = self.steps + self.settings.explore_steps
 
     def _kept(self, trial: _Trial) -> bool:
         h, tok_s = self.settings.hysteresis, self._estimates[self.at].tok_s

@@ -157,6 +157,16 @@ def test_the_limit_moves_only_while_requests_wait() -> None:
     assert limit.limit > first  # measured and waited for: one bucket up
 
 
+def test_at_capacity_the_first_trial_down_waits_a_rest() -> None:
+    """Small engines at their --max-batch keep their batching for `explore_steps` steps."""
+    limit, settings = AdmissionLimit(64, start=64), AdmissionSettings()
+    for _ in range(settings.samples + settings.explore_steps - 1):  # measured, then a rest
+        limit.observe(64, linear(64), waiting=True)
+    assert limit.limit == 64
+    limit.observe(64, linear(64), waiting=True)
+    assert limit.limit < 64 and limit.view().trying
+
+
 def test_a_fixed_limit_never_moves_but_still_estimates() -> None:
     limit = AdmissionLimit.fixed(40)
     drive(limit, lambda _: peaked(8), 300)

@@ -55,11 +55,13 @@ async def _done(req) -> None:
         pass
 
 
-async def _serve_all(limit: Modelled) -> tuple[list, float | None]:
+async def _serve_all(limit: Modelled, device: str = "cpu") -> tuple[list, float | None]:
     local = LocalLayout(
         max_requests=CAPACITY, hot_slots=32, window=8, page_size=8, num_pages=64, max_context=64
     )
-    cfg = dataclasses.replace(engine_config("embedded"), local=local, max_batch=CAPACITY)
+    cfg = dataclasses.replace(
+        engine_config("embedded"), local=local, max_batch=CAPACITY, device=device
+    )
     engine = await build_engine(cfg)
     built = engine.scheduler.admission
     assert built.adaptive  # auto: adaptive in a HiSparse mode, over the decode graphs' sizes
@@ -76,7 +78,7 @@ async def _serve_all(limit: Modelled) -> tuple[list, float | None]:
 
 
 def test_the_engine_stops_admitting_where_throughput_peaks() -> None:
-    limit = Modelled(CAPACITY, SETTINGS, curve=peaked)
+    limit = Modelled(CAPACITY, SETTINGS, start=1, curve=peaked)  # a climb from the bottom
     reqs, shown = asyncio.run(_serve_all(limit))
     assert all(r.finish is Finish.LENGTH and len(r.tokens) == NEW for r in reqs)
     assert limit.limit == shown == 4
@@ -90,3 +92,13 @@ def test_linear_step_times_admit_up_to_max_batch() -> None:
     assert all(r.finish is Finish.LENGTH for r in reqs)
     assert limit.limit == shown == CAPACITY and max(limit.rows) == CAPACITY
     assert all(s > 0 for s in limit.measured)  # the runner timed every step's decode part
+
+
+@pytest.mark.gpu
+def test_the_decode_part_of_every_step_is_timed_on_gpu() -> None:
+    """CUDA (graphs, Triton kernels): the event between the prefill chunk and the decode rows
+    times each step's decode part, and the limit climbs as on the CPU."""
+    limit = Modelled(CAPACITY, SETTINGS, curve=linear)
+    reqs, shown = asyncio.run(_serve_all(limit, "cuda"))
+    assert all(r.finish is Finish.LENGTH for r in reqs) and shown == CAPACITY
+    assert all(0 < s < 1 for s in limit.measured)
