@@ -84,11 +84,16 @@ def print_table(payload: dict) -> None:
 
 
 def _admitted(p: dict) -> str:
-    """Where the engine's admission limit ran fewer streams at once than the phase started."""
-    running, limit = p.get("running"), p.get("admission_limit")
-    if not running or running >= p["concurrency"]:
+    """Where the engine's admission limit ran fewer streams at once than the phase started, or
+    ended the phase below that."""
+    n, running, limit = (
+        p["concurrency"],
+        p.get("running") or p["concurrency"],
+        p.get("admission_limit"),
+    )
+    if running >= n and (limit is None or limit >= n):
         return ""
-    return f"{running} at once (admission limit {_f(limit, 1, '{:.0f}')})"
+    return f"{running} at once, admission limit {_f(limit, 1, '{:.0f}')} at the end"
 
 
 def _gpu_gib(p: dict) -> str:
