@@ -20,7 +20,8 @@ import re
 log = logging.getLogger(__name__)
 
 SHM_DIR = "/dev/shm"
-FILE_RE = re.compile(r"cuda\.shm\.[0-9]+\.(?P<pid>[0-9]+)\.[0-9]+")
+# The pid is written in hex (the H200 left cuda.shm.0.3dd.1, cuda.shm.0.48c.1, ...).
+FILE_RE = re.compile(r"cuda\.shm\.[0-9a-f]+\.(?P<pid>[0-9a-f]+)\.[0-9a-f]+")
 
 
 def files_of(pid: int, shm_dir: str = SHM_DIR) -> list[str]:
@@ -32,7 +33,7 @@ def files_of(pid: int, shm_dir: str = SHM_DIR) -> list[str]:
     return sorted(
         os.path.join(shm_dir, n)
         for n in names
-        if (m := FILE_RE.fullmatch(n)) is not None and int(m["pid"]) == pid
+        if (m := FILE_RE.fullmatch(n)) is not None and int(m["pid"], 16) == pid
     )
 
 

@@ -67,11 +67,11 @@ class Session:
             m = PID_FILE_RE.fullmatch(name) or TORCH_FILE_RE.fullmatch(name)
             if name.startswith(self.marker) or (m is not None and int(m["pid"]) in ours):
                 left.append(f"/dev/shm: {name}")
-            elif (m := cuda_shm.FILE_RE.fullmatch(name)) and int(m["pid"]) in SPAWNED:
+            elif (m := cuda_shm.FILE_RE.fullmatch(name)) and int(m["pid"], 16) in SPAWNED:
                 # Its supervisor removes it once the process is reaped: one left is a path
                 # that skipped that. Removed here, so that the next run starts clean.
                 left.append(f"/dev/shm: {name} (the CUDA driver's, of a process this run started)")
-                cuda_shm.remove_of(int(m["pid"]), SHM)
+                cuda_shm.remove_of(int(m["pid"], 16), SHM)
         # Only our own children: a recorded pid that exited may belong to anyone by now.
         for pid in sorted(children(os.getpid())) if processes else []:
             cmd = _cmdline(pid)

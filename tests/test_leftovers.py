@@ -108,7 +108,7 @@ def test_a_cuda_driver_file_of_a_started_process_is_named_and_removed() -> None:
     fake = Session(root, set(os.listdir(leftovers.SHM)))
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
-    mine = os.path.join(leftovers.SHM, f"cuda.shm.0.{child.pid}.1")
+    mine = os.path.join(leftovers.SHM, f"cuda.shm.0.{child.pid:x}.1")
     other = os.path.join(leftovers.SHM, "cuda.shm.0.1.1")
     leftovers.SPAWNED.add(child.pid)
     try:
@@ -116,7 +116,7 @@ def test_a_cuda_driver_file_of_a_started_process_is_named_and_removed() -> None:
             open(path, "w").close()
         left = fake.leftovers()
         assert [x for x in left if "cuda.shm" in x] == [
-            f"/dev/shm: cuda.shm.0.{child.pid}.1 (the CUDA driver's, of a process this run started)"
+            f"/dev/shm: cuda.shm.0.{child.pid:x}.1 (the CUDA driver's, of a process this run started)"
         ]
         assert not os.path.exists(mine) and os.path.exists(other)
     finally:

@@ -67,11 +67,11 @@ def test_a_killed_childs_cuda_driver_files_are_removed_once_it_is_reaped(workdir
     the supervisor removes it after reaping; another process's file stays."""
     code = (
         "import os, threading\n"
-        "open(f'/dev/shm/cuda.shm.0.{os.getpid()}.1', 'w').close()\n"
+        "open(f'/dev/shm/cuda.shm.0.{os.getpid():x}.1', 'w').close()\n"
         "print('made', flush=True)\n"
         "threading.Event().wait()\n"
     )
-    other = f"/dev/shm/cuda.shm.0.{os.getpid()}.9"  # ours: alive, not the child's
+    other = f"/dev/shm/cuda.shm.0.{os.getpid():x}.9"  # ours: alive, not the child's
     open(other, "w").close()
     try:
         child = _child(workdir, code).start()
@@ -79,7 +79,7 @@ def test_a_killed_childs_cuda_driver_files_are_removed_once_it_is_reaped(workdir
             if "made" in child.log():
                 break
             time.sleep(0.05)
-        mine = f"/dev/shm/cuda.shm.0.{child.pid}.1"
+        mine = f"/dev/shm/cuda.shm.0.{child.pid:x}.1"
         assert os.path.exists(mine), child.log()
         child.kill()
         assert not os.path.exists(mine) and os.path.exists(other)
