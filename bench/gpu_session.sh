@@ -14,8 +14,8 @@
 #   comma-separated, e.g. fp8:222:2:--copy-chunk=16384])
 #   PROFILE_ARGS="--context 32768 --warmup 6 --steps 3"  NCU_S=90  E2E_S=480  E2E_ARGS="..."
 #   COPYSWEEP="fp8:222:trace bf16:174:trace fp8:222:indexer" (row format:N:top-k source[:grids,
-#   bench/copy_sweep.py's --grids]) COPYSWEEP_S=135 (each) COPYSWEEP_ARGS="--context 32768"
-#   (copysweep first prints the copy kernel's registers: bench/copy_regs.py, COPYREGS_S=45)
+#   bench/profile/copy_sweep.py's --grids]) COPYSWEEP_S=135 (each) COPYSWEEP_ARGS="--context 32768"
+#   (copysweep first prints the copy kernel's registers: bench/kernels/copy_regs.py, COPYREGS_S=45)
 #   MTP_S=200  MTP_ARGS="..."  PREFIX_S=120  PREFIX_ARGS="..."  GW_S=120  GW_ARGS="..."
 set -uo pipefail
 OUT=${OUT:-.gpuout}
@@ -46,20 +46,20 @@ profiles() {
   for spec in ${PROFILES:-bf16:128:1 bf16:128:2}; do
     IFS=: read -r fmt bs mb extra <<< "$spec"
     local name="profile-$fmt-$bs-mb$mb$(echo "${extra:-}" | tr -c 'A-Za-z0-9\n' '-')"
-    stage "$name" "${PROF_S:-60}" python3 bench/profile.py --preset bench \
+    stage "$name" "${PROF_S:-60}" python3 -m bench.profile --preset bench \
       --mode embedded --row-format "$fmt" --batch "$bs" --microbatches "$mb" ${extra//,/ } \
       ${PROFILE_ARGS:---context 32768 --warmup 6 --steps 3} --out "$RUN/$name.json"
   done
 }
-ncus() {  # Nsight Compute on the miss copy alone (bench/ncu_copy.py): both row formats, the
+ncus() {  # Nsight Compute on the miss copy alone (bench/kernels/ncu_copy.py): both row formats, the
   # side stream's grid, 64 CTAs all working, the default grid; the second round of its launches
   stage ncu "${NCU_S:-90}" ncu --clock-control none -k regex:miss_copy --launch-skip 6 \
     --launch-count 6 --section SpeedOfLight --section MemoryWorkloadAnalysis_Tables \
     --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
-    python3 bench/ncu_copy.py
+    python3 -m bench.kernels.ncu_copy
 }
-copysweep() {  # the step against the side-stream copy's grid (bench/copy_sweep.py)
-  stage copyregs "${COPYREGS_S:-45}" python3 bench/copy_regs.py
+copysweep() {  # the step against the side-stream copy's grid (bench/profile/copy_sweep.py)
+  stage copyregs "${COPYREGS_S:-45}" python3 -m bench.kernels.copy_regs
   local limit=${COPYSWEEP_S:-135}
   for spec in ${COPYSWEEP:-fp8:222:trace bf16:174:trace fp8:222:indexer}; do
     IFS=: read -r fmt bs src grids <<< "$spec"
@@ -67,7 +67,7 @@ copysweep() {  # the step against the side-stream copy's grid (bench/copy_sweep.
       grids="none,24,64,132,default,64/16/512K,132/16/512K,132/16/1M,132/16/2M"
     fi
     local name="copysweep-$fmt-$bs-$src"
-    stage "$name" "$limit" python3 bench/copy_sweep.py --preset bench --row-format "$fmt" \
+    stage "$name" "$limit" python3 -m bench.profile.copy_sweep --preset bench --row-format "$fmt" \
       --batch "$bs" --topk-source "$src" ${grids:+--grids "$grids"} \
       --budget-s $((limit - 15)) ${COPYSWEEP_ARGS:---context 32768} --out "$RUN/$name.json"
   done
@@ -78,18 +78,18 @@ for s in $STAGES; do
     tests) stage tests "${TEST_S:-240}" python3 -m pytest -q -m "${TEST_M:-gpu}" -p no:cacheprovider \
              --timeout "${TEST_TIMEOUT:-150}" ${TEST_K:+-k "$TEST_K"} ${TESTS:-tests} ;;
     sanitize) stage sanitize "${SAN_S:-570}" env OUT="$RUN" bash bench/sanitize.sh ;;
-    kernels) stage kernels "${KERN_S:-100}" python3 bench/kernels.py ${KERNEL_QUICK---quick} \
+    kernels) stage kernels "${KERN_S:-100}" python3 -m bench.kernels ${KERNEL_QUICK---quick} \
                --cases "${KERNEL_CASES-miss_copy,attention}" --out "$RUN/kernels.json" ;;
-    sweep) stage sweep "${SWEEP_S:-150}" python3 bench/attention_sweep.py ${SWEEP_ARGS:-} \
+    sweep) stage sweep "${SWEEP_S:-150}" python3 -m bench.kernels.attention_sweep ${SWEEP_ARGS:-} \
              --out "$RUN/sweep.json" ;;
     profiles) profiles ;;
     ncu) ncus ;;
     copysweep) copysweep ;;
-    e2e) stage e2e "${E2E_S:-480}" python3 bench/e2e.py ${E2E_ARGS:-} --out "$RUN/e2e.json" ;;
-    gateway) stage gateway "${GW_S:-120}" python3 bench/gateway.py ${GW_ARGS:-} \
+    e2e) stage e2e "${E2E_S:-480}" python3 -m bench.e2e ${E2E_ARGS:-} --out "$RUN/e2e.json" ;;
+    gateway) stage gateway "${GW_S:-120}" python3 -m bench.gateway ${GW_ARGS:-} \
                --out "$RUN/gateway.json" ;;
-    mtp) stage mtp "${MTP_S:-200}" python3 bench/mtp.py ${MTP_ARGS:-} --out "$RUN/mtp.json" ;;
-    prefix) stage prefix "${PREFIX_S:-120}" python3 bench/prefix.py ${PREFIX_ARGS:-} \
+    mtp) stage mtp "${MTP_S:-200}" python3 -m bench.mtp ${MTP_ARGS:-} --out "$RUN/mtp.json" ;;
+    prefix) stage prefix "${PREFIX_S:-120}" python3 -m bench.prefix ${PREFIX_ARGS:-} \
               --out "$RUN/prefix.json" ;;
     *) echo "unknown stage $s" ;;
   esac

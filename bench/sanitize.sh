@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # compute-sanitizer over the engine's kernels and the four KV modes, within one device call. Per tool
 # two parts, each under its own time limit so that one slow part cannot eat the others:
-#   kernels  bench/sanitize_kernels.py: every Triton kernel entry of the engine (KernelSet),
+#   kernels  bench/sanitize/cli.py: every Triton kernel entry of the engine (KernelSet),
 #            launched from Python on requests of irregular lengths in both row formats, the device
 #            synchronized after each launch; the findings are counted per entry in a table
 #   churn    the overlap churn test (tests/integration/test_engine_stress.py, gpu cases): all four KV modes,
@@ -86,14 +86,14 @@ for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
     *) steps=${SYNCCHECK_STEPS:-8} ends=${SYNCCHECK_MIN_ENDS:-1}
       kernels_s=${SYNCCHECK_KERNELS_S:-${KERNELS_S:-35}} churn_s=${SYNCCHECK_CHURN_S:-${CHURN_S:-55}} ;;
   esac
-  part "$tool" kernels - "$kernels_s" python3 bench/sanitize_kernels.py
-  python3 bench/sanitize_kernels.py --table "$OUT/sanitize_$tool.kernels.log" \
+  part "$tool" kernels - "$kernels_s" python3 -m bench.sanitize
+  python3 -m bench.sanitize --table "$OUT/sanitize_$tool.kernels.log" \
     >"$OUT/sanitize_$tool.table.txt" 2>&1 || status=1
   export STRESS_STEPS=$steps STRESS_MIN_ENDS=$ends  # read by the test
   # -s: the test's mode markers reach the log between the sanitizer's lines; -rA: a line per mode.
   part "$tool" churn "$steps" "$churn_s" python3 -m pytest -q -s -rA -m gpu -p no:cacheprovider \
     --timeout 7200 tests/integration/test_engine_stress.py -k "${SANITIZE_K:-gpu}"
-  python3 bench/sanitize_kernels.py --modes "$OUT/sanitize_$tool.churn.log" \
+  python3 -m bench.sanitize --modes "$OUT/sanitize_$tool.churn.log" \
     >"$OUT/sanitize_$tool.modes.txt" 2>&1 || status=1
 done
 

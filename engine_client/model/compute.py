@@ -122,7 +122,7 @@ def load_topk_source(
     spec: str, model_cfg: ModelConfig, layout: KVLayout, device: str
 ) -> TopkSource | None:
     """None for "indexer"; else MODULE:FUNC[:JSON kwargs], called as
-    FUNC(model_cfg, layout, device, **kwargs) -> TopkSource (benchmarks: bench.trace)."""
+    FUNC(model_cfg, layout, device, **kwargs) -> TopkSource (benchmarks: bench.shared.trace)."""
     if spec == "indexer":
         return None
     module, func, *rest = spec.split(":", 2)

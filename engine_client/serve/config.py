@@ -214,7 +214,7 @@ class EngineConfig:
     topk_source: str = setting(
         "indexer",
         help="benchmarks: decode top-k from the model's "
-        "indexer, or from MODULE:FUNC[:JSON] (e.g. bench.trace:trace_source)",
+        "indexer, or from MODULE:FUNC[:JSON] (e.g. bench.shared.trace:trace_source)",
         check=plugin_or("indexer"),
     )
     # Speculative decoding (engine_client/model/spec_runner.py, loop/speculative.py).
@@ -232,7 +232,7 @@ class EngineConfig:
     draft_source: str = setting(
         "mtp",
         help="speculative: mtp (the model's MTP layer), or MODULE:FUNC[:JSON], a BENCHMARK-ONLY "
-        "source of drafts (bench.draft_replay:replay_source replays a recorded greedy run: "
+        "source of drafts (bench.mtp.draft_replay:replay_source replays a recorded greedy run: "
         "acceptance is the recording's, not the model's)",
         check=plugin_or("mtp"),
     )

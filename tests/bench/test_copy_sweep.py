@@ -1,4 +1,4 @@
-"""bench/copy_sweep.py: the grid specs it reads, and one tiny sweep end to end on CPU."""
+"""bench/profile/copy_sweep.py: the grid specs it reads, and one tiny sweep end to end on CPU."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bench.copy_sweep import main, setting
+from bench.profile.copy_sweep import main, setting
 from engine_client.kv.hisparse import OVERLAP_COPY_GRID
 from kernels.swap.copy_grid import CopyGrid
 

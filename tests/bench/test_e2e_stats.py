@@ -1,10 +1,10 @@
-"""bench/e2e_stats.py's steady window: all streams when the engine ran them at once; the first
+"""bench/e2e/stats.py's steady window: all streams when the engine ran them at once; the first
 wave when its admission limit ran fewer (then `running` says how many, and the limit the engine
 showed last is reported)."""
 
 from __future__ import annotations
 
-from bench.e2e_stats import analyze
+from bench.e2e.stats import analyze
 
 
 def _rec(first: float, tokens: int, gap: float = 1.0) -> dict:

@@ -1,4 +1,4 @@
-"""bench/profile.py: the per-kernel breakdown of a decode step, end to end on a tiny preset."""
+"""bench.profile: the per-kernel breakdown of a decode step, end to end on a tiny preset."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import json
 import pytest
 import torch
 
-from bench.profile import CATEGORIES, category, main
-from bench.profile_parts import PART_FAMILIES, family, kernel_kind
+from bench.profile.breakdown import main
+from bench.profile.parts import PART_FAMILIES, family
+from bench.shared.kernel_names import CATEGORIES, category, kernel_kind
 
 KERNEL_CATEGORIES = [c for c, _ in CATEGORIES if c != "MLP/GEMM"]
 
@@ -50,7 +51,7 @@ def test_kernels_fall_in_the_family_of_their_part():
         ("aten::cat", ["unknown part"], "outside the model: cat"),
         ("Memcpy HtoD (Pinned -> Device)", [], "outside the model: copy/cast"),
     ]
-    assert [family(k, p, category) for k, p, _ in cases] == [f for *_, f in cases]
+    assert [family(k, p) for k, p, _ in cases] == [f for *_, f in cases]
 
 
 def test_kernel_kinds():

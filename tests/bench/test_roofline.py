@@ -1,10 +1,10 @@
-"""bench/roofline.py: the arithmetic of the decode roofline, against numbers worked by hand."""
+"""bench/e2e/roofline.py: the arithmetic of the decode roofline, against numbers worked by hand."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.roofline import (
+from bench.e2e.roofline import (
     Ceilings,
     analyze,
     fixed_cost_s,

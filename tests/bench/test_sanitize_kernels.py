@@ -1,4 +1,4 @@
-"""bench/sanitize_kernels.py's tables: the sanitizer's findings are counted against the kernel
+"""bench/sanitize/cli.py's tables: the sanitizer's findings are counted against the kernel
 entry whose launch marker follows them, and an entry that never launched fails the table; in
 the churn's log, against the KV mode whose marker precedes them, with each mode's outcome. (The
 driver itself runs on the H200 under compute-sanitizer, bench/sanitize.sh.)"""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.sanitize_kernels import MARKER, MODE_MARKER, _entry_names, modes, table
+from bench.sanitize.cli import MARKER, MODE_MARKER, _entry_names, modes, table
 
 HEADER = "========= COMPUTE-SANITIZER\n"
 RACE = (

@@ -1,4 +1,4 @@
-"""bench/trace.py: the replayed top-k obeys the top-k contract (distinct, ascending, in range,
+"""bench.shared.trace: the replayed top-k obeys the top-k contract (distinct, ascending, in range,
 -1 padding) and its simulated miss rates sit near the published ones it is calibrated to."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.trace import TARGET_MISS, TraceParams, TraceTopk, simulate
+from bench.shared.trace import TARGET_MISS, TraceParams, TraceTopk, simulate
 
 
 @pytest.mark.parametrize("seq_len", [1, 5, 16, 17, 40, 300, 5000])

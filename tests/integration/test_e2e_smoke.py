@@ -1,4 +1,4 @@
-"""`python bench/e2e.py --smoke` as the lead runs it, on CPU: the kv service and the engines as
+"""`python -m bench.e2e --smoke` as the lead runs it, on CPU: the kv service and the engines as
 separate processes, concurrent Generate streams, every KV mode, a JSON with sane numbers and
 nothing left behind."""
 
@@ -22,7 +22,7 @@ MODES = {"baseline", "embedded", "service", "service-remote-swap"}
 def _run(out: Path) -> tuple[int, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ENGINE_", "KVS_"))}
     proc = subprocess.run(
-        [sys.executable, "bench/e2e.py", "--smoke", "--out", str(out)],
+        [sys.executable, "-m", "bench.e2e", "--smoke", "--out", str(out)],
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,

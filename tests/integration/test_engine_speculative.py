@@ -9,7 +9,7 @@ rounding (random weights: far apart), and compares logits bit for bit only among
 modes of the speculative run, whose shapes are identical.
 
 The drafts come from the model's MTP layer (D = 1: nearly all rejected), and from the
-BENCHMARK-ONLY replay of the recorded greedy run (bench/draft_replay.py) with every 5th
+BENCHMARK-ONLY replay of the recorded greedy run (bench/mtp/draft_replay.py) with every 5th
 position made wrong (D = 3): steps that accept 0 to 3 drafts, so rollback runs at every depth.
 """
 
@@ -23,7 +23,7 @@ import os
 import pytest
 import torch
 
-from bench.draft_replay import write_recording
+from bench.mtp.draft_replay import write_recording
 from engine_client.loop.request import SamplingParams
 from tests.engine_client.loop.test_engine import MODES, _run_jobs, one_cpu_thread  # noqa: F401 (autouse)
 from tests.process_harness import (
@@ -75,7 +75,7 @@ def test_speculative_tokens_equal_plain_decoding_in_every_kv_mode() -> None:
     with workdir() as path:
         recording = os.path.join(path, "greedy.jsonl")
         write_recording(recording, [(JOBS[i][0], plain[i]) for i in greedy])
-        replay = "bench.draft_replay:replay_source:" + json.dumps(
+        replay = "bench.mtp.draft_replay:replay_source:" + json.dumps(
             {"path": recording, "wrong_every": 5}
         )
         svc = start_service(path, SPEC_LAYOUT)
@@ -139,7 +139,7 @@ def test_speculative_on_gpu_in_every_kv_mode(row_format) -> None:
     with workdir() as path:
         recording = os.path.join(path, "greedy.jsonl")
         write_recording(recording, [(JOBS[i][0], plain[i]) for i in greedy])
-        replay = "bench.draft_replay:replay_source:" + json.dumps({"path": recording})
+        replay = "bench.mtp.draft_replay:replay_source:" + json.dumps({"path": recording})
         layout = dataclasses.replace(SPEC_LAYOUT, row_format=row_format)
         svc = start_service(path, layout, device="cuda")
         try:

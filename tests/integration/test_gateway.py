@@ -286,9 +286,9 @@ def test_an_unreachable_engine_is_503() -> None:
 
 
 def test_the_gateway_bench_measures_both_routes(stack: dict) -> None:
-    """bench/gateway.py's load and numbers on this stack (its --smoke run starts a stack of its
+    """bench.gateway's load and numbers on this stack (its --smoke run starts a stack of its
     own: the same code plus start-up)."""
-    from bench import gateway as bench
+    from bench.gateway import cli as bench
 
     args = bench.parse_args(["--smoke"])
     args.streams = 1  # this engine decodes one request at a time

@@ -53,9 +53,9 @@ def test_e2e_sizes_both_formats_in_the_same_budget() -> None:
     engine is started with the run's row format so it matches the service."""
     from dataclasses import replace
 
-    from bench import e2e_plan as plan
-    from bench.e2e import parse_args, sizes_from_args
-    from bench.row_formats import summary
+    from bench.e2e import plan
+    from bench.e2e.cli import parse_args, sizes_from_args
+    from bench.e2e.row_formats import summary
 
     bf16 = replace(sizes_from_args(parse_args([]), "cuda"), row_format="bf16")
     fp8 = replace(bf16, row_format="fp8")

@@ -1,0 +1,1 @@
+"""The service's CPU cost of one StepEnd."""

@@ -1,0 +1,5 @@
+"""`python -m bench.gateway`: runs bench.gateway.cli."""
+
+from bench.gateway.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,4 @@
+"""Every kernel against its same-run comparison (`python -m bench.kernels`); the *_cases modules
+are its cases. Also attention_sweep (launch configurations of sparse MLA decode), ncu_copy (the
+miss copy alone, for Nsight Compute), copy_regs and sm90_report (the miss copy's registers as
+compiled), each `python -m bench.kernels.<name>`."""
