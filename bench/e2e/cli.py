@@ -47,6 +47,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny preset and sizes")
     ap.add_argument("--out", default="", help="JSON path [bench/results/e2e-<date>.json]")
+    _add_size_args(ap)
+    _add_run_args(ap)
+    return ap.parse_args(argv)
+
+
+def _add_size_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--contexts", default="", help="comma-separated [32768,131072; smoke 256]")
     ap.add_argument(
         "--gpu-kv-gib", type=float, default=None, help="GPU KV budget G [6; smoke 2 MiB]"
@@ -59,6 +65,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="decode steps at full concurrency per phase [128; smoke 8]",
     )
+
+
+def _add_run_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--modes", default=",".join(plan.MODES))
     ap.add_argument("--sources", default="trace,indexer", help="top-k sources: trace, indexer")
     ap.add_argument("--no-sweep", action="store_true", help="skip the hit-rate-vs-B runs")
@@ -91,7 +100,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(baseline and HiSparse in the same format): bf16 (1152 B), fp8 (656 B); "
         "with several, each JSON gets a -<format> suffix and a summary is printed",
     )
-    return ap.parse_args(argv)
 
 
 def sizes_from_args(args: argparse.Namespace, device: str) -> plan.Sizes:

@@ -15,6 +15,19 @@ def _f(v, scale: float = 1.0, fmt: str = "{:.1f}") -> str:
 
 
 def print_table(payload: dict) -> None:
+    _print_plans(payload)
+    _print_phases(payload["runs"])
+    _print_overlap(payload["runs"])
+    for skipped in payload.get("skipped", []):
+        print(f"  skipped (time budget): {skipped}")
+    print("\nratios (same run; tok/s unless named)")
+    for key, rs in payload["ratios"].items():
+        print(f"  {key}: " + ", ".join(f"{k} {v:.2f}x" for k, v in rs.items()))
+    print_roofline(payload)
+    print(f"\nwall time {payload['wall_s']:.0f} s; JSON {payload['out']}")
+
+
+def _print_plans(payload: dict) -> None:
     print(
         f"\nend-to-end decode, {payload['device']}, preset {payload['sizes']['preset']}, "
         f"GPU KV budget {payload['sizes']['gpu_kv_bytes'] / 2**30:.3g} GiB, "
@@ -27,13 +40,16 @@ def print_table(payload: dict) -> None:
             f"({plan['capacity_ratio']:.2f}x), host tier "
             f"{plan['hisparse']['host_tier_bytes'] / 2**30:.2f} GiB"
         )
+
+
+def _print_phases(runs: list[dict]) -> None:
     head = (
         f"{'context':>8} {'mode':<20} {'topk':<8} {'phase':<12} {'N':>4} {'tok/s':>9} "
         f"{'TTFT50':>8} {'TTFT99':>8} {'ITL50':>7} {'ITL99':>7} {'hit%':>6} "
         f"{'H2D GB/s':>9} {'%pin':>5} {'ctl%':>5} {'GPU GiB':>7} {'roof%':>5}  notes"
     )
     print("\n" + head + "\n" + "-" * len(head))
-    for r in payload["runs"]:
+    for r in runs:
         if r.get("error"):
             print(
                 f"{r['context']:>8} {r['mode']:<20} {r['source']:<8} {'FAILED':<12} "
@@ -60,11 +76,14 @@ def print_table(payload: dict) -> None:
         "RemoteSwap calls / wall time. GPU GiB: engine + service (nvidia-smi). roof%: tok/s "
         "over the roofline limit without overlap (below), at the N that ran at once."
     )
+
+
+def _print_overlap(runs: list[dict]) -> None:
     print(
         "\noverlap: client ITL p50 vs the engine's step GPU time in the same window "
         "(targets: <= 1.10x at max N, <= 1.05x at batch 1, GPU idle <= 5%)"
     )
-    for r in payload["runs"]:
+    for r in runs:
         for name, p in r.get("phases", {}).items():
             if p.get("step_gpu_s") is not None:
                 print(
@@ -74,13 +93,6 @@ def print_table(payload: dict) -> None:
                     f"{_f(p['itl_p50_over_step'], 1, '{:.2f}')}x, "
                     f"GPU idle {_f(p['gpu_idle_frac'], 100)}%"
                 )
-    for skipped in payload.get("skipped", []):
-        print(f"  skipped (time budget): {skipped}")
-    print("\nratios (same run; tok/s unless named)")
-    for key, rs in payload["ratios"].items():
-        print(f"  {key}: " + ", ".join(f"{k} {v:.2f}x" for k, v in rs.items()))
-    print_roofline(payload)
-    print(f"\nwall time {payload['wall_s']:.0f} s; JSON {payload['out']}")
 
 
 def _admitted(p: dict) -> str:

@@ -10,7 +10,7 @@ import sys
 import time
 
 from bench.e2e import plan
-from bench.e2e.load import Sampler
+from bench.e2e.sampler import Sampler
 from bench.e2e.stats import analyze
 from bench.shared.child import run_python
 

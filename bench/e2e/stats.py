@@ -120,21 +120,36 @@ def _peaks(samples: list[dict], key: str) -> dict:
     return peak
 
 
-def analyze(
-    recs: list[dict], samples: list[dict], concurrency: int, h2d_ceiling_gbs: float | None
-) -> dict:
-    """Every number of one phase (seconds in s, rates per s; None where not measurable)."""
-    a, b, steady, running = _window(recs)
+def _itls_and_rate(
+    recs: list[dict], a: float, b: float, steady: bool
+) -> tuple[list[float], float | None]:
+    """The token gaps in the window [a, b] and the phase's tokens per second."""
     # Only token gaps wholly inside the window: the gap that spans the last prefill step
     # belongs to the ramp. Throughput = sum of the streams' token rates in the window.
     gaps = [
         [y - x for x, y in zip(r["arrivals"], r["arrivals"][1:]) if a <= x and y <= b] for r in recs
     ]
-    itls = [g for gs in gaps for g in gs]
-    in_win = len(itls)
     tok_s = sum(len(gs) / sum(gs) for gs in gaps if gs and sum(gs) > 0) if steady else None
     if not steady and b > a:
         tok_s = sum(1 for r in recs for t in r["arrivals"] if a < t <= b) / (b - a)
+    return [g for gs in gaps for g in gs], tok_s
+
+
+def _h2d(moved: int, tokens: int, tok_s: float | None, ceiling_gbs: float | None) -> dict:
+    # Bytes per token are about the same at every step of the phase, so bytes/token x the
+    # window's token rate is the window's PCIe traffic in every mode (embedded has no sampler).
+    gbs = moved / tokens * tok_s / 1e9 if tokens and tok_s else None
+    frac = gbs / ceiling_gbs if gbs is not None and ceiling_gbs else None
+    return {"h2d_gbs": gbs, "h2d_frac_of_pinned": frac}
+
+
+def analyze(
+    recs: list[dict], samples: list[dict], concurrency: int, h2d_ceiling_gbs: float | None
+) -> dict:
+    """Every number of one phase (seconds in s, rates per s; None where not measurable)."""
+    a, b, steady, running = _window(recs)
+    itls, tok_s = _itls_and_rate(recs, a, b, steady)
+    in_win = len(itls)
     ttfts = [r["arrivals"][0] - r["submitted"] for r in recs if r["arrivals"]]
     tokens = sum(len(r["arrivals"]) for r in recs)
     hits, misses = sum(r["hits"] for r in recs), sum(r["misses"] for r in recs)
@@ -158,13 +173,7 @@ def analyze(
         "hit_rate": hits / (hits + misses) if hits + misses else None,
         "bytes_moved": moved,
     }
-    # Bytes per token are about the same at every step of the phase, so bytes/token x the
-    # window's token rate is the window's PCIe traffic in every mode (embedded has no sampler).
-    gbs = moved / tokens * tok_s / 1e9 if tokens and tok_s else None
-    out["h2d_gbs"] = gbs
-    out["h2d_frac_of_pinned"] = (
-        gbs / h2d_ceiling_gbs if gbs is not None and h2d_ceiling_gbs else None
-    )
+    out.update(_h2d(moved, tokens, tok_s, h2d_ceiling_gbs))
     out.update(_service_window(samples, a, b, itl_mean))
     out.update(_engine_window(samples, a, b, out["itl_p50_s"]))
     out.update(_admission(samples))

@@ -111,51 +111,60 @@ def sweep_format(fmt: str, bs: int, reps: int, ceil: dict) -> dict:
     for label, splits, kw in FUSED:
         ws = AttnWorkspace.allocate(bs, H, splits, device=DEV) if splits else None
         _timed(res["fused"], attend(ws, **kw), reps, label=label)
-    qk_scale = SCALE * 1.4426950408889634
+    args = (q, qp, kv, base, slots, row_format)
     for bt in sorted({v[0] for v in SCORE[fmt]}):
         ws = TileWorkspace.allocate(bs, H, K, row_format=row_format, block_t=bt, device=DEV)
-        for _, stages in [v for v in SCORE[fmt] if v[0] == bt]:
-            for chunk in chunks(bs, bt, 128):
-                cfg = LaunchConfig(chunk=chunk, score_stages=stages)
-                fn = lambda cfg=cfg: score_pass(  # noqa: E731
-                    q,
-                    qp,
-                    kv,
-                    base,
-                    slots,
-                    qk_scale,
-                    ws,
-                    cfg,
-                    row_format,  # noqa: B023
-                )
-                _timed(res["score"], fn, reps, bt=bt, cfg=cfg)
-        for cols, warps, stages in MIX:
-            cfg = LaunchConfig(mix_cols=cols, mix_warps=warps, mix_stages=stages)
-            fn = lambda cfg=cfg: mix_pass(kv, base, slots, out, lse, ws, cfg, row_format)  # noqa: E731,B023
-            _timed(res["mix"], fn, reps, bt=bt, cfg=cfg)
-        sb, mb = _best(res["score"], bt=bt), _best(res["mix"], bt=bt)
-        if sb is None or mb is None:
-            continue
-        cfg = _merge(sb["cfg"], mb["cfg"])
-        others = [
-            _merge(s["cfg"], m["cfg"])
-            for s, m in zip(
-                [r for r in res["score"] if r["bt"] == bt and r["us"] == r["us"]][::-1],
-                [r for r in res["mix"] if r["bt"] == bt and r["us"] == r["us"]][::-1],
-            )
-        ][:2]
-        res["best"][bt] = {
-            "cfg": cfg.__dict__,
-            "us": time_us(attend(ws, launch=cfg), reps),
-            "score_us": sb["us"],
-            "mix_us": mb["us"],
-            **check(attend, ws, cfg, others, (q, qp, kv, base, slots, row_format), out, lse),
-        }
+        _time_passes(res, fmt, bs, bt, ws, args, (out, lse), reps)
+        best = _best_pair(res, bt, attend, ws, args, (out, lse), reps)
+        if best is not None:
+            res["best"][bt] = best
     for r in res["score"] + res["mix"]:
         r["cfg"] = r["cfg"].__dict__
     res["hbm_floor_us"] = K * kv.shape[1] * kv.element_size() / (ceil["d2d_gbs"] * 1e3)
     res["mm_floor_us"] = FLOP / (ceil["mm_tflops"] * 1e6)
     return res
+
+
+def _time_passes(
+    res: dict, fmt: str, bs: int, bt: int, ws, args: tuple, outs: tuple, reps: int
+) -> None:
+    """Each score-pass and mix-pass configuration of tile `bt`, timed alone."""
+    q, qp, kv, base, slots, row_format = args
+    out, lse = outs
+    qk_scale = SCALE * 1.4426950408889634
+    for _, stages in [v for v in SCORE[fmt] if v[0] == bt]:
+        for chunk in chunks(bs, bt, 128):
+            cfg = LaunchConfig(chunk=chunk, score_stages=stages)
+            fn = lambda cfg=cfg: score_pass(  # noqa: E731
+                q, qp, kv, base, slots, qk_scale, ws, cfg, row_format
+            )
+            _timed(res["score"], fn, reps, bt=bt, cfg=cfg)
+    for cols, warps, stages in MIX:
+        cfg = LaunchConfig(mix_cols=cols, mix_warps=warps, mix_stages=stages)
+        fn = lambda cfg=cfg: mix_pass(kv, base, slots, out, lse, ws, cfg, row_format)  # noqa: E731
+        _timed(res["mix"], fn, reps, bt=bt, cfg=cfg)
+
+
+def _best_pair(res: dict, bt: int, attend, ws, args: tuple, outs: tuple, reps: int) -> dict | None:
+    """The fastest score and mix passes of tile `bt` launched together, timed and checked."""
+    sb, mb = _best(res["score"], bt=bt), _best(res["mix"], bt=bt)
+    if sb is None or mb is None:
+        return None
+    cfg = _merge(sb["cfg"], mb["cfg"])
+    others = [
+        _merge(s["cfg"], m["cfg"])
+        for s, m in zip(
+            [r for r in res["score"] if r["bt"] == bt and r["us"] == r["us"]][::-1],
+            [r for r in res["mix"] if r["bt"] == bt and r["us"] == r["us"]][::-1],
+        )
+    ][:2]
+    return {
+        "cfg": cfg.__dict__,
+        "us": time_us(attend(ws, launch=cfg), reps),
+        "score_us": sb["us"],
+        "mix_us": mb["us"],
+        **check(attend, ws, cfg, others, args, *outs),
+    }
 
 
 def _merge(s: LaunchConfig, m: LaunchConfig) -> LaunchConfig:

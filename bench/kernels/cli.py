@@ -49,8 +49,25 @@ def main() -> int:
         f"(read+write), bf16 matmul {ceil['mm_tflops']:.0f} TFLOP/s",
         flush=True,
     )
+    rows = run_cases(ceil, reps, [w for w in args.cases.split(",") if w])
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+        "ceilings": ceil,
+        "rows": [r.__dict__ for r in rows],
+    }
+    out.write_text(json.dumps(payload, indent=2))
+    print_table(rows)
+    return 0
+
+
+def run_cases(ceil: dict, reps: int, wanted: list[str]) -> list[Row]:
+    """Every case whose name contains one of `wanted` (all without), in module order; a case
+    that raises gives an ERROR row."""
     rows: list[Row] = []
-    wanted = [w for w in args.cases.split(",") if w]
     modules = (
         kernel_cases,
         swap_cases,
@@ -69,18 +86,7 @@ def main() -> int:
         except Exception as exc:  # a broken case must not hide the others' numbers
             rows.append(Row(case.__name__, "ERROR", float("nan"), float("nan"), repr(exc)[:120]))
         print(f"  {case.__name__} done in {time.time() - t0:.1f}s", flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    payload = {
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "date": time.strftime("%Y-%m-%d"),
-        "ceilings": ceil,
-        "rows": [r.__dict__ for r in rows],
-    }
-    out.write_text(json.dumps(payload, indent=2))
-    print_table(rows)
-    return 0
+    return rows
 
 
 if __name__ == "__main__":

@@ -40,18 +40,7 @@ def miss_copy_case(ceil: dict, reps: int) -> list[Row]:
             miss_copy(*args, **{k: v for k, v in extra.items() if v is not None})
 
         us = graph_time_us(fn, reps)
-        for chunk, nw in ((16384, 4), (16384, 8), (32768, 8)):
-            v_us = graph_time_us(lambda chunk=chunk, nw=nw: fn(chunk, nw), reps)
-            v_gbs = n_miss * d / v_us / 1e3
-            rows.append(
-                Row(
-                    "miss_copy",
-                    f"{d} B chunk={chunk} warps={nw}",
-                    v_us,
-                    v_gbs / ceil["h2d_gbs"],
-                    f"{v_gbs:.1f} GB/s (variant)",
-                )
-            )
+        rows += _miss_copy_variants(fn, n_miss * d, d, ceil, reps)
         ok = torch.equal(hot[dst.view(-1)[:512]].cpu(), host[src.view(-1)[:512].cpu()])
         gbs = n_miss * d / us / 1e3
         rows.append(
@@ -63,6 +52,19 @@ def miss_copy_case(ceil: dict, reps: int) -> list[Row]:
                 f"{gbs:.1f} GB/s vs pinned copy {ceil['h2d_gbs']:.1f}; target >=0.90; "
                 f"bytes ok={ok}; cpu/call {cpu_call_us(fn):.1f}us",
             )
+        )
+    return rows
+
+
+def _miss_copy_variants(fn, nbytes: int, d: int, ceil: dict, reps: int) -> list[Row]:
+    """The miss copy at other chunk sizes and warp counts (`fn(chunk, warps)`)."""
+    rows = []
+    for chunk, nw in ((16384, 4), (16384, 8), (32768, 8)):
+        v_us = graph_time_us(lambda chunk=chunk, nw=nw: fn(chunk, nw), reps)
+        v_gbs = nbytes / v_us / 1e3
+        label = f"{d} B chunk={chunk} warps={nw}"
+        rows.append(
+            Row("miss_copy", label, v_us, v_gbs / ceil["h2d_gbs"], f"{v_gbs:.1f} GB/s (variant)")
         )
     return rows
 

@@ -22,12 +22,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -37,18 +34,12 @@ import grpc
 from bench.e2e.load import LoadGen
 from bench.e2e.stats import analyze
 from bench.prefix import plan
-from bench.shared.child import SHM_DIR, remove_segments, service_extra
+from bench.prefix.children import Procs
 from engine_client.cli.config import GenerateConfig
 from engine_client.cli.generate import GenerationResult, generate_stream
-from engine_client.serve.config import LocalLayout
 from engine_client.serve.procs import (
     REPO_ROOT,
-    ManagedProcess,
-    engine_process,
-    service_process,
 )
-from proto.kvcache.v1 import kvcache_pb2 as kpb
-from proto.kvcache.v1 import kvcache_pb2_grpc as kpb_grpc
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -89,80 +80,6 @@ def sizes_from_args(a: argparse.Namespace, device: str) -> plan.Sizes:
         message=256 if big else 8,
         answer=64 if big else 4,
     )
-
-
-class Procs:
-    """At most one kv service (kept, and flushed, while runs share its layout) and one engine
-    at a time, in one temp dir."""
-
-    def __init__(self, s: plan.Sizes, timeout: float) -> None:
-        self.s, self.timeout = s, timeout
-        self.dir = tempfile.mkdtemp(prefix="prefix-", dir="/tmp")
-        self.instance = f"pfx{os.getpid()}"
-        self.service: ManagedProcess | None = None
-        self.service_flags: list[str] = []
-        self.engine: ManagedProcess | None = None
-        self.n = 0
-
-    def start(
-        self, mode: str, lay: LocalLayout, sharing: bool, extra: tuple[str, ...] = ()
-    ) -> ManagedProcess:
-        self.stop_engine()
-        uds = self._service(plan.service_flags(self.s, lay)) if mode != "baseline" else ""
-        self.n += 1
-        flags = plan.engine_flags(self.s, mode, lay, sharing, list(extra))
-        self.engine = engine_process(
-            self.dir, mode, service_uds=uds, name=f"e{self.n}", extra=flags
-        )
-        return self.engine.start().wait_serving(self.timeout)
-
-    def _service(self, flags: list[str]) -> str:
-        if self.service is not None and flags == self.service_flags:
-            self._call("Flush", kpb.FlushRequest())  # every run starts cold
-        else:
-            self.stop_service()
-            self.service = service_process(
-                self.dir,
-                self.instance,
-                flags,
-                device=self.s.device,
-                shm_dir=SHM_DIR,
-                extra=service_extra(),
-            )
-            self.service.start().wait_serving(self.timeout)
-            self.service_flags = flags
-        return self.service.target.removeprefix("unix:")
-
-    def _call(self, method: str, request):
-        assert self.service is not None
-        with grpc.insecure_channel(self.service.target) as channel:
-            return getattr(kpb_grpc.KVCacheServiceStub(channel), method)(request, timeout=10)
-
-    def stats(self) -> dict:
-        if self.service is None:
-            return {}
-        s = self._call("GetStats", kpb.GetStatsRequest())
-        keys = ("cached_pages", "prefix_hit_tokens_total", "evicted_pages_total", "admitted_total")
-        return {k: getattr(s, k) for k in keys}
-
-    def stop_engine(self) -> int:
-        code = self.engine.stop() if self.engine is not None else 0
-        if code:
-            print(f"{self.engine.name} exited with {code}:\n{self.engine.log()}", file=sys.stderr)
-        self.engine = None
-        return code
-
-    def stop_service(self) -> None:
-        if self.service is not None:
-            self.service.stop()
-        self.service, self.service_flags = None, []
-
-    def close(self) -> list[str]:
-        self.stop_engine()
-        self.stop_service()
-        left = remove_segments(self.instance)
-        shutil.rmtree(self.dir, ignore_errors=True)
-        return left
 
 
 async def stream(target: str, prompt: list[int], new: int) -> GenerationResult:

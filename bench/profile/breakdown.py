@@ -18,32 +18,21 @@ the miss copy runs on a side stream beside the other kernels, so shares can sum 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import time
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile, record_function
+from torch.profiler import ProfilerActivity, profile
 
 from bench.profile.parts import (
-    KERNEL_RANGE,
     charged_name,
     families_us,
     per_step,
     print_families,
 )
-from bench.shared.copy_args import add_copy_args, copy_grid, copy_kernels
+from bench.profile.step import Stepper, build, misses_so_far, step_seconds, sync
+from bench.shared.copy_args import add_copy_args
 from bench.shared.kernel_names import CATEGORIES, OTHER, category, kernel_kind
-from contract.layout import MODE_OFFLOADED, KVLayout
-from engine_client.kv.baseline import BaselineBackend
-from engine_client.kv.hisparse import HiSparseBackend
-from engine_client.kv.kernel_set import KernelSet
-from engine_client.model.graph import DecodeConfig, DecodeRunner
-from engine_client.model.model import Model
-from engine_client.model.preset import preset
-from engine_client.model.weights import random_weights
-from kv_service.memory.store import allocate_local, reset_request
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -87,105 +76,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def named_kernels(ks: KernelSet) -> KernelSet:
-    """The same kernels, each call inside a `kernel::<name>` profiler range (eager runs only)."""
-
-    def wrap(name, fn):
-        def call(*a, **kw):
-            with record_function(KERNEL_RANGE + name):
-                return fn(*a, **kw)
-
-        return call
-
-    fields = [f.name for f in dataclasses.fields(ks) if f.name != "capturable"]
-    return dataclasses.replace(ks, **{n: wrap(n, getattr(ks, n)) for n in fields})
-
-
-def build(args: argparse.Namespace, device: torch.device, positions: int = 0):
-    """Model, runner and backend at `batch` requests of `context` synthetic tokens, with room
-    for `positions` decode steps [the warm-up, timed and profiled steps of args]."""
-    over = {"num_layers": args.layers} if args.layers else {}
-    cfg = preset(args.preset, **over)
-    use_triton = args.kernels == "triton" or (args.kernels == "auto" and device.type == "cuda")
-    kernels = KernelSet.triton() if use_triton else KernelSet.reference()
-    graphed = device.type == "cuda" and kernels.capturable
-    kernels = copy_kernels(kernels, args)
-    if not graphed:
-        kernels = named_kernels(kernels)
-    P = args.page_size
-    # Decode positions: warm-up, timed, profiled, (fallback) eager-profiled and families steps.
-    positions = positions or args.warmup + 4 * args.steps + 8
-    max_ctx = -(-(args.context + positions) // P) * P
-    window = args.window or min(128, cfg.topk // 2)
-    lay = KVLayout(
-        num_layers=cfg.num_layers,
-        max_requests=args.batch,
-        hot_slots=args.hot_slots or 2 * cfg.topk,
-        window=window,
-        topk=cfg.topk,
-        page_size=P,
-        num_pages=args.batch * max_ctx // P,
-        max_context=max_ctx,
-        index_format="fp8",
-        row_format=args.row_format,
-    )
-    if args.mode == "baseline":
-        backend = BaselineBackend(lay, kernels=kernels, device=device)
-    else:
-        kv = allocate_local(lay, device)
-        per = lay.num_pages // args.batch
-        for slot in range(args.batch):
-            reset_request(kv, slot, MODE_OFFLOADED, list(range(slot * per, (slot + 1) * per)))
-        backend = HiSparseBackend(
-            kv,
-            kernels=kernels,
-            microbatches=args.microbatches,
-            copy_grid=copy_grid(args),
-        )
-    for slot in range(args.batch):
-        backend.fill_synthetic(slot, args.context, seed=slot)
-    model = Model(cfg, random_weights(cfg, seed=0, device=device), backend)
-    if args.topk_source == "trace":
-        from bench.shared.trace import trace_source
-
-        model.topk_source = trace_source(cfg, lay, str(device))
-    runner = DecodeRunner(
-        model, DecodeConfig(max_batch=args.batch, buckets=(args.batch,), use_graphs=graphed)
-    )
-    return cfg, lay, backend, runner
-
-
-class Stepper:
-    """Decode steps of every request slot at consecutive positions after the context."""
-
-    def __init__(self, runner: DecodeRunner, batch: int, context: int) -> None:
-        self.runner, self.batch, self.pos = runner, batch, context
-        self.slots, self.tokens = list(range(batch)), [1] * batch
-
-    def __call__(self, n: int) -> None:
-        for _ in range(n):
-            pos = [self.pos] * self.batch
-            self.runner.step(self.tokens, pos, self.slots, [p + 1 for p in pos])
-            self.pos += 1
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def misses_so_far(backend) -> int:
-    return int(backend.stats().get("misses", 0))
-
-
-def step_seconds(step: Stepper, n: int, device: torch.device) -> float:
-    _sync(device)
-    t0 = time.perf_counter()
-    step(n)
-    _sync(device)
-    return (time.perf_counter() - t0) / n
-
-
 def profiled_us(
     step: Stepper, n: int, device: torch.device, kinds: dict[str, float] | None = None
 ) -> dict[str, float]:
@@ -193,10 +83,10 @@ def profiled_us(
     time, charged to the innermost kernel:: range it runs in. `kinds` gets the "other"
     kernels' µs by PyTorch kernel kind (bench/profile/parts.py)."""
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    _sync(device)
+    sync(device)
     with profile(activities=acts) as prof:
         step(n)
-        _sync(device)
+        sync(device)
     out: dict[str, float] = {}
     for e in prof.events():
         if device.type == "cuda":

@@ -30,7 +30,8 @@ from pathlib import Path
 
 import torch
 
-from bench.profile.breakdown import Stepper, build, misses_so_far, parse_args, step_seconds
+from bench.profile.breakdown import parse_args
+from bench.profile.step import Stepper, build, misses_so_far, step_seconds
 from kernels.swap.copy_grid import CopyGrid
 
 # The grids of the `copysweep` stage, besides the backend's own (OVERLAP_COPY_GRID).

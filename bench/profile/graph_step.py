@@ -16,33 +16,17 @@ from pathlib import Path
 
 import torch
 
-from contract.layout import MODE_OFFLOADED, KVLayout
-from engine_client.kv.hisparse import HiSparseBackend
+from bench.profile.step import offloaded_backend
+from contract.layout import KVLayout
 from engine_client.kv.kernel_set import KernelSet
 from engine_client.model.graph import DecodeConfig, DecodeRunner
 from engine_client.model.model import Model
 from engine_client.model.preset import preset
 from engine_client.model.weights import random_weights
-from kv_service.memory.store import allocate_local, reset_request
 
 
 def run(args: argparse.Namespace, use_graphs: bool, weights, cfg) -> dict:
-    lay = KVLayout(
-        num_layers=cfg.num_layers,
-        max_requests=args.batch,
-        hot_slots=4096,
-        window=128,
-        topk=cfg.topk,
-        page_size=64,
-        num_pages=args.batch * (args.context // 64 + 4),
-        max_context=args.context + 256,
-        index_format="fp8",
-    )
-    kv = allocate_local(lay, "cuda")
-    per = lay.num_pages // args.batch
-    for slot in range(args.batch):
-        reset_request(kv, slot, MODE_OFFLOADED, list(range(slot * per, (slot + 1) * per)))
-    backend = HiSparseBackend(kv, kernels=KernelSet.triton())
+    backend = offloaded_backend(_layout(args, cfg), args.batch, "cuda", kernels=KernelSet.triton())
     model = Model(cfg, weights, backend)
     for slot in range(args.batch):
         backend.fill_synthetic(slot, args.context, seed=slot)
@@ -63,7 +47,7 @@ def run(args: argparse.Namespace, use_graphs: bool, weights, cfg) -> dict:
     torch.cuda.synchronize()
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     # Free memory now; pyflakes reads the lambdas' names as undefined after this (F821).
-    del runner, model, backend, kv
+    del runner, model, backend
     torch.cuda.empty_cache()
     return {
         "graphs": use_graphs,
@@ -71,6 +55,20 @@ def run(args: argparse.Namespace, use_graphs: bool, weights, cfg) -> dict:
         "ms_per_step": 1e3 * wall / args.steps,
         "cpu_ms_per_step": 1e3 * cpu / args.steps,
     }
+
+
+def _layout(args: argparse.Namespace, cfg) -> KVLayout:
+    return KVLayout(
+        num_layers=cfg.num_layers,
+        max_requests=args.batch,
+        hot_slots=4096,
+        window=128,
+        topk=cfg.topk,
+        page_size=64,
+        num_pages=args.batch * (args.context // 64 + 4),
+        max_context=args.context + 256,
+        index_format="fp8",
+    )
 
 
 def main() -> int:

@@ -1,0 +1,135 @@
+"""The decode step bench.profile and bench.profile.copy_sweep measure: the engine's model, graphed
+runner and KV backend at `batch` requests of `context` synthetic tokens, stepped at consecutive
+positions, and timed."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+
+import torch
+from torch.profiler import record_function
+
+from bench.profile.parts import KERNEL_RANGE
+from bench.shared.copy_args import copy_grid, copy_kernels
+from contract.layout import MODE_OFFLOADED, KVLayout
+from engine_client.kv.baseline import BaselineBackend
+from engine_client.kv.hisparse import HiSparseBackend
+from engine_client.kv.kernel_set import KernelSet
+from engine_client.model.graph import DecodeConfig, DecodeRunner
+from engine_client.model.model import Model
+from engine_client.model.preset import preset
+from engine_client.model.weights import random_weights
+from kv_service.memory.store import allocate_local, reset_request
+
+
+def named_kernels(ks: KernelSet) -> KernelSet:
+    """The same kernels, each call inside a `kernel::<name>` profiler range (eager runs only)."""
+
+    def wrap(name, fn):
+        def call(*a, **kw):
+            with record_function(KERNEL_RANGE + name):
+                return fn(*a, **kw)
+
+        return call
+
+    fields = [f.name for f in dataclasses.fields(ks) if f.name != "capturable"]
+    return dataclasses.replace(ks, **{n: wrap(n, getattr(ks, n)) for n in fields})
+
+
+def build(args: argparse.Namespace, device: torch.device, positions: int = 0):
+    """Model, runner and backend at `batch` requests of `context` synthetic tokens, with room
+    for `positions` decode steps [the warm-up, timed and profiled steps of args]."""
+    over = {"num_layers": args.layers} if args.layers else {}
+    cfg = preset(args.preset, **over)
+    use_triton = args.kernels == "triton" or (args.kernels == "auto" and device.type == "cuda")
+    kernels = KernelSet.triton() if use_triton else KernelSet.reference()
+    graphed = device.type == "cuda" and kernels.capturable
+    kernels = copy_kernels(kernels, args)
+    if not graphed:
+        kernels = named_kernels(kernels)
+    lay = _layout(args, cfg, positions)
+    if args.mode == "baseline":
+        backend = BaselineBackend(lay, kernels=kernels, device=device)
+    else:
+        backend = offloaded_backend(
+            lay,
+            args.batch,
+            device,
+            kernels=kernels,
+            microbatches=args.microbatches,
+            copy_grid=copy_grid(args),
+        )
+    for slot in range(args.batch):
+        backend.fill_synthetic(slot, args.context, seed=slot)
+    model = Model(cfg, random_weights(cfg, seed=0, device=device), backend)
+    if args.topk_source == "trace":
+        from bench.shared.trace import trace_source
+
+        model.topk_source = trace_source(cfg, lay, str(device))
+    runner = DecodeRunner(
+        model, DecodeConfig(max_batch=args.batch, buckets=(args.batch,), use_graphs=graphed)
+    )
+    return cfg, lay, backend, runner
+
+
+def _layout(args: argparse.Namespace, cfg, positions: int) -> KVLayout:
+    P = args.page_size
+    # Decode positions: warm-up, timed, profiled, (fallback) eager-profiled and families steps.
+    positions = positions or args.warmup + 4 * args.steps + 8
+    max_ctx = -(-(args.context + positions) // P) * P
+    window = args.window or min(128, cfg.topk // 2)
+    return KVLayout(
+        num_layers=cfg.num_layers,
+        max_requests=args.batch,
+        hot_slots=args.hot_slots or 2 * cfg.topk,
+        window=window,
+        topk=cfg.topk,
+        page_size=P,
+        num_pages=args.batch * max_ctx // P,
+        max_context=max_ctx,
+        index_format="fp8",
+        row_format=args.row_format,
+    )
+
+
+def offloaded_backend(lay: KVLayout, batch: int, device, **options) -> HiSparseBackend:
+    """An embedded HiSparse backend whose `batch` request slots each own an equal share of the
+    pages (`options`: the backend's own)."""
+    kv = allocate_local(lay, device)
+    per = lay.num_pages // batch
+    for slot in range(batch):
+        reset_request(kv, slot, MODE_OFFLOADED, list(range(slot * per, (slot + 1) * per)))
+    return HiSparseBackend(kv, **options)
+
+
+class Stepper:
+    """Decode steps of every request slot at consecutive positions after the context."""
+
+    def __init__(self, runner: DecodeRunner, batch: int, context: int) -> None:
+        self.runner, self.batch, self.pos = runner, batch, context
+        self.slots, self.tokens = list(range(batch)), [1] * batch
+
+    def __call__(self, n: int) -> None:
+        for _ in range(n):
+            pos = [self.pos] * self.batch
+            self.runner.step(self.tokens, pos, self.slots, [p + 1 for p in pos])
+            self.pos += 1
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def misses_so_far(backend) -> int:
+    return int(backend.stats().get("misses", 0))
+
+
+def step_seconds(step: Stepper, n: int, device: torch.device) -> float:
+    sync(device)
+    t0 = time.perf_counter()
+    step(n)
+    sync(device)
+    return (time.perf_counter() - t0) / n
