@@ -171,10 +171,7 @@ def _throughput_chart(plt, payload: dict, path: Path) -> Path | None:
         ax.set_title(f"context {ctx}, equal GPU KV budget (trace top-k)")
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def _roofline_curve(ax, phases: list[dict], color: str, mode: str) -> None:
@@ -215,10 +212,7 @@ def _hit_rate_chart(plt, payload: dict, path: Path) -> Path | None:
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def write_json(payload: dict, path: Path) -> None:
@@ -226,3 +220,10 @@ def write_json(payload: dict, path: Path) -> None:
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(payload, indent=1, default=str))
     tmp.replace(path)
+
+
+def _save(plt, fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -82,6 +82,19 @@ async def _gpu_mib() -> dict[int, int]:
     return {int(p): int(m) for p, m in pairs if p.strip().isdigit() and m.strip().isdigit()}
 
 
+async def _scrape(port: int | None) -> str | None:
+    """The Prometheus text a child serves on `port`; None without a port or an answer."""
+    if port is None:
+        return None
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        return await asyncio.to_thread(
+            lambda: urllib.request.urlopen(url, timeout=5).read().decode()
+        )
+    except OSError:
+        return None
+
+
 class Sampler:
     """Samples every `period` s while running: service counters and control-plane metrics (when
     a service is given), GPU memory and RSS of the children (by name -> pid)."""
@@ -139,22 +152,8 @@ class Sampler:
                 }
             except grpc.aio.AioRpcError:
                 pass
-        if self.metrics_port is not None:
-            url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-            try:
-                text = await asyncio.to_thread(
-                    lambda: urllib.request.urlopen(url, timeout=5).read().decode()
-                )
-                s["rpc"] = parse_rpc_metrics(text)
-            except OSError:
-                pass
-        if self.engine_metrics_port is not None:
-            url = f"http://127.0.0.1:{self.engine_metrics_port}/metrics"
-            try:
-                text = await asyncio.to_thread(
-                    lambda: urllib.request.urlopen(url, timeout=5).read().decode()
-                )
-                s["engine"] = parse_engine_metrics(text)
-            except OSError:
-                pass
+        if (text := await _scrape(self.metrics_port)) is not None:
+            s["rpc"] = parse_rpc_metrics(text)
+        if (text := await _scrape(self.engine_metrics_port)) is not None:
+            s["engine"] = parse_engine_metrics(text)
         self.samples.append(s)
