@@ -7,7 +7,7 @@ import os
 import sys
 import time
 
-from bench.e2e import plan
+from bench.e2e import plan, run_args
 from bench.shared.child import SHM_DIR, free_port, remove_segments, service_extra
 from engine_client.serve.procs import ManagedProcess, engine_process, segment_files, service_process
 
@@ -54,7 +54,7 @@ class Children:
             self.service = service_process(
                 self.workdir,
                 self.instance,
-                plan.service_flags(self.sizes, run),
+                run_args.service_flags(self.sizes, run),
                 device=self.sizes.device,
                 shm_dir=SHM_DIR,
                 extra=extra,
@@ -72,7 +72,7 @@ class Children:
             run.mode,
             service_uds=uds,
             name=name,
-            extra=plan.engine_flags(self.sizes, run)
+            extra=run_args.engine_flags(self.sizes, run)
             + ["--metrics-port", str(self.engine_metrics_port)],
         )
         return self.engine.start().wait_serving(self.timeout)

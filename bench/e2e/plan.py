@@ -16,15 +16,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bench.shared.child import engine_argv, local_kv
-from contract import flags
 from contract.layout import INDEX_FORMATS, ROW_FORMATS
 from engine_client.model.preset import preset
-from engine_client.serve.config import LocalLayout
 
 HISPARSE_MODES = ("embedded", "service", "service-remote-swap")
 MODES = ("baseline",) + HISPARSE_MODES
-TRACE_SOURCE = "bench.shared.trace:trace_source"
 
 
 @dataclass(frozen=True)
@@ -247,44 +243,3 @@ def sweep_runs(s: Sizes, p: ContextPlan) -> list[Run]:
         )
         for f in s.sweep_factors
     ]
-
-
-def local_layout(s: Sizes, run: Run) -> LocalLayout:
-    """The run's KV memory: the engine's own (baseline/embedded) or, with the model's layers
-    and top-k, the service's (whose layout the engine then adopts)."""
-    return LocalLayout(
-        max_requests=run.slots,
-        hot_slots=run.hot_slots,
-        window=s.window,
-        page_size=s.page_size,
-        num_pages=run.slots * run.max_context // s.page_size,
-        max_context=run.max_context,
-        index_format=s.index_format,
-        row_format=s.row_format,
-    )
-
-
-def service_flags(s: Sizes, run: Run) -> list[str]:
-    """The service's layout; a speculative run's holds the MTP layer's KV as one more layer."""
-    layers = s.num_layers + (1 if run.draft_tokens else 0)
-    return flags.to_flags(local_layout(s, run).layout(layers, s.topk))
-
-
-def engine_flags(s: Sizes, run: Run) -> list[str]:
-    source = TRACE_SOURCE if run.source == "trace" else "indexer"
-    if run.source == "trace" and s.trace_json:
-        source += ":" + s.trace_json
-    run_flags = ["--synthetic-context", str(run.context), "--topk-source", source]
-    argv = engine_argv(s.preset, run.slots, s.prompt_len, run_flags)
-    if run.mode in ("baseline", "embedded"):
-        argv += local_kv(s.device, local_layout(s, run))
-    if run.mode in ("embedded", "service"):  # always: 1 must turn the engine's default (2) off
-        argv += ["--decode-microbatches", str(s.decode_microbatches)]
-    if run.draft_tokens:
-        argv += ["--speculative", "mtp", "--draft-tokens", str(run.draft_tokens)]
-        argv += ["--draft-source", run.draft_source]
-    if not run.overlap:
-        argv += ["--overlap", "0"]
-    if s.admission_limit != "auto":
-        argv += ["--admission-limit", s.admission_limit]
-    return argv

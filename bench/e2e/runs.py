@@ -9,7 +9,7 @@ import json
 import sys
 import time
 
-from bench.e2e import plan
+from bench.e2e import plan, run_args
 from bench.e2e.sampler import Sampler
 from bench.e2e.stats import analyze
 from bench.shared.child import run_python
@@ -76,14 +76,14 @@ async def run_one(ctx: dict, run: plan.Run, i: int) -> dict:
         "slots": run.slots,
         "hot_slots": run.hot_slots,
         "max_context": run.max_context,
-        "engine_flags": plan.engine_flags(s, run),
+        "engine_flags": run_args.engine_flags(s, run),
         "phases": {},
     }
     t0 = time.monotonic()
     try:
         ctx["progress"].line(i, f"{run.label}: starting processes", force=True)
         if ch.service_for(run) is not None:
-            out["service_flags"] = plan.service_flags(s, run)
+            out["service_flags"] = run_args.service_flags(s, run)
             out["host_shm_bytes"] = ch.shm_bytes()
         ch.start_engine(run, f"engine{i}")
         out["startup_s"] = time.monotonic() - t0

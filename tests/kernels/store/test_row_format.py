@@ -53,7 +53,7 @@ def test_e2e_sizes_both_formats_in_the_same_budget() -> None:
     engine is started with the run's row format so it matches the service."""
     from dataclasses import replace
 
-    from bench.e2e import plan
+    from bench.e2e import plan, run_args
     from bench.e2e.cli import parse_args, sizes_from_args
     from bench.e2e.row_formats import summary
 
@@ -62,9 +62,9 @@ def test_e2e_sizes_both_formats_in_the_same_budget() -> None:
     a, b = plan.plan_context(bf16, 32768), plan.plan_context(fp8, 32768)
     assert b.n_baseline > a.n_baseline and b.n_hisparse > a.n_hisparse
     run = plan.build_matrix(fp8, ("baseline", "service"), ("trace",))[0]
-    flags = plan.engine_flags(fp8, run)
+    flags = run_args.engine_flags(fp8, run)
     assert flags[flags.index("--row-format") + 1] == "fp8"
-    svc = plan.service_flags(fp8, run)
+    svc = run_args.service_flags(fp8, run)
     assert svc[svc.index("--row-format") + 1] == "fp8"
     payload = {
         "sizes": {"row_format": "fp8"},
