@@ -26,7 +26,7 @@ def _pct(values: list[float], q: float) -> float | None:
     return v[min(len(v) - 1, int(round(q * (len(v) - 1))))]
 
 
-def _window(recs: list[dict]) -> tuple[float, float, bool, int]:
+def steady_window(recs: list[dict]) -> tuple[float, float, bool, int]:
     """(start, end, steady, running): the first wave of `running` streams (all of them when the
     engine ran them at once) decoding between start and end, and no other stream."""
     firsts = [r["arrivals"][0] for r in recs if r["arrivals"]]
@@ -147,7 +147,7 @@ def analyze(
     recs: list[dict], samples: list[dict], concurrency: int, h2d_ceiling_gbs: float | None
 ) -> dict:
     """Every number of one phase (seconds in s, rates per s; None where not measurable)."""
-    a, b, steady, running = _window(recs)
+    a, b, steady, running = steady_window(recs)
     itls, tok_s = _itls_and_rate(recs, a, b, steady)
     in_win = len(itls)
     ttfts = [r["arrivals"][0] - r["submitted"] for r in recs if r["arrivals"]]

@@ -3,14 +3,14 @@ run (drafts: the BENCHMARK-ONLY replay of the plain run's tokens)."""
 
 from __future__ import annotations
 
-from bench.e2e.stats import _window
+from bench.e2e.stats import steady_window
 
 
 def window_tok_s(recs: list[dict]) -> float | None:
     """Tokens arriving in the steady window / its length. With speculation tokens arrive in
     bursts of up to D + 1, so e2e's per-stream gap rate would overstate; this counts them, the
     same way for both runs."""
-    a, b, _, _ = _window(recs)
+    a, b, _, _ = steady_window(recs)
     if b <= a:
         return None
     return sum(1 for r in recs for t in r["arrivals"] if a < t <= b) / (b - a)
