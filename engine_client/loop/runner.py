@@ -2,9 +2,8 @@
 
 `launch(batch)` enqueues the step and returns at once on a GPU: the prefill chunk (if any), the
 decode graph, sampling on the device (engine_client.loop.sampler), the sampled tokens written
-back as
-the slots' last tokens for the next step, and an asynchronous copy of the tokens and swap
-counters into one of three pinned host buffers, followed by an event. `LaunchedStep.wait()`
+back as the slots' last tokens for the next step, and an asynchronous copy of the tokens and
+swap counters into one of three pinned host buffers, followed by an event. `LaunchedStep.wait()`
 waits for that event only, then reads the pinned buffer.
 
 Overlap (`advance`): launch step t, then wait for step t - 1. The device runs t while the host
