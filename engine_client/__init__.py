@@ -22,7 +22,7 @@ _LAZY = {
     "KVClient": "engine_client.client",
     "KVControl": "engine_client.client",
     "KVLayout": "engine_client.client",
-    "errors": "engine_client.client.errors",
+    "errors": "contract.errors",
     "Engine": "engine_client.loop.engine",
     "build_engine": "engine_client.serve.factory",
     # Not `preset`: importing the submodule engine_client.model.preset would shadow the function.

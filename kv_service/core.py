@@ -15,6 +15,14 @@ import secrets
 import time
 from collections.abc import Callable, Iterable, Sequence
 
+from contract.errors import (
+    AlreadyExists,
+    CapacityError,
+    Draining,
+    EpochMismatch,
+    InvalidArgument,
+    UnknownRequest,
+)
 from contract.layout import MODE_OFFLOADED, KVLayout
 from contract.tensors import KVTensors
 from kv_service.books.ledger import PageLedger, PrefixQuery, RowStore
@@ -28,14 +36,6 @@ from kv_service.books.records import (
     check_range,
 )
 from kv_service.books.sessions import SessionTable
-from kv_service.errors import (
-    AlreadyExists,
-    CapacityError,
-    Draining,
-    EpochMismatch,
-    InvalidArgument,
-    UnknownRequest,
-)
 from kv_service.memory.store import TensorRows
 
 log = logging.getLogger(__name__)

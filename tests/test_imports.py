@@ -24,12 +24,11 @@ PACKAGES = ("contract", "transport", "kernels", "kv_service", "engine_client", "
 # The rooms of kv_service (a wing folder or a root module) and the rooms each may import.
 SERVICE_ROOMS: dict[str, set[str]] = {
     "__main__": {"rpc", "config"},
-    "rpc": {"core", "books", "memory", "config", "errors"},
-    "core": {"books", "memory", "errors"},
-    "books": {"errors"},
-    "memory": {"errors"},
+    "rpc": {"core", "books", "memory", "config"},
+    "core": {"books", "memory"},
+    "books": set(),
+    "memory": set(),
     "config": set(),
-    "errors": set(),
 }
 
 

@@ -26,10 +26,9 @@ from typing import Any, TypeVar
 
 import grpc
 
-from contract import flags
+from contract import errors, flags
 from engine_client.cli.config import DemoConfig, GenerateConfig
 from engine_client.cli.generate import GenerationResult, generate_stream
-from engine_client.client import errors
 from engine_client.serve.config import LocalLayout
 from engine_client.serve.procs import (
     ChildFailed,

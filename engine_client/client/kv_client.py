@@ -9,7 +9,7 @@ Failure rules:
 - after a break, or once the service is lost: the client's `Reattachment`
   (`engine_client.client.reattach`: the same session again, or `let_go` of the lost memory and
   `reattach` to the successor); the mapped memory is its `Mapping` (`client.mapping`);
-- gRPC errors become typed errors through `engine_client.client.errors`: failed calls in
+- gRPC errors become typed errors through `engine_client.client.status`: failed calls in
   `errors.rpc_errors`, in-band Error replies in `_result`;
 - what Attach returns is checked and mapped in `engine_client.client.attachment`.
 """
@@ -24,9 +24,10 @@ from typing import Any
 
 import grpc
 
+from contract import errors
 from contract.layout import KVLayout
 from contract.tensors import KVTensors
-from engine_client.client import address, attachment, errors, reachability
+from engine_client.client import address, attachment, reachability
 from engine_client.client.control import (
     Admission,
     HeldRequest,
@@ -39,6 +40,7 @@ from engine_client.client.mapping import Mapping
 from engine_client.client.reattach import Reattachment
 from engine_client.client.remote_swap_call import RemoteSwapCall
 from engine_client.client.session_stream import NotSent, SessionStream
+from engine_client.client.status import code_of, from_status, rpc_errors, status_code
 from proto.kvcache.v1 import kvcache_pb2 as pb
 from proto.kvcache.v1 import kvcache_pb2_grpc as pb_grpc
 
@@ -131,7 +133,7 @@ class KVClient:
             self.engine_name, resume, self.with_remote_swap, expected, self.model_fingerprint
         )
         try:
-            with errors.rpc_errors("Attach"):
+            with rpc_errors("Attach"):
                 reply = await self._stub.Attach(
                     req, timeout=self.attach_timeout, metadata=self._metadata, wait_for_ready=wait
                 )
@@ -139,7 +141,7 @@ class KVClient:
             # The only argument the service checks at attach is our layout.
             raise errors.LayoutMismatch(e.message, e.details) from e
         except errors.KVError as e:
-            if errors.code_of(e) is not grpc.StatusCode.UNIMPLEMENTED:
+            if code_of(e) is not grpc.StatusCode.UNIMPLEMENTED:
                 raise
             raise (await reachability.wrong_peer(self._channel, self.peer, self.target)) or e
         layout, device = attachment.check(reply, expected)
@@ -233,10 +235,10 @@ class KVClient:
     def _result(reply: pb.SessionReply, what: str) -> pb.SessionReply:
         if reply.HasField("error"):
             e = reply.error
-            if errors.status_code(e.code) is grpc.StatusCode.UNAVAILABLE:
+            if status_code(e.code) is grpc.StatusCode.UNAVAILABLE:
                 # In band, so the service is up: it is draining.
                 raise errors.Draining(f"{what}: {e.message}", dict(e.details))
-            raise errors.from_status(e.code, f"{what}: {e.message}", dict(e.details), e.reason)
+            raise from_status(e.code, f"{what}: {e.message}", dict(e.details), e.reason)
         return reply
 
     async def admit(
@@ -281,7 +283,7 @@ class KVClient:
         await self._send(pb.SessionMessage(release=release), "Release")
 
     async def stats(self) -> KVStats:
-        with errors.rpc_errors("GetStats"):
+        with rpc_errors("GetStats"):
             s = await self._stub.GetStats(
                 pb.GetStatsRequest(), timeout=self.rpc_timeout, metadata=self._metadata
             )
@@ -300,7 +302,7 @@ class KVClient:
 
     async def flush(self) -> tuple[int, int]:
         """Admin: empty the service's prefix cache; (pages freed, cached pages in use)."""
-        with errors.rpc_errors("Flush"):
+        with rpc_errors("Flush"):
             r = await self._stub.Flush(
                 pb.FlushRequest(), timeout=self.rpc_timeout, metadata=self._metadata
             )

@@ -8,7 +8,9 @@ from collections.abc import AsyncGenerator
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from engine_client.client import errors, reachability
+from contract import errors
+from engine_client.client import reachability
+from engine_client.client.status import code_of, rpc_errors
 from engine_client.gateway.api_error import ApiError
 from proto.decode.v1 import decode_pb2 as pb
 from proto.decode.v1 import decode_pb2_grpc as pb_grpc
@@ -44,7 +46,7 @@ class Upstream:
         channel = self.channels[self._next]
         call = self.stubs[self._next].Generate(request, timeout=self.timeout)
         try:
-            with errors.rpc_errors("Generate"):
+            with rpc_errors("Generate"):
                 async for resp in call:
                     if resp.finished and ENGINE_RESUME_ADVICE in resp.error_message:
                         resp.error_message = _retry_advice(resp.error_message)
@@ -55,7 +57,7 @@ class Upstream:
             call.cancel()
 
     async def _api_error(self, channel: grpc.aio.Channel, e: errors.KVError) -> ApiError:
-        if errors.code_of(e) is grpc.StatusCode.UNIMPLEMENTED:  # not an engine's address?
+        if code_of(e) is grpc.StatusCode.UNIMPLEMENTED:  # not an engine's address?
             wrong = await reachability.wrong_peer(channel, reachability.ENGINE, self.target)
             what = str(wrong) if wrong is not None else f"{self.target} is not an engine: {e}"
             return ApiError(502, f"the gateway's --target is wrong: {what}", "server_error")

@@ -15,9 +15,9 @@ import logging
 
 import torch
 
+from contract.errors import LayoutMismatch
 from contract.layout import KVLayout
 from contract.tensors import KVTensors
-from engine_client.client.errors import LayoutMismatch
 from engine_client.kv.backend import KVBackend
 from engine_client.kv.baseline import BaselineBackend
 from engine_client.kv.hisparse import HiSparseBackend

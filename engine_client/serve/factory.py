@@ -10,11 +10,12 @@ import dataclasses
 import logging
 from typing import Any, cast
 
+from contract import errors
 from contract.layout import KVLayout
-from engine_client.client import errors, reachability
+from engine_client.client import reachability
 from engine_client.client.control import KVControl
 from engine_client.client.kv_client import KVClient
-from engine_client.kv.local_control import BaselineControl, BaselinePages, EmbeddedControl
+from engine_client.client.local_control import BaselineControl, BaselinePages, EmbeddedControl
 from engine_client.loop import state_file
 from engine_client.loop.engine import Engine
 from engine_client.loop.metrics import EngineMetrics

@@ -31,10 +31,10 @@ import signal
 import grpc
 from grpc_health.v1.health import aio as health_aio
 
+from contract import errors
 from contract.ids import id_problem
 from contract.listen_address import claim_socket_path
 from contract.prefix import MAX_SALT_BYTES
-from engine_client.client import errors
 from engine_client.loop.engine import Engine
 from engine_client.loop.metrics import EngineMetrics
 from engine_client.loop.request import FailStatus, Finish, GenRequest, SamplingParams

@@ -25,11 +25,11 @@ from dataclasses import dataclass
 
 import torch
 
+from contract.errors import CapacityError, InvalidArgument
 from contract.exchange import EVENT_NAMES, exchange_outputs, exchange_specs
 from contract.layout import MAX_DRAFT_TOKENS
 from contract.swap_plan import plan_swap
 from contract.tensors import KVTensors
-from kv_service.errors import CapacityError, InvalidArgument
 
 
 def mask_repeated_rows(

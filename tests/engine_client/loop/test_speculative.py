@@ -111,7 +111,7 @@ def test_speculative_configuration_is_checked(tmp_path) -> None:
     import asyncio
     import dataclasses
 
-    from engine_client.client.errors import LayoutMismatch
+    from contract.errors import LayoutMismatch
     from engine_client.model.weights import checkpoint_layers, load_safetensors, save_safetensors
     from engine_client.serve.factory import build_engine, load_vocabulary, model_config
     from tests.process_harness import LOCAL, engine_config
