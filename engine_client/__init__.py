@@ -12,7 +12,7 @@ Public API, imported lazily so that `import engine_client` stays light (no torch
 - `KVClient`, `KVControl`, `KVLayout`, `errors`: from `engine_client.client`
 - `Engine`, `build_engine`: the reference engine and its factory (torch-heavy)
 - `ModelConfig`, `Model`, `random_weights`, `load_safetensors`, `save_safetensors`,
-  `BaselineBackend`, `HiSparseBackend`, `RemoteSwapBackend`, `DecodeRunner`, `KernelSet`:
+  `BaselineBackend`, `HiSparseBackend`, `RemoteSwapBackend`, `ModelRunner`, `KernelSet`:
   the compute side (see each module)
 """
 
@@ -35,8 +35,8 @@ _LAZY = {
     "BaselineBackend": "engine_client.kv.baseline",
     "HiSparseBackend": "engine_client.kv.hisparse",
     "RemoteSwapBackend": "engine_client.kv.remote_swap",
-    "DecodeRunner": "engine_client.model.graph",
-    "DecodeConfig": "engine_client.model.graph",
+    "ModelRunner": "engine_client.model.model_runner",
+    "DecodeConfig": "engine_client.model.model_runner",
     "KernelSet": "engine_client.kv.kernel_set",
 }
 

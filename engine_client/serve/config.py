@@ -216,7 +216,7 @@ class EngineConfig:
         "indexer, or from MODULE:FUNC[:JSON] (e.g. bench.trace:trace_source)",
         check=plugin_or("indexer"),
     )
-    # Speculative decoding (engine_client/model/spec_runner.py, loop/speculative.py).
+    # Speculative decoding (engine_client/model/speculative_runner.py, loop/speculative.py).
     speculative: str = setting(
         "none",
         choices=SPECULATIVE,
