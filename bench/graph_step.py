@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from contract.layout import MODE_OFFLOADED, KVLayout  # noqa: E402
 from engine_client.kv.hisparse import HiSparseBackend  # noqa: E402
 from engine_client.kv.kernel_set import KernelSet  # noqa: E402
-from engine_client.model.graph import DecodeConfig, DecodeRunner  # noqa: E402
+from engine_client.model.model_runner import DecodeConfig, ModelRunner  # noqa: E402
 from engine_client.model.model import Model  # noqa: E402
 from engine_client.model.preset import preset  # noqa: E402
 from engine_client.model.weights import random_weights  # noqa: E402
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace, use_graphs: bool, weights, cfg) -> dict:
     model = Model(cfg, weights, backend)
     for slot in range(args.batch):
         backend.fill_synthetic(slot, args.context, seed=slot)
-    runner = DecodeRunner(model, DecodeConfig(max_batch=args.batch, use_graphs=use_graphs))
+    runner = ModelRunner(model, DecodeConfig(max_batch=args.batch, use_graphs=use_graphs))
     slots = list(range(args.batch))
     tokens = [1] * args.batch
 

@@ -49,7 +49,7 @@ from contract.layout import MODE_OFFLOADED, KVLayout  # noqa: E402
 from engine_client.kv.baseline import BaselineBackend  # noqa: E402
 from engine_client.kv.hisparse import HiSparseBackend  # noqa: E402
 from engine_client.kv.kernel_set import KernelSet  # noqa: E402
-from engine_client.model.graph import DecodeConfig, DecodeRunner  # noqa: E402
+from engine_client.model.model_runner import DecodeConfig, ModelRunner  # noqa: E402
 from engine_client.model.model import Model  # noqa: E402
 from engine_client.model.preset import preset  # noqa: E402
 from engine_client.model.weights import random_weights  # noqa: E402
@@ -199,7 +199,7 @@ def build(args: argparse.Namespace, device: torch.device):
         from bench.trace import trace_source
 
         model.topk_source = trace_source(cfg, lay, str(device))
-    runner = DecodeRunner(
+    runner = ModelRunner(
         model, DecodeConfig(max_batch=args.batch, buckets=(args.batch,), use_graphs=graphed)
     )
     return cfg, lay, backend, runner
@@ -208,7 +208,7 @@ def build(args: argparse.Namespace, device: torch.device):
 class Stepper:
     """Decode steps of every request slot at consecutive positions after the context."""
 
-    def __init__(self, runner: DecodeRunner, batch: int, context: int) -> None:
+    def __init__(self, runner: ModelRunner, batch: int, context: int) -> None:
         self.runner, self.batch, self.pos = runner, batch, context
         self.slots, self.tokens = list(range(batch)), [1] * batch
 
