@@ -16,7 +16,7 @@ Public API, imported lazily so that `import engine_client` stays light (no torch
   the compute side (see each module)
 """
 
-from engine_client.client.lazy_exports import load
+from engine_client.client.lazy_exports import lazy_attribute
 
 _LAZY = {
     "KVClient": "engine_client.client",
@@ -44,4 +44,4 @@ __all__ = sorted(_LAZY)
 
 
 def __getattr__(name: str) -> object:
-    return load(__name__, _LAZY, name)
+    return lazy_attribute(__name__, _LAZY, name)

@@ -48,7 +48,7 @@ LAYOUT = LOCAL.layout(num_layers=2, topk=16)
 T = TypeVar("T")
 
 
-class Progress:
+class StatusLine:
     """One status line, redrawn in place on a terminal; a line per quarter otherwise."""
 
     def __init__(self, n: int, total: int, live: bool) -> None:
@@ -75,7 +75,11 @@ class Progress:
 
 
 async def _one(
-    channel: grpc.aio.Channel, i: int, cfg: DemoConfig, progress: Progress, result: GenerationResult
+    channel: grpc.aio.Channel,
+    i: int,
+    cfg: DemoConfig,
+    progress: StatusLine,
+    result: GenerationResult,
 ) -> None:
     rng = random.Random(i)
     gen = GenerateConfig(
@@ -94,7 +98,7 @@ async def _one(
 
 
 async def _stream_all(target: str, cfg: DemoConfig) -> tuple[list[GenerationResult], float]:
-    progress = Progress(cfg.requests, cfg.max_new_tokens, cfg.progress)
+    progress = StatusLine(cfg.requests, cfg.max_new_tokens, cfg.progress)
     results = [GenerationResult() for _ in range(cfg.requests)]
     started = time.monotonic()
     async with grpc.aio.insecure_channel(target) as channel:

@@ -16,7 +16,7 @@ docs/CLIENT.md documents the API with a runnable decode loop (`docs/client_examp
 """
 
 from contract import errors
-from engine_client.client.lazy_exports import load
+from engine_client.client.lazy_exports import lazy_attribute
 
 # Lazy, so that importing the package (light CLIs do) does not pull in torch or gRPC.
 _LAZY = {
@@ -54,4 +54,4 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    return load(__name__, _LAZY, name)
+    return lazy_attribute(__name__, _LAZY, name)

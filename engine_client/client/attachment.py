@@ -47,7 +47,7 @@ def request(
     return req
 
 
-def check(reply: pb.AttachResponse, expected: KVLayout | None) -> tuple[KVLayout, str]:
+def check_reply(reply: pb.AttachResponse, expected: KVLayout | None) -> tuple[KVLayout, str]:
     """The reply's layout, and its device as this process names it ("cpu" or "cuda:N")."""
     try:
         layout = layout_from_proto(reply.layout)

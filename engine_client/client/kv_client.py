@@ -144,7 +144,7 @@ class KVClient:
             if code_of(e) is not grpc.StatusCode.UNIMPLEMENTED:
                 raise
             raise (await reachability.wrong_peer(self._channel, self.peer, self.target)) or e
-        layout, device = attachment.check(reply, expected)
+        layout, device = attachment.check_reply(reply, expected)
         if self.session_id and device != self.device:
             raise errors.EpochMismatch(f"service moved from {self.device} to {device}")
         self.session_id, self.epoch, self.layout = reply.session_id, reply.epoch, layout

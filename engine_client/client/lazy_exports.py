@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib
 
 
-def load(package: str, table: dict[str, str], name: str) -> object:
+def lazy_attribute(package: str, table: dict[str, str], name: str) -> object:
     """`name` from the module `table` maps it to; a table entry that names the submodule itself
     (`"errors": "contract.errors"`) returns that module."""
     target = table.get(name)

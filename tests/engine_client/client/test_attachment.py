@@ -55,18 +55,20 @@ def test_the_request_carries_the_expected_layout_only_when_given() -> None:
 
 def test_a_reply_is_checked_before_anything_is_used() -> None:
     ok = pb.AttachResponse(layout=layout_to_proto(LAYOUT), device="cpu")
-    assert attachment.check(ok, LAYOUT) == (LAYOUT, "cpu")
-    assert attachment.check(ok, None) == (LAYOUT, "cpu")
+    assert attachment.check_reply(ok, LAYOUT) == (LAYOUT, "cpu")
+    assert attachment.check_reply(ok, None) == (LAYOUT, "cpu")
     other = KVLayout(**{**LAYOUT.to_dict(), "topk": 2})
     with pytest.raises(LayoutMismatch, match="is not"):
-        attachment.check(ok, other)
+        attachment.check_reply(ok, other)
     broken = pb.AttachResponse(
         layout=pb.Layout(**{**LAYOUT.to_dict(), "page_size": 0}), device="cpu"
     )
     with pytest.raises(LayoutMismatch, match="service layout:"):
-        attachment.check(broken, None)
+        attachment.check_reply(broken, None)
     with pytest.raises(LayoutMismatch, match="unknown device 'tpu'"):
-        attachment.check(pb.AttachResponse(layout=layout_to_proto(LAYOUT), device="tpu"), None)
+        attachment.check_reply(
+            pb.AttachResponse(layout=layout_to_proto(LAYOUT), device="tpu"), None
+        )
 
 
 def test_a_gpu_this_engine_cannot_see_is_refused() -> None:
