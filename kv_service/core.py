@@ -5,6 +5,7 @@ in-process. It is not thread-safe: the service calls it from its event loop only
 
 Requests belong to the session that admitted them and are keyed by (session, request id), so a
 session can never see or touch another session's requests: they are simply not found.
+One concept, the service's logic: each kvcache.v1 call on the books (`books/`) and memory.
 """
 
 from __future__ import annotations

@@ -38,8 +38,6 @@ ALLOWED_LONG_FILES = Counter(
         "config.py",
         "hisparse.py",
         "kv_client.py",
-        "model.py",
-        "server.py",
     ]
 )
 

@@ -1,5 +1,8 @@
 """Async client of a `python -m kv_service` process: attach, map its memory, and keep one Session
 stream for admit / commit / step end / release, plus the unary RemoteSwap of remote-swap mode.
+One concept: the gRPC implementation of the `KVControl` protocol (`client/control.py`); its
+collaborators hold the rest (`attachment`, `mapping`, `reattach`, `session_stream`,
+`remote_swap_call`).
 
 Failure rules:
 - every call has a deadline; a Session message unanswered within `rpc_timeout` counts as a

@@ -1,4 +1,4 @@
-"""KVCacheService over gRPC: a thin translation between proto messages and ServiceCore calls.
+"""KVCacheService over gRPC, one concept: the translation between proto messages and ServiceCore.
 
 Unary RPCs raise typed errors that the interceptor maps; the Session stream maps each message's
 error into an in-band Error reply (same mapping) so one bad message does not end the stream.

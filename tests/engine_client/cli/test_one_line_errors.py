@@ -29,7 +29,7 @@ from engine_client.client import reachability
 from engine_client.client.kv_client import KVClient
 from engine_client.client.status import code_of
 from engine_client.serve.procs import REPO_ROOT
-from engine_client.serve.server import DecodeServicer
+from engine_client.serve.servicer import DecodeServicer
 from proto.decode.v1 import decode_pb2 as dpb
 from tests.process_harness import LAYOUT, start_service, workdir
 
