@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from contract.layout import MODE_OFFLOADED, KVLayout  # noqa: E402
 from engine_client.kv.hisparse import HiSparseBackend  # noqa: E402
 from engine_client.kv.kernel_set import KernelSet  # noqa: E402
-from engine_client.model.model_runner import DecodeConfig, ModelRunner  # noqa: E402
 from engine_client.model.model import Model  # noqa: E402
+from engine_client.model.model_runner import DecodeConfig, ModelRunner  # noqa: E402
 from engine_client.model.preset import preset  # noqa: E402
 from engine_client.model.weights import random_weights  # noqa: E402
 from kv_service.memory.store import allocate_local, reset_request  # noqa: E402
