@@ -1,11 +1,12 @@
 """Why 656-byte rows copy slower than 1152-byte rows (issue 30), in bench/kernels.py.
 
-In the step the miss copy runs on a side stream with OVERLAP_COPY_PROGRAMS (64) CTAs of 8 rows:
-~336 KB of 656-byte rows in flight against ~590 KB of 1152-byte rows. Candidates, each timed on
-the same miss lists (bs 128, 13% of k, 4 GiB host tier), GB/s counted on the 656 useful bytes:
-- geometry at the side stream's 64-CTA grid and the default one: rows per program 8 / 16 / 32,
-  4 or 8 warps (a dense power-of-two head tile + tail tile per row was measured in run I and
-  dropped: docs/DECISIONS.md);
+Run I measured the copy of 8-row tiles (64 CTAs: ~336 KB of 656-byte rows in flight against
+~590 KB of 1152-byte rows); since issue 38 a CTA moves a power-of-two count of 16-byte vectors
+over consecutive rows (chunk_bytes) whatever the row width. Candidates, each timed on the same
+miss lists (bs 128, 13% of k, 4 GiB host tier), GB/s counted on the 656 useful bytes:
+- geometry at 64 CTAs and the default grid: chunks of 4 / 8 / 16 / 32 KiB, 4 or 8 warps (a dense
+  power-of-two head tile + tail tile per row was measured in run I and dropped:
+  docs/DECISIONS.md);
 - host layouts with aligned copy units: rows padded to 768 B (6 x 128 B, +17% bytes moved), and
   the 512-byte fp8 block and the 144-byte scales + rope tail in two arrays (two launches).
 A 1152-byte row is 9 x 128 B, so its rows start on a 128-byte line; a 656-byte row (5 x 128 +
@@ -21,21 +22,21 @@ from bench.timing import Row, graph_time_us
 from kernels.uva import UVATensor
 
 BS, RATE = 128, 0.13
-SIDE_GRID = 64  # engine_client.kv.hisparse.OVERLAP_COPY_PROGRAMS
+SIDE_GRID = 64  # the launch of engine_client.kv.hisparse.OVERLAP_COPY_GRID
 GEOMETRY = [
-    (rows, warps, programs)
+    (chunk, warps, programs)
     for programs in (SIDE_GRID, None)
-    for rows, warps in ((8, 4), (16, 4), (16, 8), (32, 8))
+    for chunk, warps in ((4096, 4), (8192, 4), (16384, 4), (16384, 8), (32768, 8))
 ]
 
 
 def _geometry_rows(tier: _Tier, ceil: dict, reps: int) -> list[Row]:
     out = []
     for d in (656, 1152):
-        for rows, warps, programs in GEOMETRY:
+        for chunk, warps, programs in GEOMETRY:
             grid = f"{programs} CTAs" if programs else "default grid"
-            kw = dict(rows_per_program=rows, num_warps=warps, programs=programs)
-            label = f"rows{rows} w{warps} {grid}"
+            kw = dict(chunk_bytes=chunk, num_warps=warps, programs=programs)
+            label = f"chunk{chunk >> 10}K w{warps} {grid}"
             out.append(_case(tier, BS, RATE, d, ceil, reps, label=label, **kw))
     return out
 

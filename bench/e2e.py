@@ -83,6 +83,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "[2, the engine's default; 1: off]",
     )
     ap.add_argument(
+        "--admission-limit",
+        default="auto",
+        help="the engines' --admission-limit [auto: adaptive in the HiSparse modes; off: every "
+        "mode admits up to its max N, as before the limit]",
+    )
+    ap.add_argument(
         "--budget-s",
         type=float,
         default=None,
@@ -117,6 +123,7 @@ def sizes_from_args(args: argparse.Namespace, device: str) -> plan.Sizes:
         sweep_requests=4 if smoke else 16,
         sweep_factors=() if args.no_sweep else (1, 4),
         decode_microbatches=args.microbatches,
+        admission_limit=args.admission_limit,
     )
 
 

@@ -51,6 +51,7 @@ class Sizes:
     # Tokens a step yields per request at most (speculative: D + 1): a phase's streams run
     # that many times more tokens, so its steady window still spans steady_steps steps.
     tokens_per_step: int = 1
+    admission_limit: str = "auto"  # the engines' --admission-limit (off: the old behaviour)
 
     @property
     def num_layers(self) -> int:
@@ -299,4 +300,6 @@ def engine_flags(s: Sizes, run: Run) -> list[str]:
         argv += ["--draft-source", run.draft_source]
     if not run.overlap:
         argv += ["--overlap", "0"]
+    if s.admission_limit != "auto":
+        argv += ["--admission-limit", s.admission_limit]
     return argv

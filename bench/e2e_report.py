@@ -42,6 +42,7 @@ def print_table(payload: dict) -> None:
         for name, p in r.get("phases", {}).items():
             phase = name if r["tag"] == "main" else r["tag"]
             notes = "; ".join(p["errors"]) or ("" if p["steady"] else "no steady window")
+            notes = "; ".join(filter(None, (_admitted(p), notes)))
             print(
                 f"{r['context']:>8} {r['mode']:<20} {r['source']:<8} {phase:<12} "
                 f"{p['concurrency']:>4} {_f(p['tok_s']):>9} {_f(p['ttft_p50_s'], 1e3):>8} "
@@ -57,7 +58,7 @@ def print_table(payload: dict) -> None:
         "TTFT: burst arrival (one prefill per step). ITL, tok/s, H2D: steady window at N. "
         "%pin: of the same run's pinned copy. ctl%: service time in Session messages and "
         "RemoteSwap calls / wall time. GPU GiB: engine + service (nvidia-smi). roof%: tok/s "
-        "over the roofline limit without overlap (below)."
+        "over the roofline limit without overlap (below), at the N that ran at once."
     )
     print(
         "\noverlap: client ITL p50 vs the engine's step GPU time in the same window "
@@ -80,6 +81,19 @@ def print_table(payload: dict) -> None:
         print(f"  {key}: " + ", ".join(f"{k} {v:.2f}x" for k, v in rs.items()))
     print_roofline(payload)
     print(f"\nwall time {payload['wall_s']:.0f} s; JSON {payload['out']}")
+
+
+def _admitted(p: dict) -> str:
+    """Where the engine's admission limit ran fewer streams at once than the phase started, or
+    ended the phase below that."""
+    n, running, limit = (
+        p["concurrency"],
+        p.get("running") or p["concurrency"],
+        p.get("admission_limit"),
+    )
+    if running >= n and (limit is None or limit >= n):
+        return ""
+    return f"{running} at once, admission limit {_f(limit, 1, '{:.0f}')} at the end"
 
 
 def _gpu_gib(p: dict) -> str:

@@ -6,6 +6,12 @@ one to finish leaves after steady_steps steps at full concurrency. The window ru
 last stream's first token to the first stream's last token: throughput, ITL, service-side hit
 rate, PCIe traffic and control-plane share are taken there. TTFT is over all streams (burst
 arrival: it includes queueing behind the other prefills).
+
+When the engine's admission limit (engine_client/loop/admission_limit.py) runs fewer than N at
+once, the rest wait until the first streams end: the window is then that of the first wave, the
+streams whose first token came before any stream ended (`running` of them, all decoding and
+nothing else until the first one ends), and `admission_limit` is the limit the engine showed
+last in the phase.
 """
 
 from __future__ import annotations
@@ -20,13 +26,17 @@ def _pct(values: list[float], q: float) -> float | None:
     return v[min(len(v) - 1, int(round(q * (len(v) - 1))))]
 
 
-def _window(recs: list[dict]) -> tuple[float, float, bool]:
-    """(start, end, steady): all streams running between start and end."""
+def _window(recs: list[dict]) -> tuple[float, float, bool, int]:
+    """(start, end, steady, running): the first wave of `running` streams (all of them when the
+    engine ran them at once) decoding between start and end, and no other stream."""
     firsts = [r["arrivals"][0] for r in recs if r["arrivals"]]
     lasts = [r["arrivals"][-1] for r in recs if r["arrivals"]]
-    if len(recs) > 1 and len(firsts) == len(recs) and min(lasts) > max(firsts):
-        return max(firsts), min(lasts), True
-    return (min(firsts), max(lasts), len(recs) == 1) if firsts else (0.0, 0.0, False)
+    if len(recs) > 1 and len(firsts) == len(recs):
+        wave = [f for f in firsts if f < min(lasts)]
+        if len(wave) > 1:
+            return max(wave), min(lasts), True, len(wave)
+    whole = (min(firsts), max(lasts), len(recs) == 1, len(recs)) if firsts else None
+    return whole or (0.0, 0.0, False, 0)
 
 
 def _in_window(samples: list[dict], key: str, a: float, b: float) -> tuple[dict, dict] | None:
@@ -92,6 +102,15 @@ def _engine_window(samples: list[dict], a: float, b: float, itl_p50: float | Non
     }
 
 
+def _admission(samples: list[dict]) -> dict:
+    """The engine's admission limit at the phase's end, and its batch of best throughput."""
+    last = next((s["engine"] for s in reversed(samples) if "engine" in s), {})
+    return {
+        "admission_limit": last.get("engine_admission_limit"),
+        "admission_best_batch": last.get("engine_admission_best_batch"),
+    }
+
+
 def _peaks(samples: list[dict], key: str) -> dict:
     peak: dict = {}
     for s in samples:
@@ -105,7 +124,7 @@ def analyze(
     recs: list[dict], samples: list[dict], concurrency: int, h2d_ceiling_gbs: float | None
 ) -> dict:
     """Every number of one phase (seconds in s, rates per s; None where not measurable)."""
-    a, b, steady = _window(recs)
+    a, b, steady, running = _window(recs)
     # Only token gaps wholly inside the window: the gap that spans the last prefill step
     # belongs to the ramp. Throughput = sum of the streams' token rates in the window.
     gaps = [
@@ -123,6 +142,7 @@ def analyze(
     itl_mean = statistics.fmean(itls) if itls else None
     out = {
         "concurrency": concurrency,
+        "running": running,
         "streams_ok": sum(1 for r in recs if r["finish"] == "LENGTH"),
         "errors": sorted({r["error"] for r in recs if r["error"]})[:5],
         "tokens": tokens,
@@ -147,6 +167,7 @@ def analyze(
     )
     out.update(_service_window(samples, a, b, itl_mean))
     out.update(_engine_window(samples, a, b, out["itl_p50_s"]))
+    out.update(_admission(samples))
     out["gpu_mib_peak"] = _peaks(samples, "gpu_mib")
     out["rss_bytes_peak"] = _peaks(samples, "rss")
     return out

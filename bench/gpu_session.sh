@@ -3,16 +3,19 @@
 # one slow stage cannot eat the others. Every log and JSON goes to $OUT/run/, packed at the end
 # into $OUT/run.tgz (the device tool returns at most 8 files); $OUT/summary.txt is the table.
 # Usage: bash bench/gpu_session.sh [stage ...]
-#   stages: tests sanitize kernels sweep profiles ncu e2e mtp prefix gateway
+#   stages: tests sanitize kernels sweep profiles ncu copysweep e2e mtp prefix gateway
 #   TESTS="tests/x.py ..."  TEST_M="gpu" (pytest -m)  TEST_K="pytest -k expr"  TEST_S=240
 #   TEST_TIMEOUT=150  SAN_S=570 (compute-sanitizer memcheck, racecheck, synccheck over every
 #   kernel entry and the churn test in all four KV modes; SANITIZE_TOOLS picks, sanitize.sh's
-#   own settings pass through: *_STEPS, *_MIN_ENDS, KERNELS_S, CHURN_S)
+#   own settings pass through: *_STEPS, *_MIN_ENDS, *_KERNELS_S, *_CHURN_S per tool)
 #   KERN_S=100  KERNEL_CASES=miss_copy,attention (empty: all)  KERNEL_QUICK=--quick (empty: full)
 #   SWEEP_S=150  SWEEP_ARGS="--batches 8,64,128"
 #   PROF_S=60 (each)  PROFILES="bf16:128:1 bf16:128:2" (row format:batch:micro-batches[:args,
-#   comma-separated, e.g. fp8:222:2:--copy-rows=16])
+#   comma-separated, e.g. fp8:222:2:--copy-chunk=16384])
 #   PROFILE_ARGS="--context 32768 --warmup 6 --steps 3"  NCU_S=90  E2E_S=480  E2E_ARGS="..."
+#   COPYSWEEP="fp8:222:trace bf16:174:trace fp8:222:indexer" (row format:N:top-k source[:grids,
+#   bench/copy_sweep.py's --grids]) COPYSWEEP_S=135 (each) COPYSWEEP_ARGS="--context 32768"
+#   (copysweep first prints the copy kernel's registers: bench/copy_regs.py, COPYREGS_S=45)
 #   MTP_S=200  MTP_ARGS="..."  PREFIX_S=120  PREFIX_ARGS="..."  GW_S=120  GW_ARGS="..."
 set -uo pipefail
 OUT=${OUT:-.gpuout}
@@ -49,11 +52,25 @@ profiles() {
   done
 }
 ncus() {  # Nsight Compute on the miss copy alone (bench/ncu_copy.py): both row formats, the
-  # side stream's 64-CTA grid and the default grid; the second round of its launches
-  stage ncu "${NCU_S:-90}" ncu --clock-control none -k regex:miss_copy --launch-skip 4 \
-    --launch-count 4 --section SpeedOfLight --section MemoryWorkloadAnalysis_Tables \
+  # side stream's grid, 64 CTAs all working, the default grid; the second round of its launches
+  stage ncu "${NCU_S:-90}" ncu --clock-control none -k regex:miss_copy --launch-skip 6 \
+    --launch-count 6 --section SpeedOfLight --section MemoryWorkloadAnalysis_Tables \
     --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
     python3 bench/ncu_copy.py
+}
+copysweep() {  # the step against the side-stream copy's grid (bench/copy_sweep.py)
+  stage copyregs "${COPYREGS_S:-45}" python3 bench/copy_regs.py
+  local limit=${COPYSWEEP_S:-135}
+  for spec in ${COPYSWEEP:-fp8:222:trace bf16:174:trace fp8:222:indexer}; do
+    IFS=: read -r fmt bs src grids <<< "$spec"
+    if [ -z "$grids" ] && [ "$src" = indexer ]; then
+      grids="none,24,64,132,default,64/16/512K,132/16/512K,132/16/1M,132/16/2M"
+    fi
+    local name="copysweep-$fmt-$bs-$src"
+    stage "$name" "$limit" python3 bench/copy_sweep.py --preset bench --row-format "$fmt" \
+      --batch "$bs" --topk-source "$src" ${grids:+--grids "$grids"} \
+      --budget-s $((limit - 15)) ${COPYSWEEP_ARGS:---context 32768} --out "$RUN/$name.json"
+  done
 }
 STAGES="${*:-tests sanitize kernels}"
 for s in $STAGES; do
@@ -67,6 +84,7 @@ for s in $STAGES; do
              --out "$RUN/sweep.json" ;;
     profiles) profiles ;;
     ncu) ncus ;;
+    copysweep) copysweep ;;
     e2e) stage e2e "${E2E_S:-480}" python3 bench/e2e.py ${E2E_ARGS:-} --out "$RUN/e2e.json" ;;
     gateway) stage gateway "${GW_S:-120}" python3 bench/gateway.py ${GW_ARGS:-} \
                --out "$RUN/gateway.json" ;;

@@ -35,18 +35,18 @@ def miss_copy_case(ceil: dict, reps: int) -> list[Row]:
         uva = UVATensor(host)
         args = (uva, hot, src, dst, count)
 
-        def fn(rows_per_program: int | None = None, num_warps: int | None = None) -> None:
-            extra = {"rows_per_program": rows_per_program, "num_warps": num_warps}
+        def fn(chunk_bytes: int | None = None, num_warps: int | None = None) -> None:
+            extra = {"chunk_bytes": chunk_bytes, "num_warps": num_warps}
             miss_copy(*args, **{k: v for k, v in extra.items() if v is not None})
 
         us = graph_time_us(fn, reps)
-        for rpp, nw in ((16, 4), (16, 8), (32, 8)):
-            v_us = graph_time_us(lambda rpp=rpp, nw=nw: fn(rpp, nw), reps)
+        for chunk, nw in ((16384, 4), (16384, 8), (32768, 8)):
+            v_us = graph_time_us(lambda chunk=chunk, nw=nw: fn(chunk, nw), reps)
             v_gbs = n_miss * d / v_us / 1e3
             rows.append(
                 Row(
                     "miss_copy",
-                    f"{d} B rows={rpp} warps={nw}",
+                    f"{d} B chunk={chunk} warps={nw}",
                     v_us,
                     v_gbs / ceil["h2d_gbs"],
                     f"{v_gbs:.1f} GB/s (variant)",

@@ -22,18 +22,18 @@ SMALL_TIERS = (256 << 20, 16 << 20)
 POISON = 0xA5
 # (label, miss_copy keywords): tuning variants at one in-situ point.
 VARIANTS = [
-    ("rows8 w4 default grid", {}),
-    ("rows16 w4", dict(rows_per_program=16)),
-    ("rows16 w8", dict(rows_per_program=16, num_warps=8)),
-    ("rows8 w4 2/SM", dict(programs_per_sm=2)),
-    ("rows8 w4 4/SM", dict(programs_per_sm=4)),
-    ("rows8 w4 16/SM", dict(programs_per_sm=16)),
+    ("chunk8K w4 default grid", {}),
+    ("chunk16K w4", dict(chunk_bytes=16384)),
+    ("chunk16K w8", dict(chunk_bytes=16384, num_warps=8)),
+    ("chunk8K w4 2/SM", dict(programs_per_sm=2)),
+    ("chunk8K w4 4/SM", dict(programs_per_sm=4)),
+    ("chunk8K w4 16/SM", dict(programs_per_sm=16)),
     # Few CTAs: how small a grid still moves PCIe's worth (the side-stream copy
     # that overlaps compute should leave the other SMs to the compute).
-    ("rows8 w4 16 CTAs", dict(programs=16)),
-    ("rows16 w4 32 CTAs", dict(programs=32, rows_per_program=16)),
-    ("rows8 w4 66 CTAs", dict(programs=66)),
-    ("rows8 w4 132 CTAs", dict(programs=132)),
+    ("chunk8K w4 16 CTAs", dict(programs=16)),
+    ("chunk16K w4 32 CTAs", dict(programs=32, chunk_bytes=16384)),
+    ("chunk8K w4 66 CTAs", dict(programs=66)),
+    ("chunk8K w4 132 CTAs", dict(programs=132)),
 ]
 
 

@@ -6,7 +6,7 @@
   cover, address translation of host memory (not the copy kernel) is the in-situ loss.
 - concurrent: the score pass of the attention (the work that split attention can run while the
   misses stream in: tiles of resident rows need no copied row) and the miss copy on a side
-  stream with the overlap grid (OVERLAP_COPY_PROGRAMS CTAs), alone and together, in one graph.
+  stream with the overlap grid (OVERLAP_COPY_GRID), alone and together, in one graph.
   hidden = (copy + score - together) / copy: the share of the copy that overlap removes.
 """
 
@@ -46,7 +46,7 @@ def _score_fn(bs: int, fmt: str):
 
 
 def concurrent_case(ceil: dict, reps: int) -> list[Row]:
-    from engine_client.kv.hisparse import OVERLAP_COPY_PROGRAMS
+    from engine_client.kv.hisparse import OVERLAP_COPY_GRID
     from kernels.formats import ROW_FORMATS
 
     rows = []
@@ -56,7 +56,7 @@ def concurrent_case(ceil: dict, reps: int) -> list[Row]:
         g = torch.Generator().manual_seed(7)
         lists = miss_lists(bs, 0.13, tier.flat.numel() // d, g)
         hot = torch.zeros((bs * B, d), dtype=torch.uint8, device="cuda")
-        copy = _copy_fn(tier.rows(d), hot, lists, programs=OVERLAP_COPY_PROGRAMS)
+        copy = _copy_fn(tier.rows(d), hot, lists, grid=OVERLAP_COPY_GRID)
         full_copy = _copy_fn(tier.rows(d), hot, lists)
         score = _score_fn(bs, fmt)
         side = torch.cuda.Stream()
@@ -76,7 +76,7 @@ def concurrent_case(ceil: dict, reps: int) -> list[Row]:
                 t,
                 (c + s - t) / c,
                 f"hidden share of the copy (ratio col); copy {c:.1f}us with "
-                f"{OVERLAP_COPY_PROGRAMS} CTAs ({f:.1f}us full grid), score pass {s:.1f}us, "
+                f"grid {OVERLAP_COPY_GRID.label()} ({f:.1f}us full grid), score pass {s:.1f}us, "
                 f"serial sum {c + s:.1f}us",
             )
         )

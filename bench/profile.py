@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import json
 import re
 import sys
@@ -37,6 +36,7 @@ elif str(_ROOT) not in sys.path:
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 
+from bench.copy_args import add_copy_args, copy_grid, copy_kernels  # noqa: E402
 from bench.profile_parts import (  # noqa: E402
     KERNEL_RANGE,
     charged_name,
@@ -108,23 +108,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="embedded: decode parts whose "
         "miss copy overlaps the other parts' compute (side stream) [1: off]",
     )
-    ap.add_argument(
-        "--copy-programs",
-        type=int,
-        default=0,
-        help="CTAs of the side-stream miss copy [0: the backend's default, OVERLAP_COPY_PROGRAMS]",
-    )
-    ap.add_argument(
-        "--copy-rows",
-        type=int,
-        default=0,
-        help="rows per program of the miss copy (a power of 2) [0: the kernel's default]",
-    )
-    ap.add_argument(
-        "--skip-copy",
-        action="store_true",
-        help="timing only, wrong outputs: no miss copy, to measure what the copy adds to the step",
-    )
+    add_copy_args(ap)
     ap.add_argument("--no-ceilings", action="store_true", help="skip the pinned-copy measurement")
     ap.add_argument(
         "--no-families",
@@ -149,23 +133,21 @@ def named_kernels(ks: KernelSet) -> KernelSet:
     return dataclasses.replace(ks, **{n: wrap(n, getattr(ks, n)) for n in fields})
 
 
-def build(args: argparse.Namespace, device: torch.device):
-    """Model, runner and backend at `batch` requests of `context` synthetic tokens."""
+def build(args: argparse.Namespace, device: torch.device, positions: int = 0):
+    """Model, runner and backend at `batch` requests of `context` synthetic tokens, with room
+    for `positions` decode steps [the warm-up, timed and profiled steps of args]."""
     over = {"num_layers": args.layers} if args.layers else {}
     cfg = preset(args.preset, **over)
     use_triton = args.kernels == "triton" or (args.kernels == "auto" and device.type == "cuda")
     kernels = KernelSet.triton() if use_triton else KernelSet.reference()
     graphed = device.type == "cuda" and kernels.capturable
-    if args.skip_copy:
-        kernels = dataclasses.replace(kernels, miss_copy=lambda *a, **kw: None)
-    if args.copy_rows:
-        copy = functools.partial(kernels.miss_copy, rows_per_program=args.copy_rows)
-        kernels = dataclasses.replace(kernels, miss_copy=copy)
+    kernels = copy_kernels(kernels, args)
     if not graphed:
         kernels = named_kernels(kernels)
     P = args.page_size
     # Decode positions: warm-up, timed, profiled, (fallback) eager-profiled and families steps.
-    max_ctx = -(-(args.context + args.warmup + 4 * args.steps + 8) // P) * P
+    positions = positions or args.warmup + 4 * args.steps + 8
+    max_ctx = -(-(args.context + positions) // P) * P
     window = args.window or min(128, cfg.topk // 2)
     lay = KVLayout(
         num_layers=cfg.num_layers,
@@ -190,7 +172,7 @@ def build(args: argparse.Namespace, device: torch.device):
             kv,
             kernels=kernels,
             microbatches=args.microbatches,
-            copy_programs=args.copy_programs or None,
+            copy_grid=copy_grid(args),
         )
     for slot in range(args.batch):
         backend.fill_synthetic(slot, args.context, seed=slot)

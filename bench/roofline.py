@@ -192,9 +192,10 @@ def analyze(payload: dict) -> dict:
         fixed = min(by_mode.values())
         for r in _main_runs(payload, ctx):
             for p in r["phases"].values():
-                if p.get("concurrency"):
+                n = p.get("running") or p.get("concurrency")  # running: under an admission limit
+                if n:
                     t = shape.traffic(ctx, r["mode"], p.get("hit_rate"))
-                    p["roofline"] = point(shape, ceil, fixed, p["concurrency"], t, p.get("tok_s"))
+                    p["roofline"] = point(shape, ceil, fixed, n, t, p.get("tok_s"))
         out["contexts"][str(ctx)] = {
             "fixed_ms": 1e3 * fixed,
             "fixed_ms_by_mode": {m: 1e3 * v for m, v in by_mode.items()},

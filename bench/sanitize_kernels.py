@@ -7,7 +7,10 @@ device is synchronized and a marker line names the entry, so what the sanitizer 
 marker (on the same stdout) belongs to that launch. It decodes requests of irregular lengths,
 some longer than the hot buffer (misses: miss copy), in each row format, then checks that every
 entry ran. `python bench/sanitize_kernels.py --table LOG` reads such a run's output and prints,
-per entry, the launches and the sanitizer's error lines before its markers.
+per entry, the launches and the sanitizer's error lines before its markers. `--modes LOG` reads
+the churn test's run under the sanitizer (pytest -s -rA) the same way: per KV mode, the
+sanitizer's error lines after the mode's marker (the test prints MODE_MARKER as a mode starts;
+the service process the mode starts reports there too) and the mode's test outcome.
 
 On CPU it runs the same path in Triton's interpreter (a smoke test; no sanitizer there).
 """
@@ -27,6 +30,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 MARKER = "@@sanitize-kernel "
+MODE_MARKER = "@@sanitize-mode "  # printed by tests/integration/test_engine_stress.py
+# pytest -rA's line of one mode: "PASSED tests/...::test_churn_under_overlap_on_gpu[service]"
+OUTCOME = re.compile(r"^(PASSED|FAILED|ERROR|SKIPPED)\b.*\[(?P<mode>[a-z-]+)\]")
 # Requests of irregular lengths: inside and past the hot buffer (32 slots), odd page remainders.
 # A few tokens each: under racecheck every launch is slow.
 PROMPTS = ((1, 2), (13, 3), (45, 3))
@@ -142,6 +148,28 @@ def table(log_path: str) -> int:
     return 1 if missing or sum(findings.values()) else 0
 
 
+def modes(log_path: str) -> int:
+    """Per KV mode of the churn: the sanitizer's findings after its marker, and its outcome."""
+    findings: Counter[str] = Counter()
+    outcome: dict[str, str] = {}
+    mode = "(before the first mode)"
+    with open(log_path, errors="replace") as f:
+        for line in f:
+            if line.startswith(MODE_MARKER):
+                mode = line[len(MODE_MARKER) :].strip()
+                findings[mode] += 0
+            elif line.startswith("========= ") and not INFO.match(line):
+                findings[mode] += 1
+            elif m := OUTCOME.match(line):
+                outcome[m["mode"]] = m[1]
+    print(f"{'KV mode':<24} {'findings':>9} {'outcome':>9}")
+    for name in sorted(set(findings) | set(outcome)):
+        print(f"{name:<24} {findings[name]:>9} {outcome.get(name, '-'):>9}")
+    ran = [n for n in outcome if outcome[n] != "SKIPPED"]
+    ok = bool(ran) and all(outcome[n] == "PASSED" for n in ran) and set(ran) <= set(findings)
+    return 0 if ok and sum(findings.values()) == 0 else 1
+
+
 def _entry_names() -> list[str]:
     from engine_client.kv.kernel_set import KernelSet
 
@@ -151,9 +179,12 @@ def _entry_names() -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--table", metavar="LOG", help="count a run's findings per kernel entry")
+    ap.add_argument("--modes", metavar="LOG", help="count a churn run's findings per KV mode")
     args = ap.parse_args()
     if args.table:
         return table(args.table)
+    if args.modes:
+        return modes(args.modes)
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -33,6 +33,9 @@ class PlanState:
         self.miss_src = torch.empty((BS, K), dtype=torch.int64, device="cuda")
         self.miss_dst = torch.empty((BS, K), dtype=torch.int64, device="cuda")
         self.miss_count = torch.empty((BS,), dtype=torch.int32, device="cuda")
+        # The select bookkeeping the engine's plan adds (per request slot and totals).
+        self.counts = torch.zeros((BS + 1, 3), dtype=torch.int64, device="cuda")
+        self.totals = torch.zeros((2,), dtype=torch.int64, device="cuda")
 
     def plan(self) -> None:
         self.plan_with()
@@ -58,6 +61,8 @@ class PlanState:
             num_layers=1,
             page_size=P,
             window=W,
+            out_counts=self.counts,
+            out_totals=self.totals,
             **knobs,
         )
 

@@ -119,6 +119,13 @@ class Draining(ServiceUnavailable):
     reason = "DRAINING"
 
 
+class Stopping(Draining):
+    """The service's drain is over and it stops (a restart or a shutdown): every session message
+    is refused, and the requests it still holds go with it."""
+
+    reason = "STOPPING"
+
+
 class DeadlineExceeded(ServiceUnavailable):
     """A call did not complete within its deadline."""
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from contract.layout import MAX_DRAFT_TOKENS, KVLayout
+from contract.swap_plan import PlanInputs, PlanOutputs
 
 EVENT_NAMES = ("xchg_ready", "xchg_done")
 
@@ -31,13 +32,16 @@ def exchange_specs(layout: KVLayout) -> dict[str, tuple[tuple[int, ...], torch.d
     }
 
 
-def exchange_outputs(
-    xchg: dict[str, torch.Tensor], n: int, rows_per_request: int
-) -> tuple[torch.Tensor, ...]:
+def exchange_inputs(xchg: dict[str, torch.Tensor], n: int) -> PlanInputs:
+    """The plan's inputs: batch rows [0, n) of the exchange."""
+    return PlanInputs(xchg["xchg_topk"][:n], xchg["xchg_seq_lens"][:n], xchg["xchg_req_slots"][:n])
+
+
+def exchange_outputs(xchg: dict[str, torch.Tensor], n: int, rows_per_request: int) -> PlanOutputs:
     """The plan's outputs for batch rows [0, n) of G = rows_per_request rows per request:
     slots [n, k], miss src / dst [n / G, G k], miss count and miss rows [n / G]."""
     k, groups = xchg["xchg_slots"].shape[1], n // rows_per_request
-    return (
+    return PlanOutputs(
         xchg["xchg_slots"][:n],
         xchg["xchg_miss_src"][:n].view(groups, rows_per_request * k),
         xchg["xchg_miss_dst"][:n].view(groups, rows_per_request * k),

@@ -6,7 +6,8 @@ One handle dict per tensor travels in the Attach reply:
 - "cuda_ipc": device memory; `ipc` is the storage's CUDA IPC share tuple as JSON (never pickle:
   these bytes arrive over the network). It carries the exporter's pid, as a file name does.
 Handles come from another process, so every field is checked before anything is opened.
-Host registration and the bookkeeping of what this process mapped stay in `segment_map`.
+A file's mapping and its host registration are `file_mapping`'s; what one user mapped is
+`segment_map`'s.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import stat
 
 import torch
 
+from contract import file_mapping
 from contract.layout import LayoutError
 
 # Segment files: hisparse-<instance>-<pid>-<name> in a shm directory (`kv_service.memory.shm_file`
@@ -103,9 +105,11 @@ def check(h: dict) -> tuple[list[int], torch.dtype]:
     return shape, dtype
 
 
-def open_tensor(h: dict, device: torch.device) -> tuple[torch.Tensor, tuple[int, int] | None]:
-    """The tensor a checked handle names, and for a file its (st_dev, st_ino) as opened, so that
-    a file replaced under the same name later is not taken for ours."""
+def open_tensor(
+    h: dict, device: torch.device
+) -> tuple[torch.Tensor, file_mapping.FileMapping | None]:
+    """The tensor a checked handle names, and for a file this process's mapping of it, whose
+    identity tells a file replaced under the same name later from the one opened."""
     shape, dtype = tuple(h["shape"]), getattr(torch, h["dtype"])
     if h["kind"] == "cuda_ipc":
         return _import_cuda(h, shape, dtype, device), None
@@ -114,10 +118,10 @@ def open_tensor(h: dict, device: torch.device) -> tuple[torch.Tensor, tuple[int,
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size != h["nbytes"]:
             raise LayoutError(f"{h['path']}: {st.st_size} bytes, handle says {h['nbytes']}")
-        t = map_fd(fd, math.prod(shape), dtype).view(shape)
+        mapping = file_mapping.open_file(fd)
     finally:
         os.close(fd)
-    return t, (st.st_dev, st.st_ino)
+    return mapping.tensor(math.prod(shape), dtype).view(shape), mapping
 
 
 def _import_cuda(
@@ -138,12 +142,6 @@ def _import_cuda(
     for i in range(len(shape) - 2, -1, -1):
         strides[i] = strides[i + 1] * shape[i + 1]
     return torch.empty(0, dtype=dtype, device=storage.device).set_(storage, 0, shape, strides)
-
-
-def map_fd(fd: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
-    # Through /proc/self/fd so the mapping is of the file we opened even if its name is unlinked
-    # meanwhile: from_file on a missing name would create an empty file instead.
-    return torch.from_file(f"/proc/self/fd/{fd}", shared=True, size=numel, dtype=dtype)
 
 
 def pid_alive(pid: int) -> bool:

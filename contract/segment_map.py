@@ -3,11 +3,13 @@ exported, unmapping them, and telling whether their owner still lives. The expor
 service's (`kv_service.memory.segment`); each tensor travels as a handle dict (`contract.handle`).
 
 On GPU each process that maps a "shm" file registers it with CUDA, so kernels load it zero-copy
-(UVA); "cuda_ipc" handles are device memory shared by CUDA IPC. File names and IPC handles carry
-the exporter's pid: `is_owner_alive` checks it, and the file's identity as mapped.
+(UVA): once per mapping, which `contract.file_mapping` shares between every user of one file in
+this process; "cuda_ipc" handles are device memory shared by CUDA IPC. File names and IPC handles
+carry the exporter's pid: `is_owner_alive` checks it, and the file's identity as mapped.
 
-What was mapped is kept by the `SegmentMap` that mapped it (no process-wide table): each
-KVClient owns one, so two clients in one process never undo each other's registrations.
+What was mapped is kept by the `SegmentMap` that mapped it: each KVClient owns one and holds one
+pin on each file mapping it registered, so two clients in one process never undo each other's
+registrations.
 """
 
 from __future__ import annotations
@@ -15,12 +17,12 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable
 
 import torch
 
 from contract import handle
+from contract.file_mapping import CudaRegistrar, FileMapping, Registrar
 from contract.ipc_release import IpcMappings
 from contract.layout import KVLayout, LayoutError
 from contract.tensors import TENSOR_NAMES, KVTensors, tensor_specs
@@ -28,18 +30,19 @@ from kernels.uva import UVATensor
 
 log = logging.getLogger(__name__)
 
-_HOST_REGISTER_FLAGS = 1 | 2  # cudaHostRegisterPortable | cudaHostRegisterMapped
-
 
 class SegmentMap:
-    """What one user (a KVClient, a test) mapped of a service's exports: the host registrations
-    made (by data pointer), undone exactly once by `unmap`, and the (st_dev, st_ino) of each
-    mapped file, which tells a restarted service's new file from the one mapped. Thread-safe:
-    the engine's compute thread and its event loop may both ask `is_owner_alive`."""
+    """What one user (a KVClient, a test) mapped of a service's exports: the pins it holds on
+    file mappings (by data pointer), each let go exactly once by `unmap`, and the (st_dev,
+    st_ino) of each mapped file, which tells a restarted service's new file from the one
+    mapped. Thread-safe: the engine's compute thread and its event loop may both ask
+    `is_owner_alive`. `registrar`: who registers host pages; CUDA's on a CUDA device when not
+    given (a fake one in CPU tests registers even in CPU mode)."""
 
-    def __init__(self) -> None:
+    def __init__(self, registrar: Registrar | None = None) -> None:
         self._lock = threading.Lock()
-        self._registered: dict[int, tuple[torch.Tensor, torch.device]] = {}  # by data_ptr
+        self._registrar = registrar
+        self._pinned: dict[int, list[FileMapping]] = {}  # by data_ptr, one entry per pin
         self._files: dict[str, tuple[int, int]] = {}  # path -> (st_dev, st_ino) at map time
         # CUDA IPC storages opened here: closed only once none of them is alive.
         self.ipc = IpcMappings()
@@ -87,21 +90,23 @@ class SegmentMap:
         )
 
     def unmap(self, tensors: KVTensors | dict[str, torch.Tensor]) -> None:
-        """Unregister the host memory registered for these mapped tensors. The caller drops its
-        references afterwards; `host_rows` of a KVTensors is set to None so that a stray launch
-        fails on the host instead of faulting on the GPU."""
+        """Let go of the pins these mapped tensors hold: the last pin of a file mapping
+        unregisters its pages. The caller drops its references afterwards; `host_rows` of a
+        KVTensors is set to None so that a stray launch fails on the host instead of faulting
+        on the GPU."""
         items = (
             [getattr(tensors, n) for n in TENSOR_NAMES]
             if isinstance(tensors, KVTensors)
             else list(tensors.values())
         )
         with self._lock:
-            regs = [
-                self._registered.pop(t.data_ptr())
-                for t in items
-                if t.device.type == "cpu" and t.data_ptr() in self._registered
+            pins = [
+                self._pinned[p].pop()
+                for p in (t.data_ptr() for t in items if t.device.type == "cpu")
+                if self._pinned.get(p)
             ]
-        unregister_host(regs)
+        for mapping in pins:
+            mapping.unpin()
         if isinstance(tensors, KVTensors):
             tensors.host_rows = None
 
@@ -144,18 +149,19 @@ class SegmentMap:
 
     def _track(self, h: dict, device: torch.device) -> torch.Tensor:
         """Open one handle and record what was mapped: the file's identity for
-        `is_owner_alive`, the host registration for `unmap`."""
-        t, file_id = handle.open_tensor(h, device)
-        if file_id is None:
+        `is_owner_alive`, the pin on its mapping for `unmap`."""
+        t, mapping = handle.open_tensor(h, device)
+        if mapping is None:
             with self._lock:
                 self.ipc.add(h["name"], t)
             return t
         with self._lock:
-            self._files[h["path"]] = file_id
-        if device.type == "cuda":
-            register_host(t, device)
+            self._files[h["path"]] = mapping.identity
+        registrar = self._registrar or (CudaRegistrar(device) if device.type == "cuda" else None)
+        if registrar is not None:
+            mapping.pin(registrar)
             with self._lock:
-                self._registered[t.data_ptr()] = (t, device)
+                self._pinned.setdefault(t.data_ptr(), []).append(mapping)
         return t
 
     def _same_file(self, path: str) -> bool:
@@ -176,27 +182,3 @@ def as_kv_tensors(
     if device.type == "cuda":
         kv.host_rows = UVATensor(kv.host_kv)
     return kv
-
-
-def register_host(t: torch.Tensor, device: torch.device) -> None:
-    # is_pinned() answers False until ATen's CUDA context is up; the first CUDA allocation does
-    # that.
-    torch.empty(0, device=device)
-    nbytes, start = t.numel() * t.element_size(), time.monotonic()
-    with torch.cuda.device(device):
-        err = int(torch.cuda.cudart().cudaHostRegister(t.data_ptr(), nbytes, _HOST_REGISTER_FLAGS))
-    if err != 0:
-        raise RuntimeError(
-            f"cudaHostRegister of {nbytes} bytes failed with cudaError {err}; a "
-            "file outside tmpfs (here: a segment file) cannot be pinned on "
-            "Linux >= 6.5: put --shm-dir on /dev/shm or another tmpfs"
-        )
-    log.info("registered %d host bytes with %s in %.2f s", nbytes, device, time.monotonic() - start)
-
-
-def unregister_host(regs: list[tuple[torch.Tensor, torch.device]]) -> None:
-    for t, device in regs:
-        torch.cuda.synchronize(device)  # no kernel may still be reading these pages
-        err = int(torch.cuda.cudart().cudaHostUnregister(t.data_ptr()))
-        if err != 0:
-            log.warning("cudaHostUnregister(%#x) failed with cudaError %d", t.data_ptr(), err)

@@ -9,7 +9,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from contract import flags
+from contract import cuda_shm, flags
 from kv_service.config import ServiceConfig
 
 
@@ -48,6 +48,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         os.environ["TRITON_INTERPRET"] = "1"
     # Imported here so --help and flag errors do not pay for torch and grpc.
     from kv_service.rpc.server import ONE_LINE_ERRORS, run
+
+    cuda_shm.remove_own_at_exit()  # the CUDA driver leaves its file of an IPC exporter
 
     try:
         return run(config)

@@ -4,6 +4,7 @@ import sys
 import pytest
 import torch
 
+from contract import cuda_shm
 from tests.leftovers import Session
 
 if not torch.cuda.is_available():
@@ -12,6 +13,7 @@ if not torch.cuda.is_available():
 # Before any test makes a temporary file: every one goes under this session's own root. Under
 # pytest-xdist every worker is a session of its own; the controller runs no test.
 SESSION = Session.begin()
+cuda_shm.remove_own_at_exit()  # the CUDA driver's file of this process, if it makes one
 # The controller's: what its workers reported at their end (leftovers, kept roots).
 FROM_WORKERS: dict[str, list[str]] = {"leftovers": [], "kept": []}
 

@@ -6,7 +6,9 @@ other sessions running on the same machine never look like ours. At the end (con
 `pytest_sessionfinish`) the run fails when
 - anything but pytest's own basetemp (and torch's compile cache) is left in the root;
 - /dev/shm holds a new entry of this session: named with the session's marker, or a segment,
-  lock or torch IPC counter file of a process this session started (or of pytest itself);
+  lock or torch IPC counter file of a process this session started (or of pytest itself), or
+  the CUDA driver's file (contract.cuda_shm) of a process it started (pytest's own goes at its
+  exit: conftest registers that);
 - a child process of pytest still runs (it is killed).
 Under pytest-xdist each worker is such a session and checks its own root, files and children; it
 hands what it found to the controller, which reports it and fails the run (tests/conftest.py).
@@ -20,6 +22,8 @@ import shutil
 import signal
 import tempfile
 from dataclasses import dataclass, field
+
+from contract import cuda_shm
 
 SHM = "/dev/shm"
 # Files named after their creator's pid: hisparse segments and locks, torch's IPC counters.
@@ -63,6 +67,11 @@ class Session:
             m = PID_FILE_RE.fullmatch(name) or TORCH_FILE_RE.fullmatch(name)
             if name.startswith(self.marker) or (m is not None and int(m["pid"]) in ours):
                 left.append(f"/dev/shm: {name}")
+            elif (m := cuda_shm.FILE_RE.fullmatch(name)) and int(m["pid"], 16) in SPAWNED:
+                # Its supervisor removes it once the process is reaped: one left is a path
+                # that skipped that. Removed here, so that the next run starts clean.
+                left.append(f"/dev/shm: {name} (the CUDA driver's, of a process this run started)")
+                cuda_shm.remove_of(int(m["pid"], 16), SHM)
         # Only our own children: a recorded pid that exited may belong to anyone by now.
         for pid in sorted(children(os.getpid())) if processes else []:
             cmd = _cmdline(pid)

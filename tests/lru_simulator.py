@@ -26,11 +26,13 @@ class LRUSim:
         """Serve one top-k selection.
 
         Returns (slots, misses, evicted): the hot slot of each entry (-1 for bad positions),
-        [(entry index, token, victim slot)] in top-k order, and the tokens evicted.
+        [(entry index, token, victim slot)] in top-k order, and the tokens evicted. A position
+        may repeat: its first occurrence is the miss, the repeats get the same slot.
         """
         slots: list[int] = []
         hit_slots: set[int] = set()
         missed: list[int] = []
+        first: dict[int, int] = {}  # missed token -> its first entry
         for i, t in enumerate(topk):
             if not 0 <= t < seq_len:
                 slots.append(-1)
@@ -41,7 +43,9 @@ class LRUSim:
                 hit_slots.add(self.where[t])
             else:
                 slots.append(-1)
-                missed.append(i)
+                if t not in first:
+                    first[t] = i
+                    missed.append(i)
         untouched = [s for s in self.order() if s not in hit_slots]
         victims = untouched[: len(missed)]
         assert len(victims) == len(missed), "more misses than evictable slots"
@@ -61,6 +65,7 @@ class LRUSim:
             self.holds[v], self.where[t] = t, v
             slots[i] = v
             misses.append((i, t, v))
+        slots = [self.where[t] if t in first else s for t, s in zip(topk, slots)]
         return slots, misses, evicted
 
     def step_union(self, rows: list[list[int]], row_lens: list[int]):

@@ -67,8 +67,10 @@ def start_service(
     lease: float = 30.0,
     device: str = "cpu",
     unset: tuple[str, ...] = (),
+    extra: tuple[str, ...] = (),
 ) -> ServiceProcess:
-    """A SERVING service; `unset`: environment variables the child must not inherit."""
+    """A SERVING service; `unset`: environment variables the child must not inherit; `extra`:
+    more flags (later flags win)."""
     # The last --device wins over the harness's "--device cpu".
     svc = ServiceProcess(
         path,
@@ -79,6 +81,7 @@ def start_service(
         "2",
         "--device",
         device,
+        *extra,
         layout=layout,
         shm_dir=cuda_shm_dir(path) if device == "cuda" else None,
     )

@@ -220,11 +220,13 @@ class RemoteSwapEngine:
 
         handles = handles_from_proto(attach.tensors)
         self.svc, self.attach, self.device = svc, attach, torch.device(device)
-        segments = SegmentMap()
-        self.kv = segments.map_segments(
+        self.segments = SegmentMap()
+        self.kv = self.segments.map_segments(
             svc.layout, [h for h in handles if not h["name"].startswith("xchg_")], device
         )
-        self.x = segments.map_extra([h for h in handles if h["name"].startswith("xchg_")], device)
+        self.x = self.segments.map_extra(
+            [h for h in handles if h["name"].startswith("xchg_")], device
+        )
         # Ordered by synchronizing, as the engine's RemoteSwapBackend does: opening the
         # exported IPC events with torch 2.11 failed on the H200 (UnicodeDecodeError at record).
         self.sync = self.device.type == "cuda"
@@ -268,3 +270,8 @@ class RemoteSwapEngine:
 
     def slots(self) -> list[int]:
         return self.x["xchg_slots"][0].tolist()
+
+    def close(self) -> None:
+        """Let go of the mapped memory, as the engine's KVClient does at close."""
+        self.segments.unmap(self.kv)
+        self.segments.unmap(self.x)

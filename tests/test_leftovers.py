@@ -98,3 +98,31 @@ def test_leftovers_of_xdist_workers_fail_the_run_and_are_named(tmp_path) -> None
     finally:
         for root in kept:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_cuda_driver_file_of_a_started_process_is_named_and_removed() -> None:
+    """contract.cuda_shm: the supervisor removes a reaped child's driver file; one still there
+    at the end fails the run, and goes, so that the next run starts clean. Another process's
+    (pid 1 here: not started by this session) is left alone."""
+    root = tempfile.mkdtemp(prefix="hsrun", dir="/tmp")
+    fake = Session(root, set(os.listdir(leftovers.SHM)))
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    mine = os.path.join(leftovers.SHM, f"cuda.shm.0.{child.pid:x}.1")
+    other = os.path.join(leftovers.SHM, "cuda.shm.0.1.1")
+    leftovers.SPAWNED.add(child.pid)
+    try:
+        for path in (mine, other):
+            open(path, "w").close()
+        left = fake.leftovers()
+        assert [x for x in left if "cuda.shm" in x] == [
+            f"/dev/shm: cuda.shm.0.{child.pid:x}.1"
+            " (the CUDA driver's, of a process this run started)"
+        ]
+        assert not os.path.exists(mine) and os.path.exists(other)
+    finally:
+        leftovers.SPAWNED.discard(child.pid)
+        for path in (mine, other):
+            if os.path.exists(path):
+                os.unlink(path)
+        shutil.rmtree(root)

@@ -1,9 +1,10 @@
 """`python -m engine_client demo`: the whole stack on one machine, then gone without a trace.
 
 Starts a KV service (service modes) and an engine as child processes on sockets in a temporary
-directory, waits for their health, streams a few concurrent generations with a live progress
-line, prints per-request and overall stats (TTFT, ITL, tokens/s, hit rate, bytes moved), and
-stops both (SIGTERM), checking that no child and no /dev/shm segment is left behind.
+directory, waits for their health, streams a few concurrent generations with their text shown
+as it streams (one line per generation: cli/transcript.py), then a chat, prints short
+per-request and overall stats (TTFT, ITL, tokens/s, hit rate, bytes moved), and stops both
+(SIGTERM), checking that no child and no /dev/shm segment is left behind.
 
 SIGTERM, SIGHUP and SIGINT (as `kill`, `timeout`, a closed terminal or Ctrl-C send them) stop
 the demo the same way: the children are stopped, their /dev/shm files and the temporary
@@ -17,6 +18,7 @@ import asyncio
 import os
 import random
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -28,6 +30,7 @@ from contract import errors, flags
 from engine_client.cli.config import DemoConfig, GenerateConfig
 from engine_client.cli.generate import GenerationResult, generate_stream
 from engine_client.cli.stop_signals import StopSignals
+from engine_client.cli.transcript import Transcript, visible
 from engine_client.serve.config import LocalLayout
 from engine_client.serve.procs import (
     ChildFailed,
@@ -46,37 +49,11 @@ LOCAL = LocalLayout(
 LAYOUT = LOCAL.layout(num_layers=2, topk=16)
 
 
-class StatusLine:
-    """One status line, redrawn in place on a terminal; a line per quarter otherwise."""
-
-    def __init__(self, n: int, total: int, live: bool) -> None:
-        self.done = [0] * n
-        self.total = total
-        self.live = live and sys.stdout.isatty()
-        self.live_plain = live
-        self._quarters = 0
-
-    def update(self, i: int) -> None:
-        self.done[i] += 1
-        if self.live:
-            cells = " ".join(f"r{j}:{d:>3}/{self.total}" for j, d in enumerate(self.done))
-            print(f"\r{cells}", end="", flush=True)
-            return
-        quarter = 4 * sum(self.done) // (self.total * len(self.done))
-        if self.live_plain and quarter > self._quarters:
-            self._quarters = quarter
-            print(f"progress: {sum(self.done)}/{self.total * len(self.done)} tokens", flush=True)
-
-    def close(self) -> None:
-        if self.live:
-            print()
-
-
 async def _one(
     channel: grpc.aio.Channel,
     i: int,
     cfg: DemoConfig,
-    progress: StatusLine,
+    transcript: Transcript,
     result: GenerationResult,
 ) -> None:
     rng = random.Random(i)
@@ -89,19 +66,22 @@ async def _one(
         timeout=max(60.0, cfg.startup_timeout),
     )
     try:
-        async for _ in generate_stream(channel, gen, result):
-            progress.update(i)
+        async for _ in generate_stream(
+            channel, gen, result, on_text=lambda piece: transcript.add(i, piece)
+        ):
+            pass
     except errors.KVError as e:
         result.error = str(e)
+    transcript.end(i)
 
 
 async def _stream_all(target: str, cfg: DemoConfig) -> tuple[list[GenerationResult], float]:
-    progress = StatusLine(cfg.requests, cfg.max_new_tokens, cfg.progress)
+    transcript = Transcript(cfg.requests, cfg.progress)
     results = [GenerationResult() for _ in range(cfg.requests)]
     started = time.monotonic()
     async with grpc.aio.insecure_channel(target) as channel:
-        await asyncio.gather(*(_one(channel, i, cfg, progress, r) for i, r in enumerate(results)))
-    progress.close()
+        await asyncio.gather(*(_one(channel, i, cfg, transcript, r) for i, r in enumerate(results)))
+    transcript.close()
     return results, time.monotonic() - started
 
 
@@ -119,12 +99,24 @@ async def _stream_text(target: str, cfg: DemoConfig) -> GenerationResult:
     async with grpc.aio.insecure_channel(target) as channel:
 
         def show(piece: str) -> None:
-            print(piece, end="", flush=True)
+            print(visible(piece), end="", flush=True)
 
         async for _ in generate_stream(channel, gen, result, on_text=show):
             pass
-    print(f"\n  {result.summary()}", flush=True)
+    print(f"\n  {_brief(result)}", flush=True)
     return result
+
+
+def _brief(r: GenerationResult) -> str:
+    """A generation's stats in one short line (its text was shown as it streamed)."""
+    parts = [f"{len(r.tokens)} tokens ({len(r.text)} chars), {r.finish_reason}"]
+    if r.ttft_s is not None:
+        parts.append(f"TTFT {r.ttft_s * 1e3:.1f} ms")
+    if r.itl_s:
+        parts.append(f"ITL {statistics.fmean(r.itl_s) * 1e3:.1f} ms")
+    rate = r.hit_rate
+    parts.append(f"hit rate {rate:.1%}" if rate is not None else "hit rate n/a")
+    return ", ".join(parts + ([f"error: {r.error}"] if r.error else []))
 
 
 def _service_stats(svc: ManagedProcess) -> str:
@@ -142,10 +134,20 @@ def _service_stats(svc: ManagedProcess) -> str:
     )
 
 
+def _plan(cfg: DemoConfig) -> str:
+    labels = [Transcript.label(i) for i in range(cfg.requests)]
+    return (
+        f"streaming {cfg.requests} generations of {cfg.max_new_tokens} tokens from random "
+        f"{cfg.prompt_len}-token prompts ({', '.join(labels[::2])} greedy"
+        + (f"; {', '.join(labels[1::2])} sampled)" if cfg.requests > 1 else ")")
+        + "\n(random weights: gibberish text; bytes that form no UTF-8 character show as \ufffd)"
+    )
+
+
 def _report(results: list[GenerationResult], seconds: float) -> bool:
     ok = True
     for i, r in enumerate(results):
-        print(f"  r{i}: {r.summary()}")
+        print(f"  {Transcript.label(i)} {_brief(r)}")
         ok &= not r.error and r.finish_reason in ("LENGTH", "STOP")
     tokens = sum(len(r.tokens) for r in results)
     hits, misses = sum(r.hits for r in results), sum(r.misses for r in results)
@@ -219,11 +221,7 @@ def run_demo(cfg: DemoConfig) -> int:
     ok = False
     try:
         svc, eng = _start(cfg, workdir, instance, children, stop.requested)
-        print(
-            f"streaming {cfg.requests} generations of {cfg.max_new_tokens} tokens "
-            f"(prompt {cfg.prompt_len} tokens; even requests greedy, odd sampled)",
-            flush=True,
-        )
+        print(_plan(cfg), flush=True)
         streamed = asyncio.run(stop.run(_stream_all(eng.target, cfg)))
         if streamed is not None:
             ok = _report(*streamed)

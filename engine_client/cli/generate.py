@@ -72,9 +72,12 @@ class GenerationResult:
         return ", ".join(parts)
 
 
-def build_request(cfg: GenerateConfig) -> pb.GenerateRequest:
+def build_request(cfg: GenerateConfig, text: bool = False) -> pb.GenerateRequest:
+    """text: text output for a token-id prompt too (text and chat prompts always have it);
+    generate_stream asks for it when it has an `on_text` to give it to."""
     req = pb.GenerateRequest(
         max_new_tokens=cfg.max_new_tokens,
+        return_text=text,
         sampling=pb.Sampling(
             temperature=cfg.temperature, seed=cfg.seed, stop_token_ids=list(cfg.stop_token_ids)
         ),
@@ -104,7 +107,8 @@ async def generate_stream(
     `on_text` with each piece of text output (before its token is yielded)."""
     stub = pb_grpc.DecodeServiceStub(channel)
     started = time.monotonic()
-    call = stub.Generate(build_request(cfg), timeout=cfg.timeout, wait_for_ready=True)
+    request = build_request(cfg, text=on_text is not None)
+    call = stub.Generate(request, timeout=cfg.timeout, wait_for_ready=True)
     try:
         with rpc_errors(f"Generate {cfg.resume_request_id}".strip()):
             metadata = dict(await call.initial_metadata() or ())

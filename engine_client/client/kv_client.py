@@ -143,6 +143,11 @@ class KVClient:
         except errors.InvalidArgument as e:
             # The only argument the service checks at attach is our layout.
             raise errors.LayoutMismatch(e.message, e.details) from e
+        except errors.DeadlineExceeded as e:
+            if not wait or self._channel.get_state() is grpc.ChannelConnectivity.READY:
+                raise
+            # wait_for_ready waited the deadline out for a connection: say what is at the path.
+            raise reachability.unreachable(self.peer, self.target, self.attach_timeout) from e
         except errors.KVError as e:
             if code_of(e) is not grpc.StatusCode.UNIMPLEMENTED:
                 raise
@@ -232,6 +237,11 @@ class KVClient:
                 raise
             await self.recovery.wait_recovered()
             reply = await self._live_stream().request(self._message(msg), what)
+        if reply.error.reason == errors.Stopping.reason:
+            # Its drain is over: the service stops with what it holds. Lost now, in its words,
+            # not when the stream is cut under a call (gRPC then reports an internal error).
+            self.recovery.die(errors.ServiceUnavailable(f"{reply.error.message} ({self.target})"))
+            raise self.recovery.dead or errors.ServiceUnavailable(reply.error.message)
         return self._result(reply, what)
 
     @staticmethod

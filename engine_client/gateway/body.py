@@ -1,6 +1,7 @@
 """A request body as OpenAI checks it, before shapes reads its meaning: the bytes are JSON text
-(no Content-Encoding, a JSON content type), an object whose every string is encodable UTF-8,
-whose fields are all known to the route and each of the type OpenAI documents.
+(no Content-Encoding, a JSON content type, decoded by its charset: UTF-8 unless it names another
+one Python knows, 415 if it names one Python does not), an object whose every string is
+encodable UTF-8, whose fields are all known to the route and each of the type OpenAI documents.
 
 Strict on purpose: a lenient reading answers 200 to what OpenAI refuses (`"stream": "no"`
 would stream, `max_tokens: 1.5` would become 1) and silently ignores what it cannot do, so a
@@ -27,7 +28,15 @@ COMMON: dict[str, tuple[type, ...]] = {
     "top_p": _NUMBER,
     "seed": _INT,
     "stop": (str, list),
+    # Fields that do not change the output: clients and frameworks send them, we accept them.
     "user": (str,),  # the end user's id, for the provider's abuse checks: nothing to do here
+    "safety_identifier": (str,),  # user's successor
+    "prompt_cache_key": (str,),  # a routing hint for the provider's prompt cache
+    "prompt_cache_retention": (str,),  # how long the provider keeps it
+    "metadata": (dict,),  # tags of a stored completion (see store)
+    "store": (bool,),  # keep the completion in the provider's dashboard: nothing is stored here
+    "service_tier": (str,),  # the provider's latency class: there is one here
+    "parallel_tool_calls": (bool,),  # meaningful only with tools, which shapes refuses
     "n": _INT,
     "logprobs": (bool, int),  # chat: a flag; completions: how many
     "top_logprobs": _INT,
@@ -77,10 +86,24 @@ async def _text(request: web.Request) -> str:
     kind = request.content_type  # aiohttp's default when absent: application/octet-stream
     if "Content-Type" in request.headers and kind not in JSON_TYPES:
         raise ApiError.bad_request(f"Content-Type must be application/json, got {kind!r:.60}")
+    return _decode(await request.read(), request.charset or "utf-8")
+
+
+def _decode(raw: bytes, charset: str) -> str:
+    """The body's text in its Content-Type's charset. Python's text codecs only: bytes.decode
+    refuses base64, zlib and the like (LookupError), as it does an unknown name."""
     try:
-        return (await request.read()).decode("utf-8")
-    except UnicodeDecodeError:
-        raise ApiError.bad_request("the request body is not UTF-8") from None
+        return raw.decode(charset)  # a name with a NUL in it: ValueError, unknown too
+    except (LookupError, ValueError) as e:
+        if isinstance(e, UnicodeError):  # a known charset the bytes do not fit
+            raise ApiError.bad_request(f"the request body is not valid {charset!r:.60}") from None
+        raise ApiError(
+            415,
+            f"the Content-Type's charset {charset!r:.60} is not supported: send UTF-8",
+            "invalid_request_error",
+            "Content-Type",
+            "unsupported_charset",
+        ) from None
 
 
 async def read(request: web.Request, chat: bool) -> dict:

@@ -2,10 +2,13 @@
 becomes a decode.v1 GenerateRequest, the engine's answers become OpenAI JSON objects.
 
 Supported (body.py checked each field's type first): prompt (text, token ids, or a list of one),
-messages (text content, or text parts), max_tokens / max_completion_tokens, temperature, seed,
-stop, stream, stream_options.include_usage.
-Refused with 400 (not silently ignored): n > 1, best_of > 1, echo, logprobs, suffix, a top_p
-other than 1, non-zero penalties, logit_bias, tools.
+messages (text content, or text parts), max_tokens / max_completion_tokens, temperature, seed
+(the engine's sampler is a function of it: equal seeds, equal text), stop, stream,
+stream_options.include_usage. Accepted because they change no output: n = 1, logprobs false,
+user, metadata, store, service_tier, parallel_tool_calls (and the few more body.py lists).
+Refused with 400 naming the field (not silently ignored): n > 1, best_of > 1, echo, logprobs,
+suffix, a top_p other than 1, non-zero penalties, logit_bias, tools, a response_format other
+than text.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ UNSUPPORTED = {
     "tools": (None, []),
     "response_format": (None, {"type": "text"}),
 }
+STREAM_OPTIONS = ("include_usage", "include_obfuscation")
 
 
 @dataclass(frozen=True)
@@ -122,8 +126,10 @@ def _set_messages(req: pb.GenerateRequest, messages: Any) -> None:
 
 def _check_supported(body: dict) -> None:
     for name, allowed in UNSUPPORTED.items():
-        if name in body and body[name] not in allowed:
-            raise ApiError.bad_request(f"{name}={body[name]!r} is not supported", name)
+        value = body.get(name)
+        # Typed: a completion's logprobs 0 (the chosen tokens' logprobs) is not false.
+        if not any(type(value) is type(a) and value == a for a in allowed):
+            raise ApiError.bad_request(f"{name}={value!r:.60} is not supported", name)
 
 
 def parse(body: Any, chat: bool, default_max_tokens: int) -> Completion:
@@ -150,20 +156,32 @@ def parse(body: Any, chat: bool, default_max_tokens: int) -> Completion:
         ),
     )
     (_set_messages if chat else _set_prompt)(req, body.get("messages" if chat else "prompt"))
-    options = body.get("stream_options") or {}
-    include_usage = options.get("include_usage", False) if isinstance(options, dict) else None
-    if not isinstance(include_usage, bool):
-        raise ApiError.bad_request(
-            "stream_options must be an object, its include_usage a boolean", "stream_options"
-        )
     model = body.get("model", "")
     return Completion(
         chat,
         model if isinstance(model, str) else "",
         req,
         body.get("stream") is True,
-        include_usage,
+        _include_usage(body.get("stream_options")),
     )
+
+
+def _include_usage(options: Any) -> bool:
+    """stream_options' include_usage. Its include_obfuscation (random padding of each event,
+    against length side channels) changes no text: accepted and left out."""
+    options = {} if options is None else options
+    if not isinstance(options, dict):
+        raise ApiError.bad_request("stream_options must be an object", "stream_options")
+    for key, value in options.items():
+        if key not in STREAM_OPTIONS:
+            raise ApiError.bad_request(
+                f"stream_options.{key:.60} is not supported", f"stream_options.{key:.60}"
+            )
+        if value is not None and not isinstance(value, bool):
+            raise ApiError.bad_request(
+                f"stream_options.{key} must be a boolean", f"stream_options.{key}"
+            )
+    return options.get("include_usage") is True
 
 
 def usage(u: pb.Usage) -> dict:
@@ -210,7 +228,9 @@ def chunk(
         choice: dict = {"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}
     else:
         choice = {"index": 0, "text": text or "", "finish_reason": reason, "logprobs": None}
-    return _envelope(c, rid, created, model, suffix=_suffix(c), choices=[choice])
+    # With include_usage, OpenAI's every chunk has a usage field, null until the last one.
+    rest = {"usage": None} if c.include_usage else {}
+    return _envelope(c, rid, created, model, suffix=_suffix(c), choices=[choice], **rest)
 
 
 def usage_chunk(c: Completion, rid: str, created: int, model: str, u: pb.Usage) -> dict:

@@ -11,7 +11,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from contract import errors
 from engine_client.client import reachability
 from engine_client.client.status import code_of, rpc_errors
+from engine_client.gateway import orphans
 from engine_client.gateway.api_error import ApiError
+from engine_client.gateway.orphans import Orphans
 from proto.decode.v1 import decode_pb2 as pb
 from proto.decode.v1 import decode_pb2_grpc as pb_grpc
 
@@ -19,7 +21,16 @@ from proto.decode.v1 import decode_pb2_grpc as pb_grpc
 # (own subchannel pool), as bench/e2e_load.py spreads its streams: one HTTP/2 connection
 # carrying hundreds of streams is served by one thread of the engine's gRPC core.
 CHANNELS = 4
-CHANNEL_OPTIONS = [("grpc.use_local_subchannel_pool", 1)]
+# A restarted engine is reached at once: gRPC's default reconnect backoff grows to 120 s, so
+# answers would stay 503 long after the engine is back, and the requests it restored for no
+# client (orphans) would decode on until the channel tried again. An attempt every 250 ms to
+# an address that does not answer costs nothing.
+CHANNEL_OPTIONS = [
+    ("grpc.use_local_subchannel_pool", 1),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 250),
+]
 ENGINE_SERVICE = "decode.v1.DecodeService"
 HEALTH_TIMEOUT = 2.0  # a health probe's answer: compose polls it every few seconds
 # The engine's advice when it stops mid-request. The gateway's ids are not the engine's and it
@@ -35,26 +46,38 @@ class Upstream:
         ]
         self.stubs = [pb_grpc.DecodeServiceStub(ch) for ch in self.channels]
         self._next = 0
+        self.orphans = Orphans(self.channels[0], ENGINE_SERVICE, timeout)
 
     async def generate(
         self, request: pb.GenerateRequest
     ) -> AsyncGenerator[pb.GenerateResponse, None]:
         """The engine's responses. Leaving the iteration early (the HTTP client went away, or
         its handler was cancelled) cancels the call: the engine cancels the request and frees
-        its KV."""
+        its KV. A call cut by the engine's stop leaves the request to a restarted engine: it is
+        cancelled there (orphans)."""
         self._next = (self._next + 1) % len(self.stubs)
         channel = self.channels[self._next]
         call = self.stubs[self._next].Generate(request, timeout=self.timeout)
+        # ended: the last response came; stopped: it said the engine keeps the request.
+        rid, ended, stopped = "", False, False
         try:
             with rpc_errors("Generate"):
                 async for resp in call:
+                    rid, ended = resp.request_id, resp.finished
                     if resp.finished and ENGINE_RESUME_ADVICE in resp.error_message:
+                        stopped = True
                         resp.error_message = _retry_advice(resp.error_message)
                     yield resp
         except errors.KVError as e:
+            # UNAVAILABLE without a last response: the connection broke (the engine was killed).
+            if not ended and code_of(e) is grpc.StatusCode.UNAVAILABLE:
+                rid = rid or await orphans.request_id(call)
+                stopped = bool(rid)
             raise await self._api_error(channel, e) from None
         finally:
             call.cancel()
+            if stopped:
+                self.orphans.cancel(rid)
 
     async def _api_error(self, channel: grpc.aio.Channel, e: errors.KVError) -> ApiError:
         if code_of(e) is grpc.StatusCode.UNIMPLEMENTED:  # not an engine's address?
@@ -79,9 +102,12 @@ class Upstream:
             raise ApiError(503, f"the engine at {self.target} is {status}", "server_error")
 
     async def close(self) -> None:
+        await self.orphans.close()
         for ch in self.channels:
             await ch.close()
 
 
 def _retry_advice(message: str) -> str:
-    return message.replace(ENGINE_RESUME_ADVICE, "retry the request")
+    """The engine's advice, and what follows it (its resume command), are for its own clients."""
+    head, advice, _ = message.partition(ENGINE_RESUME_ADVICE)
+    return head + "retry the request" if advice else message

@@ -138,7 +138,8 @@ class KVBackend(Protocol):
 
 class SlotCounts:
     """Per request slot (selected, misses, misses summed over rows) counters on the device.
-    Row R collects padding rows (request slot -1), so adding needs no data-dependent branch."""
+    Row R collects padding rows (request slot -1), so adding needs no data-dependent branch.
+    HiSparse's plan kernel adds to `table` itself; `add` is for the backends without a plan."""
 
     def __init__(self, max_requests: int, device: torch.device) -> None:
         self._counts = torch.zeros((max_requests + 1, 3), dtype=torch.int64, device=device)
@@ -167,6 +168,11 @@ class SlotCounts:
     @property
     def counts(self) -> torch.Tensor:
         return self._counts[:-1]
+
+    @property
+    def table(self) -> torch.Tensor:
+        """[R + 1, 3] int64, the padding row last."""
+        return self._counts
 
 
 class SharedBackend:

@@ -13,26 +13,25 @@ from __future__ import annotations
 import torch
 
 from contract.layout import MAX_DRAFT_TOKENS, MODE_OFFLOADED, MODE_RESIDENT
-from contract.swap_plan import plan_swap as shared_plan
+from contract.swap_plan import PlanInputs, PlanOutputs, swap_in
 from contract.tensors import KVTensors
 from engine_client.kv.backend import AttnRows, SharedBackend
 from engine_client.kv.kernel_set import KernelSet
+from kernels.swap.copy_grid import CopyGrid
 
-# Counter slots in HiSparseBackend.counters (int64, on the device, updated without sync).
-# Padding rows add nothing, so graph warm-ups and captures leave them unchanged.
-_SELECTED, _MISSES = 0, 1
-# CTAs of the side-stream miss copy when micro-batches overlap it with compute: a persistent
-# grid holds its SMs for the whole copy, so it must leave most of them to the compute; 64 CTAs
-# keep ~0.6 MB of rows in flight, far more than PCIe bandwidth x latency.
-OVERLAP_COPY_PROGRAMS = 64
+# The side-stream miss copy's grid when micro-batches overlap it with compute: every working
+# CTA slows the memory-bound kernels on its SM (issue 38: the fp8 step 14.07 ms at 24 CTAs,
+# 16.21 at 64), so the step's miss bytes pick how many of the 64 launched CTAs work, one per
+# bytes_per_program (kernels/swap/copy_grid.py; bench/copy_sweep.py measures the rule).
+OVERLAP_COPY_GRID = CopyGrid(programs=64, bytes_per_program=1 << 20, min_programs=16)
 
 
 class HiSparseBackend(SharedBackend):
     """In-stream swap on service memory. Decode buffers are sized for `max_batch` rows.
 
     microbatches > 1: the model splits each decode layer's batch into that many parts (see
-    Model._attention); on CUDA each part's miss copy then runs on a side stream, with a grid of
-    `copy_programs` CTAs (default OVERLAP_COPY_PROGRAMS), while the main stream scores and plans
+    Model._attention); on CUDA each part's miss copy then runs on a side stream, on the grid
+    `copy_grid` (default OVERLAP_COPY_GRID), while the main stream scores and plans
     the next part and attends the previous one. Results are bitwise the same: every kernel is
     row-independent and each part owns its rows of the plan's output buffers."""
 
@@ -43,7 +42,7 @@ class HiSparseBackend(SharedBackend):
         kernels: KernelSet,
         max_batch: int | None = None,
         microbatches: int = 1,
-        copy_programs: int | None = None,
+        copy_grid: CopyGrid = OVERLAP_COPY_GRID,
         rows_per_request: int = 1,
     ) -> None:
         lay = kv.layout
@@ -61,12 +60,9 @@ class HiSparseBackend(SharedBackend):
         rows = n * rows_per_request
         self.rows_per_request = rows_per_request
         self._init_plan_outputs(rows, k)
-        if microbatches < 1 or (copy_programs is not None and copy_programs < 1):
-            raise ValueError(
-                f"microbatches and copy_programs must be positive, got "
-                f"{microbatches}, {copy_programs}"
-            )
-        self.microbatches, self.copy_programs = microbatches, copy_programs
+        if microbatches < 1:
+            raise ValueError(f"microbatches must be positive, got {microbatches}")
+        self.microbatches, self.copy_grid = microbatches, copy_grid
         # The side stream serves the Triton kernels (the references take no grid size).
         overlap = microbatches > 1 and self.device.type == "cuda" and kernels.capturable
         self._copy_stream = torch.cuda.Stream(self.device) if overlap else None
@@ -80,6 +76,9 @@ class HiSparseBackend(SharedBackend):
         self.miss_dst = torch.zeros((rows * k,), dtype=torch.int64, device=self.device)
         self.miss_count = torch.zeros((rows,), dtype=torch.int32, device=self.device)
         self.miss_rows = torch.zeros((rows,), dtype=torch.int32, device=self.device)
+        # (selected, misses) for `stats`, int64 on the device: the plan kernel adds to them (and
+        # to the per-slot counts) without a sync. Padding rows of a graph's warm-up and capture
+        # select nothing (their top-k is -1), so they leave both unchanged.
         self.counters = torch.zeros(2, dtype=torch.int64, device=self.device)
 
     def _hot_views(self, kv: KVTensors) -> list[torch.Tensor]:
@@ -142,30 +141,20 @@ class HiSparseBackend(SharedBackend):
         row_base = req_slots.long().clamp(min=0) * self.layout.hot_slots
         return AttnRows(self._hot_rows[layer], row_base, slots)
 
-    def _count(
-        self,
-        req_slots: torch.Tensor,
-        topk: torch.Tensor,
-        misses: torch.Tensor,
-        row_misses: torch.Tensor | None = None,
-        rows_per_request: int = 1,
-    ) -> None:
-        """Totals for `stats` and per request slot for `counts`, on the device."""
-        self.counters[_SELECTED] += (topk >= 0).sum()
-        self.counters[_MISSES] += misses.sum()
-        self._slot_counts.add(req_slots, topk, misses, row_misses, rows_per_request)
-
-    def _outputs(self, row0: int, n: int, G: int) -> tuple[torch.Tensor, ...]:
+    def _outputs(self, row0: int, n: int, G: int) -> PlanOutputs:
         """This part's plan outputs: slots [n, k], miss src/dst [n / G, G k], counts [n / G]
-        (rows row0.. of the flat buffers; parts never overlap)."""
+        (rows row0.. of the flat buffers; parts never overlap), and the counters the plan adds
+        to (`counts` per request slot, `stats` totals)."""
         k, groups = self.topk, n // G
         flat = slice(row0 * k, (row0 + n) * k)
-        return (
+        return PlanOutputs(
             self.out_slots[row0 : row0 + n],
             self.miss_src[flat].view(groups, G * k),
             self.miss_dst[flat].view(groups, G * k),
             self.miss_count[row0 : row0 + groups],
             self.miss_rows[row0 : row0 + groups],
+            self._slot_counts.table,
+            self.counters,
         )
 
     def select(
@@ -181,15 +170,20 @@ class HiSparseBackend(SharedBackend):
         G = rows_per_request
         if G > self.rows_per_request:
             raise ValueError(f"{G} rows per request, the backend holds {self.rows_per_request}")
-        *out, rows = self._outputs(row0, topk.shape[0], G)
-        swap = (topk, seq_lens, req_slots, *out)
-        if self._copy_stream is None:
-            run_swap(self.kv, self.kernels, layer, *swap, rows_per_request=G, miss_rows=rows)
-        else:
-            plan_swap(self.kv, self.kernels, layer, *swap, rows_per_request=G, miss_rows=rows)
-            self._copy_aside(row0, *out[1:])
-        self._count(req_slots, topk, out[3], rows, G)
-        return self._hot(layer, req_slots, out[0])
+        out = self._outputs(row0, topk.shape[0], G)
+        aside = self._copy_stream is not None
+        swap_in(
+            self.kv,
+            layer,
+            PlanInputs(topk, seq_lens, req_slots),
+            out,
+            plan=self.kernels.swap_plan,
+            copy=None if aside else self.kernels.miss_copy,
+            rows_per_request=G,
+        )
+        if aside:
+            self._copy_aside(row0, out.miss_src, out.miss_dst, out.miss_count)
+        return self._hot(layer, req_slots, out.slots)
 
     def _copy_aside(
         self, row0: int, src: torch.Tensor, dst: torch.Tensor, count: torch.Tensor
@@ -206,7 +200,7 @@ class HiSparseBackend(SharedBackend):
                 src,
                 dst,
                 count,
-                programs=self.copy_programs or OVERLAP_COPY_PROGRAMS,
+                grid=self.copy_grid,
             )
             done.record(side)
 
@@ -269,63 +263,3 @@ class HiSparseBackend(SharedBackend):
 
     def reset_stats(self) -> None:
         self.counters.zero_()
-
-
-def run_swap(
-    kv: KVTensors,
-    kernels: KernelSet,
-    layer: int,
-    topk: torch.Tensor,
-    seq_lens: torch.Tensor,
-    req_slots: torch.Tensor,
-    out_slots: torch.Tensor,
-    miss_src: torch.Tensor,
-    miss_dst: torch.Tensor,
-    miss_count: torch.Tensor,
-    *,
-    rows_per_request: int = 1,
-    miss_rows: torch.Tensor | None = None,
-) -> None:
-    """One layer's swap-in: plan (updates residency/LRU), then copy the misses host -> hot."""
-    plan_swap(
-        kv,
-        kernels,
-        layer,
-        topk,
-        seq_lens,
-        req_slots,
-        out_slots,
-        miss_src,
-        miss_dst,
-        miss_count,
-        rows_per_request=rows_per_request,
-        miss_rows=miss_rows,
-    )
-    kernels.miss_copy(kv.host_rows, kv.hot_kv, miss_src, miss_dst, miss_count)
-
-
-def plan_swap(
-    kv: KVTensors,
-    kernels: KernelSet,
-    layer: int,
-    topk: torch.Tensor,
-    seq_lens: torch.Tensor,
-    req_slots: torch.Tensor,
-    out_slots: torch.Tensor,
-    miss_src: torch.Tensor,
-    miss_dst: torch.Tensor,
-    miss_count: torch.Tensor,
-    *,
-    rows_per_request: int = 1,
-    miss_rows: torch.Tensor | None = None,
-) -> None:
-    """The plan of run_swap: hits, victims and the miss lists, residency/LRU updated."""
-    shared_plan(
-        kernels.swap_plan,
-        kv,
-        layer,
-        (topk, seq_lens, req_slots),
-        (out_slots, miss_src, miss_dst, miss_count),
-        rows_per_request=rows_per_request,
-        miss_rows=miss_rows,
-    )

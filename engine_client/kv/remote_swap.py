@@ -8,11 +8,12 @@ from typing import Callable
 
 import torch
 
-from contract.exchange import EVENT_NAMES, exchange_outputs, exchange_specs
+from contract.exchange import EVENT_NAMES, exchange_inputs, exchange_outputs, exchange_specs
 from contract.layout import KVLayout
+from contract.swap_plan import PlanOutputs, swap_in
 from contract.tensors import KVTensors
 from engine_client.kv.backend import AttnRows
-from engine_client.kv.hisparse import HiSparseBackend, run_swap
+from engine_client.kv.hisparse import HiSparseBackend
 from engine_client.kv.kernel_set import KernelSet
 
 
@@ -34,17 +35,14 @@ def local_swap_fn(kv: KVTensors, xchg: dict[str, torch.Tensor], kernels: KernelS
     does on its side of the remote-swap RPC."""
 
     def swap(layer: int, bs: int, rows_per_request: int = 1) -> None:
-        *out, rows = exchange_outputs(xchg, bs, rows_per_request)
-        run_swap(
+        swap_in(
             kv,
-            kernels,
             layer,
-            xchg["xchg_topk"][:bs],
-            xchg["xchg_seq_lens"][:bs],
-            xchg["xchg_req_slots"][:bs],
-            *out,
+            exchange_inputs(xchg, bs),
+            exchange_outputs(xchg, bs, rows_per_request),
+            plan=kernels.swap_plan,
+            copy=kernels.miss_copy,
             rows_per_request=rows_per_request,
-            miss_rows=rows,
         )
 
     return swap
@@ -120,6 +118,12 @@ class RemoteSwapBackend(HiSparseBackend):
         self.swap_fn(layer, n, G)
         if stream is not None and self.events is not None:
             stream.wait_event(self.events["xchg_done"])
-        slots, _, _, count, rows = exchange_outputs(x, n, G)
-        self._count(req_slots, topk, count, rows, G)
-        return self._hot(layer, req_slots, slots)
+        out = exchange_outputs(x, n, G)
+        self._count(req_slots, topk, out, G)
+        return self._hot(layer, req_slots, out.slots)
+
+    def _count(self, req_slots: torch.Tensor, topk: torch.Tensor, out: PlanOutputs, G: int) -> None:
+        """What the plan kernel counts in-stream, counted here: the service's plan has no
+        access to this engine's counters. On the device, no sync."""
+        self.counters += torch.stack([(topk >= 0).sum(), out.miss_count.sum()])
+        self._slot_counts.add(req_slots, topk, out.miss_count, out.miss_rows, G)

@@ -8,9 +8,8 @@
    KV and no new request is admitted into a slot a step still reads;
 2. schedule (engine_client.loop.scheduler): admission under the queue policy, then the batch;
 3. run (engine_client.loop.runner, on the compute thread): launch this turn's step, then wait
-   for the
-   previous one (overlap) or for this one (--no-overlap). The KV memory is checked before a
-   launch and before a step's results are trusted;
+   for the previous one (overlap) or for this one (--no-overlap). The KV memory is checked before
+   a launch and before a step's results are trusted;
 4. postprocess (engine_client.loop.postprocess): tokens to the state file and the client streams,
    requests ended, StepEnd queued in the background.
 
@@ -32,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from engine_client.client import errors
 from engine_client.client.control import KVControl
+from engine_client.loop.admission_limit import AdmissionLimit
 from engine_client.loop.failure import Failures
 from engine_client.loop.metrics import EngineMetrics
 from engine_client.loop.postprocess import Postprocessor, ReportSender
@@ -61,7 +61,7 @@ class Engine(RequestAPI):
         control: KVControl,
         *,
         executor: ThreadPoolExecutor,
-        max_active: int,
+        admission: AdmissionLimit,
         admit_retry: float = 0.5,
         state: StateFile | None = None,
         policy: QueueLimits | None = None,
@@ -76,7 +76,8 @@ class Engine(RequestAPI):
         self.vocab = vocab
         self.policy = policy or QueueLimits(admit_retry=admit_retry)
         self.metrics = metrics or EngineMetrics()
-        self.scheduler = self._new_scheduler(max_active, prefix_cache, share_generated)
+        self.metrics.watch_admission(admission)
+        self.scheduler = self._new_scheduler(admission, prefix_cache, share_generated)
         self.runner = _step_runner(compute, overlap)
         self.reports = ReportSender(control)
         self.postprocess = Postprocessor(
@@ -88,13 +89,13 @@ class Engine(RequestAPI):
         self._init_ends()
 
     def _new_scheduler(
-        self, max_active: int, prefix_cache: bool, share_generated: bool
+        self, admission: AdmissionLimit, prefix_cache: bool, share_generated: bool
     ) -> Scheduler:
         compute = self.compute
         return Scheduler(
             self.control,
             self.policy,
-            max_active=max_active,
+            admission=admission,
             max_batch=compute.max_batch,
             prefill_chunk=compute.prefill_chunk,
             synthetic=SyntheticContext(compute.synthetic_context, compute.synthetic_shared),
@@ -279,9 +280,9 @@ class Engine(RequestAPI):
                 self.postprocess(adv.done)
                 self.steps += 1
                 self.stepped.set()
-                self.metrics.step(
-                    len(adv.done.batch.decode), adv.done.device_seconds, adv.done.idle_before
-                )
+                done = adv.done
+                self.metrics.step(len(done.batch.decode), done.device_seconds, done.idle_before)
+                self.scheduler.stepped(done.batch, done.decode_seconds)
 
     # --- ends ---
 

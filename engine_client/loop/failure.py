@@ -22,6 +22,9 @@ from engine_client.loop.state_file import StateFile
 log = logging.getLogger(__name__)
 
 FinishFn = Callable[[GenRequest, Finish, str, FailStatus], None]
+# What the client of a request failed with its KV service is told to do (the engine re-attaches
+# on its own once a service is back).
+RESUME_ADVICE = "resume with this request id once the engine serves again"
 
 
 class Failures:
@@ -63,7 +66,10 @@ class Failures:
         for req in list(self.scheduler.requests.values()):
             # Its KV went with the service: a resume after the re-attach prefills it again.
             req.lost_kv = req.lost_kv or (lost and not req.finished)
-            self._finish(req, Finish.ERROR, str(why), FailStatus.UNAVAILABLE)
+            said = f"{why}; {RESUME_ADVICE}: generate --resume {req.request_id}"
+            self._finish(
+                req, Finish.ERROR, said if req.lost_kv else str(why), FailStatus.UNAVAILABLE
+            )
 
     def step_failed(self, batch: Batch | None, e: Exception) -> None:
         """A failed step leaves its requests' KV undefined. The log says which step it was,

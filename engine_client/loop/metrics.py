@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from engine_client.loop.admission_limit import AdmissionLimit
 from transport.rpc_calls import RpcMetrics
 
 # Token latencies: 1 ms .. 20 s. Step times: 50 us .. 2 s.
@@ -108,6 +109,7 @@ class EngineMetrics:
         self._load_metrics(r)
         self._step_metrics(r)
         self._speculative_metrics(r)
+        self._admission_metrics(r)
         self._window: deque[tuple[float, float]] = deque(maxlen=IDLE_WINDOW)
 
     def _token_metrics(self, r: CollectorRegistry) -> None:
@@ -162,6 +164,28 @@ class EngineMetrics:
             "engine_device_idle_seconds", "device idle time between back-to-back steps", registry=r
         )
         self.steps = Counter("engine_steps", "steps run", registry=r)
+
+    def _admission_metrics(self, r: CollectorRegistry) -> None:
+        """The admission limit (engine_client.loop.admission_limit), read at each scrape."""
+        self.admission_limit = Gauge(
+            "engine_admission_limit", "most requests admitted to run at once now", registry=r
+        )
+        self.admission_estimate = Gauge(
+            "engine_admission_estimate_rows_per_second",
+            "estimated decode rows per second of decode time at the admission limit's batch",
+            registry=r,
+        )
+        self.admission_best = Gauge(
+            "engine_admission_best_batch",
+            "the batch size with the best recent estimate (0: none yet)",
+            registry=r,
+        )
+
+    def watch_admission(self, limit: AdmissionLimit) -> None:
+        """Show `limit` (its view is taken at each scrape, from the scrape thread: plain reads)."""
+        self.admission_limit.set_function(lambda: limit.view().limit)
+        self.admission_estimate.set_function(lambda: limit.view().tok_s)
+        self.admission_best.set_function(lambda: limit.view().best_batch)
 
     def describe(self, device: str, kv_mode: str) -> None:
         self.info.info({"device": device, "kv_mode": kv_mode})

@@ -63,8 +63,8 @@ class Releaser:
             except errors.KVError as e:
                 log.warning("release of %s failed: %s", req.request_id, e)
             self.scheduler.released()
-        if self.state is not None:  # admitted, or only queued (its queued record ends too)
-            self.state.ended(req.request_id)
+        if self.state is not None and not req.unadmitted:  # an unadmitted one's is written
+            self.state.ended(req.request_id)  # at its end (RequestAPI._finish)
         assert req.finish is not None  # only finished requests are released
         log.info(
             "request %s %s after %d tokens",

@@ -137,6 +137,13 @@ class GenRequest:
     def finished(self) -> bool:
         return self.phase is Phase.FINISHED
 
+    @property
+    def unadmitted(self) -> bool:
+        """Holds no slot (never admitted, or revived and not admitted again) and was not failed
+        by a KV loss (which leaves it revivable): its end is for good, and the state file takes
+        it at once (engine_client.loop.state_file)."""
+        return self.slot < 0 and not self.lost_kv
+
     def revive(self) -> None:
         """Queue again a request that failed with its KV lost: prefill prompt + every token it
         generated, then decode on. The tokens stay; streams replay them as before."""

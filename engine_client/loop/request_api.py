@@ -44,6 +44,10 @@ class RequestAPI:
         if reason is Finish.ERROR:
             log.warning("request %s failed: %s", req.request_id, error)
         req.end(reason, error, status)
+        if self.state is not None and req.unadmitted:
+            # On disk before anything else: its queued record alone would make an engine
+            # killed now run it again after the restart, for a client that went away.
+            self.state.ended(req.request_id, at_once=True)
         self._wake.set()
 
     def submit(
@@ -89,6 +93,8 @@ class RequestAPI:
             req.revive()
             del self.releaser.finished[request_id]
             self.scheduler.enqueue(req)
+            if self.state is not None:  # queued again, tokens and all: a kill now loses nothing
+                self.state.queued(req)
             self._wake.set()
             log.info("request %s revived after %d tokens", request_id, req.replayed)
         return req

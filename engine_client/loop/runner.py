@@ -48,7 +48,9 @@ class _Buffers:
         self.counts = torch.zeros((slots, 3), dtype=torch.int64, pin_memory=cuda)
         self.start = torch.cuda.Event(enable_timing=True) if cuda else None
         self.end = torch.cuda.Event(enable_timing=True) if cuda else None
-        self.cpu_start = self.cpu_end = 0.0
+        # Between the prefill chunk and the decode rows: the decode part's own time.
+        self.decode = torch.cuda.Event(enable_timing=True) if cuda else None
+        self.cpu_start = self.cpu_end = self.cpu_decode = 0.0
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,8 @@ class StepOutput:
     per_slot[r] = (top-k positions selected, misses, misses summed over rows) of request slot r
     in this step (the last differs from misses when a verify step's rows shared a swap-in);
     device_seconds: the step's busy time on the device; idle_before: device idle time between
-    the previous step and this one (None after the engine was idle)."""
+    the previous step and this one (None after the engine was idle); decode_seconds: the part of
+    device_seconds after the prefill chunk (what the decode rows cost, for the admission limit)."""
 
     batch: Batch
     decode_tokens: list[list[int]]
@@ -69,6 +72,7 @@ class StepOutput:
     idle_before: float | None
     drafted: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
+    decode_seconds: float = 0.0
 
 
 class LaunchedStep:
@@ -84,14 +88,16 @@ class LaunchedStep:
         """Block until the step has finished on the device; its results (no other sync)."""
         b, batch = self.bufs, self.batch
         if b.end is not None:
-            assert b.start is not None  # on CUDA every step has both events, elsewhere neither
+            # On CUDA every step has all three events, elsewhere none.
+            assert b.start is not None and b.decode is not None
             b.end.synchronize()
             busy = b.start.elapsed_time(b.end) / 1e3
+            decode = b.decode.elapsed_time(b.end) / 1e3
             prev = self.previous
             prev_end = prev.bufs.end if prev is not None else None
             idle = prev_end.elapsed_time(b.start) / 1e3 if prev_end is not None else None
         else:
-            busy = b.cpu_end - b.cpu_start
+            busy, decode = b.cpu_end - b.cpu_start, b.cpu_end - b.cpu_decode
             prev = self.previous
             idle = b.cpu_start - prev.bufs.cpu_end if prev is not None else None
         self.previous = None  # only the idle gap needed it
@@ -100,10 +106,11 @@ class LaunchedStep:
         first = int(b.tokens[-1]) if batch.first is not None else None
         per_slot = [(s, m, rm) for s, m, rm in b.counts.tolist()]
         if G == 1:
-            return StepOutput(batch, [[t] for t in rows], first, per_slot, busy, idle)
-        accepted, drafted = (x[:n] for x in b.spec.tolist())
-        tokens = [rows[i * G : i * G + a + 1] for i, a in enumerate(accepted)]
-        return StepOutput(batch, tokens, first, per_slot, busy, idle, drafted, accepted)
+            tokens, drafted, accepted = [[t] for t in rows], [], []
+        else:
+            accepted, drafted = (x[:n] for x in b.spec.tolist())
+            tokens = [rows[i * G : i * G + a + 1] for i, a in enumerate(accepted)]
+        return StepOutput(batch, tokens, first, per_slot, busy, idle, drafted, accepted, decode)
 
 
 @dataclass(frozen=True)
@@ -175,6 +182,9 @@ class StepRunner:
             bufs.start.record()
         if batch.prefill is not None:
             self._prefill(batch, bufs)
+        if bufs.decode is not None:
+            bufs.decode.record()
+        bufs.cpu_decode = time.perf_counter()
         if batch.decode:
             self._decode(batch, bufs)
         counts = self.compute.backend.counts

@@ -21,6 +21,8 @@ The queue (issue 11):
 - A request queued longer than `max_queue_wait` ends with RESOURCE_EXHAUSTED and a message.
 - After a refusal, admission is retried when one of our requests was released or `admit_retry`
   seconds later, not at every step (each attempt is an RPC in service modes).
+- How many requests may run at once is the admission limit's (engine_client.loop.admission_limit):
+  a fixed capacity, or adaptive; `stepped` tells it what each step cost.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from dataclasses import dataclass, field
 
 from engine_client.client import errors
 from engine_client.client.control import KVControl
+from engine_client.loop.admission_limit import AdmissionLimit
 from engine_client.loop.page_names import PageNames
 from engine_client.loop.queue_policy import QueueLimits, Turn, reserved_tokens
 from engine_client.loop.request import FailStatus, Finish, GenRequest, Phase
@@ -89,7 +92,7 @@ class Scheduler:
         control: KVControl,
         policy: QueueLimits,
         *,
-        max_active: int,
+        admission: AdmissionLimit,
         max_batch: int,
         prefill_chunk: int,
         synthetic: SyntheticContext,
@@ -104,7 +107,7 @@ class Scheduler:
         """draft_tokens D > 0: speculative steps of D + 1 rows per request, never overlapped
         (a step's positions follow the previous step's accepted count)."""
         self.control, self.policy = control, policy
-        self.max_active, self.max_batch = max_active, max_batch
+        self.admission, self.max_batch = admission, max_batch
         self.prefill_chunk = prefill_chunk
         self.synthetic = synthetic
         # Prefix caching: the page names admissions look up and releases publish.
@@ -136,6 +139,10 @@ class Scheduler:
 
     def active(self) -> int:
         return sum(r.phase in (Phase.PREFILL, Phase.RUNNING) for r in self.requests.values())
+
+    def stepped(self, batch: Batch, decode_seconds: float) -> None:
+        """A step finished after `decode_seconds` of decode time: what its batch size costs."""
+        self.admission.observe(len(batch.decode), decode_seconds, bool(self.waiting))
 
     # --- one turn ---
 
@@ -170,7 +177,7 @@ class Scheduler:
         head: GenRequest | None = None
         refusals = 0
         for req in list(self.waiting):
-            if self.active() >= self.max_active or refusals >= MAX_REFUSALS_PER_TURN:
+            if not self.admission.allows(self.active()) or refusals >= MAX_REFUSALS_PER_TURN:
                 break
             if head is not None:
                 waited = self.clock() - self.queued_at[head.request_id]

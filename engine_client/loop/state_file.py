@@ -18,13 +18,17 @@ client holds can be resumed.
 Sampling draws token i from a generator seeded by (seed, i), so prompt + tokens + seed are the
 whole sampling state. A restart rewrites the file compactly (atomic rename).
 
+A queued record of a revived request (R > 0) is followed by its tokens: a restarted engine queues
+it again as revived, to prefill the prompt and those tokens.
+
 Durability: flushed to the OS, never fsynced. The file survives the engine process being killed
 (the case resume exists for: the KV service keeps the KV for its lease), not the machine losing
-power, which also loses the service's KV. A start or end record is buffered until the next
-step's write: a start lost with the process belongs to a request that sent no token (the
-restarted engine releases it, and queues it again from its queued record); a lost end only names
-a request the service no longer holds, or a queued one that a restarted engine runs again for a
-client that went away.
+power, which also loses the service's KV. A start record, and the end of an admitted request,
+is buffered until the next step's write: a start lost with the process belongs to a request that
+sent no token (the restarted engine releases it, and queues it again from its queued record); a
+lost end only names a request the service no longer holds (it was released first). The end of a
+request that never left the queue (cancelled, expired, refused) is written at once: its queued
+record alone would make a restarted engine run it again for a client that went away.
 """
 
 from __future__ import annotations
@@ -83,6 +87,13 @@ def _queued_record(r: GenRequest | SavedRequest) -> dict:
     rec = _start_record(r)
     rec["queued"] = rec.pop("start")
     return rec
+
+
+def _records(r: GenRequest | SavedRequest, queued: bool) -> list[dict]:
+    """A request's start (or queued) record, and its tokens if it has any (a revived request's,
+    or a live one's in a rewrite)."""
+    first = _queued_record(r) if queued else _start_record(r)
+    return [first, {"tokens": {r.request_id: list(r.tokens)}}] if r.tokens else [first]
 
 
 def _saved(rid: str, rec: dict, queued: bool) -> SavedRequest:
@@ -158,11 +169,9 @@ class StateFile:
         with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
             f.write(json.dumps({"session": session_id, "epoch": epoch}) + "\n")
             for r in live:
-                f.write(json.dumps(_start_record(r)) + "\n")
-                if r.tokens:
-                    f.write(json.dumps({"tokens": {r.request_id: list(r.tokens)}}) + "\n")
+                f.writelines(json.dumps(rec) + "\n" for rec in _records(r, queued=False))
             for q in queued:
-                f.write(json.dumps(_queued_record(q)) + "\n")
+                f.writelines(json.dumps(rec) + "\n" for rec in _records(q, queued=True))
         os.replace(tmp, self.path)
         self._buffer.clear()  # records of the file just replaced
         if self._f is not None:
@@ -183,15 +192,16 @@ class StateFile:
         self._buffer.clear()
 
     def queued(self, r: GenRequest) -> None:
-        """A request queued: written at once (with the records buffered before it), since its
-        id goes to the client next."""
-        self._append(_queued_record(r))
+        """A request queued, or revived and queued again: written at once (with the records
+        buffered before it), since its id goes to the client next (or was held by one)."""
+        for rec in _records(r, queued=True):
+            self._append(rec)
         self.flush()
 
     def started(self, r: GenRequest) -> None:
-        self._append(_start_record(r))
-        if r.tokens:  # a revived request: the file was started over when its KV was lost
-            self._append({"tokens": {r.request_id: list(r.tokens)}})
+        # A revived request carries its tokens: the file was started over when its KV was lost.
+        for rec in _records(r, queued=False):
+            self._append(rec)
 
     def tokens(self, new: dict[str, list[int]]) -> None:
         """A step's tokens: written at once, with the records buffered before them."""
@@ -199,8 +209,11 @@ class StateFile:
             self._append({"tokens": new})
         self.flush()
 
-    def ended(self, request_id: str) -> None:
+    def ended(self, request_id: str, at_once: bool = False) -> None:
+        """at_once: the end of a request that never left the queue (see the module docstring)."""
         self._append({"end": request_id})
+        if at_once:
+            self.flush()
 
     def close(self) -> None:
         if self._f is not None:

@@ -29,6 +29,7 @@ from contract.rules import (
     within,
 )
 from engine_client.client.address import ENGINE_SOCKET, default_uds, grpc_target
+from engine_client.loop.admission_limit import admission_setting
 from engine_client.loop.queue_policy import QUEUE_POLICIES
 from engine_client.model.preset import PRESETS
 from engine_client.text.vocabulary import DEEPSEEK, TINY
@@ -256,6 +257,14 @@ class EngineConfig:
         5.0,
         help="skip-ahead: seconds smaller requests may pass a queue head waiting for KV capacity",
         check=seconds(86400, zero=True),
+    )
+    admission_limit: str = setting(
+        "auto",
+        help="most requests running at once, below --max-batch: adaptive (admit while one more "
+        "request raises the measured decode throughput; the miss copy of poor locality can make "
+        "it fall), off (--max-batch), a number (fixed), or auto (adaptive in embedded/service "
+        "modes, off in baseline)",
+        check=admission_setting,
     )
     max_queue_wait: float = setting(
         300.0,

@@ -17,9 +17,11 @@ from engine_client.client.control import KVControl
 from engine_client.client.kv_client import KVClient
 from engine_client.client.local_control import BaselineControl, BaselinePages, EmbeddedControl
 from engine_client.loop import state_file
+from engine_client.loop.admission_limit import AdmissionLimit, admission_limit
 from engine_client.loop.engine import Engine
 from engine_client.loop.metrics import EngineMetrics
 from engine_client.loop.queue_policy import QueueLimits, queue_policy
+from engine_client.model.compute import Compute
 from engine_client.model.preset import TOKENIZERS, ModelConfig, preset
 from engine_client.model.weights import (
     checkpoint_layers,
@@ -188,6 +190,13 @@ def _queue_limits(cfg: EngineConfig) -> QueueLimits:
     )
 
 
+def _admission(cfg: EngineConfig, compute: Compute) -> AdmissionLimit:
+    """--admission-limit under --max-batch, over the decode graphs' batch sizes."""
+    hisparse = cfg.kv_mode != "baseline"
+    buckets = compute.model_runner.cfg.buckets
+    return admission_limit(cfg.admission_limit, cfg.max_batch, hisparse, buckets)
+
+
 async def build_engine(cfg: EngineConfig, metrics: EngineMetrics | None = None) -> Engine:
     """Everything the server needs; the engine loop is not started yet."""
     vocab = await asyncio.to_thread(load_vocabulary, cfg)
@@ -209,7 +218,7 @@ async def build_engine(cfg: EngineConfig, metrics: EngineMetrics | None = None) 
         compute,
         control,
         executor=executor,
-        max_active=cfg.max_batch,
+        admission=_admission(cfg, compute),
         state=state,
         policy=_queue_limits(cfg),
         overlap=cfg.overlap and not cfg.spec_tokens,

@@ -20,6 +20,9 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from contract import cuda_shm
+from kernels import toolchain
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 KV_SERVICE_NAME = "kvcache.v1.KVCacheService"
 ENGINE_SERVICE_NAME = "decode.v1.DecodeService"
@@ -80,6 +83,7 @@ class ManagedProcess:
             p for p in (str(REPO_ROOT), self.env.get("PYTHONPATH", "")) if p
         )
         self.proc: subprocess.Popen | None = None
+        self._cleaned: set[int] = set()  # children whose CUDA driver files were removed
 
     def start(self) -> "ManagedProcess":
         with open(self.log_path, "ab") as log:
@@ -102,6 +106,9 @@ class ManagedProcess:
         """The child while it runs; None before `start` and once it has exited."""
         if self.proc is not None and self.proc.poll() is None:
             return self.proc
+        if self.proc is not None and self.proc.pid not in self._cleaned:
+            self._cleaned.add(self.proc.pid)  # exited, reaped: the driver files it left go
+            cuda_shm.remove_of(self.proc.pid)
         return None
 
     def alive(self) -> bool:
@@ -173,7 +180,8 @@ class ManagedProcess:
     def wait_exit(self, timeout: float = 30.0) -> int:
         """The exit status once the child ends by itself (subprocess.TimeoutExpired if not)."""
         assert self.proc is not None
-        return self.proc.wait(timeout)
+        self.proc.wait(timeout)
+        return self.stop()
 
     def stop(self, timeout: float = 15.0) -> int:
         """SIGTERM and wait; SIGKILL if it does not exit in time. Returns the exit status."""
@@ -182,15 +190,18 @@ class ManagedProcess:
         if (proc := self.running()) is not None:
             proc.send_signal(signal.SIGTERM)
             try:
-                return proc.wait(timeout)
+                proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        return self.proc.wait(10)
+        code = self.proc.wait(10)
+        self.running()  # reaped: its CUDA driver files go (contract.cuda_shm)
+        return code
 
     def kill(self) -> None:
         if (proc := self.running()) is not None:
             proc.kill()
             proc.wait(10)
+            self.running()
 
 
 def service_command(
@@ -203,21 +214,8 @@ def service_command(
     extra: Sequence[str] = (),
 ) -> list[str]:
     """`python -m kv_service` on `uds`; flags later in the list (`extra`) win."""
-    return [
-        sys.executable,
-        "-m",
-        "kv_service",
-        "--uds",
-        uds,
-        "--device",
-        device,
-        "--instance",
-        instance,
-        "--shm-dir",
-        shm_dir,
-        *layout_flags,
-        *extra,
-    ]
+    where = ["--uds", uds, "--device", device, "--instance", instance, "--shm-dir", shm_dir]
+    return [sys.executable, "-m", "kv_service", *where, *layout_flags, *extra]
 
 
 def service_env(token: str | None = None) -> dict[str, str]:
@@ -226,6 +224,7 @@ def service_env(token: str | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVS_")}
     # Its CPU work is bookkeeping: OpenMP threads would only spin against the engine's.
     env.setdefault("OMP_NUM_THREADS", "1")
+    env.update(toolchain.child_env())  # the CUDA tools our Triton found, whatever wraps the child
     if token:
         env["KVS_TOKEN"] = token
     return env
@@ -278,6 +277,7 @@ def engine_process(
         *extra,
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("ENGINE_")}
+    env.update(toolchain.child_env())
     return ManagedProcess(
         name,
         args,

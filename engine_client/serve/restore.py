@@ -86,8 +86,18 @@ async def restore(engine: Engine, control: KVControl, saved: state_file.SavedSta
     await _adopt_held(engine, control, saved)
     for s in saved.requests.values():
         if s.queued:
-            engine.requeue(_request_of(s, engine.vocab))
-            log.info("queued request %s again", s.request_id)
+            engine.requeue(_requeued(s, engine.vocab))
+            log.info("queued request %s again after %d tokens", s.request_id, len(s.tokens))
+
+
+def _requeued(saved: state_file.SavedRequest, vocab: vocabulary.Vocabulary | None) -> GenRequest:
+    """A request the file saw queued; one revived after a KV loss has tokens, which its prefill
+    stores again before it decodes on (as GenRequest.revive sets it up)."""
+    req = _request_of(saved, vocab)
+    for tok in saved.tokens:
+        req.add_token(tok, req.started)  # rebuilds their text, as a resumed request's
+    req.replayed = len(req.tokens)
+    return req
 
 
 async def _adopt_held(engine: Engine, control: KVControl, saved: state_file.SavedState) -> None:

@@ -10,6 +10,12 @@
 `finish()` releases what is held when the stream ends otherwise (length, cancel): the
 concatenation of every release is then exactly `Vocabulary.decode(all tokens)`; bytes that
 never complete a character come out as U+FFFD, as in that decode.
+
+So a U+FFFD in released text is one of the tokens' own bytes that are not UTF-8 (a lone
+continuation byte, a lead byte followed by ASCII), which the whole decode shows too: the
+random-weight model emits such byte tokens often. Tokens that spell valid UTF-8, split anywhere,
+never release one (tests/engine_client/text/test_text.py), as vLLM's and SGLang's incremental
+detokenizers, which also hold text that ends in U+FFFD until the next token.
 """
 
 from __future__ import annotations

@@ -18,9 +18,9 @@ def flat_rows(x) -> torch.Tensor:
     return t.view(-1, t.shape[-1])
 
 
-def _lookup(entries, seq_len, ts, pages, B, W, P, dedup):
-    """Slots of the window and LRU hits; the entries that miss (first occurrences when dedup)
-    and the repeats; every miss summed over rows."""
+def _lookup(entries, seq_len, ts, pages, B, W, P):
+    """Slots of the window and LRU hits; the entries that miss (first occurrences) and the
+    repeats of a missed position."""
     slots: list[int] = []
     missed: list[int] = []
     repeats: list[int] = []
@@ -35,13 +35,13 @@ def _lookup(entries, seq_len, ts, pages, B, W, P, dedup):
             slots[i] = ts[t]
             hits.add(ts[t])
         elif pages[t // P] >= 0:
-            (repeats if dedup and t in first else missed).append(i)
+            (repeats if t in first else missed).append(i)
             first.add(t)
     return slots, hits, missed, repeats
 
 
 def _ref_plan_request(
-    layer, r, entries, seq_len, pages, token_slot, slot_token, lru_order, dedup, num_layers, P, W
+    layer, r, entries, seq_len, pages, token_slot, slot_token, lru_order, num_layers, P, W
 ):
     """Plan one offloaded (layer, request) over entries [(position, its row's length)];
     returns (slots, [(host row, hot row)] per miss, misses summed over rows)."""
@@ -49,7 +49,7 @@ def _ref_plan_request(
     B = slot_token.shape[2]
     ts, st = token_slot[layer, r].tolist(), slot_token[layer, r].tolist()
     order = lru_order[layer, r].tolist()
-    slots, hits, missed, repeats = _lookup(entries, seq_len, ts, pages, B, W, P, dedup)
+    slots, hits, missed, repeats = _lookup(entries, seq_len, ts, pages, B, W, P)
     row_misses = len(missed) + len(repeats)
     free = [s for s in order if s not in hits]
     placed, unplaced = missed[: len(free)], missed[len(free) :]
@@ -66,11 +66,10 @@ def _ref_plan_request(
         if 0 <= v < B:
             st[v] = t
         misses.append(((pages[t // P] * num_layers + layer) * P + t % P, (layer * R + r) * B + v))
-    if dedup:
-        for i in unplaced:  # the kernel's claim, given back
-            ts[entries[i][0]] = -1
-        for i in repeats:
-            slots[i] = ts[entries[i][0]]
+    for i in unplaced:  # the kernel's claim, given back
+        ts[entries[i][0]] = -1
+    for i in repeats:
+        slots[i] = ts[entries[i][0]]
     token_slot[layer, r] = torch.tensor(ts)
     slot_token[layer, r] = torch.tensor(st)
     return slots, misses, row_misses
@@ -97,6 +96,8 @@ def ref_swap_plan(
     window,
     rows_per_request=1,
     out_miss_rows=None,
+    out_counts=None,
+    out_totals=None,
 ):
     """Reference of kernels.swap.plan.swap_plan (hit_flag is not needed here: left untouched)."""
     _, R, C = token_slot.shape
@@ -118,7 +119,6 @@ def ref_swap_plan(
                 token_slot,
                 slot_token,
                 lru_order,
-                G > 1,
                 num_layers,
                 page_size,
                 window,
@@ -133,6 +133,26 @@ def ref_swap_plan(
         out_miss_count[g] = len(misses)
         if out_miss_rows is not None:
             out_miss_rows[g] = row_misses
+        rows_g = rows[g * G : (g + 1) * G]
+        _add_counts(
+            out_counts, out_totals, req[g * G : (g + 1) * G], rows_g, len(misses), row_misses
+        )
+
+
+def _add_counts(counts, totals, req, rows, misses, row_misses):
+    """The plan's counters: each row's entries >= 0 at its own request slot (row R for
+    padding), the request's copies at its first row's slot."""
+    selected = [sum(t >= 0 for t in row) for row in rows]
+    if totals is not None:
+        totals[0] += sum(selected)
+        totals[1] += misses
+    if counts is not None:
+        R = counts.shape[0] - 1
+        at = [r if 0 <= r < R else R for r in req]
+        for r, n in zip(at, selected):
+            counts[r, 0] += n
+        counts[at[0], 1] += misses
+        counts[at[0], 2] += row_misses
 
 
 def ref_miss_copy(host_rows, hot_rows, miss_src, miss_dst, miss_count):

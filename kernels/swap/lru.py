@@ -1,8 +1,9 @@
 """The swap-in plan of one offloaded (layer, request), the three phases of kernels/swap/plan.py's
 program for such a request, separated by barriers:
 1. `_lookup`: each position's hot slot (window ring, `token_slot`), LRU hits marked in `hit_flag`;
-   with several rows per request (speculative verify), `_claim` keeps the first occurrence of
-   each missed position (the union), so every missed position is copied once;
+   `_claim` keeps the first occurrence of each missed position (a row's repeats, and with several
+   rows per request, a speculative verify's, the union), so every missed position gets one
+   victim and is copied once;
 2. `_reorder`: `lru_order` stable-partitioned into (kept, hits, victims) with prefix sums;
 3. `plan_offloaded`: each miss's victim from the tail of the new order, residency updated, the
    miss list emitted; repeated misses read their first occurrence's slot.
@@ -132,11 +133,11 @@ def plan_offloaded(
     W: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    DEDUP: tl.constexpr,
     ROWS_OUT: tl.constexpr,
 ):
     """b: the program's request (group of rows); k: its entries (rows x top-k); entry i of
-    position t belongs to a row of length row_len[i]; seq_len: the request's length."""
+    position t belongs to a row of length row_len[i]; seq_len: the request's length. Returns
+    (positions copied, missed entries with repeats counted)."""
     res_base = (layer * R + r).to(tl.int64)
     ts_row = token_slot_ptr + res_base * C
     slots, ts, page, hit, miss = _lookup(
@@ -155,14 +156,14 @@ def plan_offloaded(
         P,
         W,
     )
+    # Every missed entry, repeats counted (what planning each row alone would copy, when rows
+    # hold distinct positions): the dedup's baseline.
+    row_misses = tl.sum(miss.to(tl.int32), 0)
     if ROWS_OUT:
-        # Misses summed over the rows, as if each row were planned alone: the dedup's baseline.
-        tl.store(out_rows_ptr + b, tl.sum(miss.to(tl.int32), 0))
-    repeat = in_k & (i < 0)  # none yet
-    if DEDUP:
-        # The lookup read token_slot before any claim overwrites it.
-        tl.debug_barrier()
-        miss, repeat = _claim(t, miss, i, ts_row, BLOCK_K)
+        tl.store(out_rows_ptr + b, row_misses)
+    # The lookup read token_slot before any claim overwrites it.
+    tl.debug_barrier()
+    miss, repeat = _claim(t, miss, i, ts_row, BLOCK_K)
     miss_i = miss.to(tl.int32)
     miss_rank = tl.cumsum(miss_i, 0) - miss_i
     m = tl.sum(miss_i, 0)
@@ -189,15 +190,15 @@ def plan_offloaded(
     tl.store(ts_row + t, v, mask=placed)
     tl.store(hit_flag_ptr + r.to(tl.int64) * B + ts, 0, mask=hit)
     slots = tl.where(placed, v, slots)
-    if DEDUP:
-        # An owner left without a victim (only rows that repeat a position can leave too few
-        # free slots) gives its claim back; repeats then read their owner's slot.
-        tl.store(ts_row + t, -1, mask=miss & ~placed)
-        tl.debug_barrier()
-        slots = tl.where(repeat, tl.load(ts_row + t, mask=repeat, other=-1), slots)
+    # An owner left without a victim (never, while G k <= B - W: the wrapper's rule) gives its
+    # claim back; repeats then read their owner's slot.
+    tl.store(ts_row + t, -1, mask=miss & ~placed)
+    tl.debug_barrier()
+    slots = tl.where(repeat, tl.load(ts_row + t, mask=repeat, other=-1), slots)
     row = b.to(tl.int64) * k
     tl.store(out_slots_ptr + row + i, slots, mask=in_k)
     src = (page.to(tl.int64) * L + layer) * P + t % P
     tl.store(out_src_ptr + row + miss_rank, src, mask=placed)
     tl.store(out_dst_ptr + row + miss_rank, res_base * B + v, mask=placed)
     tl.store(out_count_ptr + b, m)
+    return m, row_misses

@@ -3,12 +3,16 @@
 On GPU the host tier is a `kernels.uva.UVATensor`: the kernel loads the pinned host rows directly
 over PCIe, so the miss list never round-trips through the CPU.
 
-Grid: a persistent grid of a few programs per SM walks one flat work list, the concatenation of
-every request's miss list. Counts are only known on the device (the plan kernel writes them in
-the same graph), so every program scans them itself: per chunk of ROWS flat rows it finds each
-row's request by comparing with the counts' running sums. A grid of one program per (request,
-miss chunk) would launch bs * k / ROWS mostly empty programs (32,768 at bs 128, ~23 µs with no
-miss at all) and leave the busy ones scattered across waves.
+Grid: a persistent grid walks one flat work list, the concatenation of every request's miss
+list. Counts are only known on the device (the plan kernel writes them in the same graph), so
+every CTA sums them itself, and from the total derives how many CTAs work (`CopyGrid`: the copy
+beside compute takes no more SMs than its bytes need; the rest exit at once). Each working CTA
+takes one contiguous range of whole chunks of ROWS rows, finds the request holding its first row
+with one scan of the counts, then walks the requests forward: per chunk no search at all (the
+version before compared every chunk's rows with all bs running sums, an [ROWS, bs] tile per
+chunk). A chunk never spans two requests, so a request's short tail leaves lanes idle, not
+memory traffic. A grid of one program per (request, miss chunk) would launch bs * k / ROWS
+mostly empty programs (32,768 at bs 128, ~23 us with no miss at all).
 
 Rows are moved as int32 words; the row width is a compile-time constant so the compiler can prove
 16-byte alignment and emit 128-bit loads and stores for both row formats (1152 B = 72 x 16 B,
@@ -17,6 +21,7 @@ Rows are moved as int32 words; the row width is a compile-time constant so the c
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Union
@@ -29,35 +34,74 @@ import kernels.interpreter  # noqa: F401  (the interpreter switch, before import
 import triton
 import triton.language as tl
 
+from kernels.swap.copy_grid import CopyGrid
 from kernels.uva import UVATensor
 
-ROWS_PER_PROGRAM = 8
-# Programs per SM of the persistent grid: enough rows in flight to cover PCIe latency (each
-# program keeps ROWS rows of loads outstanding) while every program stays resident.
+# Bytes each working CTA keeps in flight per iteration: a power-of-two tile of 16-byte vectors
+# over consecutive rows, 4 per thread of 4 warps (sm_90: 40 registers). The copy is latency bound
+# per CTA (a PCIe read per iteration), so this and the working CTAs set its rate.
+CHUNK_BYTES = 8192
+# Programs per SM of the default persistent grid (the in-stream copy, alone on the GPU).
 PROGRAMS_PER_SM = 8
-# Requests scanned per vector step of the work-list search.
+# Requests scanned per vector step of the counts.
 BATCH_BLOCK = 256
 CPU_PROGRAMS = 4
+# Every launched CTA works: the grid of the in-stream copy, which has the GPU to itself.
+ALL_PROGRAMS = CopyGrid()
 
 
 @triton.jit
-def _chunk_rows(count_ptr, i, bs, k, BS_BLOCK: tl.constexpr):
-    """Request b and index j in its list of flat work-list rows i (i past the end: b = bs)."""
-    b = tl.zeros_like(i)
-    first = tl.zeros_like(i)
+def _total_rows(count_ptr, bs, k, BS_BLOCK: tl.constexpr):
+    """Rows of the flat work list: the counts clamped to [0, k], summed."""
+    total = 0
+    for blk in range(0, bs, BS_BLOCK):
+        r = blk + tl.arange(0, BS_BLOCK)
+        c = tl.load(count_ptr + r, mask=r < bs, other=0)
+        total += tl.sum(tl.minimum(tl.maximum(c, 0), k), 0)
+    return total
+
+
+@triton.jit
+def _request_of(count_ptr, row, bs, k, BS_BLOCK: tl.constexpr):
+    """The request whose list holds flat work-list row `row`, and the flat row its list starts
+    at: one scan of the counts per CTA, not one per chunk."""
+    b = 0
+    start = 0
     off = 0
     for blk in range(0, bs, BS_BLOCK):
         r = blk + tl.arange(0, BS_BLOCK)
         c = tl.minimum(tl.maximum(tl.load(count_ptr + r, mask=r < bs, other=0), 0), k)
-        ends = off + tl.cumsum(c, 0)
-        before = ends[None, :] <= i[:, None]
-        b += tl.sum(before.to(tl.int32), axis=1)
-        first += tl.sum(tl.where(before, c[None, :], 0), axis=1)
+        # The running ends are ascending, so the requests ending at or before `row` are a prefix.
+        before = off + tl.cumsum(c, 0) <= row
+        b += tl.sum(before.to(tl.int32), 0)
+        start += tl.sum(tl.where(before, c, 0), 0)
         off += tl.sum(c, 0)
-    return b, i - first
+    return b, start
 
 
 @triton.jit
+def _row_numbers(src_row, dst_row, u, n, VPR):
+    """Source and destination rows of vectors u (< n; -1 past n) of one request's miss list.
+    The vectors of one warp lie in one or two rows: its loads hit one or two addresses."""
+    live = u < n
+    src = tl.load(src_row + u // VPR, mask=live, other=-1)
+    dst = tl.load(dst_row + u // VPR, mask=live, other=-1)
+    return src, dst
+
+
+@triton.jit
+def _copy_vectors(host_ptr, hot_ptr, src, dst, u, host_rows, hot_rows, VW, VPR):
+    """Vectors u of rows src -> dst (VPR vectors of VW words per row; -1: none)."""
+    # A row outside either tier is a caller bug: skip it rather than touch foreign memory.
+    ok = (src >= 0) & (src < host_rows) & (dst >= 0) & (dst < hot_rows)
+    col = (u % VPR) * VW
+    q = tl.arange(0, VW)[None, :]
+    mask = ok[:, None] & (q < VW)
+    words = tl.load(host_ptr + (src * (VPR * VW) + col)[:, None] + q, mask=mask)
+    tl.store(hot_ptr + (dst * (VPR * VW) + col)[:, None] + q, words, mask=mask)
+
+
+@triton.jit(do_not_specialize=["rows_per_active", "min_active"])
 def _miss_copy_kernel(
     host_ptr,
     hot_ptr,
@@ -68,32 +112,55 @@ def _miss_copy_kernel(
     k,
     host_rows,
     hot_rows,
-    WORDS: tl.constexpr,
-    BLOCK_W: tl.constexpr,
-    ROWS: tl.constexpr,
+    rows_per_active,
+    min_active,
+    VW: tl.constexpr,
+    VPR: tl.constexpr,
+    VECTORS: tl.constexpr,
     BS_BLOCK: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     host_ptr = host_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
     hot_ptr = hot_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
-    total = 0
-    for blk in range(0, bs, BS_BLOCK):
-        r = blk + tl.arange(0, BS_BLOCK)
-        c = tl.load(count_ptr + r, mask=r < bs, other=0)
-        total += tl.sum(tl.minimum(tl.maximum(c, 0), k), 0)
-    w = tl.arange(0, BLOCK_W)
-    # A step without misses ends here, after one scan of the counts.
-    for chunk in range(tl.program_id(0), tl.cdiv(total, ROWS), tl.num_programs(0)):
-        i = chunk * ROWS + tl.arange(0, ROWS)
-        b, j = _chunk_rows(count_ptr, i, bs, k, BS_BLOCK)
-        live = i < total
-        at = b.to(tl.int64) * k + j
-        src = tl.load(src_ptr + at, mask=live, other=-1)
-        dst = tl.load(dst_ptr + at, mask=live, other=-1)
-        # A row outside either tier is a caller bug: skip it rather than touch foreign memory.
-        ok = live & (src >= 0) & (src < host_rows) & (dst >= 0) & (dst < hot_rows)
-        mask = ok[:, None] & (w < WORDS)[None, :]
-        words = tl.load(host_ptr + src[:, None] * WORDS + w[None, :], mask=mask)
-        tl.store(hot_ptr + dst[:, None] * WORDS + w[None, :], words, mask=mask)
+    total = _total_rows(count_ptr, bs, k, BS_BLOCK)
+    # The working CTAs (CopyGrid.active): the rest of the launched grid exits here.
+    active = tl.num_programs(0)
+    if rows_per_active > 0:
+        active = tl.maximum(
+            tl.minimum(min_active, active), tl.minimum(tl.cdiv(total, rows_per_active), active)
+        )
+    # Each working CTA copies one contiguous range of the flat work list: it finds its first
+    # request once, then walks the requests forward, VECTORS vectors per iteration.
+    per = tl.cdiv(total, active)
+    lo = tl.minimum(tl.minimum(tl.program_id(0), active) * per, total)
+    hi = tl.minimum(lo + per, total)
+    if lo < hi:
+        b, start = _request_of(count_ptr, lo, bs, k, BS_BLOCK)
+        i = lo
+        while i < hi:
+            c = tl.minimum(tl.maximum(tl.load(count_ptr + b), 0), k)
+            end = tl.minimum(start + c, hi)
+            src_row = src_ptr + b.to(tl.int64) * k
+            dst_row = dst_ptr + b.to(tl.int64) * k
+            u_first, n = (i - start) * VPR, (end - start) * VPR
+            if PREFETCH:
+                # The next chunk's row numbers load while this chunk's PCIe reads wait (the
+                # loads of one iteration otherwise wait for each other: rows, then words).
+                u = u_first + tl.arange(0, VECTORS)
+                src, dst = _row_numbers(src_row, dst_row, u, n, VPR)
+                for u0 in range(u_first, n, VECTORS):
+                    u = u0 + tl.arange(0, VECTORS)
+                    nsrc, ndst = _row_numbers(src_row, dst_row, u + VECTORS, n, VPR)
+                    _copy_vectors(host_ptr, hot_ptr, src, dst, u, host_rows, hot_rows, VW, VPR)
+                    src, dst = nsrc, ndst
+            else:
+                for u0 in range(u_first, n, VECTORS):
+                    u = u0 + tl.arange(0, VECTORS)
+                    src, dst = _row_numbers(src_row, dst_row, u, n, VPR)
+                    _copy_vectors(host_ptr, hot_ptr, src, dst, u, host_rows, hot_rows, VW, VPR)
+            i = end
+            start += c
+            b += 1
 
 
 @functools.lru_cache(maxsize=None)
@@ -101,17 +168,15 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def default_programs(
-    device: torch.device, rows_per_program: int = ROWS_PER_PROGRAM, bs: int = 1 << 30, k: int = 1
-) -> int:
-    """Size of the persistent grid: PROGRAMS_PER_SM per SM on GPU, never more programs than
-    chunks the largest possible work list (bs * k rows) has."""
+def default_programs(device: torch.device, chunks: int = 1 << 30) -> int:
+    """Size of the default persistent grid: PROGRAMS_PER_SM per SM on GPU, never more programs
+    than `chunks` (of CHUNK_BYTES: what the largest possible work list holds)."""
     if device.type == "cuda":
         n = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
         n *= PROGRAMS_PER_SM
     else:
         n = CPU_PROGRAMS
-    return max(1, min(n, triton.cdiv(bs * k, rows_per_program)))
+    return max(1, min(n, chunks))
 
 
 def _check(host_rows, hot_rows, miss_src, miss_dst, miss_count) -> None:
@@ -138,6 +203,11 @@ def _check(host_rows, hot_rows, miss_src, miss_dst, miss_count) -> None:
             )
 
 
+def _vector_words(words: int) -> int:
+    """Words per vector: 4 (16-byte loads and stores) when the row width allows."""
+    return next(v for v in (4, 2, 1) if words % v == 0)
+
+
 def miss_copy(
     host_rows: Union[torch.Tensor, UVATensor],
     hot_rows: torch.Tensor,
@@ -145,9 +215,11 @@ def miss_copy(
     miss_dst: torch.Tensor,
     miss_count: torch.Tensor,
     *,
-    rows_per_program: int = ROWS_PER_PROGRAM,
+    chunk_bytes: int = CHUNK_BYTES,
     num_warps: int = 4,
     programs: int | None = None,
+    grid: CopyGrid = ALL_PROGRAMS,
+    prefetch: bool = False,
 ) -> None:
     """Copy host row miss_src[b, j] to hot row miss_dst[b, j] for j < miss_count[b].
 
@@ -155,25 +227,27 @@ def miss_copy(
     hot_rows: hot_kv [L, R, B, D] uint8; both are addressed as flat [rows, D].
     miss_src, miss_dst [bs, k] int64 flat row numbers; miss_count [bs] int32 (clamped to [0, k]).
     D must be a multiple of 4. Rows out of range are skipped. Launch-only: graph capturable.
-    Tuning knobs for the benchmark: rows_per_program (a power of 2: rows in flight per program
-    per iteration), num_warps, programs (persistent grid size; default PROGRAMS_PER_SM per SM,
-    a bound on the CTAs the copy occupies).
+    grid: the CTAs launched and the rule that picks the working ones on the device (CopyGrid;
+    default: PROGRAMS_PER_SM per SM, all working); programs=n launches n CTAs under grid's rule.
+    The bytes written are the same for every grid and chunk. Tuning knobs for the benchmark:
+    chunk_bytes (a power of 2: bytes per working CTA per iteration, 16-byte rows), num_warps,
+    prefetch (load the next chunk's row numbers during this chunk's reads: more registers, 63
+    instead of 40 at 8 KiB on sm_90, for one fewer serial load per iteration).
     """
     _check(host_rows, hot_rows, miss_src, miss_dst, miss_count)
+    if chunk_bytes < 16 or chunk_bytes & (chunk_bytes - 1):
+        raise ValueError(f"chunk_bytes must be a power of 2 >= 16, got {chunk_bytes}")
+    if programs is not None:
+        grid = dataclasses.replace(grid, programs=programs)
     bs, k = miss_src.shape
     if bs == 0 or k == 0:
         return
     D = host_rows.shape[-1]
-    grid = (
-        programs
-        if programs is not None
-        else default_programs(hot_rows.device, rows_per_program, bs, k),
-    )
-    if grid[0] <= 0:
-        raise ValueError(f"programs must be positive, got {programs}")
+    vw = _vector_words(D // 4)
+    chunks = triton.cdiv(bs * k * D, chunk_bytes)
     # The kernel reads the uint8 tiers as int32 words: passing them as they are spares building
     # views (for a UVATensor, a pinned-memory query) on every launch.
-    _miss_copy_kernel[grid](
+    _miss_copy_kernel[(grid.programs or default_programs(hot_rows.device, chunks),)](
         host_rows,
         hot_rows,
         miss_src,
@@ -183,9 +257,12 @@ def miss_copy(
         k,
         math.prod(host_rows.shape) // D,
         hot_rows.numel() // D,
-        WORDS=D // 4,
-        BLOCK_W=triton.next_power_of_2(D // 4),
-        ROWS=rows_per_program,
+        min(grid.rows_per_program(D), 2**31 - 1),  # an int32 argument
+        grid.min_programs,
+        VW=vw,
+        VPR=D // 4 // vw,
+        VECTORS=chunk_bytes // 16,
         BS_BLOCK=min(BATCH_BLOCK, triton.next_power_of_2(bs)),
+        PREFETCH=prefetch,
         num_warps=num_warps,
     )

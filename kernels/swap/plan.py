@@ -5,8 +5,8 @@ One program per request: a group of `rows_per_request` consecutive batch rows (1
 decode; D + 1 for a speculative verify step, whose rows share one plan over the union of their
 top-k). A resident request maps position t to slot t; an offloaded one does O(B + G k) work in
 three phases separated by barriers (kernels/swap/lru.py):
-1. look up each position (window ring, `token_slot`), mark LRU hits in `hit_flag`; with G > 1
-   keep only the first occurrence of each missed position;
+1. look up each position (window ring, `token_slot`), mark LRU hits in `hit_flag`; keep only
+   the first occurrence of each missed position (repeats read its slot);
 2. stable-partition `lru_order` into (kept, hits, victims) with prefix sums and scatter it back;
 3. read each miss's victim from the tail of the new order, update residency, emit the miss list.
 """
@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from kernels import formats
+from kernels.swap.counts import add_counts, add_totals
 from kernels.swap.lru import plan_offloaded
 
 MODE_RESIDENT = tl.constexpr(formats.MODE_RESIDENT)
@@ -48,6 +49,8 @@ def _swap_plan_kernel(
     out_dst_ptr,
     out_count_ptr,
     out_rows_ptr,
+    counts_ptr,
+    totals_ptr,
     layer,
     k,
     R,
@@ -61,6 +64,8 @@ def _swap_plan_kernel(
     BLOCK_K: tl.constexpr,
     BLOCK_N: tl.constexpr,
     ROWS_OUT: tl.constexpr,
+    COUNTS: tl.constexpr,
+    TOTALS: tl.constexpr,
 ):
     b = tl.program_id(0)
     r = tl.load(req_slots_ptr + b * G)
@@ -75,7 +80,7 @@ def _swap_plan_kernel(
     # The request's length: its longest row's (the window ring holds every row's token).
     seq_len = tl.max(row_len, 0)
     if mode == MODE_OFFLOADED:
-        plan_offloaded(
+        m, row_misses = plan_offloaded(
             layer,
             b,
             G * k,
@@ -104,7 +109,6 @@ def _swap_plan_kernel(
             W,
             BLOCK_K,
             BLOCK_N,
-            G > 1,
             ROWS_OUT,
         )
     else:
@@ -114,6 +118,13 @@ def _swap_plan_kernel(
         tl.store(out_count_ptr + b, 0)
         if ROWS_OUT:
             tl.store(out_rows_ptr + b, 0)
+        m = tl.full((), 0, tl.int32)
+        row_misses = tl.full((), 0, tl.int32)
+    sel = in_k & (t >= 0)
+    if TOTALS:
+        add_totals(totals_ptr, sel, m)
+    if COUNTS:
+        add_counts(counts_ptr, req_slots_ptr, b, sel, i, k, m, row_misses, R, G)
 
 
 def _check(specs: dict) -> None:
@@ -147,25 +158,32 @@ def swap_plan(
     window: int,
     rows_per_request: int = 1,
     out_miss_rows: torch.Tensor | None = None,
+    out_counts: torch.Tensor | None = None,
+    out_totals: torch.Tensor | None = None,
     num_warps: int | None = None,
 ) -> None:
     """Plan one layer's swap-in for a batch; updates residency state in place.
 
     topk [bs, k] int32 (entries < 0 or >= their row's seq_len are skipped), seq_lens [bs] int32,
-    req_slots [bs] int32 (-1: padding row), req_mode [R] int32, page_table [R, max_pages] int32,
+    req_slots [bs] int32 (-1: padding row; a request slot names one group of a launch at most:
+    programs run at once on a GPU, and two of one request would race on its residency),
+    req_mode [R] int32, page_table [R, max_pages] int32,
     token_slot [L, R, C] int32, slot_token [L, R, B] int32, lru_order [L, R, B - W] int32,
     hit_flag [R, B] int8 (zero before and after).
     rows_per_request G: rows [g G, (g + 1) G) are one request's (a verify step's D + 1 rows;
     the group's request slot is its first row's) and share one plan over the union of their
-    positions: each missed position gets one victim and is copied once, repeats read its slot,
-    and the window is the longest row's. With G = 1 a row's valid entries must be distinct
-    (a repeated miss would get two victims and orphan one; the engine's top-k never repeats,
-    and remote swap refuses rows that do); with G > 1 repeats anywhere are merged.
+    positions, and the window is the longest row's. Repeated positions (in one row or across
+    the rows of a request) are harmless: each missed position gets one victim and is copied
+    once, its repeats read the same slot.
     Outputs: out_slots [bs, k] int32 (each row's own list through the shared slots),
     out_miss_src / out_miss_dst [bs / G, G k] int64 (flat host row, flat hot row; entries at
     j >= out_miss_count[g] are left untouched), out_miss_count [bs / G] int32, and, if given,
-    out_miss_rows [bs / G] int32: the misses summed over the rows, repeats counted (what G
-    separate plans of the same state would copy).
+    out_miss_rows [bs / G] int32: the missed entries, repeats counted (what G separate plans
+    of the same state would copy, when each row holds distinct positions).
+    Counters added to, if given (the select bookkeeping, folded in here because the plan knows
+    each entry's fate): out_counts [R + 1, 3] int64, per request slot (selected: entries >= 0
+    of each row, at the row's own slot; misses; misses summed over rows), row R for padding
+    rows (req_slot outside [0, R)); out_totals [2] int64, (selected, misses) of the batch.
     Launch-only (no sync, no allocation), so it can be captured in a CUDA graph.
     """
     (bs, k), (L, R, C), B = topk.shape, token_slot.shape, slot_token.shape[2]
@@ -200,6 +218,10 @@ def swap_plan(
     }
     if out_miss_rows is not None:
         specs["out_miss_rows"] = (out_miss_rows, i32, (n,))
+    if out_counts is not None:
+        specs["out_counts"] = (out_counts, i64, (R + 1, 3))
+    if out_totals is not None:
+        specs["out_totals"] = (out_totals, i64, (2,))
     _check(specs)
     if bs == 0:
         return
@@ -219,6 +241,8 @@ def swap_plan(
         out_miss_dst,
         out_miss_count,
         out_miss_count if out_miss_rows is None else out_miss_rows,
+        out_miss_src if out_counts is None else out_counts,
+        out_miss_src if out_totals is None else out_totals,
         layer,
         k,
         R,
@@ -232,5 +256,7 @@ def swap_plan(
         BLOCK_K=max(16, triton.next_power_of_2(G * k)),
         BLOCK_N=block_n,
         ROWS_OUT=out_miss_rows is not None,
+        COUNTS=out_counts is not None,
+        TOTALS=out_totals is not None,
         num_warps=num_warps or (NUM_WARPS_LARGE if max(block_n, G * k) >= 2048 else 4),
     )

@@ -9,13 +9,9 @@ the inputs and before sending the RPC; the service waits on it, runs the kernels
 "xchg_done", and the engine's stream waits on that after the reply. On CPU everything is
 synchronous.
 
-Each top-k row must hold distinct positions (negative padding may repeat): the plan gives each
-missing position one victim, and two copies of one would orphan a slot. Rows of one request
-planned together (rows_per_request > 1, a speculative verify step) may share positions: that
-plan merges them. Our own top-k never
-repeats; rows from other engines are checked here and refused with INVALID_ARGUMENT. On CUDA the
-check runs on the device and turns such rows into padding before the plan, so the refusal costs
-no extra host sync.
+Top-k rows from any engine are planned as they come: a row may repeat a position (each missed
+position gets one victim and is copied once, every copy reads its slot), and the rows of one
+request planned together (rows_per_request > 1, a speculative verify step) may share positions.
 """
 
 from __future__ import annotations
@@ -26,24 +22,10 @@ from dataclasses import dataclass
 import torch
 
 from contract.errors import CapacityError, InvalidArgument
-from contract.exchange import EVENT_NAMES, exchange_outputs, exchange_specs
+from contract.exchange import EVENT_NAMES, exchange_inputs, exchange_outputs, exchange_specs
 from contract.layout import MAX_DRAFT_TOKENS
-from contract.swap_plan import plan_swap
+from contract.swap_plan import swap_in
 from contract.tensors import KVTensors
-
-
-def mask_repeated_rows(
-    topk: torch.Tensor, req_slots: torch.Tensor, out: torch.Tensor
-) -> torch.Tensor:
-    """out = req_slots with -1 for the rows of `topk` that repeat a position (negative padding
-    may repeat, and padding rows, req_slot < 0, are not looked at); returns how many rows did,
-    on the device. O(k log k) per row, no host sync."""
-    ordered = torch.sort(topk, dim=1).values
-    repeated = ((ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)).any(dim=1) & (
-        req_slots >= 0
-    )
-    out.copy_(req_slots).masked_fill_(repeated, -1)
-    return repeated.sum()
 
 
 @dataclass(frozen=True)
@@ -64,8 +46,6 @@ class RemoteSwapper:
                 raise ValueError(f"{name}: expected {shape} {dtype} on {kv.device}")
         self.kv = kv
         self.x = exchange
-        # The plan's view of xchg_req_slots: rows with repeated positions become padding (-1).
-        self._req_slots = torch.full_like(exchange["xchg_req_slots"], -1)
         self.owner: str | None = None
         self._cuda = kv.device.type == "cuda"
         self.events: dict[str, torch.cuda.Event] = {}
@@ -131,14 +111,7 @@ class RemoteSwapper:
         else:
             self._check_slots(batch_size, allowed_slots)
             counts = self._launch(layer, batch_size, G)
-        hits, misses, repeated = (int(c) for c in counts.tolist())
-        if repeated:
-            raise InvalidArgument(
-                f"{repeated} top-k rows repeat a position; each row must hold "
-                "distinct positions (only negative padding may repeat); those "
-                "rows were not planned",
-                repeated_rows=repeated,
-            )
+        hits, misses = (int(c) for c in counts.tolist())
         return SwapResult(hits, misses, misses * lay.row_bytes, time.perf_counter() - started)
 
     def _check_request(self, session_id: str, layer: int, batch_size: int, G: int) -> None:
@@ -186,30 +159,21 @@ class RemoteSwapper:
         return counts
 
     def _launch(self, layer: int, bs: int, rows_per_request: int) -> torch.Tensor:
-        """Plan and copy; returns [hits, misses, repeated rows] on the device, not yet
-        synchronized."""
+        """Plan and copy; returns [hits, misses] on the device, not yet synchronized."""
         from kernels.swap.miss_copy import miss_copy
         from kernels.swap.plan import swap_plan
 
         kv, x, lay = self.kv, self.x, self.kv.layout
-        if rows_per_request == 1:
-            repeated = mask_repeated_rows(
-                x["xchg_topk"][:bs], x["xchg_req_slots"][:bs], self._req_slots[:bs]
-            )
-        else:  # a shared plan merges repeated positions
-            self._req_slots[:bs].copy_(x["xchg_req_slots"][:bs])
-            repeated = torch.zeros((), dtype=torch.int64, device=kv.device)
-        slots, src, dst, count, rows = exchange_outputs(x, bs, rows_per_request)
-        plan_swap(
-            swap_plan,
+        out = exchange_outputs(x, bs, rows_per_request)
+        swap_in(
             kv,
             layer,
-            (x["xchg_topk"][:bs], x["xchg_seq_lens"][:bs], self._req_slots[:bs]),
-            (slots, src, dst, count),
+            exchange_inputs(x, bs),
+            out,
+            plan=swap_plan,
+            copy=miss_copy,
             rows_per_request=rows_per_request,
-            miss_rows=rows,
         )
-        miss_copy(kv.host_rows, kv.hot_kv, src, dst, count)
-        placed = (slots >= 0).sum()
-        misses = count.clamp(0, rows_per_request * lay.topk).sum()
-        return torch.stack([placed - misses, misses, repeated])
+        placed = (out.slots >= 0).sum()
+        misses = out.miss_count.clamp(0, rows_per_request * lay.topk).sum()
+        return torch.stack([placed - misses, misses])

@@ -30,9 +30,10 @@ from typing import TypeVar
 
 import torch
 
-from contract import handle
+from contract import file_mapping, handle
+from contract.file_mapping import CudaRegistrar, FileMapping
 from contract.layout import KVLayout
-from contract.segment_map import as_kv_tensors, register_host, unregister_host
+from contract.segment_map import as_kv_tensors
 from contract.tensors import KVTensors, tensor_specs
 from kv_service.memory import shm_file, shm_room
 from kv_service.memory.store import ServiceMemory, clear_all, initialize, service_specs
@@ -46,15 +47,16 @@ T = TypeVar("T")
 
 @dataclass
 class _SegmentSet:
-    """Files and CUDA host registrations made by one create/export call, released together."""
+    """Files and CUDA host registrations (pins on their mappings) made by one create/export
+    call, released together."""
 
     paths: list[str] = field(default_factory=list)
-    # The tensors are kept alive here: unregistering after the munmap would be an error.
-    registered: list[tuple[torch.Tensor, torch.device]] = field(default_factory=list)
+    pinned: list[FileMapping] = field(default_factory=list)
 
     def release(self) -> None:
-        unregister_host(self.registered)
-        self.registered.clear()
+        for mapping in self.pinned:
+            mapping.unpin()
+        self.pinned.clear()
         for path in self.paths:
             if shm_file.unlink_quietly(path):
                 log.info("removed segment %s", path)
@@ -289,10 +291,10 @@ def _allocate(
         nbytes = numel * dtype.itemsize
         os.ftruncate(fd, nbytes)
         shm_room.reserve(fd, nbytes, path)
-        t = handle.map_fd(fd, numel, dtype).view(shape)
+        mapping = file_mapping.open_file(fd)
     finally:
         os.close(fd)
     if device.type == "cuda":
-        register_host(t, device)
-        seg.registered.append((t, device))
-    return t, path
+        mapping.pin(CudaRegistrar(device))
+        seg.pinned.append(mapping)
+    return mapping.tensor(numel, dtype).view(shape), path

@@ -24,6 +24,7 @@ import uvloop
 from grpc_health.v1.health import aio as health_aio
 
 from contract.listen_address import AddressTaken, claim_socket_path
+from kernels import toolchain
 from kv_service.config import ServiceConfig
 from kv_service.core import ServiceCore
 from kv_service.memory import segment, shm_file, shm_room
@@ -47,7 +48,7 @@ class StartupError(RuntimeError):
 
 
 # Start-up failures whose message says it all.
-ONE_LINE_ERRORS = (StartupError, AddressTaken, shm_room.NoRoom)
+ONE_LINE_ERRORS = (StartupError, AddressTaken, shm_room.NoRoom, toolchain.ToolchainError)
 
 
 def resolve_device(choice: str) -> torch.device:
@@ -99,6 +100,8 @@ def build_runtime(config: ServiceConfig, device: torch.device) -> Runtime:
     core = ServiceCore(
         kv, lease_seconds=config.lease_seconds, on_session_closed=swapper.session_closed
     )
+    if device.type == "cuda":  # the tools the swap kernels compile with, or why not
+        log.info("Triton's ptxas: %s", toolchain.check())
     if device.type == "cuda" and config.warmup:
         swapper.warm_up()
         log.info("warm-up: swap kernels compiled and run once")
@@ -186,6 +189,11 @@ async def _drain(
         log.warning(
             "drain timed out with %d requests still admitted; stopping anyway", core.num_requests
         )
+    # Until the server stops, an engine's next message learns why its requests are lost.
+    servicer.stopping = (
+        f"the KV service is stopping (a restart or a shutdown) after its drain of {timeout:g}s "
+        f"with {core.num_requests} request(s) still admitted"
+    )
 
 
 @dataclass

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import grpc
 
 from contract.codec import handle_to_proto, layout_from_proto, layout_to_proto
-from contract.errors import InvalidArgument, ServiceUnavailable
+from contract.errors import InvalidArgument, ServiceUnavailable, Stopping
 from kv_service.core import RequestRecord, ServiceCore
 from kv_service.memory.remote_swap import RemoteSwapper
 from kv_service.rpc.metrics import ServiceMetrics
@@ -75,6 +75,7 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer):
         self._on_drain = on_drain
         # Set whenever requests may have been freed; drains wait on it.
         self.changed = asyncio.Event()
+        self.stopping = ""  # once the drain is over: why every session message is refused
 
     def ready(self, runtime: Runtime) -> None:
         self._rt = runtime
@@ -145,6 +146,8 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer):
         """Reply to one message; `bound` holds the session this stream belongs to, once known."""
         kind = msg.WhichOneof("body")
         try:
+            if self.stopping:  # a typed answer, where the stream's end would lose its code
+                raise Stopping(self.stopping)
             core = self.rt.core
             core.check_epoch(msg.epoch)
             if not bound:
@@ -265,17 +268,13 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer):
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait until no request is left, at most `timeout` seconds; True if none is left."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while self.rt.core.num_requests:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return False
-            self.changed.clear()
-            try:
-                await asyncio.wait_for(self.changed.wait(), remaining)
-            except TimeoutError:
-                pass
+        try:
+            async with asyncio.timeout(timeout):
+                while self.rt.core.num_requests:
+                    self.changed.clear()
+                    await self.changed.wait()
+        except TimeoutError:
+            return False
         return True
 
 

@@ -1,12 +1,13 @@
-"""bench/sanitize_kernels.py's table: the sanitizer's findings are counted against the kernel
-entry whose launch marker follows them, and an entry that never launched fails the table. (The
+"""bench/sanitize_kernels.py's tables: the sanitizer's findings are counted against the kernel
+entry whose launch marker follows them, and an entry that never launched fails the table; in
+the churn's log, against the KV mode whose marker precedes them, with each mode's outcome. (The
 driver itself runs on the H200 under compute-sanitizer, bench/sanitize.sh.)"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from bench.sanitize_kernels import MARKER, _entry_names, table
+from bench.sanitize_kernels import MARKER, MODE_MARKER, _entry_names, modes, table
 
 HEADER = "========= COMPUTE-SANITIZER\n"
 RACE = (
@@ -38,3 +39,34 @@ def test_a_clean_run_passes_and_a_missing_entry_fails(tmp_path: Path, capsys) ->
     partial = HEADER + "".join(f"{MARKER}{n}\n" for n in names[1:]) + SUMMARY
     assert table(_log(tmp_path, partial)) == 1
     assert f"never launched: {names[0]}" in capsys.readouterr().out
+
+
+def _outcome(word: str, mode: str) -> str:
+    return (
+        f"{word} tests/integration/test_engine_stress.py::test_churn_under_overlap_on_gpu[{mode}]\n"
+    )
+
+
+def test_churn_findings_go_to_the_mode_they_follow(tmp_path: Path, capsys) -> None:
+    body = (
+        HEADER
+        + f"{MODE_MARKER}embedded\n"
+        + f"{MODE_MARKER}service\n"
+        + RACE  # the service process's, reported as that mode ran
+        + SUMMARY
+        + f"{MODE_MARKER}service-remote-swap\n"
+        + "".join(_outcome("PASSED", m) for m in ("embedded", "service-remote-swap"))
+        + _outcome("FAILED", "service")
+    )
+    assert modes(_log(tmp_path, body)) == 1
+    rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()}
+    assert rows["embedded"] == ["0", "PASSED"]
+    assert rows["service"] == ["1", "FAILED"]  # one race: its continuation line is not one
+    assert rows["service-remote-swap"] == ["0", "PASSED"]
+
+
+def test_a_clean_churn_passes_and_a_mode_without_its_marker_fails(tmp_path: Path) -> None:
+    clean = HEADER + f"{MODE_MARKER}baseline\n" + SUMMARY + _outcome("PASSED", "baseline")
+    assert modes(_log(tmp_path, clean)) == 0
+    unmarked = HEADER + SUMMARY + _outcome("PASSED", "baseline")
+    assert modes(_log(tmp_path, unmarked)) == 1, "findings could not be told by mode"

@@ -1,6 +1,8 @@
 """Engine and KV service as separate processes over UDS: faults and restarts (CPU).
 
 - the service is killed mid-stream: the client's stream ends with UNAVAILABLE within seconds;
+- the service is stopped mid-stream (SIGTERM, a drain shorter than the request): the client is
+  told so, and to resume its request by id, not given an internal gRPC error;
 - the engine is SIGKILLed mid-stream: a new engine on the same state file re-attaches to the
   session, and the resumed stream gives exactly the tokens of an uninterrupted run;
 - a client that cancels its stream frees the request's KV at once.
@@ -12,6 +14,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import signal
 import time
 
 import grpc
@@ -25,13 +28,16 @@ from engine_client.client.status import code_of
 from proto.kvcache.v1 import kvcache_pb2 as kpb
 from proto.kvcache.v1 import kvcache_pb2_grpc as kpb_grpc
 from tests.process_harness import (
+    STARTUP,
     engine_channel,
     holds_only_cache,
+    layout_with,
     service_stats,
     start_engine,
     start_service,
     workdir,
 )
+from tests.service_harness import ServiceProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -72,6 +78,36 @@ def test_service_killed_mid_stream_fails_fast_with_unavailable() -> None:
                     return time.monotonic() - killed
 
             assert asyncio.run(run()) < 5.0
+        finally:
+            assert eng.stop() == 0, eng.log()
+            svc.kill()
+
+
+def test_service_stopped_mid_stream_tells_the_client_to_resume() -> None:
+    """A `restart kv-service` with a short drain: once the drain is over the service answers
+    the engine's session messages with UNAVAILABLE (reason STOPPING) until it stops, and the
+    engine fails the stream saying what happened and what to do."""
+    long_job = GenerateConfig(target="", prompt=PROMPT, max_new_tokens=900, timeout=60)
+    with workdir() as path:
+        layout = layout_with(max_context=1024, num_pages=256)  # room for a long request
+        svc = ServiceProcess(path, "stopped", "--drain-timeout", "0.1", layout=layout)
+        svc.start().wait_serving(STARTUP["cpu"])
+        eng = start_engine(path, "service", svc)
+        try:
+            result = GenerationResult()
+
+            async def run() -> None:
+                async with engine_channel(eng) as channel:
+                    async for index, _ in generate_stream(channel, long_job, result):
+                        if index == 2:
+                            svc.signal(signal.SIGTERM)
+
+            with pytest.raises(errors.ServiceUnavailable) as err:
+                asyncio.run(run())
+            said = str(err.value)
+            assert "stopping" in said and "Internal" not in said, said
+            assert f"generate --resume {result.request_id}" in said, said
+            assert len(result.tokens) < long_job.max_new_tokens
         finally:
             assert eng.stop() == 0, eng.log()
             svc.kill()

@@ -164,4 +164,6 @@ def test_churn_under_overlap_on_cpu(kv_mode) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv_mode", MODES)
 def test_churn_under_overlap_on_gpu(kv_mode) -> None:
+    # bench/sanitize.sh counts what the sanitizer reports after this line as this mode's.
+    print(f"\n@@sanitize-mode {kv_mode}", flush=True)
     _check(*asyncio.run(_churn(kv_mode, "cuda", int(os.environ.get("STRESS_STEPS", 600)))))

@@ -144,6 +144,19 @@ def test_openai_client_text_equals_the_grpc_ids_detokenized(
     assert usage["prompt_tokens_details"]["cached_tokens"] == grpc_usage.cached_tokens == 0
 
 
+def test_equal_seeds_give_equal_text_when_sampling(stack: dict) -> None:
+    """seed reaches the engine's sampler: at temperature 0.9, one seed is one text (fields
+    that change nothing else ride along), another seed another text."""
+    client = openai.OpenAI(base_url=stack["url"] + "/v1", api_key="unused", max_retries=0)
+    kw = dict(model=MODEL, messages=MESSAGES, max_tokens=12, temperature=0.9, user="u", n=1)
+
+    def text(seed: int) -> str:
+        out = client.chat.completions.create(**kw, seed=seed, store=False, metadata={"a": "b"})
+        return out.choices[0].message.content
+
+    assert text(11) == text(11) != text(12)
+
+
 def test_models_and_the_gateway_inside_the_engine(stack: dict) -> None:
     for url in (stack["url"], stack["inproc"]):
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)

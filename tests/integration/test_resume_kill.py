@@ -1,7 +1,8 @@
 """An engine SIGKILLed at random steps, with overlap and decode micro-batches on, then restarted
-on its state file: every resumed greedy stream continues bitwise as the uninterrupted run (CPU,
-real processes), in both KV modes that keep KV across an engine restart (service and
-service-remote-swap; baseline and embedded keep none).
+on its state file: every resumed greedy stream continues bitwise as the uninterrupted run (real
+processes), in both KV modes that keep KV across an engine restart (service and
+service-remote-swap; baseline and embedded keep none). On CPU, and on CUDA (decode steps as CUDA
+graphs), where the restart's residency reset (contract/residency.py) runs on device tensors.
 
 With overlap the step after the last recorded token is already launched when the engine dies,
 and in offloaded requests it overwrote a window-ring slot that the re-run step still reads; the
@@ -44,7 +45,12 @@ STREAMS = tuple(
     )
     for s in range(4)
 )
-ROUNDS = int(os.environ.get("HS_KILL_ROUNDS", "3"))
+# Kills per run: on CUDA one (each costs an engine start that captures its graphs again; the
+# GPU session runs every GPU test in one device call).
+ROUNDS = {"cpu": 3, "cuda": 1}
+# The kill comes at a random point of a step: one takes ~20 ms on CPU, a few ms on CUDA (a later
+# kill could find every stream finished).
+STEP_SECONDS = {"cpu": 0.04, "cuda": 0.003}
 FLAGS = ("--decode-microbatches", "2", "--max-batch", "4")
 
 
@@ -55,7 +61,7 @@ async def _one(
         try:
             async for index, _ in generate_stream(channel, cfg, result):
                 if kill_at is not None and index == kill_at[0]:
-                    # At a random point of a step (one takes ~20 ms here): SIGKILL, no detach.
+                    # At a random point of a step: SIGKILL, no detach.
                     asyncio.get_running_loop().call_later(kill_at[1], eng.signal, 9)
         except errors.ServiceUnavailable:
             pass  # the engine was killed under this stream (checked by the caller)
@@ -78,21 +84,26 @@ async def _resume(eng, first: GenerationResult) -> GenerationResult:
     return rest
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("kv_mode", ["service", "service-remote-swap"])
-def test_engine_killed_at_random_steps_resumes_bitwise(kv_mode: str) -> None:
+def test_engine_killed_at_random_steps_resumes_bitwise(kv_mode: str, device: str) -> None:
     rng = random.Random(kv_mode)
+    rounds = int(os.environ.get("HS_KILL_ROUNDS", ROUNDS[device]))
     with workdir("hsk") as path:
-        svc = start_service(path, LAYOUT)
+        svc = start_service(path, LAYOUT, device=device)
         state = os.path.join(path, "engine.state")
         extra = ("--state-file", state, *FLAGS)
-        eng = start_engine(path, kv_mode, svc, extra=extra)
+        eng = start_engine(path, kv_mode, svc, extra=extra, device=device)
         try:
             reference = asyncio.run(_all(eng))
             differ = []
-            for round_ in range(ROUNDS):
-                first = asyncio.run(_all(eng, kill_at=(rng.randrange(4, 12), rng.uniform(0, 0.04))))
+            for round_ in range(rounds):
+                kill_at = (rng.randrange(4, 12), rng.uniform(0, STEP_SECONDS[device]))
+                first = asyncio.run(_all(eng, kill_at))
                 eng.proc.wait(10)
-                eng = start_engine(path, kv_mode, svc, name=f"engine{round_}", extra=extra)
+                assert any(r.finish_reason != "LENGTH" for r in first), "killed after every end"
+                eng = start_engine(path, kv_mode, svc, f"engine{round_}", extra, device)
+                assert "resumed request" in eng.log(None)  # and reset its residency
                 for n, (done, ref) in enumerate(zip(first, reference)):
                     assert done.request_id, f"stream {n} got no request id"
                     rest = asyncio.run(_resume(eng, done))

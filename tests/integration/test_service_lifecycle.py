@@ -8,6 +8,7 @@ import re
 import shutil
 import signal
 import socket
+import time
 import urllib.request
 
 import grpc
@@ -101,6 +102,14 @@ def test_sigkill_leftovers_removed_on_restart_and_drain_timeout() -> None:
         s = SessionClient(second, attach(second))
         s.admit("never-released", 4, 4)
         second.signal(signal.SIGTERM)
+        while "drain timed out" not in second.log():  # then it stops, in a second
+            time.sleep(0.02)
+        stopping = s.send(heartbeat=pb.Heartbeat()).error  # typed, not the stream cut
+        assert (stopping.code, stopping.reason) == (
+            grpc.StatusCode.UNAVAILABLE.value[0],
+            "STOPPING",
+        )
+        assert "1 request(s) still admitted" in stopping.message
         assert second.wait_exit(15) == 0, second.log()
         assert "drain timed out with 1 requests" in second.log()
         assert second.segment_files() == [] and not os.path.exists(second.uds)

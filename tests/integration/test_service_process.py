@@ -229,15 +229,17 @@ def residency(engine: RemoteSwapEngine, layer: int, slot: int) -> list[list[int]
     ]
 
 
-def check_repeated_positions_refused(engine: RemoteSwapEngine, slot: int) -> None:
-    """A row [2, 2, 9, 9, w, w] once gave both copies of a miss a victim and orphaned a slot."""
-    before = residency(engine, 1, slot)
-    check_bijection(*before, TINY.window)
-    with pytest.raises(grpc.RpcError) as err:
-        engine.swap(1, slot, 30, [12, 12, 20, 20, 29, 29, -1, -1])
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "distinct positions" in err.value.details()
-    assert residency(engine, 1, slot) == before
+def check_repeated_positions_planned_once(engine: RemoteSwapEngine, slot: int) -> None:
+    """A row [12, 12, 20, 20, 29, 29, w, w] once gave both copies of a miss a victim and
+    orphaned a slot (then was refused): now each missed position is copied once and every copy
+    reads its slot."""
+    reply = engine.swap(1, slot, 30, [12, 12, 20, 20, 29, 29, -1, -1])
+    assert (reply.misses, reply.hits, reply.bytes_moved) == (2, 4, 2 * TINY.row_bytes)
+    got = engine.slots()
+    assert got[0] == got[1] and got[2] == got[3] and got[4] == got[5] == 29 % TINY.window
+    for t, s in ((12, got[0]), (20, got[2])):
+        assert torch.equal(engine.kv.hot_kv[1, slot, s].cpu(), engine.host_row(slot, 1, t))
+    check_bijection(*residency(engine, 1, slot), TINY.window)
 
 
 def check_remote_swap(svc: ServiceProcess, device: str) -> None:
@@ -258,7 +260,7 @@ def check_remote_swap(svc: ServiceProcess, device: str) -> None:
     second = engine.swap(1, r.slot, 30, [0, 1, 2, 3, 29, -1, 40, 5])
     assert (second.hits, second.misses) == (6, 0)
     assert engine.slots()[4:7] == [29 % TINY.window, -1, -1]
-    check_repeated_positions_refused(engine, r.slot)
+    check_repeated_positions_planned_once(engine, r.slot)
     # Rows sharing one plan: more than 4, or a union (2 k = 16) the 12 LRU slots cannot hold.
     for rows in (5, 2):
         with pytest.raises(grpc.RpcError) as err:
@@ -271,6 +273,7 @@ def check_remote_swap(svc: ServiceProcess, device: str) -> None:
         with pytest.raises(grpc.RpcError) as err:
             engine.swap(0, (r.slot + 1) % TINY.max_requests, 30, list(range(8)))
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    engine.close()
     s.send(detach=pb.Detach())
     s.close()
 

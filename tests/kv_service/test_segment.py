@@ -16,12 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from contract import handle
+from contract import cuda_shm, handle
 from contract.layout import KVLayout, LayoutError
 from contract.segment_map import SegmentMap
 from contract.tensors import TENSOR_NAMES, KVTensors
 from kernels.uva import UVATensor
 from kv_service.memory import segment
+from tests.leftovers import SPAWNED
 
 ROOT = Path(__file__).resolve().parents[2]
 LAYOUT = KVLayout(
@@ -71,9 +72,12 @@ def _run_child(target, *args) -> str:
     parent_conn, child_conn = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=target, args=(*args, child_conn))
     proc.start()
+    SPAWNED.add(proc.pid)
     child_conn.close()
     result = parent_conn.recv() if parent_conn.poll(120) else "no answer"
     proc.join(60)
+    if proc.exitcode is not None:  # what the CUDA driver left of the child (contract.cuda_shm)
+        cuda_shm.remove_of(proc.pid)
     assert proc.exitcode == 0, f"child exit code {proc.exitcode}"
     return result
 
@@ -256,17 +260,17 @@ def _child_maps_and_unmaps(layout: dict, handles: list[dict], conn) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.usefixtures("cuda_exports_released")
-def test_gpu_writes_are_shared_both_ways(tmp_path: Path) -> None:
+def test_gpu_writes_are_shared_both_ways(tmpfs_dir: str) -> None:
     """hot_kv and the extras by CUDA IPC, host_kv as a registered file read by Triton through
     UVA."""
-    _roundtrip(Path("/dev/shm") if os.path.isdir("/dev/shm") else tmp_path, torch.device("cuda"))
+    _roundtrip(Path(tmpfs_dir), torch.device("cuda"))
 
 
 @pytest.mark.gpu
 @pytest.mark.usefixtures("cuda_exports_released")
-def test_gpu_handles_and_cleanup() -> None:
+def test_gpu_handles_and_cleanup(tmpfs_dir: str) -> None:
     segs = SegmentMap()
-    kv, handles = segment.create_segments(LAYOUT, "cuda", "/dev/shm", f"gpu-{os.getpid()}")
+    kv, handles = segment.create_segments(LAYOUT, "cuda", tmpfs_dir, "gpu")
     kinds = {h["name"]: h["kind"] for h in handles}
     assert kinds.pop("host_kv") == "shm" and set(kinds.values()) == {"cuda_ipc"}
     assert kv.host_kv.is_pinned() and kv.hot_kv.is_cuda and segs.is_owner_alive(handles)
@@ -274,5 +278,5 @@ def test_gpu_handles_and_cleanup() -> None:
     # in torch's limbo until this process exits.
     assert _run_child(_child_maps_and_unmaps, LAYOUT.to_dict(), handles) == "ok"
     del kv
-    segment.remove_segments("/dev/shm", f"gpu-{os.getpid()}")
+    segment.remove_segments(tmpfs_dir, "gpu")
     assert not os.path.exists(handles[0]["path"]) and not segs.is_owner_alive(handles)

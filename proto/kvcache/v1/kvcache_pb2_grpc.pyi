@@ -78,6 +78,9 @@ class KVCacheServiceStub:
       UNAVAILABLE (UNAVAILABLE): the service is starting. Retry: yes.
       UNAVAILABLE (DRAINING): an Admit while the service drains; admitted requests are still
         served. Retry: yes.
+      UNAVAILABLE (STOPPING): any message once the drain is over, until the service stops (a
+        restart or a shutdown): the requests it holds go with it; attach to its successor at
+        the same address. Retry: yes.
       FAILED_PRECONDITION (EPOCH_MISMATCH): the epoch is another service run's: attach again and
         map the new memory. Retry: no.
       NOT_FOUND (UNKNOWN_SESSION, UNKNOWN_REQUEST): no such live session, or no such request in
@@ -165,6 +168,9 @@ class KVCacheServiceAsyncStub(KVCacheServiceStub):
       UNAVAILABLE (UNAVAILABLE): the service is starting. Retry: yes.
       UNAVAILABLE (DRAINING): an Admit while the service drains; admitted requests are still
         served. Retry: yes.
+      UNAVAILABLE (STOPPING): any message once the drain is over, until the service stops (a
+        restart or a shutdown): the requests it holds go with it; attach to its successor at
+        the same address. Retry: yes.
       FAILED_PRECONDITION (EPOCH_MISMATCH): the epoch is another service run's: attach again and
         map the new memory. Retry: no.
       NOT_FOUND (UNKNOWN_SESSION, UNKNOWN_REQUEST): no such live session, or no such request in
@@ -261,6 +267,9 @@ class KVCacheServiceServicer(metaclass=_abc_1.ABCMeta):
           UNAVAILABLE (UNAVAILABLE): the service is starting. Retry: yes.
           UNAVAILABLE (DRAINING): an Admit while the service drains; admitted requests are still
             served. Retry: yes.
+          UNAVAILABLE (STOPPING): any message once the drain is over, until the service stops (a
+            restart or a shutdown): the requests it holds go with it; attach to its successor at
+            the same address. Retry: yes.
           FAILED_PRECONDITION (EPOCH_MISMATCH): the epoch is another service run's: attach again and
             map the new memory. Retry: no.
           NOT_FOUND (UNKNOWN_SESSION, UNKNOWN_REQUEST): no such live session, or no such request in

@@ -1,6 +1,6 @@
-"""`python -m engine_client demo`, as a user runs it: exit 0, stats printed, nothing left behind
-(no child process, no /dev/shm segment, no temp dir); and the same cleanup when a signal
-(SIGTERM, SIGHUP, SIGINT) stops it mid-stream."""
+"""`python -m engine_client demo`, as a user runs it: exit 0, each generation's text shown as it
+streams, short stats, nothing left behind (no child process, no /dev/shm segment, no temp dir);
+and the same cleanup when a signal (SIGTERM, SIGHUP, SIGINT) stops it mid-stream."""
 
 from __future__ import annotations
 
@@ -58,10 +58,17 @@ def test_demo_runs_and_cleans_up() -> None:
     assert proc.returncode == 0, out
     assert "demo finished cleanly" in out
     assert re.search(r"service: hit rate \d+\.\d%", out) and "B moved host->device" in out
-    assert len(re.findall(r"r\d: request \w+: 16 tokens, LENGTH, TTFT", out)) == 3, out
+    stats = re.findall(r"^  \[(\d)\] 16 tokens \((\d+) chars\), LENGTH, TTFT", out, re.M)
+    assert [k for k, _ in stats] == ["1", "2", "3"], out
+    # Each generation's text, as it streamed: its lines ("[k] text") hold every character the
+    # engine sent it (the stats count them).
+    streamed = {k: "" for k, _ in stats}
+    for k, text in re.findall(r"^\[(\d)\] (.*)$", out, re.M):
+        streamed[k] += text
+    assert all(streamed[k] and len(streamed[k]) == int(n) for k, n in stats), (streamed, out)
     # A streamed text line: a chat, its reply printed piece by piece, then its summary.
     reply = (
-        r"chat> .+\nreply \(random weights, so gibberish\)> .*?\n  request \w+: 16 tokens, LENGTH"
+        r"chat> .+\nreply \(random weights, so gibberish\)> .+?\n  16 tokens \(\d+ chars\), LENGTH"
     )
     assert re.search(reply, out, re.S), out
     pids = [int(p) for p in re.findall(r"pid (\d+)", out)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import pytest
@@ -187,3 +188,30 @@ def test_killed_service_fails_pending_calls_fast_and_drops_memory() -> None:
                 await c.close()
 
         assert asyncio.run(run()) < 3.0
+
+
+def test_a_reattach_where_nothing_listens_says_so(caplog) -> None:
+    """A lost service's successor not started yet: the re-attach attempts log that nothing
+    listens at the socket (it does not exist, or nobody accepts on it), not a bare deadline."""
+
+    async def attempt(sock: str) -> str:
+        caplog.clear()
+        c = KVClient(f"unix:{sock}", engine_name="test", attach_timeout=0.2)
+        c.recovery.dead = errors.ServiceUnavailable("lost (test)")
+        task = asyncio.create_task(c.recovery.reattach())
+        try:
+            async with asyncio.timeout(10):
+                while "re-attach to" not in caplog.text:
+                    await asyncio.sleep(0.05)
+        finally:
+            task.cancel()
+            await c.close()
+        return caplog.text
+
+    with workdir("hsn") as path:  # short: a socket path has ~100 characters at most
+        sock = os.path.join(path, "kv.sock")
+        absent = asyncio.run(attempt(sock))
+        assert f"the socket {sock} does not exist" in absent and "Deadline" not in absent
+        open(sock, "w").close()  # left by a stopped process
+        stale = asyncio.run(attempt(sock))
+        assert f"{sock} exists but nothing accepts connections on it" in stale

@@ -121,25 +121,36 @@ def test_a_kv_service_as_target_is_named_not_method_not_found(tmp_path: Path) ->
 
 
 class StoppingEngine(pb_grpc.DecodeServiceServicer):
-    """An engine that stops under every request, as the real one says it does."""
+    """An engine that fails every request with `said`, as the real one says it."""
+
+    def __init__(self, said: str) -> None:
+        self.said = said
 
     async def Generate(self, request, context):  # noqa: N802 (gRPC's name)
-        yield finished(pb.ERROR, STOPPED)
-        await context.abort(grpc.StatusCode.UNAVAILABLE, STOPPED)
+        yield finished(pb.ERROR, self.said)
+        await context.abort(grpc.StatusCode.UNAVAILABLE, self.said)
 
 
 STOPPED = "the engine stopped; resume with this request id"
+# A request failed with its KV service (engine_client.loop.failure): the command is the engine's.
+KV_LOST = (
+    "the KV service is stopping (a restart or a shutdown); resume with this request id once "
+    "the engine serves again: generate --resume 0123abcd"
+)
 
 
+@pytest.mark.parametrize("said", [STOPPED, KV_LOST])
 @pytest.mark.parametrize("stream", [False, True])
-def test_the_engines_resume_advice_becomes_retry_advice(tmp_path: Path, stream: bool) -> None:
+def test_the_engines_resume_advice_becomes_retry_advice(
+    tmp_path: Path, stream: bool, said: str
+) -> None:
     """The gateway has no resume route and its ids are not the engine's: 503, retry."""
     socket = str(tmp_path / "engine.sock")
     body = {"prompt": "x", "max_tokens": 2, "stream": stream}
 
     async def session(s: aiohttp.ClientSession, url: str) -> tuple:
         server = grpc.aio.server()
-        pb_grpc.add_DecodeServiceServicer_to_server(StoppingEngine(), server)
+        pb_grpc.add_DecodeServiceServicer_to_server(StoppingEngine(said), server)
         server.add_insecure_port(f"unix:{socket}")
         await server.start()
         try:

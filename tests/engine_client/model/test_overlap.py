@@ -9,13 +9,14 @@ import torch
 
 from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
 from contract.tensors import TENSOR_NAMES
-from engine_client.kv.hisparse import HiSparseBackend
+from engine_client.kv.hisparse import OVERLAP_COPY_GRID, HiSparseBackend
 from engine_client.kv.kernel_set import KernelSet
 from engine_client.model.attention import _parts
 from engine_client.model.model import Model
 from engine_client.model.model_runner import DecodeConfig, ModelRunner
 from engine_client.model.preset import preset
 from engine_client.model.weights import random_weights
+from kernels.swap.copy_grid import CopyGrid
 from kv_service.memory.store import allocate_local, reset_request
 
 CFG = preset("tiny", topk=8)
@@ -47,7 +48,7 @@ def decode(
     graphs: bool,
     kernels: KernelSet,
     weights,
-    copy_programs: int | None = None,
+    copy_grid: CopyGrid = OVERLAP_COPY_GRID,
     bucket: int = 5,
     shapes=None,
 ):
@@ -58,9 +59,7 @@ def decode(
         pages = list(range(slot * per, slot * per + lay.pages_for(ctx + STEPS)))
         resident = ctx + STEPS <= lay.hot_slots
         reset_request(kv, slot, MODE_RESIDENT if resident else MODE_OFFLOADED, pages)
-    backend = HiSparseBackend(
-        kv, kernels=kernels, microbatches=microbatches, copy_programs=copy_programs
-    )
+    backend = HiSparseBackend(kv, kernels=kernels, microbatches=microbatches, copy_grid=copy_grid)
     model = Model(cfg, weights, backend)
     runner = ModelRunner(
         model, DecodeConfig(max_batch=bucket, buckets=(bucket,), use_graphs=graphs)
@@ -129,13 +128,18 @@ def test_microbatches_bitwise_on_cpu():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("copy_programs", [None, 4])
-def test_microbatches_graphed_bitwise_on_gpu(copy_programs):
-    """Side-stream copy inside the captured graph vs one eager batch: same bits."""
+@pytest.mark.parametrize(
+    "copy_grid",
+    [OVERLAP_COPY_GRID, CopyGrid(programs=4), CopyGrid(programs=6, bytes_per_program=1)],
+    ids=lambda g: g.label(),
+)
+def test_microbatches_graphed_bitwise_on_gpu(copy_grid):
+    """Side-stream copy inside the captured graph vs one eager batch: same bits, whatever
+    the copy's grid and the rule choosing its working CTAs."""
     kernels, weights = KernelSet.triton(), random_weights(CFG, seed=3, device="cuda")
     one = decode(1, "cuda", False, kernels, weights)
     assert one[3]["misses"] > 0
-    two = decode(2, "cuda", True, kernels, weights, copy_programs=copy_programs, bucket=8)
+    two = decode(2, "cuda", True, kernels, weights, copy_grid=copy_grid, bucket=8)
     assert_same(one, two)
 
 

@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -59,3 +60,28 @@ def test_service_children_get_no_inherited_kvs_settings(monkeypatch: pytest.Monk
     env = service_env()
     assert not any(k.startswith("KVS_") for k in env)
     assert service_env("child-token")["KVS_TOKEN"] == "child-token"
+
+
+def test_a_killed_childs_cuda_driver_files_are_removed_once_it_is_reaped(workdir: str) -> None:
+    """The driver's /dev/shm file of a process (contract.cuda_shm) stays when it is SIGKILLed:
+    the supervisor removes it after reaping; another process's file stays."""
+    code = (
+        "import os, threading\n"
+        "open(f'/dev/shm/cuda.shm.0.{os.getpid():x}.1', 'w').close()\n"
+        "print('made', flush=True)\n"
+        "threading.Event().wait()\n"
+    )
+    other = f"/dev/shm/cuda.shm.0.{os.getpid():x}.9"  # ours: alive, not the child's
+    open(other, "w").close()
+    try:
+        child = _child(workdir, code).start()
+        for _ in range(200):
+            if "made" in child.log():
+                break
+            time.sleep(0.05)
+        mine = f"/dev/shm/cuda.shm.0.{child.pid:x}.1"
+        assert os.path.exists(mine), child.log()
+        child.kill()
+        assert not os.path.exists(mine) and os.path.exists(other)
+    finally:
+        os.unlink(other)

@@ -81,6 +81,40 @@ def test_an_incomplete_character_at_the_end_is_flushed_as_a_replacement() -> Non
     assert stream.finish() == "\ufffd" == VOCAB.decode(ids[cut : cut + 1])
 
 
+def _byte_tokens(vocab: vocabulary.Vocabulary) -> dict[bytes, int]:
+    """The bytes of every byte-level BPE token of `vocab` -> its id (byte-level BPE spells a
+    token's bytes with GPT-2's printable stand-ins: bytes_to_unicode)."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    others = [b for b in range(256) if b not in printable]
+    byte_of = {chr(b): b for b in printable} | {chr(256 + n): b for n, b in enumerate(others)}
+    out: dict[bytes, int] = {}
+    for token, i in vocab.tokenizer.get_vocab(with_added_tokens=False).items():
+        if all(c in byte_of for c in token):
+            out.setdefault(bytes(byte_of[c] for c in token), i)
+    return out
+
+
+def test_no_piece_of_a_valid_text_is_a_replacement_however_its_bytes_are_split() -> None:
+    """A model may emit any tokens that spell a text, not only the tokenizer's own split: over
+    random splits of valid UTF-8 (2-, 3- and 4-byte characters cut anywhere, several cut
+    characters in a row, cuts inside tokens that end one character and start the next), no
+    released piece holds U+FFFD and the pieces add up to the whole decode."""
+    tiny = vocabulary.load(vocabulary.TINY)
+    tokens = _byte_tokens(tiny)
+    rng = random.Random(37)
+    chars = "aé ÿ€—你好世界日本語テキスト🙂🙃🎉"
+    for _ in range(400):
+        data = "".join(rng.choice(chars) for _ in range(rng.randrange(1, 10))).encode()
+        ids, at = [], 0
+        while at < len(data):
+            n = rng.choice([n for n in range(1, 5) if data[at : at + n] in tokens])
+            ids.append(tokens[data[at : at + n]])
+            at += n
+        pieces = stream_all(TextStream(tiny), ids)
+        assert all("\ufffd" not in p for p in pieces), (data.decode(), pieces)
+        assert "".join(pieces) == tiny.decode(ids) == data.decode()
+
+
 def test_a_stop_string_across_tokens_ends_the_text_before_it() -> None:
     text = "The quick brown fox jumps over the lazy dog"
     ids = VOCAB.encode(text)

@@ -11,6 +11,7 @@ import torch
 from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
 from kernels.reference import ref_miss_copy
 from kernels.store.append import kv_append
+from kernels.swap.copy_grid import CopyGrid
 from kernels.swap.miss_copy import miss_copy
 from kernels.swap.plan import swap_plan
 from kernels.uva import UVATensor
@@ -66,8 +67,8 @@ def test_copy_matches_reference(device, D, bs):
     assert (hot_buf[:GUARD] == SENTINEL).all() and (hot_buf[-GUARD:] == SENTINEL).all()
 
 
-def _check_copy(device, D, bs, k, counts, programs=None, rows_per_program=8, seed=0):
-    """One miss_copy on poisoned, guarded buffers against ref_miss_copy."""
+def _check_copy(device, D, bs, k, counts, seed=0, **kw):
+    """One miss_copy (keywords kw) on poisoned, guarded buffers against ref_miss_copy."""
     rng, g = random.Random(seed), torch.Generator().manual_seed(seed)
     on_gpu = torch.device(device).type == "cuda"
     host_n, hot_n = 3 * bs * k + 5, 2 * bs * k + 7
@@ -82,8 +83,7 @@ def _check_copy(device, D, bs, k, counts, programs=None, rows_per_program=8, see
         src,
         dst,
         count,
-        programs=programs,
-        rows_per_program=rows_per_program,
+        **kw,
     )
     ref_miss_copy(host, want[GUARD:-GUARD].view(hot.shape), src, dst, count)
     assert torch.equal(hot_buf, want)
@@ -109,13 +109,45 @@ def test_work_list_patterns(device, pattern, programs):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("bs,k,rows_per_program", [(300, 3, 8), (257, 5, 16), (1, 37, 4)])
-def test_batch_past_one_scan_block(device, bs, k, rows_per_program):
-    """More requests than one vector step of the work-list search (BATCH_BLOCK), and a single
+@pytest.mark.parametrize("bs,k,chunk_bytes", [(300, 3, 128), (257, 5, 256), (1, 37, 16)])
+def test_batch_past_one_scan_block(device, bs, k, chunk_bytes):
+    """More requests than one vector step of the count scans (BATCH_BLOCK), and a single
     long list, with random counts."""
     rng = random.Random(bs)
     counts = [rng.choice([0, k, rng.randint(0, k)]) for _ in range(bs)]
-    _check_copy(device, 20, bs, k, counts, rows_per_program=rows_per_program, seed=bs)
+    _check_copy(device, 20, bs, k, counts, chunk_bytes=chunk_bytes, seed=bs)
+
+
+GRIDS = [
+    CopyGrid(programs=1),
+    CopyGrid(programs=5, bytes_per_program=3 * 656, min_programs=2),
+    CopyGrid(programs=7, bytes_per_program=1),  # one row per working CTA
+    CopyGrid(programs=6, bytes_per_program=1 << 30, min_programs=6),  # min wins
+    CopyGrid(programs=2, bytes_per_program=1 << 30, min_programs=9),  # min above the launch
+    CopyGrid(bytes_per_program=5 * 656, min_programs=3),  # the default launch, a rule
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("grid", GRIDS, ids=lambda g: g.label())
+@pytest.mark.parametrize("pattern", ["none", "full", "ragged"])
+def test_every_grid_writes_the_same_bytes(device, grid, pattern):
+    """Rows are independent: any launched grid, any rule for its working CTAs, any chunk (and
+    prefetch) moves the reference's bytes. Irregular sizes: 656-byte rows (41 vectors), counts
+    that leave requests empty, split a request between CTAs, or overflow k; out-of-range rows."""
+    bs, k = 7, 9
+    counts = {
+        "none": [0] * bs,
+        "full": [k] * bs,
+        "ragged": [1, 0, k, -3, 5, 2**31 - 1, 4],
+    }[pattern]
+    # 16 vectors (chunks across rows) with and without the row-number prefetch; several rows.
+    chunks = ((256, False), (256, True), (4096, False))
+    if pattern == "full":  # the longest lists: 64 vectors with the prefetch, several rows
+        chunks = ((1024, True), (4096, False))
+    for chunk, prefetch in chunks:
+        kw = dict(grid=grid, chunk_bytes=chunk, prefetch=prefetch)
+        _check_copy(device, 656, bs, k, counts, seed=bs + chunk, **kw)
 
 
 @pytest.mark.gpu
@@ -151,6 +183,8 @@ def test_rejects_bad_arguments():
         miss_copy(host, torch.zeros((4, 12), dtype=torch.uint8), src, src, count)
     with pytest.raises(ValueError):
         miss_copy(host, hot, src, src, count, programs=0)
+    with pytest.raises(ValueError):
+        miss_copy(host, hot, src, src, count, chunk_bytes=24)
 
 
 class Truth:

@@ -26,7 +26,7 @@ from tests.kernels.swap.test_swap_plan import (
 )
 
 
-def plan_group(fn, st: State, layer: int, topk, seq_lens, req_slots, G: int):
+def plan_group(fn, st: State, layer: int, topk, seq_lens, req_slots, G: int, **extra):
     cfg, dev = st.cfg, st.hit_flag.device
     n = len(topk) // G
     outs = [
@@ -37,7 +37,16 @@ def plan_group(fn, st: State, layer: int, topk, seq_lens, req_slots, G: int):
         torch.full((n,), POISON, dtype=torch.int32, device=dev),
     ]
     return plan(
-        fn, st, layer, topk, seq_lens, req_slots, outs, rows_per_request=G, out_miss_rows=outs[4]
+        fn,
+        st,
+        layer,
+        topk,
+        seq_lens,
+        req_slots,
+        outs,
+        rows_per_request=G,
+        out_miss_rows=outs[4],
+        **extra,
     )
 
 

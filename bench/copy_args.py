@@ -1,0 +1,65 @@
+"""The miss copy's flags of bench/profile.py and bench/copy_sweep.py: its grid on the side
+stream (CopyGrid), its chunk, or no copy at all (timing only)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+
+from engine_client.kv.hisparse import OVERLAP_COPY_GRID
+from engine_client.kv.kernel_set import KernelSet
+from kernels.swap.copy_grid import CopyGrid
+
+
+def add_copy_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument(
+        "--copy-programs",
+        type=int,
+        default=0,
+        help="CTAs the side-stream miss copy launches, all working unless --copy-bytes "
+        "[0: the backend's OVERLAP_COPY_GRID]",
+    )
+    ap.add_argument(
+        "--copy-bytes",
+        type=int,
+        default=0,
+        help="miss bytes per working CTA of the side-stream copy (CopyGrid.bytes_per_program) "
+        "[0: with --copy-programs, all work; alone, the backend's grid]",
+    )
+    ap.add_argument(
+        "--copy-min", type=int, default=1, help="fewest working CTAs under --copy-bytes [1]"
+    )
+    ap.add_argument(
+        "--copy-chunk",
+        type=int,
+        default=0,
+        help="bytes per working CTA per iteration of the miss copy (a power of 2) "
+        "[0: the kernel's default]",
+    )
+    ap.add_argument(
+        "--skip-copy",
+        action="store_true",
+        help="timing only, wrong outputs: no miss copy, to measure what the copy adds to the step",
+    )
+
+
+def copy_grid(args: argparse.Namespace) -> CopyGrid:
+    """The side-stream copy's grid the --copy-* flags ask for."""
+    if not (args.copy_programs or args.copy_bytes):
+        return OVERLAP_COPY_GRID
+    return CopyGrid(
+        programs=args.copy_programs or OVERLAP_COPY_GRID.programs,
+        bytes_per_program=args.copy_bytes,
+        min_programs=args.copy_min,
+    )
+
+
+def copy_kernels(kernels: KernelSet, args: argparse.Namespace) -> KernelSet:
+    """The kernel set with the miss copy the flags ask for: none (--skip-copy) or its chunk."""
+    if args.skip_copy:
+        return dataclasses.replace(kernels, miss_copy=lambda *a, **kw: None)
+    if args.copy_chunk:
+        copy = functools.partial(kernels.miss_copy, chunk_bytes=args.copy_chunk)
+        return dataclasses.replace(kernels, miss_copy=copy)
+    return kernels

@@ -1,0 +1,58 @@
+"""How many CTAs the miss copy launches, and how many of them the step's misses put to work.
+
+A CUDA graph fixes the launched grid and the miss counts exist only on the device, so the copy
+launches `programs` CTAs and each of them derives the working count from the counts it sums
+anyway: active = ceil(miss bytes / bytes_per_program), clamped to [min_programs, programs]; the
+others exit at once. Beside compute (the micro-batched step's side stream) every working CTA
+slows the memory-bound kernels of the SM it shares, so the copy should hold no more CTAs than
+keep it in time: issue 38 measured the fp8 step 14.07 ms at 24 CTAs, 16.21 at 64 and 20.87 at 8
+(12.28 without the copy) at 14% misses, while at 87% misses 64 beat 24. A rule that follows the
+bytes serves both. `bench/copy_sweep.py` measures the step over its parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CopyGrid:
+    """programs: CTAs launched (None: the kernel's default, a few per SM, at most one per chunk
+    of the largest work list). bytes_per_program: miss bytes per working CTA (0: all launched
+    CTAs work). min_programs: the fewest working CTAs when there is any miss (capped by
+    programs)."""
+
+    programs: int | None = None
+    bytes_per_program: int = 0
+    min_programs: int = 1
+
+    def __post_init__(self) -> None:
+        if self.programs is not None and self.programs < 1:
+            raise ValueError(f"programs must be positive, got {self.programs}")
+        if self.bytes_per_program < 0 or self.min_programs < 1:
+            raise ValueError(
+                f"bytes_per_program must be >= 0 and min_programs >= 1, got "
+                f"{self.bytes_per_program}, {self.min_programs}"
+            )
+
+    def rows_per_program(self, row_bytes: int) -> int:
+        """Miss rows per working CTA for rows of row_bytes (0: every launched CTA works)."""
+        if self.bytes_per_program == 0:
+            return 0
+        return max(1, self.bytes_per_program // row_bytes)
+
+    def active(self, total_rows: int, row_bytes: int, launched: int) -> int:
+        """The working CTAs for total_rows misses (what each CTA of the kernel computes)."""
+        per = self.rows_per_program(row_bytes)
+        if per == 0:
+            return launched
+        return max(min(self.min_programs, launched), min(-(-total_rows // per), launched))
+
+    def label(self) -> str:
+        """Short name for benchmark tables: 'fixed 64', '<=64 >=16 768K'."""
+        top = "default" if self.programs is None else str(self.programs)
+        if self.bytes_per_program == 0:
+            return f"fixed {top}"
+        n = self.bytes_per_program
+        size = f"{n / 2**20:g}M" if n >= 2**20 else f"{n / 1024:g}K" if n >= 1024 else f"{n}B"
+        return f"<={top} >={self.min_programs} {size}"
