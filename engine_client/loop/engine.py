@@ -187,7 +187,7 @@ class Engine(RequestAPI):
                 self._finish(req, Finish.CANCELLED)
             await self.releaser.release_ended(self.done_step)
         for req in list(self.requests.values()):
-            req.end(Finish.ERROR, "the engine stopped; resume with this request id")
+            req.end(Finish.ERROR, "the engine stopped; resume with this request id", resumable=True)
         self._executor.shutdown(wait=True)
         await self.control.close(detach=not keep_requests)
         if self.state is not None:

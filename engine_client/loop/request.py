@@ -146,7 +146,9 @@ class GenRequest:
 
     def revive(self) -> None:
         """Queue again a request that failed with its KV lost: prefill prompt + every token it
-        generated, then decode on. The tokens stay; streams replay them as before."""
+        generated, then decode on. The tokens stay; streams replay them as before. So does the
+        detokenizer: the failure's end left it holding what it held (`end`, resumable), which
+        goes out with the next tokens."""
         if not (self.finished and self.lost_kv):
             raise ValueError(f"request {self.request_id} did not fail by losing its KV")
         self.phase, self.finish, self.error, self.status = (
@@ -157,14 +159,6 @@ class GenRequest:
         )
         self.slot, self.prefilled, self.launched, self.last_step = -1, 0, 0, -1
         self.cancelled, self.lost_kv, self.replayed = False, False, len(self.tokens)
-        if self.text is not None:
-            # The failure's end closed the detokenizer (what it held went out as `tail`). A new
-            # one fed the same tokens holds that text again and releases it with later tokens,
-            # so a resumed stream's text is the decode of every token, as for any request.
-            old, self.tail = self.text, ""
-            self.text = TextStream(old.vocab, old.stop_strings, old.skip_special_tokens)
-            for token in self.tokens:
-                self.text.push(token)
 
     def add_token(self, token: int, now: float) -> Finish | None:
         """Record a generated token; return why the request ends with it, if it does."""
@@ -189,12 +183,21 @@ class GenRequest:
         return piece + self.text.finish() if reason is not None else piece
 
     def end(
-        self, finish: Finish, error: str = "", status: FailStatus = FailStatus.UNAVAILABLE
+        self,
+        finish: Finish,
+        error: str = "",
+        status: FailStatus = FailStatus.UNAVAILABLE,
+        resumable: bool = False,
     ) -> None:
+        """resumable: the request goes on in a resumed stream (an engine stopped keeping its
+        requests; a KV loss, `lost_kv`, revives it). The text the detokenizer holds (a
+        character's first bytes, a stop string's prefix) is then not flushed into this
+        stream's end: the resumed stream's detokenizer, fed the same tokens, releases it once,
+        whole, with later tokens."""
         if self.phase is Phase.FINISHED:
             return
         self.phase, self.finish, self.error, self.status = Phase.FINISHED, finish, error, status
-        if self.text is not None:
+        if self.text is not None and not (resumable or self.lost_kv):
             self.tail = self.text.finish()  # empty after a last token's finish
         self._notify()
 

@@ -3,6 +3,7 @@ incremental detokenizer: UTF-8 characters split across tokens, stop strings acro
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from pathlib import Path
@@ -202,8 +203,9 @@ def test_a_resumed_request_gets_its_text_and_stop_strings_back(tmp_path: Path) -
 
 
 def test_a_request_revived_after_a_service_loss_streams_its_text_on() -> None:
-    """A text request failed with its KV service (end: the held text goes out as the tail) and
-    revived on resume: its text goes on, and every token's text is the decode of all tokens."""
+    """A text request failed with its KV service (end: the held half character stays held, no
+    tail) and revived on resume: its text goes on, and every token's text is the decode of all
+    tokens."""
     from engine_client.loop.request import Finish, GenRequest, SamplingParams
 
     ids = VOCAB.encode(SPLIT_TEXT)
@@ -213,9 +215,63 @@ def test_a_request_revived_after_a_service_loss_streams_its_text_on() -> None:
         assert req.add_token(t, 0.0) is None
     req.lost_kv = True
     req.end(Finish.ERROR, "KV service lost")
-    assert req.tail == "\ufffd"  # the failed stream's end flushed the half character
+    assert req.tail == ""  # the half character waits for the resumed stream
     req.revive()
     assert req.tail == "" and req.replayed == cut + 1
     for t in ids[cut + 1 :]:
         req.add_token(t, 0.0)
     assert "".join(req.texts) == SPLIT_TEXT and req.texts[cut + 1] == "🙃"
+
+
+@pytest.mark.parametrize("cut_by", ["kv-loss", "engine-stop"])
+def test_a_character_cut_by_a_resumable_end_comes_out_once_whole(cut_by, tmp_path) -> None:
+    """Tokens cut in the middle of a character by an end the client resumes from (a KV loss;
+    an engine stopped keeping its requests, resumed from the state file by the next one): the
+    cut stream holds the half character back, the resumed stream releases it whole. Neither has
+    a U+FFFD, and the text the client gets (the cut stream's, then the resumed one's from the
+    cut on: it replays earlier indexes) is the uninterrupted text."""
+    from engine_client.client.control import HeldRequest
+    from engine_client.loop import state_file
+    from engine_client.loop.request import Finish, GenRequest, SamplingParams
+    from engine_client.serve.factory import build_engine
+    from engine_client.serve.restore import resumed
+    from tests.process_harness import engine_config
+
+    tiny = vocabulary.load(vocabulary.TINY)
+    data = "hi 🙂 you".encode()
+    by_bytes = _byte_tokens(tiny)
+    ids = [by_bytes[data[i : i + 1]] for i in range(len(data))]  # one byte a token
+    cut = data.index("🙂".encode()) + 2  # two of 🙂's four bytes before the cut
+    if cut_by == "kv-loss":
+        req = GenRequest("r1", (5, 6), len(ids), SamplingParams(), text=TextStream(tiny))
+        for t in ids[:cut]:
+            req.add_token(t, 0.0)
+        req.lost_kv = True
+        req.end(Finish.ERROR, "KV service lost")
+        cut_text = "".join(req.texts) + req.tail
+        req.revive()
+        again = req
+    else:
+        path = str(tmp_path / "engine.state")
+
+        async def stop() -> GenRequest:
+            engine = await build_engine(engine_config("baseline"))
+            req = engine.submit((5, 6), len(ids), SamplingParams(), TextStream(tiny))
+            for t in ids[:cut]:  # as the loop records generated tokens
+                req.add_token(t, 0.0)
+            await engine.stop(keep_requests=True)
+            return req
+
+        req = asyncio.run(stop())
+        cut_text = "".join(req.texts) + req.tail
+        state_file.StateFile(path).rewrite("s1", 1, [req])
+        held = HeldRequest(req.request_id, 0, 1, 2 + cut, 2, len(ids))
+        back = resumed(held, state_file.load(path).requests[req.request_id], tiny)
+        assert back is not None
+        again = back
+    for t in ids[cut:]:
+        again.add_token(t, 0.0)
+    resumed_text = "".join(again.texts[cut:]) + again.tail
+    assert "\ufffd" not in cut_text and "\ufffd" not in resumed_text, (cut_text, resumed_text)
+    assert cut_text + resumed_text == data.decode() == tiny.decode(ids)
+    assert (cut_text, again.texts[cut], again.texts[cut + 1]) == ("hi ", "", "🙂")
