@@ -12,17 +12,17 @@ Public API, imported lazily so that `import engine_client` stays light (no torch
 - `KVClient`, `KVControl`, `KVLayout`, `errors`: from `engine_client.client`
 - `Engine`, `build_engine`: the reference engine and its factory (torch-heavy)
 - `ModelConfig`, `Model`, `random_weights`, `load_safetensors`, `save_safetensors`,
-  `BaselineBackend`, `HiSparseBackend`, `RemoteSwapBackend`, `DecodeRunner`, `KernelSet`:
+  `BaselineBackend`, `HiSparseBackend`, `RemoteSwapBackend`, `ModelRunner`, `KernelSet`:
   the compute side (see each module)
 """
 
-from engine_client.client.lazy_exports import load
+from engine_client.client.lazy_exports import lazy_attribute
 
 _LAZY = {
     "KVClient": "engine_client.client",
     "KVControl": "engine_client.client",
     "KVLayout": "engine_client.client",
-    "errors": "engine_client.client.errors",
+    "errors": "contract.errors",
     "Engine": "engine_client.loop.engine",
     "build_engine": "engine_client.serve.factory",
     # Not `preset`: importing the submodule engine_client.model.preset would shadow the function.
@@ -35,8 +35,8 @@ _LAZY = {
     "BaselineBackend": "engine_client.kv.baseline",
     "HiSparseBackend": "engine_client.kv.hisparse",
     "RemoteSwapBackend": "engine_client.kv.remote_swap",
-    "DecodeRunner": "engine_client.model.graph",
-    "DecodeConfig": "engine_client.model.graph",
+    "ModelRunner": "engine_client.model.model_runner",
+    "DecodeConfig": "engine_client.model.model_runner",
     "KernelSet": "engine_client.kv.kernel_set",
 }
 
@@ -44,4 +44,4 @@ __all__ = sorted(_LAZY)
 
 
 def __getattr__(name: str) -> object:
-    return load(__name__, _LAZY, name)
+    return lazy_attribute(__name__, _LAZY, name)

@@ -25,7 +25,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     return p
 
 
-def parse(
+def parse_config(
     argv: Sequence[str] | None, env: Mapping[str, str]
 ) -> tuple[ServiceConfig, argparse.Namespace]:
     """The validated config; exits with a usage error (status 2) on bad flags or env values."""
@@ -38,7 +38,7 @@ def parse(
 
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
-    config, _ = parse(argv, os.environ if env is None else env)
+    config, _ = parse_config(argv, os.environ if env is None else env)
     logging.basicConfig(
         level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

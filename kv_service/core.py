@@ -5,6 +5,7 @@ in-process. It is not thread-safe: the service calls it from its event loop only
 
 Requests belong to the session that admitted them and are keyed by (session, request id), so a
 session can never see or touch another session's requests: they are simply not found.
+One concept, the service's logic: each kvcache.v1 call on the books (`books/`) and memory.
 """
 
 from __future__ import annotations
@@ -15,6 +16,14 @@ import secrets
 import time
 from collections.abc import Callable, Iterable, Sequence
 
+from contract.errors import (
+    AlreadyExists,
+    CapacityError,
+    Draining,
+    EpochMismatch,
+    InvalidArgument,
+    UnknownRequest,
+)
 from contract.layout import MODE_OFFLOADED, KVLayout
 from contract.tensors import KVTensors
 from kv_service.books.ledger import PageLedger, PrefixQuery, RowStore
@@ -28,14 +37,6 @@ from kv_service.books.records import (
     check_range,
 )
 from kv_service.books.sessions import SessionTable
-from kv_service.errors import (
-    AlreadyExists,
-    CapacityError,
-    Draining,
-    EpochMismatch,
-    InvalidArgument,
-    UnknownRequest,
-)
 from kv_service.memory.store import TensorRows
 
 log = logging.getLogger(__name__)

@@ -38,12 +38,11 @@ BENCH_BUILT_ON: dict[str, set[str]] = {
 # The rooms of kv_service (a wing folder or a root module) and the rooms each may import.
 SERVICE_ROOMS: dict[str, set[str]] = {
     "__main__": {"rpc", "config"},
-    "rpc": {"core", "books", "memory", "config", "errors"},
-    "core": {"books", "memory", "errors"},
-    "books": {"errors"},
-    "memory": {"errors"},
+    "rpc": {"core", "books", "memory", "config"},
+    "core": {"books", "memory"},
+    "books": set(),
+    "memory": set(),
     "config": set(),
-    "errors": set(),
 }
 
 

@@ -116,7 +116,8 @@ def test_a_cuda_driver_file_of_a_started_process_is_named_and_removed() -> None:
             open(path, "w").close()
         left = fake.leftovers()
         assert [x for x in left if "cuda.shm" in x] == [
-            f"/dev/shm: cuda.shm.0.{child.pid:x}.1 (the CUDA driver's, of a process this run started)"
+            f"/dev/shm: cuda.shm.0.{child.pid:x}.1"
+            " (the CUDA driver's, of a process this run started)"
         ]
         assert not os.path.exists(mine) and os.path.exists(other)
     finally:

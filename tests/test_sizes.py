@@ -39,8 +39,6 @@ ALLOWED_LONG_FILES = Counter(
         "config.py",
         "hisparse.py",
         "kv_client.py",
-        "model.py",
-        "server.py",
     ]
 )
 

@@ -19,8 +19,8 @@ import torch
 from bench.profile.step import offloaded_backend
 from contract.layout import KVLayout
 from engine_client.kv.kernel_set import KernelSet
-from engine_client.model.graph import DecodeConfig, DecodeRunner
 from engine_client.model.model import Model
+from engine_client.model.model_runner import DecodeConfig, ModelRunner
 from engine_client.model.preset import preset
 from engine_client.model.weights import random_weights
 
@@ -30,7 +30,7 @@ def run(args: argparse.Namespace, use_graphs: bool, weights, cfg) -> dict:
     model = Model(cfg, weights, backend)
     for slot in range(args.batch):
         backend.fill_synthetic(slot, args.context, seed=slot)
-    runner = DecodeRunner(model, DecodeConfig(max_batch=args.batch, use_graphs=use_graphs))
+    runner = ModelRunner(model, DecodeConfig(max_batch=args.batch, use_graphs=use_graphs))
     slots = list(range(args.batch))
     tokens = [1] * args.batch
 

@@ -17,8 +17,8 @@ from contract.layout import MODE_OFFLOADED, KVLayout
 from engine_client.kv.baseline import BaselineBackend
 from engine_client.kv.hisparse import HiSparseBackend
 from engine_client.kv.kernel_set import KernelSet
-from engine_client.model.graph import DecodeConfig, DecodeRunner
 from engine_client.model.model import Model
+from engine_client.model.model_runner import DecodeConfig, ModelRunner
 from engine_client.model.preset import preset
 from engine_client.model.weights import random_weights
 from kv_service.memory.store import allocate_local, reset_request
@@ -68,7 +68,7 @@ def build(args: argparse.Namespace, device: torch.device, positions: int = 0):
         from bench.shared.trace import trace_source
 
         model.topk_source = trace_source(cfg, lay, str(device))
-    runner = DecodeRunner(
+    runner = ModelRunner(
         model, DecodeConfig(max_batch=args.batch, buckets=(args.batch,), use_graphs=graphed)
     )
     return cfg, lay, backend, runner
@@ -107,7 +107,7 @@ def offloaded_backend(lay: KVLayout, batch: int, device, **options) -> HiSparseB
 class Stepper:
     """Decode steps of every request slot at consecutive positions after the context."""
 
-    def __init__(self, runner: DecodeRunner, batch: int, context: int) -> None:
+    def __init__(self, runner: ModelRunner, batch: int, context: int) -> None:
         self.runner, self.batch, self.pos = runner, batch, context
         self.slots, self.tokens = list(range(batch)), [1] * batch
 

@@ -18,21 +18,19 @@ import asyncio
 import os
 import random
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import Callable
 
 import grpc
 
-from contract import flags
+from contract import errors, flags
 from engine_client.cli.config import DemoConfig, GenerateConfig
 from engine_client.cli.generate import GenerationResult, generate_stream
+from engine_client.cli.stop_signals import StopSignals
 from engine_client.cli.transcript import Transcript, visible
-from engine_client.client import errors
 from engine_client.serve.config import LocalLayout
 from engine_client.serve.procs import (
     ChildFailed,
@@ -49,7 +47,6 @@ LOCAL = LocalLayout(
     max_requests=8, hot_slots=32, window=8, page_size=16, num_pages=64, max_context=256
 )
 LAYOUT = LOCAL.layout(num_layers=2, topk=16)
-T = TypeVar("T")
 
 
 async def _one(
@@ -214,54 +211,6 @@ def _shutdown(children: list[ManagedProcess], instance: str) -> bool:
     if left:
         print(f"removed {len(left)} leftover segment files: {left}", file=sys.stderr)
     return clean and not left
-
-
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
-
-
-class StopSignals:
-    """Records the first stop signal and interrupts what the demo waits for: the streams (their
-    asyncio task is cancelled) or a child's start-up (`requested` is polled). The handler never
-    raises, so nothing is cut off half-way (an event loop being built, the cleanup); later
-    signals are only ignored."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._task: asyncio.Task | None = None
-        self._previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
-
-    def _handle(self, signum: int, frame: object) -> None:
-        if self.signum is None:
-            self.signum = signum
-            if self._task is not None and self._loop is not None:
-                self._loop.call_soon_threadsafe(self._task.cancel)
-
-    def requested(self) -> bool:
-        return self.signum is not None
-
-    @property
-    def name(self) -> str:
-        return signal.Signals(self.signum).name if self.signum else ""
-
-    async def run(self, coro: Coroutine[Any, Any, T]) -> T | None:
-        """Await `coro`; None if a stop signal came first or cancelled it."""
-        self._loop, self._task = asyncio.get_running_loop(), asyncio.current_task()
-        try:
-            if self.signum is not None:
-                coro.close()
-                return None
-            return await coro
-        except asyncio.CancelledError:
-            if self.signum is None:
-                raise
-            return None
-        finally:
-            self._loop = self._task = None
-
-    def restore(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
 
 
 def run_demo(cfg: DemoConfig) -> int:

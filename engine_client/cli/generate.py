@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from contract import errors
 from engine_client.cli.config import GenerateConfig
-from engine_client.client import errors, reachability
+from engine_client.client import reachability
+from engine_client.client.status import code_of, rpc_errors
 from proto.decode.v1 import decode_pb2 as pb
 from proto.decode.v1 import decode_pb2_grpc as pb_grpc
 
@@ -108,7 +110,7 @@ async def generate_stream(
     request = build_request(cfg, text=on_text is not None)
     call = stub.Generate(request, timeout=cfg.timeout, wait_for_ready=True)
     try:
-        with errors.rpc_errors(f"Generate {cfg.resume_request_id}".strip()):
+        with rpc_errors(f"Generate {cfg.resume_request_id}".strip()):
             metadata = dict(await call.initial_metadata() or ())
             if metadata.get(REQUEST_ID_KEY):
                 result.request_id = metadata[REQUEST_ID_KEY]
@@ -163,7 +165,7 @@ async def run_generation(
                 if on_token is not None:
                     on_token(index, token)
         except errors.KVError as e:
-            if errors.code_of(e) is not grpc.StatusCode.UNIMPLEMENTED:
+            if code_of(e) is not grpc.StatusCode.UNIMPLEMENTED:
                 raise
             raise (await reachability.wrong_peer(channel, reachability.ENGINE, target)) or e
     return result

@@ -97,8 +97,8 @@ def engine_config(args: argparse.Namespace, env: Mapping[str, str]) -> EngineCon
 
 
 def _generate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    from contract import errors
     from engine_client.cli.generate import run_generation
-    from engine_client.client import errors, reachability
 
     try:
         cfg = flags.build(GenerateConfig, args, "GENERATE", env)
@@ -131,7 +131,7 @@ def _generate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
                 on_text=show_text if cfg.text_output else None,
             )
         )
-    except (reachability.Unreachable, reachability.WrongPeer, errors.KVError) as e:
+    except errors.KVError as e:  # reachability's Unreachable and WrongPeer are KV errors too
         return _generation_failed(e, cfg.target, bool(shown))
     print()
     print(result.summary())
@@ -142,13 +142,14 @@ def _generation_failed(e: Exception, target: str, after_tokens: bool) -> int:
     """Say why `generate` failed, on one line; the exit status (2: a usage error)."""
     import grpc
 
-    from engine_client.client import errors, reachability
+    from engine_client.client import reachability
+    from engine_client.client.status import code_of
 
     if isinstance(e, (reachability.Unreachable, reachability.WrongPeer)):
         print(f"generate: {e}", file=sys.stderr)
         return 2 if isinstance(e, reachability.WrongPeer) else 1
     lead = "\n" if after_tokens else ""  # end the line of tokens first
-    code = errors.code_of(e)
+    code = code_of(e)
     print(f"{lead}generate: error ({code.name}) from the engine at {target}: {e}", file=sys.stderr)
     # The engine refused what we asked (a flag's value): a usage error, like ours.
     return 2 if code is grpc.StatusCode.INVALID_ARGUMENT else 1
@@ -199,7 +200,7 @@ def _serve(args: argparse.Namespace, env: Mapping[str, str], parser: flags.OneLi
     logging.basicConfig(
         level=cfg.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    from engine_client.client import errors
+    from contract import errors
 
     # Both take the EngineConfig and return the exit status (their parameter names differ).
     run_engine: Callable[[EngineConfig], int]

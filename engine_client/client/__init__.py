@@ -7,20 +7,20 @@
 - `KVControl`, `Admission`, `PrefixLookup`, `HeldRequest`, `StepReport`, `KVStats`,
   `MemoryUser`: the control protocol and the records it exchanges (`control`).
 - `page_hashes`: the names of a prompt's full pages for prefix caching (`contract.prefix`).
-- `errors`: the typed errors every call raises (the contract's taxonomy, decoded from rich
-  gRPC status in one place).
+- `errors`: the typed errors every call raises: `contract.errors` itself, the one taxonomy
+  (decoded from rich gRPC status in one place, `engine_client.client.status`).
 - Contract types a caller needs: `KVLayout` (the layout descriptor), `KVTensors` (the mapped
   tensor set; its fields are what the kernels take).
 
 docs/CLIENT.md documents the API with a runnable decode loop (`docs/client_example.py`).
 """
 
-from engine_client.client.lazy_exports import load
+from contract import errors
+from engine_client.client.lazy_exports import lazy_attribute
 
-# Lazy, so that `engine_client.client.errors` (used by light CLIs) does not pull in torch.
+# Lazy, so that importing the package (light CLIs do) does not pull in torch or gRPC.
 _LAZY = {
     "KVClient": "engine_client.client.kv_client",
-    "errors": "engine_client.client.errors",
     "Admission": "engine_client.client.control",
     "HeldRequest": "engine_client.client.control",
     "KVControl": "engine_client.client.control",
@@ -54,4 +54,4 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    return load(__name__, _LAZY, name)
+    return lazy_attribute(__name__, _LAZY, name)

@@ -8,11 +8,10 @@ with the wrong shapes. The Attach call itself, and what a failed call means, sta
 
 from __future__ import annotations
 
-from contract import segment_map
+from contract import errors, segment_map
 from contract.codec import handle_from_proto, layout_from_proto, layout_to_proto
 from contract.layout import KVLayout, LayoutError
 from contract.tensors import KVTensors
-from engine_client.client import errors
 from engine_client.client.control import HeldRequest
 from proto.kvcache.v1 import kvcache_pb2 as pb
 
@@ -48,7 +47,7 @@ def request(
     return req
 
 
-def check(reply: pb.AttachResponse, expected: KVLayout | None) -> tuple[KVLayout, str]:
+def check_reply(reply: pb.AttachResponse, expected: KVLayout | None) -> tuple[KVLayout, str]:
     """The reply's layout, and its device as this process names it ("cpu" or "cuda:N")."""
     try:
         layout = layout_from_proto(reply.layout)

@@ -4,10 +4,11 @@ and the records these calls exchange.
 One protocol (`KVControl`), so an engine has a single code path whichever side holds the memory:
 - `engine_client.client.KVClient`: a separate `python -m kv_service` process over gRPC (this
   library);
-- `engine_client.kv.local_control.BaselineControl` / `EmbeddedControl`: the reference engine's
-  in-process controls (no service; a service core in this process).
+- `engine_client.client.local_control.BaselineControl` / `EmbeddedControl`: the in-process
+  controls of the reference engine's baseline and embedded modes (no service process; a
+  service core in this process), beside the protocol they implement.
 
-Every implementation raises the typed errors of `engine_client.client.errors`.
+Every implementation raises the typed errors of `contract.errors`.
 """
 
 from __future__ import annotations

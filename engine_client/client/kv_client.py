@@ -1,5 +1,8 @@
 """Async client of a `python -m kv_service` process: attach, map its memory, and keep one Session
 stream for admit / commit / step end / release, plus the unary RemoteSwap of remote-swap mode.
+One concept: the gRPC implementation of the `KVControl` protocol (`client/control.py`); its
+collaborators hold the rest (`attachment`, `mapping`, `reattach`, `session_stream`,
+`remote_swap_call`).
 
 Failure rules:
 - every call has a deadline; a Session message unanswered within `rpc_timeout` counts as a
@@ -9,7 +12,7 @@ Failure rules:
 - after a break, or once the service is lost: the client's `Reattachment`
   (`engine_client.client.reattach`: the same session again, or `let_go` of the lost memory and
   `reattach` to the successor); the mapped memory is its `Mapping` (`client.mapping`);
-- gRPC errors become typed errors through `engine_client.client.errors`: failed calls in
+- gRPC errors become typed errors through `engine_client.client.status`: failed calls in
   `errors.rpc_errors`, in-band Error replies in `_result`;
 - what Attach returns is checked and mapped in `engine_client.client.attachment`.
 """
@@ -24,9 +27,10 @@ from typing import Any
 
 import grpc
 
+from contract import errors
 from contract.layout import KVLayout
 from contract.tensors import KVTensors
-from engine_client.client import address, attachment, errors, reachability
+from engine_client.client import address, attachment, reachability
 from engine_client.client.control import (
     Admission,
     HeldRequest,
@@ -39,6 +43,7 @@ from engine_client.client.mapping import Mapping
 from engine_client.client.reattach import Reattachment
 from engine_client.client.remote_swap_call import RemoteSwapCall
 from engine_client.client.session_stream import NotSent, SessionStream
+from engine_client.client.status import code_of, from_status, rpc_errors, status_code
 from proto.kvcache.v1 import kvcache_pb2 as pb
 from proto.kvcache.v1 import kvcache_pb2_grpc as pb_grpc
 
@@ -131,7 +136,7 @@ class KVClient:
             self.engine_name, resume, self.with_remote_swap, expected, self.model_fingerprint
         )
         try:
-            with errors.rpc_errors("Attach"):
+            with rpc_errors("Attach"):
                 reply = await self._stub.Attach(
                     req, timeout=self.attach_timeout, metadata=self._metadata, wait_for_ready=wait
                 )
@@ -144,10 +149,10 @@ class KVClient:
             # wait_for_ready waited the deadline out for a connection: say what is at the path.
             raise reachability.unreachable(self.peer, self.target, self.attach_timeout) from e
         except errors.KVError as e:
-            if errors.code_of(e) is not grpc.StatusCode.UNIMPLEMENTED:
+            if code_of(e) is not grpc.StatusCode.UNIMPLEMENTED:
                 raise
             raise (await reachability.wrong_peer(self._channel, self.peer, self.target)) or e
-        layout, device = attachment.check(reply, expected)
+        layout, device = attachment.check_reply(reply, expected)
         if self.session_id and device != self.device:
             raise errors.EpochMismatch(f"service moved from {self.device} to {device}")
         self.session_id, self.epoch, self.layout = reply.session_id, reply.epoch, layout
@@ -243,10 +248,10 @@ class KVClient:
     def _result(reply: pb.SessionReply, what: str) -> pb.SessionReply:
         if reply.HasField("error"):
             e = reply.error
-            if errors.status_code(e.code) is grpc.StatusCode.UNAVAILABLE:
+            if status_code(e.code) is grpc.StatusCode.UNAVAILABLE:
                 # In band, so the service is up: it is draining.
                 raise errors.Draining(f"{what}: {e.message}", dict(e.details))
-            raise errors.from_status(e.code, f"{what}: {e.message}", dict(e.details), e.reason)
+            raise from_status(e.code, f"{what}: {e.message}", dict(e.details), e.reason)
         return reply
 
     async def admit(
@@ -291,7 +296,7 @@ class KVClient:
         await self._send(pb.SessionMessage(release=release), "Release")
 
     async def stats(self) -> KVStats:
-        with errors.rpc_errors("GetStats"):
+        with rpc_errors("GetStats"):
             s = await self._stub.GetStats(
                 pb.GetStatsRequest(), timeout=self.rpc_timeout, metadata=self._metadata
             )
@@ -310,7 +315,7 @@ class KVClient:
 
     async def flush(self) -> tuple[int, int]:
         """Admin: empty the service's prefix cache; (pages freed, cached pages in use)."""
-        with errors.rpc_errors("Flush"):
+        with rpc_errors("Flush"):
             r = await self._stub.Flush(
                 pb.FlushRequest(), timeout=self.rpc_timeout, metadata=self._metadata
             )

@@ -7,9 +7,9 @@ from __future__ import annotations
 import importlib
 
 
-def load(package: str, table: dict[str, str], name: str) -> object:
+def lazy_attribute(package: str, table: dict[str, str], name: str) -> object:
     """`name` from the module `table` maps it to; a table entry that names the submodule itself
-    (`"errors": "engine_client.client.errors"`) returns that module."""
+    (`"errors": "contract.errors"`) returns that module."""
     target = table.get(name)
     if target is None:
         raise AttributeError(f"module {package!r} has no attribute {name!r}")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from engine_client.client import errors
+from contract import errors
 
 
 class Unreachable(errors.ServiceUnavailable):

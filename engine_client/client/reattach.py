@@ -23,9 +23,9 @@ import asyncio
 import logging
 from typing import Protocol
 
+from contract import errors
 from contract.layout import KVLayout
 from contract.tensors import KVTensors
-from engine_client.client import errors
 from engine_client.client.control import MemoryUser
 from engine_client.client.mapping import Mapping
 from proto.kvcache.v1 import kvcache_pb2 as pb

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 
 import grpc
 
-from engine_client.client import errors
+from contract import errors
+from engine_client.client.status import rpc_errors
 from proto.kvcache.v1 import kvcache_pb2 as pb
 from proto.kvcache.v1 import kvcache_pb2_grpc as pb_grpc
 
@@ -43,7 +44,7 @@ class RemoteSwapCall:
             rows_per_request=rows_per_request,
         )
         try:
-            with errors.rpc_errors("RemoteSwap"):
+            with rpc_errors("RemoteSwap"):
                 return self._stub.RemoteSwap(req, timeout=self._timeout, metadata=self._metadata)
         except errors.KVError as e:
             # The gRPC error's frames lead back (f_back) to the compute step's, which hold the

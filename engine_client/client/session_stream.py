@@ -15,7 +15,8 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 
-from engine_client.client import errors
+from contract import errors
+from engine_client.client.status import rpc_errors
 from proto.kvcache.v1 import kvcache_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,7 @@ class SessionStream:
 
     async def _write(self, msg: pb.SessionMessage, what: str) -> None:
         try:
-            with errors.rpc_errors(what):
+            with rpc_errors(what):
                 await self._call.write(msg)
         except errors.KVError as e:
             self.stop(errors.ServiceUnavailable(str(e)))
@@ -95,7 +96,7 @@ class SessionStream:
     async def _read_loop(self) -> None:
         try:
             while True:
-                with errors.rpc_errors("Session"):
+                with rpc_errors("Session"):
                     reply = await self._call.read()
                 if reply is grpc.aio.EOF:
                     raise errors.ServiceUnavailable("the KV service ended the session stream")
@@ -147,7 +148,7 @@ class SessionStream:
         if self._lost is None:
             self._on_lost = lambda why: None
             with contextlib.suppress(errors.KVError, asyncio.InvalidStateError, TimeoutError):
-                with errors.rpc_errors("Session"):
+                with rpc_errors("Session"):
                     await asyncio.wait_for(self._call.done_writing(), self._timeout)
             self.stop(errors.ServiceUnavailable("session stream closed by the client"))
         for task in self._tasks:

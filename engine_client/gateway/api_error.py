@@ -1,12 +1,13 @@
 """Errors in OpenAI's shape: {"error": {"message", "type", "param", "code"}} with the HTTP status
-that goes with them. The engine's gRPC status (decoded by engine_client.client.errors, the one
+that goes with them. The engine's gRPC status (decoded by engine_client.client.status, the one
 place that decodes it) picks the HTTP status here, in one table."""
 
 from __future__ import annotations
 
 import grpc
 
-from engine_client.client import errors
+from contract import errors
+from engine_client.client.status import code_of
 
 # gRPC status of a failed Generate -> (HTTP status, OpenAI error type, code).
 BY_GRPC: dict[grpc.StatusCode, tuple[int, str, str | None]] = {
@@ -44,7 +45,7 @@ class ApiError(Exception):
 
     @classmethod
     def from_engine(cls, err: errors.KVError) -> ApiError:
-        status, type_, code = BY_GRPC.get(errors.code_of(err), INTERNAL)
+        status, type_, code = BY_GRPC.get(code_of(err), INTERNAL)
         return cls(status, err.message, type_, None, code)
 
     def body(self) -> dict:

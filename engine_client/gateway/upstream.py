@@ -8,7 +8,9 @@ from collections.abc import AsyncGenerator
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from engine_client.client import errors, reachability
+from contract import errors
+from engine_client.client import reachability
+from engine_client.client.status import code_of, rpc_errors
 from engine_client.gateway import orphans
 from engine_client.gateway.api_error import ApiError
 from engine_client.gateway.orphans import Orphans
@@ -16,7 +18,7 @@ from proto.decode.v1 import decode_pb2 as pb
 from proto.decode.v1 import decode_pb2_grpc as pb_grpc
 
 # Streams of many HTTP clients go round-robin over a few channels, each its own connection
-# (own subchannel pool), as bench/e2e_load.py spreads its streams: one HTTP/2 connection
+# (own subchannel pool), as bench/e2e/load.py spreads its streams: one HTTP/2 connection
 # carrying hundreds of streams is served by one thread of the engine's gRPC core.
 CHANNELS = 4
 # A restarted engine is reached at once: gRPC's default reconnect backoff grows to 120 s, so
@@ -59,7 +61,7 @@ class Upstream:
         # ended: the last response came; stopped: it said the engine keeps the request.
         rid, ended, stopped = "", False, False
         try:
-            with errors.rpc_errors("Generate"):
+            with rpc_errors("Generate"):
                 async for resp in call:
                     rid, ended = resp.request_id, resp.finished
                     if resp.finished and ENGINE_RESUME_ADVICE in resp.error_message:
@@ -68,7 +70,7 @@ class Upstream:
                     yield resp
         except errors.KVError as e:
             # UNAVAILABLE without a last response: the connection broke (the engine was killed).
-            if not ended and errors.code_of(e) is grpc.StatusCode.UNAVAILABLE:
+            if not ended and code_of(e) is grpc.StatusCode.UNAVAILABLE:
                 rid = rid or await orphans.request_id(call)
                 stopped = bool(rid)
             raise await self._api_error(channel, e) from None
@@ -78,7 +80,7 @@ class Upstream:
                 self.orphans.cancel(rid)
 
     async def _api_error(self, channel: grpc.aio.Channel, e: errors.KVError) -> ApiError:
-        if errors.code_of(e) is grpc.StatusCode.UNIMPLEMENTED:  # not an engine's address?
+        if code_of(e) is grpc.StatusCode.UNIMPLEMENTED:  # not an engine's address?
             wrong = await reachability.wrong_peer(channel, reachability.ENGINE, self.target)
             what = str(wrong) if wrong is not None else f"{self.target} is not an engine: {e}"
             return ApiError(502, f"the gateway's --target is wrong: {what}", "server_error")

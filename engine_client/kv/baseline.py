@@ -45,7 +45,7 @@ class BaselineBackend(SharedBackend):
     [L, N, P, I], both addressed through one page table (N = R * ppr pages, as many as R
     requests of max_context tokens need). The page table is the identity (request r owns pages
     [r * ppr, (r + 1) * ppr)) unless the engine's control maps pages itself: with prefix
-    caching, requests share the pages of a cached prefix (engine_client.kv.local_control).
+    caching, requests share the pages of a cached prefix (engine_client.client.local_control).
     One extra row per layer of each (the last) absorbs the writes of padding rows and unmapped
     pages, so appends need no data-dependent branch and stay graph-safe. Of the layout it uses
     the sizes and formats, not the hot buffers (`baseline_layout` makes one)."""

@@ -22,7 +22,7 @@ from kernels.swap.copy_grid import CopyGrid
 # The side-stream miss copy's grid when micro-batches overlap it with compute: every working
 # CTA slows the memory-bound kernels on its SM (issue 38: the fp8 step 14.07 ms at 24 CTAs,
 # 16.21 at 64), so the step's miss bytes pick how many of the 64 launched CTAs work, one per
-# bytes_per_program (kernels/swap/copy_grid.py; bench/copy_sweep.py measures the rule).
+# bytes_per_program (kernels/swap/copy_grid.py; bench/profile/copy_sweep.py measures the rule).
 OVERLAP_COPY_GRID = CopyGrid(programs=64, bytes_per_program=1 << 20, min_programs=16)
 
 

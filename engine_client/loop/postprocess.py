@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from engine_client.client import errors
+from contract import errors
 from engine_client.client.control import KVControl, StepReport
 from engine_client.loop.metrics import EngineMetrics
 from engine_client.loop.request import GenRequest

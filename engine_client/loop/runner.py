@@ -2,9 +2,8 @@
 
 `launch(batch)` enqueues the step and returns at once on a GPU: the prefill chunk (if any), the
 decode graph, sampling on the device (engine_client.loop.sampler), the sampled tokens written
-back as
-the slots' last tokens for the next step, and an asynchronous copy of the tokens and swap
-counters into one of three pinned host buffers, followed by an event. `LaunchedStep.wait()`
+back as the slots' last tokens for the next step, and an asynchronous copy of the tokens and
+swap counters into one of three pinned host buffers, followed by an event. `LaunchedStep.wait()`
 waits for that event only, then reads the pinned buffer.
 
 Overlap (`advance`): launch step t, then wait for step t - 1. The device runs t while the host
@@ -29,7 +28,7 @@ from engine_client.loop.scheduler import Batch
 from engine_client.loop.speculative import verify
 from engine_client.model.compute import Compute
 from engine_client.model.progress import Progress
-from engine_client.model.spec_runner import SpecDecodeRunner
+from engine_client.model.speculative_runner import SpeculativeModelRunner
 
 BUFFER_SETS = 3
 # Tokens per chunk of a synthetic context fill (KVBackend.fill_synthetic), a progress step.
@@ -243,7 +242,7 @@ class StepRunner:
             temps, keys = self._sampling(bufs, [temp], [key], last) if temp else (None, None)
             token = sample_rows(logits[None], temps, keys)
             self._tokens[-1:].copy_(token)
-            c.runner.remember_slot(req.slot, token)
+            c.model_runner.remember_slot(req.slot, token)
         if c.draft_tokens:
             self._prefill_drafts(req, start, end, states, token)
 
@@ -257,14 +256,14 @@ class StepRunner:
     ) -> None:
         """The MTP layer over the chunk: each position with the token after it (the prompt's,
         the sampled first token after the last); the last chunk also drafts the first step."""
-        runner = self.compute.runner
-        assert isinstance(runner, SpecDecodeRunner)
+        model_runner = self.compute.model_runner
+        assert isinstance(model_runner, SpeculativeModelRunner)
         # The context: a revived request's prefill re-creates its replayed tokens too.
         after = torch.tensor(req.context[start + 1 : end + 1], dtype=torch.int64)
-        following = after.to(runner.device)
+        following = after.to(model_runner.device)
         if token is not None:
             following = torch.cat((following, token.view(1)))
-        runner.prefill_drafts(
+        model_runner.prefill_drafts(
             req.slot, following, states, start, req.prompt if token is not None else None
         )
 
@@ -273,22 +272,22 @@ class StepRunner:
             self._verify(batch, bufs)
             return
         c, n = self.compute, len(batch.decode)
-        logits = c.runner.step(
+        logits = c.model_runner.step(
             batch.ids, batch.positions, batch.slots, [p + 1 for p in batch.positions]
         )
         tokens = sample_rows(logits, *self._sampling(bufs, batch.temps, batch.keys, 0))
         self._tokens[:n].copy_(tokens)
-        c.runner.remember(tokens, n)
+        c.model_runner.remember(tokens, n)
 
     def _verify(self, batch: Batch, bufs: _Buffers) -> None:
         """A speculative step: verify each request's drafts, accept on the device, draft on."""
-        runner, n = self.compute.runner, len(batch.decode)
-        assert isinstance(runner, SpecDecodeRunner)
-        G = runner.rows_per_request
-        logits = runner.step(batch.ids, batch.positions, batch.slots)
-        drafts = runner.step_drafts[:n]
+        model_runner, n = self.compute.model_runner, len(batch.decode)
+        assert isinstance(model_runner, SpeculativeModelRunner)
+        G = model_runner.rows_per_request
+        logits = model_runner.step(batch.ids, batch.positions, batch.slots)
+        drafts = model_runner.step_drafts[:n]
         y, accepted = verify(logits, drafts, *self._sampling(bufs, batch.temps, batch.keys, 0))
-        runner.draft(y, accepted)
+        model_runner.draft(y, accepted)
         self._tokens[: n * G].copy_(y.view(-1))
         self._spec[0, :n].copy_(accepted)
         self._spec[1, :n].copy_((drafts >= 0).sum(dim=1))

@@ -1,4 +1,4 @@
-"""The engine's compute: model, KV backend and decode runner for one KV mode. Everything here runs
+"""The engine's compute: model, KV backend and model runner for one KV mode. Everything here runs
 on the engine's single compute thread.
 
 `build_compute` picks the backend by mode:
@@ -15,32 +15,33 @@ import logging
 
 import torch
 
+from contract.errors import LayoutMismatch
 from contract.layout import KVLayout
 from contract.tensors import KVTensors
-from engine_client.client.errors import LayoutMismatch
 from engine_client.kv.backend import KVBackend
 from engine_client.kv.baseline import BaselineBackend
 from engine_client.kv.hisparse import HiSparseBackend
 from engine_client.kv.kernel_set import KernelSet
 from engine_client.kv.remote_swap import RemoteSwapBackend, SwapFn
-from engine_client.model.graph import DecodeConfig, DecodeRunner
-from engine_client.model.model import Model, TopkSource
+from engine_client.model.attention import TopkSource
+from engine_client.model.model import Model
+from engine_client.model.model_runner import DecodeConfig, ModelRunner
 from engine_client.model.mtp import DraftSource
 from engine_client.model.preset import ModelConfig
-from engine_client.model.spec_runner import SpecDecodeRunner
+from engine_client.model.speculative_runner import SpeculativeModelRunner
 
 log = logging.getLogger(__name__)
 
 
 class Compute:
-    """What one engine runs on its compute thread: the model, its decode runner (static
+    """What one engine runs on its compute thread: the model, its model runner (static
     buffers, CUDA graphs), the KV backend (with its per-slot swap counts), and the prefill
     sizes. The steps themselves are launched by engine_client.loop.runner.StepRunner."""
 
     def __init__(
         self,
         model: Model,
-        runner: DecodeRunner,
+        model_runner: ModelRunner,
         backend: KVBackend,
         layout: KVLayout,
         prefill_chunk: int,
@@ -48,8 +49,8 @@ class Compute:
         synthetic_shared: int = 0,
         draft_tokens: int = 0,
     ) -> None:
-        self.model, self.runner, self.backend = model, runner, backend
-        # Speculative decoding: drafts per verify step (runner is a SpecDecodeRunner), or 0.
+        self.model, self.model_runner, self.backend = model, model_runner, backend
+        # Speculative decoding: drafts per verify step (then a SpeculativeModelRunner), or 0.
         self.draft_tokens = draft_tokens
         self.layout = layout
         self.prefill_chunk = prefill_chunk
@@ -61,13 +62,13 @@ class Compute:
 
     @property
     def max_batch(self) -> int:
-        return self.runner.cfg.max_batch
+        return self.model_runner.cfg.max_batch
 
     def bind_kv(self, tensors: KVTensors | None, exchange: dict) -> None:
         """Point the backend at a restarted service's memory, or (None) at nothing once the
         service is lost. Captured graphs hold the old addresses: dropped first (with their
         pool), recaptured on use."""
-        self.runner.drop_graphs()
+        self.model_runner.drop_graphs()
         self.backend.rebind(tensors, exchange or None)
 
 
@@ -167,17 +168,17 @@ def build_compute(
     model = Model(model_cfg, weights, backend)
     model.topk_source = topk_source  # before capture: the graphs must contain it
     dcfg = DecodeConfig(max_batch, use_graphs=use_graphs)
-    runner = (
-        SpecDecodeRunner(model, dcfg, draft_tokens, draft_source)
+    model_runner = (
+        SpeculativeModelRunner(model, dcfg, draft_tokens, draft_source)
         if draft_tokens
-        else DecodeRunner(model, dcfg)
+        else ModelRunner(model, dcfg)
     )
-    if runner.use_graphs:
-        runner.capture()
-        log.info("captured decode graphs for batch buckets %s", runner.cfg.buckets)
+    if model_runner.use_graphs:
+        model_runner.capture()
+        log.info("captured decode graphs for batch buckets %s", model_runner.cfg.buckets)
     return Compute(
         model,
-        runner,
+        model_runner,
         backend,
         layout,
         prefill_chunk,

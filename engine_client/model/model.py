@@ -1,5 +1,8 @@
-"""DeepSeek-V3.2-shaped decode model: MLA with absorbed decode, lightning indexer, top-k sparse
-attention through a KV backend, optional dense SwiGLU MLP.
+"""DeepSeek-V3.2-shaped decode model, its layers: MLA with absorbed decode, the lightning
+indexer's projections, optional dense SwiGLU MLP, norms and the output head. What the layers
+hand the KV backend and read back (append, indexer scores, top-k, the rows to attend, sparse
+MLA over them) is the attention glue, `engine_client.model.attention`; the tokens of one
+forward are `engine_client.model.forward_batch.Tokens`.
 
 Per layer, for n tokens (a decode batch, or one request's prefill chunk):
   h = RMSNorm(x)
@@ -15,54 +18,18 @@ V3.2's Hadamard rotation of indexer q/k and fp8 activation quantization are not 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 
-from engine_client.kv.backend import AttnRows, KVBackend
+from engine_client.kv.backend import KVBackend
+from engine_client.model.attention import SparseAttention, TopkSource
+from engine_client.model.forward_batch import PrefillChunk, Tokens
 from engine_client.model.preset import ModelConfig
 from engine_client.model.rope import RopeTable, apply_rope
 from engine_client.model.weights import check_weights, layer_prefix
 from engine_client.model.workspace import Workspace
-
-# Benchmarks: fn(layer, req_slots, seq_lens, topk) overwriting a decode step's top-k [n, k] in
-# place (graph-safe), e.g. a replayed trace (bench/trace.py).
-TopkSource = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None]
-
-
-@dataclass(frozen=True)
-class Tokens:
-    """One forward's tokens: ids [n] int64; req_slots, positions, seq_lens (causal: pos + 1,
-    or 0 on padding rows) and append_lens [n] int32: each request's stored length after this
-    append, as far as residency goes (the window ring keeps tokens >= append_len - W; a
-    speculative step passes the longest length any row of the request reached, so the ring is
-    never trusted for a token a speculative row's append overwrote). rows_per_request G: rows
-    [g G, (g + 1) G) are one request's (a verify step's D + 1 rows) and share one swap-in."""
-
-    ids: torch.Tensor
-    req_slots: torch.Tensor
-    positions: torch.Tensor
-    seq_lens: torch.Tensor
-    append_lens: torch.Tensor
-    rows_per_request: int = 1
-
-
-@dataclass(frozen=True)
-class PrefillChunk:
-    """Marks a forward as one request's prefill chunk: attention reads through backend.gather.
-    seq_len: the request's stored length once the chunk is appended."""
-
-    req_slot: int
-    seq_len: int
-
-
-def _parts(n: int, m: int, g: int = 1) -> list[slice]:
-    """Rows [0, n) cut into at most m contiguous, non-empty, near-equal parts of whole groups
-    of g rows (a request's rows stay in one part: they share one swap-in)."""
-    bounds = [(n // g) * j // m * g for j in range(m + 1)]
-    return [slice(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -96,6 +63,7 @@ class Model:
         # V3.2's MTP layer (engine_client.model.mtp): KV layer num_layers of the backend.
         self.mtp = self._layer_weights(w, cfg.num_layers) if cfg.mtp_layers else None
         self.rope = RopeTable(cfg.rope_dim, backend.max_context, cfg.rope_theta, self.device)
+        self.attention = SparseAttention(cfg, backend)
         self.topk_source: TopkSource | None = None
 
     def _layer_weights(self, w: dict[str, torch.Tensor], i: int) -> dict[str, torch.Tensor]:
@@ -222,34 +190,6 @@ class Model:
         )
         return q, w, k
 
-    def _select(
-        self,
-        i: int,
-        r: slice,
-        iq: torch.Tensor,
-        iw: torch.Tensor,
-        tok: Tokens,
-        ws: Workspace,
-        prefill: PrefillChunk | None,
-    ) -> AttnRows:
-        """Indexer scores, top-k and the backend's rows for batch rows r."""
-        be, slots, lens = self.backend, tok.req_slots[r], tok.seq_lens[r]
-        be.index_scores(i, iq[r], iw[r], slots, lens, ws.scores[r])
-        self.kernels.topk_select(ws.scores[r], lens, ws.topk[r], workspace=ws.topk_scratch)
-        if prefill is not None:
-            return be.gather(i, ws.topk[r], prefill.req_slot, prefill.seq_len)
-        if self.topk_source is not None:
-            self.topk_source(i, slots, lens, ws.topk[r])
-        # Top-k is causal per row (< seq_len); the plan's window follows append_lens.
-        return be.select(
-            i,
-            ws.topk[r],
-            slots,
-            tok.append_lens[r],
-            row0=r.start,
-            rows_per_request=tok.rows_per_request,
-        )
-
     def _attention(
         self,
         i: int,
@@ -265,18 +205,10 @@ class Model:
         h = rms_norm(x, lw["input_layernorm.weight"], cfg.norm_eps)
         q, qr, rows = self._project(lw, h, cos, sin)
         iq, iw, ik = self._indexer(lw, h, qr, cos, sin)
-        be = self.backend
-        be.append(
-            i,
-            rows,
-            be.layout.index.encode(ik),
-            tok.req_slots,
-            tok.positions,
-            tok.append_lens,
-        )
+        self.attention.store(i, rows, ik, tok)
         q_abs = torch.bmm(q[..., : cfg.qk_nope_dim].transpose(0, 1), lw["w_uk"]).transpose(0, 1)
         q_pe = apply_rope(q[..., cfg.qk_nope_dim :], cos, sin, interleaved=True)
-        self._attend(i, q_abs, q_pe, (iq, iw), tok, ws, prefill)
+        self.attention.attend(i, q_abs, q_pe, (iq, iw), tok, ws, prefill, self.topk_source)
         o = torch.bmm(ws.attn_out.transpose(0, 1), lw["w_uv_t"]).transpose(0, 1).reshape(n, -1)
         return x + F.linear(o, lw["self_attn.o_proj.weight"])
 
@@ -296,40 +228,3 @@ class Model:
             (c_kv, apply_rope(kv[:, cfg.kv_lora_rank :], cos, sin, interleaved=True)), -1
         )
         return q, qr, rows
-
-    def _attend(
-        self,
-        i: int,
-        q_abs: torch.Tensor,
-        q_pe: torch.Tensor,
-        index_q: tuple[torch.Tensor, torch.Tensor],
-        tok: Tokens,
-        ws: Workspace,
-        prefill: PrefillChunk | None,
-    ) -> None:
-        """Sparse attention over each part's top-k rows into ws.attn_out."""
-        be, iq, iw = self.backend, *index_q
-        # Decode micro-batches (backend.microbatches > 1): every part is scored and planned
-        # before any is attended, so a part's miss copy (the backend's side stream) overlaps
-        # the next part's indexer, top-k and plan and the previous part's attention.
-        overlap = prefill is None and be.microbatches > 1
-        parts = _parts(q_abs.shape[0], be.microbatches if overlap else 1, tok.rows_per_request)
-        sels = [self._select(i, r, iq, iw, tok, ws, prefill) for r in parts]
-        for r, sel in zip(parts, sels):
-            if overlap:
-                # Every part, a lone one too (a batch of 1 has one part): this joins the part's
-                # side-stream copy into the main stream, which a graph capture requires of
-                # every stream it forked ("capturing stream has unjoined work" otherwise).
-                be.attention_ready(r.start)
-            self.kernels.sparse_mla_decode(
-                q_abs[r],
-                q_pe[r],
-                sel.kv,
-                sel.row_base,
-                sel.slots,
-                self.cfg.softmax_scale,
-                ws.attn_out[r],
-                ws.lse[r],
-                row_format=be.layout.row,
-                workspace=ws.attn_scratch,
-            )

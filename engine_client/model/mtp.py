@@ -12,7 +12,7 @@ the next pass takes the layer's own output in place of h (as SGLang's MTP drafti
 Drafts are greedy: speculative sampling against a one-hot draft distribution keeps the target's
 distribution exactly (engine_client.loop.speculative). Positions and rollback: the layer writes
 KV rows at positions a verify step may reject; the next step rewrites them before any read, as
-for the target's layers (engine_client.model.spec_runner explains the window rule).
+for the target's layers (engine_client.model.speculative_runner explains the window rule).
 """
 
 from __future__ import annotations
@@ -22,13 +22,14 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from engine_client.model.model import Model, PrefillChunk, Tokens, rms_norm
+from engine_client.model.forward_batch import PrefillChunk, Tokens
+from engine_client.model.model import Model, rms_norm
 from engine_client.model.workspace import Workspace
 
 
 class DraftSource(Protocol):
     """Benchmarks only (labelled as such wherever used): proposes drafts in place of the MTP
-    layer's, e.g. the target's own recorded tokens (bench/draft_replay.py), so acceptance can be
+    layer's, e.g. the target's own recorded tokens (bench/mtp/draft_replay.py), so acceptance can be
     set instead of being the random model's (near zero). The MTP layer still runs: its cost is
     part of a step."""
 

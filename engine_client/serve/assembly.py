@@ -10,9 +10,9 @@ import torch
 
 from engine_client.client.control import KVControl
 from engine_client.client.kv_client import KVClient
+from engine_client.client.local_control import BaselineControl
 from engine_client.kv.backend import KVBackend
 from engine_client.kv.kernel_set import KernelSet
-from engine_client.kv.local_control import BaselineControl
 from engine_client.model.compute import (
     build_backend,
     build_compute,

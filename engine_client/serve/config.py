@@ -1,6 +1,9 @@
 """The engine's configuration: frozen, validated dataclasses built once in __main__ from flags
 and passed down explicitly. Each `setting` field is a flag of `serve` whose default comes from an
-ENGINE_* environment variable (contract.flags); `local`'s fields are flags too."""
+ENGINE_* environment variable (contract.flags); `local`'s fields are flags too.
+
+One concept, the engine's configuration: `EngineConfig` and the layout of the engine's own KV
+memory in local modes (`LocalLayout`), each setting with its rule (`contract.rules`)."""
 
 from __future__ import annotations
 
@@ -217,7 +220,7 @@ class EngineConfig:
         "indexer, or from MODULE:FUNC[:JSON] (e.g. bench.shared.trace:trace_source)",
         check=plugin_or("indexer"),
     )
-    # Speculative decoding (engine_client/model/spec_runner.py, loop/speculative.py).
+    # Speculative decoding (engine_client/model/speculative_runner.py, loop/speculative.py).
     speculative: str = setting(
         "none",
         choices=SPECULATIVE,

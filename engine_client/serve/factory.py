@@ -10,11 +10,12 @@ import dataclasses
 import logging
 from typing import Any, cast
 
+from contract import errors
 from contract.layout import KVLayout
-from engine_client.client import errors, reachability
+from engine_client.client import reachability
 from engine_client.client.control import KVControl
 from engine_client.client.kv_client import KVClient
-from engine_client.kv.local_control import BaselineControl, BaselinePages, EmbeddedControl
+from engine_client.client.local_control import BaselineControl, BaselinePages, EmbeddedControl
 from engine_client.loop import state_file
 from engine_client.loop.admission_limit import AdmissionLimit, admission_limit
 from engine_client.loop.engine import Engine
@@ -192,7 +193,8 @@ def _queue_limits(cfg: EngineConfig) -> QueueLimits:
 def _admission(cfg: EngineConfig, compute: Compute) -> AdmissionLimit:
     """--admission-limit under --max-batch, over the decode graphs' batch sizes."""
     hisparse = cfg.kv_mode != "baseline"
-    return admission_limit(cfg.admission_limit, cfg.max_batch, hisparse, compute.runner.cfg.buckets)
+    buckets = compute.model_runner.cfg.buckets
+    return admission_limit(cfg.admission_limit, cfg.max_batch, hisparse, buckets)
 
 
 async def build_engine(cfg: EngineConfig, metrics: EngineMetrics | None = None) -> Engine:

@@ -1,4 +1,4 @@
-"""The one process supervisor of the demo, the benchmarks and the multi-process tests: a KV
+"""One concept, the process supervisor of the demo, the benchmarks and the multi-process tests: a KV
 service or an engine as a child process on a socket in a temporary directory, ready when its
 grpc health says SERVING, stopped with SIGTERM (then SIGKILL), and ended by the kernel if the
 process that started it dies.

@@ -7,7 +7,7 @@ others exit at once. Beside compute (the micro-batched step's side stream) every
 slows the memory-bound kernels of the SM it shares, so the copy should hold no more CTAs than
 keep it in time: issue 38 measured the fp8 step 14.07 ms at 24 CTAs, 16.21 at 64 and 20.87 at 8
 (12.28 without the copy) at 14% misses, while at 87% misses 64 beat 24. A rule that follows the
-bytes serves both. `bench/copy_sweep.py` measures the step over its parameters.
+bytes serves both. `bench/profile/copy_sweep.py` measures the step over its parameters.
 """
 
 from __future__ import annotations

@@ -166,7 +166,8 @@ def swap_plan(
 
     topk [bs, k] int32 (entries < 0 or >= their row's seq_len are skipped), seq_lens [bs] int32,
     req_slots [bs] int32 (-1: padding row; a request slot names one group of a launch at most:
-    programs run at once on a GPU, and two of one request would race on its residency), req_mode [R] int32, page_table [R, max_pages] int32,
+    programs run at once on a GPU, and two of one request would race on its residency),
+    req_mode [R] int32, page_table [R, max_pages] int32,
     token_slot [L, R, C] int32, slot_token [L, R, B] int32, lru_order [L, R, B - W] int32,
     hit_flag [R, B] int8 (zero before and after).
     rows_per_request G: rows [g G, (g + 1) G) are one request's (a verify step's D + 1 rows;

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from contract import prefix
+from contract.errors import CapacityError, InvalidArgument
 from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
 from kv_service.books.pool import PagePool, SlotPool
 from kv_service.books.prefix_cache import PrefixCache
 from kv_service.books.records import RequestRecord, check_range
-from kv_service.errors import CapacityError, InvalidArgument
 
 log = logging.getLogger(__name__)
 

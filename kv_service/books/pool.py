@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 
-from kv_service.errors import CapacityError
+from contract.errors import CapacityError
 
 
 class _IdPool:

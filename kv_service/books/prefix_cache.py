@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
+from contract.errors import CapacityError
 from kv_service.books.pool import PagePool
-from kv_service.errors import CapacityError
 
 
 class PrefixCache:

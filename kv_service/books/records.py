@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from contract.errors import InvalidArgument
 from contract.ids import id_problem
 from contract.layout import MAX_ROWS_PER_STEP, KVLayout
-from kv_service.errors import InvalidArgument
 
 # Lengths beyond any layout's max_context; larger values are malformed, not merely too big.
 MAX_TOKENS = 2**40

@@ -11,9 +11,9 @@ import secrets
 from collections.abc import Callable
 
 from contract import prefix
+from contract.errors import CapacityError, InvalidArgument, UnknownSession
 from contract.ids import MAX_ID_BYTES
 from kv_service.books.records import SessionRecord, check_id
-from kv_service.errors import CapacityError, InvalidArgument, UnknownSession
 
 log = logging.getLogger(__name__)
 

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 import torch
 
+from contract.errors import CapacityError, InvalidArgument
 from contract.exchange import EVENT_NAMES, exchange_inputs, exchange_outputs, exchange_specs
 from contract.layout import MAX_DRAFT_TOKENS
 from contract.swap_plan import swap_in
 from contract.tensors import KVTensors
-from kv_service.errors import CapacityError, InvalidArgument
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,9 @@ found and removed (`remove_stale_segments`) without ever touching a live owner's
 another PID namespace; an engine can tell that its service is gone
 (`contract.segment_map.SegmentMap.is_owner_alive`). CUDA IPC
 handles carry the pid in their JSON for the same reason.
+
+One concept, the export of the service's memory as segments: allocate, export, own (the
+lock) and remove; the shm directory's room check is `shm_room.py`, a segment file `shm_file.py`.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from typing import Any
 
 import grpc
 
-from kv_service.errors import Unauthenticated
+from contract.errors import Unauthenticated
 from kv_service.rpc.metrics import ServiceMetrics
 from transport import rpc_calls
 from transport.status import rich_status, status_of

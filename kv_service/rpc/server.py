@@ -3,6 +3,9 @@ metrics, and a graceful drain on SIGTERM.
 
 Start-up order: listen first with health NOT_SERVING (so probes get an answer while a large host
 tier is being allocated), allocate and warm up, then SERVING.
+
+One concept, the service process's life: start-up, serving, drain and stop. The per-RPC
+translation is `rpc/servicer.py`, the service's logic `core.py`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""KVCacheService over gRPC: a thin translation between proto messages and ServiceCore calls.
+"""KVCacheService over gRPC, one concept: the translation between proto messages and ServiceCore.
 
 Unary RPCs raise typed errors that the interceptor maps; the Session stream maps each message's
 error into an in-band Error reply (same mapping) so one bad message does not end the stream.
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import grpc
 
 from contract.codec import handle_to_proto, layout_from_proto, layout_to_proto
+from contract.errors import InvalidArgument, ServiceUnavailable, Stopping
 from kv_service.core import RequestRecord, ServiceCore
-from kv_service.errors import InvalidArgument, ServiceUnavailable, Stopping
 from kv_service.memory.remote_swap import RemoteSwapper
 from kv_service.rpc.metrics import ServiceMetrics
 from proto.kvcache.v1 import kvcache_pb2 as pb

@@ -21,9 +21,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
+from contract import errors
 from engine_client.cli.config import GenerateConfig
 from engine_client.cli.generate import GenerationResult, generate_stream
-from engine_client.client import errors
+from engine_client.client.status import code_of
 from proto.kvcache.v1 import kvcache_pb2 as kpb
 from proto.kvcache.v1 import kvcache_pb2_grpc as kpb_grpc
 from tests.process_harness import (
@@ -73,7 +74,7 @@ def test_service_killed_mid_stream_fails_fast_with_unavailable() -> None:
                             if index == 2:
                                 svc.kill()
                                 killed = time.monotonic()
-                    assert errors.code_of(err.value) is grpc.StatusCode.UNAVAILABLE
+                    assert code_of(err.value) is grpc.StatusCode.UNAVAILABLE
                     return time.monotonic() - killed
 
             assert asyncio.run(run()) < 5.0
@@ -269,7 +270,7 @@ def test_queue_wait_limit_gives_resource_exhausted_with_a_message() -> None:
 
             err, long_done = asyncio.run(run())
             assert not long_done
-            assert errors.code_of(err) is grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert code_of(err) is grpc.StatusCode.RESOURCE_EXHAUSTED
             assert "max queue wait 0.05 s" in str(err)
         finally:
             assert eng.stop() == 0, eng.log()

@@ -21,12 +21,14 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2
 
+from contract import errors
 from contract.exchange import exchange_specs
 from contract.ipc_release import counter_files_of
 from contract.segment_map import SegmentMap
 from engine_client.cli.config import GenerateConfig
 from engine_client.cli.generate import GenerationResult, generate_stream
-from engine_client.client import attachment, errors
+from engine_client.client import attachment
+from engine_client.client.status import code_of
 from engine_client.loop import state_file
 from kv_service.memory import segment
 from proto.kvcache.v1 import kvcache_pb2 as kpb
@@ -94,7 +96,7 @@ def _lose_and_reattach(
     assert of_pid(mapped_segments(eng.pid), dead_pid)  # the engine maps its memory
     with pytest.raises(errors.ServiceUnavailable) as err:
         asyncio.run(_generate(eng, kill_at=2, svc=svc))
-    assert errors.code_of(err.value) is grpc.StatusCode.UNAVAILABLE
+    assert code_of(err.value) is grpc.StatusCode.UNAVAILABLE
     eng.wait_status(health_pb2.HealthCheckResponse.NOT_SERVING, timeout=30)
     assert of_pid(mapped_segments(eng.pid), dead_pid) == []
     log = eng.log(None)

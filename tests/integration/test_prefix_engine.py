@@ -100,7 +100,7 @@ async def _run(
     be = engine.compute.backend
     guard = SharedPageGuard(be, be.page_table, watch)
     logits: list[torch.Tensor] = []
-    step, admit = engine.compute.runner.step, engine.control.admit
+    step, admit = engine.compute.model_runner.step, engine.control.admit
 
     def recording_step(*args):
         out = step(*args)
@@ -112,7 +112,7 @@ async def _run(
         guard.admitted(adm.pages, adm.cached_tokens)
         return adm
 
-    engine.compute.runner.step = recording_step
+    engine.compute.model_runner.step = recording_step
     engine.control.admit = watched_admit
     engine.start()
     tokens, cached = [], []

@@ -12,9 +12,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
+from contract import errors
 from engine_client.cli.config import GenerateConfig
 from engine_client.cli.generate import GenerationResult, generate_stream
-from engine_client.client import errors
+from engine_client.client.status import code_of
 from tests.process_harness import STARTUP, engine_channel, start_engine, start_service, workdir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -51,7 +52,7 @@ def test_a_request_lost_with_its_service_resumes_after_the_reattach() -> None:
             resume = dataclasses.replace(GREEDY, resume_request_id=lost.request_id)
             with pytest.raises(errors.ServiceUnavailable) as early:
                 asyncio.run(_stream(eng, resume, GenerationResult()))
-            assert errors.code_of(early.value) is grpc.StatusCode.UNAVAILABLE
+            assert code_of(early.value) is grpc.StatusCode.UNAVAILABLE
 
             svc2 = start_service(path)
             eng.wait_serving(STARTUP["cpu"])

@@ -18,9 +18,9 @@ import random
 
 import pytest
 
+from contract import errors
 from engine_client.cli.config import GenerateConfig
 from engine_client.cli.generate import GenerationResult, generate_stream
-from engine_client.client import errors
 from tests.process_harness import (
     engine_channel,
     layout_with,

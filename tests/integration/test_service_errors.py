@@ -15,8 +15,9 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from service_harness import TINY, ServiceProcess, SessionClient, attach, short_tmpdir
 
+from contract import errors
 from contract.codec import layout_to_proto
-from engine_client.client import errors
+from engine_client.client.status import code_of, from_rpc_error, from_status, rpc_errors
 from proto.kvcache.v1 import kvcache_pb2 as pb
 from proto.kvcache.v1 import kvcache_pb2_grpc as pb_grpc
 
@@ -61,7 +62,7 @@ def test_capacity_numbers_round_trip_as_rich_status(svc: ServiceProcess) -> None
     assert [(v.subject, v.description) for v in quota.violations] == [
         ("exchanges", "needed 1, free 0, total 1")
     ]
-    decoded = errors.from_rpc_error(err, "Attach")
+    decoded = from_rpc_error(err, "Attach")
     assert type(decoded) is errors.CapacityError and decoded.permanent is False
     assert decoded.details == {
         "exchanges_needed": "1",
@@ -73,16 +74,16 @@ def test_capacity_numbers_round_trip_as_rich_status(svc: ServiceProcess) -> None
 
 def test_not_found_and_invalid_argument_round_trip(svc: ServiceProcess) -> None:
     stub = svc.stub()
-    missing = errors.from_rpc_error(
+    missing = from_rpc_error(
         rpc_error(stub.Attach, pb.AttachRequest(resume_session_id="gone")), "Attach"
     )
     assert type(missing) is errors.UnknownSession and missing.details == {"session_id": "gone"}
     assert isinstance(missing, errors.UnknownRequest)
-    bad = errors.from_rpc_error(rpc_error(stub.Drain, pb.DrainRequest(timeout_seconds=-1)), "Drain")
+    bad = from_rpc_error(rpc_error(stub.Drain, pb.DrainRequest(timeout_seconds=-1)), "Drain")
     assert type(bad) is errors.InvalidArgument and bad.details == {"timeout_seconds": "-1.0"}
     layout = layout_to_proto(TINY)
     layout.num_pages = 33
-    mismatch = errors.from_rpc_error(
+    mismatch = from_rpc_error(
         rpc_error(stub.Attach, pb.AttachRequest(expected_layout=layout)), "Attach"
     )
     assert type(mismatch) is errors.LayoutMismatch and "num_pages" in mismatch.message
@@ -92,7 +93,7 @@ def test_aio_client_decodes_the_same_details(svc: ServiceProcess) -> None:
     async def attach_missing() -> errors.KVError:
         async with grpc.aio.insecure_channel(f"unix:{svc.uds}") as channel:
             with pytest.raises(errors.KVError) as err:
-                with errors.rpc_errors("Attach"):
+                with rpc_errors("Attach"):
                     await pb_grpc.KVCacheServiceStub(channel).Attach(
                         pb.AttachRequest(resume_session_id="gone"), timeout=10
                     )
@@ -100,7 +101,7 @@ def test_aio_client_decodes_the_same_details(svc: ServiceProcess) -> None:
 
     err = asyncio.run(attach_missing())
     assert type(err) is errors.UnknownSession and err.details == {"session_id": "gone"}
-    assert errors.code_of(err) is C.NOT_FOUND and err.message.startswith("Attach: ")
+    assert code_of(err) is C.NOT_FOUND and err.message.startswith("Attach: ")
 
 
 def test_request_that_can_never_fit_is_refused_at_once_as_permanent(svc: ServiceProcess) -> None:
@@ -109,9 +110,9 @@ def test_request_that_can_never_fit_is_refused_at_once_as_permanent(svc: Service
     reply = s.admit("huge", 60, 60).error
     assert reply.code == C.INVALID_ARGUMENT.value[0] and reply.reason == "CAPACITY_EXHAUSTED"
     assert reply.details["permanent"] == "true" and reply.details["tokens_needed"] == "120"
-    err = errors.from_status(reply.code, reply.message, dict(reply.details), reply.reason)
+    err = from_status(reply.code, reply.message, dict(reply.details), reply.reason)
     assert type(err) is errors.CapacityError and err.permanent
-    assert errors.code_of(err) is C.INVALID_ARGUMENT
+    assert code_of(err) is C.INVALID_ARGUMENT
     assert err.details["tokens_total"] == str(TINY.max_context)
     assert s.admit("fits", 8, 8).HasField("admitted")
     s.send(detach=pb.Detach())

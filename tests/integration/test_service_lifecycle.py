@@ -120,7 +120,7 @@ def test_sigkill_leftovers_removed_on_restart_and_drain_timeout() -> None:
 
 
 def test_cli_flags_env_and_validation(capsys: pytest.CaptureFixture) -> None:
-    from kv_service.__main__ import parse
+    from kv_service.__main__ import parse_config as parse
 
     env = {
         "KVS_NUM_PAGES": "40",

@@ -25,10 +25,11 @@ from service_harness import (
     short_tmpdir,
 )
 
+from contract import errors
 from contract.codec import layout_to_proto
 from contract.layout import MODE_OFFLOADED
 from contract.segment_map import SegmentMap
-from engine_client.client import errors
+from engine_client.client.status import from_rpc_error
 from proto.kvcache.v1 import kvcache_pb2 as pb
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -155,7 +156,7 @@ def test_unary_error_codes(svc: ServiceProcess) -> None:
     with pytest.raises(grpc.RpcError) as err:
         stub.Attach(pb.AttachRequest(resume_session_id="nope"), metadata=md)
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
-    decoded = errors.from_rpc_error(err.value, "Attach")
+    decoded = from_rpc_error(err.value, "Attach")
     assert type(decoded) is errors.UnknownSession and decoded.details == {"session_id": "nope"}
     a = attach(svc)
     assert (

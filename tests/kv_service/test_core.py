@@ -5,6 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from contract.errors import (
+    AlreadyExists,
+    CapacityError,
+    Draining,
+    EpochMismatch,
+    InvalidArgument,
+    UnknownRequest,
+    UnknownSession,
+)
 from contract.layout import (
     MAX_ROWS_PER_STEP,
     MODE_FREE,
@@ -14,15 +23,6 @@ from contract.layout import (
     LayoutError,
 )
 from kv_service.core import ServiceCore
-from kv_service.errors import (
-    AlreadyExists,
-    CapacityError,
-    Draining,
-    EpochMismatch,
-    InvalidArgument,
-    UnknownRequest,
-    UnknownSession,
-)
 from kv_service.memory.store import allocate_local
 
 LAYOUT = KVLayout(

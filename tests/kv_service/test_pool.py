@@ -6,8 +6,8 @@ import random
 
 import pytest
 
+from contract.errors import CapacityError
 from kv_service.books.pool import PagePool, SlotPool
-from kv_service.errors import CapacityError
 
 
 def test_take_lowest_first_and_return_to_empty() -> None:

@@ -7,10 +7,10 @@ import random
 
 import pytest
 
+from contract.errors import CapacityError
 from contract.prefix import PAGE_HASH_BYTES, namespace, page_hashes, scoped
 from kv_service.books.pool import PagePool
 from kv_service.books.prefix_cache import PrefixCache
-from kv_service.errors import CapacityError
 
 
 def key(i: int) -> bytes:

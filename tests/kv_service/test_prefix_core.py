@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from contract.errors import CapacityError, InvalidArgument
 from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
 from contract.prefix import page_hashes
 from kv_service.core import ServiceCore
-from kv_service.errors import CapacityError, InvalidArgument
 from kv_service.memory.store import allocate_local
 from tests.kv_service.test_core import Clock
 from tests.service_harness import TINY

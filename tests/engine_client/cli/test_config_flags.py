@@ -13,7 +13,8 @@ from contract.layout import KVLayout
 from engine_client.cli.config import DemoConfig, GenerateConfig
 from engine_client.cli.main import add_demo, add_generate, add_serve, engine_config
 from engine_client.serve.config import EngineConfig, LocalLayout
-from kv_service.__main__ import build_parser, parse
+from kv_service.__main__ import build_parser
+from kv_service.__main__ import parse_config as parse
 from kv_service.config import DEFAULT_LAYOUT, ServiceConfig
 
 CONFIGS = [

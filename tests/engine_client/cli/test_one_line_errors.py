@@ -25,10 +25,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from engine_client.cli.main import main
-from engine_client.client import errors, reachability
+from engine_client.client import reachability
 from engine_client.client.kv_client import KVClient
+from engine_client.client.status import code_of
 from engine_client.serve.procs import REPO_ROOT
-from engine_client.serve.server import DecodeServicer
+from engine_client.serve.servicer import DecodeServicer
 from proto.decode.v1 import decode_pb2 as dpb
 from tests.process_harness import LAYOUT, start_service, workdir
 
@@ -153,7 +154,7 @@ def test_a_kv_client_at_an_engine_says_so(tmp_path) -> None:
             with pytest.raises(reachability.WrongPeer) as err:
                 await KVClient.connect(sock, engine_name="t", attach_timeout=5)
             assert "is an engine (decode.v1.DecodeService), not a KV service" in str(err.value)
-            assert errors.code_of(err.value) is grpc.StatusCode.INVALID_ARGUMENT
+            assert code_of(err.value) is grpc.StatusCode.INVALID_ARGUMENT
         finally:
             await server.stop(0)
 

@@ -1,5 +1,4 @@
-"""KVClient against a real `python -m kv_service` over UDS, the error mapping, and the two
-in-process controls."""
+"""KVClient against a real `python -m kv_service` over UDS."""
 
 from __future__ import annotations
 
@@ -7,16 +6,13 @@ import asyncio
 import os
 import time
 
-import grpc
 import pytest
 
+from contract import errors
 from contract.layout import MAX_ROWS_PER_STEP, MODE_OFFLOADED, MODE_RESIDENT
-from engine_client.client import errors
 from engine_client.client.control import StepReport
 from engine_client.client.kv_client import KVClient
-from engine_client.kv.local_control import EmbeddedControl
 from engine_client.loop.postprocess import ReportSender
-from engine_client.serve.factory import baseline_control
 from tests.process_harness import LAYOUT, layout_with, start_service, workdir
 
 pytestmark = [pytest.mark.timeout(120)]
@@ -219,60 +215,3 @@ def test_a_reattach_where_nothing_listens_says_so(caplog) -> None:
         open(sock, "w").close()  # left by a stopped process
         stale = asyncio.run(attempt(sock))
         assert f"{sock} exists but nothing accepts connections on it" in stale
-
-
-def test_error_mapping() -> None:
-    cases = {
-        5: errors.UnknownRequest,
-        8: errors.CapacityError,
-        3: errors.InvalidArgument,
-        9: errors.EpochMismatch,
-        16: errors.Unauthenticated,
-        14: errors.ServiceUnavailable,
-        4: errors.DeadlineExceeded,
-        6: errors.AlreadyExists,
-    }
-    for code, cls in cases.items():
-        err = errors.from_status(code, "m", {"a": "1"})
-        assert type(err) is cls and err.details == {"a": "1"}
-    other = errors.from_status(grpc.StatusCode.INTERNAL, "boom")
-    assert type(other) is errors.KVError and other.status is grpc.StatusCode.INTERNAL
-    assert isinstance(errors.DeadlineExceeded("x"), errors.ServiceUnavailable)
-
-
-def test_baseline_control_capacity_and_release() -> None:
-    async def run() -> None:
-        ctl = baseline_control(layout_with(max_requests=1), "cpu")
-        a = await ctl.admit("a", 4, 4)
-        with pytest.raises(errors.CapacityError):
-            await ctl.admit("b", 4, 4)
-        with pytest.raises(errors.InvalidArgument):
-            await ctl.admit("c", 200, 4)
-        await ctl.release("a")
-        assert (await ctl.admit("b", 4, 4)).slot == a.slot
-        with pytest.raises(errors.UnknownRequest):
-            await ctl.release("a")
-
-    asyncio.run(run())
-
-
-def test_embedded_control_maps_core_errors() -> None:
-    from kv_service.core import ServiceCore
-    from kv_service.memory.store import allocate_local
-
-    async def run() -> None:
-        ctl = EmbeddedControl(
-            ServiceCore(allocate_local(layout_with(num_pages=4)), lease_seconds=5), "test"
-        )
-        await ctl.admit("a", 20, 12)
-        with pytest.raises(errors.CapacityError) as cap:
-            await ctl.admit("b", 8, 8)
-        assert cap.value.details["pages_free"] == "0"
-        with pytest.raises(errors.UnknownRequest):
-            await ctl.commit("zz", 1)
-        await ctl.step_end(StepReport(1, (("a", 21),), 3, 1, 1152))
-        assert (await ctl.stats()).misses == 1
-        await ctl.release("a")
-        await ctl.close(detach=True)
-
-    asyncio.run(run())

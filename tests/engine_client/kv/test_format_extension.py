@@ -59,13 +59,13 @@ JOBS = [(tuple(range(3, 15)), 6), (tuple((7 * i) % 250 + 1 for i in range(40)), 
 async def tokens_and_logits(cfg) -> tuple[list[list[int]], list[torch.Tensor], dict]:
     engine = await build_engine(cfg)
     logits: list[torch.Tensor] = []
-    step = engine.compute.runner.step
+    step = engine.compute.model_runner.step
 
     def recording_step(*args):
         logits.append(step(*args).clone())
         return logits[-1]
 
-    engine.compute.runner.step = recording_step
+    engine.compute.model_runner.step = recording_step
     reqs = [engine.submit(p, n, SamplingParams()) for p, n in JOBS]
     engine.start()
     try:

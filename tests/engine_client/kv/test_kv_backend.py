@@ -13,8 +13,8 @@ from engine_client.kv.baseline import BaselineBackend, baseline_layout
 from engine_client.kv.hisparse import HiSparseBackend
 from engine_client.kv.kernel_set import KernelSet
 from engine_client.kv.remote_swap import RemoteSwapBackend, allocate_exchange, local_swap_fn
-from engine_client.model.graph import DecodeConfig, DecodeRunner
 from engine_client.model.model import Model
+from engine_client.model.model_runner import DecodeConfig, ModelRunner
 from engine_client.model.preset import preset
 from engine_client.model.weights import random_weights
 from kernels.formats import BF16_KEYS, INDEX_FORMATS
@@ -168,7 +168,7 @@ def decode_only(backend, steps: int = 3) -> list[torch.Tensor]:
     for slot, (_, n) in REQS.items():
         backend.fill_synthetic(slot, n, seed=slot, chunk=8)
     model = Model(CFG, random_weights(CFG, seed=4), backend)
-    runner = DecodeRunner(model, DecodeConfig(max_batch=2))
+    runner = ModelRunner(model, DecodeConfig(max_batch=2))
     slots = list(REQS)
     tokens, out = [1, 2], []
     for step in range(steps):

@@ -55,14 +55,14 @@ async def _run_jobs(
     end by length unless `finishes` is given: it then receives the finish reasons."""
     engine = await build_engine(cfg)
     logits: list[torch.Tensor] = []
-    step = engine.compute.runner.step
+    step = engine.compute.model_runner.step
 
     def recording_step(*args):
         out = step(*args)
         logits.append(out.clone())
         return out
 
-    engine.compute.runner.step = recording_step
+    engine.compute.model_runner.step = recording_step
     reqs = [engine.submit(p, n, s) for p, n, s in jobs]
     engine.start()
     try:

@@ -65,7 +65,7 @@ async def _serve_all(limit: Modelled, device: str = "cpu") -> tuple[list, float 
     engine = await build_engine(cfg)
     built = engine.scheduler.admission
     assert built.adaptive  # auto: adaptive in a HiSparse mode, over the decode graphs' sizes
-    assert built.padded == engine.compute.runner.cfg.buckets == (1, 2, 4, 8, CAPACITY)
+    assert built.padded == engine.compute.model_runner.cfg.buckets == (1, 2, 4, 8, CAPACITY)
     engine.scheduler.admission = limit
     engine.metrics.watch_admission(limit)
     engine.start()

@@ -13,7 +13,7 @@ import asyncio
 import pytest
 import torch
 
-from engine_client.client import errors
+from contract import errors
 from engine_client.loop.request import FailStatus, Finish, SamplingParams
 from engine_client.serve.factory import build_engine
 from tests.process_harness import engine_config, wait_until

@@ -23,7 +23,7 @@ async def _run(drop: bool) -> tuple[list[list[int]], list[torch.Tensor], dict]:
     # Without overlap every step before this one is recorded: positions [0, P) are committed,
     # P (the last token's) is appended by this step, as in the first step after a restart.
     engine = await build_engine(engine_config("embedded", overlap=False))
-    kv, step, logits = engine.control.tensors, engine.compute.runner.step, []
+    kv, step, logits = engine.control.tensors, engine.compute.model_runner.step, []
     assert kv is not None
 
     def dropping_step(*args):
@@ -34,7 +34,7 @@ async def _run(drop: bool) -> tuple[list[list[int]], list[torch.Tensor], dict]:
         logits.append(out.clone())
         return out
 
-    engine.compute.runner.step = dropping_step
+    engine.compute.model_runner.step = dropping_step
     reqs = [engine.submit(p, n, s) for p, n, s in JOBS]
     engine.start()
     try:

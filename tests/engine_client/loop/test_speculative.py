@@ -1,7 +1,7 @@
 """Acceptance of a verify step's drafts (engine_client.loop.speculative): greedy takes the
 longest prefix of drafts equal to the target's argmax; sampling keeps the target's
 distribution exactly (checked empirically over many token keys: deterministic, not flaky).
-And verify rows score tokens like plain decode rows (engine_client.model.spec_runner)."""
+And verify rows score tokens like plain decode rows (engine_client.model.speculative_runner)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from engine_client.kv.baseline import BaselineBackend, baseline_layout
 from engine_client.kv.kernel_set import KernelSet
 from engine_client.loop.sampler import token_key
 from engine_client.loop.speculative import verify
-from engine_client.model.graph import DecodeConfig, DecodeRunner
 from engine_client.model.model import Model
+from engine_client.model.model_runner import DecodeConfig, ModelRunner
 from engine_client.model.preset import preset
-from engine_client.model.spec_runner import SpecDecodeRunner
+from engine_client.model.speculative_runner import SpeculativeModelRunner
 from engine_client.model.weights import random_weights
 
 
@@ -81,13 +81,13 @@ def test_verify_rows_score_like_plain_decode_rows(device) -> None:
         return Model(cfg, weights, be)
 
     slots, tokens, plain = list(range(n)), [[5 + s] for s in range(n)], []
-    runner = DecodeRunner(model(), DecodeConfig(max_batch=4))
+    runner = ModelRunner(model(), DecodeConfig(max_batch=4))
     for i in range(steps * (D + 1)):
         pos = [20 + i] * n
         plain.append(runner.step([t[-1] for t in tokens], pos, slots, [p + 1 for p in pos]).clone())
         for s in slots:
             tokens[s].append(int(plain[-1][s].argmax()))
-    spec = SpecDecodeRunner(model(), DecodeConfig(max_batch=4), D)
+    spec = SpeculativeModelRunner(model(), DecodeConfig(max_batch=4), D)
     for step in range(steps):
         i = step * (D + 1)
         for s in slots:
@@ -111,7 +111,7 @@ def test_speculative_configuration_is_checked(tmp_path) -> None:
     import asyncio
     import dataclasses
 
-    from engine_client.client.errors import LayoutMismatch
+    from contract.errors import LayoutMismatch
     from engine_client.model.weights import checkpoint_layers, load_safetensors, save_safetensors
     from engine_client.serve.factory import build_engine, load_vocabulary, model_config
     from tests.process_harness import LOCAL, engine_config

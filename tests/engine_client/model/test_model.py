@@ -15,10 +15,12 @@ from engine_client.kv.baseline import BaselineBackend
 from engine_client.kv.hisparse import HiSparseBackend
 from engine_client.kv.kernel_set import KernelSet
 from engine_client.kv.remote_swap import RemoteSwapBackend, allocate_exchange, local_swap_fn
-from engine_client.model.graph import DecodeConfig, DecodeRunner
-from engine_client.model.model import Model, Tokens, Workspace
+from engine_client.model.forward_batch import Tokens
+from engine_client.model.model import Model
+from engine_client.model.model_runner import DecodeConfig, ModelRunner
 from engine_client.model.preset import preset
 from engine_client.model.weights import random_weights
+from engine_client.model.workspace import Workspace
 from kernels.attention.sparse import TileWorkspace
 from kv_service.memory.store import allocate_local, reset_request
 
@@ -80,7 +82,7 @@ def make_backend(
     return RemoteSwapBackend(kv, local_swap_fn(kv, xchg, kernels), kernels=kernels, xchg=xchg)
 
 
-def run_scenario(model: Model, runner: DecodeRunner, chunk: int = 5) -> list[torch.Tensor]:
+def run_scenario(model: Model, runner: ModelRunner, chunk: int = 5) -> list[torch.Tensor]:
     """Synthetic fill, chunked prefill, then MAX_NEW greedy decode steps of all requests."""
     out, last = [], {}
     for slot, (ctx, prompt) in REQUESTS.items():
@@ -108,7 +110,7 @@ def runs(kernels, weights) -> dict[str, tuple[list[torch.Tensor], dict]]:
     for mode, buckets in MODES.items():
         backend = make_backend(mode, kernels)
         model = Model(CFG, weights, backend)
-        runner = DecodeRunner(model, DecodeConfig(max_batch=buckets[-1], buckets=buckets))
+        runner = ModelRunner(model, DecodeConfig(max_batch=buckets[-1], buckets=buckets))
         results[mode] = (run_scenario(model, runner), backend.stats())
     return results
 
@@ -196,7 +198,7 @@ def test_attention_workspaces_match_the_single_pass(kernels, weights) -> None:
 
 def test_decode_rejects_bad_batches(kernels, weights) -> None:
     model = Model(CFG, weights, make_backend("baseline", kernels))
-    runner = DecodeRunner(model, DecodeConfig(max_batch=2))
+    runner = ModelRunner(model, DecodeConfig(max_batch=2))
     for args in (
         ([1, 2], [3, 4], [0, 0], [4, 5]),  # duplicate slot
         ([1], [3], [0], [3]),  # seq_len != position + 1
@@ -256,7 +258,7 @@ def gpu_run(
                 kv, local_swap_fn(kv, xchg, kernels), kernels=kernels, xchg=xchg
             )
     model = Model(GPU_CFG, weights, backend)
-    runner = DecodeRunner(model, DecodeConfig(max_batch=4, use_graphs=use_graphs))
+    runner = ModelRunner(model, DecodeConfig(max_batch=4, use_graphs=use_graphs))
     gen = torch.Generator().manual_seed(0)
     out, last = [], {}
     for slot, (ctx, n) in reqs.items():

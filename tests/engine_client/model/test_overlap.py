@@ -11,8 +11,9 @@ from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
 from contract.tensors import TENSOR_NAMES
 from engine_client.kv.hisparse import OVERLAP_COPY_GRID, HiSparseBackend
 from engine_client.kv.kernel_set import KernelSet
-from engine_client.model.graph import DecodeConfig, DecodeRunner
-from engine_client.model.model import Model, _parts
+from engine_client.model.attention import _parts
+from engine_client.model.model import Model
+from engine_client.model.model_runner import DecodeConfig, ModelRunner
 from engine_client.model.preset import preset
 from engine_client.model.weights import random_weights
 from kernels.swap.copy_grid import CopyGrid
@@ -60,7 +61,7 @@ def decode(
         reset_request(kv, slot, MODE_RESIDENT if resident else MODE_OFFLOADED, pages)
     backend = HiSparseBackend(kv, kernels=kernels, microbatches=microbatches, copy_grid=copy_grid)
     model = Model(cfg, weights, backend)
-    runner = DecodeRunner(
+    runner = ModelRunner(
         model, DecodeConfig(max_batch=bucket, buckets=(bucket,), use_graphs=graphs)
     )
     for slot, ctx in contexts.items():
@@ -109,7 +110,7 @@ def test_every_part_joins_its_copy_before_attention(monkeypatch):
             inner, "attention_ready", lambda row0, events=events: events.append(("join", row0))
         )
         model = Model(CFG, weights, inner)
-        runner = DecodeRunner(model, DecodeConfig(max_batch=rows, use_graphs=False))
+        runner = ModelRunner(model, DecodeConfig(max_batch=rows, use_graphs=False))
         slots = list(range(rows))
         runner.step([1] * rows, [20] * rows, slots, [21] * rows)
         per_layer = [("select", r) for r in expect] + [("join", r) for r in expect]

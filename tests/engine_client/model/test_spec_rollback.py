@@ -20,10 +20,10 @@ from engine_client.kv.baseline import BaselineBackend
 from engine_client.kv.hisparse import HiSparseBackend
 from engine_client.kv.kernel_set import KernelSet
 from engine_client.kv.remote_swap import RemoteSwapBackend, allocate_exchange, local_swap_fn
-from engine_client.model.graph import DecodeConfig
 from engine_client.model.model import Model
+from engine_client.model.model_runner import DecodeConfig
 from engine_client.model.preset import preset
-from engine_client.model.spec_runner import SpecDecodeRunner
+from engine_client.model.speculative_runner import SpeculativeModelRunner
 from engine_client.model.weights import random_weights
 from kv_service.memory.store import allocate_local, reset_request
 from tests.engine_client.loop.test_engine import one_cpu_thread  # noqa: F401 (autouse: one CPU thread)
@@ -94,7 +94,7 @@ def run(mode: str, kernels: KernelSet, weights, device: str, layout: KVLayout):
     if device == "cpu":  # graphs replay the block without calling it: CUDA checks the logits
         recording_mtp_block(model, out)
     # On CUDA the verify and draft steps replay CUDA graphs (remote swap runs eagerly).
-    runner = SpecDecodeRunner(model, DecodeConfig(max_batch=2), D)
+    runner = SpeculativeModelRunner(model, DecodeConfig(max_batch=2), D)
     slots, counts = list(CONTEXT), torch.zeros(3, dtype=torch.int64)
     for slot, n in CONTEXT.items():
         be.fill_synthetic(slot, n, seed=slot, chunk=16)

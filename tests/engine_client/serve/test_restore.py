@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from engine_client.client import errors
+from contract import errors
 from engine_client.client.control import HeldRequest
 from engine_client.loop import state_file
 from engine_client.loop.request import Finish, GenRequest, SamplingParams

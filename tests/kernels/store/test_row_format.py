@@ -12,7 +12,7 @@ from engine_client.cli.main import main as engine_main
 from engine_client.model.preset import preset
 from engine_client.serve.config import EngineConfig
 from kernels.formats import FP8_ROW
-from kv_service.__main__ import parse as parse_service
+from kv_service.__main__ import parse_config as parse_service
 
 
 def test_the_row_format_is_the_layouts_not_the_models() -> None:

@@ -1,4 +1,7 @@
-"""The decode step: static input/output buffers, batch-size buckets, and one CUDA graph per bucket.
+"""The model runner: what launches a decode step on the model, graphed or eager (its speculative
+variant, verify + draft, is `engine_client.model.speculative_runner`). The engine's step loop
+(`engine_client.loop.runner.StepRunner`) calls it; it owns static input/output buffers,
+batch-size buckets, and one CUDA graph per bucket.
 
 A step copies the batch into fixed-address device buffers (padded to the next bucket with
 request slot -1 rows, which change no state), then replays the bucket's graph (or runs the same
@@ -20,7 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine_client.model.model import Model, Tokens
+from engine_client.model.forward_batch import Tokens
+from engine_client.model.model import Model
 from engine_client.model.progress import Progress
 from engine_client.model.workspace import Workspace
 
@@ -54,9 +58,9 @@ class DecodeConfig:
 _IDS, _SLOTS, _POS, _LENS = range(4)
 
 
-class DecodeRunner:
-    """Runs decode steps of `model` on static buffers. `step` returns a view of the static
-    logits buffer: read (or copy) it before the next step."""
+class ModelRunner:
+    """Runs decode steps of `model` on static buffers, graphed per bucket where it can. `step`
+    returns a view of the static logits buffer: read (or copy) it before the next step."""
 
     def __init__(self, model: Model, cfg: DecodeConfig, rows_per_request: int = 1) -> None:
         """rows_per_request: forward rows per request of a step (a verify step's D + 1); the

@@ -1,5 +1,5 @@
-"""The client's names for the contract's errors, and the one place where a gRPC failure becomes
-one of them.
+"""The one place where a gRPC failure becomes a contract error: the client's half of the status
+mapping whose server half is `transport.status`.
 
 Every failure of the KV service reaches engine code as a `contract.errors` class: from a failed
 call (`rpc_errors` / `from_rpc_error`, which decode the rich status: ErrorInfo reason and
@@ -21,44 +21,12 @@ from grpc_status import rpc_status
 from contract.errors import (
     BY_REASON,
     DOMAIN,
-    AlreadyExists,
     CapacityError,
-    DeadlineExceeded,
-    Draining,
-    EpochMismatch,
-    InvalidArgument,
     KVError,
-    LayoutMismatch,
-    ServiceUnavailable,
-    Stopping,
-    Unauthenticated,
-    UnknownRequest,
-    UnknownSession,
     capacity_is_permanent,
     class_of_status,
     status_code_name_of,
 )
-
-__all__ = [
-    "AlreadyExists",
-    "CapacityError",
-    "DeadlineExceeded",
-    "Draining",
-    "EpochMismatch",
-    "InvalidArgument",
-    "KVError",
-    "LayoutMismatch",
-    "ServiceUnavailable",
-    "Stopping",
-    "Unauthenticated",
-    "UnknownRequest",
-    "UnknownSession",
-    "code_of",
-    "from_rpc_error",
-    "from_status",
-    "rpc_errors",
-    "status_code",
-]
 
 _BY_VALUE: dict[int, grpc.StatusCode] = {code.value[0]: code for code in grpc.StatusCode}
 

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 
+from contract import errors
 from contract.errors import KVError
 from contract.layout import KVLayout, LayoutError
 from contract.tensors import KVTensors
-from engine_client.client import errors
 from engine_client.client.control import (
     Admission,
     HeldRequest,
@@ -55,7 +56,9 @@ class EmbeddedControl(LocalMemory):
     """A ServiceCore in this process. The engine and the core share the event loop's thread,
     which the core requires (it is not thread-safe)."""
 
-    def __init__(self, core, engine_name: str, model_fingerprint: str = "") -> None:
+    # `core` is a kv_service.core.ServiceCore, built by serve/factory.py: the client wing never
+    # imports the service, so it is typed by use here.
+    def __init__(self, core: Any, engine_name: str, model_fingerprint: str = "") -> None:
         self.core = core
         self.layout: KVLayout = core.layout
         self.tensors: KVTensors | None = core.kv
@@ -63,7 +66,7 @@ class EmbeddedControl(LocalMemory):
             self.session_id = core.attach(engine_name, fingerprint=model_fingerprint).session_id
         self.held: tuple[HeldRequest, ...] = ()
 
-    def _call(self, what: str, fn: Callable, *args):
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         with core_errors(what):
             return fn(self.session_id, *args)
 
@@ -165,7 +168,7 @@ class BaselineControl(EmbeddedControl):
     """No service: `core` is a ServiceCore over `BaselinePages`; `page_table` is what the
     baseline backend must address its cache through."""
 
-    def __init__(self, core, engine_name: str, model_fingerprint: str = "") -> None:
+    def __init__(self, core: Any, engine_name: str, model_fingerprint: str = "") -> None:
         super().__init__(core, engine_name, model_fingerprint)
         self.tensors = None
         self.page_table: torch.Tensor = core.rows.page_table

@@ -1,5 +1,10 @@
-"""Speculative decode steps: verify D drafts per request, then draft the next D, on static
-buffers with CUDA graphs per batch bucket (engine_client.model.graph's conventions).
+"""The speculative model runner: verify D drafts per request, then draft the next D, on static
+buffers with CUDA graphs per batch bucket (engine_client.model.model_runner's conventions).
+
+Speculative decoding, where each part lives: this runner (the verify and draft graphs, the
+drafts of a prefill), the draft module (`engine_client.model.mtp`, V3.2's MTP layer), the
+acceptance on the device (`engine_client.loop.speculative`, beside the sampler it builds on),
+and the step loop's dispatch to it (`engine_client.loop.runner`).
 
 A verify step of a request whose last accepted token sits at position p (its KV not stored
 yet) runs the model over D + 1 consecutive rows: the token at p and the drafts for p + 1 ..
@@ -32,14 +37,15 @@ from collections.abc import Sequence
 
 import torch
 
-from engine_client.model.graph import DecodeConfig, DecodeRunner
-from engine_client.model.model import Model, Tokens
+from engine_client.model.forward_batch import Tokens
+from engine_client.model.model import Model
+from engine_client.model.model_runner import DecodeConfig, ModelRunner
 from engine_client.model.mtp import DraftSource, draft_chain, draft_prefill, draft_states
 
 _IDS, _SLOTS, _POS = 0, 1, 2
 
 
-class SpecDecodeRunner(DecodeRunner):
+class SpeculativeModelRunner(ModelRunner):
     """Verify + draft steps of D = draft_tokens drafts. `step` runs the verify rows and returns
     their logits [n (D + 1), vocab]; `draft` takes the accepted result. Device state per
     request slot (entry R: padding rows): last_token (the token at the next step's first
