@@ -107,13 +107,16 @@ def test_repeats_follow_lru_simulator(device):
 
 
 @pytest.mark.parametrize(
-    "device,cfg", [("cpu", SMALL), pytest.param("cuda", LARGE, marks=pytest.mark.gpu)]
+    "device,cfg,fn",
+    [
+        ("cpu", SMALL, swap_plan),
+        ("cpu", SMALL, ref_swap_plan),  # the reference runs on the host only
+        pytest.param("cuda", LARGE, swap_plan, marks=pytest.mark.gpu),
+    ],
+    ids=["kernel-cpu", "reference-cpu", "kernel-cuda"],
 )
-@pytest.mark.parametrize("fn", [swap_plan, ref_swap_plan], ids=["kernel", "reference"])
 def test_repeats_give_the_same_bytes_every_run(device, cfg, fn):
     """20 runs on fresh identical state: identical residency, LRU order, slots and miss lists."""
-    if fn is ref_swap_plan and device == "cuda":
-        pytest.skip("the reference runs on the host")
     rng = random.Random(20)
     torch.manual_seed(20)
     base = random_state(cfg, device, rng)
