@@ -190,7 +190,7 @@ class EngineMetrics:
     def watch_admission(self, limit: AdmissionLimit) -> None:
         """Show `limit` (its view is taken at each scrape, from the scrape thread: plain reads)."""
         for field, gauge in self.admission.items():
-            gauge.set_function(lambda field=field: getattr(limit.view(), field))
+            gauge.set_function(_view_field(limit, field))
 
     def describe(self, device: str, kv_mode: str) -> None:
         self.info.info({"device": device, "kv_mode": kv_mode})
@@ -271,3 +271,8 @@ class EngineMetrics:
 
         host, port = server.server_address[:2]
         return (str(host), port), stop  # str(): an AF_INET server's host is already a str
+
+
+def _view_field(limit: AdmissionLimit, field: str) -> Callable[[], float]:
+    """Reads one field of the limit's current view (a gauge's value at each scrape)."""
+    return lambda: getattr(limit.view(), field)
