@@ -98,7 +98,9 @@ async def _decode(kv_mode: str, row_format: str, device: str) -> None:
     engine = await build_engine(cfg)
     engine.start()
     try:
-        reqs = [engine.submit(tuple(range(3, 3 + n)), new, SamplingParams()) for n, new in PROMPTS]
+        reqs = [
+            engine.api.submit(tuple(range(3, 3 + n)), new, SamplingParams()) for n, new in PROMPTS
+        ]
         async with asyncio.timeout(600):
             while not all(r.finished for r in reqs):
                 await asyncio.sleep(0.01)  # the engine's loop runs meanwhile

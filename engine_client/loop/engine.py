@@ -1,21 +1,23 @@
 """The continuous-batching decode engine: an asyncio loop that, each turn, runs
 
-    schedule  ->  run  ->  postprocess
+    release  ->  schedule  ->  run  ->  postprocess
 
-1. release: requests that ended give their KV slot back, but only once the newest step that read
-   it has finished on the device (`GenRequest.last_step` <= `done_step`): cancels, stop tokens,
-   max-length finishes and errors all wait for that, so no launched step reads freed or reused
-   KV and no new request is admitted into a slot a step still reads;
+1. release (engine_client.loop.release): requests that ended give their KV slot back, but only
+   once the newest step that read it has finished on the device (`GenRequest.last_step` <=
+   `done_step`): cancels, stop tokens, max-length finishes and errors all wait for that, so no
+   launched step reads freed or reused KV and no new request is admitted into a slot a step
+   still reads;
 2. schedule (engine_client.loop.scheduler): admission under the queue policy, then the batch;
-3. run (engine_client.loop.runner, on the compute thread): launch this turn's step, then wait
-   for the previous one (overlap) or for this one (--no-overlap). The KV memory is checked before
-   a launch and before a step's results are trusted;
+3. run (engine_client.loop.step_runner, on the compute thread): launch this turn's step, then
+   wait for the previous one (overlap) or for this one (--no-overlap). The KV memory is checked
+   before a launch and before a step's results are trusted;
 4. postprocess (engine_client.loop.postprocess): tokens to the state file and the client streams,
    requests ended, StepEnd queued in the background.
 
 With overlap the device runs step t while the host does 4 for t - 1 and 1-2 for t + 1.
-The engine's parts, one concept each: the request API the server calls
-(engine_client.loop.request_api, the engine's base class), release of ended requests
+
+The engine's parts, one concept each, are built once by engine_client.loop.parts: the request
+API the server calls (`Engine.api`, engine_client.loop.request_api), release of ended requests
 (engine_client.loop.release) and failure handling (engine_client.loop.failure: a lost KV service
 fails every request; an idle engine looks at its service every IDLE_CHECK_SECONDS).
 `engine_client.loop.recovery` then lets go of the lost memory once no step is in flight
@@ -32,18 +34,13 @@ from concurrent.futures import ThreadPoolExecutor
 from engine_client.client import errors
 from engine_client.client.control import KVControl
 from engine_client.loop.admission_limit import AdmissionLimit
-from engine_client.loop.failure import Failures
 from engine_client.loop.metrics import EngineMetrics
-from engine_client.loop.postprocess import Postprocessor, ReportSender
+from engine_client.loop.parts import EngineOptions, EngineParts
 from engine_client.loop.queue_policy import QueueLimits
-from engine_client.loop.recovery import ServiceRecovery
-from engine_client.loop.release import Releaser
 from engine_client.loop.request import Finish, GenRequest
-from engine_client.loop.request_api import RequestAPI
-from engine_client.loop.runner import Advance, LaunchedStep, StepRunner
-from engine_client.loop.scheduler import Batch, Scheduler
+from engine_client.loop.scheduler import Batch
 from engine_client.loop.state_file import StateFile
-from engine_client.loop.synthetic import SyntheticContext
+from engine_client.loop.step_runner import Advance, LaunchedStep
 from engine_client.model.compute import Compute
 from engine_client.text.vocabulary import Vocabulary
 
@@ -54,7 +51,7 @@ log = logging.getLogger(__name__)
 IDLE_CHECK_SECONDS = 0.5
 
 
-class Engine(RequestAPI):
+class Engine:
     def __init__(
         self,
         compute: Compute,
@@ -71,69 +68,32 @@ class Engine(RequestAPI):
         prefix_cache: bool = False,
         share_generated: bool = True,
     ) -> None:
-        self.compute, self.control, self.state = compute, control, state
+        self.compute, self.state = compute, state
         # Text in, text out (the server tokenizes with it; requests detokenize with it).
         self.vocab = vocab
         self.policy = policy or QueueLimits(admit_retry=admit_retry)
-        self.metrics = metrics or EngineMetrics()
-        self.metrics.watch_admission(admission)
-        self.scheduler = self._new_scheduler(admission, prefix_cache, share_generated)
-        self.runner = _step_runner(compute, overlap)
-        self.reports = ReportSender(control)
-        self.postprocess = Postprocessor(
-            compute.row_bytes, state, self.reports, self.metrics, self._finish
-        )
+        options = EngineOptions(self.policy, overlap, prefix_cache, share_generated)
+        parts = EngineParts.build(compute, control, admission, state, metrics, options)
+        self._control, self.metrics = parts.control, parts.metrics
+        self.scheduler, self.step_runner = parts.scheduler, parts.step_runner
+        self.reports, self.postprocess = parts.reports, parts.postprocess
+        self.releaser, self.failures, self.recovery = parts.releaser, parts.failures, parts.recovery
+        self.api, self._finish = parts.api, parts.finisher.finish
+        # Set while no step is in flight on the device; anything that happens sets `_wake`.
+        self._quiet, self._wake = parts.device_quiet, parts.wake
         # One thread runs every model call, in order (it holds the CUDA device and stream).
         self._executor = executor
-        self._init_stepping()
-        self._init_ends()
-
-    def _new_scheduler(
-        self, admission: AdmissionLimit, prefix_cache: bool, share_generated: bool
-    ) -> Scheduler:
-        compute = self.compute
-        return Scheduler(
-            self.control,
-            self.policy,
-            admission=admission,
-            max_batch=compute.max_batch,
-            prefill_chunk=compute.prefill_chunk,
-            synthetic=SyntheticContext(compute.synthetic_context, compute.synthetic_shared),
-            finish=self._finish,
-            lost=lambda why: self.failures.fail_all(why),
-            admitted=self._admitted,
-            prefix_cache=prefix_cache,
-            share_generated=share_generated,
-            draft_tokens=compute.draft_tokens,
-        )
-
-    def _init_stepping(self) -> None:
-        """The step loop's state: step counts, the step in flight and the events around it."""
         self.steps = 0
         self.done_step = -1  # every step up to this one has finished on the device
         # Set after every post-processed step (waiters clear it).
         self.stepped = asyncio.Event()
-        # Set while no step is in flight on the device.
-        self._quiet = asyncio.Event()
-        self._quiet.set()
-        self._wake = asyncio.Event()
         self._inflight: LaunchedStep | None = None
         self._task: asyncio.Task | None = None
         self._stopping = False
 
-    def _init_ends(self) -> None:
-        """Who releases ended requests, and who fails them and recovers from a lost service."""
-        self.releaser = Releaser(
-            self.scheduler, self.reports, self.state, serving=lambda: self.failure is None
-        )
-        self.failures = Failures(self.scheduler, self.state, self._finish, self._wake)
-        self.recovery = ServiceRecovery(
-            self.control,
-            self.compute,
-            device_quiet=self.wait_device_quiet,
-            on_recovered=self.failures.recovered,
-        )
-        self.failures.recovery = self.recovery
+    @property
+    def control(self) -> KVControl:
+        return self._control.current
 
     @property
     def failed(self) -> asyncio.Event:
@@ -207,12 +167,16 @@ class Engine(RequestAPI):
             self._wake.clear()
             began = time.perf_counter()
             await self.releaser.release_ended(self.done_step)
-            batch = await self.scheduler.schedule()
+            try:
+                batch = await self.scheduler.schedule()
+            except errors.ServiceUnavailable as e:  # an admission found the service lost
+                self.failures.fail_all(e)
+                batch = None
             self.metrics.queue(len(self.waiting), self.scheduler.active())
             if batch is None and self._inflight is None:
                 # A step checks the service itself; an idle engine must look too.
                 self.failures.check_service()
-                self.runner.idle()
+                self.step_runner.idle()
                 await self._idle(self.policy.admit_retry if self.waiting else IDLE_CHECK_SECONDS)
                 continue
             await self._run_step(batch, began)
@@ -220,15 +184,8 @@ class Engine(RequestAPI):
             await self._run_step(None, time.perf_counter())
 
     def set_control(self, control: KVControl) -> None:
-        """Use another KV control from now on (a re-attach): the scheduler admits through it and
-        StepEnd / release go to it."""
-        self.control = self.scheduler.control = self.reports.control = control
-        self.recovery.control = control
-
-    async def wait_device_quiet(self) -> None:
-        """Until no launched step runs on the device: after `failed`, the KV memory of the lost
-        service may be unmapped once this returns (the loop waits for the step in flight)."""
-        await self._quiet.wait()
+        """Use another KV control from now on: every part asks the one holder (ControlRef)."""
+        self._control.current = control
 
     async def _idle(self, timeout: float | None) -> None:
         try:
@@ -250,12 +207,14 @@ class Engine(RequestAPI):
         loop = asyncio.get_running_loop()
         t0 = time.perf_counter()
         adv: Advance = await loop.run_in_executor(
-            self._executor, self.runner.advance, batch, self._inflight
+            self._executor, self.step_runner.advance, batch, self._inflight
         )
         ran = time.perf_counter() - t0
         self._advanced(adv, batch)
         launch = (
-            adv.launched.launch_seconds if adv.launched is not None and self.runner.cuda else 0.0
+            adv.launched.launch_seconds
+            if adv.launched is not None and self.step_runner.cuda
+            else 0.0
         )
         rows = len(batch.requests) if batch is not None else 0
         self.metrics.host(time.perf_counter() - began - ran + launch, rows)
@@ -283,18 +242,3 @@ class Engine(RequestAPI):
                 done = adv.done
                 self.metrics.step(len(done.batch.decode), done.device_seconds, done.idle_before)
                 self.scheduler.stepped(done.batch, done.decode_seconds)
-
-    # --- ends ---
-
-    def _admitted(self, req: GenRequest) -> None:
-        if self.state is not None:
-            self.state.started(req)
-
-
-def _step_runner(compute: Compute, overlap: bool) -> StepRunner:
-    if compute.draft_tokens and overlap:
-        raise ValueError(
-            "speculative steps cannot be overlapped (their positions follow "
-            "the previous step's accepted count)"
-        )
-    return StepRunner(compute, overlap=overlap)

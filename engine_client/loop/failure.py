@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable
 
 from engine_client.client import errors
+from engine_client.loop.control_ref import ControlRef
 from engine_client.loop.recovery import ServiceRecovery
 from engine_client.loop.request import FailStatus, Finish, GenRequest
 from engine_client.loop.scheduler import Batch, Scheduler
@@ -31,26 +32,30 @@ class Failures:
     """`error` is the failure every new request is refused with, None while serving."""
 
     def __init__(
-        self, scheduler: Scheduler, state: StateFile | None, finish: FinishFn, wake: asyncio.Event
+        self,
+        scheduler: Scheduler,
+        control: ControlRef,
+        recovery: ServiceRecovery,
+        state: StateFile | None,
+        finish: FinishFn,
+        wake: asyncio.Event,
     ) -> None:
-        self.scheduler, self.state = scheduler, state
-        self._finish, self._wake = finish, wake
+        self.scheduler, self.control, self.recovery = scheduler, control, recovery
+        self.state, self._finish, self._wake = state, finish, wake
         self.error: errors.KVError | None = None
-        self.recovery: ServiceRecovery | None = None  # set by the engine, which builds it
 
     def check_service(self) -> None:
         """Fail everything if the service is gone (an idle engine, or before a launch)."""
         if self.error is not None:
             return
         try:
-            self.scheduler.control.check_alive()
+            self.control.current.check_alive()
         except errors.ServiceUnavailable as e:
             self.fail_all(e)
 
     def fail_all(self, why: errors.KVError) -> None:
         """The KV service is gone (or the loop broke): every request fails now, new ones are
         refused with UNAVAILABLE. A step still in flight finishes before any slot is let go."""
-        assert self.recovery is not None
         if self.error is None:
             log.error("failing %d requests: %s", len(self.scheduler.requests), why)
         lost = isinstance(why, errors.ServiceUnavailable)
@@ -58,7 +63,7 @@ class Failures:
         if lost:
             # The traceback holds the failed step's frames, and through them the lost memory.
             why.__traceback__ = None
-            self.recovery.start()
+            self.recovery.start(then=self.recovered)
         else:
             self.recovery.give_up()
         for req in list(self.scheduler.waiting):
@@ -75,7 +80,6 @@ class Failures:
         """A failed step leaves its requests' KV undefined. The log says which step it was,
         what it ran, and after how many service recoveries (a step that fails only on a
         re-attached service's memory shows here)."""
-        assert self.recovery is not None
         log.error(
             "compute step %s failed (%d decode rows, prefill %s; %d KV service recoveries "
             "before it): %s: %s",
@@ -94,7 +98,7 @@ class Failures:
 
     def recovered(self) -> None:
         """The control re-attached to a restarted service: serve again."""
-        control = self.scheduler.control
+        control = self.control.current
         if self.state is not None:  # an engine restarted later resumes the new session
             epoch = getattr(control, "epoch", 0)
             self.state.rewrite(control.session_id, epoch, [], list(self.scheduler.waiting))

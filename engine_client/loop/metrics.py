@@ -72,6 +72,22 @@ STEP_BUCKETS = (
 IDLE_WINDOW = 64
 
 
+# The admission limit's gauges: name, help, and the field of `AdmissionLimit.view()` shown.
+ADMISSION_GAUGES = (
+    ("engine_admission_limit", "most requests admitted to run at once now", "limit"),
+    (
+        "engine_admission_estimate_rows_per_second",
+        "estimated decode rows per second of decode time at the admission limit's batch",
+        "tok_s",
+    ),
+    (
+        "engine_admission_best_batch",
+        "the batch size with the best recent estimate (0: none yet)",
+        "best_batch",
+    ),
+)
+
+
 class BatchHistogram(Collector):
     """A histogram fed many values at a time from one thread, read by the scrape thread."""
 
@@ -167,25 +183,14 @@ class EngineMetrics:
 
     def _admission_metrics(self, r: CollectorRegistry) -> None:
         """The admission limit (engine_client.loop.admission_limit), read at each scrape."""
-        self.admission_limit = Gauge(
-            "engine_admission_limit", "most requests admitted to run at once now", registry=r
-        )
-        self.admission_estimate = Gauge(
-            "engine_admission_estimate_rows_per_second",
-            "estimated decode rows per second of decode time at the admission limit's batch",
-            registry=r,
-        )
-        self.admission_best = Gauge(
-            "engine_admission_best_batch",
-            "the batch size with the best recent estimate (0: none yet)",
-            registry=r,
-        )
+        self.admission = {
+            field: Gauge(name, doc, registry=r) for name, doc, field in ADMISSION_GAUGES
+        }
 
     def watch_admission(self, limit: AdmissionLimit) -> None:
         """Show `limit` (its view is taken at each scrape, from the scrape thread: plain reads)."""
-        self.admission_limit.set_function(lambda: limit.view().limit)
-        self.admission_estimate.set_function(lambda: limit.view().tok_s)
-        self.admission_best.set_function(lambda: limit.view().best_batch)
+        for field, gauge in self.admission.items():
+            gauge.set_function(_view_field(limit, field))
 
     def describe(self, device: str, kv_mode: str) -> None:
         self.info.info({"device": device, "kv_mode": kv_mode})
@@ -266,3 +271,8 @@ class EngineMetrics:
 
         host, port = server.server_address[:2]
         return (str(host), port), stop  # str(): an AF_INET server's host is already a str
+
+
+def _view_field(limit: AdmissionLimit, field: str) -> Callable[[], float]:
+    """Reads one field of the limit's current view (a gauge's value at each scrape)."""
+    return lambda: getattr(limit.view(), field)

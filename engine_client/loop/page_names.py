@@ -5,7 +5,8 @@ side (kv_service/books/ledger.py) maps the cached pages and scopes the names by 
 from __future__ import annotations
 
 from contract.prefix import page_hashes
-from engine_client.client.control import KVControl, PrefixLookup
+from engine_client.client.control import PrefixLookup
+from engine_client.loop.control_ref import ControlRef
 from engine_client.loop.request import Finish, GenRequest
 from engine_client.loop.synthetic import SyntheticContext
 
@@ -16,7 +17,7 @@ class PageNames:
 
     def __init__(
         self,
-        control: KVControl,
+        control: ControlRef,
         synthetic: SyntheticContext,
         prefill_chunk: int,
         enabled: bool = False,
@@ -31,7 +32,7 @@ class PageNames:
             return None
         if req.prompt_hashes is None:
             named = req.prompt[: self.synthetic.shared] if self.synthetic.tokens else req.prompt
-            req.prompt_hashes = tuple(page_hashes(named, self.control.layout.page_size))
+            req.prompt_hashes = tuple(page_hashes(named, self.control.current.layout.page_size))
         if not req.prompt_hashes:
             return None
         # A synthetic shared context is reused whole or not at all (it is filled in one go).
@@ -52,4 +53,4 @@ class PageNames:
         ):
             return ()
         tokens = req.prompt + tuple(req.tokens)
-        return tuple(page_hashes(tokens, self.control.layout.page_size))
+        return tuple(page_hashes(tokens, self.control.current.layout.page_size))

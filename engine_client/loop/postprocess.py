@@ -20,11 +20,12 @@ import time
 from collections.abc import Callable
 
 from contract import errors
-from engine_client.client.control import KVControl, StepReport
+from engine_client.client.control import StepReport
+from engine_client.loop.control_ref import ControlRef
 from engine_client.loop.metrics import EngineMetrics
 from engine_client.loop.request import GenRequest
-from engine_client.loop.runner import StepOutput
 from engine_client.loop.state_file import StateFile
+from engine_client.loop.step_runner import StepOutput
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ class ReportSender:
     """StepEnd off the critical path: `send` never waits; `flush` waits until every report
     handed to it has been answered (a release must come after the reports that name it)."""
 
-    def __init__(self, control: KVControl) -> None:
+    def __init__(self, control: ControlRef) -> None:
         self.control = control
         self._pending: StepReport | None = None
         self._task: asyncio.Task | None = None
@@ -64,7 +65,7 @@ class ReportSender:
                 report, self._pending = self._pending, None
                 self.sent += 1
                 try:
-                    await self.control.step_end(report)
+                    await self.control.current.step_end(report)
                 except errors.ServiceUnavailable:
                     pass  # the next step's liveness check fails the requests
                 except errors.KVError as e:

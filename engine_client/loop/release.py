@@ -1,4 +1,5 @@
-"""The end of a request's life in the engine: its KV slot goes back to the service.
+"""The end of a request's life in the engine: it is marked ended (`Finisher`), then its KV slot
+goes back to the service (`Releaser`).
 
 An ended request (cancelled, stopped, finished or failed) keeps its slot until the newest step
 that read it has finished on the device (`GenRequest.last_step` <= the engine's `done_step`):
@@ -9,13 +10,15 @@ a late resume of their stream still finds them.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
 
 from engine_client.client import errors
+from engine_client.loop.control_ref import ControlRef
+from engine_client.loop.failure import Failures
 from engine_client.loop.postprocess import ReportSender
-from engine_client.loop.request import GenRequest
+from engine_client.loop.request import FailStatus, Finish, GenRequest
 from engine_client.loop.scheduler import Scheduler
 from engine_client.loop.state_file import StateFile
 
@@ -25,20 +28,48 @@ log = logging.getLogger(__name__)
 FINISHED_KEPT = 1024
 
 
+class Finisher:
+    """Marks requests ended; every part that ends one (the scheduler, post-processing, failure
+    handling, a cancel, the engine's stop) calls `finish`. It wakes the loop, which releases."""
+
+    def __init__(self, state: StateFile | None, wake: asyncio.Event) -> None:
+        self.state, self._wake = state, wake
+
+    def finish(
+        self,
+        req: GenRequest,
+        reason: Finish,
+        error: str = "",
+        status: FailStatus = FailStatus.UNAVAILABLE,
+    ) -> None:
+        """Mark the request ended; its slot is released once no launched step reads it."""
+        if req.finished:
+            return
+        if reason is Finish.ERROR:
+            log.warning("request %s failed: %s", req.request_id, error)
+        req.end(reason, error, status)
+        if self.state is not None and req.unadmitted:
+            # On disk before anything else: its queued record alone would make an engine
+            # killed now run it again after the restart, for a client that went away.
+            self.state.ended(req.request_id, at_once=True)
+        self._wake.set()
+
+
 class Releaser:
-    """Releases ended requests' slots (through the scheduler's current control) and keeps the
-    most recent FINISHED_KEPT of them. `serving` says whether the service's memory is still
-    trusted: after a loss there is no service to give a slot back to."""
+    """Releases ended requests' slots and keeps the most recent FINISHED_KEPT of them. While
+    the service is lost (`failures.error`), its memory is not trusted and there is no service to
+    give a slot back to."""
 
     def __init__(
         self,
         scheduler: Scheduler,
+        control: ControlRef,
         reports: ReportSender,
         state: StateFile | None,
-        serving: Callable[[], bool],
+        failures: Failures,
     ) -> None:
-        self.scheduler, self.reports, self.state = scheduler, reports, state
-        self._serving = serving
+        self.scheduler, self.control, self.reports = scheduler, control, reports
+        self.state, self.failures = state, failures
         self.finished: OrderedDict[str, GenRequest] = OrderedDict()
 
     async def release_ended(self, done_step: int) -> None:
@@ -54,17 +85,17 @@ class Releaser:
                 self.finished.popitem(last=False)
 
     async def _release(self, req: GenRequest) -> None:
-        if req.slot >= 0 and self._serving():
+        if req.slot >= 0 and self.failures.error is None:
             # A StepEnd still on its way may name this request: it must arrive first.
             await self.reports.flush()
             try:
                 names = self.scheduler.names.release(req)
-                await self.scheduler.control.release(req.request_id, names)
+                await self.control.current.release(req.request_id, names)
             except errors.KVError as e:
                 log.warning("release of %s failed: %s", req.request_id, e)
             self.scheduler.released()
         if self.state is not None and not req.unadmitted:  # an unadmitted one's is written
-            self.state.ended(req.request_id)  # at its end (RequestAPI._finish)
+            self.state.ended(req.request_id)  # at its end (Finisher.finish)
         assert req.finish is not None  # only finished requests are released
         log.info(
             "request %s %s after %d tokens",

@@ -2,7 +2,7 @@
 request, and take back the requests a previous engine process left in the state file.
 
 None of these runs the model: they queue a request (or drop it) and wake the loop, which does
-the rest on its next turn (engine_client.loop.engine).
+the rest on its next turn (engine_client.loop.engine). The engine holds one, as `Engine.api`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import uuid
 
 from engine_client.client import errors
 from engine_client.loop.failure import Failures
-from engine_client.loop.release import Releaser
-from engine_client.loop.request import FailStatus, Finish, GenRequest, Phase, SamplingParams
+from engine_client.loop.release import Finisher, Releaser
+from engine_client.loop.request import Finish, GenRequest, Phase, SamplingParams
 from engine_client.loop.scheduler import Scheduler
 from engine_client.loop.state_file import StateFile
 from engine_client.text.detokenizer import TextStream
@@ -23,32 +23,19 @@ log = logging.getLogger(__name__)
 
 
 class RequestAPI:
-    """The request side of `Engine` (its base class): the attributes below are the engine's."""
+    """The requests' side of the engine (`Engine.api`): what the server asks of it."""
 
-    scheduler: Scheduler
-    state: StateFile | None
-    failures: Failures
-    releaser: Releaser
-    _wake: asyncio.Event
-
-    def _finish(
+    def __init__(
         self,
-        req: GenRequest,
-        reason: Finish,
-        error: str = "",
-        status: FailStatus = FailStatus.UNAVAILABLE,
+        scheduler: Scheduler,
+        failures: Failures,
+        releaser: Releaser,
+        finisher: Finisher,
+        state: StateFile | None,
+        wake: asyncio.Event,
     ) -> None:
-        """Mark the request ended; its slot is released once no launched step reads it."""
-        if req.finished:
-            return
-        if reason is Finish.ERROR:
-            log.warning("request %s failed: %s", req.request_id, error)
-        req.end(reason, error, status)
-        if self.state is not None and req.unadmitted:
-            # On disk before anything else: its queued record alone would make an engine
-            # killed now run it again after the restart, for a client that went away.
-            self.state.ended(req.request_id, at_once=True)
-        self._wake.set()
+        self.scheduler, self.failures, self.releaser = scheduler, failures, releaser
+        self._finish, self.state, self._wake = finisher.finish, state, wake
 
     def submit(
         self,

@@ -10,7 +10,8 @@ Each turn it
 
 It counts tokens as *launched* (`GenRequest.launched`): with overlap, step t + 1 is scheduled
 before step t's tokens reach the host, so a decode row does not know its input token. The row
-then names it -1 and the device reads the slot's last sampled token (engine_client.model.graph).
+then names it -1 and the device reads the slot's last sampled token
+(engine_client.model.model_runner).
 
 The queue (issue 11):
 - A request the KV side refuses as permanently too large (CapacityError.permanent) ends at once
@@ -35,13 +36,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine_client.client import errors
-from engine_client.client.control import KVControl
 from engine_client.loop.admission_limit import AdmissionLimit
+from engine_client.loop.control_ref import ControlRef
 from engine_client.loop.page_names import PageNames
 from engine_client.loop.queue_policy import QueueLimits, Turn, reserved_tokens
 from engine_client.loop.request import FailStatus, Finish, GenRequest, Phase
 from engine_client.loop.sampler import token_key
 from engine_client.loop.speculative import reserve_extra
+from engine_client.loop.state_file import StateFile
 from engine_client.loop.synthetic import SyntheticContext
 
 log = logging.getLogger(__name__)
@@ -81,7 +83,6 @@ class Admit(enum.Enum):
     ADMITTED = 1
     REFUSED = 2  # no capacity now
     ENDED = 3  # the request ended (refused for good, or an error)
-    LOST = 4  # the KV service is gone
 
 
 class Scheduler:
@@ -89,7 +90,7 @@ class Scheduler:
 
     def __init__(
         self,
-        control: KVControl,
+        control: ControlRef,
         policy: QueueLimits,
         *,
         admission: AdmissionLimit,
@@ -97,22 +98,22 @@ class Scheduler:
         prefill_chunk: int,
         synthetic: SyntheticContext,
         finish: Callable[..., None],
-        lost: Callable[[errors.KVError], None],
-        admitted: Callable[[GenRequest], None],
+        state: StateFile | None,
         clock: Callable[[], float] = time.monotonic,
         prefix_cache: bool = False,
         share_generated: bool = True,
         draft_tokens: int = 0,
     ) -> None:
         """draft_tokens D > 0: speculative steps of D + 1 rows per request, never overlapped
-        (a step's positions follow the previous step's accepted count)."""
+        (a step's positions follow the previous step's accepted count). `finish` ends a
+        request; `state` records each admission."""
         self.control, self.policy = control, policy
         self.admission, self.max_batch = admission, max_batch
         self.prefill_chunk = prefill_chunk
         self.synthetic = synthetic
         # Prefix caching: the page names admissions look up and releases publish.
         self.names = PageNames(control, synthetic, prefill_chunk, prefix_cache, share_generated)
-        self._finish, self._lost, self._admitted, self.clock = finish, lost, admitted, clock
+        self._finish, self.state, self.clock = finish, state, clock
         self.requests: dict[str, GenRequest] = {}
         self.waiting: deque[GenRequest] = deque()
         self.queued_at: dict[str, float] = {}
@@ -147,6 +148,8 @@ class Scheduler:
     # --- one turn ---
 
     async def schedule(self) -> Batch | None:
+        """This turn's batch, None when there is nothing to run. Raises ServiceUnavailable when
+        an admission found the KV service lost (the engine then fails every request)."""
         for req in self.requests.values():
             if req.cancelled and not req.finished:
                 self._finish(req, Finish.CANCELLED)
@@ -187,8 +190,6 @@ class Scheduler:
                 if turn is Turn.SKIP:
                     continue
             outcome = await self._try_admit(req)
-            if outcome is Admit.LOST:
-                return
             if outcome is Admit.REFUSED:
                 refusals += 1
                 head = head or req
@@ -198,7 +199,7 @@ class Scheduler:
 
     async def _try_admit(self, req: GenRequest) -> Admit:
         try:
-            adm = await self.control.admit(
+            adm = await self.control.current.admit(
                 req.request_id,
                 req.prompt_len,
                 req.max_new_tokens + self.reserve_extra,
@@ -209,7 +210,8 @@ class Scheduler:
         self.dequeue(req)
         req.slot, req.phase = adm.slot, Phase.PREFILL
         req.cached_tokens = req.prefilled = adm.cached_tokens
-        self._admitted(req)
+        if self.state is not None:
+            self.state.started(req)
         log.info(
             "request %s admitted to slot %d (mode %d, %d prompt tokens cached)",
             req.request_id,
@@ -225,8 +227,7 @@ class Scheduler:
             log.debug("request %s stays queued: %s", req.request_id, e)
             return Admit.REFUSED
         if isinstance(e, errors.ServiceUnavailable) and not isinstance(e, errors.Draining):
-            self._lost(e)
-            return Admit.LOST
+            raise e  # the service is lost: no request waits on it
         self.dequeue(req)
         if isinstance(e, errors.CapacityError):
             why = f"the request can never fit the KV capacity: {e}"

@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 class Compute:
     """What one engine runs on its compute thread: the model, its model runner (static
     buffers, CUDA graphs), the KV backend (with its per-slot swap counts), and the prefill
-    sizes. The steps themselves are launched by engine_client.loop.runner.StepRunner."""
+    sizes. The steps themselves are launched by engine_client.loop.step_runner.StepRunner."""
 
     def __init__(
         self,

@@ -1,6 +1,6 @@
 """The model runner: what launches a decode step on the model, graphed or eager (its speculative
 variant, verify + draft, is `engine_client.model.speculative_runner`). The engine's step loop
-(`engine_client.loop.runner.StepRunner`) calls it; it owns static input/output buffers,
+(`engine_client.loop.step_runner.StepRunner`) calls it; it owns static input/output buffers,
 batch-size buckets, and one CUDA graph per bucket.
 
 A step copies the batch into fixed-address device buffers (padded to the next bucket with

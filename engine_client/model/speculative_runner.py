@@ -4,7 +4,7 @@ buffers with CUDA graphs per batch bucket (engine_client.model.model_runner's co
 Speculative decoding, where each part lives: this runner (the verify and draft graphs, the
 drafts of a prefill), the draft module (`engine_client.model.mtp`, V3.2's MTP layer), the
 acceptance on the device (`engine_client.loop.speculative`, beside the sampler it builds on),
-and the step loop's dispatch to it (`engine_client.loop.runner`).
+and the step loop's dispatch to it (`engine_client.loop.step_runner`).
 
 A verify step of a request whose last accepted token sits at position p (its KV not stored
 yet) runs the model over D + 1 consecutive rows: the token at p and the drafts for p + 1 ..

@@ -86,7 +86,7 @@ async def restore(engine: Engine, control: KVControl, saved: state_file.SavedSta
     await _adopt_held(engine, control, saved)
     for s in saved.requests.values():
         if s.queued:
-            engine.requeue(_requeued(s, engine.vocab))
+            engine.api.requeue(_requeued(s, engine.vocab))
             log.info("queued request %s again after %d tokens", s.request_id, len(s.tokens))
 
 
@@ -112,7 +112,7 @@ async def _adopt_held(engine: Engine, control: KVControl, saved: state_file.Save
             log.info("releasing held request %s: nothing to resume it from", held.request_id)
             await control.release(held.request_id)
             continue
-        engine.adopt(req)
+        engine.api.adopt(req)
         if control.tensors is not None and not req.finished:
             residency.restart(control.tensors, req.slot, _committed(req))
         log.info(

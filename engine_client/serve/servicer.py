@@ -102,7 +102,7 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):
             if bad_id is not None:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, bad_id)
             try:
-                return self.engine.resume(request.resume_request_id)
+                return self.engine.api.resume(request.resume_request_id)
             except errors.UnknownRequest as e:
                 await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
         try:
@@ -123,7 +123,7 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):
         synthetic = self.engine.scheduler.synthetic.placeholders(serial, vocab)
         assert self.engine.vocab is not None  # build_engine gives the served engine its vocabulary
         text = prompt.text_stream(request, self.engine.vocab)
-        return self.engine.submit(
+        return self.engine.api.submit(
             synthetic + tuple(ids), request.max_new_tokens, params, text, request.cache_salt
         )
 
@@ -161,7 +161,7 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):
         finally:
             if not req.finished:
                 log.info("client of request %s went away: cancelling it", req.request_id)
-                self.engine.cancel(req)
+                self.engine.api.cancel(req)
         if req.finish is Finish.ERROR:
             await context.abort(FAIL_CODES[req.status], req.error)
 

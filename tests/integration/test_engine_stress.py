@@ -88,14 +88,14 @@ async def _churn_on(engine, steps: int, device: str) -> tuple[dict, dict, int]:
                 stop_token_ids=tuple(rng.sample(range(vocab), vocab // 32)),
             )
             if len(engine.waiting) < 2:  # keep the slots full, the queue short
-                reqs.append(engine.submit(prompt, rng.randrange(1, 24), sampling))
+                reqs.append(engine.api.submit(prompt, rng.randrange(1, 24), sampling))
             running = [r for r in reqs if r.tokens and not r.finished]
             if running and rng.random() < 0.2:
-                engine.cancel(rng.choice(running))
+                engine.api.cancel(rng.choice(running))
             engine.stepped.clear()
             await engine.stepped.wait()  # one round per finished step
         for r in reqs:
-            engine.cancel(r)
+            engine.api.cancel(r)
         await wait_until(lambda: not engine.requests, timeout=60)
         if device == "cuda":
             torch.cuda.synchronize()  # an illegal address would surface here at the latest

@@ -118,7 +118,7 @@ async def _run(
     tokens, cached = [], []
     try:
         for prompt, n, salt, _ in jobs:
-            req = engine.submit(prompt, n, SamplingParams(), cache_salt=salt)
+            req = engine.api.submit(prompt, n, SamplingParams(), cache_salt=salt)
             async for _ in req.follow():
                 pass
             assert req.finish is Finish.LENGTH, req.error
@@ -232,7 +232,7 @@ async def _interrupted(cfg, prompt: tuple[int, ...], n: int, after: int) -> str:
     """Run a request until `after` tokens, then stop the engine leaving it with the service."""
     engine = await build_engine(cfg)
     engine.start()
-    req = engine.submit(prompt, n, SamplingParams())
+    req = engine.api.submit(prompt, n, SamplingParams())
     try:
         async for ev in req.follow():
             if ev.index + 1 >= after:
@@ -246,7 +246,7 @@ async def _resumed(cfg, request_id: str):
     engine = await build_engine(cfg)
     engine.start()
     try:
-        req = engine.lookup(request_id)
+        req = engine.api.lookup(request_id)
         async for _ in req.follow():
             pass
         return req

@@ -12,6 +12,7 @@ from contract import errors
 from contract.layout import MAX_ROWS_PER_STEP, MODE_OFFLOADED, MODE_RESIDENT
 from engine_client.client.control import StepReport
 from engine_client.client.kv_client import KVClient
+from engine_client.loop.control_ref import ControlRef
 from engine_client.loop.postprocess import ReportSender
 from tests.process_harness import LAYOUT, layout_with, start_service, workdir
 
@@ -90,7 +91,7 @@ def test_merged_step_reports_are_bounded_by_their_step_count(svc) -> None:
         c = await _connect(svc)
         try:
             before = await c.stats()
-            sender = ReportSender(c)
+            sender = ReportSender(ControlRef(c))
             for step in range(5):  # all sent before the first goes out: one report of 5 steps
                 sender.send(StepReport(step, (), one_step - 1, 1, one_step * row))
             await sender.flush()

@@ -66,7 +66,7 @@ async def tokens_and_logits(cfg) -> tuple[list[list[int]], list[torch.Tensor], d
         return logits[-1]
 
     engine.compute.model_runner.step = recording_step
-    reqs = [engine.submit(p, n, SamplingParams()) for p, n in JOBS]
+    reqs = [engine.api.submit(p, n, SamplingParams()) for p, n in JOBS]
     engine.start()
     try:
         for req in reqs:

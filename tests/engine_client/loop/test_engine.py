@@ -63,7 +63,7 @@ async def _run_jobs(
         return out
 
     engine.compute.model_runner.step = recording_step
-    reqs = [engine.submit(p, n, s) for p, n, s in jobs]
+    reqs = [engine.api.submit(p, n, s) for p, n, s in jobs]
     engine.start()
     try:
         for req in reqs:
@@ -179,10 +179,10 @@ async def _cancel_running(cfg) -> tuple[GenRequest, dict]:
     engine = await build_engine(cfg)
     engine.start()
     try:
-        req = engine.submit(tuple(range(1, 30)), 60, SamplingParams())
+        req = engine.api.submit(tuple(range(1, 30)), 60, SamplingParams())
         async for ev in req.follow():
             if ev.index == 2:
-                engine.cancel(req)
+                engine.api.cancel(req)
                 break
         async for _ in req.follow():
             pass
@@ -234,7 +234,7 @@ async def _run_stop(stop_token: int):
     engine.start()
     try:
         p, n, _ = JOBS[0]
-        req = engine.submit(p, n, SamplingParams(stop_token_ids=(stop_token,)))
+        req = engine.api.submit(p, n, SamplingParams(stop_token_ids=(stop_token,)))
         async for _ in req.follow():
             pass
         assert req.finish is Finish.STOP

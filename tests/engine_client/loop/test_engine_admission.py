@@ -70,7 +70,7 @@ async def _serve_all(limit: Modelled, device: str = "cpu") -> tuple[list, float 
     engine.metrics.watch_admission(limit)
     engine.start()
     try:
-        reqs = [engine.submit(PROMPT, NEW, SamplingParams()) for _ in range(2 * CAPACITY)]
+        reqs = [engine.api.submit(PROMPT, NEW, SamplingParams()) for _ in range(2 * CAPACITY)]
         await asyncio.wait_for(asyncio.gather(*map(_done, reqs)), 60)
         return reqs, engine.metrics.registry.get_sample_value("engine_admission_limit")
     finally:

@@ -75,8 +75,8 @@ def test_never_fitting_request_is_refused_at_once_and_the_next_is_served() -> No
     async def run():
         engine, gate = await _engine(limit=20, permanent=True)
         try:
-            big = engine.submit(*BIG, SamplingParams())
-            small = engine.submit(*SMALL, SamplingParams())
+            big = engine.api.submit(*BIG, SamplingParams())
+            small = engine.api.submit(*SMALL, SamplingParams())
             await asyncio.wait_for(asyncio.gather(_done(big), _done(small)), 60)
             return big, small, gate
         finally:
@@ -93,8 +93,8 @@ def test_smaller_requests_pass_a_young_blocked_head() -> None:
     async def run():
         engine, gate = await _engine(limit=20, permanent=False, skip_ahead=3600)
         try:
-            big = engine.submit(*BIG, SamplingParams())
-            small = engine.submit(*SMALL, SamplingParams())
+            big = engine.api.submit(*BIG, SamplingParams())
+            small = engine.api.submit(*SMALL, SamplingParams())
             await asyncio.wait_for(_done(small), 60)
             waiting = big.request_id in [r.request_id for r in engine.waiting]
             return small, waiting
@@ -114,8 +114,8 @@ def test_an_old_head_is_not_passed_and_is_admitted_first(policy) -> None:
     async def run():
         engine, gate = await _engine(limit=20, permanent=False, **policy)
         try:
-            big = engine.submit(*BIG, SamplingParams())
-            small = engine.submit(*SMALL, SamplingParams())
+            big = engine.api.submit(*BIG, SamplingParams())
+            small = engine.api.submit(*SMALL, SamplingParams())
             await wait_until(lambda: gate.refusals >= 3)  # retried: the small one could have passed
             held_back = not small.tokens and small.request_id not in gate.admitted
             gate.limit = 1000  # capacity comes back
@@ -134,7 +134,7 @@ def test_max_queue_wait_ends_a_request_that_waits_too_long() -> None:
     async def run():
         engine, gate = await _engine(limit=20, permanent=False, max_queue_wait=0.2)
         try:
-            big = engine.submit(*BIG, SamplingParams())
+            big = engine.api.submit(*BIG, SamplingParams())
             await asyncio.wait_for(_done(big), 30)
             return big
         finally:
@@ -154,7 +154,7 @@ def test_metrics_count_tokens_steps_and_device_time() -> None:
         engine = await build_engine(engine_config("baseline"))
         engine.start()
         try:
-            reqs = [engine.submit(*SMALL, SamplingParams()) for _ in range(3)]
+            reqs = [engine.api.submit(*SMALL, SamplingParams()) for _ in range(3)]
             await asyncio.wait_for(asyncio.gather(*map(_done, reqs)), 60)
             (host, port), stop = engine.metrics.serve(0)
             try:

@@ -35,7 +35,7 @@ async def _run(drop: bool) -> tuple[list[list[int]], list[torch.Tensor], dict]:
         return out
 
     engine.compute.model_runner.step = dropping_step
-    reqs = [engine.submit(p, n, s) for p, n, s in JOBS]
+    reqs = [engine.api.submit(p, n, s) for p, n, s in JOBS]
     engine.start()
     try:
         for req in reqs:

@@ -24,7 +24,7 @@ async def _done(req) -> None:
 def test_a_failed_step_is_logged_with_its_step_and_ends_its_requests(caplog) -> None:
     async def run():
         engine = await build_engine(engine_config("baseline"))
-        launch, calls = engine.runner.launch, []
+        launch, calls = engine.step_runner.launch, []
 
         def failing(batch):
             calls.append(batch.step)
@@ -32,12 +32,12 @@ def test_a_failed_step_is_logged_with_its_step_and_ends_its_requests(caplog) -> 
                 raise RuntimeError("capture failed on purpose")
             return launch(batch)
 
-        engine.runner.launch = failing
+        engine.step_runner.launch = failing
         engine.start()
         try:
-            first = engine.submit((1, 2, 3), 4, SamplingParams())
+            first = engine.api.submit((1, 2, 3), 4, SamplingParams())
             await asyncio.wait_for(_done(first), 60)
-            second = engine.submit((1, 2, 3), 4, SamplingParams())
+            second = engine.api.submit((1, 2, 3), 4, SamplingParams())
             await asyncio.wait_for(_done(second), 60)
             return first, second
         finally:

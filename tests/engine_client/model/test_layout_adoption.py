@@ -37,7 +37,7 @@ async def first_tokens(cfg) -> tuple[list[int], tuple]:
     try:
         model, layout = engine.compute.model, engine.compute.layout
         shape = (model.cfg.num_layers, model.cfg.topk, layout.row, layout.index)
-        req = engine.submit(tuple(range(3, 30)), 3, SamplingParams())
+        req = engine.api.submit(tuple(range(3, 30)), 3, SamplingParams())
         engine.start()
         async for _ in req.follow():
             pass

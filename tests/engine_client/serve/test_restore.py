@@ -74,15 +74,15 @@ def test_a_revived_request_waiting_for_admission_survives_an_engine_kill(service
     async def run() -> tuple[list[int], GenRequest, GenRequest]:
         engine = await build_engine(cfg)
         engine.start()
-        reference = engine.submit(PROMPT, NEW, SamplingParams())
+        reference = engine.api.submit(PROMPT, NEW, SamplingParams())
         await _done(reference)
-        lost = engine.submit(PROMPT, NEW, SamplingParams())
+        lost = engine.api.submit(PROMPT, NEW, SamplingParams())
         async for event in lost.follow():
             if event.index == 2:  # the client sees the service go (its stream broke)
                 engine.control.recovery.die(errors.ServiceUnavailable("the service is gone"))
                 break
         await asyncio.wait_for(engine.recovered.wait(), 30)
-        revived = engine.resume(lost.request_id)
+        revived = engine.api.resume(lost.request_id)
         on_disk = open(path).read()  # what a kill -9 leaves: nothing is flushed after this
         await engine.stop(keep_requests=True)
         with open(path, "w") as f:
@@ -90,7 +90,7 @@ def test_a_revived_request_waiting_for_admission_survives_an_engine_kill(service
         again = await build_engine(cfg)
         again.start()
         try:
-            back = again.resume(lost.request_id)
+            back = again.api.resume(lost.request_id)
             await _done(back)
         finally:
             await again.stop()
@@ -113,9 +113,9 @@ def test_a_cancelled_queued_request_is_not_run_again_after_a_kill(service, tmp_p
         engine.set_control(Full(engine.control))
         engine.start()
         try:
-            req = engine.submit(PROMPT, NEW, SamplingParams())
+            req = engine.api.submit(PROMPT, NEW, SamplingParams())
             await wait_until(lambda: engine.scheduler.refused)
-            engine.cancel(req)
+            engine.api.cancel(req)
             await wait_until(lambda: req.request_id in engine.finished)
             return req.request_id, state_file.load(path)  # before stop() flushes the file
         finally:

@@ -256,7 +256,7 @@ def test_a_character_cut_by_a_resumable_end_comes_out_once_whole(cut_by, tmp_pat
 
         async def stop() -> GenRequest:
             engine = await build_engine(engine_config("baseline"))
-            req = engine.submit((5, 6), len(ids), SamplingParams(), TextStream(tiny))
+            req = engine.api.submit((5, 6), len(ids), SamplingParams(), TextStream(tiny))
             for t in ids[:cut]:  # as the loop records generated tokens
                 req.add_token(t, 0.0)
             await engine.stop(keep_requests=True)

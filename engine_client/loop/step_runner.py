@@ -1,4 +1,5 @@
-"""The runner: launches one engine step on the device and hands its results back later.
+"""The step runner (`StepRunner`, held as `Engine.step_runner`): launches one engine step on the
+device, through the compute's model runner, and hands its results back later.
 
 `launch(batch)` enqueues the step and returns at once on a GPU: the prefill chunk (if any), the
 decode graph, sampling on the device (engine_client.loop.sampler), the sampled tokens written
@@ -8,7 +9,7 @@ waits for that event only, then reads the pinned buffer.
 
 Overlap (`advance`): launch step t, then wait for step t - 1. The device runs t while the host
 post-processes t - 1 and schedules t + 1, so it never waits for the host. Without overlap the
-runner waits for the step it just launched. On CPU the device is synchronous: launch computes
+step runner waits for the step it just launched. On CPU the device is synchronous: launch computes
 the step and the events are absent, but the code path is the same.
 
 Three buffer sets, because when step t + 1 is launched, step t's buffers are not read yet and
@@ -115,7 +116,7 @@ class LaunchedStep:
 
 @dataclass(frozen=True)
 class Advance:
-    """One turn of the runner: the step now in flight, the results of a finished one, and the
+    """One turn of the step runner: the step now in flight, the results of a finished one, and the
     error of a step that could not be launched (its work has drained from the device)."""
 
     launched: LaunchedStep | None
