@@ -34,11 +34,12 @@ from concurrent.futures import ThreadPoolExecutor
 from engine_client.client import errors
 from engine_client.client.control import KVControl
 from engine_client.loop.admission_limit import AdmissionLimit
+from engine_client.loop.batch import Batch
+from engine_client.loop.finished import FinishedRequests
 from engine_client.loop.metrics import EngineMetrics
 from engine_client.loop.parts import EngineOptions, EngineParts
 from engine_client.loop.queue_policy import QueueLimits
 from engine_client.loop.request import Finish, GenRequest
-from engine_client.loop.scheduler import Batch
 from engine_client.loop.state_file import StateFile
 from engine_client.loop.step_runner import Advance, LaunchedStep
 from engine_client.model.compute import Compute
@@ -78,7 +79,7 @@ class Engine:
         self.scheduler, self.step_runner = parts.scheduler, parts.step_runner
         self.reports, self.postprocess = parts.reports, parts.postprocess
         self.releaser, self.failures, self.recovery = parts.releaser, parts.failures, parts.recovery
-        self.api, self._finish = parts.api, parts.finisher.finish
+        self.api, self._finish, self._finished = parts.api, parts.finisher.finish, parts.finished
         # Set while no step is in flight on the device; anything that happens sets `_wake`.
         self._quiet, self._wake = parts.device_quiet, parts.wake
         # One thread runs every model call, in order (it holds the CUDA device and stream).
@@ -111,9 +112,9 @@ class Engine:
         return self.failures.error
 
     @property
-    def finished(self) -> dict[str, GenRequest]:
+    def finished(self) -> FinishedRequests:
         """Released requests, kept for a late resume of their stream."""
-        return self.releaser.finished
+        return self._finished
 
     @property
     def requests(self) -> dict[str, GenRequest]:
@@ -134,8 +135,8 @@ class Engine:
 
     async def stop(self, keep_requests: bool = False) -> None:
         """Stop the loop after the current step. keep_requests: leave every admitted request
-        with the KV service (its lease) for a restarted engine to resume; else cancel and
-        release them all and end the session."""
+        with the KV service (its lease), and every lost one, for a restarted engine to resume;
+        else cancel and release them all, end the session and leave nothing to resume."""
         self._stopping = True
         self._wake.set()
         self.recovery.cancel()
@@ -146,6 +147,7 @@ class Engine:
             for req in list(self.requests.values()):
                 self._finish(req, Finish.CANCELLED)
             await self.releaser.release_ended(self.done_step)
+            self._finished.end_lost()
         for req in list(self.requests.values()):
             req.end(Finish.ERROR, "the engine stopped; resume with this request id", resumable=True)
         self._executor.shutdown(wait=True)

@@ -3,8 +3,11 @@
 A lost service (`fail_all`) leaves no memory to trust: every request ends with UNAVAILABLE, new
 ones are refused, and `engine_client.loop.recovery` lets go of the lost memory and re-attaches
 to a restarted service (`recovered`: new requests are served again). A request that was running
-keeps `lost_kv`, so that a resume after the re-attach prefills its KV again. A failed compute
-step (`step_failed`) leaves only its own requests' KV undefined: they end with INTERNAL.
+or queued keeps `lost_kv`, so that a resume after the re-attach prefills its KV again: the state
+file marks it lost at once, and keeps it through the re-attach's rewrite, so that a restarted
+engine can revive it too. Queued requests leave the scheduler at once (they hold no slot);
+admitted ones once no launched step reads their slot (engine_client.loop.release). A failed
+compute step (`step_failed`) leaves only its own requests' KV undefined: they end with INTERNAL.
 """
 
 from __future__ import annotations
@@ -14,10 +17,12 @@ import logging
 from collections.abc import Callable
 
 from engine_client.client import errors
+from engine_client.loop.batch import Batch
 from engine_client.loop.control_ref import ControlRef
+from engine_client.loop.finished import FinishedRequests
 from engine_client.loop.recovery import ServiceRecovery
 from engine_client.loop.request import FailStatus, Finish, GenRequest
-from engine_client.loop.scheduler import Batch, Scheduler
+from engine_client.loop.scheduler import Scheduler
 from engine_client.loop.state_file import StateFile
 
 log = logging.getLogger(__name__)
@@ -39,9 +44,11 @@ class Failures:
         state: StateFile | None,
         finish: FinishFn,
         wake: asyncio.Event,
+        finished: FinishedRequests,
     ) -> None:
         self.scheduler, self.control, self.recovery = scheduler, control, recovery
         self.state, self._finish, self._wake = state, finish, wake
+        self.finished = finished
         self.error: errors.KVError | None = None
 
     def check_service(self) -> None:
@@ -66,15 +73,22 @@ class Failures:
             self.recovery.start(then=self.recovered)
         else:
             self.recovery.give_up()
-        for req in list(self.scheduler.waiting):
-            self.scheduler.dequeue(req)
+        for req in self.scheduler.drop_waiting():
+            self._fail(req, why, lost)
+            self.finished.keep(req)  # where a resume finds it
         for req in list(self.scheduler.requests.values()):
+            self._fail(req, why, lost)
+        if self.state is not None:
+            self.state.flush()
+
+    def _fail(self, req: GenRequest, why: errors.KVError, lost: bool) -> None:
+        if lost and not req.finished and not req.lost_kv:
             # Its KV went with the service: a resume after the re-attach prefills it again.
-            req.lost_kv = req.lost_kv or (lost and not req.finished)
-            said = f"{why}; {RESUME_ADVICE}: generate --resume {req.request_id}"
-            self._finish(
-                req, Finish.ERROR, said if req.lost_kv else str(why), FailStatus.UNAVAILABLE
-            )
+            req.lost_kv = True
+            if self.state is not None:
+                self.state.lost(req.request_id)
+        said = f"{why}; {RESUME_ADVICE}: generate --resume {req.request_id}"
+        self._finish(req, Finish.ERROR, said if req.lost_kv else str(why), FailStatus.UNAVAILABLE)
 
     def step_failed(self, batch: Batch | None, e: Exception) -> None:
         """A failed step leaves its requests' KV undefined. The log says which step it was,
@@ -97,10 +111,12 @@ class Failures:
             )
 
     def recovered(self) -> None:
-        """The control re-attached to a restarted service: serve again."""
+        """The control re-attached to a restarted service: serve again. The state file names
+        the new session (an engine restarted later resumes it) and keeps the lost requests."""
         control = self.control.current
-        if self.state is not None:  # an engine restarted later resumes the new session
+        if self.state is not None:
             epoch = getattr(control, "epoch", 0)
-            self.state.rewrite(control.session_id, epoch, [], list(self.scheduler.waiting))
+            waiting = list(self.scheduler.waiting)
+            self.state.rewrite(control.session_id, epoch, [], waiting, self.finished.lost())
         self.error = None
         self._wake.set()

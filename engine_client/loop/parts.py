@@ -7,7 +7,8 @@ patched in afterwards and none reaches through another for a third:
 2. the metrics, and the loop's events: `wake` (anything that happens wakes the loop) and
    `device_quiet` (set while no step is in flight: the recovery waits on it before letting go of
    lost memory);
-3. the `Finisher`, which every part that ends a request calls;
+3. the `Finisher`, which every part that ends a request calls, and the finished requests kept
+   for a late resume (`FinishedRequests`);
 4. the scheduler (its admissions raise ServiceUnavailable when the service is lost: the loop
    then fails everything, so the scheduler needs no way to reach the failure handling);
 5. the recovery, then the failure handling that starts it (`Failures`);
@@ -25,6 +26,7 @@ from engine_client.client.control import KVControl
 from engine_client.loop.admission_limit import AdmissionLimit
 from engine_client.loop.control_ref import ControlRef
 from engine_client.loop.failure import Failures
+from engine_client.loop.finished import FinishedRequests
 from engine_client.loop.metrics import EngineMetrics
 from engine_client.loop.postprocess import Postprocessor, ReportSender
 from engine_client.loop.queue_policy import QueueLimits
@@ -55,6 +57,7 @@ class EngineParts:
     wake: asyncio.Event
     device_quiet: asyncio.Event
     finisher: Finisher
+    finished: FinishedRequests
     scheduler: Scheduler
     recovery: ServiceRecovery
     failures: Failures
@@ -78,14 +81,14 @@ class EngineParts:
         quiet.set()  # no step in flight yet
         metrics = metrics or EngineMetrics()
         metrics.watch_admission(admission)
-        finisher = Finisher(state, wake)
+        finisher, finished = Finisher(state, wake), FinishedRequests(state)
         scheduler = _scheduler(compute, ref, admission, finisher, state, options)
         recovery = ServiceRecovery(ref, compute, device_quiet=quiet)
-        failures = Failures(scheduler, ref, recovery, state, finisher.finish, wake)
+        failures = Failures(scheduler, ref, recovery, state, finisher.finish, wake, finished)
         reports = ReportSender(ref)
-        releaser = Releaser(scheduler, ref, reports, state, failures)
+        releaser = Releaser(scheduler, ref, reports, state, failures, finished)
         postprocess = Postprocessor(compute.row_bytes, state, reports, metrics, finisher.finish)
-        api = RequestAPI(scheduler, failures, releaser, finisher, state, wake)
+        api = RequestAPI(scheduler, failures, finished, finisher, state, wake)
         step_runner = _step_runner(compute, options.overlap)
         return cls(
             ref,
@@ -93,6 +96,7 @@ class EngineParts:
             wake,
             quiet,
             finisher,
+            finished,
             scheduler,
             recovery,
             failures,

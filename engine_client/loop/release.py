@@ -4,28 +4,25 @@ goes back to the service (`Releaser`).
 An ended request (cancelled, stopped, finished or failed) keeps its slot until the newest step
 that read it has finished on the device (`GenRequest.last_step` <= the engine's `done_step`):
 until then a launched step may still read that KV, and a new request admitted into the slot
-would have it overwritten under that step. Released requests stay a while in `finished` so that
-a late resume of their stream still finds them.
+would have it overwritten under that step. Released requests stay a while in `finished`
+(engine_client.loop.finished) so that a late resume of their stream still finds them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
 
 from engine_client.client import errors
 from engine_client.loop.control_ref import ControlRef
 from engine_client.loop.failure import Failures
+from engine_client.loop.finished import FinishedRequests
 from engine_client.loop.postprocess import ReportSender
 from engine_client.loop.request import FailStatus, Finish, GenRequest
 from engine_client.loop.scheduler import Scheduler
 from engine_client.loop.state_file import StateFile
 
 log = logging.getLogger(__name__)
-
-# Finished requests kept for a late resume of their stream.
-FINISHED_KEPT = 1024
 
 
 class Finisher:
@@ -56,9 +53,9 @@ class Finisher:
 
 
 class Releaser:
-    """Releases ended requests' slots and keeps the most recent FINISHED_KEPT of them. While
-    the service is lost (`failures.error`), its memory is not trusted and there is no service to
-    give a slot back to."""
+    """Releases ended requests' slots and hands them to `finished`. While the service is lost
+    (`failures.error`), its memory is not trusted and there is no service to give a slot back
+    to."""
 
     def __init__(
         self,
@@ -67,10 +64,10 @@ class Releaser:
         reports: ReportSender,
         state: StateFile | None,
         failures: Failures,
+        finished: FinishedRequests,
     ) -> None:
         self.scheduler, self.control, self.reports = scheduler, control, reports
-        self.state, self.failures = state, failures
-        self.finished: OrderedDict[str, GenRequest] = OrderedDict()
+        self.state, self.failures, self.finished = state, failures, finished
 
     async def release_ended(self, done_step: int) -> None:
         """Release every ended request that no step up to `done_step` still reads."""
@@ -80,9 +77,7 @@ class Releaser:
                 continue  # live, or a launched step still reads its KV
             await self._release(req)
             del requests[req.request_id]
-            self.finished[req.request_id] = req
-            while len(self.finished) > FINISHED_KEPT:
-                self.finished.popitem(last=False)
+            self.finished.keep(req)
 
     async def _release(self, req: GenRequest) -> None:
         if req.slot >= 0 and self.failures.error is None:
@@ -94,8 +89,10 @@ class Releaser:
             except errors.KVError as e:
                 log.warning("release of %s failed: %s", req.request_id, e)
             self.scheduler.released()
-        if self.state is not None and not req.unadmitted:  # an unadmitted one's is written
-            self.state.ended(req.request_id)  # at its end (Finisher.finish)
+        # An unadmitted request's end is written at its end (Finisher.finish); one failed by a
+        # KV loss has none: it stays resumable (engine_client.loop.finished).
+        if self.state is not None and not req.unadmitted and not req.lost_kv:
+            self.state.ended(req.request_id)
         assert req.finish is not None  # only finished requests are released
         log.info(
             "request %s %s after %d tokens",

@@ -13,7 +13,8 @@ import uuid
 
 from engine_client.client import errors
 from engine_client.loop.failure import Failures
-from engine_client.loop.release import Finisher, Releaser
+from engine_client.loop.finished import FinishedRequests
+from engine_client.loop.release import Finisher
 from engine_client.loop.request import Finish, GenRequest, Phase, SamplingParams
 from engine_client.loop.scheduler import Scheduler
 from engine_client.loop.state_file import StateFile
@@ -29,12 +30,12 @@ class RequestAPI:
         self,
         scheduler: Scheduler,
         failures: Failures,
-        releaser: Releaser,
+        finished: FinishedRequests,
         finisher: Finisher,
         state: StateFile | None,
         wake: asyncio.Event,
     ) -> None:
-        self.scheduler, self.failures, self.releaser = scheduler, failures, releaser
+        self.scheduler, self.failures, self.finished = scheduler, failures, finished
         self._finish, self.state, self._wake = finisher.finish, state, wake
 
     def submit(
@@ -65,7 +66,7 @@ class RequestAPI:
         return req
 
     def lookup(self, request_id: str) -> GenRequest:
-        req = self.scheduler.requests.get(request_id) or self.releaser.finished.get(request_id)
+        req = self.scheduler.requests.get(request_id) or self.finished.get(request_id)
         if req is None:
             raise errors.UnknownRequest(f"no request {request_id!r} in this engine")
         return req
@@ -78,7 +79,7 @@ class RequestAPI:
         serving = self.failures.error is None
         if req.lost_kv and serving and request_id not in self.scheduler.requests:
             req.revive()
-            del self.releaser.finished[request_id]
+            self.finished.take(request_id)
             self.scheduler.enqueue(req)
             if self.state is not None:  # queued again, tokens and all: a kill now loses nothing
                 self.state.queued(req)
@@ -100,6 +101,10 @@ class RequestAPI:
         """A request the state file had queued when the previous engine process died."""
         self.scheduler.enqueue(req)
         self._wake.set()
+
+    def keep_lost(self, req: GenRequest) -> None:
+        """A request the state file saw lost with its KV service: revivable by a resume."""
+        self.finished.keep(req)
 
     def adopt(self, req: GenRequest) -> None:
         """A request resumed from the state file whose slot the service still holds."""

@@ -19,7 +19,8 @@ The queue (issue 11):
 - The queue is tried in order; once a request was refused for capacity, the queue policy
   (engine_client.loop.queue_policy: FIFO, or bounded skip-ahead) says whether the requests
   behind it may be tried this turn.
-- A request queued longer than `max_queue_wait` ends with RESOURCE_EXHAUSTED and a message.
+- A request queued longer than `max_queue_wait` ends with RESOURCE_EXHAUSTED and a message
+  naming what held it last: the admission limit, or KV capacity.
 - After a refusal, admission is retried when one of our requests was released or `admit_retry`
   seconds later, not at every step (each attempt is an RPC in service modes).
 - How many requests may run at once is the admission limit's (engine_client.loop.admission_limit):
@@ -33,10 +34,10 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from engine_client.client import errors
 from engine_client.loop.admission_limit import AdmissionLimit
+from engine_client.loop.batch import Batch
 from engine_client.loop.control_ref import ControlRef
 from engine_client.loop.page_names import PageNames
 from engine_client.loop.queue_policy import QueueLimits, Turn, reserved_tokens
@@ -50,33 +51,6 @@ log = logging.getLogger(__name__)
 
 # Refused admission attempts per turn, head included: each costs an RPC in service modes.
 MAX_REFUSALS_PER_TURN = 4
-
-
-@dataclass
-class Batch:
-    """One step: `prefill` runs prompt positions prefill_range (after filling the `synthetic`
-    context regions (start, end, seed), if any); `decode` rows append ids[i] (-1: on the device) at
-    positions[i] of slots[i]. temps/keys: the rows' sampling, None when every row is greedy.
-    first: (temperature, key) of the prefill's first token when this chunk ends the prompt.
-    rows_per_request: forward rows per decode request (a speculative verify step's D + 1: the
-    token at positions[i] and D drafts on the device); temps/keys then hold one entry per row."""
-
-    step: int
-    prefill: GenRequest | None = None
-    prefill_range: tuple[int, int] = (0, 0)
-    synthetic: tuple[tuple[int, int, int], ...] = ()
-    first: tuple[float, int] | None = None
-    decode: list[GenRequest] = field(default_factory=list)
-    ids: list[int] = field(default_factory=list)
-    positions: list[int] = field(default_factory=list)
-    slots: list[int] = field(default_factory=list)
-    temps: list[float] | None = None
-    keys: list[int] | None = None
-    rows_per_request: int = 1
-
-    @property
-    def requests(self) -> list[GenRequest]:
-        return ([self.prefill] if self.prefill is not None else []) + self.decode
 
 
 class Admit(enum.Enum):
@@ -117,6 +91,9 @@ class Scheduler:
         self.requests: dict[str, GenRequest] = {}
         self.waiting: deque[GenRequest] = deque()
         self.queued_at: dict[str, float] = {}
+        # What held a queued request at the last admission turn, for its expiry message: the
+        # admission limit, else (no entry) KV capacity.
+        self.held: dict[str, str] = {}
         self.next_step = 0
         self.refused = False  # the last admission attempt was refused for capacity
         self._retry_at = 0.0
@@ -133,6 +110,16 @@ class Scheduler:
     def dequeue(self, req: GenRequest) -> None:
         self.waiting.remove(req)
         self.queued_at.pop(req.request_id, None)
+        self.held.pop(req.request_id, None)
+
+    def drop_waiting(self) -> list[GenRequest]:
+        """Take every queued request out of the scheduler (the KV service is lost): none holds
+        a slot, so none waits for a release."""
+        dropped = list(self.waiting)
+        for req in dropped:
+            self.dequeue(req)
+            del self.requests[req.request_id]
+        return dropped
 
     def released(self) -> None:
         """One of our requests gave its capacity back: retry admission now."""
@@ -165,22 +152,32 @@ class Scheduler:
         now = self.clock()
         for req in [r for r in self.waiting if now - self.queued_at[r.request_id] > limit]:
             waited = now - self.queued_at[req.request_id]
+            why = self.held.get(
+                req.request_id, f"for KV capacity for {reserved_tokens(req)} tokens"
+            )
             self.dequeue(req)
             self._finish(
                 req,
                 Finish.ERROR,
-                f"waited {waited:.1f} s for KV capacity for "
-                f"{reserved_tokens(req)} tokens (max queue wait {limit:g} s)",
+                f"waited {waited:.1f} s {why} (max queue wait {limit:g} s)",
                 FailStatus.RESOURCE_EXHAUSTED,
             )
 
     async def _admit(self) -> None:
-        """Admit in queue order; behind a refused head, as the queue policy says."""
+        """Admit in queue order; behind a refused head, as the queue policy says. A request
+        left queued is held by the admission limit when the limit stopped the turn before it,
+        else by KV capacity (refused, or behind a refused head)."""
         self.refused = False
+        self.held.clear()
         head: GenRequest | None = None
         refusals = 0
-        for req in list(self.waiting):
-            if not self.admission.allows(self.active()) or refusals >= MAX_REFUSALS_PER_TURN:
+        queue = list(self.waiting)
+        for i, req in enumerate(queue):
+            if not self.admission.allows(self.active()):
+                why = f"for admission: admission limit {self.admission.limit} reached"
+                self.held.update((r.request_id, why) for r in queue[i:])
+                break
+            if refusals >= MAX_REFUSALS_PER_TURN:
                 break
             if head is not None:
                 waited = self.clock() - self.queued_at[head.request_id]

@@ -15,11 +15,16 @@ client holds can be resumed.
       (stop_strings, text, cache_salt: optional; R > 0: a revived request, see request.py)
   {"tokens": {RID: [new token ids], ...}}           one line per step
   {"end": RID}                                      the request finished and was released
+  {"lost": RID}                                     the request failed with its KV service (its
+                                                    KV is gone): kept, revived by a resume only
 Sampling draws token i from a generator seeded by (seed, i), so prompt + tokens + seed are the
 whole sampling state. A restart rewrites the file compactly (atomic rename).
 
 A queued record of a revived request (R > 0) is followed by its tokens: a restarted engine queues
-it again as revived, to prefill the prompt and those tokens.
+it again as revived, to prefill the prompt and those tokens. A lost request is written at a
+rewrite as a queued record, its tokens and a lost record: a restarted engine keeps it finished
+and revivable, as the engine that lost it did (engine_client.loop.finished), and does not run it
+for a client that may have gone.
 
 Durability: flushed to the OS, never fsynced. The file survives the engine process being killed
 (the case resume exists for: the KV service keeps the KV for its lease), not the machine losing
@@ -58,6 +63,7 @@ class SavedRequest:
     replayed: int = 0  # a revived request's prefill re-creates the KV of its first R tokens
     queued: bool = False  # its id was handed out, it was not admitted (no start record)
     cache_salt: str = ""
+    lost: bool = False  # failed with its KV service: revived by a resume, not run on its own
 
 
 @dataclass
@@ -128,6 +134,9 @@ def _apply(state: SavedState, rec: dict) -> None:
                 state.requests[rid].tokens.extend(int(t) for t in toks)
     elif "end" in rec:
         state.requests.pop(rec["end"], None)
+    elif "lost" in rec:
+        if rec["lost"] in state.requests:
+            state.requests[rec["lost"]].lost = True
 
 
 def load(path: str) -> SavedState:
@@ -160,9 +169,10 @@ class StateFile:
         epoch: int,
         live: list[GenRequest] | list[SavedRequest],
         queued: Sequence[GenRequest] = (),
+        lost: Sequence[GenRequest] = (),
     ) -> None:
-        """Start the file over: the session line, every live (admitted) request and every queued
-        one, compactly."""
+        """Start the file over: the session line, every live (admitted) request, every queued
+        one and every lost one, compactly."""
         tmp = f"{self.path}.tmp"
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)  # a leftover of a killed engine, maybe with wider permissions
@@ -172,12 +182,21 @@ class StateFile:
                 f.writelines(json.dumps(rec) + "\n" for rec in _records(r, queued=False))
             for q in queued:
                 f.writelines(json.dumps(rec) + "\n" for rec in _records(q, queued=True))
+            for r in lost:
+                records = [*_records(r, queued=True), {"lost": r.request_id}]
+                f.writelines(json.dumps(rec) + "\n" for rec in records)
         os.replace(tmp, self.path)
         self._buffer.clear()  # records of the file just replaced
         if self._f is not None:
             self._f.close()
         self._f = open(self.path, "a")
-        log.info("state file %s: session %s, %d live requests", self.path, session_id, len(live))
+        log.info(
+            "state file %s: session %s, %d live requests, %d lost",
+            self.path,
+            session_id,
+            len(live),
+            len(lost),
+        )
 
     def _append(self, rec: dict) -> None:
         if self._f is None:
@@ -208,6 +227,10 @@ class StateFile:
         if new:
             self._append({"tokens": new})
         self.flush()
+
+    def lost(self, request_id: str) -> None:
+        """The request failed with its KV service: buffered (the caller flushes)."""
+        self._append({"lost": request_id})
 
     def ended(self, request_id: str, at_once: bool = False) -> None:
         """at_once: the end of a request that never left the queue (see the module docstring)."""

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine_client.loop.batch import Batch
 from engine_client.loop.request import GenRequest
 from engine_client.loop.sampler import sample_rows
-from engine_client.loop.scheduler import Batch
 from engine_client.loop.speculative import verify
 from engine_client.model.compute import Compute
 from engine_client.model.progress import Progress

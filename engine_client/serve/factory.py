@@ -106,15 +106,15 @@ async def connect_service(
                 cfg.service_target, resume_session_id=saved.session_id, **kwargs
             )
         except errors.UnknownRequest as e:
-            # Queued requests had no KV there: they are queued again all the same.
-            queued = {rid: r for rid, r in saved.requests.items() if r.queued}
+            # Queued and lost requests had no KV there: they come back all the same.
+            kept = {rid: r for rid, r in saved.requests.items() if r.queued or r.lost}
             log.warning(
                 "saved session %s is gone (%s): its %d admitted requests cannot be resumed",
                 saved.session_id,
                 e,
-                len(saved.requests) - len(queued),
+                len(saved.requests) - len(kept),
             )
-            saved.requests = queued
+            saved.requests = kept
     return await KVClient.connect(cfg.service_target, **kwargs)
 
 
@@ -231,8 +231,4 @@ async def build_engine(cfg: EngineConfig, metrics: EngineMetrics | None = None) 
     if cfg.overlap and cfg.spec_tokens:
         log.info("speculative steps are not overlapped: a step's positions need the last one's")
     await restore(engine, control, saved)
-    if state is not None:
-        admitted = [r for r in engine.requests.values() if r.slot >= 0]
-        epoch = getattr(control, "epoch", 0)
-        state.rewrite(control.session_id, epoch, admitted, list(engine.waiting))
     return engine

@@ -4,7 +4,9 @@ The state file names the KV session of the previous process. The new engine atta
 session id; the service hands back the requests it still holds (within its lease), and every one
 the state file also knows continues where it was: its KV is in the service's memory, its tokens
 and sampling seed in the file. Requests the service holds but the file does not know are
-released; requests the file knows but the service lost cannot be resumed.
+released; requests the file knows but the service lost cannot be resumed. Requests the file saw
+queued are queued again; those it saw lost with a KV service are kept finished and revivable, as
+the engine that lost them kept them (engine_client.loop.finished): a resume revives them.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from contract import residency
 from engine_client.client.control import HeldRequest, KVControl
 from engine_client.loop import state_file
 from engine_client.loop.engine import Engine
-from engine_client.loop.request import GenRequest, Phase
+from engine_client.loop.failure import RESUME_ADVICE
+from engine_client.loop.request import Finish, GenRequest, Phase
 from engine_client.text import vocabulary
 from engine_client.text.detokenizer import TextStream
 
@@ -82,12 +85,21 @@ async def restore(engine: Engine, control: KVControl, saved: state_file.SavedSta
     """Adopt the held requests the state file saw admitted, trusting none of their hot buffer's
     residency (contract/residency.py says why), and release the others; queue again the requests
     the file saw queued (one the service holds was admitted, but its start record was lost with
-    the process: it sent no token, and runs from the start)."""
+    the process: it sent no token, and runs from the start), keep those it saw lost; then start
+    the file over with what came back."""
     await _adopt_held(engine, control, saved)
     for s in saved.requests.values():
-        if s.queued:
+        if s.lost:
+            engine.api.keep_lost(_lost(s, engine.vocab))
+            log.info("kept lost request %s after %d tokens", s.request_id, len(s.tokens))
+        elif s.queued:
             engine.api.requeue(_requeued(s, engine.vocab))
             log.info("queued request %s again after %d tokens", s.request_id, len(s.tokens))
+    if engine.state is not None:
+        admitted = [r for r in engine.requests.values() if r.slot >= 0]
+        lost = engine.finished.lost()
+        epoch = getattr(control, "epoch", 0)
+        engine.state.rewrite(control.session_id, epoch, admitted, list(engine.waiting), lost)
 
 
 def _requeued(saved: state_file.SavedRequest, vocab: vocabulary.Vocabulary | None) -> GenRequest:
@@ -100,12 +112,21 @@ def _requeued(saved: state_file.SavedRequest, vocab: vocabulary.Vocabulary | Non
     return req
 
 
+def _lost(saved: state_file.SavedRequest, vocab: vocabulary.Vocabulary | None) -> GenRequest:
+    """A request the file saw lost with its KV service: failed, as the engine that lost it
+    left it, until a resume revives it."""
+    req = _requeued(saved, vocab)
+    req.lost_kv = True
+    req.end(Finish.ERROR, f"its KV service was lost; {RESUME_ADVICE}")
+    return req
+
+
 async def _adopt_held(engine: Engine, control: KVControl, saved: state_file.SavedState) -> None:
     for held in control.held:
         s = saved.requests.get(held.request_id)
         req = (
             None
-            if s is None or s.queued
+            if s is None or s.queued or s.lost
             else resumed(held, s, engine.vocab, engine.scheduler.reserve_extra)
         )
         if req is None:

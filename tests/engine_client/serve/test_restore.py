@@ -64,14 +64,19 @@ class Full:
 
 
 @pytest.mark.slow
-def test_a_revived_request_waiting_for_admission_survives_an_engine_kill(service, tmp_path):
-    """A request failed with its KV service and revived after the re-attach waits for admission
-    again: an engine killed then (the file as it is on disk) resumes it in the restarted engine,
-    which prefills its prompt and tokens again and continues as the uninterrupted run."""
+@pytest.mark.parametrize("revive", [True, False], ids=["revived-waiting", "lost"])
+def test_a_request_lost_with_its_service_survives_an_engine_kill_after_the_reattach(
+    service, tmp_path, revive
+):
+    """A request failed with its KV service, the engine re-attached, and then killed (the file
+    as it is on disk): revived and waiting for admission again, the restarted engine queues it
+    again; not revived yet (no resume came), it keeps it lost and does not run it, until a resume
+    revives it. Either way it prefills its prompt and tokens again and continues as the
+    uninterrupted run."""
     path = str(tmp_path / "engine.state")
     cfg = engine_config("service", service, state_file=path)
 
-    async def run() -> tuple[list[int], GenRequest, GenRequest]:
+    async def run() -> tuple[list[int], GenRequest, bool, GenRequest]:
         engine = await build_engine(cfg)
         engine.start()
         reference = engine.api.submit(PROMPT, NEW, SamplingParams())
@@ -82,22 +87,26 @@ def test_a_revived_request_waiting_for_admission_survives_an_engine_kill(service
                 engine.control.recovery.die(errors.ServiceUnavailable("the service is gone"))
                 break
         await asyncio.wait_for(engine.recovered.wait(), 30)
-        revived = engine.api.resume(lost.request_id)
+        if revive:
+            lost = engine.api.resume(lost.request_id)
         on_disk = open(path).read()  # what a kill -9 leaves: nothing is flushed after this
         await engine.stop(keep_requests=True)
         with open(path, "w") as f:
             f.write(on_disk)
         again = await build_engine(cfg)
+        held = lost.request_id in again.finished and lost.request_id not in again.requests
         again.start()
         try:
             back = again.api.resume(lost.request_id)
             await _done(back)
         finally:
             await again.stop()
-        return reference.tokens, revived, back
+        return reference.tokens, lost, held, back
 
-    reference, revived, back = asyncio.run(run())
-    assert revived.replayed >= 3 and revived.tokens == reference[: revived.replayed]
+    reference, lost, held, back = asyncio.run(run())
+    if revive:
+        assert lost.replayed >= 3 and lost.tokens == reference[: lost.replayed]
+    assert held is not revive  # a lost one waits for its client's resume
     assert back.finish is Finish.LENGTH, back.error
     assert back.tokens == reference
 
