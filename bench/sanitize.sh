@@ -23,15 +23,40 @@
 # Every process, the service the churn starts included, uses the CUDA tools that Triton resolves
 # here before any sanitizer runs (TRITON_PTXAS_PATH...: kernels/toolchain.py): under
 # --target-processes all the service once could not find ptxas.
+# Fitting one 600 s device call (gpu_session.sh's SAN_S=570). Run N measured, at the old settings:
+# memcheck kernels 27 s (the Triton compile included), churn cut at 80 s in its 3rd mode;
+# racecheck kernels 148 s (404 launches), churn cut at 130 s after 2 modes; synccheck 8 + 35 s.
+# racecheck is the cost, and it grows with the work it instruments, not with set-up (synccheck's
+# churn took under 9 s a mode, process starts and graph captures included). So:
+#  - racecheck and synccheck run a one-layer model (`--layers 1`, STRESS_LAYERS=1, the service's
+#    layout too): every kernel launches once per layer, with the layer a runtime argument, on the
+#    same shapes; shared-memory hazards and barrier use follow the code path and the shape, which
+#    the second layer repeats. That halves their launches (kernel pass: 202; on CPU, the same
+#    entries, row formats, rows and contexts, only the layer index and the pools' layer dimension
+#    differ). memcheck keeps both layers: an index past the last layer's rows shows only there.
+#  - not "stop after K launches per entry": a run's new (entry, shapes) pairs keep coming until
+#    its long request decodes past the hot buffer (launch 114 of 144 on CPU), so a cap by count
+#    drops exactly the irregular sizes (misses, multi-tile contexts) the pass is for.
+#  - memcheck's churn: 20 steps, each way out twice (about 32 steps a mode on CPU, 55 before):
+#    every KV mode and way out still ends under it, and memcheck finds by path, not repetition.
+#  - TRITON_CACHE_DIR is one directory for every part and child (the service's included): the
+#    first part compiles, the rest load.
+#  - estimates: memcheck 27 + ~95 s, racecheck ~80 + ~150 s, synccheck ~8 + ~25 s, ~385 s in all;
+#    limits 40 + 130, 100 + 190, 25 + 50 = 535 s (with the tables' parsing, under 570 s), the
+#    slack where the guess is weakest (racecheck's churn). The modes table prints each mode's
+#    steps and seconds (service start, engine build with graph capture, churn: the test's
+#    @@sanitize-time line) and pytest --durations=0 each mode's total, for the next rebalance.
 # Usage: bash bench/sanitize.sh
 #        SANITIZE_TOOLS="memcheck" bash ...        a subset of the tools
 #        SANITIZE_K="gpu and service" bash ...     some KV modes only (pytest -k)
-#        MEMCHECK_STEPS=30 MEMCHECK_MIN_ENDS=3     memcheck's churn
+#        MEMCHECK_STEPS=20 MEMCHECK_MIN_ENDS=2     memcheck's churn
 #        RACECHECK_STEPS=8 RACECHECK_MIN_ENDS=1    racecheck's churn
 #        SYNCCHECK_STEPS=8 SYNCCHECK_MIN_ENDS=1    synccheck's churn
-#        MEMCHECK_KERNELS_S=40 MEMCHECK_CHURN_S=80 time limits per tool and part (likewise
-#            RACECHECK_*: 150, 130; SYNCCHECK_*: 35, 55; KERNELS_S / CHURN_S set every tool's):
-#            490 s of parts, each killed 5 s after its limit, fits one 600 s device call
+#        MEMCHECK_LAYERS= RACECHECK_LAYERS=1 SYNCCHECK_LAYERS=1   model layers per tool (empty:
+#            the preset's 2)
+#        MEMCHECK_KERNELS_S=40 MEMCHECK_CHURN_S=130 time limits per tool and part (likewise
+#            RACECHECK_*: 100, 190; SYNCCHECK_*: 25, 50; KERNELS_S / CHURN_S set every tool's),
+#            each part killed 5 s after its limit
 #        SANITIZE_NO_CACHING=1 bash ...            the engine also bypasses torch's caching
 #            allocator, so an access past a tensor inside a pooled block is caught too; its
 #            steps then run eagerly (a graph capture must not cudaMalloc), the service keeps the
@@ -41,6 +66,8 @@ OUT=${OUT:-.gpuout}
 mkdir -p "$OUT"
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
 if [ "${SANITIZE_NO_CACHING:-0}" = 1 ]; then export PYTORCH_NO_CUDA_MEMORY_CACHING=1; fi
+# Triton's default directory, named: every part and child compiles into and loads from one place.
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-${HOME:-/tmp}/.triton/cache}
 # The CUDA tools Triton finds outside any sanitizer, named for every process started below.
 eval "$(python3 -c 'import triton; from kernels import toolchain
 for k, v in toolchain.child_env().items(): print(f"export {k}={v}")')"
@@ -78,21 +105,26 @@ part() {
 
 for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
   case $tool in
-    memcheck) steps=${MEMCHECK_STEPS:-30} ends=${MEMCHECK_MIN_ENDS:-3}
-      kernels_s=${MEMCHECK_KERNELS_S:-${KERNELS_S:-40}} churn_s=${MEMCHECK_CHURN_S:-${CHURN_S:-80}} ;;
+    memcheck) steps=${MEMCHECK_STEPS:-20} ends=${MEMCHECK_MIN_ENDS:-2} layers=${MEMCHECK_LAYERS-}
+      kernels_s=${MEMCHECK_KERNELS_S:-${KERNELS_S:-40}}
+      churn_s=${MEMCHECK_CHURN_S:-${CHURN_S:-130}} ;;
     racecheck) steps=${RACECHECK_STEPS:-8} ends=${RACECHECK_MIN_ENDS:-1}
-      kernels_s=${RACECHECK_KERNELS_S:-${KERNELS_S:-150}}
-      churn_s=${RACECHECK_CHURN_S:-${CHURN_S:-130}} ;;
-    *) steps=${SYNCCHECK_STEPS:-8} ends=${SYNCCHECK_MIN_ENDS:-1}
-      kernels_s=${SYNCCHECK_KERNELS_S:-${KERNELS_S:-35}} churn_s=${SYNCCHECK_CHURN_S:-${CHURN_S:-55}} ;;
+      layers=${RACECHECK_LAYERS-1}
+      kernels_s=${RACECHECK_KERNELS_S:-${KERNELS_S:-100}}
+      churn_s=${RACECHECK_CHURN_S:-${CHURN_S:-190}} ;;
+    *) steps=${SYNCCHECK_STEPS:-8} ends=${SYNCCHECK_MIN_ENDS:-1} layers=${SYNCCHECK_LAYERS-1}
+      kernels_s=${SYNCCHECK_KERNELS_S:-${KERNELS_S:-25}}
+      churn_s=${SYNCCHECK_CHURN_S:-${CHURN_S:-50}} ;;
   esac
-  part "$tool" kernels - "$kernels_s" python3 -m bench.sanitize
+  part "$tool" kernels - "$kernels_s" python3 -m bench.sanitize ${layers:+--layers "$layers"}
   python3 -m bench.sanitize --table "$OUT/sanitize_$tool.kernels.log" \
     >"$OUT/sanitize_$tool.table.txt" 2>&1 || status=1
-  export STRESS_STEPS=$steps STRESS_MIN_ENDS=$ends  # read by the test
-  # -s: the test's mode markers reach the log between the sanitizer's lines; -rA: a line per mode.
-  part "$tool" churn "$steps" "$churn_s" python3 -m pytest -q -s -rA -m gpu -p no:cacheprovider \
-    --timeout 7200 tests/integration/test_engine_stress.py -k "${SANITIZE_K:-gpu}"
+  export STRESS_STEPS=$steps STRESS_MIN_ENDS=$ends STRESS_LAYERS=$layers  # read by the test
+  # -s: the test's mode markers reach the log between the sanitizer's lines; -rA: a line per mode;
+  # --durations=0: each mode's seconds, set-up included.
+  part "$tool" churn "$steps" "$churn_s" python3 -m pytest -q -s -rA --durations=0 -m gpu \
+    -p no:cacheprovider --timeout 7200 tests/integration/test_engine_stress.py \
+    -k "${SANITIZE_K:-gpu}"
   python3 -m bench.sanitize --modes "$OUT/sanitize_$tool.churn.log" \
     >"$OUT/sanitize_$tool.modes.txt" 2>&1 || status=1
 done

@@ -6,11 +6,17 @@ graphs: each launch comes from Python) whose `KernelSet` entries are wrapped: af
 device is synchronized and a marker line names the entry, so what the sanitizer prints before a
 marker (on the same stdout) belongs to that launch. It decodes requests of irregular lengths,
 some longer than the hot buffer (misses: miss copy), in each row format, then checks that every
-entry ran. `python -m bench.sanitize --table LOG` reads such a run's output and prints,
+entry ran. `--layers 1` runs a one-layer model: each layer launches the same kernels on the same
+shapes (only the base addresses differ), so for racecheck and synccheck, whose findings depend on
+a kernel's code path and shape, the second layer is repetition at the tools' slowest; memcheck
+keeps the preset's layers (an index past the last layer's rows shows only there).
+`python -m bench.sanitize --table LOG` reads such a run's output and prints,
 per entry, the launches and the sanitizer's error lines before its markers. `--modes LOG` reads
 the churn test's run under the sanitizer (pytest -s -rA) the same way: per KV mode, the
 sanitizer's error lines after the mode's marker (the test prints MODE_MARKER as a mode starts;
-the service process the mode starts reports there too) and the mode's test outcome.
+the service process the mode starts reports there too), the mode's test outcome, and where its
+seconds went (the test's TIME_MARKER line: service start, engine build with its graph capture,
+churn steps).
 
 On CPU it runs the same path in Triton's interpreter (a smoke test; no sanitizer there).
 """
@@ -27,6 +33,12 @@ from collections import Counter
 
 MARKER = "@@sanitize-kernel "
 MODE_MARKER = "@@sanitize-mode "  # printed by tests/integration/test_engine_stress.py
+# "@@sanitize-time embedded service 0.0 engine 9.1 churn 20.3 steps 18", after the mode's churn.
+TIME_MARKER = re.compile(
+    r"^@@sanitize-time (?P<mode>[a-z-]+) service (?P<service>[\d.]+) engine (?P<engine>[\d.]+) "
+    r"churn (?P<churn>[\d.]+) steps (?P<steps>\d+)"
+)
+TIME_COLUMNS = ("steps", "service", "engine", "churn")
 # pytest -rA's line of one mode: "PASSED tests/...::test_churn_under_overlap_on_gpu[service]"
 OUTCOME = re.compile(r"^(PASSED|FAILED|ERROR|SKIPPED)\b.*\[(?P<mode>[a-z-]+)\]")
 # Requests of irregular lengths: inside and past the hot buffer (32 slots), odd page remainders.
@@ -71,7 +83,7 @@ def _patch_kernel_set(device: str) -> None:
     KernelSet.triton = classmethod(marked)  # type: ignore[method-assign,assignment]
 
 
-async def _decode(kv_mode: str, row_format: str, device: str) -> None:
+async def _decode(kv_mode: str, row_format: str, device: str, layers: int | None) -> None:
     from engine_client.loop.request import SamplingParams
     from engine_client.serve.config import EngineConfig, LocalLayout
     from engine_client.serve.factory import build_engine
@@ -94,6 +106,7 @@ async def _decode(kv_mode: str, row_format: str, device: str) -> None:
         prefill_chunk=8,
         kernels="triton",
         cuda_graphs=False,
+        num_layers=layers,
     )
     engine = await build_engine(cfg)
     engine.start()
@@ -108,10 +121,11 @@ async def _decode(kv_mode: str, row_format: str, device: str) -> None:
         await engine.stop()
 
 
-def run(device: str) -> int:
+def run(device: str, layers: int | None = None) -> int:
+    """layers: the model's (None: the preset's)."""
     _patch_kernel_set(device)
     for kv_mode, fmt in RUNS:
-        asyncio.run(_decode(kv_mode, fmt, device))
+        asyncio.run(_decode(kv_mode, fmt, device, layers))
     print(f"{MARKER}(end)", flush=True)
     missing = [n for n in _entry_names() if LAUNCHES[n] == 0]
     print(f"launches: {dict(sorted(LAUNCHES.items()))}", flush=True)
@@ -147,9 +161,11 @@ def table(log_path: str) -> int:
 
 
 def modes(log_path: str) -> int:
-    """Per KV mode of the churn: the sanitizer's findings after its marker, and its outcome."""
+    """Per KV mode of the churn: the sanitizer's findings after its marker, its outcome, its
+    steps and seconds."""
     findings: Counter[str] = Counter()
     outcome: dict[str, str] = {}
+    times: dict[str, dict[str, str]] = {}
     mode = "(before the first mode)"
     with open(log_path, errors="replace") as f:
         for line in f:
@@ -160,9 +176,13 @@ def modes(log_path: str) -> int:
                 findings[mode] += 1
             elif m := OUTCOME.match(line):
                 outcome[m["mode"]] = m[1]
-    print(f"{'KV mode':<24} {'findings':>9} {'outcome':>9}")
+            elif m := TIME_MARKER.match(line):
+                times[m["mode"]] = {c: m[c] for c in TIME_COLUMNS}
+    heads = " ".join(f"{c + (' s' if c != 'steps' else ''):>10}" for c in TIME_COLUMNS)
+    print(f"{'KV mode':<24} {'findings':>9} {'outcome':>9} {heads}")
     for name in sorted(set(findings) | set(outcome)):
-        print(f"{name:<24} {findings[name]:>9} {outcome.get(name, '-'):>9}")
+        spent = " ".join(f"{times.get(name, {}).get(c, '-'):>10}" for c in TIME_COLUMNS)
+        print(f"{name:<24} {findings[name]:>9} {outcome.get(name, '-'):>9} {spent}")
     ran = [n for n in outcome if outcome[n] != "SKIPPED"]
     ok = bool(ran) and all(outcome[n] == "PASSED" for n in ran) and set(ran) <= set(findings)
     return 0 if ok and sum(findings.values()) == 0 else 1
@@ -178,6 +198,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--table", metavar="LOG", help="count a run's findings per kernel entry")
     ap.add_argument("--modes", metavar="LOG", help="count a churn run's findings per KV mode")
+    ap.add_argument(
+        "--layers",
+        type=int,
+        help="model layers (default: the preset's); 1 for racecheck and synccheck (see above)",
+    )
     args = ap.parse_args()
     if args.table:
         return table(args.table)
@@ -188,7 +213,9 @@ def main() -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    return run(device)
+    if args.layers is not None and args.layers < 1:
+        ap.error(f"--layers must be >= 1, got {args.layers}")
+    return run(device, args.layers)
 
 
 if __name__ == "__main__":

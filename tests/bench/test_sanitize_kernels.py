@@ -1,7 +1,8 @@
 """bench/sanitize/cli.py's tables: the sanitizer's findings are counted against the kernel
 entry whose launch marker follows them, and an entry that never launched fails the table; in
-the churn's log, against the KV mode whose marker precedes them, with each mode's outcome. (The
-driver itself runs on the H200 under compute-sanitizer, bench/sanitize.sh.)"""
+the churn's log, against the KV mode whose marker precedes them, with each mode's outcome and
+where its seconds went. (The driver itself runs on the H200 under compute-sanitizer,
+bench/sanitize.sh.)"""
 
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ def test_churn_findings_go_to_the_mode_they_follow(tmp_path: Path, capsys) -> No
     body = (
         HEADER
         + f"{MODE_MARKER}embedded\n"
+        + "@@sanitize-time embedded service 0.0 engine 9.5 churn 31.2 steps 18\n"
         + f"{MODE_MARKER}service\n"
         + RACE  # the service process's, reported as that mode ran
         + SUMMARY
@@ -60,9 +62,9 @@ def test_churn_findings_go_to_the_mode_they_follow(tmp_path: Path, capsys) -> No
     )
     assert modes(_log(tmp_path, body)) == 1
     rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()}
-    assert rows["embedded"] == ["0", "PASSED"]
-    assert rows["service"] == ["1", "FAILED"]  # one race: its continuation line is not one
-    assert rows["service-remote-swap"] == ["0", "PASSED"]
+    assert rows["embedded"] == ["0", "PASSED", "18", "0.0", "9.5", "31.2"]
+    assert rows["service"] == ["1", "FAILED", "-", "-", "-", "-"]  # one race, not two lines
+    assert rows["service-remote-swap"][:2] == ["0", "PASSED"]
 
 
 def test_a_clean_churn_passes_and_a_mode_without_its_marker_fails(tmp_path: Path) -> None:

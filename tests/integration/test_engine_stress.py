@@ -11,7 +11,10 @@ run keeps the same code paths in CI. `bench/sanitize.sh` runs the GPU cases unde
 compute-sanitizer (memcheck, racecheck, synccheck). STRESS_STEPS overrides the step count, a
 minimum: the run goes on until every way out (stop token, length, cancel) was taken
 STRESS_MIN_ENDS times (default 3), within 10 times the steps; the sanitizer's slow tools run a
-few steps with STRESS_MIN_ENDS=1.
+few steps with STRESS_MIN_ENDS=1, and STRESS_LAYERS=1 (a one-layer model, the service's layout
+too: a second layer launches the same kernels on the same shapes, repetition to racecheck and
+synccheck). After a mode's churn a `@@sanitize-time` line says where its seconds went (service
+start, engine build with its graph capture, churn steps): sanitize.sh's per-mode table shows it.
 
 With PYTORCH_NO_CUDA_MEMORY_CACHING=1 (sanitize.sh's no-caching variant, which lets memcheck see
 an access past a tensor inside what would be a pooled block) the engine runs its steps eagerly:
@@ -27,6 +30,7 @@ import contextlib
 import dataclasses
 import os
 import random
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -34,7 +38,7 @@ import torch
 
 from engine_client.loop.request import Finish, SamplingParams
 from engine_client.serve.factory import build_engine
-from tests.process_harness import engine_config, start_service, wait_until, workdir
+from tests.process_harness import engine_config, layout_with, start_service, wait_until, workdir
 from tests.service_harness import ServiceProcess
 
 pytestmark = [pytest.mark.timeout(3600)]
@@ -48,6 +52,12 @@ def _min_ends() -> int:
     return int(os.environ.get("STRESS_MIN_ENDS", 3))
 
 
+def _layers() -> int | None:
+    """The model's layers (None: the harness's), the service's layout included."""
+    value = os.environ.get("STRESS_LAYERS")
+    return int(value) if value else None
+
+
 @contextlib.contextmanager
 def _service(kv_mode: str, device: str) -> Iterator[ServiceProcess | None]:
     """A real service process for the service modes, stopped cleanly at the end."""
@@ -55,7 +65,8 @@ def _service(kv_mode: str, device: str) -> Iterator[ServiceProcess | None]:
         yield None
         return
     with workdir("hss") as path:
-        svc = start_service(path, device=device, unset=("PYTORCH_NO_CUDA_MEMORY_CACHING",))
+        layout = layout_with(num_layers=_layers()) if _layers() else layout_with()
+        svc = start_service(path, layout, device=device, unset=("PYTORCH_NO_CUDA_MEMORY_CACHING",))
         try:
             yield svc
         finally:
@@ -63,13 +74,25 @@ def _service(kv_mode: str, device: str) -> Iterator[ServiceProcess | None]:
 
 
 async def _churn(kv_mode: str, device: str, steps: int) -> tuple[dict, dict, int]:
+    began = time.perf_counter()
     with _service(kv_mode, device) as svc:
         cfg = dataclasses.replace(
             engine_config(kv_mode, svc, max_queue_wait=0),
             device=device,
             cuda_graphs=not NO_CACHING,
+            num_layers=_layers(),
         )
-        return await _churn_on(await build_engine(cfg), steps, device)
+        served = time.perf_counter()
+        engine = await build_engine(cfg)
+        built = time.perf_counter()
+        out = await _churn_on(engine, steps, device)
+        # bench/sanitize.sh's per-mode table reads this line: what the mode's seconds went to.
+        print(
+            f"\n@@sanitize-time {kv_mode} service {served - began:.1f} engine "
+            f"{built - served:.1f} churn {time.perf_counter() - built:.1f} steps {engine.steps}",
+            flush=True,
+        )
+        return out
 
 
 async def _churn_on(engine, steps: int, device: str) -> tuple[dict, dict, int]:
