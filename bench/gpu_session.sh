@@ -16,7 +16,9 @@
 #   COPYSWEEP="fp8:222:trace bf16:174:trace fp8:222:indexer" (row format:N:top-k source[:grids,
 #   bench/profile/copy_sweep.py's --grids]) COPYSWEEP_S=135 (each) COPYSWEEP_ARGS="--context 32768"
 #   (copysweep first prints the copy kernel's registers: bench/kernels/copy_regs.py, COPYREGS_S=45)
-#   MTP_S=200  MTP_ARGS="..."  PREFIX_S=120  PREFIX_ARGS="..."  GW_S=120  GW_ARGS="..."
+#   MTP_S=560  MTP_ARGS="--contexts 32768 --steady-steps 64 --budget-s 520" (D = 1,2,3 at the
+#   BENCHMARK-ONLY synthetic acceptance 0.9,0.75,0.6; 128K: MTP_ARGS="--contexts 131072 ...")
+#   PREFIX_S=120  PREFIX_ARGS="..."  GW_S=120  GW_ARGS="..."
 set -uo pipefail
 OUT=${OUT:-.gpuout}
 RUN="$OUT/run"
@@ -88,7 +90,8 @@ for s in $STAGES; do
     e2e) stage e2e "${E2E_S:-480}" python3 -m bench.e2e ${E2E_ARGS:-} --out "$RUN/e2e.json" ;;
     gateway) stage gateway "${GW_S:-120}" python3 -m bench.gateway ${GW_ARGS:-} \
                --out "$RUN/gateway.json" ;;
-    mtp) stage mtp "${MTP_S:-200}" python3 -m bench.mtp ${MTP_ARGS:-} --out "$RUN/mtp.json" ;;
+    mtp) stage mtp "${MTP_S:-560}" python3 -m bench.mtp \
+           ${MTP_ARGS:---contexts 32768 --steady-steps 64 --budget-s 520} --out "$RUN/mtp.json" ;;
     prefix) stage prefix "${PREFIX_S:-120}" python3 -m bench.prefix ${PREFIX_ARGS:-} \
               --out "$RUN/prefix.json" ;;
     *) echo "unknown stage $s" ;;

@@ -3,11 +3,12 @@ each setting is declared once: as a field with its default and its `help`.
 
 A field declared with `setting(...)` becomes the flag `--field-name` whose default is the
 environment variable PREFIX_FIELD_NAME (else the field's default), parsed by the field's type:
-int, float, str, bool (1/0, true/false, yes/no), `tuple[int, ...]` (comma-separated) or
-`X | None` (an empty value is None). `flag=` names the flag and variable when the field's name is
-not the command line's word (`stop_token_ids` is `--stop`); `negated=True` makes a bool a switch
-without a value that turns it off (`progress` is `--no-progress`, env PREFIX_NO_PROGRESS=1). A field
-whose type is itself a config dataclass contributes its own settings, flat, with the same prefix.
+int, float, str, bool (1/0, true/false, yes/no), `tuple[int, ...]` or `tuple[float, ...]`
+(comma-separated) or `X | None` (an empty value is None). `flag=` names the flag and variable
+when the field's name is not the command line's word (`stop_token_ids` is `--stop`);
+`negated=True` makes a bool a switch without a value that turns it off (`progress` is
+`--no-progress`, env PREFIX_NO_PROGRESS=1). A field whose type is itself a config dataclass
+contributes its own settings, flat, with the same prefix.
 `to_flags` goes the other way: the flags that reproduce a config, for whoever launches a process.
 """
 
@@ -104,6 +105,10 @@ def _parse_ids(text: str) -> tuple[int, ...]:
     return tuple(int(t) for t in text.replace(",", " ").split())
 
 
+def _parse_floats(text: str) -> tuple[float, ...]:
+    return tuple(float(t) for t in text.replace(",", " ").split())
+
+
 def _parse_bool(text: str) -> bool:
     if text.lower() not in _BOOL:
         raise ValueError(f"expected 1/0, true/false or yes/no, got {text!r}")
@@ -120,6 +125,8 @@ def _base_parser(hint: Any) -> tuple[Callable[[str], Any], bool]:
         return _parse_bool, False
     if hint == tuple[int, ...]:
         return _parse_ids, False
+    if hint == tuple[float, ...]:
+        return _parse_floats, False
     if hint in (int, float, str):
         return hint, False
     raise TypeError(f"no flag type for {hint!r}")

@@ -361,8 +361,8 @@ def test_service_wings_hold_the_modules_the_architecture_lists() -> None:
 
 
 def test_the_package_never_imports_bench() -> None:
-    """Benchmarks sit on top of the package; the engine names bench.shared.trace and
-    bench.mtp.draft_replay only as strings a flag passes (MODULE:FUNC), never as imports."""
+    """Benchmarks sit on top of the package; the engine names bench.shared.trace only as a
+    string a flag passes (MODULE:FUNC), never as an import."""
     for package in [p for p in PACKAGES if p != "bench"]:
         assert _offenders(package, {"bench"}) == {}, package
 

@@ -168,15 +168,19 @@ class Run:
     hot_slots: int
     max_context: int
     tag: str = "main"
-    # Speculative decoding (bench/mtp/cli.py): drafts per step (0: off) and the draft source.
+    # Speculative decoding (bench/mtp/cli.py): drafts per step (0: off), and the BENCHMARK-ONLY
+    # synthetic acceptance rates per draft position and their seed (empty: real acceptance).
     draft_tokens: int = 0
-    draft_source: str = "mtp"
+    acceptance: tuple[float, ...] = ()
+    acceptance_seed: int = 0
     overlap: bool = True  # False: the engine waits for every step (as speculative steps do)
 
     @property
     def label(self) -> str:
         tag = "" if self.tag == "main" else " " + self.tag
         mtp = f" mtp D={self.draft_tokens}" if self.draft_tokens else ""
+        if self.acceptance:
+            mtp += " synthetic " + ",".join(f"{r:g}" for r in self.acceptance)
         return f"{self.context} {self.mode} {self.source}{mtp}{tag}"
 
 

@@ -44,7 +44,10 @@ def engine_flags(s: Sizes, run: Run) -> list[str]:
         argv += ["--decode-microbatches", str(s.decode_microbatches)]
     if run.draft_tokens:
         argv += ["--speculative", "mtp", "--draft-tokens", str(run.draft_tokens)]
-        argv += ["--draft-source", run.draft_source]
+    if run.acceptance:  # BENCHMARK-ONLY: the engine refuses it without the explicit flag
+        argv += ["--speculative-acceptance", ",".join(str(r) for r in run.acceptance)]
+        argv += ["--speculative-acceptance-seed", str(run.acceptance_seed)]
+        argv += ["--allow-benchmark-only", "1"]
     if not run.overlap:
         argv += ["--overlap", "0"]
     if s.admission_limit != "auto":

@@ -1,3 +1,3 @@
-"""Speculative decoding (MTP) vs plain decoding. Built on bench.e2e (its runs and children).
-cli: the command; report: tables; draft_replay: the recorded greedy run the engine replays as
-drafts (`--draft-source bench.mtp.draft_replay:replay_source`)."""
+"""Speculative decoding (MTP) vs plain decoding, at BENCHMARK-ONLY synthetic acceptance rates.
+Built on bench.e2e (its runs and children). cli: the command and its run matrix; report: the
+numbers, the table and the JSON."""

@@ -1,51 +1,53 @@
-"""Speculative decoding (MTP) benchmark (issue 22): tokens/s with --speculative mtp vs without,
-HiSparse (service mode) and the all-on-GPU baseline in the same run, at ~100% acceptance from
-the BENCHMARK-ONLY replay draft source (bench/mtp/draft_replay.py: the drafts are the target's own
-tokens recorded by the run without speculation, so they measure the verify path at full
-acceptance, not the MTP layer's quality; the MTP layer still runs in every step).
+"""Speculative decoding (MTP) benchmark (issues 22, 41): tokens/s with --speculative mtp vs
+without, in the all-on-GPU baseline and HiSparse's service mode, at D = 1, 2 and 3 drafts per
+step, with drafts accepted by the BENCHMARK-ONLY synthetic rule at set rates
+(engine_client/loop/synthetic_acceptance.py, as vLLM's synthetic rejection sampler). Everything
+else is real: the MTP layer drafts, each verify step runs D + 1 rows per request through every
+layer with the union swap plan, and rejected rows are rolled back. The model's random weights
+would otherwise accept almost nothing; the rates stand in for V3.2's published ones (~0.9 at
+D = 1: ~1.9 tokens per step; 2.65-2.96 tokens per step at D = 3).
 
-    python -m bench.mtp                      # GPU: 32K and 128K, preset bench, fp8 rows, D = 1
-    python -m bench.mtp --draft-tokens 2 --contexts 32768
-    python -m bench.mtp --smoke              # CPU: tiny preset, 256 context, the whole harness
+    python -m bench.mtp                                  # GPU: 32K and 128K, D = 1,2,3
+    python -m bench.mtp --contexts 32768 --draft-tokens 1 --speculative-acceptance 0.9
+    python -m bench.mtp --smoke                          # CPU: tiny preset, the whole harness
 
-Per context and mode: the run without speculation first (phases batch1 and max, N = the mode's
-max concurrency in the GPU KV budget, sized with the MTP layer's KV so both runs use the same
-N; max-phase streams generate (N + steady steps) (D + 1) tokens, so the speculative run still
-has a steady window of steady steps at full concurrency); its greedy tokens become the
-recording; then the speculative run on the same prompts. Both
-read top-k from the replayed trace (bench/shared/trace.py) and use B = k (D + 1) + W hot slots (the
-verify rows' union must fit). Reported per context and mode: tok/s without / with and the
-ratio, batch-1 mean ITL without / with (with MTP tokens arrive in bursts, so the mean gap, not
-the p50), the measured acceptance (replay at GPU rounding: near 100%, not exactly), drafts per
-step, and swap misses per step as copied (the rows share one plan) vs summed over the rows.
-JSON to bench/results/mtp-<date>.json, a table last.
+--speculative-acceptance gives conditional rates per draft position (rate i: draft i accepted
+given the drafts before it were); a run at D takes the first D (fewer: the last repeats).
+Per context and mode: the run without speculation (phases batch1 and max), then one speculative
+run per D, all at the same N: every run of one command is sized for its largest D (the LRU
+slots hold the union of D + 1 rows' top-k, B = k (D + 1) + W, and admission reserves its rows),
+so run D = 1 alone for D = 1's own N. Max-phase streams generate (N + steady steps) (D + 1)
+tokens, so a speculative run still has a steady window of steady steps at full concurrency.
+Reported per context, mode and D: tok/s without / with and the ratio, batch-1 mean ITL without /
+with (tokens arrive in bursts, so the mean gap), tokens per verify step per request (measured:
+1 + D x acceptance; expected from the rates), and swap misses per step: plain, MTP as copied
+(the verify rows' union) and MTP summed over the rows (without the union). JSON to
+bench/results/mtp-<date>.json (labelled BENCHMARK-ONLY), a table last.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
-import sys
 import tempfile
 import time
-from dataclasses import asdict, replace
-from pathlib import Path
+from dataclasses import replace
 
 from bench.e2e import plan
 from bench.e2e.children import Children, Progress
 from bench.e2e.cli import GIB
-from bench.e2e.load import LoadGen, prompt_ids
+from bench.e2e.load import LoadGen
 from bench.e2e.runs import measure_ceilings, run_one
-from bench.mtp.draft_replay import write_recording
-from bench.mtp.report import print_table, summary, window_tok_s
+from bench.mtp.report import window_tok_s, write_payload
+from contract.layout import MAX_DRAFT_TOKENS
+from engine_client.loop.acceptance_rates import BENCHMARK_ONLY, AcceptanceRates
 from engine_client.loop.speculative import reserve_extra
-from engine_client.loop.synthetic import SyntheticContext, prompt_serial
-from engine_client.serve.procs import REPO_ROOT
 
-REPLAY = "bench.mtp.draft_replay:replay_source"
+
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(t) for t in text.split(","))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -55,7 +57,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny preset and sizes")
     ap.add_argument("--out", default="", help="JSON path [bench/results/mtp-<date>.json]")
     ap.add_argument("--contexts", default="", help="comma-separated [32768,131072; smoke 256]")
-    ap.add_argument("--draft-tokens", type=int, default=1, help="D, 1..3")
+    ap.add_argument("--draft-tokens", default="1,2,3", help="the Ds to run, comma-separated")
+    ap.add_argument(
+        "--speculative-acceptance",
+        default="0.9,0.75,0.6",
+        help=f"{BENCHMARK_ONLY}: synthetic acceptance rates per draft position (D takes the "
+        "first D; 1.0 accepts every draft, 0 none)",
+    )
+    ap.add_argument("--acceptance-seed", type=int, default=0, help="seed of the draws")
     ap.add_argument("--modes", default="baseline,service")
     ap.add_argument("--row-format", default="", help="KV rows [fp8; smoke bf16]")
     ap.add_argument("--gpu-kv-gib", type=float, default=None, help="GPU KV budget [6; smoke 2 MiB]")
@@ -68,11 +77,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="1: the plain runs overlap steps (the engine as it serves); 0: they wait for every "
         "step, as speculative steps do, to separate the overlap's share of the difference",
     )
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    try:
+        args.draft_tokens = tuple(int(d) for d in args.draft_tokens.split(","))
+        if not all(1 <= d <= MAX_DRAFT_TOKENS for d in args.draft_tokens):
+            raise ValueError(f"--draft-tokens: each D in 1..{MAX_DRAFT_TOKENS}")
+        rates = _floats(args.speculative_acceptance)
+        if len(rates) > max(args.draft_tokens):
+            raise ValueError(f"{len(rates)} rates for at most {max(args.draft_tokens)} drafts")
+        args.rules = {d: rules_for(rates, d) for d in args.draft_tokens}
+    except ValueError as e:
+        ap.error(str(e))
+    return args
+
+
+def rules_for(rates: tuple[float, ...], d: int, seed: int = 0) -> AcceptanceRates:
+    """The synthetic rule of a run at D = d: the first d rates (checked as the engine will)."""
+    return AcceptanceRates(rates[:d], d, seed)
 
 
 def sizes_of(args: argparse.Namespace, device: str) -> plan.Sizes:
-    smoke, d = args.smoke, args.draft_tokens
+    smoke, d = args.smoke, max(args.draft_tokens)
     window, preset = (8, "tiny") if smoke else (128, "bench")
     base = plan.Sizes(
         preset=preset,
@@ -91,8 +116,6 @@ def sizes_of(args: argparse.Namespace, device: str) -> plan.Sizes:
         sweep_factors=(),
         row_format=args.row_format or ("bf16" if smoke else "fp8"),
         mtp_layers=1,
-        # A request's tokens must not depend on its slot: the replay finds them by prompt.
-        trace_json=json.dumps({"per_slot": False}),
         extra_tokens=reserve_extra(d),
         tokens_per_step=d + 1,
     )
@@ -100,117 +123,66 @@ def sizes_of(args: argparse.Namespace, device: str) -> plan.Sizes:
     return replace(base, hot_slots=base.topk * (d + 1) + window)
 
 
-def run_pairs(
-    sizes: plan.Sizes, modes: list[str], draft_tokens: int, recording: str, overlap: bool = True
-):
-    """Per context and mode: (plain run, speculative run), same N and phases."""
-    pairs = []
+def run_groups(sizes: plan.Sizes, args: argparse.Namespace) -> list[tuple[plan.Run, list]]:
+    """Per context and mode: the plain run and one speculative run per D, same N and phases."""
+    groups = []
     for c in sizes.contexts:
         p = plan.plan_context(sizes, c)
-        for mode in modes:
+        for mode in args.modes.split(","):
             n = p.n_baseline if mode == "baseline" else p.n_hisparse
-            phases = (plan.Phase("batch1", 1, sizes.batch1_tokens),)
             # The ramp (one prefill per step) and the steady steps at up to D + 1 tokens each.
             new = (n + sizes.steady_steps) * sizes.tokens_per_step
-            phases += (plan.Phase("max", n, new),)
+            phases = (plan.Phase("batch1", 1, sizes.batch1_tokens), plan.Phase("max", n, new))
             plain = plan.Run(
-                c, mode, "trace", phases, n, sizes.hot_slots, p.max_context, overlap=overlap
+                c,
+                mode,
+                "trace",
+                phases,
+                n,
+                sizes.hot_slots,
+                p.max_context,
+                overlap=bool(args.plain_overlap),
             )
-            source = f"{REPLAY}:" + json.dumps({"path": recording})
-            spec = replace(plain, draft_tokens=draft_tokens, draft_source=source, overlap=True)
-            pairs.append((plain, spec))
-    return pairs
+            spec = [
+                replace(
+                    plain,
+                    draft_tokens=d,
+                    acceptance=args.rules[d].rates,
+                    acceptance_seed=args.acceptance_seed,
+                    overlap=True,
+                )
+                for d in args.draft_tokens
+            ]
+            groups.append((plain, spec))
+    return groups
 
 
-def prompt_of(sizes: plan.Sizes, context: int, stream: int) -> tuple[int, ...]:
-    """The engine's prompt of stream `stream` (bench/e2e/load.py's prompts, after the
-    synthetic context's placeholder ids, named by the prompt: engine_client.loop.synthetic)."""
-    ids = tuple(prompt_ids(stream, sizes.prompt_len, sizes.vocab))
-    return SyntheticContext(context).placeholders(prompt_serial(ids), sizes.vocab) + ids
+async def _measured(ctx: dict, run: plan.Run, i: int) -> dict:
+    """One run, with its phases' steady-window tok/s counted from the streams' arrivals."""
+    res = await run_one(ctx, run, i)
+    for (label, phase), recs in ctx["records"].items():
+        if label == run.label and phase in res["phases"]:
+            res["phases"][phase]["window_tok_s"] = window_tok_s(recs)
+    ctx["records"].clear()
+    return res
 
 
-def record(ctx: dict, sizes: plan.Sizes, run: plan.Run, path: str) -> dict:
-    """Write the plain run's greedy tokens (longest per prompt) as the replay's recording."""
-    best: dict[tuple[int, ...], list[int]] = {}
-    for (label, _), recs in ctx["records"].items():
-        if label != run.label:
-            continue
-        for i, rec in enumerate(recs):
-            key = prompt_of(sizes, run.context, i)
-            if len(rec["tokens"]) > len(best.get(key, [])):
-                best[key] = rec["tokens"]
-    write_recording(path, best.items())
-    return best
-
-
-def same_tokens(ctx: dict, sizes: plan.Sizes, run: plan.Run, recorded: dict) -> float | None:
-    """Share of the speculative run's streams whose tokens equal the plain run's (greedy
-    decoding with and without MTP must agree; GPU rounding of other GEMM shapes may not)."""
-    same = [
-        rec["tokens"] == recorded.get(prompt_of(sizes, run.context, i), [])[: len(rec["tokens"])]
-        for (label, _), recs in ctx["records"].items()
-        if label == run.label
-        for i, rec in enumerate(recs)
-    ]
-    return sum(same) / len(same) if same else None
-
-
-async def run_all(ctx: dict, pairs: list, budget: float | None) -> list[dict]:
+async def run_all(ctx: dict, groups: list, budget: float | None) -> list[dict]:
     out, longest, i = [], 0.0, 0
-    for plain, spec in pairs:
-        if budget is not None and time.monotonic() - ctx["t0"] + 2 * longest > budget:
-            out.append({"context": plain.context, "mode": plain.mode, "skipped": True})
-            continue
-        i += 1
-        a = await run_one(ctx, plain, i)
-        recording = json.loads(spec.draft_source.split(":", 2)[2])["path"]
-        recorded = record(ctx, ctx["sizes"], plain, recording)
-        i += 1
-        b = await run_one(ctx, spec, i)
-        for run, res in ((plain, a), (spec, b)):
-            for (label, phase), recs in ctx["records"].items():
-                if label == run.label and phase in res["phases"]:
-                    res["phases"][phase]["window_tok_s"] = window_tok_s(recs)
-        longest = max(longest, a["run_s"], b["run_s"])
-        out.append(
-            {
-                "context": plain.context,
-                "mode": plain.mode,
-                "plain": a,
-                "mtp": b,
-                "recorded_prompts": len(recorded),
-                "same_tokens": same_tokens(ctx, ctx["sizes"], spec, recorded),
-            }
-        )
-        ctx["records"].clear()
-    return out
-
-
-def write_payload(args: argparse.Namespace, ctx: dict, results: list, left: list) -> Path:
-    import torch
-
-    sizes = ctx["sizes"]
-    name = f"mtp{'-smoke' if args.smoke else ''}-{time.strftime('%Y-%m-%d')}.json"
-    out = Path(args.out) if args.out else REPO_ROOT / "bench" / "results" / name
-    payload = {
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "command": " ".join(sys.argv),
-        "device": (ctx["ceilings"] or {}).get("device", "cpu"),
-        "torch": torch.__version__,
-        "draft_tokens": args.draft_tokens,
-        "plain_overlap": bool(args.plain_overlap),
-        "draft_source": "BENCHMARK-ONLY replay (bench/mtp/draft_replay.py)",
-        "sizes": asdict(sizes),
-        "plans": {str(c): plan.plan_context(sizes, c).to_dict(sizes) for c in sizes.contexts},
-        "pairs": results,
-        "summary": [dict(context=p["context"], mode=p["mode"], **summary(p)) for p in results],
-        "leftover_segments": left,
-        "wall_s": time.monotonic() - ctx["t0"],
-    }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(payload, indent=1))
-    print_table(payload)
-    print(f"\nJSON: {out}")
+    for plain, spec in groups:
+        group: dict = {"context": plain.context, "mode": plain.mode, "mtp": {}}
+        for run in [plain, *spec]:
+            if budget is not None and time.monotonic() - ctx["t0"] + longest > budget:
+                group.setdefault("skipped", []).append(run.draft_tokens)
+                continue
+            i += 1
+            res = await _measured(ctx, run, i)
+            longest = max(longest, res["run_s"])
+            if run.draft_tokens:
+                group["mtp"][str(run.draft_tokens)] = res
+            else:
+                group["plain"] = res
+        out.append(group)
     return out
 
 
@@ -221,9 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     device = "cpu" if args.smoke or not torch.cuda.is_available() else "cuda"
     sizes = sizes_of(args, device)
     workdir = tempfile.mkdtemp(prefix="mtp-", dir="/tmp")
-    recording = os.path.join(workdir, "greedy.jsonl")
-    modes = args.modes.split(",")
-    pairs = run_pairs(sizes, modes, args.draft_tokens, recording, bool(args.plain_overlap))
+    groups = run_groups(sizes, args)
     children = Children(sizes, workdir, f"mtp{os.getpid()}", 120 if args.smoke else 420)
     load = LoadGen(1 if args.smoke else 4)
     ctx = {
@@ -233,18 +203,18 @@ def main(argv: list[str] | None = None) -> int:
         "t0": time.monotonic(),
         "records": {},
         "ceilings": measure_ceilings() if device == "cuda" else None,
-        "progress": Progress(2 * len(pairs)),
+        "progress": Progress(sum(1 + len(spec) for _, spec in groups)),
         "stream_timeout": 120.0 if args.smoke else 400.0,
     }
     budget = args.budget_s if args.budget_s is not None else (None if args.smoke else 540.0)
     try:
-        results = asyncio.run(run_all(ctx, pairs, budget))
+        results = asyncio.run(run_all(ctx, groups, budget))
     finally:
         left = children.close()
         load.close()
         shutil.rmtree(workdir, ignore_errors=True)
     write_payload(args, ctx, results, left)
-    runs = [r for p in results for r in (p.get("plain"), p.get("mtp")) if r]
+    runs = [r for g in results for r in (g.get("plain"), *g["mtp"].values()) if r]
     failed = [r for r in runs if r.get("error") or r.get("engine_exit")]
     return 1 if failed or left else 0
 

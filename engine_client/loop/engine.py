@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from engine_client.client import errors
 from engine_client.client.control import KVControl
+from engine_client.loop.acceptance_rates import AcceptanceRates
 from engine_client.loop.admission_limit import AdmissionLimit
 from engine_client.loop.batch import Batch
 from engine_client.loop.finished import FinishedRequests
@@ -68,12 +69,14 @@ class Engine:
         vocab: Vocabulary | None = None,
         prefix_cache: bool = False,
         share_generated: bool = True,
+        acceptance: AcceptanceRates | None = None,
     ) -> None:
+        """acceptance: BENCHMARK-ONLY synthetic acceptance of speculative drafts."""
         self.compute, self.state = compute, state
         # Text in, text out (the server tokenizes with it; requests detokenize with it).
         self.vocab = vocab
         self.policy = policy or QueueLimits(admit_retry=admit_retry)
-        options = EngineOptions(self.policy, overlap, prefix_cache, share_generated)
+        options = EngineOptions(self.policy, overlap, prefix_cache, share_generated, acceptance)
         parts = EngineParts.build(compute, control, admission, state, metrics, options)
         self._control, self.metrics = parts.control, parts.metrics
         self.scheduler, self.step_runner = parts.scheduler, parts.step_runner

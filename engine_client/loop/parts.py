@@ -23,6 +23,7 @@ import asyncio
 from dataclasses import dataclass
 
 from engine_client.client.control import KVControl
+from engine_client.loop.acceptance_rates import AcceptanceRates
 from engine_client.loop.admission_limit import AdmissionLimit
 from engine_client.loop.control_ref import ControlRef
 from engine_client.loop.failure import Failures
@@ -48,6 +49,7 @@ class EngineOptions:
     overlap: bool = True
     prefix_cache: bool = False
     share_generated: bool = True
+    acceptance: AcceptanceRates | None = None  # BENCHMARK-ONLY synthetic acceptance
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,7 @@ class EngineParts:
         releaser = Releaser(scheduler, ref, reports, state, failures, finished)
         postprocess = Postprocessor(compute.row_bytes, state, reports, metrics, finisher.finish)
         api = RequestAPI(scheduler, failures, finished, finisher, state, wake)
-        step_runner = _step_runner(compute, options.overlap)
+        step_runner = _step_runner(compute, options)
         return cls(
             ref,
             metrics,
@@ -131,10 +133,16 @@ def _scheduler(
     )
 
 
-def _step_runner(compute: Compute, overlap: bool) -> StepRunner:
-    if compute.draft_tokens and overlap:
+def _step_runner(compute: Compute, options: EngineOptions) -> StepRunner:
+    if compute.draft_tokens and options.overlap:
         raise ValueError(
             "speculative steps cannot be overlapped (their positions follow "
             "the previous step's accepted count)"
         )
-    return StepRunner(compute, overlap=overlap)
+    rule = options.acceptance
+    if rule is not None and rule.draft_tokens != compute.draft_tokens:
+        raise ValueError(
+            f"synthetic acceptance for {rule.draft_tokens} drafts, the compute drafts "
+            f"{compute.draft_tokens}"
+        )
+    return StepRunner(compute, overlap=options.overlap, acceptance=rule)

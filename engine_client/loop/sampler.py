@@ -50,6 +50,12 @@ def gumbel(keys: torch.Tensor, vocab: int) -> torch.Tensor:
     return -torch.log(-torch.log(u))
 
 
+def derive(keys: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """A 32-bit key per (key, counter) pair, int64 tensors that broadcast, counters < 2^32: one
+    stream per counter of a key (the synthetic acceptance's draw per draft position)."""
+    return _fmix32((keys + _mul32(counters, _GOLDEN)) & M32)
+
+
 def uniform(keys: torch.Tensor) -> torch.Tensor:
     """A uniform in (0, 1) fp32 per 32-bit key [n] int64, from another stream than `gumbel`'s
     noise of the same key (speculative sampling's acceptance draw)."""

@@ -12,8 +12,11 @@ post-processes t - 1 and schedules t + 1, so it never waits for the host. Withou
 step runner waits for the step it just launched. On CPU the device is synchronous: launch computes
 the step and the events are absent, but the code path is the same.
 
-Three buffer sets, because when step t + 1 is launched, step t's buffers are not read yet and
-step t - 1's end event is still needed for step t's idle gap.
+Three buffer sets (engine_client.loop.step_buffers), because when step t + 1 is launched, step
+t's buffers are not read yet and step t - 1's end event is still needed for step t's idle gap.
+
+A speculative step accepts drafts on the device (engine_client.loop.speculative), or by the
+BENCHMARK-ONLY synthetic rule (engine_client.loop.synthetic_acceptance) when `acceptance` is set.
 """
 
 from __future__ import annotations
@@ -23,10 +26,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine_client.loop.acceptance_rates import AcceptanceRates
 from engine_client.loop.batch import Batch
 from engine_client.loop.request import GenRequest
 from engine_client.loop.sampler import sample_rows
 from engine_client.loop.speculative import verify
+from engine_client.loop.step_buffers import StepBuffers
+from engine_client.loop.synthetic_acceptance import SyntheticAcceptance
 from engine_client.model.compute import Compute
 from engine_client.model.progress import Progress
 from engine_client.model.speculative_runner import SpeculativeModelRunner
@@ -34,24 +40,6 @@ from engine_client.model.speculative_runner import SpeculativeModelRunner
 BUFFER_SETS = 3
 # Tokens per chunk of a synthetic context fill (KVBackend.fill_synthetic), a progress step.
 SYNTHETIC_CHUNK = 4096
-
-
-class _Buffers:
-    """Pinned host copies of one step's outputs, and its device timing events."""
-
-    def __init__(self, rows: int, requests: int, slots: int, cuda: bool) -> None:
-        self.tokens = torch.zeros(rows, dtype=torch.int64, pin_memory=cuda)
-        # Speculative steps: (accepted, drafted) per request.
-        self.spec = torch.zeros((2, requests), dtype=torch.int64, pin_memory=cuda)
-        # Sampling inputs on their way to the device (pageable memory could sync the stream).
-        self.temps = torch.zeros(rows, dtype=torch.float32, pin_memory=cuda)
-        self.keys = torch.zeros(rows, dtype=torch.int64, pin_memory=cuda)
-        self.counts = torch.zeros((slots, 3), dtype=torch.int64, pin_memory=cuda)
-        self.start = torch.cuda.Event(enable_timing=True) if cuda else None
-        self.end = torch.cuda.Event(enable_timing=True) if cuda else None
-        # Between the prefill chunk and the decode rows: the decode part's own time.
-        self.decode = torch.cuda.Event(enable_timing=True) if cuda else None
-        self.cpu_start = self.cpu_end = self.cpu_decode = 0.0
 
 
 @dataclass(frozen=True)
@@ -77,7 +65,7 @@ class StepOutput:
 
 
 class LaunchedStep:
-    def __init__(self, batch: Batch, bufs: _Buffers, previous: "LaunchedStep | None") -> None:
+    def __init__(self, batch: Batch, bufs: StepBuffers, previous: "LaunchedStep | None") -> None:
         self.batch, self.bufs, self.previous = batch, bufs, previous
 
     @property
@@ -125,11 +113,15 @@ class Advance:
 
 
 class StepRunner:
-    def __init__(self, compute: Compute, *, overlap: bool) -> None:
-        self.compute, self.overlap = compute, overlap
+    def __init__(
+        self, compute: Compute, *, overlap: bool, acceptance: AcceptanceRates | None = None
+    ) -> None:
+        """acceptance: speculative steps accept by the BENCHMARK-ONLY synthetic rule."""
+        self.compute, self.overlap, self.acceptance = compute, overlap, acceptance
+        self._synthetic: SyntheticAcceptance | None = None
         self.cuda = compute.model.device.type == "cuda"
         self._out: torch.Tensor | None = None
-        self._bufs: list[_Buffers] = []
+        self._bufs: list[StepBuffers] = []
         self._last: LaunchedStep | None = None
         self._launches = 0
 
@@ -144,7 +136,9 @@ class StepRunner:
         self._temps = torch.zeros(rows + 1, dtype=torch.float32, device=dev)
         self._keys = torch.zeros(rows + 1, dtype=torch.int64, device=dev)
         slots = self.compute.backend.max_requests
-        self._bufs = [_Buffers(rows + 1, m, slots, self.cuda) for _ in range(BUFFER_SETS)]
+        self._bufs = [StepBuffers(rows + 1, m, slots, self.cuda) for _ in range(BUFFER_SETS)]
+        if self.acceptance is not None:
+            self._synthetic = SyntheticAcceptance(self.acceptance, slots, dev)
 
     @property
     def _tokens(self) -> torch.Tensor:
@@ -201,7 +195,7 @@ class StepRunner:
         return step
 
     def _sampling(
-        self, bufs: _Buffers, temps: list[float] | None, keys: list[int] | None, start: int
+        self, bufs: StepBuffers, temps: list[float] | None, keys: list[int] | None, start: int
     ):
         """Device views of the rows' temperatures and keys, staged through pinned memory."""
         if temps is None:
@@ -213,7 +207,7 @@ class StepRunner:
         self._keys[start:end].copy_(bufs.keys[start:end], non_blocking=True)
         return self._temps[start:end], self._keys[start:end]
 
-    def _prefill(self, batch: Batch, bufs: _Buffers) -> None:
+    def _prefill(self, batch: Batch, bufs: StepBuffers) -> None:
         c, req = self.compute, batch.prefill
         assert req is not None  # launched as a prefill
         start, end = batch.prefill_range
@@ -264,11 +258,11 @@ class StepRunner:
         following = after.to(model_runner.device)
         if token is not None:
             following = torch.cat((following, token.view(1)))
-        model_runner.prefill_drafts(
-            req.slot, following, states, start, req.prompt if token is not None else None
-        )
+        model_runner.prefill_drafts(req.slot, following, states, start, last=token is not None)
+        if token is not None and self._synthetic is not None:
+            self._synthetic.start(req.slot, req.prompt, req.sampling.seed)
 
-    def _decode(self, batch: Batch, bufs: _Buffers) -> None:
+    def _decode(self, batch: Batch, bufs: StepBuffers) -> None:
         if self.compute.draft_tokens:
             self._verify(batch, bufs)
             return
@@ -280,14 +274,18 @@ class StepRunner:
         self._tokens[:n].copy_(tokens)
         c.model_runner.remember(tokens, n)
 
-    def _verify(self, batch: Batch, bufs: _Buffers) -> None:
+    def _verify(self, batch: Batch, bufs: StepBuffers) -> None:
         """A speculative step: verify each request's drafts, accept on the device, draft on."""
         model_runner, n = self.compute.model_runner, len(batch.decode)
         assert isinstance(model_runner, SpeculativeModelRunner)
         G = model_runner.rows_per_request
         logits = model_runner.step(batch.ids, batch.positions, batch.slots)
         drafts = model_runner.step_drafts[:n]
-        y, accepted = verify(logits, drafts, *self._sampling(bufs, batch.temps, batch.keys, 0))
+        sampling = self._sampling(bufs, batch.temps, batch.keys, 0)
+        if self._synthetic is None:
+            y, accepted = verify(logits, drafts, *sampling)
+        else:
+            y, accepted = self._synthetic.verify(logits, drafts, *model_runner.staged(n), *sampling)
         model_runner.draft(y, accepted)
         self._tokens[: n * G].copy_(y.view(-1))
         self._spec[0, :n].copy_(accepted)

@@ -26,7 +26,6 @@ from engine_client.kv.remote_swap import RemoteSwapBackend, SwapFn
 from engine_client.model.attention import TopkSource
 from engine_client.model.model import Model
 from engine_client.model.model_runner import DecodeConfig, ModelRunner
-from engine_client.model.mtp import DraftSource
 from engine_client.model.preset import ModelConfig
 from engine_client.model.speculative_runner import SpeculativeModelRunner
 
@@ -131,24 +130,6 @@ def load_topk_source(
     return getattr(importlib.import_module(module), func)(model_cfg, layout, device, **kwargs)
 
 
-def load_draft_source(
-    spec: str, model_cfg: ModelConfig, layout: KVLayout, device: str, draft_tokens: int
-) -> DraftSource | None:
-    """None for "mtp" (the model's MTP layer drafts); else a benchmark-only source
-    MODULE:FUNC[:JSON kwargs], FUNC(model_cfg, layout, device, draft_tokens, **kwargs)."""
-    if spec == "mtp":
-        return None
-    module, func, *rest = spec.split(":", 2)
-    kwargs = json.loads(rest[0]) if rest else {}
-    factory = getattr(importlib.import_module(module), func)
-    log.warning(
-        "draft source %s is benchmark-only: it proposes recorded target tokens, so the "
-        "acceptance rate is set by the recording, not by the model's MTP layer",
-        spec,
-    )
-    return factory(model_cfg, layout, device, draft_tokens, **kwargs)
-
-
 def build_compute(
     model_cfg: ModelConfig,
     weights: dict[str, torch.Tensor],
@@ -161,15 +142,14 @@ def build_compute(
     synthetic_context: int = 0,
     synthetic_shared: int = 0,
     draft_tokens: int = 0,
-    draft_source: DraftSource | None = None,
 ) -> Compute:
     """draft_tokens > 0: speculative decoding with the model's MTP layer (model_cfg.mtp_layers)
-    drafting, or `draft_source` (benchmarks only)."""
+    drafting."""
     model = Model(model_cfg, weights, backend)
     model.topk_source = topk_source  # before capture: the graphs must contain it
     dcfg = DecodeConfig(max_batch, use_graphs=use_graphs)
     model_runner = (
-        SpeculativeModelRunner(model, dcfg, draft_tokens, draft_source)
+        SpeculativeModelRunner(model, dcfg, draft_tokens)
         if draft_tokens
         else ModelRunner(model, dcfg)
     )

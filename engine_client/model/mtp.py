@@ -17,29 +17,12 @@ for the target's layers (engine_client.model.speculative_runner explains the win
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import torch
 import torch.nn.functional as F
 
 from engine_client.model.forward_batch import PrefillChunk, Tokens
 from engine_client.model.model import Model, rms_norm
 from engine_client.model.workspace import Workspace
-
-
-class DraftSource(Protocol):
-    """Benchmarks only (labelled as such wherever used): proposes drafts in place of the MTP
-    layer's, e.g. the target's own recorded tokens (bench/mtp/draft_replay.py), so acceptance can be
-    set instead of being the random model's (near zero). The MTP layer still runs: its cost is
-    part of a step."""
-
-    def start(self, req_slot: int, prompt: tuple[int, ...]) -> None:
-        """On the host, before the request's last prefill chunk: its prompt."""
-
-    def __call__(self, req_slots: torch.Tensor, base: torch.Tensor, drafts: torch.Tensor) -> None:
-        """Overwrite drafts [n, D] int64 of the requests in req_slots [n] (-1: padding) whose
-        next verify step starts at position base [n] (drafts for base + 1 .. base + D), in
-        place, with fixed shapes (captured in the CUDA graph)."""
 
 
 def draft_states(

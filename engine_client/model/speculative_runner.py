@@ -40,7 +40,7 @@ import torch
 from engine_client.model.forward_batch import Tokens
 from engine_client.model.model import Model
 from engine_client.model.model_runner import DecodeConfig, ModelRunner
-from engine_client.model.mtp import DraftSource, draft_chain, draft_prefill, draft_states
+from engine_client.model.mtp import draft_chain, draft_prefill, draft_states
 
 _IDS, _SLOTS, _POS = 0, 1, 2
 
@@ -51,16 +51,10 @@ class SpeculativeModelRunner(ModelRunner):
     request slot (entry R: padding rows): last_token (the token at the next step's first
     position) and drafts [R + 1, D] int64 (-1: none, never accepted)."""
 
-    def __init__(
-        self,
-        model: Model,
-        cfg: DecodeConfig,
-        draft_tokens: int,
-        source: DraftSource | None = None,
-    ) -> None:
+    def __init__(self, model: Model, cfg: DecodeConfig, draft_tokens: int) -> None:
         if model.mtp is None or draft_tokens < 1:
             raise ValueError("speculative steps need the model's MTP layer and >= 1 draft")
-        self.D, self.source = draft_tokens, source
+        self.D = draft_tokens
         super().__init__(model, cfg, rows_per_request=draft_tokens + 1)
         m, G, dev, R = cfg.max_batch, draft_tokens + 1, self.device, model.backend.max_requests
         self.drafts = torch.full((R + 1, self.D), -1, dtype=torch.int64, device=dev)
@@ -120,8 +114,6 @@ class SpeculativeModelRunner(ModelRunner):
         out = self.next_drafts[:bs]
         at = base + a.to(base.dtype)
         draft_chain(self.model, slots, at, states[row], top, self.ws.rows(bs), out)
-        if self.source is not None:
-            self.source(slots, at + 1, out)
         pad = self._pad(slots)
         # Padding requests write entry R, whose values stay valid token ids (or -1 drafts).
         self.last_token.index_copy_(0, pad, y.gather(1, a[:, None])[:, 0].to(torch.int32))
@@ -151,6 +143,10 @@ class SpeculativeModelRunner(ModelRunner):
         the static buffer; rows of a request consecutive). seq_lens is ignored."""
         return super().step(token_ids, positions, req_slots, [p + 1 for p in positions])
 
+    def staged(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The request slots and first positions [n] int32 (device) of the step just run."""
+        return self.inputs[_SLOTS, :n], self.inputs[_POS, :n]
+
     def draft(self, verified: torch.Tensor, accepted: torch.Tensor) -> None:
         """After `step`: verified [n, D + 1] int64, the target's token for each row, and
         accepted [n] int64, the drafts taken (0..D); runs the draft graph of the step's bucket."""
@@ -178,13 +174,13 @@ class SpeculativeModelRunner(ModelRunner):
         next_ids: torch.Tensor,
         states: torch.Tensor,
         start: int,
-        prompt: tuple[int, ...] | None = None,
+        last: bool = False,
     ) -> None:
         """The MTP layer over a prefill chunk at [start, start + n): next_ids [n] (the prompt
         shifted by one; for the last chunk ending with the first sampled token), states the
-        target's. `prompt` (the last chunk): also draft the first verify step's tokens."""
+        target's. `last` (the prompt's last chunk): also draft the first verify step's tokens."""
         x = draft_prefill(self.model, req_slot, next_ids, states, start)
-        if prompt is None:
+        if not last:
             return
         end = start + next_ids.shape[0]
         dev = self.device
@@ -192,7 +188,4 @@ class SpeculativeModelRunner(ModelRunner):
         at = torch.tensor([end - 1], dtype=torch.int32, device=dev)
         out = self.next_drafts[:1]
         draft_chain(self.model, slot, at, x[-1:], at + 1, self.ws.rows(1), out)
-        if self.source is not None:
-            self.source.start(req_slot, prompt)
-            self.source(slot, at + 1, out)
         self.drafts[req_slot].copy_(out[0])

@@ -1,5 +1,5 @@
 """The compute of one KV mode: weights, the mode's attention backend over the KV control's
-memory, the top-k and draft sources, and the one thread every model call runs on.
+memory, the top-k source, and the one thread every model call runs on.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from engine_client.model.compute import (
     build_compute,
     check_model_fits,
     choose_kernels,
-    load_draft_source,
     load_topk_source,
 )
 from engine_client.model.preset import ModelConfig
@@ -79,9 +78,6 @@ def build_mode_compute(cfg: EngineConfig, mcfg: ModelConfig, control: KVControl,
     max_batch = min(cfg.max_batch, control.layout.max_requests)
     backend = _backend(cfg, control, kernels, max_batch, device)
     source = load_topk_source(cfg.topk_source, mcfg, control.layout, device)
-    drafts = (
-        load_draft_source(cfg.draft_source, mcfg, control.layout, device, spec) if spec else None
-    )
     return build_compute(
         mcfg,
         weights,
@@ -94,5 +90,4 @@ def build_mode_compute(cfg: EngineConfig, mcfg: ModelConfig, control: KVControl,
         synthetic_context=cfg.synthetic_context,
         synthetic_shared=cfg.synthetic_shared,
         draft_tokens=spec,
-        draft_source=drafts,
     )

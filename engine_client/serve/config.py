@@ -29,6 +29,7 @@ from contract.rules import (
     within,
 )
 from engine_client.client.address import ENGINE_SOCKET, default_uds, grpc_target
+from engine_client.loop.acceptance_rates import BENCHMARK_ONLY, AcceptanceRates, check_rates
 from engine_client.loop.admission_limit import admission_setting
 from engine_client.loop.queue_policy import QUEUE_POLICIES
 from engine_client.model.preset import PRESETS
@@ -232,12 +233,23 @@ class EngineConfig:
     draft_tokens: int = setting(
         1, help="speculative: drafts per verify step, 1..3", check=within(1, MAX_DRAFT_TOKENS)
     )
-    draft_source: str = setting(
-        "mtp",
-        help="speculative: mtp (the model's MTP layer), or MODULE:FUNC[:JSON], a BENCHMARK-ONLY "
-        "source of drafts (bench.mtp.draft_replay:replay_source replays a recorded greedy run: "
-        "acceptance is the recording's, not the model's)",
-        check=plugin_or("mtp"),
+    speculative_acceptance: tuple[float, ...] | None = setting(
+        None,
+        help="BENCHMARK-ONLY, refused without --allow-benchmark-only: accept drafts by a seeded "
+        "draw instead of checking them, at these acceptance rates per draft position (e.g. 0.9 "
+        "or 0.9,0.75,0.6; rate i given drafts before i were accepted; positions past the list "
+        "repeat its last rate). The drafts still come from the MTP layer and are verified over "
+        "D + 1 rows; the output is the accepted drafts and the model's token after them, not "
+        "the model's own decoding (engine_client/loop/synthetic_acceptance.py)",
+        check=check_rates,
+    )
+    speculative_acceptance_seed: int = setting(
+        0, help="BENCHMARK-ONLY: seed of --speculative-acceptance's draws (a run repeats)"
+    )
+    allow_benchmark_only: bool = setting(
+        False,
+        help="allow BENCHMARK-ONLY settings (--speculative-acceptance), which make the output "
+        "not the model's; refused without it",
     )
     # The engine loop (engine_client/loop/engine.py).
     overlap: bool = setting(
@@ -321,6 +333,29 @@ class EngineConfig:
             raise ValueError(
                 f"synthetic_shared must be in [0, synthetic_context], got {self.synthetic_shared}"
             )
+        self._check_acceptance()
+
+    def _check_acceptance(self) -> None:
+        if self.speculative_acceptance is None:
+            return
+        if not self.allow_benchmark_only:
+            raise ValueError(
+                f"--speculative-acceptance is {BENCHMARK_ONLY}: its tokens are not the model's "
+                "output; pass --allow-benchmark-only to run it anyway"
+            )
+        if not self.spec_tokens:
+            raise ValueError("--speculative-acceptance needs --speculative mtp")
+        # Its own checks: at most one rate per draft position.
+        AcceptanceRates(self.speculative_acceptance, self.spec_tokens)
+
+    @property
+    def acceptance(self) -> AcceptanceRates | None:
+        """The BENCHMARK-ONLY synthetic acceptance rule, if set."""
+        if self.speculative_acceptance is None or not self.spec_tokens:
+            return None
+        return AcceptanceRates(
+            self.speculative_acceptance, self.spec_tokens, self.speculative_acceptance_seed
+        )
 
     @property
     def spec_tokens(self) -> int:

@@ -226,9 +226,16 @@ async def build_engine(cfg: EngineConfig, metrics: EngineMetrics | None = None) 
         prefix_cache=cfg.prefix_cache,
         share_generated=cfg.prefix_share_generated,
         metrics=metrics,
+        acceptance=cfg.acceptance,
     )
     engine.metrics.describe(device=device, kv_mode=cfg.kv_mode)
-    if cfg.overlap and cfg.spec_tokens:
-        log.info("speculative steps are not overlapped: a step's positions need the last one's")
+    _log_speculation(cfg)
     await restore(engine, control, saved)
     return engine
+
+
+def _log_speculation(cfg: EngineConfig) -> None:
+    if cfg.overlap and cfg.spec_tokens:
+        log.info("speculative steps are not overlapped: a step's positions need the last one's")
+    if cfg.acceptance is not None:  # at start, in every log: the output is not the model's
+        log.warning("%s (--speculative-acceptance)", cfg.acceptance.describe())

@@ -63,20 +63,25 @@ async def _run_jobs(
         return out
 
     engine.compute.model_runner.step = recording_step
+    reqs = await _drive(engine, jobs)
+    if finishes is None:
+        assert all(r.finish is Finish.LENGTH for r in reqs), [(r.finish, r.error) for r in reqs]
+    else:
+        finishes.extend(r.finish for r in reqs)
+    return [r.tokens for r in reqs], logits, dict(engine.totals)
+
+
+async def _drive(engine, jobs) -> list[GenRequest]:
+    """Submit the jobs to a built engine, start it, follow every stream to its end, stop it."""
     reqs = [engine.api.submit(p, n, s) for p, n, s in jobs]
     engine.start()
     try:
         for req in reqs:
             async for _ in req.follow():
                 pass
-        totals = dict(engine.totals)
-        if finishes is None:
-            assert all(r.finish is Finish.LENGTH for r in reqs), [(r.finish, r.error) for r in reqs]
-        else:
-            finishes.extend(r.finish for r in reqs)
     finally:
         await engine.stop()
-    return [r.tokens for r in reqs], logits, totals
+    return reqs
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ import torch
 from contract import residency
 from engine_client.loop.request import Phase
 from engine_client.serve.factory import build_engine
-from tests.engine_client.loop.test_engine import JOBS
+from tests.engine_client.loop.test_engine import JOBS, _drive
 from tests.process_harness import engine_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -35,14 +35,7 @@ async def _run(drop: bool) -> tuple[list[list[int]], list[torch.Tensor], dict]:
         return out
 
     engine.compute.model_runner.step = dropping_step
-    reqs = [engine.api.submit(p, n, s) for p, n, s in JOBS]
-    engine.start()
-    try:
-        for req in reqs:
-            async for _ in req.follow():
-                pass
-    finally:
-        await engine.stop()
+    reqs = await _drive(engine, JOBS)
     return [r.tokens for r in reqs], logits, dict(engine.totals)
 
 

@@ -116,7 +116,7 @@ def test_speculative_configuration_is_checked(tmp_path) -> None:
     from engine_client.serve.factory import build_engine, load_vocabulary, model_config
     from tests.process_harness import LOCAL, engine_config
 
-    for bad in (dict(draft_tokens=4), dict(draft_tokens=0), dict(draft_source="nonsense")):
+    for bad in (dict(draft_tokens=4), dict(draft_tokens=0)):
         with pytest.raises(ValueError):
             dataclasses.replace(engine_config("embedded"), speculative="mtp", **bad)
     # B - W = 24 < k (D + 1) = 16 * 4.

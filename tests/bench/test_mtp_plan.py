@@ -1,0 +1,68 @@
+"""bench.mtp's command without running it: the rates are checked as the engine checks them, each
+D runs at the first D rates with the engine's explicit BENCHMARK-ONLY flag, every run of one
+command shares the sizes of its largest D, and the summary states the rates and the tokens per
+step they imply."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.e2e.run_args import engine_flags
+from bench.mtp.cli import parse_args, run_groups, sizes_of
+from bench.mtp.report import summary
+
+
+def test_rates_are_checked_as_the_engine_checks_them() -> None:
+    for bad in ("1.2", "0.9,x", "0.9,0.8,0.7,0.6"):
+        with pytest.raises(SystemExit):
+            parse_args(["--speculative-acceptance", bad])
+    for bad in ("0", "4", "1,x"):
+        with pytest.raises(SystemExit):
+            parse_args(["--draft-tokens", bad])
+    with pytest.raises(SystemExit):  # more rates than the largest D
+        parse_args(["--draft-tokens", "1", "--speculative-acceptance", "0.9,0.8"])
+
+
+def test_each_d_runs_at_its_rates_beside_one_plain_run() -> None:
+    args = parse_args(["--smoke", "--draft-tokens", "1,3", "--acceptance-seed", "5"])
+    sizes = sizes_of(args, "cpu")
+    # Sized for D = 3: B - W = k (D + 1), and room for D + 1 tokens per step.
+    assert sizes.hot_slots - sizes.window == sizes.topk * 4 and sizes.tokens_per_step == 4
+    groups = run_groups(sizes, args)
+    assert [(p.mode, [s.draft_tokens for s in spec]) for p, spec in groups] == [
+        ("baseline", [1, 3]),
+        ("service", [1, 3]),
+    ]
+    plain, (one, three) = groups[1]
+    assert not plain.draft_tokens and {one.slots, three.slots} == {plain.slots}
+    assert one.acceptance == (0.9,) and three.acceptance == (0.9, 0.75, 0.6)
+    argv = engine_flags(sizes, three)
+    at = argv.index("--speculative-acceptance")
+    assert argv[at : at + 6] == [
+        "--speculative-acceptance",
+        "0.9,0.75,0.6",
+        "--speculative-acceptance-seed",
+        "5",
+        "--allow-benchmark-only",
+        "1",
+    ]
+    assert "--speculative-acceptance" not in engine_flags(sizes, plain)
+
+
+def test_the_summary_reports_tokens_and_misses_per_step() -> None:
+    plain = {"max": {"window_tok_s": 100.0, "misses_per_step": 10.0}, "batch1": {}}
+    spec = {
+        "max": {
+            "concurrency": 4,
+            "window_tok_s": 150.0,
+            "acceptance": 0.5,
+            "misses_per_step": 12.0,
+            "misses_rows_per_step": 18.0,
+        },
+        "batch1": {"itl_mean_s": 0.004},
+    }
+    group = {"plain": {"phases": plain}, "mtp": {"2": {"phases": spec}}}
+    row = summary(group, 2, expected=2.1)
+    assert row["tok_s_ratio"] == 1.5 and row["tokens_per_step"] == 2.0
+    assert (row["misses_per_step_mtp"], row["misses_rows_per_step_mtp"]) == (12.0, 18.0)
+    assert summary(group, 3, expected=2.5) == {}  # a D not run (budget)
