@@ -34,11 +34,11 @@ from concurrent.futures import ThreadPoolExecutor
 from engine_client.client import errors
 from engine_client.client.control import KVControl
 from engine_client.loop.admission_limit import AdmissionLimit
+from engine_client.loop.batch import Batch
 from engine_client.loop.metrics import EngineMetrics
 from engine_client.loop.parts import EngineOptions, EngineParts
 from engine_client.loop.queue_policy import QueueLimits
 from engine_client.loop.request import Finish, GenRequest
-from engine_client.loop.scheduler import Batch
 from engine_client.loop.state_file import StateFile
 from engine_client.loop.step_runner import Advance, LaunchedStep
 from engine_client.model.compute import Compute

@@ -14,10 +14,11 @@ import logging
 from collections.abc import Callable
 
 from engine_client.client import errors
+from engine_client.loop.batch import Batch
 from engine_client.loop.control_ref import ControlRef
 from engine_client.loop.recovery import ServiceRecovery
 from engine_client.loop.request import FailStatus, Finish, GenRequest
-from engine_client.loop.scheduler import Batch, Scheduler
+from engine_client.loop.scheduler import Scheduler
 from engine_client.loop.state_file import StateFile
 
 log = logging.getLogger(__name__)
@@ -85,7 +86,9 @@ class Failures:
             "before it): %s: %s",
             batch.step if batch else "?",
             len(batch.decode) if batch else 0,
-            f"{batch.prefill.request_id} {batch.prefill_range}" if batch and batch.prefill else "-",
+            " ".join(f"{c.req.request_id} [{c.start}, {c.end})" for c in batch.prefills)
+            if batch and batch.prefills
+            else "-",
             self.recovery.rounds,
             type(e).__name__,
             e,

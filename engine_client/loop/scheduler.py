@@ -5,8 +5,9 @@ Each turn it
    once the last step that read it has finished on the device);
 2. admits queued requests into free request slots (the KV side reserves prompt +
    max_new_tokens), under the queue policy below;
-3. builds the batch: the next prefill chunk of one request, and one decode row for every running
-   request that still has tokens to produce.
+3. builds the batch: the next prefill chunks of the requests in prefill, a chunk's tokens in all
+   (engine_client.loop.batch), and one decode row for every running request that still has
+   tokens to produce.
 
 It counts tokens as *launched* (`GenRequest.launched`): with overlap, step t + 1 is scheduled
 before step t's tokens reach the host, so a decode row does not know its input token. The row
@@ -33,10 +34,10 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from engine_client.client import errors
 from engine_client.loop.admission_limit import AdmissionLimit
+from engine_client.loop.batch import Batch, PrefillBudget, PrefillChunk
 from engine_client.loop.control_ref import ControlRef
 from engine_client.loop.page_names import PageNames
 from engine_client.loop.queue_policy import QueueLimits, Turn, reserved_tokens
@@ -50,33 +51,6 @@ log = logging.getLogger(__name__)
 
 # Refused admission attempts per turn, head included: each costs an RPC in service modes.
 MAX_REFUSALS_PER_TURN = 4
-
-
-@dataclass
-class Batch:
-    """One step: `prefill` runs prompt positions prefill_range (after filling the `synthetic`
-    context regions (start, end, seed), if any); `decode` rows append ids[i] (-1: on the device) at
-    positions[i] of slots[i]. temps/keys: the rows' sampling, None when every row is greedy.
-    first: (temperature, key) of the prefill's first token when this chunk ends the prompt.
-    rows_per_request: forward rows per decode request (a speculative verify step's D + 1: the
-    token at positions[i] and D drafts on the device); temps/keys then hold one entry per row."""
-
-    step: int
-    prefill: GenRequest | None = None
-    prefill_range: tuple[int, int] = (0, 0)
-    synthetic: tuple[tuple[int, int, int], ...] = ()
-    first: tuple[float, int] | None = None
-    decode: list[GenRequest] = field(default_factory=list)
-    ids: list[int] = field(default_factory=list)
-    positions: list[int] = field(default_factory=list)
-    slots: list[int] = field(default_factory=list)
-    temps: list[float] | None = None
-    keys: list[int] | None = None
-    rows_per_request: int = 1
-
-    @property
-    def requests(self) -> list[GenRequest]:
-        return ([self.prefill] if self.prefill is not None else []) + self.decode
 
 
 class Admit(enum.Enum):
@@ -208,7 +182,7 @@ class Scheduler:
         except errors.KVError as e:
             return self._refused(req, e)
         self.dequeue(req)
-        req.slot, req.phase = adm.slot, Phase.PREFILL
+        req.slot, req.phase, req.admitted_at = adm.slot, Phase.PREFILL, self.clock()
         req.cached_tokens = req.prefilled = adm.cached_tokens
         if self.state is not None:
             self.state.started(req)
@@ -242,16 +216,20 @@ class Scheduler:
 
     def _batch(self) -> Batch | None:
         live = [r for r in self.requests.values() if not r.finished]
-        prefill = next((r for r in live if r.phase is Phase.PREFILL), None)
+        prefill = [r for r in live if r.phase is Phase.PREFILL]
         decode = [r for r in live if r.phase is Phase.RUNNING and r.launched < r.max_new_tokens][
             : self.max_batch
         ]
-        if prefill is None and not decode:
+        if not prefill and not decode:
             return None
         batch = Batch(self.next_step, rows_per_request=self.draft_tokens + 1)
         self.next_step += 1
-        if prefill is not None:
-            self._add_prefill(batch, prefill)
+        budget = PrefillBudget(self.prefill_chunk)
+        for req in prefill:  # queue order; one that does not fit waits with those behind it
+            chunk = self._next_chunk(req)
+            if not budget.take(chunk):
+                break
+            self._add_prefill(batch, chunk)
         for req in decode:
             self._add_decode(batch, req)
         if any(r.sampling.temperature > 0 for r in decode):
@@ -265,10 +243,12 @@ class Scheduler:
             ]
         return batch
 
-    def _add_prefill(self, batch: Batch, req: GenRequest) -> None:
+    def _next_chunk(self, req: GenRequest) -> PrefillChunk:
+        """The request's next prefill chunk (nothing changes until it is added)."""
         start = req.prefilled
+        synthetic: tuple[tuple[int, int, int], ...] = ()
         if start < self.synthetic.tokens:
-            batch.synthetic = self.synthetic.regions(start, req.prompt)
+            synthetic = self.synthetic.regions(start, req.prompt)
             start = self.synthetic.tokens
         if start < req.cached_tokens:
             # Positions below cached_tokens live in shared pages that no request may write.
@@ -280,11 +260,17 @@ class Scheduler:
         # prefix was cached prefills the same chunks, in the same shapes, as one computing it.
         chunk = self.prefill_chunk
         end = min((start // chunk + 1) * chunk, req.context_len)
-        batch.prefill, batch.prefill_range = req, (start, end)
-        req.prefilled, req.last_step = end, batch.step
+        first = None
         if end == req.context_len:
-            s = req.sampling
-            batch.first = (s.temperature, token_key(s.seed, req.replayed))
+            first = (req.sampling.temperature, token_key(req.sampling.seed, req.replayed))
+        return PrefillChunk(req, start, end, synthetic, first)
+
+    def _add_prefill(self, batch: Batch, chunk: PrefillChunk) -> None:
+        req = chunk.req
+        batch.prefills.append(chunk)
+        req.prefilled, req.last_step = chunk.end, batch.step
+        req.prefill_at = req.prefill_at or self.clock()
+        if chunk.first is not None:
             req.phase, req.launched = Phase.RUNNING, req.replayed + 1
 
     def _add_decode(self, batch: Batch, req: GenRequest) -> None:
