@@ -49,6 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--turns", type=int, default=None, help="[8; smoke 3]")
     ap.add_argument("--client-procs", type=int, default=None, help="[4; smoke 1]")
     ap.add_argument("--sources", default="trace,indexer", help="capacity's top-k sources")
+    ap.add_argument("--row-format", default="bf16", help="KV row format: bf16 or fp8 [bf16]")
     ap.add_argument(
         "--admission-limit", default="auto", help="the engines' --admission-limit [auto]"
     )
@@ -77,6 +78,7 @@ def sizes_from_args(a: argparse.Namespace, device: str) -> plan.Sizes:
         message=256 if big else 8,
         answer=64 if big else 4,
         sources=tuple(a.sources.split(",")),
+        row_format=a.row_format,
         admission_limit=a.admission_limit,
     )
 
