@@ -3,17 +3,19 @@
     python -m bench.prefix              # GPU: preset bench, 32K context, 24K shared prefix
     python -m bench.prefix --smoke      # CPU: tiny preset and sizes, the whole harness
 
-Parts (--parts, all by default), same run, ratios in the table:
+Parts (--parts, all by default), same run, ratios in the table (bench/prefix/runs.py):
 - capacity: every request holds a `context`-token context whose first `shared` tokens are common
   (synthetic KV: engine --synthetic-context/--synthetic-shared) and a distinct real prompt.
   Service mode without and with sharing, and the all-on-GPU baseline, each sized to the same
   GPU KV budget (bench/prefix/plan.py): max concurrent requests, and decode tok/s with every
-  stream running (bench/e2e/stats.py's window).
+  stream running (bench/e2e/stats.py's window); per top-k source (--sources, as bench.e2e).
 - ttft: a real prompt of `shared` tokens + a distinct suffix, prefilled cold, then again with
-  another suffix (its prefix cached): TTFT cached / cold, service and baseline.
+  another suffix (its prefix cached): TTFT cached / cold, service and baseline; and the same with
+  a prefix short enough for a resident request. Each with the engine's queue time, which for a
+  lone request is its admission (a cached one's includes copying the cached rows).
 - multiturn: `conversations` conversations of `turns` turns at once (each turn: the conversation
   so far + a new message; `answer` tokens back), prefix caching on vs off: prefilled tokens and
-  TTFT per turn.
+  TTFT per turn, split into the engine's queue wait, the wait behind other prefills, the rest.
 Progress on stderr; JSON to bench/results/prefix[-smoke]-<date>.json; a table last.
 """
 
@@ -22,24 +24,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import random
-import statistics
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-import grpc
-
 from bench.e2e.load import LoadGen
-from bench.e2e.stats import analyze
-from bench.prefix import plan
+from bench.prefix import plan, runs
 from bench.prefix.children import Procs
-from engine_client.cli.config import GenerateConfig
-from engine_client.cli.generate import GenerationResult, generate_stream
-from engine_client.serve.procs import (
-    REPO_ROOT,
-)
+from engine_client.serve.procs import REPO_ROOT
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -55,6 +48,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--conversations", type=int, default=None, help="[64; smoke 3]")
     ap.add_argument("--turns", type=int, default=None, help="[8; smoke 3]")
     ap.add_argument("--client-procs", type=int, default=None, help="[4; smoke 1]")
+    ap.add_argument("--sources", default="trace,indexer", help="capacity's top-k sources")
+    ap.add_argument("--row-format", default="bf16", help="KV row format: bf16 or fp8 [bf16]")
+    ap.add_argument(
+        "--admission-limit", default="auto", help="the engines' --admission-limit [auto]"
+    )
     return ap.parse_args(argv)
 
 
@@ -79,120 +77,48 @@ def sizes_from_args(a: argparse.Namespace, device: str) -> plan.Sizes:
         turns=pick(a.turns, 3, 8),
         message=256 if big else 8,
         answer=64 if big else 4,
+        sources=tuple(a.sources.split(",")),
+        row_format=a.row_format,
+        admission_limit=a.admission_limit,
     )
-
-
-async def stream(target: str, prompt: list[int], new: int) -> GenerationResult:
-    cfg = GenerateConfig(target=target, prompt=tuple(prompt), max_new_tokens=new, timeout=900)
-    result = GenerationResult()
-    async with grpc.aio.insecure_channel(target) as channel:
-        async for _ in generate_stream(channel, cfg, result):
-            pass
-    return result
-
-
-def log(text: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
-
-
-async def capacity(p: Procs, s: plan.Sizes, load: LoadGen, vocab: int) -> list[dict]:
-    runs = plan.capacity_runs(s)
-    synthetic = ["--synthetic-context", str(plan.synthetic_tokens(s, runs))]
-    synthetic += ["--synthetic-shared", str(s.shared)]
-    out = []
-    for r in runs:
-        log(f"capacity: {r.label}, {r.slots} requests")
-        lay = plan.layout(s, r.slots, r.pages, s.context)
-        eng = p.start(r.mode, lay, r.sharing, tuple(synthetic))
-        await load.run(eng.target, 1, s.prompt_len, vocab, 2, 900)  # warm-up: fills the prefix
-        recs = await load.run(eng.target, r.slots, s.prompt_len, vocab, r.new_tokens, 900)
-        res = {**asdict(r), **analyze(recs, [], r.slots, None), "kv": p.stats()}
-        res["engine_exit"] = p.stop_engine()
-        out.append(res)
-    return out
-
-
-async def ttft(p: Procs, s: plan.Sizes, vocab: int) -> list[dict]:
-    """Per mode: pairs (cold, cached) of prompts sharing a fresh random prefix."""
-    ctx = s.shared + s.ttft_suffix + 4
-    out = []
-    for mode in ("service", "baseline"):
-        log(f"ttft: {mode}")
-        lay = plan.layout(s, 2, 4 * -(-ctx // s.page_size), ctx)
-        eng = p.start(mode, lay, True)
-        rng, pairs = random.Random(1), []
-        for _ in range(s.ttft_repeats):
-            prefix = [rng.randrange(1, vocab) for _ in range(s.shared)]
-            runs = []
-            for _ in range(2):
-                suffix = [rng.randrange(1, vocab) for _ in range(s.ttft_suffix)]
-                runs.append(await stream(eng.target, prefix + suffix, 4))
-            pairs.append([(r.ttft_s, r.cached_tokens) for r in runs])
-        cold = statistics.median(c[0][0] for c in pairs)
-        hot = statistics.median(c[1][0] for c in pairs)
-        out.append(
-            {"mode": mode, "pairs": pairs, "cold_s": cold, "cached_s": hot, "ratio": hot / cold}
-        )
-        p.stop_engine()
-    return out
-
-
-async def conversation(target: str, s: plan.Sizes, c: int, vocab: int) -> list[dict]:
-    rng, history, turns = random.Random(1000 + c), [], []
-    for _ in range(s.turns):
-        prompt = history + [rng.randrange(1, vocab) for _ in range(s.message)]
-        r = await stream(target, prompt, s.answer)
-        turns.append({"prompt": len(prompt), "cached": r.cached_tokens, "ttft_s": r.ttft_s})
-        history = prompt + r.tokens
-    return turns
-
-
-async def multiturn(p: Procs, s: plan.Sizes, vocab: int) -> list[dict]:
-    ctx = s.turns * (s.message + s.answer) + s.page_size
-    ppr = -(-ctx // s.page_size)
-    out = []
-    for sharing in (False, True):
-        log(f"multiturn: {s.conversations} x {s.turns}, reuse {sharing}")
-        lay = plan.layout(s, s.conversations, 2 * s.conversations * ppr, ctx)
-        eng = p.start("service", lay, sharing)
-        t0 = time.monotonic()
-        convs = await asyncio.gather(
-            *(conversation(eng.target, s, c, vocab) for c in range(s.conversations))
-        )
-        per_turn = [
-            {
-                "prefilled_mean": statistics.fmean(c[t]["prompt"] - c[t]["cached"] for c in convs),
-                "ttft_p50_s": statistics.median(c[t]["ttft_s"] for c in convs),
-            }
-            for t in range(s.turns)
-        ]
-        out.append(
-            {"reuse": sharing, "wall_s": time.monotonic() - t0, "turns": per_turn, "kv": p.stats()}
-        )
-        p.stop_engine()
-    return out
 
 
 def print_table(payload: dict) -> None:
     print(f"\nprefix sharing, {payload['device']}, {payload['date']}")
-    cap = {(r["mode"], r["sharing"]): r for r in payload.get("capacity", [])}
-    for (mode, sharing), r in cap.items():
-        tok = f"{r['tok_s']:.0f}" if r.get("tok_s") else "n/a"
-        print(f"  capacity {mode:8} sharing={sharing!s:5} N={r['slots']:5}  tok/s {tok}")
-    a, b = cap.get(("service", False)), cap.get(("service", True))
-    if a and b:
-        rate = f"{b['tok_s'] / a['tok_s']:.2f}x" if a.get("tok_s") and b.get("tok_s") else "n/a"
-        print(
-            f"  sharing / not (same run): max requests {b['slots'] / a['slots']:.2f}x, tok/s {rate}"
-        )
+    by_source: dict[str, dict] = {}
+    for r in payload.get("capacity", []):
+        by_source.setdefault(r.get("source", "indexer"), {})[r["mode"], r["sharing"]] = r
+    for source, cap in by_source.items():
+        for (mode, sharing), r in cap.items():
+            tok = f"{r['tok_s']:.0f}" if r.get("tok_s") else "n/a"
+            print(
+                f"  capacity {source:7} {mode:8} sharing={sharing!s:5} N={r['slots']:5}"
+                f"  tok/s {tok}"
+            )
+        a, b = cap.get(("service", False)), cap.get(("service", True))
+        if a and b:
+            ok = a.get("tok_s") and b.get("tok_s")
+            rate = f"{b['tok_s'] / a['tok_s']:.2f}x" if ok else "n/a"
+            print(
+                f"  {source} sharing / not (same run): max requests "
+                f"{b['slots'] / a['slots']:.2f}x, tok/s {rate}"
+            )
     for t in payload.get("ttft", []):
         print(
-            f"  TTFT {t['mode']:8} cold {t['cold_s']:.3f}s cached {t['cached_s']:.3f}s"
-            f" = {t['ratio']:.3f}x"
+            f"  TTFT {t['mode']:8} {t['case']:9} cold {t['cold_s']:.3f}s cached "
+            f"{t['cached_s']:.3f}s = {t['ratio']:.3f}x; admission (queued) cold "
+            f"{t['cold_queued_s'] * 1e3:.1f} ms, cached {t['cached_queued_s'] * 1e3:.1f} ms"
         )
     for m in payload.get("multiturn", []):
-        cells = " ".join(f"{t['prefilled_mean']:.0f}/{t['ttft_p50_s']:.3f}s" for t in m["turns"])
-        print(f"  multiturn reuse={m['reuse']!s:5} prefilled/TTFT p50 per turn: {cells}")
+        print(
+            f"  multiturn reuse={m['reuse']!s:5} per turn: prefilled, TTFT p50 = queued + "
+            "prefill wait + rest"
+        )
+        for i, t in enumerate(m["turns"]):
+            print(
+                f"    turn {i + 1}: {t['prefilled_mean']:6.0f}  {t['ttft_p50_s']:.3f}s = "
+                f"{t['queued_p50_s']:.3f} + {t['prefill_wait_p50_s']:.3f} + {t['rest_p50_s']:.3f}"
+            )
 
 
 async def run_parts(args, s: plan.Sizes, p: Procs) -> dict:
@@ -202,11 +128,11 @@ async def run_parts(args, s: plan.Sizes, p: Procs) -> dict:
     load = LoadGen(args.client_procs or (1 if args.smoke else 4))
     try:
         if "capacity" in parts:
-            out["capacity"] = await capacity(p, s, load, vocab)
+            out["capacity"] = await runs.capacity(p, s, load, vocab)
         if "ttft" in parts:
-            out["ttft"] = await ttft(p, s, vocab)
+            out["ttft"] = await runs.ttft(p, s, vocab)
         if "multiturn" in parts:
-            out["multiturn"] = await multiturn(p, s, vocab)
+            out["multiturn"] = await runs.multiturn(p, s, vocab)
     finally:
         load.close()
     return out

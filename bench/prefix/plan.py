@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bench.e2e import plan as e2e_plan
+from bench.e2e.run_args import TRACE_SOURCE
 from bench.shared.child import engine_argv, local_kv
 from contract import flags
 from contract.layout import INDEX_FORMATS
@@ -42,6 +43,8 @@ class Sizes:
     answer: int  # generated tokens per turn
     index_format: str = "fp8"
     row_format: str = "bf16"
+    sources: tuple[str, ...] = ("trace", "indexer")  # top-k sources of the capacity part
+    admission_limit: str = "auto"  # the engines' --admission-limit
 
     def e2e(self) -> e2e_plan.Sizes:
         return e2e_plan.Sizes(
@@ -101,6 +104,24 @@ def capacity_runs(s: Sizes) -> list[Capacity]:
     ]
 
 
+def topk_flags(source: str) -> list[str]:
+    """The engine's top-k source as bench.e2e runs it: the replayed trace (~86% hits at B = 2k)
+    or the random model's own indexer (~13%, the worst case)."""
+    if source not in ("trace", "indexer"):
+        raise ValueError(f"top-k source must be trace or indexer, got {source!r}")
+    return ["--topk-source", TRACE_SOURCE if source == "trace" else "indexer"]
+
+
+def ttft_cases(s: Sizes) -> dict[str, int]:
+    """Shared prefix length per TTFT case: `shared` (past the hot buffer: an offloaded request,
+    whose admission copies W cached rows) and the longest whole number of prefill chunks whose
+    prompt stays resident (its admission copies every cached row into the hot buffer)."""
+    resident = (s.hot_slots - s.ttft_suffix - 4) // s.prefill_chunk * s.prefill_chunk
+    return (
+        {"offloaded": s.shared, "resident": resident} if resident > 0 else {"offloaded": s.shared}
+    )
+
+
 def synthetic_tokens(s: Sizes, runs: list[Capacity]) -> int:
     """Synthetic context of every capacity request: room for the prompt and the longest run."""
     n = s.context - s.prompt_len - max(r.new_tokens for r in runs)
@@ -129,6 +150,8 @@ def service_flags(s: Sizes, lay: LocalLayout) -> list[str]:
 
 def engine_flags(s: Sizes, mode: str, lay: LocalLayout, sharing: bool, extra: list[str]) -> list:
     cache = ["--prefix-cache", "1" if sharing else "0"]
+    if s.admission_limit != "auto":
+        cache += ["--admission-limit", s.admission_limit]
     argv = engine_argv(s.preset, lay.max_requests, s.prefill_chunk, cache) + extra
     if mode == "baseline":
         argv += local_kv(s.device, lay)

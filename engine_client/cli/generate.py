@@ -43,6 +43,8 @@ class GenerationResult:
     text: str = ""  # text output, concatenated
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    queued_s: float = 0.0  # the engine's queue wait (FinalStats.queued_us)
+    prefill_wait_s: float = 0.0  # admission to its first prefill chunk (prefill_wait_us)
 
     @property
     def itl_s(self) -> list[float]:
@@ -141,6 +143,8 @@ def _record_end(result: GenerationResult, resp: pb.GenerateResponse) -> None:
     result.error = resp.error_message
     result.hits, result.misses = resp.stats.hits, resp.stats.misses
     result.bytes_moved = resp.stats.bytes_moved
+    result.queued_s = resp.stats.queued_us / 1e6
+    result.prefill_wait_s = resp.stats.prefill_wait_us / 1e6
     result.prompt_tokens = resp.usage.prompt_tokens
     result.cached_tokens = resp.usage.cached_tokens
 

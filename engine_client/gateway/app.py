@@ -125,6 +125,7 @@ class Gateway:
 
     async def _complete(self, request: web.Request, chat: bool) -> web.StreamResponse:
         c = shapes.parse(await body.read(request, chat), chat, self.cfg.max_tokens)
+        c.request.cache_salt = shapes.cache_salt(request.headers)
         if c.model and c.model != self.cfg.model_name:
             raise ApiError(
                 404,

@@ -9,15 +9,21 @@ user, metadata, store, service_tier, parallel_tool_calls (and the few more body.
 Refused with 400 naming the field (not silently ignored): n > 1, best_of > 1, echo, logprobs,
 suffix, a top_p other than 1, non-zero penalties, logit_bias, tools, a response_format other
 than text.
+
+The tenant: the `X-Cache-Salt` header becomes the request's cache_salt, so requests share cached
+prompt pages only with requests of the same header value (docs/CLIENT.md says why a header and
+not the body's `user`).
 """
 
 from __future__ import annotations
 
 import math
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from contract.prefix import MAX_SALT_BYTES
 from engine_client.gateway.api_error import ApiError
 from proto.decode.v1 import decode_pb2 as pb
 
@@ -39,6 +45,8 @@ UNSUPPORTED = {
     "response_format": (None, {"type": "text"}),
 }
 STREAM_OPTIONS = ("include_usage", "include_obfuscation")
+# The header naming the tenant whose cached prefixes a request may share.
+SALT_HEADER = "X-Cache-Salt"
 
 
 @dataclass(frozen=True)
@@ -164,6 +172,22 @@ def parse(body: Any, chat: bool, default_max_tokens: int) -> Completion:
         body.get("stream") is True,
         _include_usage(body.get("stream_options")),
     )
+
+
+def cache_salt(headers: Mapping[str, str]) -> str:
+    """The tenant's salt from the SALT_HEADER header ("" without one: the shared namespace).
+    Set by whatever authenticates tenants in front of the gateway, which must overwrite a
+    client's own value: a salt is what keeps one tenant from timing another's cached prompts."""
+    salt = headers.get(SALT_HEADER, "")
+    try:
+        size = len(salt.encode())
+    except UnicodeEncodeError:  # undecodable header bytes, kept as surrogates
+        raise ApiError.bad_request(f"{SALT_HEADER} must be UTF-8 text", SALT_HEADER) from None
+    if size > MAX_SALT_BYTES:
+        raise ApiError.bad_request(
+            f"{SALT_HEADER} must be at most {MAX_SALT_BYTES} bytes, got {size}", SALT_HEADER
+        )
+    return salt
 
 
 def _include_usage(options: Any) -> bool:

@@ -99,7 +99,9 @@ class Failures:
             "before it): %s: %s",
             batch.step if batch else "?",
             len(batch.decode) if batch else 0,
-            f"{batch.prefill.request_id} {batch.prefill_range}" if batch and batch.prefill else "-",
+            " ".join(f"{c.req.request_id} [{c.start}, {c.end})" for c in batch.prefills)
+            if batch and batch.prefills
+            else "-",
             self.recovery.rounds,
             type(e).__name__,
             e,

@@ -103,9 +103,8 @@ class Postprocessor:
     def __call__(self, out: StepOutput) -> None:
         batch = out.batch
         rows: list[tuple[GenRequest, list[int]]] = list(zip(batch.decode, out.decode_tokens))
-        if out.prefill_token is not None:
-            assert batch.prefill is not None  # a prefill token comes only with a prefill row
-            rows.insert(0, (batch.prefill, [out.prefill_token]))
+        firsts = [(c.req, [t]) for c, t in zip(batch.prefills, out.prefill_tokens) if t is not None]
+        rows = firsts + rows
         rows = [(r, self._kept(r, t)) for r, t in rows if not r.finished]
         # Requests that ended before this step was post-processed are left out of its report;
         # those that end with it are in: their last pages count as stored (prefix caching).
@@ -113,7 +112,7 @@ class Postprocessor:
         if self.state is not None and rows:
             self.state.tokens({r.request_id: t for r, t in rows})
         # A prefill's slot counts too: the MTP layer's first drafts swap in (speculative).
-        counted = batch.decode + ([batch.prefill] if batch.prefill is not None else [])
+        counted = batch.decode + [c.req for c in batch.prefills]
         hits, misses = self._count(counted, out.per_slot)
         self._speculative(out, counted)
         self._deliver(rows)
@@ -121,8 +120,7 @@ class Postprocessor:
         # its first row and the accepted drafts), whatever was delivered.
         kept = (len(t) for t in out.decode_tokens)
         stored = list(zip(batch.decode, (p + k for p, k in zip(batch.positions, kept))))
-        if batch.prefill is not None:
-            stored.insert(0, (batch.prefill, batch.prefill_range[1]))
+        stored = [(c.req, c.end) for c in batch.prefills] + stored
         progress = tuple((r.request_id, n) for r, n in stored if id(r) in live)
         self.reports.send(StepReport(batch.step, progress, hits, misses, misses * self.row_bytes))
 

@@ -102,6 +102,10 @@ class GenRequest:
     status: FailStatus = FailStatus.UNAVAILABLE
     counters: RequestCounters = field(default_factory=RequestCounters)
     started: float = field(default_factory=time.monotonic)
+    # When it was admitted and when its first prefill chunk launched (the scheduler's clock;
+    # 0: not yet): a TTFT split into queue wait, prefill wait and its own prefill.
+    admitted_at: float = 0.0
+    prefill_at: float = 0.0
     cancelled: bool = False
     launched: int = 0
     last_step: int = -1
@@ -158,6 +162,7 @@ class GenRequest:
             FailStatus.UNAVAILABLE,
         )
         self.slot, self.prefilled, self.launched, self.last_step = -1, 0, 0, -1
+        self.admitted_at = self.prefill_at = 0.0
         self.cancelled, self.lost_kv, self.replayed = False, False, len(self.tokens)
 
     def add_token(self, token: int, now: float) -> Finish | None:
@@ -200,6 +205,13 @@ class GenRequest:
         if self.text is not None and not (resumable or self.lost_kv):
             self.tail = self.text.finish()  # empty after a last token's finish
         self._notify()
+
+    def waits_us(self) -> tuple[int, int]:
+        """(queue wait, prefill wait) in microseconds: receipt to admission, admission to the
+        first prefill chunk's launch; 0 for what did not happen."""
+        queued = self.admitted_at - self.started if self.admitted_at else 0.0
+        prefill = self.prefill_at - self.admitted_at if self.prefill_at else 0.0
+        return int(max(queued, 0.0) * 1e6), int(max(prefill, 0.0) * 1e6)
 
     def event(self, i: int) -> TokenEvent:
         t = self.times[i]

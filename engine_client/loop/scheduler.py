@@ -5,13 +5,9 @@ Each turn it
    once the last step that read it has finished on the device);
 2. admits queued requests into free request slots (the KV side reserves prompt +
    max_new_tokens), under the queue policy below;
-3. builds the batch: the next prefill chunk of one request, and one decode row for every running
-   request that still has tokens to produce.
-
-It counts tokens as *launched* (`GenRequest.launched`): with overlap, step t + 1 is scheduled
-before step t's tokens reach the host, so a decode row does not know its input token. The row
-then names it -1 and the device reads the slot's last sampled token
-(engine_client.model.model_runner).
+3. has the batch built (engine_client.loop.batch_builder): the next prefill chunks of the
+   requests in prefill, a chunk's tokens in all, and one decode row for every running request
+   that still has tokens to produce.
 
 The queue (issue 11):
 - A request the KV side refuses as permanently too large (CapacityError.permanent) ends at once
@@ -38,11 +34,11 @@ from collections.abc import Callable
 from engine_client.client import errors
 from engine_client.loop.admission_limit import AdmissionLimit
 from engine_client.loop.batch import Batch
+from engine_client.loop.batch_builder import BatchBuilder
 from engine_client.loop.control_ref import ControlRef
 from engine_client.loop.page_names import PageNames
 from engine_client.loop.queue_policy import QueueLimits, Turn, reserved_tokens
 from engine_client.loop.request import FailStatus, Finish, GenRequest, Phase
-from engine_client.loop.sampler import token_key
 from engine_client.loop.speculative import reserve_extra
 from engine_client.loop.state_file import StateFile
 from engine_client.loop.synthetic import SyntheticContext
@@ -99,6 +95,7 @@ class Scheduler:
         self._retry_at = 0.0
         self.draft_tokens = draft_tokens
         self.reserve_extra = reserve_extra(draft_tokens)
+        self.builder = BatchBuilder(max_batch, prefill_chunk, synthetic, draft_tokens, clock)
 
     # --- the queue ---
 
@@ -205,7 +202,7 @@ class Scheduler:
         except errors.KVError as e:
             return self._refused(req, e)
         self.dequeue(req)
-        req.slot, req.phase = adm.slot, Phase.PREFILL
+        req.slot, req.phase, req.admitted_at = adm.slot, Phase.PREFILL, self.clock()
         req.cached_tokens = req.prefilled = adm.cached_tokens
         if self.state is not None:
             self.state.started(req)
@@ -239,59 +236,7 @@ class Scheduler:
 
     def _batch(self) -> Batch | None:
         live = [r for r in self.requests.values() if not r.finished]
-        prefill = next((r for r in live if r.phase is Phase.PREFILL), None)
-        decode = [r for r in live if r.phase is Phase.RUNNING and r.launched < r.max_new_tokens][
-            : self.max_batch
-        ]
-        if prefill is None and not decode:
-            return None
-        batch = Batch(self.next_step, rows_per_request=self.draft_tokens + 1)
-        self.next_step += 1
-        if prefill is not None:
-            self._add_prefill(batch, prefill)
-        for req in decode:
-            self._add_decode(batch, req)
-        if any(r.sampling.temperature > 0 for r in decode):
-            # Row j of a request yields its token launched - 1 + j.
-            rows = range(batch.rows_per_request)
-            batch.temps = [r.sampling.temperature for r in decode for _ in rows]
-            batch.keys = [
-                token_key(r.sampling.seed, r.launched - 1 + j) if r.sampling.temperature else 0
-                for r in decode
-                for j in rows
-            ]
+        batch = self.builder.build(live, self.next_step)
+        if batch is not None:
+            self.next_step += 1
         return batch
-
-    def _add_prefill(self, batch: Batch, req: GenRequest) -> None:
-        start = req.prefilled
-        if start < self.synthetic.tokens:
-            batch.synthetic = self.synthetic.regions(start, req.prompt)
-            start = self.synthetic.tokens
-        if start < req.cached_tokens:
-            # Positions below cached_tokens live in shared pages that no request may write.
-            raise RuntimeError(
-                f"request {req.request_id}: prefill from {start} would write its cached prefix "
-                f"[0, {req.cached_tokens})"
-            )
-        # Chunks end at multiples of the chunk size (absolute positions): a request whose
-        # prefix was cached prefills the same chunks, in the same shapes, as one computing it.
-        chunk = self.prefill_chunk
-        end = min((start // chunk + 1) * chunk, req.context_len)
-        batch.prefill, batch.prefill_range = req, (start, end)
-        req.prefilled, req.last_step = end, batch.step
-        if end == req.context_len:
-            s = req.sampling
-            batch.first = (s.temperature, token_key(s.seed, req.replayed))
-            req.phase, req.launched = Phase.RUNNING, req.replayed + 1
-
-    def _add_decode(self, batch: Batch, req: GenRequest) -> None:
-        if self.draft_tokens:
-            # Not overlapped: the previous step's tokens (1 to D + 1) were all delivered.
-            req.launched = len(req.tokens)
-        # The row appends the newest token: known on the host only once it was delivered.
-        batch.ids.append(req.tokens[-1] if len(req.tokens) == req.launched else -1)
-        batch.positions.append(req.prompt_len + req.launched - 1)
-        batch.slots.append(req.slot)
-        batch.decode.append(req)
-        req.launched += 1
-        req.last_step = batch.step

@@ -1,7 +1,7 @@
 """The step runner (`StepRunner`, held as `Engine.step_runner`): launches one engine step on the
 device, through the compute's model runner, and hands its results back later.
 
-`launch(batch)` enqueues the step and returns at once on a GPU: the prefill chunk (if any), the
+`launch(batch)` enqueues the step and returns at once on a GPU: the prefill chunks (if any), the
 decode graph, sampling on the device (engine_client.loop.sampler), the sampled tokens written
 back as the slots' last tokens for the next step, and an asynchronous copy of the tokens and
 swap counters into one of three pinned host buffers, followed by an event. `LaunchedStep.wait()`
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine_client.loop.acceptance_rates import AcceptanceRates
-from engine_client.loop.batch import Batch
+from engine_client.loop.batch import MAX_PREFILLS_PER_STEP, Batch, PrefillChunk
 from engine_client.loop.request import GenRequest
 from engine_client.loop.sampler import sample_rows
 from engine_client.loop.speculative import verify
@@ -46,16 +46,18 @@ SYNTHETIC_CHUNK = 4096
 class StepOutput:
     """What one step produced, on the host. decode_tokens[i] belongs to batch.decode[i]: the
     tokens its row(s) yielded (one; a verify step's accepted drafts and the token after them);
+    prefill_tokens[i]: the first token of batch.prefills[i]'s request if that chunk ended its
+    prompt, else None;
     drafted[i] / accepted[i]: its drafts checked / taken (speculative steps, else empty);
     per_slot[r] = (top-k positions selected, misses, misses summed over rows) of request slot r
     in this step (the last differs from misses when a verify step's rows shared a swap-in);
     device_seconds: the step's busy time on the device; idle_before: device idle time between
     the previous step and this one (None after the engine was idle); decode_seconds: the part of
-    device_seconds after the prefill chunk (what the decode rows cost, for the admission limit)."""
+    device_seconds after the prefill chunks (what the decode rows cost, for the admission limit)."""
 
     batch: Batch
     decode_tokens: list[list[int]]
-    prefill_token: int | None
+    prefill_tokens: list[int | None]
     per_slot: list[tuple[int, int, int]]
     device_seconds: float
     idle_before: float | None
@@ -92,7 +94,8 @@ class LaunchedStep:
         self.previous = None  # only the idle gap needed it
         n, G = len(batch.decode), batch.rows_per_request
         rows = b.tokens[: n * G].tolist()
-        first = int(b.tokens[-1]) if batch.first is not None else None
+        firsts = b.tokens[-MAX_PREFILLS_PER_STEP:].tolist()
+        first = [firsts[i] if c.first is not None else None for i, c in enumerate(batch.prefills)]
         per_slot = [(s, m, rm) for s, m, rm in b.counts.tolist()]
         if G == 1:
             tokens, drafted, accepted = [[t] for t in rows], [], []
@@ -129,14 +132,15 @@ class StepRunner:
         """On the compute thread, at the first launch: CUDA work stays on that thread."""
         m, dev = self.compute.max_batch, self.compute.model.device
         rows = m * (self.compute.draft_tokens + 1)
-        # Rows [0, rows): decode (D + 1 per request in speculative steps); the last: the
-        # prefill's first token.
-        self._out = torch.zeros(rows + 1, dtype=torch.int64, device=dev)
+        # Rows [0, rows): decode (D + 1 per request in speculative steps); then one per prefill
+        # chunk of the step: its request's first token.
+        total = rows + MAX_PREFILLS_PER_STEP
+        self._out = torch.zeros(total, dtype=torch.int64, device=dev)
         self._spec = torch.zeros((2, m), dtype=torch.int64, device=dev)
-        self._temps = torch.zeros(rows + 1, dtype=torch.float32, device=dev)
-        self._keys = torch.zeros(rows + 1, dtype=torch.int64, device=dev)
+        self._temps = torch.zeros(total, dtype=torch.float32, device=dev)
+        self._keys = torch.zeros(total, dtype=torch.int64, device=dev)
         slots = self.compute.backend.max_requests
-        self._bufs = [StepBuffers(rows + 1, m, slots, self.cuda) for _ in range(BUFFER_SETS)]
+        self._bufs = [StepBuffers(total, m, slots, self.cuda) for _ in range(BUFFER_SETS)]
         if self.acceptance is not None:
             self._synthetic = SyntheticAcceptance(self.acceptance, slots, dev)
 
@@ -175,8 +179,9 @@ class StepRunner:
         bufs.cpu_start = time.perf_counter()
         if bufs.start is not None:
             bufs.start.record()
-        if batch.prefill is not None:
-            self._prefill(batch, bufs)
+        first_row = self._tokens.shape[0] - MAX_PREFILLS_PER_STEP
+        for i, chunk in enumerate(batch.prefills):
+            self._prefill(chunk, bufs, first_row + i)
         if bufs.decode is not None:
             bufs.decode.record()
         bufs.cpu_decode = time.perf_counter()
@@ -207,39 +212,39 @@ class StepRunner:
         self._keys[start:end].copy_(bufs.keys[start:end], non_blocking=True)
         return self._temps[start:end], self._keys[start:end]
 
-    def _prefill(self, batch: Batch, bufs: StepBuffers) -> None:
-        c, req = self.compute, batch.prefill
-        assert req is not None  # launched as a prefill
-        start, end = batch.prefill_range
-        if batch.synthetic:
-            be = c.model.backend
-            per_layer = sum(-(-(b - a) // SYNTHETIC_CHUNK) for a, b, _ in batch.synthetic)
-            chunks = be.num_layers * per_layer
-            what = f"synthetic context ({batch.synthetic[-1][1]} tokens) of {req.request_id[:8]}"
-            with Progress(what, chunks, "chunk") as progress:
-                for first, last, seed in batch.synthetic:
-                    be.fill_synthetic(
-                        req.slot,
-                        last,
-                        seed=seed,
-                        start=first,
-                        chunk=SYNTHETIC_CHUNK,
-                        progress=progress.update,
-                    )
+    def _prefill(self, chunk: PrefillChunk, bufs: StepBuffers, row: int) -> None:
+        """One prefill chunk; a chunk that ends its prompt samples the first token into `row`."""
+        c, req, start, end = self.compute, chunk.req, chunk.start, chunk.end
+        if chunk.synthetic:
+            self._fill_synthetic(req, chunk.synthetic)
         states = c.model.prefill_states(
             req.slot, req.context[start:end], start=start, chunk_size=end - start
         )
         logits = c.model.logits(c.model.final(states[-1:]))[0]
         token = None
-        if batch.first is not None:
-            temp, key = batch.first
-            last = self._tokens.shape[0] - 1
-            temps, keys = self._sampling(bufs, [temp], [key], last) if temp else (None, None)
+        if chunk.first is not None:
+            temp, key = chunk.first
+            temps, keys = self._sampling(bufs, [temp], [key], row) if temp else (None, None)
             token = sample_rows(logits[None], temps, keys)
-            self._tokens[-1:].copy_(token)
+            self._tokens[row : row + 1].copy_(token)
             c.model_runner.remember_slot(req.slot, token)
         if c.draft_tokens:
             self._prefill_drafts(req, start, end, states, token)
+
+    def _fill_synthetic(self, req: GenRequest, regions: tuple[tuple[int, int, int], ...]) -> None:
+        be = self.compute.model.backend
+        chunks = be.num_layers * sum(-(-(b - a) // SYNTHETIC_CHUNK) for a, b, _ in regions)
+        what = f"synthetic context ({regions[-1][1]} tokens) of {req.request_id[:8]}"
+        with Progress(what, chunks, "chunk") as progress:
+            for first, last, seed in regions:
+                be.fill_synthetic(
+                    req.slot,
+                    last,
+                    seed=seed,
+                    start=first,
+                    chunk=SYNTHETIC_CHUNK,
+                    progress=progress.update,
+                )
 
     def _prefill_drafts(
         self,

@@ -171,7 +171,16 @@ class DecodeServicer(pb_grpc.DecodeServiceServicer):
         assert req.finish is not None and self.engine is not None  # a finished, served request
         resp.finish_reason = pb.FinishReason.ValueType(int(req.finish))
         resp.error_message = req.error
-        resp.stats.CopyFrom(pb.FinalStats(hits=c.hits, misses=c.misses, bytes_moved=c.bytes_moved))
+        queued, prefill_wait = req.waits_us()
+        resp.stats.CopyFrom(
+            pb.FinalStats(
+                hits=c.hits,
+                misses=c.misses,
+                bytes_moved=c.bytes_moved,
+                queued_us=queued,
+                prefill_wait_us=prefill_wait,
+            )
+        )
         # Usage counts the client's prompt, not the synthetic context of benchmarks before it;
         # cached tokens inside that context are left out with it.
         synthetic = self.engine.compute.synthetic_context

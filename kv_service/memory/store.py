@@ -115,7 +115,7 @@ class TensorRows:
         reset_request(self.kv, slot, mode, pages)
 
     def load_prefix(self, slot: int, mode: int, pages: list[int], cached: int) -> None:
-        load_cached_prefix(self.kv, slot, mode, pages, cached)
+        load_cached_prefix(self.kv, slot, mode, cached)  # the page table holds `pages`
 
     def store_pages(self, slot: int, mode: int, pages: list[int], indices: list[int]) -> None:
         if mode == MODE_RESIDENT:  # offloaded requests wrote their host rows on append
@@ -130,21 +130,45 @@ class TensorRows:
             torch.cuda.current_stream(self.kv.device).synchronize()
 
 
-def load_cached_prefix(kv: KVTensors, slot: int, mode: int, pages: list[int], cached: int) -> None:
+def load_cached_prefix(kv: KVTensors, slot: int, mode: int, cached: int) -> None:
     """Copy the rows of a cached prefix [0, cached) from the host tier into the hot slots where a
     request that computed them itself would hold them: a resident request keeps token t at hot
     slot t; an offloaded one keeps its newest W tokens in the window ring (slot t % W), so the
-    cached tokens [cached - W, cached) go there (later tokens overwrite them as they come)."""
+    cached tokens [cached - W, cached) go there (later tokens overwrite them as they come).
+
+    On GPU the miss-copy kernel reads the rows straight from the pinned host tier (UVA), as a
+    decode step's misses are: a gather on the host would land them in pageable memory first and
+    copy that with the driver's staging, synchronously (issue 40, item 5). The row numbers are
+    computed on the device from the slot's page table, which `reset_request` just wrote."""
     lay = kv.layout
     low = 0 if mode == MODE_RESIDENT else max(0, cached - lay.window)
     if cached <= low:
         return
-    t = torch.arange(low, cached)
-    page = torch.tensor(pages, dtype=torch.long)[t // lay.page_size]
-    rows = kv.host_kv[page, :, t % lay.page_size]  # [n, L, D]
-    dst = t if mode == MODE_RESIDENT else t % lay.window
-    hot = kv.hot_kv[:, slot]  # [L, B, D] view
-    hot.index_copy_(1, dst.to(hot.device), rows.transpose(0, 1).to(hot.device))
+    src, dst = prefix_rows(kv, slot, mode, low, cached)
+    hot = kv.hot_kv.view(-1, lay.row_bytes)
+    if kv.device.type != "cuda":
+        hot.index_copy_(0, dst.flatten(), kv.host_kv.view(-1, lay.row_bytes)[src.flatten()])
+        return
+    from kernels.swap.miss_copy import miss_copy  # Triton: only a GPU service compiles it
+
+    count = torch.full((lay.num_layers,), cached - low, dtype=torch.int32, device=kv.device)
+    miss_copy(kv.host_rows, kv.hot_kv, src, dst, count)
+
+
+def prefix_rows(
+    kv: KVTensors, slot: int, mode: int, low: int, cached: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat host rows and flat hot rows [L, cached - low] (int64, on the tensors' device) of
+    tokens [low, cached) of request slot `slot`, per layer (docs/ARCHITECTURE.md, Memory)."""
+    lay, dev = kv.layout, kv.device
+    L, P = lay.num_layers, lay.page_size
+    t = torch.arange(low, cached, device=dev)
+    page = kv.page_table[slot].to(torch.int64)[t // P]
+    layer = torch.arange(L, device=dev)[:, None]
+    src = (page[None] * L + layer) * P + t % P
+    hot_slot = t if mode == MODE_RESIDENT else t % lay.window
+    dst = (layer * lay.max_requests + slot) * lay.hot_slots + hot_slot
+    return src.contiguous(), dst.contiguous()
 
 
 def store_resident_pages(kv: KVTensors, slot: int, pages: list[int], indices: list[int]) -> None:

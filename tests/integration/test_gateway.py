@@ -298,3 +298,26 @@ def test_the_gateway_bench_measures_both_routes(stack: dict) -> None:
         assert phase["streams"] == 1 and phase["tokens"] == 8, phase
         assert phase["text_events"] > 0 and phase["tok_per_s"] > 0, phase
     assert bench.compare(phases)["http_over_grpc_tok_per_s"] > 0
+
+
+def test_tenants_named_by_the_salt_header_never_share_a_prefix(stack: dict) -> None:
+    """The same prompt under X-Cache-Salt a, b, b, a: each salt's first request prefills it all
+    (nothing shared across tenants), its second reuses the first's pages, as OpenAI's usage and
+    the service's prefix hit counter both say."""
+    client = openai.OpenAI(base_url=stack["url"] + "/v1", api_key="unused", max_retries=0)
+    prompt = [(37 * i) % 900 + 50 for i in range(41)]  # 32 tokens reusable (lcm 32), 9 more
+
+    def cached(salt: str) -> tuple[int, int]:
+        before = service_stats(stack["svc"]).prefix_hit_tokens_total
+        out = client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=2, extra_headers={"X-Cache-Salt": salt}
+        )
+        hits = service_stats(stack["svc"]).prefix_hit_tokens_total - before
+        return out.usage.prompt_tokens_details.cached_tokens, hits
+
+    assert [cached(s) for s in ("tenant-a", "tenant-b", "tenant-b", "tenant-a")] == [
+        (0, 0),
+        (0, 0),
+        (32, 32),
+        (32, 32),
+    ]

@@ -138,6 +138,31 @@ def test_cached_rows_land_in_the_hot_slots_a_request_keeps_them_in(core: Service
     core.check()
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_cached_rows_are_the_host_tiers_rows_on_either_device(device: str) -> None:
+    """The rows an admission loads are byte for byte those of the host tier: on GPU the miss-copy
+    kernel reads them from the pinned host tier (no pageable staging), on CPU a gather."""
+    kv = allocate_local(LAYOUT, device)
+    core = ServiceCore(kv, lease_seconds=5.0, epoch=7)
+    sid = core.attach("eng", fingerprint="m").session_id
+    tokens = PROMPT[:14]
+    core.admit(sid, "a", len(tokens), 2, names(tokens))
+    gen = torch.Generator().manual_seed(3)
+    kv.host_kv.copy_(torch.randint(0, 256, kv.host_kv.shape, dtype=torch.uint8, generator=gen))
+    core.commit(sid, "a", len(tokens))  # publishes 3 pages: a resident request's copied out
+    core.rows.sync()  # that copy is asynchronous on GPU: done before the host rows change
+    kv.host_kv.copy_(torch.randint(0, 256, kv.host_kv.shape, dtype=torch.uint8, generator=gen))
+    host, P = kv.host_kv.cpu(), LAYOUT.page_size
+    for rid, new, low in (("b", 1, 0), ("c", 20, 8)):  # resident: all 12; offloaded: the ring
+        r = core.admit(sid, rid, len(tokens), new, names(tokens))
+        assert r.cached_tokens == 12
+        hot = kv.hot_kv[:, r.slot].cpu()
+        for t in range(low, 12):
+            want = host[r.pages[t // P], :, t % P]
+            assert torch.equal(hot[:, t if low == 0 else t % LAYOUT.window], want), (rid, t)
+    core.check()
+
+
 def test_release_publishes_generated_pages_within_the_stored_length(core: ServiceCore) -> None:
     sid = core.attach("eng", fingerprint="m").session_id
     prompt, answer = PROMPT[:10], [7, 8, 9, 10, 11, 12, 13, 14, 15]

@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cproto/decode/v1/decode.proto\x12\tdecode.v1\"S\n\x08Sampling\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\x0c\n\x04seed\x18\x02 \x01(\x04\x12\x16\n\x0estop_token_ids\x18\x03 \x03(\x05\x12\x0c\n\x04stop\x18\x04 \x03(\t\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"0\n\x04\x43hat\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.decode.v1.ChatMessage\"\x91\x02\n\x0fGenerateRequest\x12(\n\ttoken_ids\x18\x05 \x01(\x0b\x32\x13.decode.v1.TokenIdsH\x00\x12\x0e\n\x04text\x18\x06 \x01(\tH\x00\x12\x1f\n\x04\x63hat\x18\x07 \x01(\x0b\x32\x0f.decode.v1.ChatH\x00\x12\x13\n\x0breturn_text\x18\x08 \x01(\x08\x12\x16\n\x0emax_new_tokens\x18\x02 \x01(\r\x12%\n\x08sampling\x18\x03 \x01(\x0b\x32\x13.decode.v1.Sampling\x12\x19\n\x11resume_request_id\x18\x04 \x01(\t\x12\x12\n\ncache_salt\x18\t \x01(\tB\x08\n\x06promptJ\x04\x08\x01\x10\x02R\x10prompt_token_ids\"?\n\nFinalStats\x12\x0c\n\x04hits\x18\x01 \x01(\x04\x12\x0e\n\x06misses\x18\x02 \x01(\x04\x12\x13\n\x0b\x62ytes_moved\x18\x03 \x01(\x04\"O\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x15\n\rcached_tokens\x18\x02 \x01(\r\x12\x18\n\x10generated_tokens\x18\x03 \x01(\r\"\xbd\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08token_id\x18\x02 \x01(\x05\x12\r\n\x05index\x18\x03 \x01(\r\x12\x1b\n\x13time_since_start_us\x18\x04 \x01(\x04\x12\x16\n\x0einter_token_us\x18\x05 \x01(\x04\x12\x10\n\x08\x66inished\x18\x06 \x01(\x08\x12.\n\rfinish_reason\x18\x07 \x01(\x0e\x32\x17.decode.v1.FinishReason\x12$\n\x05stats\x18\x08 \x01(\x0b\x32\x15.decode.v1.FinalStats\x12\x15\n\rerror_message\x18\t \x01(\t\x12\x11\n\thas_token\x18\n \x01(\x08\x12\x0c\n\x04text\x18\x0b \x01(\t\x12\x1f\n\x05usage\x18\x0c \x01(\x0b\x32\x10.decode.v1.Usage*]\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\n\n\x06LENGTH\x10\x01\x12\x08\n\x04STOP\x10\x02\x12\r\n\tCANCELLED\x10\x03\x12\t\n\x05\x45RROR\x10\x04\x32V\n\rDecodeService\x12\x45\n\x08Generate\x12\x1a.decode.v1.GenerateRequest\x1a\x1b.decode.v1.GenerateResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cproto/decode/v1/decode.proto\x12\tdecode.v1\"S\n\x08Sampling\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\x0c\n\x04seed\x18\x02 \x01(\x04\x12\x16\n\x0estop_token_ids\x18\x03 \x03(\x05\x12\x0c\n\x04stop\x18\x04 \x03(\t\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"0\n\x04\x43hat\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.decode.v1.ChatMessage\"\x91\x02\n\x0fGenerateRequest\x12(\n\ttoken_ids\x18\x05 \x01(\x0b\x32\x13.decode.v1.TokenIdsH\x00\x12\x0e\n\x04text\x18\x06 \x01(\tH\x00\x12\x1f\n\x04\x63hat\x18\x07 \x01(\x0b\x32\x0f.decode.v1.ChatH\x00\x12\x13\n\x0breturn_text\x18\x08 \x01(\x08\x12\x16\n\x0emax_new_tokens\x18\x02 \x01(\r\x12%\n\x08sampling\x18\x03 \x01(\x0b\x32\x13.decode.v1.Sampling\x12\x19\n\x11resume_request_id\x18\x04 \x01(\t\x12\x12\n\ncache_salt\x18\t \x01(\tB\x08\n\x06promptJ\x04\x08\x01\x10\x02R\x10prompt_token_ids\"k\n\nFinalStats\x12\x0c\n\x04hits\x18\x01 \x01(\x04\x12\x0e\n\x06misses\x18\x02 \x01(\x04\x12\x13\n\x0b\x62ytes_moved\x18\x03 \x01(\x04\x12\x11\n\tqueued_us\x18\x04 \x01(\x04\x12\x17\n\x0fprefill_wait_us\x18\x05 \x01(\x04\"O\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x15\n\rcached_tokens\x18\x02 \x01(\r\x12\x18\n\x10generated_tokens\x18\x03 \x01(\r\"\xbd\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08token_id\x18\x02 \x01(\x05\x12\r\n\x05index\x18\x03 \x01(\r\x12\x1b\n\x13time_since_start_us\x18\x04 \x01(\x04\x12\x16\n\x0einter_token_us\x18\x05 \x01(\x04\x12\x10\n\x08\x66inished\x18\x06 \x01(\x08\x12.\n\rfinish_reason\x18\x07 \x01(\x0e\x32\x17.decode.v1.FinishReason\x12$\n\x05stats\x18\x08 \x01(\x0b\x32\x15.decode.v1.FinalStats\x12\x15\n\rerror_message\x18\t \x01(\t\x12\x11\n\thas_token\x18\n \x01(\x08\x12\x0c\n\x04text\x18\x0b \x01(\t\x12\x1f\n\x05usage\x18\x0c \x01(\x0b\x32\x10.decode.v1.Usage*]\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\n\n\x06LENGTH\x10\x01\x12\x08\n\x04STOP\x10\x02\x12\r\n\tCANCELLED\x10\x03\x12\t\n\x05\x45RROR\x10\x04\x32V\n\rDecodeService\x12\x45\n\x08Generate\x12\x1a.decode.v1.GenerateRequest\x1a\x1b.decode.v1.GenerateResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'proto.decode.v1.decode_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=991
-  _globals['_FINISHREASON']._serialized_end=1084
+  _globals['_FINISHREASON']._serialized_start=1035
+  _globals['_FINISHREASON']._serialized_end=1128
   _globals['_SAMPLING']._serialized_start=43
   _globals['_SAMPLING']._serialized_end=126
   _globals['_TOKENIDS']._serialized_start=128
@@ -44,11 +44,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GENERATEREQUEST']._serialized_start=250
   _globals['_GENERATEREQUEST']._serialized_end=523
   _globals['_FINALSTATS']._serialized_start=525
-  _globals['_FINALSTATS']._serialized_end=588
-  _globals['_USAGE']._serialized_start=590
-  _globals['_USAGE']._serialized_end=669
-  _globals['_GENERATERESPONSE']._serialized_start=672
-  _globals['_GENERATERESPONSE']._serialized_end=989
-  _globals['_DECODESERVICE']._serialized_start=1086
-  _globals['_DECODESERVICE']._serialized_end=1172
+  _globals['_FINALSTATS']._serialized_end=632
+  _globals['_USAGE']._serialized_start=634
+  _globals['_USAGE']._serialized_end=713
+  _globals['_GENERATERESPONSE']._serialized_start=716
+  _globals['_GENERATERESPONSE']._serialized_end=1033
+  _globals['_DECODESERVICE']._serialized_start=1130
+  _globals['_DECODESERVICE']._serialized_end=1216
 # @@protoc_insertion_point(module_scope)

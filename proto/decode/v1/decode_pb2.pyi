@@ -229,22 +229,35 @@ class FinalStats(_message.Message):
     HITS_FIELD_NUMBER: _builtins.int
     MISSES_FIELD_NUMBER: _builtins.int
     BYTES_MOVED_FIELD_NUMBER: _builtins.int
+    QUEUED_US_FIELD_NUMBER: _builtins.int
+    PREFILL_WAIT_US_FIELD_NUMBER: _builtins.int
     hits: _builtins.int
     """Top-k positions served from the hot buffer."""
     misses: _builtins.int
     """Top-k positions copied from the host tier."""
     bytes_moved: _builtins.int
     """Bytes copied host -> device for this request."""
+    queued_us: _builtins.int
+    """Microseconds from the engine receiving the request to its admission: the wait in the
+    engine's queue (for KV capacity or the admission limit). 0 for a request never admitted.
+    """
+    prefill_wait_us: _builtins.int
+    """Microseconds from its admission to the launch of its first prefill chunk: the wait behind
+    other requests' prefills (a step runs one prefill chunk). TTFT - queued_us - this is its
+    own prefill and first token.
+    """
     def __init__(
         self,
         *,
         hits: _builtins.int = ...,
         misses: _builtins.int = ...,
         bytes_moved: _builtins.int = ...,
+        queued_us: _builtins.int = ...,
+        prefill_wait_us: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_moved", b"bytes_moved", "hits", b"hits", "misses", b"misses"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_moved", b"bytes_moved", "hits", b"hits", "misses", b"misses", "prefill_wait_us", b"prefill_wait_us", "queued_us", b"queued_us"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

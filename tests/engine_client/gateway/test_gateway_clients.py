@@ -88,6 +88,31 @@ def test_fields_that_change_no_output_pass_through_the_openai_client(
     assert text == "hello"
     (request,) = upstream.requests
     assert request.sampling.seed == 1234  # honoured: the engine's sampler draws from it
+    assert request.cache_salt == ""  # `user` names an end user, not a tenant: no salt
+
+
+def test_the_cache_salt_header_names_the_tenant() -> None:
+    """X-Cache-Salt becomes the request's cache_salt (its own namespace of cached prefixes);
+    one over the engine's 128 bytes is a 400 naming the header, before the engine is asked."""
+    upstream = FakeUpstream()
+
+    async def ask(s: aiohttp.ClientSession, url: str) -> list[Any]:
+        answers: list[Any] = []
+        for salt in ("tenant-a", "t" * 128, "x" * 129):
+            client = _client(url)
+            try:
+                answers.append(
+                    await client.completions.create(
+                        model="hisparse", prompt="x", extra_headers={"X-Cache-Salt": salt}
+                    )
+                )
+            except openai.BadRequestError as e:
+                answers.append(e)
+        return answers
+
+    *served, refused = run(upstream, ask)
+    assert [r.cache_salt for r in upstream.requests] == ["tenant-a", "t" * 128]
+    assert refused.status_code == 400 and refused.param == "X-Cache-Salt"
 
 
 def test_no_seed_is_a_fresh_one_each_request() -> None:

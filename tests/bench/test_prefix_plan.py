@@ -1,0 +1,60 @@
+"""bench.prefix's plan and summaries: the capacity part's top-k sources are bench.e2e's, the
+TTFT part's resident case fits the hot buffer and caches whole prefill chunks, the engines get
+--admission-limit when asked, and a multi-turn turn's TTFT p50 comes with its parts."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from bench.e2e import plan as e2e_plan
+from bench.e2e import run_args
+from bench.prefix import plan, runs
+from bench.prefix.cli import parse_args, sizes_from_args
+
+
+def test_capacity_sources_are_those_of_e2e() -> None:
+    sizes = e2e_plan.Sizes(
+        preset="tiny", contexts=(128,), gpu_kv_bytes=1 << 20, hot_slots=32, window=8,
+        page_size=8, prompt_len=8, steady_steps=8, batch1_tokens=1, device="cpu",
+        sweep_requests=1,
+    )  # fmt: skip
+    for source in ("trace", "indexer"):
+        run = next(r for r in e2e_plan.build_matrix(sizes, ("service",), (source,)))
+        e2e = run_args.engine_flags(sizes, run)
+        flags = plan.topk_flags(source)
+        assert e2e[e2e.index("--topk-source") : e2e.index("--topk-source") + 2] == flags
+    with pytest.raises(ValueError, match="top-k source"):
+        plan.topk_flags("oracle")
+
+
+@pytest.mark.parametrize("smoke", [True, False])
+def test_the_resident_ttft_case_fits_the_hot_buffer_in_whole_chunks(smoke: bool) -> None:
+    s = sizes_from_args(parse_args(["--smoke"] if smoke else []), "cpu")
+    cases = plan.ttft_cases(s)
+    assert cases["offloaded"] + s.ttft_suffix + 4 > s.hot_slots
+    resident = cases["resident"]
+    assert resident % s.prefill_chunk == 0 and 0 < resident + s.ttft_suffix + 4 <= s.hot_slots
+    assert s.sources == ("trace", "indexer") and s.admission_limit == "auto"
+
+
+def test_the_admission_limit_reaches_the_engines() -> None:
+    s = sizes_from_args(parse_args(["--smoke", "--admission-limit", "off"]), "cpu")
+    lay = plan.layout(s, 4, 64, 128)
+    argv = plan.engine_flags(s, "service", lay, True, [])
+    assert argv[argv.index("--admission-limit") + 1] == "off"
+    auto = dataclasses.replace(s, admission_limit="auto")
+    assert "--admission-limit" not in plan.engine_flags(auto, "service", lay, True, [])
+
+
+def test_a_turns_ttft_comes_with_its_parts() -> None:
+    turns = [
+        {"prompt": 40, "cached": 32, "ttft_s": 1.0, "queued_s": 0.6, "prefill_wait_s": 0.3},
+        {"prompt": 40, "cached": 32, "ttft_s": 0.5, "queued_s": 0.1, "prefill_wait_s": 0.3},
+        {"prompt": 40, "cached": 0, "ttft_s": 0.2, "queued_s": 0.0, "prefill_wait_s": 0.1},
+    ]
+    got = runs.turn_summary(turns)
+    assert got["prefilled_mean"] == pytest.approx(56 / 3)
+    assert (got["ttft_p50_s"], got["queued_p50_s"], got["prefill_wait_p50_s"]) == (0.5, 0.1, 0.3)
+    assert got["rest_p50_s"] == pytest.approx(0.1)
