@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from engine_client.client import errors
 from engine_client.client.control import KVControl
+from engine_client.client.prefill_peer import PrefillPeer
 from engine_client.loop.admission_limit import AdmissionLimit
 from engine_client.loop.metrics import EngineMetrics
 from engine_client.loop.parts import EngineOptions, EngineParts
@@ -67,12 +68,13 @@ class Engine:
         vocab: Vocabulary | None = None,
         prefix_cache: bool = False,
         share_generated: bool = True,
+        prefill_peer: PrefillPeer | None = None,
     ) -> None:
         self.compute, self.state = compute, state
         # Text in, text out (the server tokenizes with it; requests detokenize with it).
         self.vocab = vocab
         self.policy = policy or QueueLimits(admit_retry=admit_retry)
-        options = EngineOptions(self.policy, overlap, prefix_cache, share_generated)
+        options = EngineOptions(self.policy, overlap, prefix_cache, share_generated, prefill_peer)
         parts = EngineParts.build(compute, control, admission, state, metrics, options)
         self._control, self.metrics = parts.control, parts.metrics
         self.scheduler, self.step_runner = parts.scheduler, parts.step_runner
@@ -148,6 +150,8 @@ class Engine:
             await self.releaser.release_ended(self.done_step)
         for req in list(self.requests.values()):
             req.end(Finish.ERROR, "the engine stopped; resume with this request id", resumable=True)
+        if self.scheduler.remote is not None:
+            await self.scheduler.remote.close()
         self._executor.shutdown(wait=True)
         await self.control.close(detach=not keep_requests)
         if self.state is not None:

@@ -22,6 +22,7 @@ import asyncio
 from dataclasses import dataclass
 
 from engine_client.client.control import KVControl
+from engine_client.client.prefill_peer import PrefillPeer
 from engine_client.loop.admission_limit import AdmissionLimit
 from engine_client.loop.control_ref import ControlRef
 from engine_client.loop.failure import Failures
@@ -30,6 +31,7 @@ from engine_client.loop.postprocess import Postprocessor, ReportSender
 from engine_client.loop.queue_policy import QueueLimits
 from engine_client.loop.recovery import ServiceRecovery
 from engine_client.loop.release import Finisher, Releaser
+from engine_client.loop.remote_prefill import RemotePrefill
 from engine_client.loop.request_api import RequestAPI
 from engine_client.loop.scheduler import Scheduler
 from engine_client.loop.state_file import StateFile
@@ -46,6 +48,7 @@ class EngineOptions:
     overlap: bool = True
     prefix_cache: bool = False
     share_generated: bool = True
+    prefill_peer: PrefillPeer | None = None  # disaggregation: the decode role's prefill engine
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,9 @@ class EngineParts:
         metrics = metrics or EngineMetrics()
         metrics.watch_admission(admission)
         finisher = Finisher(state, wake)
-        scheduler = _scheduler(compute, ref, admission, finisher, state, options)
+        peer = options.prefill_peer
+        remote = RemotePrefill(peer, ref, finisher.finish, wake) if peer is not None else None
+        scheduler = _scheduler(compute, ref, admission, finisher, state, options, remote)
         recovery = ServiceRecovery(ref, compute, device_quiet=quiet)
         failures = Failures(scheduler, ref, recovery, state, finisher.finish, wake)
         reports = ReportSender(ref)
@@ -111,6 +116,7 @@ def _scheduler(
     finisher: Finisher,
     state: StateFile | None,
     options: EngineOptions,
+    remote: RemotePrefill | None,
 ) -> Scheduler:
     return Scheduler(
         control,
@@ -124,6 +130,7 @@ def _scheduler(
         prefix_cache=options.prefix_cache,
         share_generated=options.share_generated,
         draft_tokens=compute.draft_tokens,
+        remote=remote,
     )
 
 

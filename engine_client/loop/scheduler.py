@@ -40,6 +40,7 @@ from engine_client.loop.admission_limit import AdmissionLimit
 from engine_client.loop.control_ref import ControlRef
 from engine_client.loop.page_names import PageNames
 from engine_client.loop.queue_policy import QueueLimits, Turn, reserved_tokens
+from engine_client.loop.remote_prefill import RemotePrefill
 from engine_client.loop.request import FailStatus, Finish, GenRequest, Phase
 from engine_client.loop.sampler import token_key
 from engine_client.loop.speculative import reserve_extra
@@ -80,9 +81,7 @@ class Batch:
 
 
 class Admit(enum.Enum):
-    ADMITTED = 1
-    REFUSED = 2  # no capacity now
-    ENDED = 3  # the request ended (refused for good, or an error)
+    ADMITTED, REFUSED, ENDED = 1, 2, 3  # refused: no capacity now; ended: for good, or an error
 
 
 class Scheduler:
@@ -103,14 +102,15 @@ class Scheduler:
         prefix_cache: bool = False,
         share_generated: bool = True,
         draft_tokens: int = 0,
+        remote: RemotePrefill | None = None,
     ) -> None:
         """draft_tokens D > 0: speculative steps of D + 1 rows per request, never overlapped
         (a step's positions follow the previous step's accepted count). `finish` ends a
-        request; `state` records each admission."""
+        request; `state` records each admission; `remote` prefills admitted requests on a
+        peer (disaggregation) instead of here."""
         self.control, self.policy = control, policy
         self.admission, self.max_batch = admission, max_batch
-        self.prefill_chunk = prefill_chunk
-        self.synthetic = synthetic
+        self.prefill_chunk, self.synthetic = prefill_chunk, synthetic
         # Prefix caching: the page names admissions look up and releases publish.
         self.names = PageNames(control, synthetic, prefill_chunk, prefix_cache, share_generated)
         self._finish, self.state, self.clock = finish, state, clock
@@ -122,6 +122,7 @@ class Scheduler:
         self._retry_at = 0.0
         self.draft_tokens = draft_tokens
         self.reserve_extra = reserve_extra(draft_tokens)
+        self.remote = remote
 
     # --- the queue ---
 
@@ -139,7 +140,8 @@ class Scheduler:
         self._retry_at = 0.0
 
     def active(self) -> int:
-        return sum(r.phase in (Phase.PREFILL, Phase.RUNNING) for r in self.requests.values())
+        busy = (Phase.PREFILL, Phase.REMOTE, Phase.RUNNING)
+        return sum(r.phase in busy for r in self.requests.values())
 
     def stepped(self, batch: Batch, decode_seconds: float) -> None:
         """A step finished after `decode_seconds` of decode time: what its batch size costs."""
@@ -214,11 +216,10 @@ class Scheduler:
             self.state.started(req)
         log.info(
             "request %s admitted to slot %d (mode %d, %d prompt tokens cached)",
-            req.request_id,
-            adm.slot,
-            adm.mode,
-            adm.cached_tokens,
+            *(req.request_id, adm.slot, adm.mode, adm.cached_tokens),
         )
+        if self.remote is not None:
+            self.remote.start(req, adm)
         return Admit.ADMITTED
 
     def _refused(self, req: GenRequest, e: errors.KVError) -> Admit:
@@ -288,8 +289,7 @@ class Scheduler:
             req.phase, req.launched = Phase.RUNNING, req.replayed + 1
 
     def _add_decode(self, batch: Batch, req: GenRequest) -> None:
-        if self.draft_tokens:
-            # Not overlapped: the previous step's tokens (1 to D + 1) were all delivered.
+        if self.draft_tokens:  # not overlapped: the last step's 1 to D + 1 tokens arrived
             req.launched = len(req.tokens)
         # The row appends the newest token: known on the host only once it was delivered.
         batch.ids.append(req.tokens[-1] if len(req.tokens) == req.launched else -1)

@@ -16,6 +16,9 @@ from engine_client.client import reachability
 from engine_client.client.control import KVControl
 from engine_client.client.kv_client import KVClient
 from engine_client.client.local_control import BaselineControl, BaselinePages, EmbeddedControl
+from engine_client.client.prefill_peer import PrefillPeer
+from engine_client.kv.baseline import BaselineBackend
+from engine_client.kv.row_export import ExportControl, RowExport
 from engine_client.loop import state_file
 from engine_client.loop.admission_limit import AdmissionLimit, admission_limit
 from engine_client.loop.engine import Engine
@@ -36,6 +39,8 @@ log = logging.getLogger(__name__)
 
 # How long an embedded core keeps a session without a stream; the engine is its only user.
 EMBEDDED_LEASE_SECONDS = 30.0
+# Seconds a prefill peer may take for one prompt (compute and transfer).
+PREFILL_TIMEOUT = 300.0
 
 
 def load_vocabulary(cfg: EngineConfig) -> vocabulary.Vocabulary:
@@ -152,7 +157,10 @@ async def _control(
     if not cfg.uses_service:
         device = cfg.resolved_device()
         mcfg = model_config(cfg, vocab)
-        return local_control(cfg, mcfg, device), device, mcfg
+        local = local_control(cfg, mcfg, device)
+        if cfg.role == "prefill":  # its rows go to a decode side at release
+            local = cast(KVControl, ExportControl(local))
+        return local, device, mcfg
     # The fingerprint is named at Attach, before the layout is adopted: it names the
     # preset's shapes as configured (every engine of one service adopts the same layers
     # and top-k, so equal fingerprints still mean one model there).
@@ -197,6 +205,11 @@ def _admission(cfg: EngineConfig, compute: Compute) -> AdmissionLimit:
     return admission_limit(cfg.admission_limit, cfg.max_batch, hisparse, buckets)
 
 
+def _prefill_peer(cfg: EngineConfig) -> PrefillPeer | None:
+    """--role decode: the prefill engine its requests' prompts go to."""
+    return PrefillPeer(cfg.prefill_peer, PREFILL_TIMEOUT) if cfg.role == "decode" else None
+
+
 async def build_engine(cfg: EngineConfig, metrics: EngineMetrics | None = None) -> Engine:
     """Everything the server needs; the engine loop is not started yet."""
     vocab = await asyncio.to_thread(load_vocabulary, cfg)
@@ -213,6 +226,8 @@ async def build_engine(cfg: EngineConfig, metrics: EngineMetrics | None = None) 
         executor.shutdown()
         await control.close()
         raise
+    if isinstance(control, ExportControl):
+        control.export = RowExport(cast(BaselineBackend, compute.backend))
     state = state_file.StateFile(state_path) if state_path is not None else None
     engine = Engine(
         compute,
@@ -226,6 +241,7 @@ async def build_engine(cfg: EngineConfig, metrics: EngineMetrics | None = None) 
         prefix_cache=cfg.prefix_cache,
         share_generated=cfg.prefix_share_generated,
         metrics=metrics,
+        prefill_peer=_prefill_peer(cfg),
     )
     engine.metrics.describe(device=device, kv_mode=cfg.kv_mode)
     if cfg.overlap and cfg.spec_tokens:
