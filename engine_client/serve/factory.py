@@ -205,6 +205,12 @@ def _admission(cfg: EngineConfig, compute: Compute) -> AdmissionLimit:
     return admission_limit(cfg.admission_limit, cfg.max_batch, hisparse, buckets)
 
 
+def _export_rows(control: KVControl, compute: Compute) -> None:
+    """--role prefill: its control writes each released prompt's rows through a NIXL agent."""
+    if isinstance(control, ExportControl):
+        control.export = RowExport(cast(BaselineBackend, compute.backend))
+
+
 def _prefill_peer(cfg: EngineConfig) -> PrefillPeer | None:
     """--role decode: the prefill engine its requests' prompts go to."""
     return PrefillPeer(cfg.prefill_peer, PREFILL_TIMEOUT) if cfg.role == "decode" else None
@@ -218,16 +224,13 @@ async def build_engine(cfg: EngineConfig, metrics: EngineMetrics | None = None) 
     control, device, mcfg = await _control(cfg, vocab, saved)
     executor = compute_thread(device)
     try:
-        loop = asyncio.get_running_loop()
-        compute = await loop.run_in_executor(
-            executor, build_mode_compute, cfg, mcfg, control, device
-        )
+        run = asyncio.get_running_loop().run_in_executor
+        compute = await run(executor, build_mode_compute, cfg, mcfg, control, device)
     except BaseException:
         executor.shutdown()
         await control.close()
         raise
-    if isinstance(control, ExportControl):
-        control.export = RowExport(cast(BaselineBackend, compute.backend))
+    _export_rows(control, compute)
     state = state_file.StateFile(state_path) if state_path is not None else None
     engine = Engine(
         compute,
@@ -249,6 +252,7 @@ async def build_engine(cfg: EngineConfig, metrics: EngineMetrics | None = None) 
     await restore(engine, control, saved)
     if state is not None:
         admitted = [r for r in engine.requests.values() if r.slot >= 0]
-        epoch = getattr(control, "epoch", 0)
-        state.rewrite(control.session_id, epoch, admitted, list(engine.waiting))
+        state.rewrite(
+            control.session_id, getattr(control, "epoch", 0), admitted, list(engine.waiting)
+        )
     return engine
