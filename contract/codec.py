@@ -1,12 +1,14 @@
 """Proto <-> contract conversions of the kvcache.v1 messages both sides build or read: the layout
 descriptor and the tensor handles of the Attach reply. One place, so the service's encoder and
-the client's decoder cannot drift apart (protobuf only: no gRPC here)."""
+the client's decoder cannot drift apart; also the NIXL transfer target of
+disaggregation (protobuf only: no gRPC here)."""
 
 from __future__ import annotations
 
 import dataclasses
 
 from contract.layout import KVLayout
+from contract.transfer_target import Region, TransferTarget
 from proto.kvcache.v1 import kvcache_pb2 as pb
 
 # Field names of a handle dict (contract.handle) that differ from the proto's.
@@ -38,3 +40,20 @@ def handle_from_proto(msg: pb.TensorHandle) -> dict:
     h = {key: getattr(msg, field) for key, field in _HANDLE_FIELDS.items()}
     h["shape"] = list(h["shape"])
     return h
+
+
+def target_to_proto(t: TransferTarget) -> pb.TransferTargetResponse:
+    return pb.TransferTargetResponse(
+        agent_name=t.agent_name,
+        agent_metadata=t.metadata,
+        regions=[pb.MemoryRegion(**dataclasses.asdict(r)) for r in t.regions],
+        layout=layout_to_proto(t.layout),
+    )
+
+
+def target_from_proto(msg: pb.TransferTargetResponse) -> TransferTarget:
+    """The target a message describes; LayoutError if its layout is not a valid one."""
+    fields = [f.name for f in dataclasses.fields(Region)]
+    regions = tuple(Region(**{f: getattr(r, f) for f in fields}) for r in msg.regions)
+    layout = layout_from_proto(msg.layout)
+    return TransferTarget(msg.agent_name, msg.agent_metadata, regions, layout)

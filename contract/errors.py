@@ -94,6 +94,13 @@ class LayoutMismatch(InvalidArgument):
     reason = "LAYOUT_MISMATCH"
 
 
+class TransferUnsupported(InvalidArgument):
+    """A transfer between processes was asked of a side without a NIXL agent: the service was
+    started without --nixl, or the nixl package is not installed."""
+
+    reason = "TRANSFER_UNSUPPORTED"
+
+
 class EpochMismatch(KVError):
     """The client's epoch is from another service run: everything it mapped is stale."""
 

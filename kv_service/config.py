@@ -90,6 +90,11 @@ class ServiceConfig:
         True,
         help="on CUDA, compile and run the swap kernels once before reporting SERVING (0 disables)",
     )
+    nixl: bool = setting(
+        False,
+        help="register the host tier and index-key pool with a NIXL agent, so prefill engines "
+        "write prompt KV into them (prefill/decode disaggregation; needs the nixl package)",
+    )
     log_level: str = setting("INFO", help="logging level", parse=str.upper)
 
     def __post_init__(self) -> None:

@@ -226,6 +226,13 @@ class ServiceCore:
             request.seq_len = seq_len
             self.ledger.publish(request)
 
+    def prefilled(self, session_id: str, request_id: str, seq_len: int) -> None:
+        """Another process wrote the request's first seq_len rows into its pages (a prefill
+        engine over NIXL): stored, and in the hot buffer where its reader expects them."""
+        self.table.touch(session_id)
+        self.ledger.land(self.request(session_id, request_id), seq_len)
+        self.rows.sync()
+
     def release(self, session_id: str, request_id: str, page_hashes: Sequence[bytes] = ()) -> None:
         """Free a request. `page_hashes`: the names of every full page of its stored tokens
         (prompt and generated); those written and not yet published are published first, so a
@@ -271,13 +278,8 @@ class ServiceCore:
         assert self.slots.used == len(held), "request slots leaked"
 
     def stats(self) -> CoreStats:
-        offloaded = {  # shared pages count once
-            p
-            for s in self.table.sessions.values()
-            for r in s.requests.values()
-            if r.mode == MODE_OFFLOADED
-            for p in r.pages
-        }
+        requests = [r for s in self.table.sessions.values() for r in s.requests.values()]
+        offloaded = {p for r in requests if r.mode == MODE_OFFLOADED for p in r.pages}  # once
         cache = self.ledger.cache
         return CoreStats(
             pages_used=self.pages.used,

@@ -295,6 +295,18 @@ class KVClient:
         release = pb.Release(request_id=request_id, page_hashes=page_hashes)
         await self._send(pb.SessionMessage(release=release), "Release")
 
+    async def prefilled(self, request_id: str, seq_len: int) -> None:
+        """Disaggregation: a prefill engine wrote the request's first seq_len rows."""
+        msg = pb.Prefilled(request_id=request_id, seq_len=seq_len)
+        await self._send(pb.SessionMessage(prefilled=msg), "Prefilled")
+
+    async def transfer_target(self) -> pb.TransferTargetResponse:
+        """Disaggregation: the service's NIXL agent and regions (TRANSFER_UNSUPPORTED without)."""
+        with rpc_errors("TransferTarget"):
+            return await self._stub.TransferTarget(
+                pb.TransferTargetRequest(), timeout=self.rpc_timeout, metadata=self._metadata
+            )
+
     async def stats(self) -> KVStats:
         with rpc_errors("GetStats"):
             s = await self._stub.GetStats(

@@ -75,6 +75,8 @@ class BaselineBackend(SharedBackend):
         self._pool = torch.zeros(
             (L, N + 1, P, layout.index_bytes), dtype=torch.uint8, device=self.device
         )
+        # The stored bytes, what a prefill engine exports: rows [L, N * P + 1, D], keys the pool.
+        self.stored_rows, self.stored_index = raw, self._pool
         identity = torch.arange(N, dtype=torch.int32, device=self.device).view(R, ppr)
         if page_table is not None and (
             page_table.shape != identity.shape or page_table.dtype != torch.int32

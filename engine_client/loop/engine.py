@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from engine_client.client import errors
 from engine_client.client.control import KVControl
+from engine_client.client.prefill_peer import PrefillPeer
 from engine_client.loop.acceptance_rates import AcceptanceRates
 from engine_client.loop.admission_limit import AdmissionLimit
 from engine_client.loop.batch import Batch
@@ -70,21 +71,17 @@ class Engine:
         prefix_cache: bool = False,
         share_generated: bool = True,
         acceptance: AcceptanceRates | None = None,
+        prefill_peer: PrefillPeer | None = None,
     ) -> None:
         """acceptance: BENCHMARK-ONLY synthetic acceptance of speculative drafts."""
         self.compute, self.state = compute, state
         # Text in, text out (the server tokenizes with it; requests detokenize with it).
         self.vocab = vocab
         self.policy = policy or QueueLimits(admit_retry=admit_retry)
-        options = EngineOptions(self.policy, overlap, prefix_cache, share_generated, acceptance)
-        parts = EngineParts.build(compute, control, admission, state, metrics, options)
-        self._control, self.metrics = parts.control, parts.metrics
-        self.scheduler, self.step_runner = parts.scheduler, parts.step_runner
-        self.reports, self.postprocess = parts.reports, parts.postprocess
-        self.releaser, self.failures, self.recovery = parts.releaser, parts.failures, parts.recovery
-        self.api, self._finish, self._finished = parts.api, parts.finisher.finish, parts.finished
-        # Set while no step is in flight on the device; anything that happens sets `_wake`.
-        self._quiet, self._wake = parts.device_quiet, parts.wake
+        options = EngineOptions(
+            self.policy, overlap, prefix_cache, share_generated, acceptance, prefill_peer
+        )
+        self._hold(EngineParts.build(compute, control, admission, state, metrics, options))
         # One thread runs every model call, in order (it holds the CUDA device and stream).
         self._executor = executor
         self.steps = 0
@@ -94,6 +91,16 @@ class Engine:
         self._inflight: LaunchedStep | None = None
         self._task: asyncio.Task | None = None
         self._stopping = False
+
+    def _hold(self, parts: EngineParts) -> None:
+        """Keep the parts the loop drives (built once, in order, by EngineParts.build)."""
+        self._control, self.metrics = parts.control, parts.metrics
+        self.scheduler, self.step_runner = parts.scheduler, parts.step_runner
+        self.reports, self.postprocess = parts.reports, parts.postprocess
+        self.releaser, self.failures, self.recovery = parts.releaser, parts.failures, parts.recovery
+        self.api, self._finish, self._finished = parts.api, parts.finisher.finish, parts.finished
+        # Set while no step is in flight on the device; anything that happens sets `_wake`.
+        self._quiet, self._wake = parts.device_quiet, parts.wake
 
     @property
     def control(self) -> KVControl:
@@ -153,6 +160,8 @@ class Engine:
             self._finished.end_lost()
         for req in list(self.requests.values()):
             req.end(Finish.ERROR, "the engine stopped; resume with this request id", resumable=True)
+        if self.scheduler.remote is not None:
+            await self.scheduler.remote.close()
         self._executor.shutdown(wait=True)
         await self.control.close(detach=not keep_requests)
         if self.state is not None:

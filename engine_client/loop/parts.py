@@ -23,6 +23,7 @@ import asyncio
 from dataclasses import dataclass
 
 from engine_client.client.control import KVControl
+from engine_client.client.prefill_peer import PrefillPeer
 from engine_client.loop.acceptance_rates import AcceptanceRates
 from engine_client.loop.admission_limit import AdmissionLimit
 from engine_client.loop.control_ref import ControlRef
@@ -33,6 +34,7 @@ from engine_client.loop.postprocess import Postprocessor, ReportSender
 from engine_client.loop.queue_policy import QueueLimits
 from engine_client.loop.recovery import ServiceRecovery
 from engine_client.loop.release import Finisher, Releaser
+from engine_client.loop.remote_prefill import RemotePrefill
 from engine_client.loop.request_api import RequestAPI
 from engine_client.loop.scheduler import Scheduler
 from engine_client.loop.state_file import StateFile
@@ -50,6 +52,7 @@ class EngineOptions:
     prefix_cache: bool = False
     share_generated: bool = True
     acceptance: AcceptanceRates | None = None  # BENCHMARK-ONLY synthetic acceptance
+    prefill_peer: PrefillPeer | None = None  # disaggregation: the decode role's prefill engine
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,9 @@ class EngineParts:
         metrics = metrics or EngineMetrics()
         metrics.watch_admission(admission)
         finisher, finished = Finisher(state, wake), FinishedRequests(state)
-        scheduler = _scheduler(compute, ref, admission, finisher, state, options)
+        peer = options.prefill_peer
+        remote = RemotePrefill(peer, ref, finisher.finish, wake) if peer is not None else None
+        scheduler = _scheduler(compute, ref, admission, finisher, state, options, remote)
         recovery = ServiceRecovery(ref, compute, device_quiet=quiet)
         failures = Failures(scheduler, ref, recovery, state, finisher.finish, wake, finished)
         reports = ReportSender(ref)
@@ -117,6 +122,7 @@ def _scheduler(
     finisher: Finisher,
     state: StateFile | None,
     options: EngineOptions,
+    remote: RemotePrefill | None,
 ) -> Scheduler:
     return Scheduler(
         control,
@@ -130,6 +136,7 @@ def _scheduler(
         prefix_cache=options.prefix_cache,
         share_generated=options.share_generated,
         draft_tokens=compute.draft_tokens,
+        remote=remote,
     )
 
 

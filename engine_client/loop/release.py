@@ -75,6 +75,8 @@ class Releaser:
         for req in list(requests.values()):
             if not req.finished or req.last_step > done_step:
                 continue  # live, or a launched step still reads its KV
+            if self.scheduler.remote is not None and self.scheduler.remote.pending(req):
+                continue  # a prefill peer may still write its pages
             await self._release(req)
             del requests[req.request_id]
             self.finished.keep(req)

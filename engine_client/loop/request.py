@@ -31,6 +31,7 @@ from engine_client.text.detokenizer import TextStream
 class Phase(enum.Enum):
     WAITING = "waiting"
     PREFILL = "prefill"
+    REMOTE = "remote"  # admitted; a prefill engine computes its prompt (loop/remote_prefill.py)
     RUNNING = "running"
     FINISHED = "finished"
 

@@ -38,6 +38,7 @@ from engine_client.loop.batch_builder import BatchBuilder
 from engine_client.loop.control_ref import ControlRef
 from engine_client.loop.page_names import PageNames
 from engine_client.loop.queue_policy import QueueLimits, Turn, reserved_tokens
+from engine_client.loop.remote_prefill import RemotePrefill
 from engine_client.loop.request import FailStatus, Finish, GenRequest, Phase
 from engine_client.loop.speculative import reserve_extra
 from engine_client.loop.state_file import StateFile
@@ -50,9 +51,7 @@ MAX_REFUSALS_PER_TURN = 4
 
 
 class Admit(enum.Enum):
-    ADMITTED = 1
-    REFUSED = 2  # no capacity now
-    ENDED = 3  # the request ended (refused for good, or an error)
+    ADMITTED, REFUSED, ENDED = 1, 2, 3  # refused: no capacity now; ended: for good, or an error
 
 
 class Scheduler:
@@ -73,14 +72,15 @@ class Scheduler:
         prefix_cache: bool = False,
         share_generated: bool = True,
         draft_tokens: int = 0,
+        remote: RemotePrefill | None = None,
     ) -> None:
         """draft_tokens D > 0: speculative steps of D + 1 rows per request, never overlapped
         (a step's positions follow the previous step's accepted count). `finish` ends a
-        request; `state` records each admission."""
+        request; `state` records each admission; `remote` prefills admitted requests on a
+        peer (disaggregation) instead of here."""
         self.control, self.policy = control, policy
         self.admission, self.max_batch = admission, max_batch
-        self.prefill_chunk = prefill_chunk
-        self.synthetic = synthetic
+        self.prefill_chunk, self.synthetic = prefill_chunk, synthetic
         # Prefix caching: the page names admissions look up and releases publish.
         self.names = PageNames(control, synthetic, prefill_chunk, prefix_cache, share_generated)
         self._finish, self.state, self.clock = finish, state, clock
@@ -96,6 +96,7 @@ class Scheduler:
         self.draft_tokens = draft_tokens
         self.reserve_extra = reserve_extra(draft_tokens)
         self.builder = BatchBuilder(max_batch, prefill_chunk, synthetic, draft_tokens, clock)
+        self.remote = remote
 
     # --- the queue ---
 
@@ -123,7 +124,8 @@ class Scheduler:
         self._retry_at = 0.0
 
     def active(self) -> int:
-        return sum(r.phase in (Phase.PREFILL, Phase.RUNNING) for r in self.requests.values())
+        busy = (Phase.PREFILL, Phase.REMOTE, Phase.RUNNING)
+        return sum(r.phase in busy for r in self.requests.values())
 
     def stepped(self, batch: Batch, decode_seconds: float) -> None:
         """A step finished after `decode_seconds` of decode time: what its batch size costs."""
@@ -208,11 +210,10 @@ class Scheduler:
             self.state.started(req)
         log.info(
             "request %s admitted to slot %d (mode %d, %d prompt tokens cached)",
-            req.request_id,
-            adm.slot,
-            adm.mode,
-            adm.cached_tokens,
+            *(req.request_id, adm.slot, adm.mode, adm.cached_tokens),
         )
+        if self.remote is not None:
+            self.remote.start(req, adm)
         return Admit.ADMITTED
 
     def _refused(self, req: GenRequest, e: errors.KVError) -> Admit:

@@ -10,7 +10,6 @@ import torch
 
 from engine_client.client.control import KVControl
 from engine_client.client.kv_client import KVClient
-from engine_client.client.local_control import BaselineControl
 from engine_client.kv.backend import KVBackend
 from engine_client.kv.kernel_set import KernelSet
 from engine_client.model.compute import (
@@ -47,7 +46,8 @@ def _backend(
             (lambda layer, bs, rows: control.remote_swap(layer, bs, rows)),
             control.exchange,
         )
-    page_table = control.page_table if isinstance(control, BaselineControl) else None
+    # The baseline's control maps its pages (a prefill engine's wraps it: ExportControl).
+    page_table = getattr(control, "page_table", None) if cfg.kv_mode == "baseline" else None
     return build_backend(
         cfg.kv_mode,
         control.layout,

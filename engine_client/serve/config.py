@@ -36,6 +36,7 @@ from engine_client.model.preset import PRESETS
 from engine_client.text.vocabulary import DEEPSEEK, TINY
 
 KV_MODES = ("baseline", "embedded", "service", "service-remote-swap")
+ROLES = ("both", "prefill", "decode")
 SPECULATIVE = ("none", "mtp")
 DEVICES = ("auto", "cpu", "cuda")
 KERNELS = ("auto", "triton", "reference")
@@ -97,6 +98,17 @@ class EngineConfig:
 
     kv_mode: str = setting(
         "service", help=f"where KV lives: {', '.join(KV_MODES)}", check=one_of(KV_MODES)
+    )
+    role: str = setting(
+        "both",
+        choices=ROLES,
+        help="prefill/decode disaggregation over NIXL: both (prefill and decode here), prefill "
+        "(computes prompts and writes their KV into a decode side's pages; baseline mode) or "
+        "decode (admits, has --prefill-peer prefill, then decodes; service mode)",
+        check=one_of(ROLES),
+    )
+    prefill_peer: str = setting(
+        "", help="--role decode: the prefill engine's address (socket path, unix:PATH, HOST:PORT)"
     )
     uds: str = setting(
         "",
@@ -329,6 +341,10 @@ class EngineConfig:
             raise ValueError("the engine needs a uds path or a tcp address to listen on")
         if self.uses_service and not self.service:
             raise ValueError(f"kv_mode {self.kv_mode} needs the service address")
+        if self.role == "decode" and not (self.kv_mode == "service" and self.prefill_peer):
+            raise ValueError("--role decode needs --kv-mode service and --prefill-peer")
+        if self.role == "prefill" and self.kv_mode != "baseline":
+            raise ValueError("--role prefill computes prompts in its own cache: --kv-mode baseline")
         if self.synthetic_shared > self.synthetic_context:
             raise ValueError(
                 f"synthetic_shared must be in [0, synthetic_context], got {self.synthetic_shared}"

@@ -16,6 +16,9 @@ from engine_client.client import reachability
 from engine_client.client.control import KVControl
 from engine_client.client.kv_client import KVClient
 from engine_client.client.local_control import BaselineControl, BaselinePages, EmbeddedControl
+from engine_client.client.prefill_peer import PrefillPeer
+from engine_client.kv.baseline import BaselineBackend
+from engine_client.kv.row_export import ExportControl, RowExport
 from engine_client.loop import state_file
 from engine_client.loop.admission_limit import AdmissionLimit, admission_limit
 from engine_client.loop.engine import Engine
@@ -36,6 +39,8 @@ log = logging.getLogger(__name__)
 
 # How long an embedded core keeps a session without a stream; the engine is its only user.
 EMBEDDED_LEASE_SECONDS = 30.0
+# Seconds a prefill peer may take for one prompt (compute and transfer).
+PREFILL_TIMEOUT = 300.0
 
 
 def load_vocabulary(cfg: EngineConfig) -> vocabulary.Vocabulary:
@@ -152,7 +157,10 @@ async def _control(
     if not cfg.uses_service:
         device = cfg.resolved_device()
         mcfg = model_config(cfg, vocab)
-        return local_control(cfg, mcfg, device), device, mcfg
+        local = local_control(cfg, mcfg, device)
+        if cfg.role == "prefill":  # its rows go to a decode side at release
+            local = cast(KVControl, ExportControl(local))
+        return local, device, mcfg
     # The fingerprint is named at Attach, before the layout is adopted: it names the
     # preset's shapes as configured (every engine of one service adopts the same layers
     # and top-k, so equal fingerprints still mean one model there).
@@ -197,6 +205,17 @@ def _admission(cfg: EngineConfig, compute: Compute) -> AdmissionLimit:
     return admission_limit(cfg.admission_limit, cfg.max_batch, hisparse, buckets)
 
 
+def _export_rows(control: KVControl, compute: Compute) -> None:
+    """--role prefill: its control writes each released prompt's rows through a NIXL agent."""
+    if isinstance(control, ExportControl):
+        control.export = RowExport(cast(BaselineBackend, compute.backend))
+
+
+def _prefill_peer(cfg: EngineConfig) -> PrefillPeer | None:
+    """--role decode: the prefill engine its requests' prompts go to."""
+    return PrefillPeer(cfg.prefill_peer, PREFILL_TIMEOUT) if cfg.role == "decode" else None
+
+
 async def build_engine(cfg: EngineConfig, metrics: EngineMetrics | None = None) -> Engine:
     """Everything the server needs; the engine loop is not started yet."""
     vocab = await asyncio.to_thread(load_vocabulary, cfg)
@@ -205,14 +224,13 @@ async def build_engine(cfg: EngineConfig, metrics: EngineMetrics | None = None) 
     control, device, mcfg = await _control(cfg, vocab, saved)
     executor = compute_thread(device)
     try:
-        loop = asyncio.get_running_loop()
-        compute = await loop.run_in_executor(
-            executor, build_mode_compute, cfg, mcfg, control, device
-        )
+        run = asyncio.get_running_loop().run_in_executor
+        compute = await run(executor, build_mode_compute, cfg, mcfg, control, device)
     except BaseException:
         executor.shutdown()
         await control.close()
         raise
+    _export_rows(control, compute)
     state = state_file.StateFile(state_path) if state_path is not None else None
     engine = Engine(
         compute,
@@ -227,6 +245,7 @@ async def build_engine(cfg: EngineConfig, metrics: EngineMetrics | None = None) 
         share_generated=cfg.prefix_share_generated,
         metrics=metrics,
         acceptance=cfg.acceptance,
+        prefill_peer=_prefill_peer(cfg),
     )
     engine.metrics.describe(device=device, kv_mode=cfg.kv_mode)
     _log_speculation(cfg)

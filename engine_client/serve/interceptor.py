@@ -12,7 +12,8 @@ import grpc
 from transport import rpc_calls
 from transport.status import rich_status, status_of
 
-SERVICE_PREFIX = "/decode.v1.DecodeService/"
+# The engine's own services: decode.v1, and prefill.v1 in a prefill engine.
+SERVICE_PREFIX = ("/decode.v1.DecodeService/", "/prefill.v1.PrefillService/")
 
 
 async def abort_rich(exc: Exception, context: grpc.aio.ServicerContext) -> None:

@@ -36,9 +36,11 @@ from engine_client.loop.engine import Engine
 from engine_client.loop.metrics import EngineMetrics
 from engine_client.serve.config import EngineConfig
 from engine_client.serve.interceptor import EngineInterceptor
+from engine_client.serve.prefill_servicer import PrefillServicer
 from engine_client.serve.servicer import DecodeServicer
 from proto.decode.v1 import decode_pb2 as pb
 from proto.decode.v1 import decode_pb2_grpc as pb_grpc
+from proto.prefill.v1 import prefill_pb2_grpc as prefill_grpc
 from transport import grpc_server
 
 log = logging.getLogger(__name__)
@@ -56,10 +58,13 @@ def build_server(
     servicer: DecodeServicer,
     health: health_aio.HealthServicer,
     metrics: EngineMetrics | None = None,
+    prefill: PrefillServicer | None = None,
 ) -> grpc.aio.Server:
     interceptors = [EngineInterceptor(metrics.rpc if metrics is not None else None)]
     server = grpc_server.scaffold(SERVICE_NAME, health, interceptors)
     pb_grpc.add_DecodeServiceServicer_to_server(servicer, server)
+    if prefill is not None:
+        prefill_grpc.add_PrefillServiceServicer_to_server(prefill, server)
     # A socket left by a killed engine is reused; a live engine's, or any other file, is not
     # ours to remove (the KV service's rule, one implementation).
     if cfg.uds and claim_socket_path(cfg.uds, "--uds", "engine"):
@@ -98,7 +103,8 @@ async def serve(cfg: EngineConfig) -> int:
     await _set_health(health, False)
     servicer = DecodeServicer(cfg.uses_service)
     metrics = EngineMetrics()  # before the server: its calls are counted from the start
-    server = build_server(cfg, servicer, health, metrics)
+    prefill = PrefillServicer() if cfg.role == "prefill" else None
+    server = build_server(cfg, servicer, health, metrics, prefill)
     await server.start()
     log.info(
         "listening on %s (NOT_SERVING while the engine is built)", ", ".join(cfg.listen_targets)
@@ -109,6 +115,8 @@ async def serve(cfg: EngineConfig) -> int:
     try:
         engine = await build_engine(cfg, metrics)
         servicer.engine = engine
+        if prefill is not None:
+            prefill.engine, prefill.export = engine, engine.control.export  # type: ignore[attr-defined]
         if cfg.metrics_port is not None:
             (host, port), stop_metrics = engine.metrics.serve(cfg.metrics_port, cfg.metrics_address)
             log.info("metrics on http://%s:%d/metrics", host, port)

@@ -196,6 +196,15 @@ class PageLedger:
         request.published = end
         return sum(self.cache.publish(request.pages[i], request.keys[i]) for i in todo)
 
+    def land(self, request: RequestRecord, seq_len: int) -> None:
+        """Rows [cached_tokens, seq_len) were written into the request's pages from outside
+        (disaggregated prefill): load them where its reader expects them, as a cached prefix
+        is, then commit the length."""
+        check_range("seq_len", seq_len, max(1, request.seq_len), request.reserved_tokens)
+        self.rows.load_prefix(request.slot, request.mode, request.pages, seq_len)
+        request.seq_len = seq_len
+        self.publish(request)
+
     def free(self, request: RequestRecord) -> None:
         self.rows.free(request.slot)
         self.cache.release(request.pages)

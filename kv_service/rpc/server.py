@@ -24,11 +24,13 @@ import uvloop
 from grpc_health.v1.health import aio as health_aio
 
 from contract.listen_address import AddressTaken, claim_socket_path
+from contract.nixl_agent import NixlAgent
 from kernels import toolchain
 from kv_service.config import ServiceConfig
 from kv_service.core import ServiceCore
 from kv_service.memory import segment, shm_file, shm_room
 from kv_service.memory.remote_swap import RemoteSwapper
+from kv_service.memory.transfer_agent import kv_agent
 from kv_service.rpc.interceptor import ServiceInterceptor
 from kv_service.rpc.metrics import ServiceMetrics
 from kv_service.rpc.servicer import KVCacheServicer, Runtime
@@ -105,7 +107,10 @@ def build_runtime(config: ServiceConfig, device: torch.device) -> Runtime:
     if device.type == "cuda" and config.warmup:
         swapper.warm_up()
         log.info("warm-up: swap kernels compiled and run once")
+    agent = kv_agent(config.instance, core.epoch, kv) if config.nixl else None
     return Runtime(
+        agent=agent,
+        transfer=agent.target(config.layout) if agent is not None else None,
         core=core,
         handles=shared.kv_handles,
         swapper=swapper,
@@ -203,6 +208,7 @@ class _Started:
     listening: bool = False
     expiry: asyncio.Task | None = None
     stop_metrics: Callable[[], None] | None = None
+    agent: NixlAgent | None = None  # released after the server stopped
 
 
 async def _bring_up(
@@ -214,6 +220,7 @@ async def _bring_up(
 ) -> Runtime:
     runtime = await asyncio.get_running_loop().run_in_executor(None, build_runtime, config, device)
     servicer.ready(runtime)
+    started.agent = runtime.agent
     metrics.bind(runtime.core.stats)
     if config.metrics_port is not None:
         started.stop_metrics = metrics.serve(config.metrics_port, config.metrics_address)
@@ -228,6 +235,8 @@ async def _shut_down(server: grpc.aio.Server, config: ServiceConfig, started: _S
     if started.expiry is not None:
         started.expiry.cancel()
     await server.stop(STOP_GRACE_SECONDS)
+    if started.agent is not None:  # before its memory goes
+        started.agent.close()
     segment.remove_segments(config.shm_dir, config.instance)
     if started.listening:
         with contextlib.suppress(FileNotFoundError):

@@ -13,23 +13,19 @@ from dataclasses import dataclass
 
 import grpc
 
-from contract.codec import handle_to_proto, layout_from_proto, layout_to_proto
-from contract.errors import InvalidArgument, ServiceUnavailable, Stopping
-from kv_service.core import RequestRecord, ServiceCore
+from contract.codec import handle_to_proto, layout_from_proto, layout_to_proto, target_to_proto
+from contract.errors import InvalidArgument, ServiceUnavailable, Stopping, TransferUnsupported
+from contract.nixl_agent import NixlAgent
+from contract.transfer_target import TransferTarget
+from kv_service.core import ServiceCore
 from kv_service.memory.remote_swap import RemoteSwapper
 from kv_service.rpc.metrics import ServiceMetrics
+from kv_service.rpc.replies import admitted, request_to_proto, stats_to_proto
 from proto.kvcache.v1 import kvcache_pb2 as pb
 from proto.kvcache.v1 import kvcache_pb2_grpc as pb_grpc
 from transport.status import status_of
 
 CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
-UINT64_MAX = 2**64 - 1
-
-
-def u64(value: int) -> int:
-    """A total for a uint64 field: totals are unbounded Python ints, the field is not, and
-    GetStats must never fail for a number."""
-    return min(max(int(value), 0), UINT64_MAX)
 
 
 @dataclass
@@ -43,19 +39,9 @@ class Runtime:
     device: str
     gpu_uuid: str
     instance: str
-
-
-def request_to_proto(r: RequestRecord) -> pb.RequestState:
-    return pb.RequestState(
-        request_id=r.request_id,
-        slot=r.slot,
-        mode=pb.ResidencyMode.ValueType(r.mode),
-        seq_len=r.seq_len,
-        reserved_tokens=r.reserved_tokens,
-        prompt_len=r.prompt_len,
-        max_new_tokens=r.max_new_tokens,
-        cached_tokens=r.cached_tokens,
-    )
+    # Disaggregation (--nixl): the NIXL agent and its target, None without one.
+    agent: NixlAgent | None = None
+    transfer: TransferTarget | None = None
 
 
 def error_to_proto(exc: BaseException) -> pb.Error:
@@ -172,7 +158,7 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer):
     ) -> pb.Admitted | None:
         sid = msg.session_id
         if kind == "admit":
-            return _admitted(core, sid, msg.admit)
+            return admitted(core, sid, msg.admit)
         if kind == "commit":
             core.commit(sid, msg.commit.request_id, msg.commit.seq_len)
         elif kind == "step_end":
@@ -188,6 +174,8 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer):
         elif kind == "release":
             core.release(sid, msg.release.request_id, msg.release.page_hashes)
             self.changed.set()
+        elif kind == "prefilled":
+            core.prefilled(sid, msg.prefilled.request_id, msg.prefilled.seq_len)
         elif kind == "heartbeat":
             core.table.touch(sid)
         elif kind == "detach":
@@ -196,7 +184,7 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer):
         else:
             raise InvalidArgument(
                 "empty SessionMessage: set one of admit, commit, step_end, "
-                "release, heartbeat, detach"
+                "release, heartbeat, detach, prefilled"
             )
         return None
 
@@ -224,28 +212,7 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer):
     async def GetStats(
         self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetStatsResponse:
-        s = self.rt.core.stats()
-        return pb.GetStatsResponse(
-            host_pages=pb.PoolUsage(used=s.pages_used, total=s.pages_total),
-            request_slots=pb.PoolUsage(used=s.slots_used, total=s.slots_total),
-            sessions=s.sessions,
-            requests=s.requests,
-            hits=u64(s.hits),
-            misses=u64(s.misses),
-            bytes_moved=u64(s.bytes_moved),
-            uptime_seconds=s.uptime_seconds,
-            epoch=u64(s.epoch),
-            draining=s.draining,
-            admitted_total=u64(s.admitted_total),
-            rejected_total=u64(s.rejected_total),
-            expired_sessions_total=u64(s.expired_sessions_total),
-            cached_pages=s.cached_pages,
-            evictable_pages=s.evictable_pages,
-            prefix_lookups_total=u64(s.prefix_lookups_total),
-            prefix_lookup_tokens_total=u64(s.prefix_lookup_tokens_total),
-            prefix_hit_tokens_total=u64(s.prefix_hit_tokens_total),
-            evicted_pages_total=u64(s.evicted_pages_total),
-        )
+        return stats_to_proto(self.rt.core.stats())
 
     async def Drain(
         self, request: pb.DrainRequest, context: grpc.aio.ServicerContext
@@ -266,6 +233,14 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer):
         freed, in_use = self.rt.core.flush()
         return pb.FlushResponse(pages_freed=freed, pages_in_use=in_use)
 
+    async def TransferTarget(
+        self, request: pb.TransferTargetRequest, context: grpc.aio.ServicerContext
+    ) -> pb.TransferTargetResponse:
+        target = self.rt.transfer
+        if target is None:
+            raise TransferUnsupported("this service was started without --nixl: no transfers")
+        return target_to_proto(target)
+
     async def wait_idle(self, timeout: float) -> bool:
         """Wait until no request is left, at most `timeout` seconds; True if none is left."""
         try:
@@ -276,24 +251,3 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer):
         except TimeoutError:
             return False
         return True
-
-
-def _admitted(core: ServiceCore, sid: str, a: pb.Admit) -> pb.Admitted:
-    """The one session message with an answer: the admission, as the engine adopts it."""
-    r = core.admit(
-        sid,
-        a.request_id,
-        a.prompt_len,
-        a.max_new_tokens,
-        a.page_hashes,
-        a.cache_salt,
-        a.reuse_align,
-    )
-    return pb.Admitted(
-        request_id=r.request_id,
-        slot=r.slot,
-        mode=pb.ResidencyMode.ValueType(r.mode),
-        pages=r.pages,
-        reserved_tokens=r.reserved_tokens,
-        cached_tokens=r.cached_tokens,
-    )

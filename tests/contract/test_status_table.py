@@ -79,6 +79,7 @@ def test_every_rpc_has_its_table() -> None:
         ("RemoteSwap", "Statuses"),
         ("Session", "In-band Error codes"),
         ("Session", "Statuses"),
+        ("TransferTarget", "Statuses"),
     ]
     assert all(TABLES.values())
 

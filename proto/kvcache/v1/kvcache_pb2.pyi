@@ -548,6 +548,35 @@ class Release(_message.Message):
 Global___Release: _TypeAlias = Release  # noqa: Y015
 
 @_typing.final
+class Prefilled(_message.Message):
+    """The prompt KV of an admitted request was written into its pages by another process (a
+    prefill engine, over NIXL: TransferTarget): record seq_len tokens as stored, and load the hot
+    buffer as if this session had computed them (resident: every row; offloaded: the window).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    SEQ_LEN_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    """Request whose pages were written."""
+    seq_len: _builtins.int
+    """Tokens written, 1 <= seq_len <= reserved tokens."""
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+        seq_len: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id", "seq_len", b"seq_len"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Prefilled: _TypeAlias = Prefilled  # noqa: Y015
+
+@_typing.final
 class Heartbeat(_message.Message):
     """Keeps the session alive; answered with an Ack."""
 
@@ -594,6 +623,7 @@ class SessionMessage(_message.Message):
     RELEASE_FIELD_NUMBER: _builtins.int
     HEARTBEAT_FIELD_NUMBER: _builtins.int
     DETACH_FIELD_NUMBER: _builtins.int
+    PREFILLED_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     """Client sequence number, echoed in the reply."""
     session_id: _builtins.str
@@ -624,6 +654,10 @@ class SessionMessage(_message.Message):
     def detach(self) -> Global___Detach:
         """End the session; answered with Ack, after which the service ends the stream."""
 
+    @_builtins.property
+    def prefilled(self) -> Global___Prefilled:
+        """A request's prompt KV was written by a prefill engine; answered with Ack."""
+
     def __init__(
         self,
         *,
@@ -636,12 +670,13 @@ class SessionMessage(_message.Message):
         release: Global___Release | None = ...,
         heartbeat: Global___Heartbeat | None = ...,
         detach: Global___Detach | None = ...,
+        prefilled: Global___Prefilled | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["admit", b"admit", "body", b"body", "commit", b"commit", "detach", b"detach", "heartbeat", b"heartbeat", "release", b"release", "step_end", b"step_end"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["admit", b"admit", "body", b"body", "commit", b"commit", "detach", b"detach", "heartbeat", b"heartbeat", "prefilled", b"prefilled", "release", b"release", "step_end", b"step_end"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["admit", b"admit", "body", b"body", "commit", b"commit", "detach", b"detach", "epoch", b"epoch", "heartbeat", b"heartbeat", "release", b"release", "seq", b"seq", "session_id", b"session_id", "step_end", b"step_end"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admit", b"admit", "body", b"body", "commit", b"commit", "detach", b"detach", "epoch", b"epoch", "heartbeat", b"heartbeat", "prefilled", b"prefilled", "release", b"release", "seq", b"seq", "session_id", b"session_id", "step_end", b"step_end"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["admit", "commit", "step_end", "release", "heartbeat", "detach"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["admit", "commit", "step_end", "release", "heartbeat", "detach", "prefilled"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
@@ -1108,3 +1143,104 @@ class DrainResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DrainResponse: _TypeAlias = DrainResponse  # noqa: Y015
+
+@_typing.final
+class TransferTargetRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TransferTargetRequest: _TypeAlias = TransferTargetRequest  # noqa: Y015
+
+@_typing.final
+class MemoryRegion(_message.Message):
+    """One memory region a NIXL agent registered, with the geometry of its pages: the bytes of
+    (layer l, page p) start at address + l * layer_stride + p * page_stride.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    NBYTES_FIELD_NUMBER: _builtins.int
+    DEVICE_ID_FIELD_NUMBER: _builtins.int
+    MEMORY_TYPE_FIELD_NUMBER: _builtins.int
+    LAYER_STRIDE_FIELD_NUMBER: _builtins.int
+    PAGE_STRIDE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """"rows" (KV rows, row bytes per token) or "index" (index keys, one block per page)."""
+    address: _builtins.int
+    """Start address in the owner's process."""
+    nbytes: _builtins.int
+    """Bytes registered from address."""
+    device_id: _builtins.int
+    """Device ordinal for VRAM; 0 for DRAM."""
+    memory_type: _builtins.str
+    """NIXL memory type: "DRAM" (host) or "VRAM" (device)."""
+    layer_stride: _builtins.int
+    """Bytes from one layer to the next."""
+    page_stride: _builtins.int
+    """Bytes from one page to the next."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        address: _builtins.int = ...,
+        nbytes: _builtins.int = ...,
+        device_id: _builtins.int = ...,
+        memory_type: _builtins.str = ...,
+        layer_stride: _builtins.int = ...,
+        page_stride: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "device_id", b"device_id", "layer_stride", b"layer_stride", "memory_type", b"memory_type", "name", b"name", "nbytes", b"nbytes", "page_stride", b"page_stride"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MemoryRegion: _TypeAlias = MemoryRegion  # noqa: Y015
+
+@_typing.final
+class TransferTargetResponse(_message.Message):
+    """Where a peer writes: a NIXL agent and its registered regions."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_NAME_FIELD_NUMBER: _builtins.int
+    AGENT_METADATA_FIELD_NUMBER: _builtins.int
+    REGIONS_FIELD_NUMBER: _builtins.int
+    LAYOUT_FIELD_NUMBER: _builtins.int
+    agent_name: _builtins.str
+    """The agent's name (unique per service run)."""
+    agent_metadata: _builtins.bytes
+    """nixl_agent.get_agent_metadata(): what a peer loads to reach the agent."""
+    @_builtins.property
+    def regions(self) -> _containers.RepeatedCompositeFieldContainer[Global___MemoryRegion]:
+        """The regions registered: "rows" and "index"."""
+
+    @_builtins.property
+    def layout(self) -> Global___Layout:
+        """The service's layout (row and index formats, page size, layers)."""
+
+    def __init__(
+        self,
+        *,
+        agent_name: _builtins.str = ...,
+        agent_metadata: _builtins.bytes = ...,
+        regions: _abc.Iterable[Global___MemoryRegion] | None = ...,
+        layout: Global___Layout | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["layout", b"layout"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_metadata", b"agent_metadata", "agent_name", b"agent_name", "layout", b"layout", "regions", b"regions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TransferTargetResponse: _TypeAlias = TransferTargetResponse  # noqa: Y015

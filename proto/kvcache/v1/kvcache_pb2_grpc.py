@@ -65,6 +65,11 @@ class KVCacheServiceStub:
                 request_serializer=proto_dot_kvcache_dot_v1_dot_kvcache__pb2.FlushRequest.SerializeToString,
                 response_deserializer=proto_dot_kvcache_dot_v1_dot_kvcache__pb2.FlushResponse.FromString,
                 _registered_method=True)
+        self.TransferTarget = channel.unary_unary(
+                '/kvcache.v1.KVCacheService/TransferTarget',
+                request_serializer=proto_dot_kvcache_dot_v1_dot_kvcache__pb2.TransferTargetRequest.SerializeToString,
+                response_deserializer=proto_dot_kvcache_dot_v1_dot_kvcache__pb2.TransferTargetResponse.FromString,
+                _registered_method=True)
 
 
 class KVCacheServiceServicer:
@@ -107,7 +112,7 @@ class KVCacheServiceServicer:
         FAILED_PRECONDITION (EPOCH_MISMATCH): the epoch is another service run's: attach again and
         map the new memory. Retry: no.
         NOT_FOUND (UNKNOWN_SESSION, UNKNOWN_REQUEST): no such live session, or no such request in
-        it (Commit, StepEnd, Release). Retry: no.
+        it (Commit, StepEnd, Release, Prefilled). Retry: no.
         ALREADY_EXISTS (ALREADY_EXISTS): an Admit of a request id already admitted. Retry: no.
         INVALID_ARGUMENT (INVALID_ARGUMENT): a field out of range (ids, lengths, a seq_len past
         the reservation, a StepEnd past its limits), an empty message, or a session id other
@@ -179,6 +184,22 @@ class KVCacheServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TransferTarget(self, request, context):
+        """Prefill/decode disaggregation: the NIXL agent that owns this service's KV memory and the
+        regions it registered (host tier rows, index-key pool), for a prefill engine to write an
+        admitted request's prompt KV into its pages (then Session's Prefilled). The same for every
+        session of one service run.
+        Statuses:
+        UNAVAILABLE (UNAVAILABLE): the service is starting. Retry: yes.
+        INVALID_ARGUMENT (TRANSFER_UNSUPPORTED): the service was started without --nixl. Retry: no.
+        INVALID_ARGUMENT (INVALID_ARGUMENT): the message does not parse. Retry: no.
+        UNAUTHENTICATED (UNAUTHENTICATED): the bearer token is missing or wrong. Retry: no.
+        INTERNAL (INTERNAL): a fault of the service, logged there. Retry: no.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVCacheServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -211,6 +232,11 @@ def add_KVCacheServiceServicer_to_server(servicer, server):
                     servicer.Flush,
                     request_deserializer=proto_dot_kvcache_dot_v1_dot_kvcache__pb2.FlushRequest.FromString,
                     response_serializer=proto_dot_kvcache_dot_v1_dot_kvcache__pb2.FlushResponse.SerializeToString,
+            ),
+            'TransferTarget': grpc.unary_unary_rpc_method_handler(
+                    servicer.TransferTarget,
+                    request_deserializer=proto_dot_kvcache_dot_v1_dot_kvcache__pb2.TransferTargetRequest.FromString,
+                    response_serializer=proto_dot_kvcache_dot_v1_dot_kvcache__pb2.TransferTargetResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -376,6 +402,33 @@ class KVCacheService:
             '/kvcache.v1.KVCacheService/Flush',
             proto_dot_kvcache_dot_v1_dot_kvcache__pb2.FlushRequest.SerializeToString,
             proto_dot_kvcache_dot_v1_dot_kvcache__pb2.FlushResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TransferTarget(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvcache.v1.KVCacheService/TransferTarget',
+            proto_dot_kvcache_dot_v1_dot_kvcache__pb2.TransferTargetRequest.SerializeToString,
+            proto_dot_kvcache_dot_v1_dot_kvcache__pb2.TransferTargetResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -84,7 +84,7 @@ class KVCacheServiceStub:
       FAILED_PRECONDITION (EPOCH_MISMATCH): the epoch is another service run's: attach again and
         map the new memory. Retry: no.
       NOT_FOUND (UNKNOWN_SESSION, UNKNOWN_REQUEST): no such live session, or no such request in
-        it (Commit, StepEnd, Release). Retry: no.
+        it (Commit, StepEnd, Release, Prefilled). Retry: no.
       ALREADY_EXISTS (ALREADY_EXISTS): an Admit of a request id already admitted. Retry: no.
       INVALID_ARGUMENT (INVALID_ARGUMENT): a field out of range (ids, lengths, a seq_len past
         the reservation, a StepEnd past its limits), an empty message, or a session id other
@@ -136,6 +136,18 @@ class KVCacheServiceStub:
       UNAUTHENTICATED (UNAUTHENTICATED): the bearer token is missing or wrong. Retry: no.
       INTERNAL (INTERNAL): a fault of the service, logged there. Retry: no.
     """
+    TransferTarget: _grpc.UnaryUnaryMultiCallable[_kvcache_pb2.TransferTargetRequest, _kvcache_pb2.TransferTargetResponse]
+    """Prefill/decode disaggregation: the NIXL agent that owns this service's KV memory and the
+    regions it registered (host tier rows, index-key pool), for a prefill engine to write an
+    admitted request's prompt KV into its pages (then Session's Prefilled). The same for every
+    session of one service run.
+    Statuses:
+      UNAVAILABLE (UNAVAILABLE): the service is starting. Retry: yes.
+      INVALID_ARGUMENT (TRANSFER_UNSUPPORTED): the service was started without --nixl. Retry: no.
+      INVALID_ARGUMENT (INVALID_ARGUMENT): the message does not parse. Retry: no.
+      UNAUTHENTICATED (UNAUTHENTICATED): the bearer token is missing or wrong. Retry: no.
+      INTERNAL (INTERNAL): a fault of the service, logged there. Retry: no.
+    """
 
 @_typing.type_check_only
 class KVCacheServiceAsyncStub(KVCacheServiceStub):
@@ -174,7 +186,7 @@ class KVCacheServiceAsyncStub(KVCacheServiceStub):
       FAILED_PRECONDITION (EPOCH_MISMATCH): the epoch is another service run's: attach again and
         map the new memory. Retry: no.
       NOT_FOUND (UNKNOWN_SESSION, UNKNOWN_REQUEST): no such live session, or no such request in
-        it (Commit, StepEnd, Release). Retry: no.
+        it (Commit, StepEnd, Release, Prefilled). Retry: no.
       ALREADY_EXISTS (ALREADY_EXISTS): an Admit of a request id already admitted. Retry: no.
       INVALID_ARGUMENT (INVALID_ARGUMENT): a field out of range (ids, lengths, a seq_len past
         the reservation, a StepEnd past its limits), an empty message, or a session id other
@@ -226,6 +238,18 @@ class KVCacheServiceAsyncStub(KVCacheServiceStub):
       UNAUTHENTICATED (UNAUTHENTICATED): the bearer token is missing or wrong. Retry: no.
       INTERNAL (INTERNAL): a fault of the service, logged there. Retry: no.
     """
+    TransferTarget: _aio.UnaryUnaryMultiCallable[_kvcache_pb2.TransferTargetRequest, _kvcache_pb2.TransferTargetResponse]  # type: ignore[assignment]
+    """Prefill/decode disaggregation: the NIXL agent that owns this service's KV memory and the
+    regions it registered (host tier rows, index-key pool), for a prefill engine to write an
+    admitted request's prompt KV into its pages (then Session's Prefilled). The same for every
+    session of one service run.
+    Statuses:
+      UNAVAILABLE (UNAVAILABLE): the service is starting. Retry: yes.
+      INVALID_ARGUMENT (TRANSFER_UNSUPPORTED): the service was started without --nixl. Retry: no.
+      INVALID_ARGUMENT (INVALID_ARGUMENT): the message does not parse. Retry: no.
+      UNAUTHENTICATED (UNAUTHENTICATED): the bearer token is missing or wrong. Retry: no.
+      INTERNAL (INTERNAL): a fault of the service, logged there. Retry: no.
+    """
 
 class KVCacheServiceServicer(metaclass=_abc_1.ABCMeta):
     """The KV cache manager of one GPU: sessions, admission, leases, stats."""
@@ -273,7 +297,7 @@ class KVCacheServiceServicer(metaclass=_abc_1.ABCMeta):
           FAILED_PRECONDITION (EPOCH_MISMATCH): the epoch is another service run's: attach again and
             map the new memory. Retry: no.
           NOT_FOUND (UNKNOWN_SESSION, UNKNOWN_REQUEST): no such live session, or no such request in
-            it (Commit, StepEnd, Release). Retry: no.
+            it (Commit, StepEnd, Release, Prefilled). Retry: no.
           ALREADY_EXISTS (ALREADY_EXISTS): an Admit of a request id already admitted. Retry: no.
           INVALID_ARGUMENT (INVALID_ARGUMENT): a field out of range (ids, lengths, a seq_len past
             the reservation, a StepEnd past its limits), an empty message, or a session id other
@@ -345,6 +369,24 @@ class KVCacheServiceServicer(metaclass=_abc_1.ABCMeta):
         in use stop being shared and are freed with their last request.
         Statuses:
           UNAVAILABLE (UNAVAILABLE): the service is starting. Retry: yes.
+          INVALID_ARGUMENT (INVALID_ARGUMENT): the message does not parse. Retry: no.
+          UNAUTHENTICATED (UNAUTHENTICATED): the bearer token is missing or wrong. Retry: no.
+          INTERNAL (INTERNAL): a fault of the service, logged there. Retry: no.
+        """
+
+    @_abc_1.abstractmethod
+    def TransferTarget(
+        self,
+        request: _kvcache_pb2.TransferTargetRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_kvcache_pb2.TransferTargetResponse, _abc.Awaitable[_kvcache_pb2.TransferTargetResponse]]:
+        """Prefill/decode disaggregation: the NIXL agent that owns this service's KV memory and the
+        regions it registered (host tier rows, index-key pool), for a prefill engine to write an
+        admitted request's prompt KV into its pages (then Session's Prefilled). The same for every
+        session of one service run.
+        Statuses:
+          UNAVAILABLE (UNAVAILABLE): the service is starting. Retry: yes.
+          INVALID_ARGUMENT (TRANSFER_UNSUPPORTED): the service was started without --nixl. Retry: no.
           INVALID_ARGUMENT (INVALID_ARGUMENT): the message does not parse. Retry: no.
           UNAUTHENTICATED (UNAUTHENTICATED): the bearer token is missing or wrong. Retry: no.
           INTERNAL (INTERNAL): a fault of the service, logged there. Retry: no.

@@ -1,0 +1,105 @@
+"""Where a prefill engine writes a prompt's KV on the decode side (prefill/decode
+disaggregation, issue 42): the decode service's NIXL agent and the regions it registered, and
+the byte spans that carry a request's prompt from one side's pages into the other's.
+
+A region is paged: the bytes of (layer l, page p) start at address + l * layer_stride +
+p * page_stride. Both sides describe their memory that way, so one rule maps the prefill
+engine's cache (layer-major rows) onto the service's host tier (page-major rows):
+- rows: per (layer, page), the page's written tokens, row_bytes each;
+- index keys: per (layer, page), the whole page block (an fp8 page keeps its scales after
+  its values, `kernels.reference.index_pool`), so a partial last page is copied whole; the
+  positions after the prompt are private to the request and rewritten by its decode appends.
+Pure arithmetic, no NIXL: `contract.nixl_agent` moves the spans.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from contract.errors import InvalidArgument
+from contract.layout import KVLayout
+
+ROWS, INDEX = "rows", "index"
+
+
+@dataclass(frozen=True)
+class Region:
+    """One registered memory region and its page geometry (bytes)."""
+
+    name: str
+    address: int
+    nbytes: int
+    layer_stride: int
+    page_stride: int
+    memory_type: str = "DRAM"  # NIXL's: DRAM (host) or VRAM (device)
+    device_id: int = 0
+
+    def at(self, layer: int, page: int) -> int:
+        """Offset of (layer, page) from the region's start."""
+        return layer * self.layer_stride + page * self.page_stride
+
+
+@dataclass(frozen=True)
+class TransferTarget:
+    """A NIXL agent a peer can write to: its name, its metadata and its regions."""
+
+    agent_name: str
+    metadata: bytes
+    regions: tuple[Region, ...]
+    layout: KVLayout
+
+    def region(self, name: str) -> Region:
+        for r in self.regions:
+            if r.name == name:
+                return r
+        raise InvalidArgument(f"the transfer target has no {name!r} region", region=name)
+
+
+@dataclass(frozen=True)
+class Span:
+    """Copy nbytes from src_offset of the local region to dst_offset of the remote one."""
+
+    src_offset: int
+    dst_offset: int
+    nbytes: int
+
+
+def prompt_spans(
+    layout: KVLayout,
+    src: Region,
+    dst: Region,
+    src_pages: Sequence[int],
+    dst_pages: Sequence[int],
+    tokens: int,
+) -> list[Span]:
+    """The spans that copy the KV of prompt tokens [0, tokens) from pages `src_pages` of `src`
+    to pages `dst_pages` of `dst` (both in token order), for the region named by src.name."""
+    P = layout.page_size
+    used = -(-tokens // P)
+    if tokens < 1 or used > min(len(src_pages), len(dst_pages)):
+        raise InvalidArgument(
+            f"{tokens} tokens need {used} pages on each side, got "
+            f"{len(src_pages)} and {len(dst_pages)}",
+            tokens=tokens,
+        )
+    spans = []
+    for layer in range(layout.num_layers):
+        for i in range(used):
+            if src.name == ROWS:
+                nbytes = min(P, tokens - i * P) * layout.row_bytes
+            else:
+                nbytes = P * layout.index_bytes
+            span = Span(src.at(layer, src_pages[i]), dst.at(layer, dst_pages[i]), nbytes)
+            _check_within(span, src, dst)
+            spans.append(span)
+    return spans
+
+
+def _check_within(span: Span, src: Region, dst: Region) -> None:
+    """A span past either region's end would write another tenant's memory: refuse it."""
+    if span.src_offset + span.nbytes > src.nbytes or span.dst_offset + span.nbytes > dst.nbytes:
+        raise InvalidArgument(
+            f"a {src.name} span [{span.dst_offset}, +{span.nbytes}) falls outside the regions",
+            region=src.name,
+        )

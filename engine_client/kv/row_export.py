@@ -1,0 +1,134 @@
+"""A prefill engine's side of disaggregation (`serve --role prefill`): its NIXL agent over the
+baseline cache, and the exports that wait for their request's release.
+
+The engine prefills a request as any other (max_new_tokens 1: the prefill samples the first
+token), so its rows and index keys are bit for bit those of a single-node run. Its KV control
+(`ExportControl`) writes them into the decode side's pages when the loop releases the request:
+the loop releases a slot only once every launched step that wrote it has finished, so that is
+the first moment the rows are whole, and the last before the pages are reused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from contract.errors import LayoutMismatch
+from contract.nixl_agent import NixlAgent
+from contract.transfer_target import INDEX, ROWS, TransferTarget, prompt_spans
+from engine_client.client.control import Admission, KVControl, PrefixLookup
+from engine_client.kv.baseline import BaselineBackend
+
+log = logging.getLogger(__name__)
+
+# What must match between the prefill cache and the decode side's memory for rows to be
+# copied as bytes (the layer count, the page size, the two formats).
+SAME = ("num_layers", "page_size", "row_format", "index_format")
+
+
+@dataclass
+class _Pending:
+    target: TransferTarget
+    pages: tuple[int, ...]
+    tokens: int
+    done: asyncio.Future[int]
+
+
+class RowExport:
+    """The agent with the baseline cache's rows and index keys registered, and the pending
+    exports by request id."""
+
+    def __init__(self, backend: BaselineBackend) -> None:
+        self.layout = lay = backend.layout
+        self.agent = NixlAgent(f"prefill-{os.getpid()}")
+        rows, index = backend.stored_rows, backend.stored_index
+        P = lay.page_size
+        self.agent.register(ROWS, rows, rows.stride(0), P * rows.stride(1))
+        self.agent.register(INDEX, index, index.stride(0), index.stride(1))
+        self._pending: dict[str, _Pending] = {}
+
+    def check(self, target: TransferTarget) -> None:
+        """Refuse a target whose rows are not ours byte for byte."""
+        ours, theirs = self.layout.to_dict(), target.layout.to_dict()
+        wrong = [k for k in SAME if ours[k] != theirs[k]]
+        if wrong:
+            raise LayoutMismatch(
+                "the prefill cache and the decode side differ in "
+                + ", ".join(f"{k} ({ours[k]} here, {theirs[k]} there)" for k in wrong)
+            )
+
+    def expect(
+        self, request_id: str, target: TransferTarget, pages: Sequence[int], tokens: int
+    ) -> asyncio.Future[int]:
+        """Export the request's first `tokens` rows into `pages` of `target` at its release;
+        the future gets the bytes written (or the failure)."""
+        self.check(target)
+        done = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = _Pending(target, tuple(pages), tokens, done)
+        return done
+
+    async def export(self, request_id: str, src_pages: Sequence[int]) -> None:
+        """Write a released request's rows if an export waits for them (in a thread: the
+        write polls until UCX is done)."""
+        job = self._pending.pop(request_id, None)
+        if job is None or job.done.done():
+            return
+        try:
+            plan = [(name, self._spans(job, name, src_pages)) for name in (ROWS, INDEX)]
+            written = await asyncio.to_thread(self.agent.write, job.target, plan)
+        except Exception as e:
+            job.done.set_exception(e)
+            return
+        job.done.set_result(written)
+
+    def _spans(self, job: _Pending, name: str, src_pages: Sequence[int]) -> list[Any]:
+        src, dst = self.agent.region(name), job.target.region(name)
+        return prompt_spans(self.layout, src, dst, src_pages, job.pages, job.tokens)
+
+    def drop(self, request_id: str) -> None:
+        self._pending.pop(request_id, None)
+
+    def close(self) -> None:
+        for job in self._pending.values():
+            job.done.cancel()
+        self._pending.clear()
+        self.agent.close()
+
+
+class ExportControl:
+    """A prefill engine's KV control: the baseline's, plus the export at release. Every other
+    call goes to the wrapped control."""
+
+    def __init__(self, inner: KVControl) -> None:
+        self._inner = inner
+        self.export: RowExport | None = None  # set once the backend exists
+        self._pages: dict[str, tuple[int, ...]] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def admit(
+        self,
+        request_id: str,
+        prompt_len: int,
+        max_new_tokens: int,
+        prefix: PrefixLookup | None = None,
+    ) -> Admission:
+        adm = await self._inner.admit(request_id, prompt_len, max_new_tokens, prefix)
+        self._pages[request_id] = adm.pages
+        return adm
+
+    async def release(self, request_id: str, page_hashes: Sequence[bytes] = ()) -> None:
+        pages = self._pages.pop(request_id, ())
+        if self.export is not None and pages:
+            await self.export.export(request_id, pages)
+        await self._inner.release(request_id, page_hashes)
+
+    async def close(self, detach: bool = False) -> None:
+        if self.export is not None:
+            self.export.close()
+        await self._inner.close(detach)

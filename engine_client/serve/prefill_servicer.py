@@ -1,0 +1,65 @@
+"""prefill.v1.PrefillService of a prefill engine (`serve --role prefill`): one prompt computed as
+a request of one token, its rows and index keys written over NIXL into the decode side's pages
+when the loop releases it (engine_client.kv.row_export), the first token in the reply."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+
+from contract.codec import target_from_proto
+from contract.errors import InvalidArgument, ServiceUnavailable
+from contract.layout import LayoutError
+from engine_client.kv.row_export import RowExport
+from engine_client.loop.engine import Engine
+from engine_client.loop.request import Finish, GenRequest, SamplingParams
+from proto.prefill.v1 import prefill_pb2 as pb
+from proto.prefill.v1 import prefill_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+# Seconds the write may take once the prompt is computed.
+EXPORT_TIMEOUT = 120.0
+
+
+class PrefillServicer(pb_grpc.PrefillServiceServicer):
+    def __init__(self) -> None:
+        self.engine: Engine | None = None
+        self.export: RowExport | None = None
+
+    async def Prefill(
+        self, request: pb.PrefillRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PrefillResponse:
+        if self.engine is None or self.export is None:
+            raise ServiceUnavailable("the prefill engine is starting")
+        prompt = tuple(request.prompt)
+        if not prompt:
+            raise InvalidArgument("the prompt has no token")
+        try:
+            target = target_from_proto(request.target)
+        except LayoutError as e:
+            raise InvalidArgument(f"the target's layout: {e}") from e
+        sampling = SamplingParams(temperature=request.temperature, seed=request.seed)
+        req = self.engine.api.submit(prompt, 1, sampling)
+        done = self.export.expect(req.request_id, target, request.pages, len(prompt))
+        try:
+            written = await self._computed(req, done)
+        except BaseException:
+            self.engine.api.cancel(req)
+            self.export.drop(req.request_id)
+            raise
+        log.info("prefilled %s: %d tokens, %d bytes", request.request_id, len(prompt), written)
+        return pb.PrefillResponse(
+            first_token=req.tokens[0], prefilled_tokens=len(prompt), bytes_written=written
+        )
+
+    async def _computed(self, req: GenRequest, done: asyncio.Future[int]) -> int:
+        """Wait for the first token, then for the export of the rows."""
+        async for _ in req.follow():
+            pass
+        if req.finish is not Finish.LENGTH or not req.tokens:
+            raise ServiceUnavailable(f"the prefill ended without its token: {req.error}")
+        async with asyncio.timeout(EXPORT_TIMEOUT):
+            return await done

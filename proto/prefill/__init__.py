@@ -1,0 +1,1 @@
+"""prefill.v1: the prefill engine of prefill/decode disaggregation."""

@@ -1,0 +1,103 @@
+"""The byte spans of a disaggregated prompt (contract.transfer_target), and a NIXL agent's
+WRITE between two processes on CPU (contract.nixl_agent; skipped without nixl): a layer-major
+cache lands page-major, and the agents leave no registration behind."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+
+import pytest
+import torch
+
+from contract.errors import InvalidArgument
+from contract.nixl_agent import NixlAgent, nixl_available
+from contract.transfer_target import INDEX, ROWS, Region, prompt_spans
+from tests.process_harness import layout_with
+
+LAYOUT = layout_with(num_layers=2, page_size=4, num_pages=6)
+L, P, D, N = 2, 4, LAYOUT.row_bytes, 6
+
+
+def _regions() -> tuple[Region, Region]:
+    """Source [L, N * P, D] (layer-major, like the baseline), target [N, L, P, D]."""
+    src = Region(ROWS, 0, L * N * P * D, layer_stride=N * P * D, page_stride=P * D)
+    dst = Region(ROWS, 0, N * L * P * D, layer_stride=P * D, page_stride=L * P * D)
+    return src, dst
+
+
+def test_rows_go_page_by_page_with_the_written_tokens_only() -> None:
+    src, dst = _regions()
+    spans = prompt_spans(LAYOUT, src, dst, [1, 0], [5, 2], tokens=6)
+    assert [(s.src_offset, s.dst_offset, s.nbytes) for s in spans] == [
+        (src.at(0, 1), dst.at(0, 5), 4 * D),
+        (src.at(0, 0), dst.at(0, 2), 2 * D),
+        (src.at(1, 1), dst.at(1, 5), 4 * D),
+        (src.at(1, 0), dst.at(1, 2), 2 * D),
+    ]
+
+
+def test_index_keys_go_as_whole_page_blocks() -> None:
+    block = P * LAYOUT.index_bytes
+    pool = Region(INDEX, 0, L * N * block, layer_stride=N * block, page_stride=block)
+    spans = prompt_spans(LAYOUT, pool, pool, [0], [3], tokens=1)
+    assert [s.nbytes for s in spans] == [block, block]
+
+
+def test_a_span_outside_a_region_or_too_few_pages_is_refused() -> None:
+    src, dst = _regions()
+    with pytest.raises(InvalidArgument):
+        prompt_spans(LAYOUT, src, dst, [0, 1], [0, N], tokens=8)  # page N is past the end
+    with pytest.raises(InvalidArgument):
+        prompt_spans(LAYOUT, src, dst, [0], [0], tokens=5)  # 5 tokens need 2 pages
+
+
+def _target_side(conn) -> None:
+    host = torch.zeros((N, L, P, D), dtype=torch.uint8)
+    agent = NixlAgent("test-target")
+    agent.register(ROWS, host, layer_stride=host.stride(1), page_stride=host.stride(0))
+    conn.send(agent.target(LAYOUT))
+    conn.recv()  # the write is done
+    conn.send((host.clone(), agent.registered))
+    agent.close()
+    conn.send(agent.registered)
+
+
+def _prefill_side(conn, target) -> None:
+    """Writes 7 tokens of two pages into the target; sends the cache and what it checked."""
+    cache = torch.randint(0, 256, (L, N * P, D), dtype=torch.uint8)
+    agent = NixlAgent("test-prefill")
+    agent.register(ROWS, cache, layer_stride=cache.stride(0), page_stride=P * cache.stride(1))
+    spans = prompt_spans(LAYOUT, agent.region(ROWS), target.region(ROWS), [2, 0], [1, 4], 7)
+    written = agent.write(target, [(ROWS, spans)])
+    agent.close()
+    conn.send((cache, written, agent.registered))
+
+
+@pytest.mark.skipif(not nixl_available(), reason="the nixl package is not installed")
+def test_a_write_between_two_processes_lands_page_major() -> None:
+    # Both agents live in child processes: nixl's native libraries, once loaded here, would
+    # crash grpc_tools' compiler that a later test of this session loads (tests/proto).
+    ctx = mp.get_context("spawn")
+    here, there = ctx.Pipe()
+    mine, theirs = ctx.Pipe()
+    child = ctx.Process(target=_target_side, args=(there,))
+    child.start()
+    writer = None
+    try:
+        target = here.recv()
+        writer = ctx.Process(target=_prefill_side, args=(theirs, target))
+        writer.start()
+        cache, written, left = mine.recv()
+        assert written == L * 7 * D and left == 0
+        here.send("done")
+        host, registered = here.recv()
+        assert registered == 1 and here.recv() == 0
+        for layer in range(L):
+            assert torch.equal(host[1, layer], cache[layer, 8:12])
+            assert torch.equal(host[4, layer, :3], cache[layer, 0:3])
+        assert not host[[0, 2, 3, 5]].any() and not host[4, :, 3:].any()
+    finally:
+        child.join(30)
+        if writer is not None:
+            writer.join(30)
+    assert child.exitcode == 0 and writer is not None and writer.exitcode == 0

@@ -1,0 +1,71 @@
+"""Prefill/decode disaggregation over NIXL UCX, through real processes on CPU (issue 42): a KV
+service with --nixl, a prefill engine (--role prefill, its own baseline cache) and a decode
+engine (--role decode) on that service. The prefill engine writes each prompt's rows and index
+keys into the decode side's pages; the decode engine decodes from there. Greedy tokens equal a
+single-node engine's on the same service, for a resident and an offloaded request, and every
+page and request slot is free again afterwards. Skipped without the nixl package."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from contract.nixl_agent import nixl_available
+from engine_client.cli.config import GenerateConfig
+from engine_client.cli.generate import GenerationResult, generate_stream
+from tests.process_harness import (
+    engine_channel,
+    holds_only_cache,
+    service_stats,
+    start_engine,
+    start_service,
+    workdir,
+)
+
+if not nixl_available():
+    pytest.skip("the nixl package is not installed", allow_module_level=True)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+PROMPT = tuple((7 * i) % 300 + 5 for i in range(21))
+# 21 + 8 tokens fit the 32 hot slots (resident); 21 + 40 are offloaded: the window ring is
+# loaded from the written host pages and older rows are misses read from them.
+RESIDENT = GenerateConfig(target="", prompt=PROMPT, max_new_tokens=8, timeout=120)
+OFFLOADED = GenerateConfig(target="", prompt=PROMPT[:19], max_new_tokens=40, timeout=120)
+
+
+async def _tokens(eng, cfg: GenerateConfig) -> list[int]:
+    result = GenerationResult()
+    async with engine_channel(eng) as channel:
+        async for _ in generate_stream(channel, cfg, result):
+            pass
+    return result.tokens
+
+
+@pytest.mark.parametrize("row_format", ["bf16", "fp8"])
+def test_one_prefill_and_one_decode_give_the_single_node_tokens(row_format: str) -> None:
+    from tests.process_harness import layout_with
+
+    layout = layout_with(row_format=row_format, index_format=row_format)
+    with workdir("hsd") as path:
+        svc = start_service(path, layout, extra=("--nixl", "1"))
+        formats = ("--row-format", row_format, "--index-format", row_format)
+        prefill = start_engine(
+            path, "baseline", name="prefill", extra=("--role", "prefill", *formats)
+        )
+        peer = ("--role", "decode", "--prefill-peer", prefill.target)
+        decode = start_engine(path, "service", svc, name="decode", extra=peer)
+        single = start_engine(path, "service", svc, name="single")
+        try:
+            for cfg in (RESIDENT, OFFLOADED):
+                want = asyncio.run(_tokens(single, cfg))
+                got = asyncio.run(_tokens(decode, cfg))
+                assert len(want) == cfg.max_new_tokens
+                assert got == want, (cfg.max_new_tokens, decode.log(), prefill.log())
+            assert "prefilled by" in decode.log()
+            assert holds_only_cache(service_stats(svc))
+        finally:
+            for eng in (decode, single, prefill):
+                assert eng.stop() == 0, eng.log()
+            svc.stop()
