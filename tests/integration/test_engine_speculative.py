@@ -78,8 +78,9 @@ async def _run_recorded(cfg, jobs):
         return logits[-1]
 
     def recording_post(out) -> None:
-        if out.prefill_token is not None:
-            chosen.setdefault(out.batch.prefill.request_id, set()).add(0)
+        for chunk, first in zip(out.batch.prefills, out.prefill_tokens):
+            if first is not None:
+                chosen.setdefault(chunk.req.request_id, set()).add(0)
         for req, a in zip(out.batch.decode, out.accepted):
             chosen.setdefault(req.request_id, set()).add(len(req.tokens) + a)
             accepted.add(a)
