@@ -20,6 +20,14 @@ rate either way. Steps run at padded sizes (the decode graphs'), so throughput i
 bucket tops include the padded sizes, and an up-trial refused just above one jumps to the next
 one's top (docs/DECISIONS.md). Trials only while requests wait (only then does the limit bind);
 nothing is preempted: after a move down, admission waits until enough requests end.
+
+A limit whose bucket the decode batch never reaches cannot be judged by decode steps: the running
+requests sit in prefill (a burst of short multi-turn prompts, one chunk a step) or end after a
+few tokens. The limit does not bind the decode batch then, so after `STARVED_SAMPLES` x samples
+observed steps that neither reach its bucket nor grow the batch (a ramp toward it is not
+starved), while requests wait, it moves up: an up-trial
+counts as kept, a down-trial as refused (issue 40 item 3: the limit had stayed at its start, 12,
+for a whole multi-turn run on CPU).
 """
 
 from __future__ import annotations
@@ -27,10 +35,11 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-# --admission-limit's words; a number is a fixed limit.
-ADMISSION_MODES = ("auto", "adaptive", "off")
-# A bucket spans 1/BUCKET_SHARE of its batch sizes (12.5%): the overshoot of a refused up-trial.
-BUCKET_SHARE = 8
+from engine_client.loop.admission_estimate import Estimate, bucket_lows
+
+# Observed steps, in multiples of `samples`, without one in the limit's bucket before the limit
+# counts as not binding the decode batch (see the module doc).
+STARVED_SAMPLES = 4
 
 
 @dataclass(frozen=True)
@@ -50,29 +59,6 @@ class AdmissionSettings:
             raise ValueError(f"hysteresis must be in [0, 1), got {self.hysteresis}")
         if not 1 <= self.explore_steps <= 1 << 20:
             raise ValueError(f"explore_steps must be in 1..2^20, got {self.explore_steps}")
-
-
-@dataclass
-class _Estimate:
-    """One bucket's batch size and decode seconds: EWMAs over its current visit."""
-
-    rows: float = 0.0
-    seconds: float = 0.0
-    samples: int = 0  # in this visit
-    last: int = -1  # observed step of the last sample
-
-    @property
-    def tok_s(self) -> float:
-        """Decode rows per second (0: never measured)."""
-        return self.rows / self.seconds if self.seconds else 0.0
-
-    def add(self, rows: int, seconds: float, alpha: float) -> None:
-        if self.samples == 0:
-            self.rows, self.seconds = rows, seconds  # a new visit starts afresh
-        else:
-            self.rows += alpha * (rows - self.rows)
-            self.seconds += alpha * (seconds - self.seconds)
-        self.samples += 1
 
 
 @dataclass(frozen=True)
@@ -111,8 +97,8 @@ class AdmissionLimit:
             raise ValueError(f"capacity must be >= 1, got {self.capacity}")
         if not self.adaptive and self.start < 1:
             raise ValueError(f"a fixed admission limit must be >= 1, got {self.start}")
-        self._lows = _bucket_lows(self.capacity, self.settings.samples, self.padded)
-        self._estimates = [_Estimate() for _ in self._lows]
+        self._lows = bucket_lows(self.capacity, self.settings.samples, self.padded)
+        self._estimates = [Estimate() for _ in self._lows]
         self.at = self.bucket(self.start)
         self._fixed = min(self.start, self.capacity) if not self.adaptive else 0
         self.steps = 0
@@ -120,6 +106,9 @@ class AdmissionLimit:
         self._rest_until = 0
         self._next_up = True
         self._jump_after, self._jump_rest = 0, 1  # when the next jump may be tried, rests to wait
+        # Observed steps in a row whose batch neither reached the limit's bucket nor grew past
+        # the largest batch seen since the limit last moved (`_high` at bucket `_high_at`).
+        self._starved, self._high, self._high_at = 0, 0, self.at
 
     @classmethod
     def fixed(cls, limit: int) -> AdmissionLimit:
@@ -160,15 +149,25 @@ class AdmissionLimit:
         est = self._estimates[self.bucket(rows)]
         est.add(rows, seconds, 2 / (self.settings.samples + 1))
         est.last = self.steps
+        self._watch_starved(rows)
         if self.adaptive:
             self._decide(waiting)
         assert 1 <= self.limit <= self.capacity, self.limit
+
+    def _watch_starved(self, rows: int) -> None:
+        if self._high_at != self.at:
+            self._high, self._high_at = 0, self.at
+        grew, self._high = rows > self._high, max(self._high, rows)
+        self._starved = 0 if grew or self.bucket(rows) >= self.at else self._starved + 1
 
     def _decide(self, waiting: bool) -> None:
         trial = self._trial
         if trial is not None and trial.jump and self._valley_too_deep(trial):
             self._judged(trial, False, waiting)
         elif self._estimates[self.at].samples < self.settings.samples:
+            starved = self._starved >= STARVED_SAMPLES * self.settings.samples
+            if waiting and starved and not (trial is not None and trial.jump):
+                self._unbound(trial, waiting)
             return  # the limit's bucket is not measured yet
         elif trial is not None:
             self._judged(trial, self._kept(trial), waiting)
@@ -176,6 +175,17 @@ class AdmissionLimit:
             # That way ends here (at capacity, say): the other one after a rest, not at once.
             self._next_up = not self._next_up
             self._rest_until = self.steps + self.settings.explore_steps
+
+    def _unbound(self, trial: _Trial | None, waiting: bool) -> None:
+        """The decode batch stays below the limit's bucket: the limit does not bind it, so more
+        running requests cannot be shown to cost throughput. Up, as a kept up-trial would go."""
+        self._starved = 0
+        if trial is not None and not trial.up:
+            self._judged(trial, False, waiting)
+        elif trial is not None:
+            self._judged(trial, True, waiting)
+        else:
+            self._try(True, waiting)
 
     def _kept(self, trial: _Trial) -> bool:
         h, tok_s = self.settings.hysteresis, self._estimates[self.at].tok_s
@@ -266,35 +276,3 @@ class AdmissionLimit:
             self.top(best) if best is not None else 0,
             self._trial is not None,
         )
-
-
-def _bucket_lows(capacity: int, least: int, padded: tuple[int, ...]) -> list[int]:
-    """The smallest batch of each bucket: widths of 1/BUCKET_SHARE of N, at least `least`, but
-    cut after every padded size (no bucket mixes two padded sizes)."""
-    lows = [1]
-    while True:
-        low = lows[-1] + max(least, -(-lows[-1] // BUCKET_SHARE))
-        low = min([low] + [p + 1 for p in padded if lows[-1] <= p < low])
-        if low > capacity:
-            return lows
-        lows.append(low)
-
-
-def admission_setting(name: str, value: str) -> None:
-    """The rule of the engine's --admission-limit: one of ADMISSION_MODES or a number >= 1."""
-    if value not in ADMISSION_MODES and not (value.isdigit() and int(value) >= 1):
-        raise ValueError(f"{name} must be one of {ADMISSION_MODES} or a number >= 1, got {value!r}")
-
-
-def admission_limit(
-    value: str, capacity: int, hisparse: bool, padded: tuple[int, ...] = ()
-) -> AdmissionLimit:
-    """The limit --admission-limit `value` names, under `capacity` (--max-batch); auto is
-    adaptive where requests' KV lives off the GPU (`hisparse`), where the miss copy can make one
-    more request cost more than it brings, and off in the baseline. `padded`: as the class's."""
-    admission_setting("admission_limit", value)
-    if value == "adaptive" or (value == "auto" and hisparse):
-        return AdmissionLimit(capacity, padded=padded)
-    if value.isdigit():
-        return AdmissionLimit.fixed(min(int(value), capacity))
-    return AdmissionLimit.fixed(capacity)

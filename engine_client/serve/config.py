@@ -30,7 +30,7 @@ from contract.rules import (
 )
 from engine_client.client.address import ENGINE_SOCKET, default_uds, grpc_target
 from engine_client.loop.acceptance_rates import BENCHMARK_ONLY, AcceptanceRates, check_rates
-from engine_client.loop.admission_limit import admission_setting
+from engine_client.loop.admission_setting import admission_setting
 from engine_client.loop.queue_policy import QUEUE_POLICIES
 from engine_client.model.preset import PRESETS
 from engine_client.text.vocabulary import DEEPSEEK, TINY

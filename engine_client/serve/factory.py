@@ -20,7 +20,8 @@ from engine_client.client.prefill_peer import PrefillPeer
 from engine_client.kv.baseline import BaselineBackend
 from engine_client.kv.row_export import ExportControl, RowExport
 from engine_client.loop import state_file
-from engine_client.loop.admission_limit import AdmissionLimit, admission_limit
+from engine_client.loop.admission_limit import AdmissionLimit
+from engine_client.loop.admission_setting import admission_limit
 from engine_client.loop.engine import Engine
 from engine_client.loop.metrics import EngineMetrics
 from engine_client.loop.queue_policy import QueueLimits, queue_policy

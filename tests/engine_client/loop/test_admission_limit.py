@@ -18,12 +18,8 @@ from collections.abc import Callable
 
 import pytest
 
-from engine_client.loop.admission_limit import (
-    AdmissionLimit,
-    AdmissionSettings,
-    admission_limit,
-    admission_setting,
-)
+from engine_client.loop.admission_limit import STARVED_SAMPLES, AdmissionLimit, AdmissionSettings
+from engine_client.loop.admission_setting import admission_limit, admission_setting
 
 Curve = Callable[[int], float]
 CAPACITY = 256
@@ -155,6 +151,26 @@ def test_the_limit_moves_only_while_requests_wait() -> None:
     assert limit.limit == first and limit.estimate(first) == pytest.approx(first / linear(first))
     limit.observe(first, linear(first), waiting=True)
     assert limit.limit > first  # measured and waited for: one bucket up
+
+
+def test_a_limit_the_decode_batch_never_reaches_moves_up() -> None:
+    """Requests wait, yet decode steps run 3 rows (the rest sit in prefill, or end at once):
+    the limit's bucket gets no sample, so nothing judges it; after STARVED_SAMPLES x samples
+    such steps it climbs, bucket by bucket, and stays put while nothing waits."""
+    limit, k = AdmissionLimit(CAPACITY), AdmissionSettings().samples
+    first = limit.limit
+    for _ in range(STARVED_SAMPLES * k):  # the first step grows the batch from nothing
+        limit.observe(3, linear(3), waiting=True)
+    assert limit.limit == first
+    limit.observe(3, linear(3), waiting=True)
+    assert limit.limit > first and limit.view().trying
+    climbed = limit.limit
+    for _ in range(10 * STARVED_SAMPLES * k):
+        limit.observe(3, linear(3), waiting=False)
+    assert limit.limit == climbed
+    for _ in range(10 * STARVED_SAMPLES * k):
+        limit.observe(3, linear(3), waiting=True)
+    assert limit.limit > climbed
 
 
 def test_at_capacity_the_first_trial_down_waits_a_rest() -> None:
