@@ -23,7 +23,7 @@
 # Every process, the service the churn starts included, uses the CUDA tools that Triton resolves
 # here before any sanitizer runs (TRITON_PTXAS_PATH...: kernels/toolchain.py): under
 # --target-processes all the service once could not find ptxas.
-# Fitting one 600 s device call (gpu_session.sh's SAN_S=570). Run N measured, at the old settings:
+# Fitting one 600 s device call (gpu_session.sh's SAN_S=570). Run N measured, at older settings:
 # memcheck kernels 27 s (the Triton compile included), churn cut at 80 s in its 3rd mode;
 # racecheck kernels 148 s (404 launches), churn cut at 130 s after 2 modes; synccheck 8 + 35 s.
 # racecheck is the cost, and it grows with the work it instruments, not with set-up (synccheck's
@@ -41,21 +41,38 @@
 #    every KV mode and way out still ends under it, and memcheck finds by path, not repetition.
 #  - TRITON_CACHE_DIR is one directory for every part and child (the service's included): the
 #    first part compiles, the rest load.
-#  - estimates: memcheck 27 + ~95 s, racecheck ~80 + ~150 s, synccheck ~8 + ~25 s, ~385 s in all;
-#    limits 40 + 130, 100 + 190, 25 + 50 = 535 s (with the tables' parsing, under 570 s), the
-#    slack where the guess is weakest (racecheck's churn). The modes table prints each mode's
-#    steps and seconds (service start, engine build with graph capture, churn: the test's
-#    @@sanitize-time line) and pytest --durations=0 each mode's total, for the next rebalance.
+# H200, 2026-12-05 (seconds used / limit): memcheck kernels 23/40, churn 97/130 (4 modes passed,
+# churn 14-19 s a mode, a service start 9-10 s); racecheck kernels 84/100, churn cut at 190 s
+# after 2 modes: baseline engine build 5.9 + churn 75.5 s for 24 steps, embedded 8.3 + 66.8 s,
+# and in a call of their own service 10.0 + 8.3 + 66.0 s, service-remote-swap 6.6 + 0.4 +
+# 65.2 s (0 hazards); synccheck 8/25 + 34/50. ~2.8 s a racecheck step, and 24 steps a mode
+# because random ends (1 in 32 tokens a stop, a cancel now and then, up to 23 tokens) took that
+# long to take each way out once: ~330 s for its four modes, ~576 s in all. So:
+#  - racecheck's churn plans its ends (STRESS_QUICK_ENDS=1, RACECHECK_QUICK_ENDS): requests in
+#    turn are cancelled at their first token, stopped by half the vocabulary, or ended by length
+#    after a prompt past the hot slots (its decode steps miss: swap-ins, remote swaps). On CPU
+#    every way out is taken by step 8 in every mode (30 seeds; 11 to 81 steps at random), 9
+#    steps a mode with the drain. The kernels, KV modes and ways out are the same; the test
+#    fails if a mode with a host tier saw no miss. memcheck and synccheck keep random ends.
+#  - estimate: racecheck's churn ~10 steps a mode (~28 s) + build / service start as measured
+#    + pytest's start: ~170 s; in all 23 + 97 + 84 + ~170 + 8 + 34 = ~416 s. Limits 35 + 125,
+#    100 + 200, 20 + 45 = 525 s (each part killed 5 s after its limit: 555 s at worst, under
+#    570 s); the expected total leaves ~25% of 570 s, the slack where the guess is weakest
+#    (racecheck's churn on the GPU). The modes table prints each mode's steps, seconds (service
+#    start, engine build with graph capture, churn: the test's @@sanitize-time line) and its
+#    ends per way out, and pytest --durations=0 each mode's total, for the next rebalance; the
+#    churn row's steps read "the steps its modes ran, summed / STEPS" (a mode's minimum).
 # Usage: bash bench/sanitize.sh
 #        SANITIZE_TOOLS="memcheck" bash ...        a subset of the tools
 #        SANITIZE_K="gpu and service" bash ...     some KV modes only (pytest -k)
 #        MEMCHECK_STEPS=20 MEMCHECK_MIN_ENDS=2     memcheck's churn
-#        RACECHECK_STEPS=8 RACECHECK_MIN_ENDS=1    racecheck's churn
-#        SYNCCHECK_STEPS=8 SYNCCHECK_MIN_ENDS=1    synccheck's churn
+#        RACECHECK_STEPS=8 RACECHECK_MIN_ENDS=1 RACECHECK_QUICK_ENDS=1   racecheck's churn
+#        SYNCCHECK_STEPS=8 SYNCCHECK_MIN_ENDS=1 SYNCCHECK_QUICK_ENDS=0   synccheck's churn
+#            (MEMCHECK_QUICK_ENDS=0 likewise; 1: planned ends, see above)
 #        MEMCHECK_LAYERS= RACECHECK_LAYERS=1 SYNCCHECK_LAYERS=1   model layers per tool (empty:
 #            the preset's 2)
-#        MEMCHECK_KERNELS_S=40 MEMCHECK_CHURN_S=130 time limits per tool and part (likewise
-#            RACECHECK_*: 100, 190; SYNCCHECK_*: 25, 50; KERNELS_S / CHURN_S set every tool's),
+#        MEMCHECK_KERNELS_S=35 MEMCHECK_CHURN_S=125 time limits per tool and part (likewise
+#            RACECHECK_*: 100, 200; SYNCCHECK_*: 20, 45; KERNELS_S / CHURN_S set every tool's),
 #            each part killed 5 s after its limit
 #        SANITIZE_NO_CACHING=1 bash ...            the engine also bypasses torch's caching
 #            allocator, so an access past a tensor inside a pooled block is caught too; its
@@ -96,7 +113,11 @@ part() {
   local errors processes
   errors=$(count_errors "$log")
   processes=$(grep -Ec "(ERROR|RACECHECK) SUMMARY" "$log")
-  rows+=("$(printf '%-10s %-8s %10s %8s %6s %6s %6s' "$tool" "$name" "$processes" "$errors" \
+  if [ "$steps" != - ]; then  # the steps the modes ran, summed / the minimum a mode runs
+    steps="$(grep -Eo '^@@sanitize-time .* steps [0-9]+' "$log" \
+      | awk '{s += $NF} END {print s + 0}')/$steps"
+  fi
+  rows+=("$(printf '%-10s %-8s %10s %8s %6s %8s %6s' "$tool" "$name" "$processes" "$errors" \
     "$rc" "$steps" "$((SECONDS - t0))")")
   echo "--- $tool $name: rc=$rc errors=$errors ($((SECONDS - t0)) s)"
   tail -3 "$log" | sed 's/^/    /'
@@ -106,20 +127,23 @@ part() {
 for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
   case $tool in
     memcheck) steps=${MEMCHECK_STEPS:-20} ends=${MEMCHECK_MIN_ENDS:-2} layers=${MEMCHECK_LAYERS-}
-      kernels_s=${MEMCHECK_KERNELS_S:-${KERNELS_S:-40}}
-      churn_s=${MEMCHECK_CHURN_S:-${CHURN_S:-130}} ;;
+      quick=${MEMCHECK_QUICK_ENDS:-0}
+      kernels_s=${MEMCHECK_KERNELS_S:-${KERNELS_S:-35}}
+      churn_s=${MEMCHECK_CHURN_S:-${CHURN_S:-125}} ;;
     racecheck) steps=${RACECHECK_STEPS:-8} ends=${RACECHECK_MIN_ENDS:-1}
-      layers=${RACECHECK_LAYERS-1}
+      layers=${RACECHECK_LAYERS-1} quick=${RACECHECK_QUICK_ENDS:-1}
       kernels_s=${RACECHECK_KERNELS_S:-${KERNELS_S:-100}}
-      churn_s=${RACECHECK_CHURN_S:-${CHURN_S:-190}} ;;
+      churn_s=${RACECHECK_CHURN_S:-${CHURN_S:-200}} ;;
     *) steps=${SYNCCHECK_STEPS:-8} ends=${SYNCCHECK_MIN_ENDS:-1} layers=${SYNCCHECK_LAYERS-1}
-      kernels_s=${SYNCCHECK_KERNELS_S:-${KERNELS_S:-25}}
-      churn_s=${SYNCCHECK_CHURN_S:-${CHURN_S:-50}} ;;
+      quick=${SYNCCHECK_QUICK_ENDS:-0}
+      kernels_s=${SYNCCHECK_KERNELS_S:-${KERNELS_S:-20}}
+      churn_s=${SYNCCHECK_CHURN_S:-${CHURN_S:-45}} ;;
   esac
   part "$tool" kernels - "$kernels_s" python3 -m bench.sanitize ${layers:+--layers "$layers"}
   python3 -m bench.sanitize --table "$OUT/sanitize_$tool.kernels.log" \
     >"$OUT/sanitize_$tool.table.txt" 2>&1 || status=1
-  export STRESS_STEPS=$steps STRESS_MIN_ENDS=$ends STRESS_LAYERS=$layers  # read by the test
+  # read by the test
+  export STRESS_STEPS=$steps STRESS_MIN_ENDS=$ends STRESS_LAYERS=$layers STRESS_QUICK_ENDS=$quick
   # -s: the test's mode markers reach the log between the sanitizer's lines; -rA: a line per mode;
   # --durations=0: each mode's seconds, set-up included.
   part "$tool" churn "$steps" "$churn_s" python3 -m pytest -q -s -rA --durations=0 -m gpu \
@@ -130,7 +154,7 @@ for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
 done
 
 echo
-printf '%-10s %-8s %10s %8s %6s %6s %6s\n' tool part processes errors rc steps secs
+printf '%-10s %-8s %10s %8s %6s %8s %6s\n' tool part processes errors rc steps secs
 printf '%s\n' "${rows[@]}"
 for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
   echo

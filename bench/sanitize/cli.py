@@ -33,12 +33,16 @@ from collections import Counter
 
 MARKER = "@@sanitize-kernel "
 MODE_MARKER = "@@sanitize-mode "  # printed by tests/integration/test_engine_stress.py
-# "@@sanitize-time embedded service 0.0 engine 9.1 churn 20.3 steps 18", after the mode's churn.
+# "@@sanitize-time embedded service 0.0 engine 9.1 churn 20.3 steps 18 (stop 2 length 1
+# cancelled 7)", after the mode's churn: the requests that ended each way out (the churn's
+# coverage) in the "ends" column as stop/length/cancelled.
 TIME_MARKER = re.compile(
     r"^@@sanitize-time (?P<mode>[a-z-]+) service (?P<service>[\d.]+) engine (?P<engine>[\d.]+) "
     r"churn (?P<churn>[\d.]+) steps (?P<steps>\d+)"
+    r"(?: \(stop (?P<stop>\d+) length (?P<length>\d+) cancelled (?P<cancelled>\d+)\))?"
 )
-TIME_COLUMNS = ("steps", "service", "engine", "churn")
+TIME_COLUMNS = ("steps", "service", "engine", "churn", "ends")
+SECONDS = ("service", "engine", "churn")
 # pytest -rA's line of one mode: "PASSED tests/...::test_churn_under_overlap_on_gpu[service]"
 OUTCOME = re.compile(r"^(PASSED|FAILED|ERROR|SKIPPED)\b.*\[(?P<mode>[a-z-]+)\]")
 # Requests of irregular lengths: inside and past the hot buffer (32 slots), odd page remainders.
@@ -177,8 +181,10 @@ def modes(log_path: str) -> int:
             elif m := OUTCOME.match(line):
                 outcome[m["mode"]] = m[1]
             elif m := TIME_MARKER.match(line):
-                times[m["mode"]] = {c: m[c] for c in TIME_COLUMNS}
-    heads = " ".join(f"{c + (' s' if c != 'steps' else ''):>10}" for c in TIME_COLUMNS)
+                times[m["mode"]] = {c: m[c] for c in TIME_COLUMNS[:-1]}
+                if m["stop"] is not None:
+                    times[m["mode"]]["ends"] = f"{m['stop']}/{m['length']}/{m['cancelled']}"
+    heads = " ".join(f"{c + (' s' if c in SECONDS else ''):>10}" for c in TIME_COLUMNS)
     print(f"{'KV mode':<24} {'findings':>9} {'outcome':>9} {heads}")
     for name in sorted(set(findings) | set(outcome)):
         spent = " ".join(f"{times.get(name, {}).get(c, '-'):>10}" for c in TIME_COLUMNS)

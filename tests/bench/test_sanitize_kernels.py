@@ -52,7 +52,8 @@ def test_churn_findings_go_to_the_mode_they_follow(tmp_path: Path, capsys) -> No
     body = (
         HEADER
         + f"{MODE_MARKER}embedded\n"
-        + "@@sanitize-time embedded service 0.0 engine 9.5 churn 31.2 steps 18\n"
+        + "@@sanitize-time embedded service 0.0 engine 9.5 churn 31.2 steps 18 "
+        + "(stop 2 length 1 cancelled 7)\n"
         + f"{MODE_MARKER}service\n"
         + RACE  # the service process's, reported as that mode ran
         + SUMMARY
@@ -62,8 +63,8 @@ def test_churn_findings_go_to_the_mode_they_follow(tmp_path: Path, capsys) -> No
     )
     assert modes(_log(tmp_path, body)) == 1
     rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()}
-    assert rows["embedded"] == ["0", "PASSED", "18", "0.0", "9.5", "31.2"]
-    assert rows["service"] == ["1", "FAILED", "-", "-", "-", "-"]  # one race, not two lines
+    assert rows["embedded"] == ["0", "PASSED", "18", "0.0", "9.5", "31.2", "2/1/7"]
+    assert rows["service"] == ["1", "FAILED", "-", "-", "-", "-", "-"]  # one race, not two lines
     assert rows["service-remote-swap"][:2] == ["0", "PASSED"]
 
 

@@ -13,8 +13,11 @@ minimum: the run goes on until every way out (stop token, length, cancel) was ta
 STRESS_MIN_ENDS times (default 3), within 10 times the steps; the sanitizer's slow tools run a
 few steps with STRESS_MIN_ENDS=1, and STRESS_LAYERS=1 (a one-layer model, the service's layout
 too: a second layer launches the same kernels on the same shapes, repetition to racecheck and
-synccheck). After a mode's churn a `@@sanitize-time` line says where its seconds went (service
-start, engine build with its graph capture, churn steps): sanitize.sh's per-mode table shows it.
+synccheck). STRESS_QUICK_ENDS=1 (racecheck's, at ~2.8 s a step) plans each request's way out
+instead of leaving it to chance, so that every way is taken within ~8 steps (_planned_round).
+After a mode's churn a `@@sanitize-time` line says where its seconds went (service start, engine
+build with its graph capture, churn steps) and how many requests ended each way: sanitize.sh's
+per-mode table shows it.
 
 With PYTORCH_NO_CUDA_MEMORY_CACHING=1 (sanitize.sh's no-caching variant, which lets memcheck see
 an access past a tensor inside what would be a pooled block) the engine runs its steps eagerly:
@@ -46,10 +49,16 @@ pytestmark = [pytest.mark.timeout(3600)]
 MODES = ["embedded", "baseline", "service", "service-remote-swap"]
 NO_CACHING = os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1"
 WAYS_OUT = (Finish.STOP, Finish.LENGTH, Finish.CANCELLED)
+# STRESS_QUICK_ENDS=1: the way out each request is made to take, in turn (_planned_round).
+PLANNED = (Finish.CANCELLED, Finish.STOP, Finish.LENGTH)
 
 
 def _min_ends() -> int:
     return int(os.environ.get("STRESS_MIN_ENDS", 3))
+
+
+def _quick_ends() -> bool:
+    return os.environ.get("STRESS_QUICK_ENDS") == "1"
 
 
 def _layers() -> int | None:
@@ -85,36 +94,30 @@ async def _churn(kv_mode: str, device: str, steps: int) -> tuple[dict, dict, int
         served = time.perf_counter()
         engine = await build_engine(cfg)
         built = time.perf_counter()
-        out = await _churn_on(engine, steps, device)
+        # The planned mix's long requests reach past the hot slots: swap-ins in every mode that
+        # has a host tier (baseline keeps all of its KV on the device).
+        out = await _churn_on(engine, steps, device, swaps=_quick_ends() and kv_mode != "baseline")
         # bench/sanitize.sh's per-mode table reads this line: what the mode's seconds went to.
+        ends = " ".join(f"{f.name.lower()} {out[1][f]}" for f in WAYS_OUT)
         print(
             f"\n@@sanitize-time {kv_mode} service {served - began:.1f} engine "
-            f"{built - served:.1f} churn {time.perf_counter() - built:.1f} steps {engine.steps}",
+            f"{built - served:.1f} churn {time.perf_counter() - built:.1f} steps {engine.steps}"
+            f" ({ends})",
             flush=True,
         )
         return out
 
 
-async def _churn_on(engine, steps: int, device: str) -> tuple[dict, dict, int]:
+async def _churn_on(engine, steps: int, device: str, swaps: bool) -> tuple[dict, dict, int]:
     violations = _watch_slots(engine)
     rng = random.Random(0)
     vocab = engine.compute.model.cfg.vocab_size
-    reqs = []
+    arrive = _planned_round if _quick_ends() else _random_round
+    reqs: list = []
     engine.start()
     try:
         while engine.steps < steps or (not _covered(reqs) and engine.steps < 10 * steps):
-            prompt = tuple(rng.randrange(1, vocab) for _ in range(rng.randrange(1, 40)))
-            sampling = SamplingParams(
-                temperature=rng.choice((0.0, 0.8)),
-                seed=rng.randrange(99),
-                # 1 in 32 of the vocabulary (8 of the tiny preset's 256 ids when this was tuned).
-                stop_token_ids=tuple(rng.sample(range(vocab), vocab // 32)),
-            )
-            if len(engine.waiting) < 2:  # keep the slots full, the queue short
-                reqs.append(engine.api.submit(prompt, rng.randrange(1, 24), sampling))
-            running = [r for r in reqs if r.tokens and not r.finished]
-            if running and rng.random() < 0.2:
-                engine.api.cancel(rng.choice(running))
+            arrive(engine, rng, vocab, reqs)
             engine.stepped.clear()
             await engine.stepped.wait()  # one round per finished step
         for r in reqs:
@@ -131,9 +134,58 @@ async def _churn_on(engine, steps: int, device: str) -> tuple[dict, dict, int]:
         }
         ends = {f: sum(r.finish is f for r in reqs) for f in Finish}
         assert violations == [], violations[:5]
+        assert not swaps or sum(r.counters.misses for r in reqs) > 0
         return held, ends, len(reqs)
     finally:
         await engine.stop()
+
+
+def _random_round(engine, rng: random.Random, vocab: int, reqs: list) -> None:
+    """The default round: a request of random length, sampling and stop tokens arrives if the
+    queue is short, and now and then a running one is cancelled."""
+    prompt = tuple(rng.randrange(1, vocab) for _ in range(rng.randrange(1, 40)))
+    sampling = SamplingParams(
+        temperature=rng.choice((0.0, 0.8)),
+        seed=rng.randrange(99),
+        # 1 in 32 of the vocabulary (8 of the tiny preset's 256 ids when this was tuned).
+        stop_token_ids=tuple(rng.sample(range(vocab), vocab // 32)),
+    )
+    if len(engine.waiting) < 2:  # keep the slots full, the queue short
+        reqs.append(engine.api.submit(prompt, rng.randrange(1, 24), sampling))
+    running = [r for r in reqs if r.tokens and not r.finished]
+    if running and rng.random() < 0.2:
+        engine.api.cancel(rng.choice(running))
+
+
+def _planned_round(engine, rng: random.Random, vocab: int, reqs: list) -> None:
+    """STRESS_QUICK_ENDS=1, for a sanitizer's slow tools: request n is made to end the way
+    PLANNED[n % 3] says, so that with STRESS_MIN_ENDS=1 every way out is taken by step 8 (on
+    CPU, 30 seeds, every mode; random ends took 11 to 81 steps there, 24 under racecheck at
+    ~2.8 s a step). The queue is filled to three at once, so a round's three requests share the
+    first prefill steps and the steps run prefill and decode rows together from the start."""
+    while len(engine.waiting) < len(PLANNED):
+        way = PLANNED[len(reqs) % len(PLANNED)]
+        reqs.append(engine.api.submit(*_planned_request(rng, vocab, way)))
+    for n, r in enumerate(reqs):
+        if PLANNED[n % len(PLANNED)] is Finish.CANCELLED and r.tokens and not r.cancelled:
+            engine.api.cancel(r)  # as soon as it has a token
+
+
+def _planned_request(rng: random.Random, vocab: int, way: Finish) -> tuple:
+    """Prompt, max_new_tokens and sampling of a request made to end `way`. Cancel and stop:
+    1-4 prompt tokens (one prefill step for both), up to 24 new. Stop: sampled, half the
+    vocabulary its stop tokens (greedy could repeat one token that is not). Length: a prompt
+    past the 32 hot slots and 1-2 decode steps, which miss (swap-ins, remote swaps) in every
+    mode with a host tier; no stop token."""
+    size = rng.randrange(33, 40) if way is Finish.LENGTH else rng.randrange(1, 5)
+    prompt = tuple(rng.randrange(1, vocab) for _ in range(size))
+    stop = way is Finish.STOP
+    sampling = SamplingParams(
+        temperature=0.8 if stop else rng.choice((0.0, 0.8)),
+        seed=rng.randrange(99),
+        stop_token_ids=tuple(rng.sample(range(vocab), vocab // 2)) if stop else (),
+    )
+    return prompt, rng.randrange(2, 4) if way is Finish.LENGTH else 24, sampling
 
 
 def _watch_slots(engine) -> list[str]:
