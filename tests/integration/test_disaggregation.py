@@ -4,7 +4,7 @@ engine (--role decode) on that service. The prefill engine writes each prompt's 
 keys into the decode side's pages; the decode engine decodes from there. Greedy tokens equal a
 single-node engine's on the same service, for a resident and an offloaded request and for a
 prompt mostly cached on the decode side (prefilled there, not sent), and every page and request
-slot is free again afterwards. Skipped without the nixl package."""
+slot is free again afterwards. Two prefill and two decode engines share four prompts at once. Skipped without the nixl package."""
 
 from __future__ import annotations
 
@@ -58,5 +58,36 @@ def test_one_prefill_and_one_decode_give_the_single_node_tokens(row_format: str)
             assert asyncio.run(settled(svc))
         finally:
             for eng in (decode, single, prefill):
+                assert eng.stop() == 0, eng.log()
+            svc.stop()
+
+
+def test_two_prefill_and_two_decode_engines_share_the_prompts() -> None:
+    """Both decode engines list both prefill engines; four prompts at once (two per decode
+    engine, round-robin) are prefilled by both peers and decode to a single node's tokens."""
+    with workdir("hsd") as path:
+        svc = start_service(path, extra=("--nixl", "1"))
+        prefills = [
+            start_engine(path, "baseline", name=f"prefill{i}", extra=("--role", "prefill"))
+            for i in range(2)
+        ]
+        peers = ("--role", "decode", "--prefill-peer", ",".join(p.target for p in prefills))
+        decodes = [
+            start_engine(path, "service", svc, name=f"decode{i}", extra=peers) for i in range(2)
+        ]
+        single = start_engine(path, "service", svc, name="single")
+        try:
+            want = [asyncio.run(generated(single, cfg)) for cfg in (RESIDENT, OFFLOADED)]
+
+            async def everything() -> list[list[int]]:
+                calls = [generated(d, cfg) for d in decodes for cfg in (RESIDENT, OFFLOADED)]
+                return list(await asyncio.gather(*calls))
+
+            assert asyncio.run(everything()) == want * 2
+            for p in prefills:
+                assert sum(f"prefilled by {p.target}" in d.log(None) for d in decodes) == 2
+            assert asyncio.run(settled(svc))
+        finally:
+            for eng in (*decodes, single, *prefills):
                 assert eng.stop() == 0, eng.log()
             svc.stop()
