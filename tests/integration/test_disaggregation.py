@@ -4,7 +4,8 @@ engine (--role decode) on that service. The prefill engine writes each prompt's 
 keys into the decode side's pages; the decode engine decodes from there. Greedy tokens equal a
 single-node engine's on the same service, for a resident and an offloaded request and for a
 prompt mostly cached on the decode side (prefilled there, not sent), and every page and request
-slot is free again afterwards. Two prefill and two decode engines share four prompts at once. Skipped without the nixl package."""
+slot is free again afterwards. Two prefill and two decode engines share four prompts at once.
+Skipped without the nixl package."""
 
 from __future__ import annotations
 
