@@ -3,8 +3,9 @@ each setting is declared once: as a field with its default and its `help`.
 
 A field declared with `setting(...)` becomes the flag `--field-name` whose default is the
 environment variable PREFIX_FIELD_NAME (else the field's default), parsed by the field's type:
-int, float, str, bool (1/0, true/false, yes/no), `tuple[int, ...]` or `tuple[float, ...]`
-(comma-separated) or `X | None` (an empty value is None). `flag=` names the flag and variable
+int, float, str, bool (1/0, true/false, yes/no), `tuple[int, ...]`, `tuple[float, ...]` or
+`tuple[str, ...]` (comma-separated; a repeated flag adds to the list) or `X | None` (an empty
+value is None). `flag=` names the flag and variable
 when the field's name is not the command line's word (`stop_token_ids` is `--stop`);
 `negated=True` makes a bool a switch without a value that turns it off (`progress` is
 `--no-progress`, env PREFIX_NO_PROGRESS=1). A field whose type is itself a config dataclass
@@ -85,6 +86,17 @@ def stem(f: dataclasses.Field) -> str:
     return f.metadata.get("flag") or f.name
 
 
+class _Extend(argparse.Action):
+    """A list flag given more than once: the first replaces the default, each next one adds
+    (`--peer a --peer b` is `--peer a,b`)."""
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, *_: Any) -> None:
+        seen = f"_given_{self.dest}"
+        before = getattr(namespace, self.dest) if getattr(namespace, seen, False) else ()
+        setattr(namespace, seen, True)
+        setattr(namespace, self.dest, tuple(before) + tuple(values))
+
+
 class _Switch(argparse.Action):
     """A flag without a value that turns its bool setting off (`--no-progress`)."""
 
@@ -109,6 +121,10 @@ def _parse_floats(text: str) -> tuple[float, ...]:
     return tuple(float(t) for t in text.replace(",", " ").split())
 
 
+def _parse_words(text: str) -> tuple[str, ...]:
+    return tuple(t.strip() for t in text.split(",") if t.strip())
+
+
 def _parse_bool(text: str) -> bool:
     if text.lower() not in _BOOL:
         raise ValueError(f"expected 1/0, true/false or yes/no, got {text!r}")
@@ -127,6 +143,8 @@ def _base_parser(hint: Any) -> tuple[Callable[[str], Any], bool]:
         return _parse_ids, False
     if hint == tuple[float, ...]:
         return _parse_floats, False
+    if hint == tuple[str, ...]:
+        return _parse_words, False
     if hint in (int, float, str):
         return hint, False
     raise TypeError(f"no flag type for {hint!r}")
@@ -186,6 +204,20 @@ def _type_func(f: dataclasses.Field, hint: Any) -> Callable[[str], Any]:
     return convert
 
 
+def _flag_kind(f: dataclasses.Field, hint: Any) -> dict[str, Any]:
+    """argparse's words for a setting: a switch, a list that a repeated flag extends, or a
+    value (with its choices)."""
+    if f.metadata["negated"]:
+        return {"action": _Switch}
+    kind: dict[str, Any] = {
+        "choices": f.metadata["choices"],
+        "metavar": None if f.metadata["choices"] else stem(f).upper(),
+    }
+    if hint == tuple[str, ...]:
+        kind["action"] = _Extend
+    return kind
+
+
 def add_arguments(
     parser: argparse.ArgumentParser, cls: type, prefix: str, env: Mapping[str, str]
 ) -> None:
@@ -210,21 +242,13 @@ def add_arguments(
             text = None if default is dataclasses.MISSING else _show(f, not default)
         else:
             text = None if default is dataclasses.MISSING else _show(f, default)
-        extra = (
-            {"action": _Switch}
-            if f.metadata["negated"]
-            else {
-                "choices": f.metadata["choices"],
-                "metavar": None if f.metadata["choices"] else stem(f).upper(),
-            }
-        )
         parser.add_argument(
             flag_name(stem(f)),
             dest=f.name,
             type=_type_func(f, hint),
             default=text,
             help=f"{f.metadata['help']} [env {name}]",
-            **extra,
+            **_flag_kind(f, hint),
         )
 
 

@@ -72,9 +72,11 @@ def prompt_spans(
     src_pages: Sequence[int],
     dst_pages: Sequence[int],
     tokens: int,
+    cached_tokens: int = 0,
 ) -> list[Span]:
-    """The spans that copy the KV of prompt tokens [0, tokens) from pages `src_pages` of `src`
-    to pages `dst_pages` of `dst` (both in token order), for the region named by src.name."""
+    """The spans that copy the KV of prompt tokens [cached_tokens, tokens) from pages
+    `src_pages` of `src` to pages `dst_pages` of `dst` (both in token order), for the region
+    named by src.name. The cached prefix's pages are the decode side's shared pages: skipped."""
     P = layout.page_size
     used = -(-tokens // P)
     if tokens < 1 or used > min(len(src_pages), len(dst_pages)):
@@ -83,9 +85,15 @@ def prompt_spans(
             f"{len(src_pages)} and {len(dst_pages)}",
             tokens=tokens,
         )
+    if cached_tokens % P or not 0 <= cached_tokens < tokens:
+        raise InvalidArgument(
+            f"a cached prefix of {cached_tokens} tokens is not whole pages of a "
+            f"{tokens}-token prompt",
+            cached_tokens=cached_tokens,
+        )
     spans = []
     for layer in range(layout.num_layers):
-        for i in range(used):
+        for i in range(cached_tokens // P, used):
             if src.name == ROWS:
                 nbytes = min(P, tokens - i * P) * layout.row_bytes
             else:

@@ -21,6 +21,8 @@ import grpc
 
 from contract import flags
 from contract.layout import KVLayout
+from engine_client.cli.config import GenerateConfig
+from engine_client.cli.generate import GenerationResult, generate_stream
 from engine_client.serve.config import EngineConfig, LocalLayout
 from engine_client.serve.procs import ManagedProcess, engine_process
 from proto.kvcache.v1 import kvcache_pb2 as kpb
@@ -156,3 +158,19 @@ async def wait_until(predicate, timeout: float = 10.0) -> None:
 
 def engine_channel(eng: ManagedProcess) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(eng.target)
+
+
+async def settled(svc: ServiceProcess) -> bool:
+    """Whether the service comes to hold only cached pages: an engine releases a request once
+    its last step is done, just after the client has had its last token."""
+    await wait_until(lambda: holds_only_cache(service_stats(svc)), timeout=10)
+    return True
+
+
+async def generated(eng: ManagedProcess, cfg: GenerateConfig) -> list[int]:
+    """The tokens an engine generates for `cfg` (its target is the engine's)."""
+    result = GenerationResult()
+    async with engine_channel(eng) as channel:
+        async for _ in generate_stream(channel, cfg, result):
+            pass
+    return result.tokens

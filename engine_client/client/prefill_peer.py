@@ -41,9 +41,11 @@ class PrefillPeer:
         sampling: tuple[float, int],
         where: kpb.TransferTargetResponse,
         pages: Sequence[int],
+        cached_tokens: int = 0,
     ) -> Prefilled:
-        """Have the peer compute `prompt` and write its KV into `pages` of `where`;
-        sampling: (temperature, seed) of the first token."""
+        """Have the peer compute `prompt` and write its KV into `pages` of `where`, but for the
+        first `cached_tokens` (a cached prefix: shared pages); sampling: (temperature, seed) of
+        the first token."""
         msg = pb.PrefillRequest(
             request_id=request_id,
             prompt=prompt,
@@ -51,9 +53,12 @@ class PrefillPeer:
             seed=sampling[1],
             target=where,
             pages=pages,
+            cached_tokens=cached_tokens,
         )
+        # Fail fast (no wait_for_ready): a peer that is down is passed over by the router at
+        # once instead of holding the prompt until the deadline.
         with rpc_errors("Prefill"):
-            r = await self._stub.Prefill(msg, timeout=self.timeout, wait_for_ready=True)
+            r = await self._stub.Prefill(msg, timeout=self.timeout)
         return Prefilled(r.first_token, r.prefilled_tokens, r.bytes_written)
 
     async def close(self) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,7 @@ class _Pending:
     target: TransferTarget
     pages: tuple[int, ...]
     tokens: int
+    cached_tokens: int
     done: asyncio.Future[int]
 
 
@@ -50,6 +52,7 @@ class RowExport:
         self.agent.register(ROWS, rows, rows.stride(0), P * rows.stride(1))
         self.agent.register(INDEX, index, index.stride(0), index.stride(1))
         self._pending: dict[str, _Pending] = {}
+        self._writing: Counter[str] = Counter()  # writes under way, by the target's agent
 
     def check(self, target: TransferTarget) -> None:
         """Refuse a target whose rows are not ours byte for byte."""
@@ -62,13 +65,18 @@ class RowExport:
             )
 
     def expect(
-        self, request_id: str, target: TransferTarget, pages: Sequence[int], tokens: int
+        self,
+        request_id: str,
+        target: TransferTarget,
+        pages: Sequence[int],
+        tokens: tuple[int, int],
     ) -> asyncio.Future[int]:
-        """Export the request's first `tokens` rows into `pages` of `target` at its release;
-        the future gets the bytes written (or the failure)."""
+        """Export the request's rows [cached, prompt) (`tokens`: cached, prompt) into `pages`
+        of `target` at its release; the future gets the bytes written (or the failure)."""
         self.check(target)
         done = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = _Pending(target, tuple(pages), tokens, done)
+        cached, prompt = tokens
+        self._pending[request_id] = _Pending(target, tuple(pages), prompt, cached, done)
         return done
 
     async def export(self, request_id: str, src_pages: Sequence[int]) -> None:
@@ -77,20 +85,42 @@ class RowExport:
         job = self._pending.pop(request_id, None)
         if job is None or job.done.done():
             return
+        peer = job.target.agent_name
+        self._writing[peer] += 1
         try:
             plan = [(name, self._spans(job, name, src_pages)) for name in (ROWS, INDEX)]
             written = await asyncio.to_thread(self.agent.write, job.target, plan)
         except Exception as e:
-            job.done.set_exception(e)
-            return
-        job.done.set_result(written)
+            if not job.done.done():
+                job.done.set_exception(e)
+            written = -1
+        finally:
+            self._writing[peer] -= 1
+        if written < 0:
+            self._forget_if_idle(peer)  # the decode side may be gone for good
+        elif not job.done.done():  # else the caller went away meanwhile
+            job.done.set_result(written)
 
     def _spans(self, job: _Pending, name: str, src_pages: Sequence[int]) -> list[Any]:
         src, dst = self.agent.region(name), job.target.region(name)
-        return prompt_spans(self.layout, src, dst, src_pages, job.pages, job.tokens)
+        return prompt_spans(
+            self.layout, src, dst, src_pages, job.pages, job.tokens, job.cached_tokens
+        )
 
-    def drop(self, request_id: str) -> None:
-        self._pending.pop(request_id, None)
+    def drop(self, request_id: str, caller_gone: bool = False) -> None:
+        """Forget a request's export; `caller_gone`: the decode side went away (killed, or
+        past its deadline), so its agent is forgotten too unless another export needs it."""
+        job = self._pending.pop(request_id, None)
+        if job is not None and caller_gone:
+            self._forget_if_idle(job.target.agent_name)
+
+    def _forget_if_idle(self, peer: str) -> None:
+        """Drop a decode side's metadata and connection when no export waits for it and no
+        write to it is under way (a live one is loaded again by its next export)."""
+        if self._writing[peer] or any(j.target.agent_name == peer for j in self._pending.values()):
+            return
+        self.agent.forget(peer)
+        log.info("NIXL peer %s forgotten", peer)
 
     def close(self) -> None:
         for job in self._pending.values():

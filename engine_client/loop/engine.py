@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from engine_client.client import errors
 from engine_client.client.control import KVControl
-from engine_client.client.prefill_peer import PrefillPeer
+from engine_client.client.prefill_router import PrefillRouter
 from engine_client.loop.acceptance_rates import AcceptanceRates
 from engine_client.loop.admission_limit import AdmissionLimit
 from engine_client.loop.batch import Batch
@@ -71,7 +71,7 @@ class Engine:
         prefix_cache: bool = False,
         share_generated: bool = True,
         acceptance: AcceptanceRates | None = None,
-        prefill_peer: PrefillPeer | None = None,
+        prefill_peers: PrefillRouter | None = None,
     ) -> None:
         """acceptance: BENCHMARK-ONLY synthetic acceptance of speculative drafts."""
         self.compute, self.state = compute, state
@@ -79,7 +79,7 @@ class Engine:
         self.vocab = vocab
         self.policy = policy or QueueLimits(admit_retry=admit_retry)
         options = EngineOptions(
-            self.policy, overlap, prefix_cache, share_generated, acceptance, prefill_peer
+            self.policy, overlap, prefix_cache, share_generated, acceptance, prefill_peers
         )
         self._hold(EngineParts.build(compute, control, admission, state, metrics, options))
         # One thread runs every model call, in order (it holds the CUDA device and stream).

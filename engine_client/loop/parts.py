@@ -23,7 +23,7 @@ import asyncio
 from dataclasses import dataclass
 
 from engine_client.client.control import KVControl
-from engine_client.client.prefill_peer import PrefillPeer
+from engine_client.client.prefill_router import PrefillRouter
 from engine_client.loop.acceptance_rates import AcceptanceRates
 from engine_client.loop.admission_limit import AdmissionLimit
 from engine_client.loop.control_ref import ControlRef
@@ -52,7 +52,7 @@ class EngineOptions:
     prefix_cache: bool = False
     share_generated: bool = True
     acceptance: AcceptanceRates | None = None  # BENCHMARK-ONLY synthetic acceptance
-    prefill_peer: PrefillPeer | None = None  # disaggregation: the decode role's prefill engine
+    prefill_peers: PrefillRouter | None = None  # disaggregation: the decode role's prefill engines
 
 
 @dataclass(frozen=True)
@@ -87,8 +87,8 @@ class EngineParts:
         metrics = metrics or EngineMetrics()
         metrics.watch_admission(admission)
         finisher, finished = Finisher(state, wake), FinishedRequests(state)
-        peer = options.prefill_peer
-        remote = RemotePrefill(peer, ref, finisher.finish, wake) if peer is not None else None
+        peers = options.prefill_peers
+        remote = RemotePrefill(peers, ref, finisher.finish, wake) if peers is not None else None
         scheduler = _scheduler(compute, ref, admission, finisher, state, options, remote)
         recovery = ServiceRecovery(ref, compute, device_quiet=quiet)
         failures = Failures(scheduler, ref, recovery, state, finisher.finish, wake, finished)

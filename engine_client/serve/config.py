@@ -107,8 +107,10 @@ class EngineConfig:
         "decode (admits, has --prefill-peer prefill, then decodes; service mode)",
         check=one_of(ROLES),
     )
-    prefill_peer: str = setting(
-        "", help="--role decode: the prefill engine's address (socket path, unix:PATH, HOST:PORT)"
+    prefill_peer: tuple[str, ...] = setting(
+        (),
+        help="--role decode: the prefill engines' addresses (socket path, unix:PATH, HOST:PORT), "
+        "comma-separated or the flag repeated; taken round-robin, skipping a peer down or full",
     )
     uds: str = setting(
         "",

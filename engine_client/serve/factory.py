@@ -17,6 +17,7 @@ from engine_client.client.control import KVControl
 from engine_client.client.kv_client import KVClient
 from engine_client.client.local_control import BaselineControl, BaselinePages, EmbeddedControl
 from engine_client.client.prefill_peer import PrefillPeer
+from engine_client.client.prefill_router import PrefillRouter
 from engine_client.kv.baseline import BaselineBackend
 from engine_client.kv.row_export import ExportControl, RowExport
 from engine_client.loop import state_file
@@ -212,9 +213,11 @@ def _export_rows(control: KVControl, compute: Compute) -> None:
         control.export = RowExport(cast(BaselineBackend, compute.backend))
 
 
-def _prefill_peer(cfg: EngineConfig) -> PrefillPeer | None:
-    """--role decode: the prefill engine its requests' prompts go to."""
-    return PrefillPeer(cfg.prefill_peer, PREFILL_TIMEOUT) if cfg.role == "decode" else None
+def _prefill_peers(cfg: EngineConfig) -> PrefillRouter | None:
+    """--role decode: the prefill engines its requests' prompts go to."""
+    if cfg.role != "decode":
+        return None
+    return PrefillRouter([PrefillPeer(t, PREFILL_TIMEOUT) for t in cfg.prefill_peer])
 
 
 async def build_engine(cfg: EngineConfig, metrics: EngineMetrics | None = None) -> Engine:
@@ -246,7 +249,7 @@ async def build_engine(cfg: EngineConfig, metrics: EngineMetrics | None = None) 
         share_generated=cfg.prefix_share_generated,
         metrics=metrics,
         acceptance=cfg.acceptance,
-        prefill_peer=_prefill_peer(cfg),
+        prefill_peers=_prefill_peers(cfg),
     )
     engine.metrics.describe(device=device, kv_mode=cfg.kv_mode)
     _log_speculation(cfg)

@@ -1,6 +1,11 @@
 """prefill.v1.PrefillService of a prefill engine (`serve --role prefill`): one prompt computed as
 a request of one token, its rows and index keys written over NIXL into the decode side's pages
-when the loop releases it (engine_client.kv.row_export), the first token in the reply."""
+when the loop releases it (engine_client.kv.row_export), the first token in the reply.
+
+A call past the engine's batch is refused at once as full (CapacityError): the decode side then
+tries another peer rather than queueing here. A call whose caller goes away (the decode engine
+killed or its deadline passed: gRPC cancels the handler) cancels the request and drops its
+export at once; nothing waits for EXPORT_TIMEOUT."""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ import logging
 import grpc
 
 from contract.codec import target_from_proto
-from contract.errors import InvalidArgument, ServiceUnavailable
+from contract.errors import CapacityError, InvalidArgument, ServiceUnavailable
 from contract.layout import LayoutError
 from engine_client.kv.row_export import RowExport
 from engine_client.loop.engine import Engine
@@ -25,9 +30,11 @@ EXPORT_TIMEOUT = 120.0
 
 
 class PrefillServicer(pb_grpc.PrefillServiceServicer):
-    def __init__(self) -> None:
+    def __init__(self, limit: int) -> None:
         self.engine: Engine | None = None
         self.export: RowExport | None = None
+        self.limit = limit  # prompts at once: the engine's batch
+        self.busy = 0  # prompts being prefilled
 
     async def Prefill(
         self, request: pb.PrefillRequest, context: grpc.aio.ServicerContext
@@ -41,15 +48,24 @@ class PrefillServicer(pb_grpc.PrefillServiceServicer):
             target = target_from_proto(request.target)
         except LayoutError as e:
             raise InvalidArgument(f"the target's layout: {e}") from e
+        if self.busy >= self.limit:
+            raise CapacityError(
+                f"the prefill engine is full ({self.limit} prompts)", busy=self.busy
+            )
         sampling = SamplingParams(temperature=request.temperature, seed=request.seed)
         req = self.engine.api.submit(prompt, 1, sampling)
-        done = self.export.expect(req.request_id, target, request.pages, len(prompt))
+        tokens = (request.cached_tokens, len(prompt))
+        self.busy += 1
         try:
+            done = self.export.expect(req.request_id, target, request.pages, tokens)
             written = await self._computed(req, done)
-        except BaseException:
+        except BaseException as e:
+            log.info("prefill of %s dropped: %r", request.request_id, e)
             self.engine.api.cancel(req)
-            self.export.drop(req.request_id)
+            self.export.drop(req.request_id, caller_gone=isinstance(e, asyncio.CancelledError))
             raise
+        finally:
+            self.busy -= 1
         log.info("prefilled %s: %d tokens, %d bytes", request.request_id, len(prompt), written)
         return pb.PrefillResponse(
             first_token=req.tokens[0], prefilled_tokens=len(prompt), bytes_written=written

@@ -103,7 +103,7 @@ async def serve(cfg: EngineConfig) -> int:
     await _set_health(health, False)
     servicer = DecodeServicer(cfg.uses_service)
     metrics = EngineMetrics()  # before the server: its calls are counted from the start
-    prefill = PrefillServicer() if cfg.role == "prefill" else None
+    prefill = PrefillServicer(cfg.max_batch) if cfg.role == "prefill" else None
     server = build_server(cfg, servicer, health, metrics, prefill)
     await server.start()
     log.info(

@@ -36,6 +36,20 @@ def test_rows_go_page_by_page_with_the_written_tokens_only() -> None:
     ]
 
 
+def test_the_pages_of_a_cached_prefix_are_not_written() -> None:
+    # The decode side's cached prefix pages are shared with other requests: read-only.
+    src, dst = _regions()
+    spans = prompt_spans(LAYOUT, src, dst, [1, 0, 3], [5, 2, 4], tokens=10, cached_tokens=4)
+    assert [(s.src_offset, s.dst_offset) for s in spans] == [
+        (src.at(layer, page), dst.at(layer, to))
+        for layer in (0, 1)
+        for page, to in ((0, 2), (3, 4))
+    ]
+    for cached in (2, 12):  # not whole pages; the whole prompt
+        with pytest.raises(InvalidArgument):
+            prompt_spans(LAYOUT, src, dst, [1, 0, 3], [5, 2, 4], tokens=10, cached_tokens=cached)
+
+
 def test_index_keys_go_as_whole_page_blocks() -> None:
     block = P * LAYOUT.index_bytes
     pool = Region(INDEX, 0, L * N * block, layer_stride=N * block, page_stride=block)

@@ -331,10 +331,14 @@ def test_entry_points_match_the_clis(stack: dict) -> None:
         "loadgen": ("engine_client", "generate"),
         "gateway": ("engine_client", "gateway"),
     }
+    settings_are_read(stack, modules)
+
+
+def settings_are_read(services: dict, modules: dict[str, tuple[str, ...]]) -> None:
+    """Every KVS_* / ENGINE_* / GATEWAY_* variable a service sets is one its CLI reads."""
     for name, module in modules.items():
         text = cli_help(*module)
-        # Every KVS_* / ENGINE_* variable the file sets must be one the CLI reads.
-        for var in stack[name]["environment"]:
+        for var in services[name]["environment"]:
             if var.startswith(("KVS_", "ENGINE_", "GATEWAY_")):
                 assert var in text, f"{name} sets {var}, which `{' '.join(module)}` does not read"
 

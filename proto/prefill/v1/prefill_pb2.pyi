@@ -34,12 +34,17 @@ class PrefillRequest(_message.Message):
     SEED_FIELD_NUMBER: _builtins.int
     TARGET_FIELD_NUMBER: _builtins.int
     PAGES_FIELD_NUMBER: _builtins.int
+    CACHED_TOKENS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """The decode side's request id (logs; also the NIXL notification)."""
     temperature: _builtins.float
     """Sampling of the first token: 0 is greedy."""
     seed: _builtins.int
     """Seed of the request's sampler (the first token is index 0)."""
+    cached_tokens: _builtins.int
+    """Prompt tokens the decode side already holds (a cached prefix, a whole number of pages):
+    their pages are shared with other requests and are not written.
+    """
     @_builtins.property
     def prompt(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Prompt token ids (at least one)."""
@@ -61,10 +66,11 @@ class PrefillRequest(_message.Message):
         seed: _builtins.int = ...,
         target: _kvcache_pb2.TransferTargetResponse | None = ...,
         pages: _abc.Iterable[_builtins.int] | None = ...,
+        cached_tokens: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["target", b"target"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["pages", b"pages", "prompt", b"prompt", "request_id", b"request_id", "seed", b"seed", "target", b"target", "temperature", b"temperature"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached_tokens", b"cached_tokens", "pages", b"pages", "prompt", b"prompt", "request_id", b"request_id", "seed", b"seed", "target", b"target", "temperature", b"temperature"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

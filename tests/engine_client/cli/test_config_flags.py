@@ -115,6 +115,17 @@ def test_flag_beats_env_beats_default() -> None:
     assert default.uds.endswith("hisparse-engine.sock")
 
 
+def test_a_list_flag_takes_commas_and_repeats() -> None:
+    """--prefill-peer a,b --prefill-peer c is three peers; a flag replaces the env's list."""
+    decode = ["--role", "decode", "--kv-mode", "service", "--service", "/tmp/kv.sock"]
+    env = {"ENGINE_PREFILL_PEER": "x:1, y:2"}
+    assert _engine(decode, env).prefill_peer == ("x:1", "y:2")
+    argv = [*decode, "--prefill-peer", "a,b:50051", "--prefill-peer", "unix:/c.sock"]
+    assert _engine(argv, env).prefill_peer == ("a", "b:50051", "unix:/c.sock")
+    with pytest.raises(ValueError, match="--prefill-peer"):
+        _engine(decode, {})
+
+
 def test_secrets_stay_out_of_help_and_flags() -> None:
     env = {"KVS_TOKEN": "sekrit-value"}
     assert "sekrit-value" not in build_parser(env).format_help()

@@ -1,0 +1,147 @@
+"""A decode engine's prompts over its prefill peers (loop.remote_prefill), with fake peers and a
+fake KV control: a prompt goes to the peer in turn; a peer down or full is passed over, the
+prompt going to the next one or, with none left, prefilled here from its cached prefix on (over
+whatever the failed peer wrote); a prompt mostly cached here is never sent; a refusal of the
+prompt itself is the request's one error; the peer writes only the pages past a cached prefix."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from types import SimpleNamespace
+
+from contract.errors import CapacityError, KVError, LayoutMismatch, ServiceUnavailable
+from engine_client.client.control import Admission
+from engine_client.client.prefill_router import PrefillRouter
+from engine_client.loop.control_ref import ControlRef
+from engine_client.loop.remote_prefill import LOCAL_SHARE, RemotePrefill
+from engine_client.loop.request import Finish, GenRequest, Phase, SamplingParams
+
+FIRST = 77  # the first token every working peer answers
+
+
+class Peer:
+    """Answers with FIRST, or raises each error of `fails` in turn first."""
+
+    def __init__(self, target: str, *fails: KVError) -> None:
+        self.target, self.fails = target, list(fails)
+        self.calls: list[dict] = []
+
+    async def prefill(self, request_id, prompt, sampling, where, pages, cached_tokens=0):
+        self.calls.append({"pages": pages, "cached_tokens": cached_tokens})
+        if self.fails:
+            raise self.fails.pop(0)
+        return SimpleNamespace(first_token=FIRST)
+
+    async def close(self) -> None:
+        pass
+
+
+class Control:
+    def __init__(self) -> None:
+        self.landed: list[tuple[str, int]] = []
+
+    async def transfer_target(self) -> str:
+        return "target"
+
+    async def prefilled(self, request_id: str, seq_len: int) -> None:
+        self.landed.append((request_id, seq_len))
+
+
+def _request(name: str, prompt_len: int = 12, cached: int = 0) -> tuple[GenRequest, Admission]:
+    req = GenRequest(name, tuple(range(5, 5 + prompt_len)), 4, SamplingParams())
+    req.phase, req.slot, req.cached_tokens, req.prefilled = Phase.PREFILL, 0, cached, cached
+    return req, Admission(name, 0, 0, prompt_len + 4, pages=(3, 1, 4), cached_tokens=cached)
+
+
+def _run(peers: list[Peer], *requests: tuple[GenRequest, Admission]) -> tuple[Control, list]:
+    """Start every request, let every remote prefill end; the control and the finishes."""
+    control, ended = Control(), []
+
+    async def go() -> None:
+        finish: Callable[..., None] = lambda req, reason, *why: ended.append((req, reason, why))  # noqa: E731
+        remote = RemotePrefill(PrefillRouter(peers), ControlRef(control), finish, asyncio.Event())  # type: ignore[arg-type]
+        for req, adm in requests:
+            remote.start(req, adm)
+        while remote.busy:
+            await asyncio.sleep(0)
+            await asyncio.gather(*remote.busy.values())
+        await remote.close()
+
+    asyncio.run(go())
+    return control, ended
+
+
+def _landed(req: GenRequest) -> bool:
+    return req.phase is Phase.RUNNING and req.tokens == [FIRST] and req.prefilled == req.prompt_len
+
+
+def test_prompts_go_round_robin_and_land() -> None:
+    a, b = Peer("a"), Peer("b")
+    reqs = [_request(f"r{i}") for i in range(3)]
+    control, ended = _run([a, b], *reqs)
+    assert (len(a.calls), len(b.calls)) == (2, 1)
+    assert all(_landed(req) for req, _ in reqs) and not ended
+    assert control.landed == [(f"r{i}", 12) for i in range(3)]
+
+
+def test_a_peer_killed_mid_call_hands_the_prompt_to_the_next_one() -> None:
+    dead, live = Peer("dead", ServiceUnavailable("Prefill: connection reset")), Peer("live")
+    req, adm = _request("r")
+    control, ended = _run([dead, live], (req, adm))
+    assert _landed(req) and not ended
+    assert live.calls == [{"pages": adm.pages, "cached_tokens": 0}]  # the same pages, rewritten
+
+
+def test_a_full_peer_is_waited_for_rather_than_prefilling_here() -> None:
+    full = Peer("full", CapacityError("full"))
+    req, _ = _request("r")
+    _run([full], (req, _))
+    assert _landed(req) and len(full.calls) == 2
+
+
+def test_with_every_peer_down_the_prompt_is_prefilled_here() -> None:
+    peers = [Peer(t, ServiceUnavailable("down")) for t in ("a", "b")]
+    req, _ = _request("r", cached=4)
+    control, ended = _run(peers, (req, _))
+    assert not ended and not control.landed and not req.tokens
+    # Prefilled here from the cached prefix on: the batch builder takes it as any admission.
+    assert (req.phase, req.prefilled) == (Phase.PREFILL, 4)
+    assert all(len(p.calls) == 1 for p in peers)
+
+
+def test_a_prompt_mostly_cached_here_is_never_sent() -> None:
+    peer = Peer("a")
+    cached = int(LOCAL_SHARE * 12)
+    req, adm = _request("r", cached=cached)
+    _run([peer], (req, adm))
+    assert not peer.calls and (req.phase, req.prefilled) == (Phase.PREFILL, cached)
+
+
+def test_a_shorter_cached_prefix_goes_out_and_its_pages_are_not_written() -> None:
+    peer = Peer("a")
+    req, adm = _request("r", prompt_len=12, cached=4)
+    _run([peer], (req, adm))
+    assert _landed(req) and peer.calls == [{"pages": adm.pages, "cached_tokens": 4}]
+
+
+def test_a_refusal_of_the_prompt_itself_is_one_clear_error() -> None:
+    peer = Peer("a", LayoutMismatch("row_format differs"))
+    req, _ = _request("r")
+    control, ended = _run([peer, Peer("b")], (req, _))
+    ((who, reason, why),) = ended
+    assert who is req and reason is Finish.ERROR
+    assert "prefill peer a" in why[0] and "row_format differs" in why[0]
+    assert not control.landed
+
+
+def test_a_request_cancelled_while_the_peer_works_is_not_landed() -> None:
+    req, adm = _request("r")
+
+    class Cancelling(Peer):
+        async def prefill(self, *args, **kwargs):
+            req.phase = Phase.FINISHED  # the client went away meanwhile
+            return await super().prefill(*args, **kwargs)
+
+    control, ended = _run([Cancelling("a")], (req, adm))
+    assert not control.landed and not req.tokens and not ended
