@@ -43,3 +43,16 @@ def staged_slot(ids, j, NB: tl.constexpr):
     pipeliner keeps num_stages - 1 tiles in flight (with a slot load in the loop it keeps one,
     and waits for it every step)."""
     return tl.sum(tl.where(tl.arange(0, NB)[:, None] == j, ids, 0), axis=0)
+
+
+@triton.jit
+def bf16_nearest(x, UPCAST: tl.constexpr):
+    """fp32 x, to be stored as bf16, rounded to nearest even first under the interpreter:
+    Triton 3.9's interpreter truncates fp32 -> bf16, the GPU's cast (and torch's) rounds to
+    nearest. The bit trick leaves a value the truncating cast keeps exactly. GPU: x as is."""
+    if UPCAST:
+        bits = x.to(tl.int32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+        return bits.to(tl.float32, bitcast=True)
+    else:
+        return x
