@@ -8,6 +8,10 @@ import kernels.interpreter  # noqa: F401  (the interpreter switch, before import
 import triton
 import triton.language as tl
 
+# The K step of the batch-invariant matmul (kernels/dense/matmul.py) and its reference: part of
+# the output's bits (the fp32 accumulator rounds once per step), so one owner for both.
+GEMM_BLOCK_K = 64
+
 
 @triton.jit
 def bf16_dot(a, b, acc, UPCAST: tl.constexpr):

@@ -21,15 +21,15 @@ import triton
 import triton.language as tl
 
 from kernels.interpreter import INTERPRETED
+from kernels.tiles import GEMM_BLOCK_K as BLOCK_K
 from kernels.tiles import bf16_nearest, exact_dot
 
-# The K step: part of the output's bits (the fp32 accumulator rounds once per step).
-BLOCK_K = 64
 # bf16 and fp16 only: an fp32 tl.dot would run in tf32 on GPU, unlike the reference.
 _DTYPES = (torch.bfloat16, torch.float16)
 
 
-@triton.jit
+# M is not specialized: Triton would otherwise compile another kernel for M == 1 or M % 16 == 0.
+@triton.jit(do_not_specialize=["M"])
 def _matmul_kernel(
     a_ptr,
     b_ptr,

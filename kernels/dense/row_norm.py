@@ -54,10 +54,13 @@ def _launch(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, eps: float
         raise ValueError(f"norm: x [..., {d}] with unit last stride and weights [{d}]")
     x2 = x.reshape(-1, d)
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    block = triton.next_power_of_2(d)
+    # Warps from the width alone (they shape the sums' tree), never from the row count.
+    warps = 4 if block <= 2048 else 8
     if x2.shape[0]:
         _row_norm_kernel[(x2.shape[0],)](
             x2, w, w if b is None else b, y, d, x2.stride(0), y.stride(0), eps,
-            BLOCK=triton.next_power_of_2(d), CENTER=b is not None, UPCAST=INTERPRETED, num_warps=4,
+            BLOCK=block, CENTER=b is not None, UPCAST=INTERPRETED, num_warps=warps,
         )  # fmt: skip
     return y.view(x.shape)
 

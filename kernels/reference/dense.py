@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.dense.matmul import BLOCK_K
+from kernels.tiles import GEMM_BLOCK_K as BLOCK_K
 
 
 def ref_invariant_bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
