@@ -8,6 +8,10 @@ import kernels.interpreter  # noqa: F401  (the interpreter switch, before import
 import triton
 import triton.language as tl
 
+# The K step of the batch-invariant matmul (kernels/dense/matmul.py) and its reference: part of
+# the output's bits (the fp32 accumulator rounds once per step), so one owner for both.
+GEMM_BLOCK_K = 64
+
 
 @triton.jit
 def bf16_dot(a, b, acc, UPCAST: tl.constexpr):
@@ -43,3 +47,16 @@ def staged_slot(ids, j, NB: tl.constexpr):
     pipeliner keeps num_stages - 1 tiles in flight (with a slot load in the loop it keeps one,
     and waits for it every step)."""
     return tl.sum(tl.where(tl.arange(0, NB)[:, None] == j, ids, 0), axis=0)
+
+
+@triton.jit
+def bf16_nearest(x, UPCAST: tl.constexpr):
+    """fp32 x, to be stored as bf16, rounded to nearest even first under the interpreter:
+    Triton 3.9's interpreter truncates fp32 -> bf16, the GPU's cast (and torch's) rounds to
+    nearest. The bit trick leaves a value the truncating cast keeps exactly. GPU: x as is."""
+    if UPCAST:
+        bits = x.to(tl.int32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+        return bits.to(tl.float32, bitcast=True)
+    else:
+        return x

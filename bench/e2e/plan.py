@@ -174,6 +174,7 @@ class Run:
     acceptance: tuple[float, ...] = ()
     acceptance_seed: int = 0
     overlap: bool = True  # False: the engine waits for every step (as speculative steps do)
+    batch_invariant: bool = False  # the engine's --batch-invariant (bench/mtp/cli.py)
 
     @property
     def label(self) -> str:
@@ -181,7 +182,8 @@ class Run:
         mtp = f" mtp D={self.draft_tokens}" if self.draft_tokens else ""
         if self.acceptance:
             mtp += " synthetic " + ",".join(f"{r:g}" for r in self.acceptance)
-        return f"{self.context} {self.mode} {self.source}{mtp}{tag}"
+        bi = " batch-invariant" if self.batch_invariant else ""
+        return f"{self.context} {self.mode} {self.source}{mtp}{bi}{tag}"
 
 
 def _phases(s: Sizes, names: tuple[str, ...], n_eq: int, n_max: int) -> tuple[Phase, ...]:

@@ -50,6 +50,8 @@ def engine_flags(s: Sizes, run: Run) -> list[str]:
         argv += ["--allow-benchmark-only", "1"]
     if not run.overlap:
         argv += ["--overlap", "0"]
+    if run.batch_invariant:
+        argv += ["--batch-invariant", "1"]
     if s.admission_limit != "auto":
         argv += ["--admission-limit", s.admission_limit]
     return argv

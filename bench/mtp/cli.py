@@ -10,6 +10,8 @@ D = 1: ~1.9 tokens per step; 2.65-2.96 tokens per step at D = 3).
     python -m bench.mtp                                  # GPU: 32K and 128K, D = 1,2,3
     python -m bench.mtp --contexts 32768 --draft-tokens 1 --speculative-acceptance 0.9
     python -m bench.mtp --smoke                          # CPU: tiny preset, the whole harness
+    python -m bench.mtp --contexts 32768 --draft-tokens 1 --speculative-acceptance 0.9 \
+        --batch-invariant 0,1                            # the cost of --batch-invariant 1
 
 --speculative-acceptance gives conditional rates per draft position (rate i: draft i accepted
 given the drafts before it were); a run at D takes the first D (fewer: the last repeats).
@@ -77,7 +79,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="1: the plain runs overlap steps (the engine as it serves); 0: they wait for every "
         "step, as speculative steps do, to separate the overlap's share of the difference",
     )
-    args = ap.parse_args(argv)
+    ap.add_argument(
+        "--batch-invariant",
+        default="0",
+        choices=("0", "1", "0,1"),
+        help="the engine's --batch-invariant for every run; 0,1: each run both ways (its cost)",
+    )
+    return _checked(ap, ap.parse_args(argv))
+
+
+def _checked(ap: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    """The parsed values as the runs use them (ap.error on a bad one)."""
+    args.batch_invariant = tuple(v == "1" for v in args.batch_invariant.split(","))
     try:
         args.draft_tokens = tuple(int(d) for d in args.draft_tokens.split(","))
         if not all(1 <= d <= MAX_DRAFT_TOKENS for d in args.draft_tokens):
@@ -124,11 +137,12 @@ def sizes_of(args: argparse.Namespace, device: str) -> plan.Sizes:
 
 
 def run_groups(sizes: plan.Sizes, args: argparse.Namespace) -> list[tuple[plan.Run, list]]:
-    """Per context and mode: the plain run and one speculative run per D, same N and phases."""
+    """Per context, mode and --batch-invariant value: the plain run and one speculative run
+    per D, same N and phases."""
     groups = []
     for c in sizes.contexts:
         p = plan.plan_context(sizes, c)
-        for mode in args.modes.split(","):
+        for mode, bi in ((m, b) for m in args.modes.split(",") for b in args.batch_invariant):
             n = p.n_baseline if mode == "baseline" else p.n_hisparse
             # The ramp (one prefill per step) and the steady steps at up to D + 1 tokens each.
             new = (n + sizes.steady_steps) * sizes.tokens_per_step
@@ -142,6 +156,7 @@ def run_groups(sizes: plan.Sizes, args: argparse.Namespace) -> list[tuple[plan.R
                 sizes.hot_slots,
                 p.max_context,
                 overlap=bool(args.plain_overlap),
+                batch_invariant=bi,
             )
             spec = [
                 replace(
@@ -170,7 +185,12 @@ async def _measured(ctx: dict, run: plan.Run, i: int) -> dict:
 async def run_all(ctx: dict, groups: list, budget: float | None) -> list[dict]:
     out, longest, i = [], 0.0, 0
     for plain, spec in groups:
-        group: dict = {"context": plain.context, "mode": plain.mode, "mtp": {}}
+        group: dict = {
+            "context": plain.context,
+            "mode": plain.mode,
+            "batch_invariant": plain.batch_invariant,
+            "mtp": {},
+        }
         for run in [plain, *spec]:
             if budget is not None and time.monotonic() - ctx["t0"] + longest > budget:
                 group.setdefault("skipped", []).append(run.draft_tokens)

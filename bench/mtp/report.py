@@ -75,17 +75,17 @@ def print_table(payload: dict) -> None:
         f"{'overlap' if payload['plain_overlap'] else 'wait for every step'}"
     )
     head = (
-        f"{'context':>8} {'mode':<9} {'D':>2} {'rates':<14} {'N':>4} {'tok/s':>9} {'mtp':>9} "
+        f"{'context':>8} {'mode':<10} {'D':>2} {'rates':<14} {'N':>4} {'tok/s':>9} {'mtp':>9} "
         f"{'x':>5} {'ITL1 ms':>8} {'mtp':>8} {'tok/st':>6} {'expect':>6} {'miss/st':>9} "
         f"{'union':>9} {'rows':>9}"
     )
     print(head + "\n" + "-" * len(head))
     for row in payload["summary"]:
         if not row.get("N"):
-            print(f"{row['context']:>8} {row['mode']:<9} {row['D']:>2} not run (budget or error)")
+            print(f"{row['context']:>8} {row['mode']:<10} {row['D']:>2} not run (budget or error)")
             continue
         print(
-            f"{row['context']:>8} {row['mode']:<9} {row['D']:>2} {row['rates']:<14} "
+            f"{row['context']:>8} {row['mode']:<10} {row['D']:>2} {row['rates']:<14} "
             f"{row['N']:>4} {_fmt(row['tok_s']):>9} {_fmt(row['tok_s_mtp']):>9} "
             f"{_fmt(row['tok_s_ratio'], 1, '{:.2f}'):>5} "
             f"{_fmt(row['batch1_itl_mean_s'], 1e3, '{:.2f}'):>8} "
@@ -109,7 +109,9 @@ def _summaries(args: argparse.Namespace, results: list) -> list[dict]:
         for d in args.draft_tokens:
             rule = args.rules[d]
             rates = ",".join(f"{r:g}" for r in rule.per_position)
-            head = dict(context=group["context"], mode=group["mode"], D=d, rates=rates)
+            # "+bi": the run with --batch-invariant 1.
+            mode = group["mode"] + ("+bi" if group.get("batch_invariant") else "")
+            head = dict(context=group["context"], mode=mode, D=d, rates=rates)
             rows.append(head | summary(group, d, rule.tokens_per_step))
     return rows
 
@@ -130,6 +132,7 @@ def write_payload(args: argparse.Namespace, ctx: dict, results: list, left: list
         f"synthetic_acceptance.py), rates {args.speculative_acceptance}, seed "
         f"{args.acceptance_seed}",
         "plain_overlap": bool(args.plain_overlap),
+        "batch_invariant": list(args.batch_invariant),
         "sizes": asdict(sizes),
         "plans": {str(c): plan.plan_context(sizes, c).to_dict(sizes) for c in sizes.contexts},
         "groups": results,

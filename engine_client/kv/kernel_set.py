@@ -8,7 +8,7 @@ share the wrappers' signatures (useful to bisect a mismatch; not graph capturabl
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 
 @dataclass(frozen=True)
@@ -22,11 +22,19 @@ class KernelSet:
     # rows [n, 576] bf16 -> stored rows [n, row_bytes] uint8 of a format with a quantize function
     # (the bytes kv_append writes for it): kv_quantize(rows, out, row_format=...).
     kv_quantize: Callable[..., None]
+    # Batch-invariant dense math (kernels.dense; the model's --batch-invariant mode): linear(x,
+    # w), bmm(a, b), rms_norm(x, w, eps), layer_norm(x, w, b, eps), each returning a new tensor.
+    linear: Callable[..., Any]
+    bmm: Callable[..., Any]
+    rms_norm: Callable[..., Any]
+    layer_norm: Callable[..., Any]
     capturable: bool = True
 
     @classmethod
     def triton(cls) -> "KernelSet":
         from kernels.attention.sparse import sparse_mla_decode
+        from kernels.dense.matmul import invariant_bmm, invariant_linear
+        from kernels.dense.row_norm import invariant_layer_norm, invariant_rms_norm
         from kernels.select.indexer import indexer_scores
         from kernels.select.topk import topk_select
         from kernels.store.append import kv_append
@@ -42,6 +50,10 @@ class KernelSet:
             indexer_scores=indexer_scores,
             topk_select=topk_select,
             kv_quantize=kv_quantize,
+            linear=invariant_linear,
+            bmm=invariant_bmm,
+            rms_norm=invariant_rms_norm,
+            layer_norm=invariant_layer_norm,
         )
 
     @classmethod
@@ -56,5 +68,9 @@ class KernelSet:
             indexer_scores=ref.ref_indexer_scores,
             topk_select=ref.ref_topk_select,
             kv_quantize=ref.ref_kv_quantize,
+            linear=ref.ref_invariant_linear,
+            bmm=ref.ref_invariant_bmm,
+            rms_norm=ref.ref_invariant_rms_norm,
+            layer_norm=ref.ref_invariant_layer_norm,
             capturable=False,
         )

@@ -41,8 +41,15 @@ class Model:
     """Weights + forward. `backend` decides where KV lives; the math is the same for all."""
 
     def __init__(
-        self, cfg: ModelConfig, weights: dict[str, torch.Tensor], backend: KVBackend
+        self,
+        cfg: ModelConfig,
+        weights: dict[str, torch.Tensor],
+        backend: KVBackend,
+        *,
+        batch_invariant: bool = False,
     ) -> None:
+        """batch_invariant: GEMMs and norms through the kernel set's batch-invariant ones
+        (kernels/dense/), so a row's logits never depend on its batch (docs/DECISIONS.md)."""
         check_weights(weights, cfg)
         if backend.topk != cfg.topk:
             raise ValueError(f"backend top-k {backend.topk} != model top-k {cfg.topk}")
@@ -52,6 +59,7 @@ class Model:
                 f"+ {cfg.mtp_layers} MTP"
             )
         self.cfg, self.backend, self.kernels = cfg, backend, backend.kernels
+        self.batch_invariant = batch_invariant
         self.device = backend.device
         w = {n: t.to(self.device) for n, t in weights.items()}
         self.embed, self.final_norm, self.lm_head = (
@@ -77,6 +85,18 @@ class Model:
         lw["w_uv_t"] = kv_b[:, cfg.qk_nope_dim :].transpose(1, 2).contiguous()
         return lw
 
+    def linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """x @ w.T: cuBLAS (its kernel and split-K follow M), or the batch-invariant GEMM."""
+        return self.kernels.linear(x, w) if self.batch_invariant else F.linear(x, w)
+
+    def bmm(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return self.kernels.bmm(a, b) if self.batch_invariant else torch.bmm(a, b)
+
+    def norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """RMSNorm with the model's eps (PyTorch's reduction shapes its blocks by M too)."""
+        eps = self.cfg.norm_eps
+        return self.kernels.rms_norm(x, w, eps) if self.batch_invariant else rms_norm(x, w, eps)
+
     def forward(
         self, tok: Tokens, ws: Workspace, prefill: PrefillChunk | None = None
     ) -> torch.Tensor:
@@ -86,7 +106,7 @@ class Model:
 
     def final(self, x: torch.Tensor) -> torch.Tensor:
         """The final norm of the last layer's output."""
-        return rms_norm(x, self.final_norm, self.cfg.norm_eps)
+        return self.norm(x, self.final_norm)
 
     def hidden_states(
         self, tok: Tokens, ws: Workspace, prefill: PrefillChunk | None = None
@@ -113,16 +133,16 @@ class Model:
         """One decoder block on KV layer i: attention, then the MLP (if any), each residual."""
         x = self._attention(i, lw, x, cos, sin, tok, ws, prefill)
         if self.cfg.mlp_hidden:
-            h = rms_norm(x, lw["post_attention_layernorm.weight"], self.cfg.norm_eps)
-            gate = F.silu(F.linear(h, lw["mlp.gate_proj.weight"]))
-            x = x + F.linear(
-                gate * F.linear(h, lw["mlp.up_proj.weight"]), lw["mlp.down_proj.weight"]
+            h = self.norm(x, lw["post_attention_layernorm.weight"])
+            gate = F.silu(self.linear(h, lw["mlp.gate_proj.weight"]))
+            x = x + self.linear(
+                gate * self.linear(h, lw["mlp.up_proj.weight"]), lw["mlp.down_proj.weight"]
             )
         return x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits [n, vocab] of final hidden states [n, hidden]."""
-        return F.linear(hidden, self.lm_head).float()
+        return self.linear(hidden, self.lm_head).float()
 
     def prefill(
         self, req_slot: int, token_ids: Sequence[int], *, start: int = 0, chunk_size: int = 512
@@ -172,23 +192,25 @@ class Model:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Indexer query [n, 64, 128] bf16, head weights [n, 64] fp32, key [n, 128]."""
         cfg, n, r = self.cfg, h.shape[0], self.cfg.rope_dim
-        q = F.linear(qr, lw["self_attn.indexer.wq_b.weight"]).view(
+        q = self.linear(qr, lw["self_attn.indexer.wq_b.weight"]).view(
             n, cfg.index_heads, cfg.index_dim
         )
         q = torch.cat((apply_rope(q[..., :r], cos, sin, interleaved=False), q[..., r:]), dim=-1)
-        k = F.layer_norm(
-            F.linear(h, lw["self_attn.indexer.wk.weight"]).float(),
-            (cfg.index_dim,),
-            lw["self_attn.indexer.k_norm.weight"].float(),
-            lw["self_attn.indexer.k_norm.bias"].float(),
-            cfg.norm_eps,
-        ).to(h.dtype)
+        k = self._key_norm(lw, self.linear(h, lw["self_attn.indexer.wk.weight"]))
         k = torch.cat((apply_rope(k[:, :r], cos, sin, interleaved=False), k[:, r:]), dim=-1)
         w = (
-            F.linear(h, lw["self_attn.indexer.weights_proj.weight"]).float()
+            self.linear(h, lw["self_attn.indexer.weights_proj.weight"]).float()
             * cfg.index_weight_scale
         )
         return q, w, k
+
+    def _key_norm(self, lw: dict, k: torch.Tensor) -> torch.Tensor:
+        """The indexer key's LayerNorm in fp32, back in k's dtype."""
+        w, b = lw["self_attn.indexer.k_norm.weight"], lw["self_attn.indexer.k_norm.bias"]
+        if self.batch_invariant:
+            return self.kernels.layer_norm(k, w, b, self.cfg.norm_eps)
+        shape = (self.cfg.index_dim,)
+        return F.layer_norm(k.float(), shape, w.float(), b.float(), self.cfg.norm_eps).to(k.dtype)
 
     def _attention(
         self,
@@ -202,28 +224,28 @@ class Model:
         prefill: PrefillChunk | None,
     ) -> torch.Tensor:
         cfg, n = self.cfg, x.shape[0]
-        h = rms_norm(x, lw["input_layernorm.weight"], cfg.norm_eps)
+        h = self.norm(x, lw["input_layernorm.weight"])
         q, qr, rows = self._project(lw, h, cos, sin)
         iq, iw, ik = self._indexer(lw, h, qr, cos, sin)
         self.attention.store(i, rows, ik, tok)
-        q_abs = torch.bmm(q[..., : cfg.qk_nope_dim].transpose(0, 1), lw["w_uk"]).transpose(0, 1)
+        q_abs = self.bmm(q[..., : cfg.qk_nope_dim].transpose(0, 1), lw["w_uk"]).transpose(0, 1)
         q_pe = apply_rope(q[..., cfg.qk_nope_dim :], cos, sin, interleaved=True)
         self.attention.attend(i, q_abs, q_pe, (iq, iw), tok, ws, prefill, self.topk_source)
-        o = torch.bmm(ws.attn_out.transpose(0, 1), lw["w_uv_t"]).transpose(0, 1).reshape(n, -1)
-        return x + F.linear(o, lw["self_attn.o_proj.weight"])
+        o = self.bmm(ws.attn_out.transpose(0, 1), lw["w_uv_t"]).transpose(0, 1).reshape(n, -1)
+        return x + self.linear(o, lw["self_attn.o_proj.weight"])
 
     def _project(
         self, lw: dict, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """MLA's projections: the queries (heads x qk_head_dim, rope part not yet rotated),
         the normed query latent (the indexer's input) and the KV rows to store (latent + rope)."""
-        cfg, n, eps = self.cfg, h.shape[0], self.cfg.norm_eps
-        qr = rms_norm(
-            F.linear(h, lw["self_attn.q_a_proj.weight"]), lw["self_attn.q_a_layernorm.weight"], eps
+        cfg, n = self.cfg, h.shape[0]
+        qr = self.norm(
+            self.linear(h, lw["self_attn.q_a_proj.weight"]), lw["self_attn.q_a_layernorm.weight"]
         )
-        q = F.linear(qr, lw["self_attn.q_b_proj.weight"]).view(n, cfg.num_heads, cfg.qk_head_dim)
-        kv = F.linear(h, lw["self_attn.kv_a_proj_with_mqa.weight"])
-        c_kv = rms_norm(kv[:, : cfg.kv_lora_rank], lw["self_attn.kv_a_layernorm.weight"], eps)
+        q = self.linear(qr, lw["self_attn.q_b_proj.weight"]).view(n, cfg.num_heads, cfg.qk_head_dim)
+        kv = self.linear(h, lw["self_attn.kv_a_proj_with_mqa.weight"])
+        c_kv = self.norm(kv[:, : cfg.kv_lora_rank], lw["self_attn.kv_a_layernorm.weight"])
         rows = torch.cat(
             (c_kv, apply_rope(kv[:, cfg.kv_lora_rank :], cos, sin, interleaved=True)), -1
         )

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from engine_client.model.forward_batch import PrefillChunk, Tokens
-from engine_client.model.model import Model, rms_norm
+from engine_client.model.model import Model
 from engine_client.model.workspace import Workspace
 
 
@@ -34,11 +34,11 @@ def draft_states(
 ) -> torch.Tensor:
     """The MTP layer's output [n, hidden] (before shared_head.norm): tok.ids are the tokens at
     positions + 1, hidden [n, hidden] the target's (or the previous pass's) states."""
-    lw, eps = model.mtp, model.cfg.norm_eps
+    lw = model.mtp
     assert lw is not None, "the model has no MTP layer (ModelConfig.mtp_layers = 0)"
-    e = rms_norm(F.embedding(tok.ids, model.embed), lw["enorm.weight"], eps)
-    h = rms_norm(hidden, lw["hnorm.weight"], eps)
-    x = F.linear(torch.cat((e, h), dim=-1), lw["eh_proj.weight"])
+    e = model.norm(F.embedding(tok.ids, model.embed), lw["enorm.weight"])
+    h = model.norm(hidden, lw["hnorm.weight"])
+    x = model.linear(torch.cat((e, h), dim=-1), lw["eh_proj.weight"])
     cos, sin = model.rope.lookup(tok.positions)
     return model.block(model.cfg.num_layers, lw, x, cos, sin, tok, ws, prefill)
 
@@ -46,7 +46,7 @@ def draft_states(
 def draft_tokens(model: Model, x: torch.Tensor) -> torch.Tensor:
     """Greedy drafts [n] int64 of MTP outputs x [n, hidden], through the shared output head."""
     assert model.mtp is not None
-    h = rms_norm(x, model.mtp["shared_head.norm.weight"], model.cfg.norm_eps)
+    h = model.norm(x, model.mtp["shared_head.norm.weight"])
     return model.logits(h).argmax(dim=-1)
 
 

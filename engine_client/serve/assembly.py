@@ -90,4 +90,5 @@ def build_mode_compute(cfg: EngineConfig, mcfg: ModelConfig, control: KVControl,
         synthetic_context=cfg.synthetic_context,
         synthetic_shared=cfg.synthetic_shared,
         draft_tokens=spec,
+        batch_invariant=cfg.batch_invariant,
     )

@@ -265,6 +265,13 @@ class EngineConfig:
         help="allow BENCHMARK-ONLY settings (--speculative-acceptance), which make the output "
         "not the model's; refused without it",
     )
+    batch_invariant: bool = setting(
+        False,
+        help="1: every GEMM and norm of the model through batch-invariant kernels (kernels/dense/: "
+        "fixed K walk, no split-K, tiles chosen without M), so a row's logits never depend on "
+        "its batch: greedy MTP equals plain decoding bit for bit; costs speed "
+        "(docs/DECISIONS.md)",
+    )
     # The engine loop (engine_client/loop/engine.py).
     overlap: bool = setting(
         True,

@@ -5,6 +5,7 @@
 - `index_pool`: the index-key pool's page layout (`page_views`, `read_index_rows`, ...)
 - `attention`: sparse MLA decode (`ref_sparse_mla_decode`)
 - `select`: indexer scores and top-k (`ref_indexer_scores`, `ref_topk_select`)
+- `dense`: batch-invariant matmul and norms (`ref_invariant_linear`, `ref_invariant_rms_norm`, ...)
 
 Each `ref_*` computes the same function as its kernel, written for clarity rather than speed,
 with the kernel wrapper's signature (engine_client.kv.kernel_set swaps them in). Tests compare
@@ -12,6 +13,12 @@ kernels against these on random inputs of irregular sizes. Everything is importa
 """
 
 from kernels.reference.attention import ref_sparse_mla_decode
+from kernels.reference.dense import (
+    ref_invariant_bmm,
+    ref_invariant_layer_norm,
+    ref_invariant_linear,
+    ref_invariant_rms_norm,
+)
 from kernels.reference.index_pool import page_views, read_index_rows, write_index_rows
 from kernels.reference.select import order_key, ref_indexer_scores, ref_topk_select
 from kernels.reference.store import kv_rows_for_store, ref_kv_append, ref_kv_quantize
@@ -23,6 +30,10 @@ __all__ = [
     "page_views",
     "read_index_rows",
     "ref_indexer_scores",
+    "ref_invariant_bmm",
+    "ref_invariant_layer_norm",
+    "ref_invariant_linear",
+    "ref_invariant_rms_norm",
     "ref_kv_append",
     "ref_kv_quantize",
     "ref_miss_copy",

@@ -66,3 +66,23 @@ def test_the_summary_reports_tokens_and_misses_per_step() -> None:
     assert row["tok_s_ratio"] == 1.5 and row["tokens_per_step"] == 2.0
     assert (row["misses_per_step_mtp"], row["misses_rows_per_step_mtp"]) == (12.0, 18.0)
     assert summary(group, 3, expected=2.5) == {}  # a D not run (budget)
+
+
+def test_batch_invariant_both_ways_runs_every_group_twice() -> None:
+    """--batch-invariant 0,1: each (context, mode) group with and without the engine's flag, so
+    one command measures what batch invariance costs."""
+    args = parse_args(["--smoke", "--draft-tokens", "1,3", "--batch-invariant", "0,1"])
+    groups = run_groups(sizes_of(args, "cpu"), args)
+    assert [(p.mode, p.batch_invariant) for p, _ in groups] == [
+        ("baseline", False),
+        ("baseline", True),
+        ("service", False),
+        ("service", True),
+    ]
+    for plain, spec in groups:
+        for run in (plain, *spec):
+            flags = engine_flags(sizes_of(args, "cpu"), run)
+            assert ("--batch-invariant" in flags) == run.batch_invariant
+            assert run.batch_invariant == plain.batch_invariant
+    with pytest.raises(SystemExit):
+        parse_args(["--batch-invariant", "2"])

@@ -16,6 +16,7 @@ RULES: dict[str, set[str]] = {
     "store": {"ground"},
     "swap": {"ground"},
     "select": {"ground"},
+    "dense": {"ground"},
     "attention": {"ground", "store"},
 }
 
