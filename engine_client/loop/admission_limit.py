@@ -146,19 +146,20 @@ class AdmissionLimit:
         if rows < 1 or not seconds > 0:
             return  # an empty or unmeasured step says nothing
         self.steps += 1
-        est = self._estimates[self.bucket(rows)]
+        bucket = self.bucket(rows)
+        est = self._estimates[bucket]
         est.add(rows, seconds, 2 / (self.settings.samples + 1))
         est.last = self.steps
-        self._watch_starved(rows)
+        self._watch_starved(rows, bucket)
         if self.adaptive:
             self._decide(waiting)
         assert 1 <= self.limit <= self.capacity, self.limit
 
-    def _watch_starved(self, rows: int) -> None:
+    def _watch_starved(self, rows: int, bucket: int) -> None:
         if self._high_at != self.at:
             self._high, self._high_at = 0, self.at
         grew, self._high = rows > self._high, max(self._high, rows)
-        self._starved = 0 if grew or self.bucket(rows) >= self.at else self._starved + 1
+        self._starved = 0 if grew or bucket >= self.at else self._starved + 1
 
     def _decide(self, waiting: bool) -> None:
         trial = self._trial

@@ -79,8 +79,7 @@ class Scheduler:
         request; `state` records each admission; `remote` prefills admitted requests on a
         peer (disaggregation) instead of here."""
         self.control, self.policy = control, policy
-        self.admission, self.max_batch = admission, max_batch
-        self.prefill_chunk, self.synthetic = prefill_chunk, synthetic
+        self.admission, self.synthetic = admission, synthetic
         # Prefix caching: the page names admissions look up and releases publish.
         self.names = PageNames(control, synthetic, prefill_chunk, prefix_cache, share_generated)
         self._finish, self.state, self.clock = finish, state, clock
@@ -93,7 +92,6 @@ class Scheduler:
         self.next_step = 0
         self.refused = False  # the last admission attempt was refused for capacity
         self._retry_at = 0.0
-        self.draft_tokens = draft_tokens
         self.reserve_extra = reserve_extra(draft_tokens)
         self.builder = BatchBuilder(max_batch, prefill_chunk, synthetic, draft_tokens, clock)
         self.remote = remote
