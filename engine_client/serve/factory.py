@@ -145,7 +145,8 @@ def local_control(cfg: EngineConfig, mcfg: ModelConfig, device: str) -> KVContro
     from kv_service.core import ServiceCore
     from kv_service.memory.store import allocate_local
 
-    core = ServiceCore(allocate_local(layout, device), lease_seconds=EMBEDDED_LEASE_SECONDS)
+    kv = allocate_local(layout, device, shared_slots=cfg.local.shared_slots)
+    core = ServiceCore(kv, lease_seconds=EMBEDDED_LEASE_SECONDS)
     return EmbeddedControl(core, cfg.engine_name, fingerprint(cfg, mcfg))
 
 
