@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from contract.layout import KVLayout
+from contract.layout import KVLayout, check_shared_slots
 
 
 @dataclass
@@ -38,7 +38,7 @@ class SharedRegion:
 
     @classmethod
     def allocate(cls, layout: KVLayout, slots: int, device: torch.device) -> SharedRegion:
-        check_slots(layout, slots)
+        check_shared_slots(layout, slots)
         L, R = layout.num_layers, layout.max_requests
         region = cls(
             base=R - slots // layout.hot_slots,
@@ -81,18 +81,3 @@ class SharedRegion:
         page = torch.where(held, (self.key & 0xFFFFFFFF) // page_size, 0)
         current = (self.key >> 32) == self.page_gen.long()[page]
         return int((held & current).sum())
-
-
-def check_slots(layout: KVLayout, slots: int) -> None:
-    """S must be whole request buffers, leaving at least one request slot."""
-    B, R = layout.hot_slots, layout.max_requests
-    if slots <= 0 or slots % B or slots // B >= R:
-        raise ValueError(
-            f"shared_slots must be a positive multiple of hot_slots ({B}) below "
-            f"max_requests * hot_slots ({R * B}), got {slots}"
-        )
-
-
-def request_slots(layout: KVLayout, shared_slots: int) -> int:
-    """Request slots left for requests when `shared_slots` hot slots form the region."""
-    return layout.max_requests - (shared_slots // layout.hot_slots if shared_slots else 0)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from contract.flags import setting
-from contract.layout import MAX_DRAFT_TOKENS, KVLayout
+from contract.layout import MAX_DRAFT_TOKENS, KVLayout, check_shared_slots
 from contract.rules import (
     at_least,
     check_settings,
@@ -28,7 +28,6 @@ from contract.rules import (
     text,
     within,
 )
-from contract.shared_region import check_slots
 from engine_client.client.address import ENGINE_SOCKET, default_uds, grpc_target
 from engine_client.loop.acceptance_rates import BENCHMARK_ONLY, AcceptanceRates, check_rates
 from engine_client.loop.admission_limit import admission_setting
@@ -95,7 +94,7 @@ class LocalLayout:
     def __post_init__(self) -> None:
         lay = self.layout(num_layers=1, topk=max(1, self.hot_slots - self.window))
         if self.shared_slots:
-            check_slots(lay, self.shared_slots)
+            check_shared_slots(lay, self.shared_slots)
 
     def layout(self, num_layers: int, topk: int) -> KVLayout:
         fields = dataclasses.asdict(self)

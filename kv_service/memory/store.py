@@ -17,9 +17,9 @@ import torch
 
 from contract import residency
 from contract.exchange import exchange_specs
-from contract.layout import MODE_FREE, MODE_OFFLOADED, MODE_RESIDENT, KVLayout
+from contract.layout import MODE_FREE, MODE_OFFLOADED, MODE_RESIDENT, KVLayout, request_slots
 from contract.segment_map import as_kv_tensors
-from contract.shared_region import SharedRegion, request_slots
+from contract.shared_region import SharedRegion
 from contract.tensors import KVTensors, tensor_specs
 
 # A tensor to share: shape, dtype, and whether it lives in a host file (else device memory).

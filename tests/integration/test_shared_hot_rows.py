@@ -88,3 +88,10 @@ def _off():
     c = engine_config("embedded")
     local = dataclasses.replace(c.local, max_requests=c.local.max_requests - 1)
     return dataclasses.replace(c, local=local)
+
+
+def test_the_region_is_refused_outside_embedded_mode_and_off_whole_buffers() -> None:
+    with pytest.raises(ValueError, match="embedded"):
+        dataclasses.replace(cfg(REGION), kv_mode="baseline")
+    with pytest.raises(ValueError, match="multiple of hot_slots"):
+        cfg(REGION + 1)
