@@ -36,6 +36,8 @@ __all__ = [
     "KVLayout",
     "LayoutError",
     "RowFormat",
+    "check_shared_slots",
+    "request_slots",
 ]
 
 LAYOUT_VERSION = 1
@@ -198,3 +200,19 @@ class KVLayout:
                 if getattr(self, f.name) != getattr(other, f.name)
             }
             raise LayoutError(f"layout mismatch (ours, theirs): {diff}")
+
+
+def check_shared_slots(layout: KVLayout, slots: int) -> None:
+    """The shared hot region (contract.shared_region) is whole request buffers, leaving at
+    least one request slot; the size rule lives here, where torch-free configs can check it."""
+    B, R = layout.hot_slots, layout.max_requests
+    if slots <= 0 or slots % B or slots // B >= R:
+        raise ValueError(
+            f"shared_slots must be a positive multiple of hot_slots ({B}) below "
+            f"max_requests * hot_slots ({R * B}), got {slots}"
+        )
+
+
+def request_slots(layout: KVLayout, shared_slots: int) -> int:
+    """Request slots left for requests when `shared_slots` hot slots form the region."""
+    return layout.max_requests - (shared_slots // layout.hot_slots if shared_slots else 0)

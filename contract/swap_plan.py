@@ -55,6 +55,8 @@ def swap_in(
     place), then, if `copy` is given, copy the misses host -> hot (a caller that overlaps the
     copy with compute passes None and copies the same lists itself)."""
     lay = kv.layout
+    # Only a set with a shared hot region passes it: plans without one keep their signature.
+    extra = {} if kv.shared is None else {"shared": kv.shared}
     plan(
         layer,
         *inputs,
@@ -75,6 +77,7 @@ def swap_in(
         out_miss_rows=outputs.miss_rows,
         out_counts=outputs.counts,
         out_totals=outputs.totals,
+        **extra,
     )
     if copy is not None:
         copy(kv.host_rows, kv.hot_kv, outputs.miss_src, outputs.miss_dst, outputs.miss_count)

@@ -62,6 +62,9 @@ class KVTensors:
     lru_order: torch.Tensor
     hit_flag: torch.Tensor
     host_rows: Any = None
+    # The shared hot region (contract.shared_region.SharedRegion) or None: prefix sharing's
+    # hot rows, embedded mode only for now, so never among the exported tensors.
+    shared: Any = None
 
     def __post_init__(self) -> None:
         for name, (shape, dtype) in tensor_specs(self.layout).items():

@@ -108,3 +108,50 @@ def check_bijection(
     assert all(0 <= t < len(token_slot) for t in held.values()), "slot holds a bad token"
     assert {t: s for s, t in held.items()} == placed, "slot_token and token_slot disagree"
     assert len(set(held.values())) == len(held), "two slots hold one token"
+
+
+class SharedLRUSim:
+    """Exact LRU of one layer's shared region (issue 40), in plain Python: rows of cached
+    pages, keyed by any hashable row id, live in slots [0, S). Independently of the reference's
+    tensors and hash table: a dict of rows and a last-read step per slot. A slot read at the
+    current step is pinned; victims are the unpinned slots, least recently read first (never
+    read before anything), ties to the lower slot. A freed page's rows are new row ids once the
+    page is reused (the caller names rows with the page's generation), so nothing is forgotten
+    here: stale rows just stop being asked for."""
+
+    def __init__(self, slots: int) -> None:
+        self.S = slots
+        self.last: dict[int, int] = {}  # slot -> step that last read it
+        self.holds: dict[int, object] = {}  # slot -> row
+        self.where: dict[object, int] = {}  # row -> slot
+
+    def step(self, rows: list, now: int):
+        """Serve rows (None: not a shared row) read at step `now`, in order. Returns (slot of
+        each row or -1, [(index, row, slot)] of the first occurrence of each missed row that
+        got a slot, the indices that spilled)."""
+        slots = [-1] * len(rows)
+        missed: dict[object, list[int]] = {}
+        for i, row in enumerate(rows):
+            if row is None:
+                continue
+            if row in self.where:
+                slots[i] = self.where[row]
+                self.last[slots[i]] = now
+            else:
+                missed.setdefault(row, []).append(i)
+        unpinned = [s for s in range(self.S) if self.last.get(s) != now]
+        unpinned.sort(key=lambda s: (self.last.get(s, -1), s))
+        copies, spilled = [], []
+        for j, (row, idx) in enumerate(missed.items()):
+            if j >= len(unpinned):
+                spilled += idx
+                continue
+            v = unpinned[j]
+            old = self.holds.get(v)
+            if old is not None and self.where.get(old) == v:
+                del self.where[old]
+            self.holds[v], self.where[row], self.last[v] = row, v, now
+            copies.append((idx[0], row, v))
+            for i in idx:
+                slots[i] = v
+        return slots, copies, spilled

@@ -172,6 +172,10 @@ class HiSparseBackend(SharedBackend):
             raise ValueError(f"{G} rows per request, the backend holds {self.rows_per_request}")
         out = self._outputs(row0, topk.shape[0], G)
         aside = self._copy_stream is not None
+        if self.kv.shared is not None and layer == 0 and row0 == 0:
+            # A new step: the shared slots read so far may be evicted again (on the device,
+            # so a captured graph counts its replays).
+            self.kv.shared.next_step()
         swap_in(
             self.kv,
             layer,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from kernels.formats import MODE_OFFLOADED, MODE_RESIDENT
+from kernels.reference.shared_swap import shared_copies, shared_phase
 
 
 def host_tensor(host):
@@ -98,22 +99,30 @@ def ref_swap_plan(
     out_miss_rows=None,
     out_counts=None,
     out_totals=None,
+    shared=None,
 ):
-    """Reference of kernels.swap.plan.swap_plan (hit_flag is not needed here: left untouched)."""
+    """Reference of kernels.swap.plan.swap_plan (hit_flag is not needed here: left untouched).
+    With `shared` (contract.shared_region.SharedRegion), the cached-prefix rows of offloaded
+    requests go through the shared region first (kernels/reference/shared_swap.py)."""
     _, R, C = token_slot.shape
     B, G, k = slot_token.shape[2], rows_per_request, topk.shape[1]
     rows, lens, req = topk.tolist(), seq_lens.tolist(), req_slots.tolist()
+    groups = []
     for g in range(len(rows) // G):
         r = req[g * G]
         mode = int(req_mode[r]) if 0 <= r < R else 0
         row_lens = [min(max(n, 0), C) for n in lens[g * G : (g + 1) * G]]
         entries = [(t, n) for row, n in zip(rows[g * G : (g + 1) * G], row_lens) for t in row]
+        groups.append((r, mode, row_lens, entries))
+    served = shared_phase(layer, groups, shared, token_slot, page_table, page_size, window)
+    for g, (r, mode, row_lens, entries) in enumerate(groups):
         misses, row_misses = [], 0
         if mode == MODE_OFFLOADED:
+            private = [(-1, n) if s >= 0 else (t, n) for (t, n), s in zip(entries, served[g][0])]
             slots, misses, row_misses = _ref_plan_request(
                 layer,
                 r,
-                entries,
+                private,
                 max(row_lens),
                 page_table[r].tolist(),
                 token_slot,
@@ -123,6 +132,10 @@ def ref_swap_plan(
                 page_size,
                 window,
             )
+            dims = (num_layers, R, B, page_size)
+            pages = page_table[r].tolist()
+            copies = shared_copies(layer, r, shared, entries, slots, served[g], pages, dims)
+            misses, row_misses = misses + copies, row_misses + len(copies)
         else:
             resident = mode == MODE_RESIDENT
             slots = [t if resident and 0 <= t < min(n, B) else -1 for t, n in entries]

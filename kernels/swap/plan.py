@@ -13,6 +13,8 @@ three phases separated by barriers (kernels/swap/lru.py):
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 import kernels.interpreter  # noqa: F401  (the interpreter switch, before import triton)
@@ -161,6 +163,7 @@ def swap_plan(
     out_counts: torch.Tensor | None = None,
     out_totals: torch.Tensor | None = None,
     num_warps: int | None = None,
+    shared: Any = None,
 ) -> None:
     """Plan one layer's swap-in for a batch; updates residency state in place.
 
@@ -185,7 +188,11 @@ def swap_plan(
     of each row, at the row's own slot; misses; misses summed over rows), row R for padding
     rows (req_slot outside [0, R)); out_totals [2] int64, (selected, misses) of the batch.
     Launch-only (no sync, no allocation), so it can be captured in a CUDA graph.
+    shared: the shared hot region of cached prefix rows (issue 40); only the reference plans
+    it so far (kernels/reference/shared_swap.py), so this refuses one.
     """
+    if shared is not None:
+        raise NotImplementedError("the shared hot region is planned by the reference only")
     (bs, k), (L, R, C), B = topk.shape, token_slot.shape, slot_token.shape[2]
     W, G = window, rows_per_request
     if num_layers != L or not 0 <= layer < L:

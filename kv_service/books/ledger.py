@@ -107,8 +107,10 @@ class PageLedger:
 
     def __init__(self, rows: RowStore) -> None:
         self.rows, self.layout = rows, rows.layout
-        self.pages = PagePool(self.layout.num_pages)
-        self.slots = SlotPool(self.layout.max_requests)
+        # A RowStore with a shared hot region (TensorRows) keeps some request slots for it and
+        # hears of every page freed (its rows there must never hit again).
+        self.pages = PagePool(self.layout.num_pages, on_free=getattr(rows, "forget_pages", None))
+        self.slots = SlotPool(getattr(rows, "request_slots", self.layout.max_requests))
         self.cache = PrefixCache(self.pages)
         self.counters = dict(
             prefix_lookups_total=0, prefix_lookup_tokens_total=0, prefix_hit_tokens_total=0

@@ -9,6 +9,7 @@ Invariants are asserted after every change; they are cheap (set sizes).
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 
 from contract.errors import CapacityError
 
@@ -68,9 +69,19 @@ class _IdPool:
 
 
 class PagePool(_IdPool):
-    """Pages of the host tier (and of the index-key pool, which has the same page ids)."""
+    """Pages of the host tier (and of the index-key pool, which has the same page ids).
+    on_free hears of pages given back (the shared hot region forgets their rows)."""
 
     unit = "pages"
+
+    def __init__(self, total: int, on_free: Callable[[list[int]], None] | None = None) -> None:
+        super().__init__(total)
+        self.on_free = on_free
+
+    def give_back(self, ids: list[int]) -> None:
+        super().give_back(ids)
+        if self.on_free is not None:
+            self.on_free(ids)
 
 
 class SlotPool(_IdPool):

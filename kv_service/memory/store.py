@@ -17,8 +17,9 @@ import torch
 
 from contract import residency
 from contract.exchange import exchange_specs
-from contract.layout import MODE_FREE, MODE_RESIDENT, KVLayout
+from contract.layout import MODE_FREE, MODE_OFFLOADED, MODE_RESIDENT, KVLayout, request_slots
 from contract.segment_map import as_kv_tensors
+from contract.shared_region import SharedRegion
 from contract.tensors import KVTensors, tensor_specs
 
 # A tensor to share: shape, dtype, and whether it lives in a host file (else device memory).
@@ -55,8 +56,11 @@ def initialize(
     return ServiceMemory(kv, exchange)
 
 
-def allocate_local(layout: KVLayout, device: torch.device | str = "cpu") -> KVTensors:
-    """Plain in-process allocation (tests, embedded mode). Host tier pinned when on GPU."""
+def allocate_local(
+    layout: KVLayout, device: torch.device | str = "cpu", shared_slots: int = 0
+) -> KVTensors:
+    """Plain in-process allocation (tests, embedded mode). Host tier pinned when on GPU. With
+    shared_slots, the shared hot region of cached prefix rows (contract.shared_region)."""
     device = torch.device(device)
     tensors = {}
     for name, (shape, dtype) in tensor_specs(layout).items():
@@ -69,6 +73,8 @@ def allocate_local(layout: KVLayout, device: torch.device | str = "cpu") -> KVTe
         from kernels.uva import UVATensor
 
         kv.host_rows = UVATensor(kv.host_kv)
+    if shared_slots:
+        kv.shared = SharedRegion.allocate(layout, shared_slots, device)
     clear_all(kv)
     return kv
 
@@ -86,6 +92,8 @@ def clear_all(kv: KVTensors) -> None:
             lay.window, lay.hot_slots, dtype=torch.int32, device=kv.lru_order.device
         ).expand_as(kv.lru_order)
     )
+    if kv.shared is not None:
+        kv.shared.clear()
 
 
 def reset_request(kv: KVTensors, slot: int, mode: int, pages: list[int]) -> None:
@@ -98,11 +106,15 @@ def reset_request(kv: KVTensors, slot: int, mode: int, pages: list[int]) -> None
     kv.page_table[slot].copy_(row)
     residency.forget(kv, slot)
     kv.req_mode[slot] = mode
+    if kv.shared is not None:
+        kv.shared.shared_len[slot] = 0
 
 
 def free_request(kv: KVTensors, slot: int) -> None:
     kv.req_mode[slot] = MODE_FREE
     kv.page_table[slot].fill_(-1)
+    if kv.shared is not None:
+        kv.shared.shared_len[slot] = 0
 
 
 class TensorRows:
@@ -110,12 +122,23 @@ class TensorRows:
 
     def __init__(self, kv: KVTensors) -> None:
         self.kv, self.layout = kv, kv.layout
+        shared = kv.shared.slots if kv.shared is not None else 0
+        # The shared region lives in the last request slots' buffers: never handed out.
+        self.request_slots = request_slots(kv.layout, shared)
 
     def reset(self, slot: int, mode: int, pages: list[int]) -> None:
         reset_request(self.kv, slot, mode, pages)
 
     def load_prefix(self, slot: int, mode: int, pages: list[int], cached: int) -> None:
         load_cached_prefix(self.kv, slot, mode, cached)  # the page table holds `pages`
+        if self.kv.shared is not None and mode == MODE_OFFLOADED:
+            # Rows below `cached` are read-only (appends start there): shared hot rows.
+            self.kv.shared.shared_len[slot] = cached
+
+    def forget_pages(self, pages: list[int]) -> None:
+        """Pages back in the free pool: their shared hot rows must never hit again."""
+        if self.kv.shared is not None:
+            self.kv.shared.forget_pages(pages)
 
     def store_pages(self, slot: int, mode: int, pages: list[int], indices: list[int]) -> None:
         if mode == MODE_RESIDENT:  # offloaded requests wrote their host rows on append

@@ -54,6 +54,17 @@ async def _run_jobs(
     """Tokens of every job, and every decode step's logits, through one engine. Every job must
     end by length unless `finishes` is given: it then receives the finish reasons."""
     engine = await build_engine(cfg)
+    logits = record_logits(engine)
+    reqs = await _drive(engine, jobs)
+    if finishes is None:
+        assert all(r.finish is Finish.LENGTH for r in reqs), [(r.finish, r.error) for r in reqs]
+    else:
+        finishes.extend(r.finish for r in reqs)
+    return [r.tokens for r in reqs], logits, dict(engine.totals)
+
+
+def record_logits(engine) -> list[torch.Tensor]:
+    """The list every decode step's logits of `engine` will be appended to."""
     logits: list[torch.Tensor] = []
     step = engine.compute.model_runner.step
 
@@ -63,12 +74,7 @@ async def _run_jobs(
         return out
 
     engine.compute.model_runner.step = recording_step
-    reqs = await _drive(engine, jobs)
-    if finishes is None:
-        assert all(r.finish is Finish.LENGTH for r in reqs), [(r.finish, r.error) for r in reqs]
-    else:
-        finishes.extend(r.finish for r in reqs)
-    return [r.tokens for r in reqs], logits, dict(engine.totals)
+    return logits
 
 
 async def _drive(engine, jobs) -> list[GenRequest]:

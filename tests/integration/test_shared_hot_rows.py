@@ -1,0 +1,97 @@
+"""Shared hot rows (issue 40, item 1) through the real engine, embedded mode on CPU with the
+reference plan: requests that read a cached prefix through the shared hot region give bitwise
+the tokens and logits of the same requests without prefix sharing, alone or decoding together
+(three requests on one cached prefix, each step's batch the same with the region on or off)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+import torch
+
+from engine_client.loop.request import Finish, SamplingParams
+from engine_client.serve.factory import build_engine
+from tests.engine_client.loop.test_engine import (  # noqa: F401 (autouse fixture)
+    one_cpu_thread,
+    record_logits,
+)
+from tests.integration.test_prefix_engine import JOBS, SHARED, P, _run, _turn2
+from tests.process_harness import engine_config
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+REGION = 32  # one request slot's buffers (hot_slots 32): 3 request slots are left
+
+
+def cfg(shared_slots: int, **kw):
+    c = engine_config("embedded", **kw)
+    local = dataclasses.replace(c.local, shared_slots=shared_slots)
+    return dataclasses.replace(c, local=local)
+
+
+def test_alone_equals_the_cold_run() -> None:
+    # Without sharing, each job alone: the next turn runs in an engine of its own.
+    cold_cfg = engine_config("baseline", prefix_cache=False)
+    cold, cold_logits, _, _, _ = asyncio.run(_run(cold_cfg, JOBS))
+    jobs = JOBS + [_turn2(JOBS[0][0], cold[0])]
+    more, more_logits, _, _, _ = asyncio.run(_run(cold_cfg, jobs[-1:]))
+    tokens, logits, cached, guard, stats = asyncio.run(_run(cfg(REGION), jobs))
+    assert cached == [j[3] for j in jobs]
+    assert tokens == cold + more
+    assert len(logits) == len(cold_logits + more_logits)
+    assert all(torch.equal(a, b) for a, b in zip(logits, cold_logits + more_logits))
+    assert not guard.violations and stats["requests"] == 0
+    region = guard.backend.kv.shared
+    assert int((region.key >= 0).sum()) > 0  # the cached rows went through the region
+
+
+async def _together(c, prompts: list[tuple[int, ...]], n: int):
+    """The first prompt alone (its pages get published), then the others at once: their
+    tokens, every step's logits and the region's copies."""
+    engine = await build_engine(c)
+    logits = record_logits(engine)
+    engine.start()
+    region = engine.compute.backend.kv.shared
+    try:
+        first = engine.api.submit(prompts[0], n, SamplingParams())
+        async for _ in first.follow():
+            pass
+        reqs = [engine.api.submit(p, n, SamplingParams()) for p in prompts[1:]]
+        await asyncio.gather(*(_drain(r) for r in reqs))
+        assert all(r.finish is Finish.LENGTH for r in [first, *reqs])
+        held = 0 if region is None else int((region.key >= 0).sum())
+        tokens = [first.tokens] + [r.tokens for r in reqs]
+        return tokens, logits, [r.cached_tokens for r in reqs], held
+    finally:
+        await engine.stop()
+
+
+async def _drain(req) -> None:
+    async for _ in req.follow():
+        pass
+
+
+def test_requests_on_one_prefix_decode_together_through_one_region() -> None:
+    prompts = [SHARED + (3, 4, 5)] + [SHARED + (9, i, 8) for i in range(3)]
+    off = asyncio.run(_together(_off(), prompts, 8))
+    on = asyncio.run(_together(cfg(REGION), prompts, 8))
+    assert on[2] == off[2] == [len(SHARED) // P * P] * 3
+    assert on[0] == off[0]
+    assert len(on[1]) == len(off[1]) and all(torch.equal(a, b) for a, b in zip(on[1], off[1]))
+    assert on[3] > 0 and off[3] == 0
+
+
+def _off():
+    """Without the region, as many request slots as with it (the same batches)."""
+    c = engine_config("embedded")
+    local = dataclasses.replace(c.local, max_requests=c.local.max_requests - 1)
+    return dataclasses.replace(c, local=local)
+
+
+def test_the_region_is_refused_outside_embedded_mode_and_off_whole_buffers() -> None:
+    with pytest.raises(ValueError, match="embedded"):
+        dataclasses.replace(cfg(REGION), kv_mode="baseline")
+    with pytest.raises(ValueError, match="multiple of hot_slots"):
+        cfg(REGION + 1)
