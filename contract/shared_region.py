@@ -12,7 +12,8 @@ other rows) cannot be read through a stale slot. Stale slots are the least recen
 and are evicted first.
 
 Embedded mode only for now (`LocalLayout.shared_slots`): the tensors are not exported to a
-service's engines yet (docs/DECISIONS.md, Prefix sharing).
+service's engines yet (docs/DECISIONS.md, Prefix sharing). `scratch` is the Triton plan's
+workspace, the planning process's own.
 """
 
 from __future__ import annotations
@@ -23,6 +24,45 @@ import torch
 
 from contract.layout import KVLayout, check_shared_slots
 
+INT32_MAX = 2**31 - 1
+
+
+@dataclass
+class SharedScratch:
+    """The Triton plan's workspace (kernels/swap/shared_phase.py), allocated once so that the
+    plan allocates nothing (CUDA-graph safe); each planning process has its own. Sized for a
+    call of every request slot's G k <= B - W entries, E = R (B - W): a claim table [2^ceil
+    (log2 2E)] (key int64, -1 empty; owner int32, INT32_MAX empty; the owner's rank in its
+    group), empty between calls; `claims` [E] (claim positions by rank, for the cleanup),
+    `groups` [R] (owners per group, then their offsets), `victims` [S], `meta` [2] (owners,
+    owners given a slot). About 36 bytes per entry: < 0.1% of the hot buffers it serves."""
+
+    claim_key: torch.Tensor
+    claim_owner: torch.Tensor
+    claim_rank: torch.Tensor
+    claims: torch.Tensor
+    groups: torch.Tensor
+    victims: torch.Tensor
+    meta: torch.Tensor
+
+    @classmethod
+    def allocate(cls, layout: KVLayout, slots: int, device: torch.device) -> SharedScratch:
+        R, entries = layout.max_requests, layout.max_requests * layout.lru_slots
+        table = 1 << (2 * entries - 1).bit_length()
+
+        def i32(n: int, fill: int = 0) -> torch.Tensor:
+            return torch.full((n,), fill, dtype=torch.int32, device=device)
+
+        return cls(
+            claim_key=torch.full((table,), -1, dtype=torch.int64, device=device),
+            claim_owner=i32(table, INT32_MAX),
+            claim_rank=i32(table),
+            claims=i32(entries),
+            groups=i32(R),
+            victims=i32(slots),
+            meta=i32(2),
+        )
+
 
 @dataclass
 class SharedRegion:
@@ -32,9 +72,11 @@ class SharedRegion:
     key: torch.Tensor  # [L, S] int64
     index: torch.Tensor  # [L, 2S] int32
     last: torch.Tensor  # [L, S] int64
+    order: torch.Tensor  # [L, S] int32: the slots by (last, slot), least recently read first
     page_gen: torch.Tensor  # [num_pages] int32
     shared_len: torch.Tensor  # [R] int32
     step: torch.Tensor  # [1] int64: the decode step, counted on the device
+    scratch: SharedScratch
 
     @classmethod
     def allocate(cls, layout: KVLayout, slots: int, device: torch.device) -> SharedRegion:
@@ -45,9 +87,11 @@ class SharedRegion:
             key=torch.empty((L, slots), dtype=torch.int64, device=device),
             index=torch.empty((L, 2 * slots), dtype=torch.int32, device=device),
             last=torch.empty((L, slots), dtype=torch.int64, device=device),
+            order=torch.empty((L, slots), dtype=torch.int32, device=device),
             page_gen=torch.zeros((layout.num_pages,), dtype=torch.int32, device=device),
             shared_len=torch.zeros((R,), dtype=torch.int32, device=device),
             step=torch.zeros((1,), dtype=torch.int64, device=device),
+            scratch=SharedScratch.allocate(layout, slots, device),
         )
         region.clear()
         return region
@@ -61,6 +105,7 @@ class SharedRegion:
         self.key.fill_(-1)
         self.index.fill_(-1)
         self.last.fill_(-1)
+        self.order.copy_(torch.arange(self.slots, dtype=torch.int32).expand_as(self.order))
         self.shared_len.zero_()
 
     def forget_pages(self, pages: list[int]) -> None:

@@ -9,6 +9,8 @@ Per layer the region is kept in four tensors (contract/shared_region.py allocate
 - `last` [L, S] int64: the step that last read the slot (-1: never). A slot read at the current
   step (`step[0]`) is pinned: no plan call of this step evicts it, so no request loses a row
   another request of the same step reads, across micro-batches too;
+- `order` [L, S] int32: the slots sorted by (last, slot), least recently read first: derived
+  from `last` here, kept up to date in O(S) by the Triton plan, which takes its victims there;
 - `shared_len` [R] int32: positions below it (a request's cached prefix) are shared rows.
 
 Eligible entries of a (layer, request) are the valid positions below shared_len, outside the
@@ -89,7 +91,8 @@ class SharedTable:
 
     def store(self) -> None:
         sh, l = self.shared, self.layer
-        for name in ("key", "index", "last"):
+        self.order = sorted(range(len(self.last)), key=lambda s: (self.last[s], s))
+        for name in ("key", "index", "last", "order"):
             dst = getattr(sh, name)[l]
             dst.copy_(dst.new_tensor(getattr(self, name)))
 

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from kernels import formats
+from kernels.arg_specs import check_specs
 from kernels.formats import ROW_VALUES, IndexFormat, RowFormat, RowKernel
 from kernels.store.fp8_row import quantize_rows, store_fp8_rows
 from kernels.uva import UVATensor
@@ -168,15 +169,6 @@ def _kv_append_kernel(
     )
 
 
-def _check(specs: dict) -> None:
-    for name, (x, dtype, shape) in specs.items():
-        if x.dtype is not dtype or tuple(x.shape) != tuple(shape) or not x.is_contiguous():
-            raise ValueError(
-                f"{name}: expected contiguous {tuple(shape)} {dtype}, "
-                f"got {tuple(x.shape)} {x.dtype}"
-            )
-
-
 def kv_append(
     layer: int,
     kv_rows: torch.Tensor,
@@ -228,7 +220,7 @@ def kv_append(
     quant = not encoded and row_format.kernel is RowKernel.FP8
     if not encoded and not quant:
         kv_rows = kv_rows.view(u8)
-    _check(
+    check_specs(
         {
             "kv_rows": (
                 kv_rows,

@@ -17,6 +17,8 @@ import kernels.interpreter  # noqa: F401  (the interpreter switch, before import
 import triton
 import triton.language as tl
 
+from kernels.swap.shared_phase import resolve
+
 
 @triton.jit
 def _lookup(
@@ -134,10 +136,50 @@ def plan_offloaded(
     BLOCK_K: tl.constexpr,
     BLOCK_N: tl.constexpr,
     ROWS_OUT: tl.constexpr,
+    key_ptr,
+    groups_ptr,
+    meta_ptr,
+    victims_ptr,
+    claim_key_ptr,
+    claim_owner_ptr,
+    claim_rank_ptr,
+    claims_ptr,
+    base,
+    S,
+    SHARED: tl.constexpr,
 ):
     """b: the program's request (group of rows); k: its entries (rows x top-k); entry i of
     position t belongs to a row of length row_len[i]; seq_len: the request's length. Returns
-    (positions copied, missed entries with repeats counted)."""
+    (positions copied, missed entries with repeats counted).
+    SHARED: launches 1-3 of kernels/swap/shared_phase.py ran; entries the region serves leave
+    the private plan (t = -1), their slots are written relative to this request's buffer,
+    (base - r) B + shared slot, and the copies they own follow the private ones in the miss
+    list, as the reference orders them."""
+    if SHARED:
+        sh, copier, src_sh = resolve(
+            b,
+            i,
+            in_k,
+            t,
+            r,
+            layer,
+            k,
+            max_pages,
+            S,
+            out_slots_ptr,
+            page_table_ptr,
+            key_ptr,
+            groups_ptr,
+            meta_ptr,
+            victims_ptr,
+            claim_key_ptr,
+            claim_owner_ptr,
+            claim_rank_ptr,
+            claims_ptr,
+            L,
+            P,
+        )
+        t = tl.where(sh >= 0, -1, t)
     res_base = (layer * R + r).to(tl.int64)
     ts_row = token_slot_ptr + res_base * C
     slots, ts, page, hit, miss = _lookup(
@@ -159,6 +201,10 @@ def plan_offloaded(
     # Every missed entry, repeats counted (what planning each row alone would copy, when rows
     # hold distinct positions): the dedup's baseline.
     row_misses = tl.sum(miss.to(tl.int32), 0)
+    if SHARED:
+        copy_i = copier.to(tl.int32)
+        copies = tl.sum(copy_i, 0)
+        row_misses += copies
     if ROWS_OUT:
         tl.store(out_rows_ptr + b, row_misses)
     # The lookup read token_slot before any claim overwrites it.
@@ -195,10 +241,17 @@ def plan_offloaded(
     tl.store(ts_row + t, -1, mask=miss & ~placed)
     tl.debug_barrier()
     slots = tl.where(repeat, tl.load(ts_row + t, mask=repeat, other=-1), slots)
+    if SHARED:
+        slots = tl.where(sh >= 0, (base - r) * B + sh, slots)
     row = b.to(tl.int64) * k
     tl.store(out_slots_ptr + row + i, slots, mask=in_k)
     src = (page.to(tl.int64) * L + layer) * P + t % P
     tl.store(out_src_ptr + row + miss_rank, src, mask=placed)
     tl.store(out_dst_ptr + row + miss_rank, res_base * B + v, mask=placed)
+    if SHARED:
+        at = row + m + tl.cumsum(copy_i, 0) - copy_i
+        tl.store(out_src_ptr + at, src_sh, mask=copier)
+        tl.store(out_dst_ptr + at, (layer * R + base).to(tl.int64) * B + sh, mask=copier)
+        m += copies
     tl.store(out_count_ptr + b, m)
     return m, row_misses

@@ -9,6 +9,8 @@ three phases separated by barriers (kernels/swap/lru.py):
    the first occurrence of each missed position (repeats read its slot);
 2. stable-partition `lru_order` into (kept, hits, victims) with prefix sums and scatter it back;
 3. read each miss's victim from the tail of the new order, update residency, emit the miss list.
+With a shared hot region (issue 40), launches around this one serve the cached prefix's rows
+first (kernels/swap/shared_phase.py); without one, that branch is compiled out (SHARED).
 """
 
 from __future__ import annotations
@@ -24,8 +26,11 @@ import triton
 import triton.language as tl
 
 from kernels import formats
+from kernels.arg_specs import check_specs
 from kernels.swap.counts import add_counts, add_totals
+from kernels.swap.entries import group_entries
 from kernels.swap.lru import plan_offloaded
+from kernels.swap.shared_phase import after_plan, before_plan, check_region, plan_args
 
 MODE_RESIDENT = tl.constexpr(formats.MODE_RESIDENT)
 MODE_OFFLOADED = tl.constexpr(formats.MODE_OFFLOADED)
@@ -53,6 +58,16 @@ def _swap_plan_kernel(
     out_rows_ptr,
     counts_ptr,
     totals_ptr,
+    key_ptr,
+    groups_ptr,
+    meta_ptr,
+    victims_ptr,
+    claim_key_ptr,
+    claim_owner_ptr,
+    claim_rank_ptr,
+    claims_ptr,
+    base,
+    S,
     layer,
     k,
     R,
@@ -68,17 +83,12 @@ def _swap_plan_kernel(
     ROWS_OUT: tl.constexpr,
     COUNTS: tl.constexpr,
     TOTALS: tl.constexpr,
+    SHARED: tl.constexpr,
 ):
     b = tl.program_id(0)
-    r = tl.load(req_slots_ptr + b * G)
-    r_ok = (r >= 0) & (r < R)
-    mode = tl.load(req_mode_ptr + r, mask=r_ok, other=0)
-    # The request's entries: its G rows of k positions, contiguous.
-    i = tl.arange(0, BLOCK_K)
-    in_k = i < G * k
-    t = tl.load(topk_ptr + b.to(tl.int64) * G * k + i, mask=in_k, other=-1)
-    row_len = tl.load(seq_lens_ptr + b * G + i // k, mask=in_k, other=0)
-    row_len = tl.minimum(tl.maximum(row_len, 0), C)
+    r, r_ok, mode, i, in_k, t, row_len = group_entries(
+        b, topk_ptr, seq_lens_ptr, req_slots_ptr, req_mode_ptr, k, R, C, G, BLOCK_K
+    )
     # The request's length: its longest row's (the window ring holds every row's token).
     seq_len = tl.max(row_len, 0)
     if mode == MODE_OFFLOADED:
@@ -112,6 +122,17 @@ def _swap_plan_kernel(
             BLOCK_K,
             BLOCK_N,
             ROWS_OUT,
+            key_ptr,
+            groups_ptr,
+            meta_ptr,
+            victims_ptr,
+            claim_key_ptr,
+            claim_owner_ptr,
+            claim_rank_ptr,
+            claims_ptr,
+            base,
+            S,
+            SHARED,
         )
     else:
         # Resident: token t is hot slot t. Free slots and padding rows select nothing.
@@ -127,16 +148,6 @@ def _swap_plan_kernel(
         add_totals(totals_ptr, sel, m)
     if COUNTS:
         add_counts(counts_ptr, req_slots_ptr, b, sel, i, k, m, row_misses, R, G)
-
-
-def _check(specs: dict) -> None:
-    # Shapes guard every flat address the kernel computes; a device mix-up fails at launch.
-    for name, (x, dtype, shape) in specs.items():
-        if x.dtype is not dtype or x.shape != shape or not x.is_contiguous():
-            raise ValueError(
-                f"{name}: expected contiguous {tuple(shape)} {dtype}, "
-                f"got {tuple(x.shape)} {x.dtype}"
-            )
 
 
 def swap_plan(
@@ -188,11 +199,10 @@ def swap_plan(
     of each row, at the row's own slot; misses; misses summed over rows), row R for padding
     rows (req_slot outside [0, R)); out_totals [2] int64, (selected, misses) of the batch.
     Launch-only (no sync, no allocation), so it can be captured in a CUDA graph.
-    shared: the shared hot region of cached prefix rows (issue 40); only the reference plans
-    it so far (kernels/reference/shared_swap.py), so this refuses one.
+    shared: the shared hot region of cached prefix rows (contract.shared_region, issue 40):
+    offloaded requests' cached-prefix rows go through it first, in launches before and after
+    this kernel (kernels/swap/shared_phase.py); None compiles that branch out.
     """
-    if shared is not None:
-        raise NotImplementedError("the shared hot region is planned by the reference only")
     (bs, k), (L, R, C), B = topk.shape, token_slot.shape, slot_token.shape[2]
     W, G = window, rows_per_request
     if num_layers != L or not 0 <= layer < L:
@@ -229,10 +239,17 @@ def swap_plan(
         specs["out_counts"] = (out_counts, i64, (R + 1, 3))
     if out_totals is not None:
         specs["out_totals"] = (out_totals, i64, (2,))
-    _check(specs)
+    check_specs(specs)
+    if shared is not None:
+        check_region(shared, L, R, B, n, bs * k)
     if bs == 0:
         return
     block_n = max(16, triton.next_power_of_2(B - W))
+    block_k = max(16, triton.next_power_of_2(G * k))
+    if shared is not None:
+        dims = dict(k=k, R=R, C=C, max_pages=page_table.shape[1], n=n, G=G, P=page_size, W=W)
+        args = (topk, seq_lens, req_slots, req_mode, page_table, token_slot, out_slots)
+        before_plan(layer, args, shared, dims | {"BLOCK_K": block_k})
     _swap_plan_kernel[(n,)](
         topk,
         seq_lens,
@@ -250,6 +267,7 @@ def swap_plan(
         out_miss_count if out_miss_rows is None else out_miss_rows,
         out_miss_src if out_counts is None else out_counts,
         out_miss_src if out_totals is None else out_totals,
+        *plan_args(shared, out_miss_src),
         layer,
         k,
         R,
@@ -260,10 +278,13 @@ def swap_plan(
         P=page_size,
         W=W,
         G=G,
-        BLOCK_K=max(16, triton.next_power_of_2(G * k)),
+        BLOCK_K=block_k,
         BLOCK_N=block_n,
         ROWS_OUT=out_miss_rows is not None,
         COUNTS=out_counts is not None,
         TOTALS=out_totals is not None,
+        SHARED=shared is not None,
         num_warps=num_warps or (NUM_WARPS_LARGE if max(block_n, G * k) >= 2048 else 4),
     )
+    if shared is not None:
+        after_plan(layer, shared)

@@ -1,14 +1,15 @@
-"""The swap plan's shared region (issue 40, item 1; reference only so far): rows of cached
-prefix pages live once per layer whichever requests select them. Checked against the exact-LRU
-oracle (tests/lru_simulator.py: one LRU over the shared region, one per request over its private
-slots) over multi-step traces of several requests split into two plan calls per layer (as the
-micro-batches do), and by content: after every call of a step, every entry of every call reads
-its own row, so no call evicted a slot another request reads this step."""
+"""The swap plan's shared region (issue 40, item 1), the reference's and the Triton plan's: rows of
+cached prefix pages live once per layer whichever requests select them. Checked against the
+exact-LRU oracle (tests/lru_simulator.py: one LRU over the shared region, one per request over
+its private slots) over multi-step traces of several requests split into two plan calls per
+layer (as the micro-batches do), and by content: after every call of a step, every entry of
+every call reads its own row, so no call evicted a slot another request reads this step."""
 
 from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 from lru_simulator import LRUSim, SharedLRUSim
 
@@ -16,6 +17,8 @@ from contract.layout import MODE_OFFLOADED, KVLayout
 from contract.shared_region import SharedRegion
 from kernels.reference import ref_miss_copy, ref_swap_plan
 from kernels.reference.shared_swap import row_key
+from kernels.swap.miss_copy import miss_copy
+from kernels.swap.plan import swap_plan
 from kv_service.memory.store import allocate_local, reset_request
 
 LAY = KVLayout(
@@ -30,19 +33,21 @@ LAY = KVLayout(
     row_format="bf16",
 )
 PREFIX = 24  # tokens of the shared prefix: pages 0..5
+PLANS = pytest.mark.parametrize("plan", [ref_swap_plan, swap_plan], ids=["ref", "triton"])
 
 
 class Harness:
     """Four offloaded requests on slots 0..3, the region in slot 4's buffers, host rows of
     random bytes; the oracle beside it."""
 
-    def __init__(self, seed: int, sharing: int = 3) -> None:
+    def __init__(self, seed: int, sharing: int = 3, plan=ref_swap_plan, device="cpu") -> None:
         torch.manual_seed(seed)
+        self.plan_fn, self.dev = plan, torch.device(device)
         # Request slots [0, sharing) share the prefix; the others share nothing.
         self.shared_len = [PREFIX if r < sharing else 0 for r in range(4)]
         self.spilled = 0
-        self.kv = allocate_local(LAY)
-        self.sh = SharedRegion.allocate(LAY, LAY.hot_slots, torch.device("cpu"))
+        self.kv = allocate_local(LAY, self.dev)
+        self.sh = SharedRegion.allocate(LAY, LAY.hot_slots, self.dev)
         self.kv.host_kv.copy_(torch.randint(0, 256, self.kv.host_kv.shape, dtype=torch.uint8))
         prefix = list(range(PREFIX // LAY.page_size))
         for r in range(4):
@@ -63,20 +68,22 @@ class Harness:
         return row_key(gen, page * LAY.page_size + t % LAY.page_size)
 
     def plan(self, layer: int, rows: list[list[int]], lens: list[int], req: list[int]):
-        """The reference's plan + copy of one call; returns (slots, miss count, copies)."""
+        """The plan + copy of one call; returns (slots, miss count, copies)."""
         n, k = len(rows), LAY.topk
-        slots = torch.full((n, k), -7, dtype=torch.int32)
-        src, dst = torch.zeros((n, k), dtype=torch.int64), torch.zeros((n, k), dtype=torch.int64)
-        count = torch.zeros((n,), dtype=torch.int32)
+        dev, i64 = self.dev, torch.int64
+        slots = torch.full((n, k), -7, dtype=torch.int32, device=dev)
+        src, dst = torch.zeros((n, k), dtype=i64, device=dev), torch.zeros_like(slots, dtype=i64)
+        count = torch.zeros((n,), dtype=torch.int32, device=dev)
         kv = self.kv
-        i32 = lambda x: torch.tensor(x, dtype=torch.int32)  # noqa: E731
-        ref_swap_plan(
+        i32 = lambda x: torch.tensor(x, dtype=torch.int32, device=dev)  # noqa: E731
+        self.plan_fn(
             layer, i32(rows), i32(lens), i32(req), kv.req_mode, kv.page_table, kv.token_slot,
             kv.slot_token, kv.lru_order, kv.hit_flag, slots, src, dst, count,
             num_layers=LAY.num_layers, page_size=LAY.page_size, window=LAY.window,
             shared=self.sh,
         )  # fmt: skip
-        ref_miss_copy(kv.host_kv, kv.hot_kv, src, dst, count)
+        copy = miss_copy if dev.type == "cuda" else ref_miss_copy
+        copy(kv.host_rows, kv.hot_kv, src, dst, count)
         copies = {(int(s), int(d)) for b in range(n) for s, d in zip(src[b, : count[b]], dst[b])}
         return slots.tolist(), count.tolist(), copies
 
@@ -115,7 +122,7 @@ class Harness:
     def assert_reads(self, layer, rows, lens, req, slots) -> None:
         """Every valid entry's slot holds its own row (hot row = host row); the window ring
         is kv_append's (not run here)."""
-        hot = self.kv.hot_kv.view(LAY.num_layers, -1, LAY.row_bytes)[layer]
+        hot = self.kv.hot_kv.view(LAY.num_layers, -1, LAY.row_bytes)[layer].cpu()
         for row, n, r, got in zip(rows, lens, req, slots):
             for t, s in zip(row, got):
                 if r >= 0 and 0 <= t < n - LAY.window:
@@ -129,10 +136,10 @@ def selection(rng: random.Random, n: int) -> list[int]:
     return row + [rng.choice([-1, n, n + 5])]
 
 
-def run_trace(seed: int, steps: int, refresh_at: int | None = None, sharing: int = 3):
+def run_trace(seed, steps, refresh_at=None, sharing=3, plan=ref_swap_plan, device="cpu"):
     """Steps of 4 requests (and a padding row) in two plan calls per layer; returns (shared
     copies made, entries that spilled to private slots)."""
-    rng, h = random.Random(seed), Harness(seed, sharing)
+    rng, h = random.Random(seed), Harness(seed, sharing, plan, device)
     lens = {r: 40 + r for r in range(4)}
     shared_copies = 0
     for now in range(1, steps + 1):
@@ -162,23 +169,34 @@ def run_trace(seed: int, steps: int, refresh_at: int | None = None, sharing: int
     return shared_copies, h.spilled
 
 
-def test_shared_region_matches_oracle_and_reads_its_rows():
-    copies, _ = run_trace(seed=1, steps=12)
+@PLANS
+def test_shared_region_matches_oracle_and_reads_its_rows(plan):
+    copies, _ = run_trace(seed=1, steps=12, plan=plan)
     assert copies > 0
 
 
-def test_full_region_spills_to_private_slots():
+@pytest.mark.gpu
+def test_triton_on_cuda_matches_oracle_and_spills():
+    copies, _ = run_trace(seed=1, steps=12, plan=swap_plan, device="cuda")
+    _, spilled = run_trace(seed=4, steps=8, sharing=4, plan=swap_plan, device="cuda")
+    assert copies > 0 and spilled > 0
+
+
+@PLANS
+def test_full_region_spills_to_private_slots(plan):
     # Four requests' selections exceed the region's 16 slots within a step: the rest spill.
-    _, spilled = run_trace(seed=4, steps=8, sharing=4)
+    _, spilled = run_trace(seed=4, steps=8, sharing=4, plan=plan)
     assert spilled > 0
 
 
-def test_freed_page_rows_never_hit_again():
-    run_trace(seed=2, steps=10, refresh_at=5)
+@PLANS
+def test_freed_page_rows_never_hit_again(plan):
+    run_trace(seed=2, steps=10, refresh_at=5, plan=plan)
 
 
-def test_one_copy_per_row_whichever_requests_select_it():
-    h = Harness(3)
+@PLANS
+def test_one_copy_per_row_whichever_requests_select_it(plan):
+    h = Harness(3, plan=plan)
     h.sh.next_step()
     row = [1, 5, 9, 13, 17, 21, -1, -1]
     slots, count, copies = h.plan(0, [row, row, row], [40, 41, 42], [0, 1, 2])
