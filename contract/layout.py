@@ -75,6 +75,12 @@ class KVLayout:
     max_context: int = setting(help="most tokens per request (prompt + generated)")
     row_format: str = setting("bf16", help=f"KV row format: {_choices(ROW_FORMATS)}")
     index_format: str = setting("bf16", help=f"indexer key format: {_choices(INDEX_FORMATS)}")
+    shared_slots: int = setting(
+        0,
+        help="S: hot slots per layer shared by the rows of cached prefix pages, whichever "
+        "requests select them (issue 40); a multiple of hot_slots, taken from the last request "
+        "slots' buffers; 0: off",
+    )
     version: int = LAYOUT_VERSION
 
     def __post_init__(self) -> None:
@@ -110,6 +116,8 @@ class KVLayout:
             raise LayoutError(f"layout version {self.version} is not {LAYOUT_VERSION}")
         if self.hot_slots >= 2**31 or self.max_context >= 2**31:
             raise LayoutError("hot_slots and max_context must fit in int32")
+        if self.shared_slots:
+            check_shared_slots(self, self.shared_slots)
 
     @property
     def row(self) -> RowFormat:
@@ -207,12 +215,14 @@ def check_shared_slots(layout: KVLayout, slots: int) -> None:
     least one request slot; the size rule lives here, where torch-free configs can check it."""
     B, R = layout.hot_slots, layout.max_requests
     if slots <= 0 or slots % B or slots // B >= R:
-        raise ValueError(
+        raise LayoutError(
             f"shared_slots must be a positive multiple of hot_slots ({B}) below "
             f"max_requests * hot_slots ({R * B}), got {slots}"
         )
 
 
-def request_slots(layout: KVLayout, shared_slots: int) -> int:
-    """Request slots left for requests when `shared_slots` hot slots form the region."""
-    return layout.max_requests - (shared_slots // layout.hot_slots if shared_slots else 0)
+def request_slots(layout: KVLayout, shared_slots: int | None = None) -> int:
+    """Request slots left for requests when `shared_slots` (default: the layout's) hot slots
+    form the shared region."""
+    slots = layout.shared_slots if shared_slots is None else shared_slots
+    return layout.max_requests - slots // layout.hot_slots

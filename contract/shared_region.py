@@ -11,9 +11,10 @@ old generation never hits again, so a freed page that is reused (and maybe publi
 other rows) cannot be read through a stale slot. Stale slots are the least recently read ones
 and are evicted first.
 
-Embedded mode only for now (`LocalLayout.shared_slots`): the tensors are not exported to a
-service's engines yet (docs/DECISIONS.md, Prefix sharing). `scratch` is the Triton plan's
-workspace, the planning process's own.
+`KVLayout.shared_slots` sizes it. An embedded engine allocates it with its KV tensors; a
+service exports its state tensors (`region_specs`) to the one session that plans with it
+(kv_service/memory/region_lease.py), or plans with it itself for a remote-swap session.
+`scratch` is the Triton plan's workspace, the planning process's own, never shared.
 """
 
 from __future__ import annotations
@@ -64,6 +65,21 @@ class SharedScratch:
         )
 
 
+def region_specs(layout: KVLayout, slots: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """The region's state tensors by exported name (a service shares them with the session that
+    plans with them, beside the KV tensors: docs/ARCHITECTURE.md, Memory)."""
+    L, R, i32, i64 = layout.num_layers, layout.max_requests, torch.int32, torch.int64
+    return {
+        "shared_key": ((L, slots), i64),
+        "shared_index": ((L, 2 * slots), i32),
+        "shared_last": ((L, slots), i64),
+        "shared_order": ((L, slots), i32),
+        "shared_page_gen": ((layout.num_pages,), i32),
+        "shared_len": ((R,), i32),
+        "shared_step": ((1,), i64),
+    }
+
+
 @dataclass
 class SharedRegion:
     """The region's bookkeeping tensors, on the hot buffers' device."""
@@ -80,21 +96,36 @@ class SharedRegion:
 
     @classmethod
     def allocate(cls, layout: KVLayout, slots: int, device: torch.device) -> SharedRegion:
+        """A new, empty region of `slots` slots per layer."""
         check_shared_slots(layout, slots)
-        L, R = layout.num_layers, layout.max_requests
-        region = cls(
-            base=R - slots // layout.hot_slots,
-            key=torch.empty((L, slots), dtype=torch.int64, device=device),
-            index=torch.empty((L, 2 * slots), dtype=torch.int32, device=device),
-            last=torch.empty((L, slots), dtype=torch.int64, device=device),
-            order=torch.empty((L, slots), dtype=torch.int32, device=device),
-            page_gen=torch.zeros((layout.num_pages,), dtype=torch.int32, device=device),
-            shared_len=torch.zeros((R,), dtype=torch.int32, device=device),
-            step=torch.zeros((1,), dtype=torch.int64, device=device),
-            scratch=SharedScratch.allocate(layout, slots, device),
-        )
+        specs = region_specs(layout, slots)
+        tensors = {n: torch.zeros(s, dtype=d, device=device) for n, (s, d) in specs.items()}
+        region = cls.of(layout, slots, tensors, device)
         region.clear()
         return region
+
+    @classmethod
+    def of(
+        cls, layout: KVLayout, slots: int, tensors: dict[str, torch.Tensor], device: torch.device
+    ) -> SharedRegion:
+        """The region on its state tensors (allocated here or mapped from a service: as they
+        are), with a scratch of this process's own."""
+        check_shared_slots(layout, slots)
+        for name, (shape, dtype) in region_specs(layout, slots).items():
+            t = tensors[name]
+            if tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous():
+                raise ValueError(f"{name}: expected contiguous {shape} {dtype}")
+        return cls(
+            base=layout.max_requests - slots // layout.hot_slots,
+            key=tensors["shared_key"],
+            index=tensors["shared_index"],
+            last=tensors["shared_last"],
+            order=tensors["shared_order"],
+            page_gen=tensors["shared_page_gen"],
+            shared_len=tensors["shared_len"],
+            step=tensors["shared_step"],
+            scratch=SharedScratch.allocate(layout, slots, device),
+        )
 
     @property
     def slots(self) -> int:

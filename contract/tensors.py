@@ -63,7 +63,7 @@ class KVTensors:
     hit_flag: torch.Tensor
     host_rows: Any = None
     # The shared hot region (contract.shared_region.SharedRegion) or None: prefix sharing's
-    # hot rows, embedded mode only for now, so never among the exported tensors.
+    # hot rows. Its tensors are exported apart from these (to the session that plans with it).
     shared: Any = None
 
     def __post_init__(self) -> None:

@@ -84,18 +84,26 @@ def map_memory(
     segments: segment_map.SegmentMap,
 ) -> tuple[KVTensors, dict, list[dict]]:
     """The KV tensors and exchange tensors the reply exports, mapped here, and the handles of
-    the service's files, which tell whether it is still alive."""
+    the service's files, which tell whether it is still alive. The shared hot region's
+    tensors, exported to the session that holds the region (kv_service.memory.region_lease),
+    are mapped too and become the KV tensors' `shared`; the exchange dict keeps them for the
+    unmap."""
     handles = [handle_from_proto(h) for h in reply.tensors]
-    kv_handles = [h for h in handles if not h["name"].startswith("xchg_")]
-    xchg = [h for h in handles if h["name"].startswith("xchg_")]
+    extra = [h for h in handles if h["name"].startswith(("xchg_", "shared_"))]
+    kv_handles = [h for h in handles if h not in extra]
     try:
         tensors = segments.map_segments(layout, kv_handles, device)
     except (LayoutError, OSError) as e:
         raise errors.LayoutMismatch(f"cannot map the service's memory: {e}") from e
     try:
-        exchange = segments.map_extra(xchg, device) if xchg else {}
-        if remote_swap and not exchange:
+        exchange = segments.map_extra(extra, device) if extra else {}
+        if remote_swap and not any(n.startswith("xchg_") for n in exchange):
             raise LayoutError("remote swap asked but no exchange tensors exported")
+        region = {n: t for n, t in exchange.items() if n.startswith("shared_")}
+        if region:
+            from contract.shared_region import SharedRegion  # torch: not at import time
+
+            tensors.shared = SharedRegion.of(layout, layout.shared_slots, region, tensors.device)
     except BaseException as e:
         # The KV tensors are mapped already: nothing else would ever unmap them.
         segments.unmap(tensors)

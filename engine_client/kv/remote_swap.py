@@ -32,9 +32,11 @@ SwapFn = Callable[[int, int, int], None]
 
 def local_swap_fn(kv: KVTensors, xchg: dict[str, torch.Tensor], kernels: KernelSet) -> SwapFn:
     """A swap_fn that plans and copies in this process on the exchange tensors: what the service
-    does on its side of the remote-swap RPC."""
+    does on its side of the remote-swap RPC (a shared hot region's step bumped at layer 0)."""
 
     def swap(layer: int, bs: int, rows_per_request: int = 1) -> None:
+        if kv.shared is not None and layer == 0:
+            kv.shared.next_step()
         swap_in(
             kv,
             layer,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from contract.flags import setting
-from contract.layout import MAX_DRAFT_TOKENS, KVLayout, check_shared_slots
+from contract.layout import MAX_DRAFT_TOKENS, KVLayout
 from contract.rules import (
     at_least,
     check_settings,
@@ -84,22 +84,13 @@ class LocalLayout:
     max_context: int = setting(512, help="baseline/embedded: " + _layout_help("max_context"))
     index_format: str = setting("bf16", help="baseline/embedded: " + _layout_help("index_format"))
     row_format: str = setting("bf16", help="baseline/embedded: " + _layout_help("row_format"))
-    shared_slots: int = setting(
-        0,
-        help="embedded, reference kernels: hot slots per layer shared by the rows of cached "
-        "prefix pages (issue 40; a multiple of hot_slots, taken from the last request slots' "
-        "buffers); 0: off",
-    )
+    shared_slots: int = setting(0, help="embedded: " + _layout_help("shared_slots"))
 
     def __post_init__(self) -> None:
-        lay = self.layout(num_layers=1, topk=max(1, self.hot_slots - self.window))
-        if self.shared_slots:
-            check_shared_slots(lay, self.shared_slots)
+        self.layout(num_layers=1, topk=max(1, self.hot_slots - self.window))
 
     def layout(self, num_layers: int, topk: int) -> KVLayout:
-        fields = dataclasses.asdict(self)
-        del fields["shared_slots"]  # the engine's memory, not the layout both sides share
-        return KVLayout(num_layers=num_layers, topk=topk, **fields)
+        return KVLayout(num_layers=num_layers, topk=topk, **dataclasses.asdict(self))
 
 
 @dataclass(frozen=True)
@@ -363,7 +354,11 @@ class EngineConfig:
         if self.role == "decode" and not (self.kv_mode == "service" and self.prefill_peer):
             raise ValueError("--role decode needs --kv-mode service and --prefill-peer")
         if self.local.shared_slots and self.kv_mode != "embedded":
-            raise ValueError("--shared-slots is embedded mode's only, for now (issue 40)")
+            raise ValueError(
+                "--shared-slots sizes embedded mode's own memory; in service modes the "
+                "service's layout has it (python -m kv_service --shared-slots), and baseline "
+                "mode has no hot buffers"
+            )
         if self.role == "prefill" and self.kv_mode != "baseline":
             raise ValueError("--role prefill computes prompts in its own cache: --kv-mode baseline")
         if self.synthetic_shared > self.synthetic_context:

@@ -147,10 +147,7 @@ def local_control(cfg: EngineConfig, mcfg: ModelConfig, device: str) -> KVContro
     from kv_service.core import ServiceCore
     from kv_service.memory.store import allocate_local
 
-    triton = cfg.kernels == "triton" or (cfg.kernels == "auto" and device.startswith("cuda"))
-    if cfg.local.shared_slots and triton:
-        raise ValueError("--shared-slots has no Triton plan yet: run it with --kernels reference")
-    kv = allocate_local(layout, device, shared_slots=cfg.local.shared_slots)
+    kv = allocate_local(layout, device)
     core = ServiceCore(kv, lease_seconds=EMBEDDED_LEASE_SECONDS)
     return EmbeddedControl(core, cfg.engine_name, fingerprint(cfg, mcfg))
 

@@ -16,6 +16,7 @@ request planned together (rows_per_request > 1, a speculative verify step) may s
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ from contract.exchange import EVENT_NAMES, exchange_inputs, exchange_outputs, ex
 from contract.layout import MAX_DRAFT_TOKENS
 from contract.swap_plan import swap_in
 from contract.tensors import KVTensors
+from kv_service.memory.region_lease import RegionLease
 
 
 @dataclass(frozen=True)
@@ -37,14 +39,20 @@ class SwapResult:
 
 
 class RemoteSwapper:
-    """Runs swap_plan then miss_copy on the shared KVTensors for the owning session."""
+    """Runs swap_plan then miss_copy on the shared KVTensors for the owning session, with the
+    shared hot region when that session holds it (`region`; it is bumped to a new step at
+    each layer 0: remote swap runs no micro-batches), else on the private slots only."""
 
-    def __init__(self, kv: KVTensors, exchange: dict[str, torch.Tensor]) -> None:
+    def __init__(
+        self, kv: KVTensors, exchange: dict[str, torch.Tensor], region: RegionLease | None = None
+    ) -> None:
         for name, (shape, dtype) in exchange_specs(kv.layout).items():
             t = exchange[name]
             if tuple(t.shape) != shape or t.dtype != dtype or t.device != kv.device:
                 raise ValueError(f"{name}: expected {shape} {dtype} on {kv.device}")
         self.kv = kv
+        self.region = region or RegionLease(False)
+        self._private = dataclasses.replace(kv, shared=None)
         self.x = exchange
         self.owner: str | None = None
         self._cuda = kv.device.type == "cuda"
@@ -90,8 +98,10 @@ class RemoteSwapper:
         self.owner = session_id
 
     def session_closed(self, session_id: str) -> None:
+        """A closed session lets go of the exchange and of the shared region."""
         if self.owner == session_id:
             self.owner = None
+        self.region.session_closed(session_id)
 
     def run(
         self,
@@ -163,7 +173,10 @@ class RemoteSwapper:
         from kernels.swap.miss_copy import miss_copy
         from kernels.swap.plan import swap_plan
 
-        kv, x, lay = self.kv, self.x, self.kv.layout
+        x, lay = self.x, self.kv.layout
+        kv = self.kv if self.region.holds(self.owner) else self._private
+        if kv.shared is not None and layer == 0:
+            kv.shared.next_step()
         out = exchange_outputs(x, bs, rows_per_request)
         swap_in(
             kv,

@@ -34,6 +34,7 @@ from contract import file_mapping, handle
 from contract.file_mapping import CudaRegistrar, FileMapping
 from contract.layout import KVLayout
 from contract.segment_map import as_kv_tensors
+from contract.shared_region import region_specs
 from contract.tensors import KVTensors, tensor_specs
 from kv_service.memory import shm_file, shm_room
 from kv_service.memory.store import ServiceMemory, clear_all, initialize, service_specs
@@ -92,12 +93,14 @@ _owner_locks: dict[tuple[str, str], shm_file.OwnerLock] = {}  # same keys
 
 @dataclass
 class ServiceSegments:
-    """What a service shares, exported: its memory, the handles of its KV tensors and of its
-    exchange tensors (both in the Attach reply), and the stale files removed first."""
+    """What a service shares, exported: its memory, the handles of its KV tensors, of its
+    exchange tensors and of its shared region's tensors (each in the Attach reply of whom may
+    use them), and the stale files removed first."""
 
     memory: ServiceMemory
     kv_handles: list[dict]
     exchange_handles: list[dict]
+    region_handles: list[dict]
     removed_stale: list[str]
 
 
@@ -122,13 +125,10 @@ def export_service_memory(
         layout.host_tier_bytes,
         time.monotonic() - start,
     )
-    is_exchange = [h["name"] in memory.exchange for h in handles]
-    return ServiceSegments(
-        memory,
-        [h for h, x in zip(handles, is_exchange) if not x],
-        [h for h, x in zip(handles, is_exchange) if x],
-        removed,
-    )
+    exchange = [h for h in handles if h["name"] in memory.exchange]
+    region = [h for h in handles if h["name"] in region_specs(layout, layout.shared_slots)]
+    kv = [h for h in handles if h not in exchange and h not in region]
+    return ServiceSegments(memory, kv, exchange, region, removed)
 
 
 def create_segments(

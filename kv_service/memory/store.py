@@ -19,7 +19,7 @@ from contract import residency
 from contract.exchange import exchange_specs
 from contract.layout import MODE_FREE, MODE_OFFLOADED, MODE_RESIDENT, KVLayout, request_slots
 from contract.segment_map import as_kv_tensors
-from contract.shared_region import SharedRegion
+from contract.shared_region import SharedRegion, region_specs
 from contract.tensors import KVTensors, tensor_specs
 
 # A tensor to share: shape, dtype, and whether it lives in a host file (else device memory).
@@ -39,28 +39,33 @@ def service_specs(layout: KVLayout, device: torch.device) -> dict[str, Spec]:
     and registered on GPU); in CPU mode every tensor is a file, for the engine to map."""
     on_cpu = device.type == "cpu"
     specs = {n: (s, d, on_cpu or n == "host_kv") for n, (s, d) in tensor_specs(layout).items()}
+    region = region_specs(layout, layout.shared_slots) if layout.shared_slots else {}
+    specs |= {n: (s, d, on_cpu) for n, (s, d) in region.items()}
     return specs | {n: (s, d, on_cpu) for n, (s, d) in exchange_specs(layout).items()}
 
 
 def initialize(
     layout: KVLayout, tensors: dict[str, torch.Tensor], device: torch.device
 ) -> ServiceMemory:
-    """The shared tensors (zeroed) in their initial state: every request slot free, and every
-    exchange row padding (request slot -1), so a stray remote swap touches nothing."""
+    """The shared tensors (zeroed) in their initial state: every request slot free, the shared
+    region (if any) empty, and every exchange row padding (request slot -1), so a stray remote
+    swap touches nothing."""
     kv_names = set(tensor_specs(layout))
     kv = as_kv_tensors(layout, {n: t for n, t in tensors.items() if n in kv_names}, device)
+    region_names = set(region_specs(layout, layout.shared_slots)) if layout.shared_slots else set()
+    if region_names:
+        region = {n: tensors[n] for n in region_names}
+        kv.shared = SharedRegion.of(layout, layout.shared_slots, region, device)
     clear_all(kv)
-    exchange = {n: t for n, t in tensors.items() if n not in kv_names}
+    exchange = {n: t for n, t in tensors.items() if n not in kv_names | region_names}
     exchange["xchg_req_slots"].fill_(-1)
     exchange["xchg_topk"].fill_(-1)
     return ServiceMemory(kv, exchange)
 
 
-def allocate_local(
-    layout: KVLayout, device: torch.device | str = "cpu", shared_slots: int = 0
-) -> KVTensors:
+def allocate_local(layout: KVLayout, device: torch.device | str = "cpu") -> KVTensors:
     """Plain in-process allocation (tests, embedded mode). Host tier pinned when on GPU. With
-    shared_slots, the shared hot region of cached prefix rows (contract.shared_region)."""
+    layout.shared_slots, the shared hot region of cached prefix rows (contract.shared_region)."""
     device = torch.device(device)
     tensors = {}
     for name, (shape, dtype) in tensor_specs(layout).items():
@@ -73,8 +78,8 @@ def allocate_local(
         from kernels.uva import UVATensor
 
         kv.host_rows = UVATensor(kv.host_kv)
-    if shared_slots:
-        kv.shared = SharedRegion.allocate(layout, shared_slots, device)
+    if layout.shared_slots:
+        kv.shared = SharedRegion.allocate(layout, layout.shared_slots, device)
     clear_all(kv)
     return kv
 
@@ -122,9 +127,8 @@ class TensorRows:
 
     def __init__(self, kv: KVTensors) -> None:
         self.kv, self.layout = kv, kv.layout
-        shared = kv.shared.slots if kv.shared is not None else 0
         # The shared region lives in the last request slots' buffers: never handed out.
-        self.request_slots = request_slots(kv.layout, shared)
+        self.request_slots = request_slots(kv.layout)
 
     def reset(self, slot: int, mode: int, pages: list[int]) -> None:
         reset_request(self.kv, slot, mode, pages)

@@ -29,6 +29,7 @@ from kernels import toolchain
 from kv_service.config import ServiceConfig
 from kv_service.core import ServiceCore
 from kv_service.memory import segment, shm_file, shm_room
+from kv_service.memory.region_lease import RegionLease
 from kv_service.memory.remote_swap import RemoteSwapper
 from kv_service.memory.transfer_agent import kv_agent
 from kv_service.rpc.interceptor import ServiceInterceptor
@@ -98,7 +99,8 @@ def build_runtime(config: ServiceConfig, device: torch.device) -> Runtime:
             config.instance,
         )
     kv = shared.memory.kv
-    swapper = RemoteSwapper(kv, shared.memory.exchange)
+    region = RegionLease(kv.shared is not None, shared.region_handles)
+    swapper = RemoteSwapper(kv, shared.memory.exchange, region)
     core = ServiceCore(
         kv, lease_seconds=config.lease_seconds, on_session_closed=swapper.session_closed
     )
@@ -115,6 +117,7 @@ def build_runtime(config: ServiceConfig, device: torch.device) -> Runtime:
         handles=shared.kv_handles,
         swapper=swapper,
         exchange_handles=shared.exchange_handles,
+        region=region,
         device=device.type,
         gpu_uuid=gpu_uuid(device),
         instance=config.instance,
@@ -158,12 +161,8 @@ async def _listen(server: grpc.aio.Server, config: ServiceConfig) -> None:
     finally:
         os.umask(old)
     os.chmod(config.uds, config.socket_mode)
-    log.info(
-        "listening on unix:%s (mode %o)%s",
-        config.uds,
-        config.socket_mode,
-        f" and {config.tcp}" if config.tcp else "",
-    )
+    tcp = f" and {config.tcp}" if config.tcp else ""
+    log.info("listening on unix:%s (mode %o)%s", config.uds, config.socket_mode, tcp)
 
 
 async def _set_health(health: health_aio.HealthServicer, serving: bool) -> None:

@@ -18,6 +18,7 @@ from contract.errors import InvalidArgument, ServiceUnavailable, Stopping, Trans
 from contract.nixl_agent import NixlAgent
 from contract.transfer_target import TransferTarget
 from kv_service.core import ServiceCore
+from kv_service.memory.region_lease import RegionLease
 from kv_service.memory.remote_swap import RemoteSwapper
 from kv_service.rpc.metrics import ServiceMetrics
 from kv_service.rpc.replies import admitted, request_to_proto, stats_to_proto
@@ -36,6 +37,7 @@ class Runtime:
     handles: list[dict]
     swapper: RemoteSwapper
     exchange_handles: list[dict]
+    region: RegionLease
     device: str
     gpu_uuid: str
     instance: str
@@ -98,6 +100,10 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer):
             tensors=[handle_to_proto(h) for h in rt.handles],
             requests=[request_to_proto(r) for r in session.requests.values()],
         )
+        # The shared hot region: planned by the session that holds it, in its engine (the
+        # tensors go to it alone) or, with remote swap, here.
+        if rt.region.grant(session.session_id) and not request.remote_swap:
+            reply.tensors.extend(handle_to_proto(h) for h in rt.region.handles)
         if request.remote_swap:
             rt.swapper.claim(session.session_id)
             reply.tensors.extend(handle_to_proto(h) for h in rt.exchange_handles)
@@ -212,7 +218,12 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer):
     async def GetStats(
         self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetStatsResponse:
-        return stats_to_proto(self.rt.core.stats())
+        core = self.rt.core
+        reply = stats_to_proto(core.stats())
+        region = core.kv.shared if core.kv is not None else None
+        if region is not None:  # a host sync on GPU: a stats call, not the data path
+            reply.shared_rows = region.live(core.layout.page_size)
+        return reply
 
     async def Drain(
         self, request: pb.DrainRequest, context: grpc.aio.ServicerContext

@@ -1,7 +1,10 @@
-"""Shared hot rows (issue 40, item 1) through the real engine, embedded mode on CPU with the
-reference plan: requests that read a cached prefix through the shared hot region give bitwise
-the tokens and logits of the same requests without prefix sharing, alone or decoding together
-(three requests on one cached prefix, each step's batch the same with the region on or off)."""
+"""Shared hot rows (issue 40, item 1) through the real engine on CPU with the reference plan, in
+every KV mode that has hot buffers (embedded: the engine's own region; service and
+service-remote-swap: the service's, started with --shared-slots): requests that read a cached
+prefix through the shared hot region give bitwise the tokens and logits of the same requests
+without prefix sharing, alone or decoding together (three requests on one cached prefix, each
+step's batch the same with the region on or off). The service's region holds no row that can
+hit once Flush freed its pages."""
 
 from __future__ import annotations
 
@@ -17,12 +20,31 @@ from tests.engine_client.loop.test_engine import (  # noqa: F401 (autouse fixtur
     one_cpu_thread,
     record_logits,
 )
-from tests.integration.test_prefix_engine import JOBS, SHARED, P, _run, _turn2
-from tests.process_harness import engine_config
+from tests.integration.test_prefix_engine import JOBS, SHARED, P, _every_mode, _run, _turn2
+from tests.process_harness import (
+    engine_config,
+    flush,
+    layout_with,
+    service_stats,
+    start_service,
+    workdir,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 REGION = 32  # one request slot's buffers (hot_slots 32): 3 request slots are left
+
+
+@pytest.fixture(scope="module")
+def svc():
+    """A service whose layout has the region; every test leaves it holding nothing."""
+    with workdir() as path:
+        service = start_service(path, layout=layout_with(shared_slots=REGION))
+        try:
+            yield service
+        finally:
+            assert service.stop() == 0, service.log()
+        assert service.segment_files() == []
 
 
 def cfg(shared_slots: int, **kw):
@@ -90,8 +112,54 @@ def _off():
     return dataclasses.replace(c, local=local)
 
 
+def test_every_mode_equals_the_cold_run_with_the_region(svc) -> None:
+    def mode_cfg(mode: str, **kw):
+        if mode == "embedded":
+            return cfg(REGION, **kw)
+        return engine_config(mode, svc if "service" in mode else None, **kw)
+
+    _every_mode(svc, mode_cfg)  # each service mode flushes: the region's pages are freed
+    assert service_stats(svc).shared_rows == 0
+
+
+@pytest.mark.gpu
+def test_every_mode_equals_the_cold_run_with_the_region_on_gpu() -> None:
+    """The same on CUDA: the Triton plan with the region, CUDA graphs, micro-batches (prompt
+    pages only are shared, as in test_prefix_engine's GPU test)."""
+    with workdir() as path:
+        gpu_svc = start_service(path, layout=layout_with(shared_slots=REGION), device="cuda")
+        try:
+
+            def mode_cfg(mode: str, **kw):
+                kw["prefix_share_generated"] = False
+                c = (
+                    cfg(REGION, **kw)
+                    if mode == "embedded"
+                    else engine_config(mode, gpu_svc if "service" in mode else None, **kw)
+                )
+                return dataclasses.replace(c, device="cuda")
+
+            _every_mode(gpu_svc, mode_cfg, generated=False, watch=False)
+            assert service_stats(gpu_svc).shared_rows == 0
+        finally:
+            assert gpu_svc.stop() == 0, gpu_svc.log()
+
+
+@pytest.mark.parametrize("mode", ["service", "service-remote-swap"])
+def test_service_modes_decode_together_through_the_services_region(svc, mode) -> None:
+    prompts = [SHARED + (3, 4, 5)] + [SHARED + (9, i, 8) for i in range(3)]
+    off = asyncio.run(_together(_off(), prompts, 8))
+    on = asyncio.run(_together(engine_config(mode, svc), prompts, 8))
+    assert on[2] == off[2] == [len(SHARED) // P * P] * 3
+    assert on[0] == off[0]
+    assert len(on[1]) == len(off[1]) and all(torch.equal(a, b) for a, b in zip(on[1], off[1]))
+    assert service_stats(svc).shared_rows > 0  # the session that held the region planned with it
+    flush(svc)
+    assert service_stats(svc).shared_rows == 0
+
+
 def test_the_region_is_refused_outside_embedded_mode_and_off_whole_buffers() -> None:
-    with pytest.raises(ValueError, match="embedded"):
+    with pytest.raises(ValueError, match="service's layout"):
         dataclasses.replace(cfg(REGION), kv_mode="baseline")
     with pytest.raises(ValueError, match="multiple of hot_slots"):
         cfg(REGION + 1)

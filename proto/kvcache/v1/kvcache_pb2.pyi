@@ -77,6 +77,7 @@ class Layout(_message.Message):
     ROW_FORMAT_FIELD_NUMBER: _builtins.int
     INDEX_FORMAT_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
+    SHARED_SLOTS_FIELD_NUMBER: _builtins.int
     num_layers: _builtins.int
     """L: layers whose KV the service holds."""
     max_requests: _builtins.int
@@ -99,6 +100,10 @@ class Layout(_message.Message):
     """"bf16" (256 B index keys) or "fp8" (132 B)."""
     version: _builtins.int
     """contract.layout.LAYOUT_VERSION of the sender."""
+    shared_slots: _builtins.int
+    """S: hot slots per layer shared by the rows of cached prefix pages (a multiple of hot_slots,
+    in the last request slots' buffers, which admit no request); 0: none.
+    """
     def __init__(
         self,
         *,
@@ -113,10 +118,11 @@ class Layout(_message.Message):
         row_format: _builtins.str = ...,
         index_format: _builtins.str = ...,
         version: _builtins.int = ...,
+        shared_slots: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hot_slots", b"hot_slots", "index_format", b"index_format", "max_context", b"max_context", "max_requests", b"max_requests", "num_layers", b"num_layers", "num_pages", b"num_pages", "page_size", b"page_size", "row_format", b"row_format", "topk", b"topk", "version", b"version", "window", b"window"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hot_slots", b"hot_slots", "index_format", b"index_format", "max_context", b"max_context", "max_requests", b"max_requests", "num_layers", b"num_layers", "num_pages", b"num_pages", "page_size", b"page_size", "row_format", b"row_format", "shared_slots", b"shared_slots", "topk", b"topk", "version", b"version", "window", b"window"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -986,6 +992,7 @@ class GetStatsResponse(_message.Message):
     PREFIX_LOOKUP_TOKENS_TOTAL_FIELD_NUMBER: _builtins.int
     PREFIX_HIT_TOKENS_TOTAL_FIELD_NUMBER: _builtins.int
     EVICTED_PAGES_TOTAL_FIELD_NUMBER: _builtins.int
+    SHARED_ROWS_FIELD_NUMBER: _builtins.int
     sessions: _builtins.int
     """Live sessions (connected or within their lease)."""
     requests: _builtins.int
@@ -1022,6 +1029,10 @@ class GetStatsResponse(_message.Message):
     """Prompt tokens found cached (not prefilled)."""
     evicted_pages_total: _builtins.int
     """Cached pages evicted to admit requests since start."""
+    shared_rows: _builtins.int
+    """Rows of the shared hot region (Layout.shared_slots) that can still hit, over all layers:
+    rows of pages still allocated. 0 without a region, and again once its pages are freed.
+    """
     @_builtins.property
     def host_pages(self) -> Global___PoolUsage:
         """Host-tier pages (the index-key pool has the same occupancy)."""
@@ -1052,10 +1063,11 @@ class GetStatsResponse(_message.Message):
         prefix_lookup_tokens_total: _builtins.int = ...,
         prefix_hit_tokens_total: _builtins.int = ...,
         evicted_pages_total: _builtins.int = ...,
+        shared_rows: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["host_pages", b"host_pages", "request_slots", b"request_slots"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["admitted_total", b"admitted_total", "bytes_moved", b"bytes_moved", "cached_pages", b"cached_pages", "draining", b"draining", "epoch", b"epoch", "evictable_pages", b"evictable_pages", "evicted_pages_total", b"evicted_pages_total", "expired_sessions_total", b"expired_sessions_total", "hits", b"hits", "host_pages", b"host_pages", "misses", b"misses", "prefix_hit_tokens_total", b"prefix_hit_tokens_total", "prefix_lookup_tokens_total", b"prefix_lookup_tokens_total", "prefix_lookups_total", b"prefix_lookups_total", "rejected_total", b"rejected_total", "request_slots", b"request_slots", "requests", b"requests", "sessions", b"sessions", "uptime_seconds", b"uptime_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admitted_total", b"admitted_total", "bytes_moved", b"bytes_moved", "cached_pages", b"cached_pages", "draining", b"draining", "epoch", b"epoch", "evictable_pages", b"evictable_pages", "evicted_pages_total", b"evicted_pages_total", "expired_sessions_total", b"expired_sessions_total", "hits", b"hits", "host_pages", b"host_pages", "misses", b"misses", "prefix_hit_tokens_total", b"prefix_hit_tokens_total", "prefix_lookup_tokens_total", b"prefix_lookup_tokens_total", "prefix_lookups_total", b"prefix_lookups_total", "rejected_total", b"rejected_total", "request_slots", b"request_slots", "requests", b"requests", "sessions", b"sessions", "shared_rows", b"shared_rows", "uptime_seconds", b"uptime_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
