@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from contract.capacity import scratch_sizes
 from contract.layout import KVLayout, check_shared_slots
 
 INT32_MAX = 2**31 - 1
@@ -48,20 +49,19 @@ class SharedScratch:
 
     @classmethod
     def allocate(cls, layout: KVLayout, slots: int, device: torch.device) -> SharedScratch:
-        R, entries = layout.max_requests, layout.max_requests * layout.lru_slots
-        table = 1 << (2 * entries - 1).bit_length()
+        n = scratch_sizes(layout, slots)  # contract.capacity counts the same bytes
 
-        def i32(n: int, fill: int = 0) -> torch.Tensor:
-            return torch.full((n,), fill, dtype=torch.int32, device=device)
+        def i32(size: int, fill: int = 0) -> torch.Tensor:
+            return torch.full((size,), fill, dtype=torch.int32, device=device)
 
         return cls(
-            claim_key=torch.full((table,), -1, dtype=torch.int64, device=device),
-            claim_owner=i32(table, INT32_MAX),
-            claim_rank=i32(table),
-            claims=i32(entries),
-            groups=i32(R),
-            victims=i32(slots),
-            meta=i32(2),
+            claim_key=torch.full((n["claim_table"],), -1, dtype=torch.int64, device=device),
+            claim_owner=i32(n["claim_table"], INT32_MAX),
+            claim_rank=i32(n["claim_table"]),
+            claims=i32(n["claims"]),
+            groups=i32(n["groups"]),
+            victims=i32(n["victims"]),
+            meta=i32(n["meta"]),
         )
 
 

@@ -70,6 +70,7 @@ class Procs:
             return {}
         s = self._call("GetStats", kpb.GetStatsRequest())
         keys = ("cached_pages", "prefix_hit_tokens_total", "evicted_pages_total", "admitted_total")
+        keys += ("hits", "misses", "shared_rows")  # shared_rows: the region's live rows
         return {k: getattr(s, k) for k in keys}
 
     def stop_engine(self) -> int:

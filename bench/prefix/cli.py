@@ -53,12 +53,40 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--admission-limit", default="auto", help="the engines' --admission-limit [auto]"
     )
+    ap.add_argument(
+        "--shared-slots",
+        default="auto",
+        help="capacity: also a run with shared hot rows, its region of S slots per layer "
+        "(given to the service: its layout's --shared-slots); auto: the shared prefix's rows "
+        "in whole private buffers; 0: no such run [auto]",
+    )
+    ap.add_argument(
+        "--private-hot-slots",
+        type=int,
+        default=None,
+        help="each request's private hot buffer in that run [W + k, the least a step needs]",
+    )
     return ap.parse_args(argv)
 
 
+def region_sizes(a: argparse.Namespace, shared: int, window: int, topk: int) -> tuple[int, int]:
+    """(S, private B) of the capacity part's run with shared hot rows; S = 0: no such run."""
+    private = a.private_hot_slots or window + topk
+    if a.shared_slots == "auto":
+        return -(-shared // private) * private, private
+    if not a.shared_slots.isdigit():
+        raise SystemExit(f"--shared-slots must be auto or a number, got {a.shared_slots!r}")
+    return int(a.shared_slots), private
+
+
 def sizes_from_args(a: argparse.Namespace, device: str) -> plan.Sizes:
+    from engine_client.model.preset import preset
+
     big = not a.smoke
     pick = lambda v, small, large: v if v is not None else (large if big else small)  # noqa: E731
+    region, private = region_sizes(
+        a, pick(a.shared, 64, 24576), 128 if big else 8, preset("bench" if big else "tiny").topk
+    )
     return plan.Sizes(
         preset="bench" if big else "tiny",
         device=device,
@@ -80,6 +108,8 @@ def sizes_from_args(a: argparse.Namespace, device: str) -> plan.Sizes:
         sources=tuple(a.sources.split(",")),
         row_format=a.row_format,
         admission_limit=a.admission_limit,
+        shared_slots=region,
+        private_hot_slots=private,
     )
 
 
@@ -87,22 +117,24 @@ def print_table(payload: dict) -> None:
     print(f"\nprefix sharing, {payload['device']}, {payload['date']}")
     by_source: dict[str, dict] = {}
     for r in payload.get("capacity", []):
-        by_source.setdefault(r.get("source", "indexer"), {})[r["mode"], r["sharing"]] = r
+        key = r["mode"], r["sharing"], r.get("shared_slots", 0)
+        by_source.setdefault(r.get("source", "indexer"), {})[key] = r
     for source, cap in by_source.items():
-        for (mode, sharing), r in cap.items():
+        for (mode, sharing, region), r in cap.items():
             tok = f"{r['tok_s']:.0f}" if r.get("tok_s") else "n/a"
             print(
-                f"  capacity {source:7} {mode:8} sharing={sharing!s:5} N={r['slots']:5}"
-                f"  tok/s {tok}"
+                f"  capacity {source:7} {mode:8} sharing={sharing!s:5} S={region:<6} "
+                f"N={r['slots']:5}  tok/s {tok}"
             )
-        a, b = cap.get(("service", False)), cap.get(("service", True))
-        if a and b:
-            ok = a.get("tok_s") and b.get("tok_s")
-            rate = f"{b['tok_s'] / a['tok_s']:.2f}x" if ok else "n/a"
-            print(
-                f"  {source} sharing / not (same run): max requests "
-                f"{b['slots'] / a['slots']:.2f}x, tok/s {rate}"
-            )
+        a = cap.get(("service", False, 0))
+        for (mode, sharing, region), b in cap.items():
+            if a and mode == "service" and sharing:
+                ok = a.get("tok_s") and b.get("tok_s")
+                rate = f"{b['tok_s'] / a['tok_s']:.2f}x" if ok else "n/a"
+                print(
+                    f"  {source} sharing{' + shared slots' if region else ''} / not (same run): "
+                    f"max requests {b['slots'] / a['slots']:.2f}x, tok/s {rate}"
+                )
     for t in payload.get("ttft", []):
         print(
             f"  TTFT {t['mode']:8} {t['case']:9} cold {t['cold_s']:.3f}s cached "

@@ -1,22 +1,26 @@
 """What bench/prefix/cli.py runs: sizes, and the sizing of each run at one GPU KV budget G.
 
-HiSparse GPU bytes (bench/e2e/plan.py): per request slot the hot buffers, residency state and
-page-table row, plus the index keys of every page in the pool. Without sharing every request
-holds `context` tokens of pages; with sharing the `shared` prefix's pages are held once:
-    R x (slot bytes + (context - shared) tokens of keys) + shared tokens of keys <= G.
+The service's runs are sized by contract.capacity.fit, the device bytes of the very layout the
+service allocates: per request slot the hot buffer, residency state and page-table row, plus the
+index keys of every page in the pool. Without sharing every request holds `context` tokens of
+pages; with sharing the `shared` prefix's pages are held once; with shared hot rows too
+(`shared_slots` > 0) the prefix's rows live once in the region of S slots per layer, and each
+request's private buffer is `private_hot_slots` rows (at least W + k) instead of B:
+    R x (slot bytes + (context - shared) tokens of keys) + shared tokens of keys + region <= G.
 The baseline's paged cache holds R x context tokens of rows and keys (its pool is sized by its
 request slots, so sharing saves it prefill compute, not capacity).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from bench.e2e import plan as e2e_plan
 from bench.e2e.run_args import TRACE_SOURCE
 from bench.shared.child import engine_argv, local_kv
-from contract import flags
-from contract.layout import INDEX_FORMATS
+from contract import capacity, flags
+from contract.layout import KVLayout, request_slots
 from engine_client.serve.config import LocalLayout
 
 
@@ -45,6 +49,10 @@ class Sizes:
     row_format: str = "bf16"
     sources: tuple[str, ...] = ("trace", "indexer")  # top-k sources of the capacity part
     admission_limit: str = "auto"  # the engines' --admission-limit
+    # The capacity part's run with shared hot rows: its region (S slots per layer; 0: no such
+    # run) and each request's private hot buffer there.
+    shared_slots: int = 0
+    private_hot_slots: int = 0
 
     def e2e(self) -> e2e_plan.Sizes:
         return e2e_plan.Sizes(
@@ -66,42 +74,58 @@ class Sizes:
 
 @dataclass(frozen=True)
 class Capacity:
-    """One capacity run: `slots` concurrent requests of `context` tokens in budget G."""
+    """One capacity run: `slots` concurrent requests of `context` tokens in budget G, each with
+    a private hot buffer of `hot_slots` rows, beside a region of `shared_slots` (0: none)."""
 
     mode: str
     sharing: bool
     slots: int
     pages: int
     new_tokens: int
+    hot_slots: int = 0
+    shared_slots: int = 0
 
     @property
     def label(self) -> str:
-        return f"{self.mode} {'sharing' if self.sharing else 'no sharing'}"
+        label = f"{self.mode} {'sharing' if self.sharing else 'no sharing'}"
+        return label + (f" + {self.shared_slots} shared slots" if self.shared_slots else "")
 
 
-def _key_bytes(s: Sizes, tokens: int) -> int:
-    """GPU bytes of the index keys of `tokens` tokens (every layer)."""
-    return s.e2e().num_layers * tokens * INDEX_FORMATS[s.index_format].key_bytes
+def _service_runs(s: Sizes) -> list[tuple[bool, KVLayout]]:
+    """(sharing, layout) of each service run, fitted to the budget (contract.capacity)."""
+    e, C = s.e2e(), s.context
+    template = KVLayout(
+        num_layers=e.kv_layers, max_requests=1, hot_slots=s.hot_slots, window=s.window,
+        topk=e.topk, page_size=s.page_size, num_pages=1, max_context=C,
+        row_format=s.row_format, index_format=s.index_format,
+    )  # fmt: skip
+    shared = capacity.Workload(C, s.shared)
+    runs = [(False, capacity.Workload(C)), (True, shared)]
+    out = [(sharing, capacity.fit(template, w, s.gpu_kv_bytes)) for sharing, w in runs]
+    if s.shared_slots:
+        B, S = s.private_hot_slots, s.shared_slots
+        small = dataclasses.replace(template, hot_slots=B, shared_slots=S, max_requests=S // B + 1)
+        out.append((True, capacity.fit(small, shared, s.gpu_kv_bytes)))
+    return out
 
 
 def capacity_runs(s: Sizes) -> list[Capacity]:
-    """Service mode without and with sharing, and the baseline, at the same budget."""
+    """Service mode without and with sharing (and with shared hot rows, if asked), and the
+    baseline, at the same budget."""
     e, P, C = s.e2e(), s.page_size, s.context
     if s.shared % P or s.shared >= C:
         raise ValueError(f"shared prefix {s.shared} must be a multiple of {P} below {C}")
-    slot = e2e_plan.hisparse_request_bytes(e, C, s.hot_slots) - _key_bytes(s, C)
-    plain = s.gpu_kv_bytes // (slot + _key_bytes(s, C))
-    shared = (s.gpu_kv_bytes - _key_bytes(s, s.shared)) // (slot + _key_bytes(s, C - s.shared))
+    service = _service_runs(s)
     base = s.gpu_kv_bytes // e2e_plan.baseline_request_bytes(e, C)
-    if min(plain, shared, base) < 1:
+    if base < 1:
         raise ValueError(f"budget {s.gpu_kv_bytes} B holds no request of {C} tokens")
-    ppr = -(-C // P)
-    new = max(plain, shared, base) + s.steady_steps  # every stream runs for steady_steps
-    return [
-        Capacity("service", False, plain, plain * ppr, new),
-        Capacity("service", True, shared, shared * (ppr - s.shared // P) + s.shared // P, new),
-        Capacity("baseline", False, base, base * ppr, new),
+    requests = [request_slots(lay) for _, lay in service]
+    new = max(*requests, base) + s.steady_steps  # every stream runs for steady_steps
+    runs = [
+        Capacity("service", sharing, n, lay.num_pages, new, lay.hot_slots, lay.shared_slots)
+        for (sharing, lay), n in zip(service, requests)
     ]
+    return runs + [Capacity("baseline", False, base, base * -(-C // P), new, s.hot_slots)]
 
 
 def topk_flags(source: str) -> list[str]:
@@ -130,17 +154,26 @@ def synthetic_tokens(s: Sizes, runs: list[Capacity]) -> int:
     return n
 
 
-def layout(s: Sizes, slots: int, pages: int, max_context: int) -> LocalLayout:
+def layout(
+    s: Sizes, slots: int, pages: int, max_context: int, hot_slots: int = 0, shared_slots: int = 0
+) -> LocalLayout:
+    """`slots` request slots (the region's besides) of `hot_slots` rows (default: the sizes')."""
+    B = hot_slots or s.hot_slots
     return LocalLayout(
-        max_requests=slots,
-        hot_slots=s.hot_slots,
+        max_requests=slots + shared_slots // B,
+        hot_slots=B,
         window=s.window,
         page_size=s.page_size,
         num_pages=pages,
         max_context=max_context,
         index_format=s.index_format,
         row_format=s.row_format,
+        shared_slots=shared_slots,
     )
+
+
+def capacity_layout(s: Sizes, r: Capacity) -> LocalLayout:
+    return layout(s, r.slots, r.pages, s.context, r.hot_slots, r.shared_slots)
 
 
 def service_flags(s: Sizes, lay: LocalLayout) -> list[str]:
@@ -152,7 +185,8 @@ def engine_flags(s: Sizes, mode: str, lay: LocalLayout, sharing: bool, extra: li
     cache = ["--prefix-cache", "1" if sharing else "0"]
     if s.admission_limit != "auto":
         cache += ["--admission-limit", s.admission_limit]
-    argv = engine_argv(s.preset, lay.max_requests, s.prefill_chunk, cache) + extra
+    requests = lay.max_requests - lay.shared_slots // lay.hot_slots  # the region's are not
+    argv = engine_argv(s.preset, requests, s.prefill_chunk, cache) + extra
     if mode == "baseline":
         argv += local_kv(s.device, lay)
     return argv

@@ -44,7 +44,7 @@ async def capacity(p: Procs, s: plan.Sizes, load: LoadGen, vocab: int) -> list[d
     for source in s.sources:
         for r in runs:
             log(f"capacity: {r.label}, {source} top-k, {r.slots} requests")
-            lay = plan.layout(s, r.slots, r.pages, s.context)
+            lay = plan.capacity_layout(s, r)
             eng = p.start(r.mode, lay, r.sharing, (*synthetic, *plan.topk_flags(source)))
             await load.run(eng.target, 1, s.prompt_len, vocab, 2, 900)  # warm-up: the prefix
             recs = await load.run(eng.target, r.slots, s.prompt_len, vocab, r.new_tokens, 900)

@@ -58,3 +58,18 @@ def test_a_turns_ttft_comes_with_its_parts() -> None:
     assert got["prefilled_mean"] == pytest.approx(56 / 3)
     assert (got["ttft_p50_s"], got["queued_p50_s"], got["prefill_wait_p50_s"]) == (0.5, 0.1, 0.3)
     assert got["rest_p50_s"] == pytest.approx(0.1)
+
+
+def test_the_shared_slots_run_fits_more_requests_in_the_same_budget() -> None:
+    # The GPU defaults (bench preset, 32K contexts, 24K shared, 6 GiB), sized without a GPU.
+    s = sizes_from_args(parse_args([]), "cpu")
+    plain, shared, region, _ = plan.capacity_runs(s)
+    assert (region.shared_slots, region.hot_slots) == (12 * 2176, 128 + 2048)
+    assert plain.slots < shared.slots < region.slots
+    lay = plan.capacity_layout(s, region)
+    assert lay.max_requests == region.slots + 12 and lay.shared_slots == region.shared_slots
+    assert "--shared-slots" in plan.service_flags(s, lay)
+    argv = plan.engine_flags(s, "service", lay, True, [])
+    assert argv[argv.index("--max-batch") + 1] == str(region.slots)  # not the region's slots
+    none = sizes_from_args(parse_args(["--shared-slots", "0"]), "cpu")
+    assert [r.shared_slots for r in plan.capacity_runs(none)] == [0, 0, 0]
