@@ -6,9 +6,11 @@
 Parts (--parts, all by default), same run, ratios in the table (bench/prefix/runs.py):
 - capacity: every request holds a `context`-token context whose first `shared` tokens are common
   (synthetic KV: engine --synthetic-context/--synthetic-shared) and a distinct real prompt.
-  Service mode without and with sharing, and the all-on-GPU baseline, each sized to the same
-  GPU KV budget (bench/prefix/plan.py): max concurrent requests, and decode tok/s with every
-  stream running (bench/e2e/stats.py's window); per top-k source (--sources, as bench.e2e).
+  Service mode without and with sharing, with sharing and shared hot rows (the service's
+  --shared-slots: --shared-slots, --private-hot-slots), and the all-on-GPU baseline, each sized
+  to the same GPU KV budget (bench/prefix/plan.py, contract/capacity.py): max concurrent
+  requests, and decode tok/s with every stream running (bench/e2e/stats.py's window); per top-k
+  source (--sources, as bench.e2e); --capacity-runs picks the runs.
 - ttft: a real prompt of `shared` tokens + a distinct suffix, prefilled cold, then again with
   another suffix (its prefix cached): TTFT cached / cold, service and baseline; and the same with
   a prefix short enough for a resident request. Each with the engine's queue time, which for a
@@ -61,6 +63,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "in whole private buffers; 0: no such run [auto]",
     )
     ap.add_argument(
+        "--capacity-runs",
+        default=",".join(plan.CAPACITY_RUNS),
+        help="capacity: which runs, of " + ", ".join(plan.CAPACITY_RUNS) + " [all]",
+    )
+    ap.add_argument(
         "--private-hot-slots",
         type=int,
         default=None,
@@ -110,6 +117,7 @@ def sizes_from_args(a: argparse.Namespace, device: str) -> plan.Sizes:
         admission_limit=a.admission_limit,
         shared_slots=region,
         private_hot_slots=private,
+        capacity_runs=tuple(a.capacity_runs.split(",")),
     )
 
 

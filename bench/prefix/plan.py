@@ -53,6 +53,7 @@ class Sizes:
     # run) and each request's private hot buffer there.
     shared_slots: int = 0
     private_hot_slots: int = 0
+    capacity_runs: tuple[str, ...] = ("plain", "sharing", "slots", "baseline")  # CAPACITY_RUNS
 
     def e2e(self) -> e2e_plan.Sizes:
         return e2e_plan.Sizes(
@@ -70,6 +71,11 @@ class Sizes:
             index_format=self.index_format,
             row_format=self.row_format,
         )
+
+
+# The capacity part's runs, by name: service without sharing, with sharing, with sharing and
+# shared hot rows (when Sizes.shared_slots), and the all-on-GPU baseline.
+CAPACITY_RUNS = ("plain", "sharing", "slots", "baseline")
 
 
 @dataclass(frozen=True)
@@ -115,17 +121,23 @@ def capacity_runs(s: Sizes) -> list[Capacity]:
     e, P, C = s.e2e(), s.page_size, s.context
     if s.shared % P or s.shared >= C:
         raise ValueError(f"shared prefix {s.shared} must be a multiple of {P} below {C}")
+    unknown = set(s.capacity_runs) - set(CAPACITY_RUNS)
+    if unknown:
+        raise ValueError(f"capacity runs {sorted(unknown)} are not among {CAPACITY_RUNS}")
     service = _service_runs(s)
     base = s.gpu_kv_bytes // e2e_plan.baseline_request_bytes(e, C)
     if base < 1:
         raise ValueError(f"budget {s.gpu_kv_bytes} B holds no request of {C} tokens")
-    requests = [request_slots(lay) for _, lay in service]
-    new = max(*requests, base) + s.steady_steps  # every stream runs for steady_steps
-    runs = [
-        Capacity("service", sharing, n, lay.num_pages, new, lay.hot_slots, lay.shared_slots)
-        for (sharing, lay), n in zip(service, requests)
+    sized = [(sharing, lay, request_slots(lay)) for sharing, lay in service]
+    named = dict(zip(CAPACITY_RUNS, [*sized, (False, None, base)]))
+    chosen = {k: v for k, v in named.items() if k in s.capacity_runs}
+    new = max(n for *_, n in chosen.values()) + s.steady_steps  # every stream: steady_steps
+    return [
+        Capacity("baseline", False, n, n * -(-C // P), new, s.hot_slots)
+        if lay is None
+        else Capacity("service", sharing, n, lay.num_pages, new, lay.hot_slots, lay.shared_slots)
+        for sharing, lay, n in chosen.values()
     ]
-    return runs + [Capacity("baseline", False, base, base * -(-C // P), new, s.hot_slots)]
 
 
 def topk_flags(source: str) -> list[str]:

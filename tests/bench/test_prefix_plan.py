@@ -73,3 +73,7 @@ def test_the_shared_slots_run_fits_more_requests_in_the_same_budget() -> None:
     assert argv[argv.index("--max-batch") + 1] == str(region.slots)  # not the region's slots
     none = sizes_from_args(parse_args(["--shared-slots", "0"]), "cpu")
     assert [r.shared_slots for r in plan.capacity_runs(none)] == [0, 0, 0]
+    only = sizes_from_args(parse_args(["--capacity-runs", "sharing,slots"]), "cpu")
+    assert [r.label for r in plan.capacity_runs(only)] == [shared.label, region.label]
+    with pytest.raises(ValueError, match="capacity runs"):
+        plan.capacity_runs(dataclasses.replace(only, capacity_runs=("everything",)))
