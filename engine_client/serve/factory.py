@@ -247,7 +247,7 @@ async def build_engine(cfg: EngineConfig, metrics: EngineMetrics | None = None) 
         admission=_admission(cfg, compute),
         state=state,
         policy=_queue_limits(cfg),
-        overlap=cfg.overlap and not cfg.spec_tokens,
+        overlap=cfg.overlap,
         vocab=vocab,
         prefix_cache=cfg.prefix_cache,
         share_generated=cfg.prefix_share_generated,
@@ -262,7 +262,5 @@ async def build_engine(cfg: EngineConfig, metrics: EngineMetrics | None = None) 
 
 
 def _log_speculation(cfg: EngineConfig) -> None:
-    if cfg.overlap and cfg.spec_tokens:
-        log.info("speculative steps are not overlapped: a step's positions need the last one's")
     if cfg.acceptance is not None:  # at start, in every log: the output is not the model's
         log.warning("%s (--speculative-acceptance)", cfg.acceptance.describe())

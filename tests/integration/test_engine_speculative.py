@@ -52,7 +52,15 @@ GREEDY = [i for i, (_, _, s) in enumerate(JOBS) if s.temperature == 0]
 MIXED = (0.7, 0.5, 0.5)  # D = 3: steps accept 0, 1, 2 and 3 drafts
 
 
-def spec_config(mode: str, svc, draft_tokens: int, rates: tuple[float, ...] | None = None):
+def spec_config(
+    mode: str,
+    svc,
+    draft_tokens: int,
+    rates: tuple[float, ...] | None = None,
+    overlap: bool = False,
+):
+    """Without overlap unless asked: tests/integration/test_engine_speculative_overlap.py
+    compares the two."""
     return dataclasses.replace(
         engine_config(mode, svc if "service" in mode else None),
         local=SPEC_LOCAL,
@@ -60,7 +68,7 @@ def spec_config(mode: str, svc, draft_tokens: int, rates: tuple[float, ...] | No
         draft_tokens=draft_tokens,
         speculative_acceptance=rates,
         allow_benchmark_only=rates is not None,
-        overlap=False,
+        overlap=overlap,
     )
 
 
