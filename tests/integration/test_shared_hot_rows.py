@@ -11,6 +11,7 @@ import dataclasses
 import pytest
 import torch
 
+from contract import setting_groups
 from engine_client.loop.request import Finish, SamplingParams
 from engine_client.serve.factory import build_engine
 from tests.engine_client.loop.test_engine import (  # noqa: F401 (autouse fixture)
@@ -92,6 +93,6 @@ def _off():
 
 def test_the_region_is_refused_outside_embedded_mode_and_off_whole_buffers() -> None:
     with pytest.raises(ValueError, match="embedded"):
-        dataclasses.replace(cfg(REGION), kv_mode="baseline")
+        setting_groups.replace(cfg(REGION), kv_mode="baseline")
     with pytest.raises(ValueError, match="multiple of hot_slots"):
         cfg(REGION + 1)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from contract import setting_groups
 from engine_client.kv.baseline import BaselineBackend, baseline_layout
 from engine_client.kv.kernel_set import KernelSet
 from engine_client.loop.sampler import derive, stream_key, token_key
@@ -146,7 +147,6 @@ def test_speculative_configuration_is_checked(tmp_path) -> None:
     hold the model's layers and the MTP layer's (checked, not adopted); a checkpoint must hold
     the MTP layer (V3.2's layer num_layers)."""
     import asyncio
-    import dataclasses
 
     from contract.errors import LayoutMismatch
     from engine_client.model.weights import checkpoint_layers, load_safetensors, save_safetensors
@@ -155,12 +155,12 @@ def test_speculative_configuration_is_checked(tmp_path) -> None:
 
     for bad in (dict(draft_tokens=4), dict(draft_tokens=0)):
         with pytest.raises(ValueError):
-            dataclasses.replace(engine_config("embedded"), speculative="mtp", **bad)
+            setting_groups.replace(engine_config("embedded"), speculative="mtp", **bad)
     # B - W = 24 < k (D + 1) = 16 * 4.
-    cfg = dataclasses.replace(engine_config("embedded"), speculative="mtp", draft_tokens=3)
+    cfg = setting_groups.replace(engine_config("embedded"), speculative="mtp", draft_tokens=3)
     with pytest.raises(LayoutMismatch, match=r"16 \* 4 = 64 vs B - W = 32 - 8 = 24"):
         asyncio.run(build_engine(cfg))
-    spec = dataclasses.replace(cfg, draft_tokens=1)
+    spec = setting_groups.replace(cfg, draft_tokens=1)
     vocab = load_vocabulary(spec)
     assert model_config(spec, vocab, LOCAL.layout(3, 16)).num_layers == 2
     with pytest.raises(LayoutMismatch, match="2 decoder layers \\+ 1 MTP layer = 3 layers"):
