@@ -16,6 +16,7 @@ import asyncio
 import pytest
 import torch
 
+from contract import setting_groups
 from engine_client.loop.request import Finish, SamplingParams
 from engine_client.serve.factory import build_engine
 from tests.engine_client.loop.test_engine import (  # noqa: F401 (one_cpu_thread: autouse)
@@ -60,7 +61,7 @@ async def _recorded(cfg, jobs) -> tuple:
     """(tokens, logits, totals, finishes, accepted counts, staged positions, spare): spare is
     the fewest reserved positions any step left unused past the last one its rows wrote."""
     engine = await build_engine(cfg)
-    D, extra = cfg.draft_tokens, engine.scheduler.reserve_extra
+    D, extra = cfg.speculation.draft_tokens, engine.scheduler.reserve_extra
     step, post = engine.compute.model_runner.step, engine.postprocess
     logits: list[torch.Tensor] = []
     staged: list[int] = []
@@ -141,7 +142,7 @@ def test_overlapped_speculative_steps_on_gpu(row_format) -> None:
 
     def on_gpu(cfg):
         local = dataclasses.replace(cfg.local, row_format=row_format)
-        return dataclasses.replace(cfg, device="cuda", local=local)
+        return setting_groups.replace(cfg, device="cuda", local=local)
 
     with workdir() as path:
         layout = dataclasses.replace(SPEC_LAYOUT, row_format=row_format)
