@@ -19,12 +19,13 @@ from contextlib import contextmanager
 
 import grpc
 
-from contract import flags
+from contract import flags, setting_groups
 from contract.layout import KVLayout
 from engine_client.cli.config import GenerateConfig
 from engine_client.cli.generate import GenerationResult, generate_stream
-from engine_client.serve.config import EngineConfig, LocalLayout
+from engine_client.serve.config import EngineConfig
 from engine_client.serve.procs import ManagedProcess, engine_process
+from engine_client.serve.settings.local_layout import LocalLayout
 from proto.kvcache.v1 import kvcache_pb2 as kpb
 from proto.kvcache.v1 import kvcache_pb2_grpc as kpb_grpc
 from tests.service_harness import ServiceProcess, short_tmpdir
@@ -116,7 +117,8 @@ def engine_config(
 ) -> EngineConfig:
     """In-process engine config (tests build the engine with factory.build_engine); row_format
     is the local layout's (baseline/embedded: service modes adopt the service's)."""
-    return EngineConfig(
+    return setting_groups.compose(
+        EngineConfig,
         kv_mode=kv_mode,
         uds="/tmp/unused.sock",
         device="cpu",

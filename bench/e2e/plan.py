@@ -173,7 +173,7 @@ class Run:
     draft_tokens: int = 0
     acceptance: tuple[float, ...] = ()
     acceptance_seed: int = 0
-    overlap: bool = True  # False: the engine waits for every step (as speculative steps do)
+    overlap: bool = True  # False: the engine waits for every step (--overlap 0)
     batch_invariant: bool = False  # the engine's --batch-invariant (bench/mtp/cli.py)
 
     @property

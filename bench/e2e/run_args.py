@@ -6,7 +6,7 @@ from __future__ import annotations
 from bench.e2e.plan import Run, Sizes
 from bench.shared.child import engine_argv, local_kv
 from contract import flags
-from engine_client.serve.config import LocalLayout
+from engine_client.serve.settings.local_layout import LocalLayout
 
 TRACE_SOURCE = "bench.shared.trace:trace_source"
 

@@ -12,6 +12,7 @@ D = 1: ~1.9 tokens per step; 2.65-2.96 tokens per step at D = 3).
     python -m bench.mtp --smoke                          # CPU: tiny preset, the whole harness
     python -m bench.mtp --contexts 32768 --draft-tokens 1 --speculative-acceptance 0.9 \
         --batch-invariant 0,1                            # the cost of --batch-invariant 1
+    python -m bench.mtp ... --mtp-overlap 0              # MTP waiting for every step
 
 --speculative-acceptance gives conditional rates per draft position (rate i: draft i accepted
 given the drafts before it were); a run at D takes the first D (fewer: the last repeats).
@@ -72,12 +73,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--gpu-kv-gib", type=float, default=None, help="GPU KV budget [6; smoke 2 MiB]")
     ap.add_argument("--steady-steps", type=int, default=None, help="[128; smoke 8]")
     ap.add_argument("--budget-s", type=float, default=None, help="skip runs past this [540]")
+    _engine_options(ap)
+    return _checked(ap, ap.parse_args(argv))
+
+
+def _engine_options(ap: argparse.ArgumentParser) -> None:
+    """How the engines of the runs step: overlapped or not, batch-invariant or not."""
     ap.add_argument(
         "--plain-overlap",
         type=int,
         default=1,
         help="1: the plain runs overlap steps (the engine as it serves); 0: they wait for every "
-        "step, as speculative steps do, to separate the overlap's share of the difference",
+        "step, to separate the overlap's share of the difference",
+    )
+    ap.add_argument(
+        "--mtp-overlap",
+        type=int,
+        default=1,
+        help="1: the speculative runs overlap steps too (the engine as it serves); 0: they wait "
+        "for every step (the engine before issue 41 item 3), the overlap's share for MTP",
     )
     ap.add_argument(
         "--batch-invariant",
@@ -85,7 +99,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=("0", "1", "0,1"),
         help="the engine's --batch-invariant for every run; 0,1: each run both ways (its cost)",
     )
-    return _checked(ap, ap.parse_args(argv))
 
 
 def _checked(ap: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
@@ -164,7 +177,7 @@ def run_groups(sizes: plan.Sizes, args: argparse.Namespace) -> list[tuple[plan.R
                     draft_tokens=d,
                     acceptance=args.rules[d].rates,
                     acceptance_seed=args.acceptance_seed,
-                    overlap=True,
+                    overlap=bool(args.mtp_overlap),
                 )
                 for d in args.draft_tokens
             ]

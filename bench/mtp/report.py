@@ -67,12 +67,16 @@ def _fmt(v: float | None, scale: float = 1.0, fmt: str = "{:.1f}") -> str:
     return "-" if v is None else fmt.format(v * scale)
 
 
+def _stepping(overlap: bool) -> str:
+    return "overlap steps" if overlap else "wait for every step"
+
+
 def print_table(payload: dict) -> None:
     print(
         f"\nMTP vs plain decoding, {payload['device']}, preset {payload['sizes']['preset']}, "
         f"{payload['sizes']['row_format']} rows, drafts accepted by {payload['acceptance']}; "
-        "speculative steps wait for each step, plain runs "
-        f"{'overlap' if payload['plain_overlap'] else 'wait for every step'}"
+        f"speculative runs {_stepping(payload.get('mtp_overlap', False))}, plain runs "
+        f"{_stepping(payload['plain_overlap'])}"
     )
     head = (
         f"{'context':>8} {'mode':<10} {'D':>2} {'rates':<14} {'N':>4} {'tok/s':>9} {'mtp':>9} "
@@ -132,6 +136,7 @@ def write_payload(args: argparse.Namespace, ctx: dict, results: list, left: list
         f"synthetic_acceptance.py), rates {args.speculative_acceptance}, seed "
         f"{args.acceptance_seed}",
         "plain_overlap": bool(args.plain_overlap),
+        "mtp_overlap": bool(args.mtp_overlap),
         "batch_invariant": list(args.batch_invariant),
         "sizes": asdict(sizes),
         "plans": {str(c): plan.plan_context(sizes, c).to_dict(sizes) for c in sizes.contexts},

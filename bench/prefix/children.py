@@ -12,8 +12,8 @@ import grpc
 
 from bench.prefix import plan
 from bench.shared.child import SHM_DIR, remove_segments, service_extra
-from engine_client.serve.config import LocalLayout
 from engine_client.serve.procs import ManagedProcess, engine_process, service_process
+from engine_client.serve.settings.local_layout import LocalLayout
 from proto.kvcache.v1 import kvcache_pb2 as kpb
 from proto.kvcache.v1 import kvcache_pb2_grpc as kpb_grpc
 

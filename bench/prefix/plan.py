@@ -21,7 +21,7 @@ from bench.e2e.run_args import TRACE_SOURCE
 from bench.shared.child import engine_argv, local_kv
 from contract import capacity, flags
 from contract.layout import KVLayout, request_slots
-from engine_client.serve.config import LocalLayout
+from engine_client.serve.settings.local_layout import LocalLayout
 
 
 @dataclass(frozen=True)

@@ -88,9 +88,11 @@ def _patch_kernel_set(device: str) -> None:
 
 
 async def _decode(kv_mode: str, row_format: str, device: str, layers: int | None) -> None:
+    from contract import setting_groups
     from engine_client.loop.request import SamplingParams
-    from engine_client.serve.config import EngineConfig, LocalLayout
+    from engine_client.serve.config import EngineConfig
     from engine_client.serve.factory import build_engine
+    from engine_client.serve.settings.local_layout import LocalLayout
 
     local = LocalLayout(
         max_requests=4,
@@ -101,7 +103,8 @@ async def _decode(kv_mode: str, row_format: str, device: str, layers: int | None
         max_context=128,
         row_format=row_format,
     )
-    cfg = EngineConfig(
+    cfg = setting_groups.compose(
+        EngineConfig,
         kv_mode=kv_mode,
         uds="/tmp/unused.sock",
         device=device,

@@ -12,8 +12,8 @@ import subprocess
 import sys
 
 from contract import flags
-from engine_client.serve.config import LocalLayout
 from engine_client.serve.procs import REPO_ROOT, segment_files
+from engine_client.serve.settings.local_layout import LocalLayout
 
 SHM_DIR = "/dev/shm"
 # A benchmark's engine waits for a slow service (first CUDA use, a large host tier) and logs

@@ -22,13 +22,13 @@ async def serve_beside_engine(engine_cfg: EngineConfig, cfg: GatewayConfig) -> i
 
 def beside_engine_config(engine_cfg: EngineConfig) -> GatewayConfig:
     """The gateway of `serve --http`: on the engine's first listening address."""
-    if engine_cfg.http is None:
+    if engine_cfg.endpoints.http is None:
         raise ValueError("the engine config has no http address")
     return GatewayConfig(
-        target=engine_cfg.listen_targets[0],
-        http=engine_cfg.http,
-        model_name=engine_cfg.model_name,
-        log_level=engine_cfg.log_level,
+        target=engine_cfg.endpoints.listen_targets[0],
+        http=engine_cfg.endpoints.http,
+        model_name=engine_cfg.endpoints.model_name,
+        log_level=engine_cfg.observability.log_level,
     )
 
 

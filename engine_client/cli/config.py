@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 from contract.flags import setting
 from engine_client.client.address import engine_target_default, grpc_target
-from engine_client.serve.config import DEVICES, KV_MODES
+from engine_client.serve.settings.execution import DEVICES
+from engine_client.serve.settings.kv_access import KV_MODES
 
 # Proto field limits: token ids are int32, the seed uint64 (decode.v1.GenerateRequest).
 TOKEN_ID_LIMIT = 2**31

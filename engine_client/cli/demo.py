@@ -31,7 +31,6 @@ from engine_client.cli.config import DemoConfig, GenerateConfig
 from engine_client.cli.generate import GenerationResult, generate_stream
 from engine_client.cli.stop_signals import StopSignals
 from engine_client.cli.transcript import Transcript, visible
-from engine_client.serve.config import LocalLayout
 from engine_client.serve.procs import (
     ChildFailed,
     ManagedProcess,
@@ -39,6 +38,7 @@ from engine_client.serve.procs import (
     segment_files,
     service_process,
 )
+from engine_client.serve.settings.local_layout import LocalLayout
 
 SHM_DIR = "/dev/shm"
 # Tiny preset (2 layers, top-k 16). A request of 24 + 24 tokens exceeds the 32 hot slots, so

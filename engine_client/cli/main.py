@@ -198,13 +198,13 @@ def _serve(args: argparse.Namespace, env: Mapping[str, str], parser: flags.OneLi
     except ValueError as e:
         parser.error(str(e))
     logging.basicConfig(
-        level=cfg.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=cfg.observability.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     from contract import errors
 
     # Both take the EngineConfig and return the exit status (their parameter names differ).
     run_engine: Callable[[EngineConfig], int]
-    if cfg.http is not None:
+    if cfg.endpoints.http is not None:
         from engine_client.cli.colocation import run_beside_engine as run_engine
     else:
         from engine_client.serve.server import run as run_engine

@@ -1,19 +1,25 @@
-"""Attaching to a KV service: the Attach request, the checks on its reply, and the mapping of
-the memory the reply describes.
+"""Attaching to a KV service: the Attach request, the call and what its failure means, the
+checks on its reply, and the mapping of the memory the reply describes (the `KVClient` keeps
+what the reply says of its session).
 
 The reply comes from another process, so nothing in it is used before it is checked: a layout,
 device or tensor that is not what this engine expects is a `LayoutMismatch`, never memory read
-with the wrong shapes. The Attach call itself, and what a failed call means, stay in `kv_client`.
+with the wrong shapes.
 """
 
 from __future__ import annotations
+
+import grpc
 
 from contract import errors, segment_map
 from contract.codec import handle_from_proto, layout_from_proto, layout_to_proto
 from contract.layout import KVLayout, LayoutError
 from contract.tensors import KVTensors
+from engine_client.client import reachability
 from engine_client.client.control import HeldRequest
+from engine_client.client.status import code_of, rpc_errors
 from proto.kvcache.v1 import kvcache_pb2 as pb
+from proto.kvcache.v1 import kvcache_pb2_grpc as pb_grpc
 
 
 def cuda_device_with_uuid(uuid: str) -> str:
@@ -45,6 +51,37 @@ def request(
     if expected is not None:
         req.expected_layout.CopyFrom(layout_to_proto(expected))
     return req
+
+
+async def call(
+    channel: grpc.aio.Channel,
+    req: pb.AttachRequest,
+    *,
+    target: str,
+    peer: reachability.Peer,
+    timeout: float,
+    metadata: tuple[tuple[str, str], ...],
+    wait: bool,
+) -> pb.AttachResponse:
+    """Attach on `channel` (to `target`); `wait`: wait for it to connect within `timeout`. A
+    failure says what it means at attach: a refused argument is our layout, a wait that ran out
+    is nothing there (`peer`, who should answer, words it), UNIMPLEMENTED is another server."""
+    stub = pb_grpc.KVCacheServiceStub(channel)
+    try:
+        with rpc_errors("Attach"):
+            return await stub.Attach(req, timeout=timeout, metadata=metadata, wait_for_ready=wait)
+    except errors.InvalidArgument as e:
+        # The only argument the service checks at attach is our layout.
+        raise errors.LayoutMismatch(e.message, e.details) from e
+    except errors.DeadlineExceeded as e:
+        if not wait or channel.get_state() is grpc.ChannelConnectivity.READY:
+            raise
+        # wait_for_ready waited the deadline out for a connection: say what is at the path.
+        raise reachability.unreachable(peer, target, timeout) from e
+    except errors.KVError as e:
+        if code_of(e) is not grpc.StatusCode.UNIMPLEMENTED:
+            raise
+        raise (await reachability.wrong_peer(channel, peer, target)) or e
 
 
 def check_reply(reply: pb.AttachResponse, expected: KVLayout | None) -> tuple[KVLayout, str]:

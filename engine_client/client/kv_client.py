@@ -1,20 +1,14 @@
 """Async client of a `python -m kv_service` process: attach, map its memory, and keep one Session
 stream for admit / commit / step end / release, plus the unary RemoteSwap of remote-swap mode.
-One concept: the gRPC implementation of the `KVControl` protocol (`client/control.py`); its
-collaborators hold the rest (`attachment`, `mapping`, `reattach`, `session_stream`,
-`remote_swap_call`).
+One concept: the gRPC implementation of the `KVControl` protocol (`client/control.py`), as the
+life of one connection: connect (attach, map, open the session), the unary calls, close. Its
+collaborators hold the rest: what Attach returns is checked and mapped in `attachment` and
+`mapping`; the session's messages travel in `session_calls` (on a `session_stream`); a lost
+stream or service is the client's `Reattachment` (`reattach`: the same session again, or
+`let_go` of the lost memory and `reattach` to the successor); RemoteSwap is `remote_swap_call`.
 
-Failure rules:
-- every call has a deadline; a Session message unanswered within `rpc_timeout` counts as a
-  lost stream;
-- one reader task matches replies to requests by seq; when the stream breaks, every pending
-  request fails at once with ServiceUnavailable;
-- after a break, or once the service is lost: the client's `Reattachment`
-  (`engine_client.client.reattach`: the same session again, or `let_go` of the lost memory and
-  `reattach` to the successor); the mapped memory is its `Mapping` (`client.mapping`);
-- gRPC errors become typed errors through `engine_client.client.status`: failed calls in
-  `errors.rpc_errors`, in-band Error replies in `_result`;
-- what Attach returns is checked and mapped in `engine_client.client.attachment`.
+Every call has a deadline; gRPC errors become typed errors through
+`engine_client.client.status` (failed calls in `errors.rpc_errors`).
 """
 
 from __future__ import annotations
@@ -42,8 +36,8 @@ from engine_client.client.control import (
 from engine_client.client.mapping import Mapping
 from engine_client.client.reattach import Reattachment
 from engine_client.client.remote_swap_call import RemoteSwapCall
-from engine_client.client.session_stream import NotSent, SessionStream
-from engine_client.client.status import code_of, from_status, rpc_errors, status_code
+from engine_client.client.session_calls import SessionCalls
+from engine_client.client.status import rpc_errors
 from proto.kvcache.v1 import kvcache_pb2 as pb
 from proto.kvcache.v1 import kvcache_pb2_grpc as pb_grpc
 
@@ -96,7 +90,7 @@ class KVClient:
         self.held: tuple[HeldRequest, ...] = ()
         self.memory = Mapping(target)  # what this client mapped (tensors: None once dead)
         self.recovery = Reattachment(self)
-        self._stream: SessionStream | None = None
+        self.session = SessionCalls(self)
         self.closing = False
 
     @classmethod
@@ -135,23 +129,15 @@ class KVClient:
         req = attachment.request(
             self.engine_name, resume, self.with_remote_swap, expected, self.model_fingerprint
         )
-        try:
-            with rpc_errors("Attach"):
-                reply = await self._stub.Attach(
-                    req, timeout=self.attach_timeout, metadata=self._metadata, wait_for_ready=wait
-                )
-        except errors.InvalidArgument as e:
-            # The only argument the service checks at attach is our layout.
-            raise errors.LayoutMismatch(e.message, e.details) from e
-        except errors.DeadlineExceeded as e:
-            if not wait or self._channel.get_state() is grpc.ChannelConnectivity.READY:
-                raise
-            # wait_for_ready waited the deadline out for a connection: say what is at the path.
-            raise reachability.unreachable(self.peer, self.target, self.attach_timeout) from e
-        except errors.KVError as e:
-            if code_of(e) is not grpc.StatusCode.UNIMPLEMENTED:
-                raise
-            raise (await reachability.wrong_peer(self._channel, self.peer, self.target)) or e
+        reply = await attachment.call(
+            self._channel,
+            req,
+            target=self.target,
+            peer=self.peer,
+            timeout=self.attach_timeout,
+            metadata=self._metadata,
+            wait=wait,
+        )
         layout, device = attachment.check_reply(reply, expected)
         if self.session_id and device != self.device:
             raise errors.EpochMismatch(f"service moved from {self.device} to {device}")
@@ -174,29 +160,16 @@ class KVClient:
         self.tensors, self.exchange = self.memory.tensors, self.memory.exchange
 
     async def open_stream(self) -> None:
-        self._stream = SessionStream(
-            self._stub.Session(metadata=self._metadata),
-            self.rpc_timeout,
-            self.heartbeat_interval,
-            self._heartbeat,
-            on_lost=self.recovery.stream_lost,
-        )
-        self._stream.start()
-        # The first message binds the stream to the session; a heartbeat checks the round trip.
-        await self._heartbeat()
-
-    async def _heartbeat(self) -> None:
-        await self._send(pb.SessionMessage(heartbeat=pb.Heartbeat()), "Heartbeat")
+        await self.session.open(self._stub.Session(metadata=self._metadata))
 
     @property
     def stream_open(self) -> bool:
-        return self._stream is not None and self._stream.open
+        return self.session.open_now
 
     def stop_using(self, why: errors.KVError) -> None:
         """The client is dead: fail the stream's requests and hide the memory (still mapped:
         a step may run on it until let_go)."""
-        if self._stream is not None:
-            self._stream.stop(why)
+        self.session.stop(why)
         self.tensors, self.exchange = None, {}
 
     # --- loss and recovery: the client's Reattachment ---
@@ -213,46 +186,7 @@ class KVClient:
         """Attach to the lost service's successor at the same address and map its memory."""
         await self.recovery.reattach(user)
 
-    def _message(self, msg: pb.SessionMessage) -> pb.SessionMessage:
-        msg.session_id, msg.epoch = self.session_id, self.epoch
-        return msg
-
-    # --- session messages ---
-
-    def _live_stream(self) -> SessionStream:
-        if self._stream is None:  # before the first attach or after a failed re-attach
-            raise self.recovery.dead or errors.ServiceUnavailable(
-                "no session stream to the KV service"
-            )
-        return self._stream
-
-    async def _send(self, msg: pb.SessionMessage, what: str) -> pb.SessionReply:
-        """Send on the session stream. A message the service never saw (the stream was
-        already broken) is sent again once, after the re-attach."""
-        await self.recovery.wait_recovered()
-        try:
-            reply = await self._live_stream().request(self._message(msg), what)
-        except NotSent:
-            if self.closing:
-                raise
-            await self.recovery.wait_recovered()
-            reply = await self._live_stream().request(self._message(msg), what)
-        if reply.error.reason == errors.Stopping.reason:
-            # Its drain is over: the service stops with what it holds. Lost now, in its words,
-            # not when the stream is cut under a call (gRPC then reports an internal error).
-            self.recovery.die(errors.ServiceUnavailable(f"{reply.error.message} ({self.target})"))
-            raise self.recovery.dead or errors.ServiceUnavailable(reply.error.message)
-        return self._result(reply, what)
-
-    @staticmethod
-    def _result(reply: pb.SessionReply, what: str) -> pb.SessionReply:
-        if reply.HasField("error"):
-            e = reply.error
-            if status_code(e.code) is grpc.StatusCode.UNAVAILABLE:
-                # In band, so the service is up: it is draining.
-                raise errors.Draining(f"{what}: {e.message}", dict(e.details))
-            raise from_status(e.code, f"{what}: {e.message}", dict(e.details), e.reason)
-        return reply
+    # --- the data path: the session's messages (session_calls) ---
 
     async def admit(
         self,
@@ -261,44 +195,22 @@ class KVClient:
         max_new_tokens: int,
         prefix: PrefixLookup | None = None,
     ) -> Admission:
-        admit = pb.Admit(
-            request_id=request_id, prompt_len=prompt_len, max_new_tokens=max_new_tokens
-        )
-        if prefix is not None:
-            admit.page_hashes.extend(prefix.page_hashes)
-            admit.cache_salt, admit.reuse_align = prefix.salt, prefix.align
-        a = (await self._send(pb.SessionMessage(admit=admit), "Admit")).admitted
-        return Admission(
-            a.request_id, a.slot, int(a.mode), a.reserved_tokens, tuple(a.pages), a.cached_tokens
-        )
+        return await self.session.admit(request_id, prompt_len, max_new_tokens, prefix)
 
     async def commit(self, request_id: str, seq_len: int) -> None:
-        await self._send(
-            pb.SessionMessage(commit=pb.Commit(request_id=request_id, seq_len=seq_len)), "Commit"
-        )
+        await self.session.commit(request_id, seq_len)
 
     async def step_end(self, report: StepReport) -> None:
-        progress = [pb.RequestProgress(request_id=r, seq_len=n) for r, n in report.progress]
-        msg = pb.SessionMessage(
-            step_end=pb.StepEnd(
-                step=report.step,
-                progress=progress,
-                hits=report.hits,
-                misses=report.misses,
-                bytes_moved=report.bytes_moved,
-                steps=report.steps,
-            )
-        )
-        await self._send(msg, "StepEnd")
+        await self.session.step_end(report)
 
     async def release(self, request_id: str, page_hashes: Sequence[bytes] = ()) -> None:
-        release = pb.Release(request_id=request_id, page_hashes=page_hashes)
-        await self._send(pb.SessionMessage(release=release), "Release")
+        await self.session.release(request_id, page_hashes)
 
     async def prefilled(self, request_id: str, seq_len: int) -> None:
         """Disaggregation: a prefill engine wrote the request's first seq_len rows."""
-        msg = pb.Prefilled(request_id=request_id, seq_len=seq_len)
-        await self._send(pb.SessionMessage(prefilled=msg), "Prefilled")
+        await self.session.prefilled(request_id, seq_len)
+
+    # --- unary calls ---
 
     async def transfer_target(self) -> pb.TransferTargetResponse:
         """Disaggregation: the service's NIXL agent and regions (TRANSFER_UNSUPPORTED without)."""
@@ -349,11 +261,10 @@ class KVClient:
         otherwise the lease keeps them for a restarted engine)."""
         if detach and self.recovery.dead is None and self.stream_open:
             with contextlib.suppress(errors.KVError, asyncio.TimeoutError):
-                await self._send(pb.SessionMessage(detach=pb.Detach()), "Detach")
+                await self.session.detach()
         self.closing = True
         self.recovery.cancel()
-        if self._stream is not None:
-            await self._stream.aclose()
+        await self.session.aclose()
         self.memory.unmap()
         self.tensors, self.exchange = None, {}
         self._swap_call.close()

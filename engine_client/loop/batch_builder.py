@@ -9,6 +9,13 @@ Tokens are counted as *launched* (`GenRequest.launched`): with overlap, step t +
 before step t's tokens reach the host, so a decode row does not know its input token. The row
 then names it -1 and the device reads the slot's last sampled token
 (engine_client.model.model_runner).
+
+A speculative step yields 1 to D + 1 tokens per request, known only once it is done: it counts
+as one launched token, and the post-processing adds the rest (`Postprocessor`), so `launched`
+is a lower bound while a step is in flight, exact once none is. A request whose count is not
+exact names its position -1 too: the device knows it (SpeculativeModelRunner.next_pos). Its
+sampled rows' keys are derived on the device from its stream key and the rows' positions
+(engine_client.loop.speculative.row_keys).
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from collections.abc import Callable, Sequence
 
 from engine_client.loop.batch import Batch, PrefillBudget, PrefillChunk
 from engine_client.loop.request import GenRequest, Phase
-from engine_client.loop.sampler import token_key
+from engine_client.loop.sampler import stream_key, token_key
 from engine_client.loop.synthetic import SyntheticContext
 
 
@@ -53,15 +60,18 @@ class BatchBuilder:
         for req in decode:
             self._add_decode(batch, req)
         if any(r.sampling.temperature > 0 for r in decode):
-            # Row j of a request yields its token launched - 1 + j.
             rows = range(batch.rows_per_request)
             batch.temps = [r.sampling.temperature for r in decode for _ in rows]
-            batch.keys = [
-                token_key(r.sampling.seed, r.launched - 1 + j) if r.sampling.temperature else 0
-                for r in decode
-                for j in rows
-            ]
+            keys = [self._key(r) if r.sampling.temperature else 0 for r in decode]
+            batch.keys = [k for k in keys for _ in rows]
         return batch
+
+    def _key(self, req: GenRequest) -> int:
+        """A decode row's key: the token it yields is the request's launched - 1st; a
+        speculative request's stream key, which the device turns into its rows' keys."""
+        if self.draft_tokens:
+            return stream_key(req.sampling.seed)
+        return token_key(req.sampling.seed, req.launched - 1)
 
     def _next_chunk(self, req: GenRequest) -> PrefillChunk:
         """The request's next prefill chunk (nothing changes until it is added)."""
@@ -94,12 +104,11 @@ class BatchBuilder:
             req.phase, req.launched = Phase.RUNNING, req.replayed + 1
 
     def _add_decode(self, batch: Batch, req: GenRequest) -> None:
-        if self.draft_tokens:
-            # Not overlapped: the previous step's tokens (1 to D + 1) were all delivered.
-            req.launched = len(req.tokens)
         # The row appends the newest token: known on the host only once it was delivered.
-        batch.ids.append(req.tokens[-1] if len(req.tokens) == req.launched else -1)
-        batch.positions.append(req.prompt_len + req.launched - 1)
+        known = len(req.tokens) == req.launched
+        batch.ids.append(req.tokens[-1] if known else -1)
+        position = req.prompt_len + req.launched - 1
+        batch.positions.append(position if known or not self.draft_tokens else -1)
         batch.slots.append(req.slot)
         batch.decode.append(req)
         req.launched += 1

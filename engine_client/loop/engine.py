@@ -38,12 +38,13 @@ from engine_client.loop.acceptance_rates import AcceptanceRates
 from engine_client.loop.admission_limit import AdmissionLimit
 from engine_client.loop.batch import Batch
 from engine_client.loop.finished import FinishedRequests
+from engine_client.loop.launched_step import LaunchedStep
 from engine_client.loop.metrics import EngineMetrics
 from engine_client.loop.parts import EngineOptions, EngineParts
 from engine_client.loop.queue_policy import QueueLimits
 from engine_client.loop.request import Finish, GenRequest
 from engine_client.loop.state_file import StateFile
-from engine_client.loop.step_runner import Advance, LaunchedStep
+from engine_client.loop.step_runner import Advance
 from engine_client.model.compute import Compute
 from engine_client.text.vocabulary import Vocabulary
 

@@ -141,11 +141,6 @@ def _scheduler(
 
 
 def _step_runner(compute: Compute, options: EngineOptions) -> StepRunner:
-    if compute.draft_tokens and options.overlap:
-        raise ValueError(
-            "speculative steps cannot be overlapped (their positions follow "
-            "the previous step's accepted count)"
-        )
     rule = options.acceptance
     if rule is not None and rule.draft_tokens != compute.draft_tokens:
         raise ValueError(

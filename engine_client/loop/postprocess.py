@@ -22,10 +22,10 @@ from collections.abc import Callable
 from contract import errors
 from engine_client.client.control import StepReport
 from engine_client.loop.control_ref import ControlRef
+from engine_client.loop.launched_step import StepOutput
 from engine_client.loop.metrics import EngineMetrics
 from engine_client.loop.request import GenRequest
 from engine_client.loop.state_file import StateFile
-from engine_client.loop.step_runner import StepOutput
 
 log = logging.getLogger(__name__)
 
@@ -115,11 +115,14 @@ class Postprocessor:
         counted = batch.decode + [c.req for c in batch.prefills]
         hits, misses = self._count(counted, out.per_slot)
         self._speculative(out, counted)
+        for req, tokens in zip(batch.decode, out.decode_tokens):
+            # A verify step was launched as one token (engine_client.loop.batch_builder).
+            req.launched += len(tokens) - 1
         self._deliver(rows)
         # Stored lengths once the step is done: what it appended and kept (a verify step keeps
         # its first row and the accepted drafts), whatever was delivered.
         kept = (len(t) for t in out.decode_tokens)
-        stored = list(zip(batch.decode, (p + k for p, k in zip(batch.positions, kept))))
+        stored = list(zip(batch.decode, (p + k for p, k in zip(out.positions, kept))))
         stored = [(c.req, c.end) for c in batch.prefills] + stored
         progress = tuple((r.request_id, n) for r, n in stored if id(r) in live)
         self.reports.send(StepReport(batch.step, progress, hits, misses, misses * self.row_bytes))

@@ -7,8 +7,9 @@ function of (logits, seed, token index), so a request resumed by another engine 
 the same tokens without any saved RNG state.
 
 Two counts matter with overlapped steps: `launched` is how many tokens the steps launched so far
-will have produced (the scheduler's view), `len(tokens)` how many arrived on the host (the
-clients' view). `last_step` is the newest launched step that reads the request's KV: its slot is
+will have produced (the scheduler's view; a speculative step counts as one until it is done, so
+a lower bound while one is in flight), `len(tokens)` how many arrived on the host (the clients'
+view). `last_step` is the newest launched step that reads the request's KV: its slot is
 released only once that step has finished on the device.
 
 A request failed by the loss of the KV service (`lost_kv`) can be revived once the engine has

@@ -27,6 +27,13 @@ def token_key(seed: int, index: int) -> int:
     return int.from_bytes(digest, "little")
 
 
+def stream_key(seed: int) -> int:
+    """The 32-bit key of a request's speculative token stream (its verify rows' keys are
+    derived from it on the device: engine_client.loop.speculative.row_keys)."""
+    digest = hashlib.blake2b(f"{seed}:stream".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little")
+
+
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
     """(x * c) mod 2^32 for int64 x < 2^32, without int64 overflow (16-bit halves of c)."""
     lo, hi = c & 0xFFFF, c >> 16

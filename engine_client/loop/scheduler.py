@@ -74,8 +74,8 @@ class Scheduler:
         draft_tokens: int = 0,
         remote: RemotePrefill | None = None,
     ) -> None:
-        """draft_tokens D > 0: speculative steps of D + 1 rows per request, never overlapped
-        (a step's positions follow the previous step's accepted count). `finish` ends a
+        """draft_tokens D > 0: speculative steps of D + 1 rows per request (admission reserves
+        their rows past max_new_tokens, an overlapped step's included). `finish` ends a
         request; `state` records each admission; `remote` prefills admitted requests on a
         peer (disaggregation) instead of here."""
         self.control, self.policy = control, policy

@@ -12,21 +12,37 @@ the row's input (the last accepted token, then d_1, ..., d_D). Per row the targe
   the other tokens. P(y_j = x) = p(d) [x = d] + (1 - p(d)) p(x) / (1 - p(d)) [x != d] = p(x):
   the target's distribution, exactly. A row without a draft (or after the last) samples p_j.
 a = the length of the prefix of accepted drafts; the step yields y_0 .. y_a (a + 1 tokens).
-Row j's token key is token_key(seed, index of the token it yields), as for plain decoding.
+Row j's token key is derived on the device from the request's stream key and the position of
+the token it yields (`row_keys`): a verify step's positions may be known on the device only
+(overlapped steps), so its keys cannot come from the host as plain decoding's token_key does.
+Still a pure function of (seed, position), so a resumed or revived request draws the same.
 """
 
 from __future__ import annotations
 
 import torch
 
-from engine_client.loop.sampler import gumbel, uniform
+from engine_client.loop.sampler import derive, gumbel, uniform
 
 
 def reserve_extra(draft_tokens: int) -> int:
-    """Tokens admission reserves beyond prompt + max_new_tokens for speculative steps: a verify
-    step starts at position p <= prompt + max_new - 2 (it runs while a token is missing) and
-    writes KV up to p + D; the MTP layer's drafting rows reach p + a + D - 1 <= p + 2 D - 1."""
-    return max(0, 2 * draft_tokens - 2)
+    """Tokens admission reserves beyond prompt + max_new_tokens for speculative steps. The
+    engine launches a verify step while the step before it is in flight, counting that one
+    as a single token (engine_client.loop.batch_builder), so it launches a step while at most
+    max_new - 2 tokens are known to be out and the step in flight may then end at up to
+    max_new + D - 1: the new step starts at position p <= prompt + max_new + D - 2, writes KV
+    up to p + D, and the MTP layer's drafting rows reach p + a + D - 1 <= p + 2 D - 1. Without
+    overlap the last D of these stay unused; one reservation either way, so a request resumed
+    by an engine started with the other --overlap fits its held reservation."""
+    return max(0, 3 * draft_tokens - 2)
+
+
+def row_keys(stream_keys: torch.Tensor, positions: torch.Tensor, rows: int) -> torch.Tensor:
+    """The token keys [n rows] of a verify step's rows: stream_keys [n rows] (each request's
+    stream_key on each of its rows), positions [n] the requests' first positions; row j yields
+    the token at position + j + 1, its key's counter."""
+    at = positions.long()[:, None] + torch.arange(1, rows + 1, device=positions.device)
+    return derive(stream_keys, at.view(-1))
 
 
 def verify(

@@ -13,8 +13,8 @@ class StepBuffers:
 
     def __init__(self, rows: int, requests: int, slots: int, cuda: bool) -> None:
         self.tokens = torch.zeros(rows, dtype=torch.int64, pin_memory=cuda)
-        # Speculative steps: (accepted, drafted) per request.
-        self.spec = torch.zeros((2, requests), dtype=torch.int64, pin_memory=cuda)
+        # Speculative steps: (accepted, drafted, first position) per request.
+        self.spec = torch.zeros((3, requests), dtype=torch.int64, pin_memory=cuda)
         # Sampling inputs on their way to the device (pageable memory could sync the stream).
         self.temps = torch.zeros(rows, dtype=torch.float32, pin_memory=cuda)
         self.keys = torch.zeros(rows, dtype=torch.int64, pin_memory=cuda)

@@ -17,20 +17,24 @@ t's buffers are not read yet and step t - 1's end event is still needed for step
 
 A speculative step accepts drafts on the device (engine_client.loop.speculative), or by the
 BENCHMARK-ONLY synthetic rule (engine_client.loop.synthetic_acceptance) when `acceptance` is set.
+It overlaps like a plain step: its positions and its sampled rows' keys come from the device
+where the host does not know them yet (SpeculativeModelRunner.next_pos, speculative.row_keys),
+and the positions it ran at come back with its tokens (`StepOutput.positions`).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from engine_client.loop.acceptance_rates import AcceptanceRates
 from engine_client.loop.batch import MAX_PREFILLS_PER_STEP, Batch, PrefillChunk
+from engine_client.loop.launched_step import LaunchedStep, StepOutput
 from engine_client.loop.request import GenRequest
 from engine_client.loop.sampler import sample_rows
-from engine_client.loop.speculative import verify
+from engine_client.loop.speculative import row_keys, verify
 from engine_client.loop.step_buffers import StepBuffers
 from engine_client.loop.synthetic_acceptance import SyntheticAcceptance
 from engine_client.model.compute import Compute
@@ -40,69 +44,6 @@ from engine_client.model.speculative_runner import SpeculativeModelRunner
 BUFFER_SETS = 3
 # Tokens per chunk of a synthetic context fill (KVBackend.fill_synthetic), a progress step.
 SYNTHETIC_CHUNK = 4096
-
-
-@dataclass(frozen=True)
-class StepOutput:
-    """What one step produced, on the host. decode_tokens[i] belongs to batch.decode[i]: the
-    tokens its row(s) yielded (one; a verify step's accepted drafts and the token after them);
-    prefill_tokens[i]: the first token of batch.prefills[i]'s request if that chunk ended its
-    prompt, else None;
-    drafted[i] / accepted[i]: its drafts checked / taken (speculative steps, else empty);
-    per_slot[r] = (top-k positions selected, misses, misses summed over rows) of request slot r
-    in this step (the last differs from misses when a verify step's rows shared a swap-in);
-    device_seconds: the step's busy time on the device; idle_before: device idle time between
-    the previous step and this one (None after the engine was idle); decode_seconds: the part of
-    device_seconds after the prefill chunks (what the decode rows cost, for the admission limit)."""
-
-    batch: Batch
-    decode_tokens: list[list[int]]
-    prefill_tokens: list[int | None]
-    per_slot: list[tuple[int, int, int]]
-    device_seconds: float
-    idle_before: float | None
-    drafted: list[int] = field(default_factory=list)
-    accepted: list[int] = field(default_factory=list)
-    decode_seconds: float = 0.0
-
-
-class LaunchedStep:
-    def __init__(self, batch: Batch, bufs: StepBuffers, previous: "LaunchedStep | None") -> None:
-        self.batch, self.bufs, self.previous = batch, bufs, previous
-
-    @property
-    def launch_seconds(self) -> float:
-        """Host time spent launching (on CPU: computing) the step."""
-        return self.bufs.cpu_end - self.bufs.cpu_start
-
-    def wait(self) -> StepOutput:
-        """Block until the step has finished on the device; its results (no other sync)."""
-        b, batch = self.bufs, self.batch
-        if b.end is not None:
-            # On CUDA every step has all three events, elsewhere none.
-            assert b.start is not None and b.decode is not None
-            b.end.synchronize()
-            busy = b.start.elapsed_time(b.end) / 1e3
-            decode = b.decode.elapsed_time(b.end) / 1e3
-            prev = self.previous
-            prev_end = prev.bufs.end if prev is not None else None
-            idle = prev_end.elapsed_time(b.start) / 1e3 if prev_end is not None else None
-        else:
-            busy, decode = b.cpu_end - b.cpu_start, b.cpu_end - b.cpu_decode
-            prev = self.previous
-            idle = b.cpu_start - prev.bufs.cpu_end if prev is not None else None
-        self.previous = None  # only the idle gap needed it
-        n, G = len(batch.decode), batch.rows_per_request
-        rows = b.tokens[: n * G].tolist()
-        firsts = b.tokens[-MAX_PREFILLS_PER_STEP:].tolist()
-        first = [firsts[i] if c.first is not None else None for i, c in enumerate(batch.prefills)]
-        per_slot = [(s, m, rm) for s, m, rm in b.counts.tolist()]
-        if G == 1:
-            tokens, drafted, accepted = [[t] for t in rows], [], []
-        else:
-            accepted, drafted = (x[:n] for x in b.spec.tolist())
-            tokens = [rows[i * G : i * G + a + 1] for i, a in enumerate(accepted)]
-        return StepOutput(batch, tokens, first, per_slot, busy, idle, drafted, accepted, decode)
 
 
 @dataclass(frozen=True)
@@ -136,7 +77,8 @@ class StepRunner:
         # chunk of the step: its request's first token.
         total = rows + MAX_PREFILLS_PER_STEP
         self._out = torch.zeros(total, dtype=torch.int64, device=dev)
-        self._spec = torch.zeros((2, m), dtype=torch.int64, device=dev)
+        # Speculative steps: accepted, drafted and first position per request.
+        self._spec = torch.zeros((3, m), dtype=torch.int64, device=dev)
         self._temps = torch.zeros(total, dtype=torch.float32, device=dev)
         self._keys = torch.zeros(total, dtype=torch.int64, device=dev)
         slots = self.compute.backend.max_requests
@@ -286,12 +228,16 @@ class StepRunner:
         G = model_runner.rows_per_request
         logits = model_runner.step(batch.ids, batch.positions, batch.slots)
         drafts = model_runner.step_drafts[:n]
-        sampling = self._sampling(bufs, batch.temps, batch.keys, 0)
+        slots, base = model_runner.staged(n)
+        temps, keys = self._sampling(bufs, batch.temps, batch.keys, 0)
+        if keys is not None:  # staged: the requests' stream keys
+            keys = row_keys(keys, base, G)
         if self._synthetic is None:
-            y, accepted = verify(logits, drafts, *sampling)
+            y, accepted = verify(logits, drafts, temps, keys)
         else:
-            y, accepted = self._synthetic.verify(logits, drafts, *model_runner.staged(n), *sampling)
+            y, accepted = self._synthetic.verify(logits, drafts, slots, base, temps, keys)
         model_runner.draft(y, accepted)
         self._tokens[: n * G].copy_(y.view(-1))
         self._spec[0, :n].copy_(accepted)
         self._spec[1, :n].copy_((drafts >= 0).sum(dim=1))
+        self._spec[2, :n].copy_(base)

@@ -109,18 +109,23 @@ class ModelRunner:
         req_slots: Sequence[int],
         seq_lens: Sequence[int],
     ) -> None:
-        n, be = len(token_ids), self.model.backend
-        if not 0 < n <= self.cfg.max_batch or not n == len(positions) == len(req_slots) == len(
-            seq_lens
-        ):
-            raise ValueError(f"a step takes 1..{self.cfg.max_batch} rows of equal-length inputs")
-        # Builtins over the lists: this runs on the host path of every step.
-        if len(set(req_slots)) != n or not 0 <= min(req_slots) <= max(req_slots) < be.max_requests:
-            raise ValueError(f"request slots must be distinct and in [0, {be.max_requests})")
+        be = self.model.backend
+        self._check_rows(token_ids, req_slots)
+        if not len(token_ids) == len(positions) == len(seq_lens):
+            raise ValueError("a step takes rows of equal-length inputs")
         if not 0 <= min(positions) <= max(positions) < be.max_context or any(
             s - p != 1 for p, s in zip(positions, seq_lens)
         ):
             raise ValueError(f"need 0 <= position < {be.max_context} and seq_len == position + 1")
+
+    def _check_rows(self, token_ids: Sequence[int], req_slots: Sequence[int]) -> None:
+        """The rows' count, request slots and token ids (builtins over the lists: this runs
+        on the host path of every step)."""
+        n, be = len(token_ids), self.model.backend
+        if not 0 < n <= self.cfg.max_batch or n != len(req_slots):
+            raise ValueError(f"a step takes 1..{self.cfg.max_batch} rows of equal-length inputs")
+        if len(set(req_slots)) != n or not 0 <= min(req_slots) <= max(req_slots) < be.max_requests:
+            raise ValueError(f"request slots must be distinct and in [0, {be.max_requests})")
         if not -1 <= min(token_ids) <= max(token_ids) < self.model.cfg.vocab_size:
             raise ValueError(
                 f"token ids must be in [0, {self.model.cfg.vocab_size}) or -1 "

@@ -15,6 +15,10 @@ then runs the MTP layer (engine_client.model.mtp) over the same positions with t
 tokens (the layer's own KV rows, and the proposal after row a), chains it D - 1 times, and
 leaves y[a] and the new drafts in `last_token` / `drafts` for the next step.
 
+Overlap. The draft graph also moves the slot's `next_pos` to p + a + 1, so the next step,
+staged with position -1, starts there: the engine launches it before this step's tokens
+reach the host (engine_client.loop.batch_builder), as it does plain steps.
+
 Rollback. The request's stored length becomes p + a + 1; nothing is undone on the device:
 - KV rows, index keys and host-tier rows at rejected positions > p + a are rewritten by the
   next step's appends of the same positions, which run (per layer) before any read of them;
@@ -49,7 +53,10 @@ class SpeculativeModelRunner(ModelRunner):
     """Verify + draft steps of D = draft_tokens drafts. `step` runs the verify rows and returns
     their logits [n (D + 1), vocab]; `draft` takes the accepted result. Device state per
     request slot (entry R: padding rows): last_token (the token at the next step's first
-    position) and drafts [R + 1, D] int64 (-1: none, never accepted)."""
+    position), next_pos (that position) and drafts [R + 1, D] int64 (-1: none, never
+    accepted). The draft graph moves next_pos on by the accepted count, so a step staged with
+    position -1 starts where the step before it ended without the host knowing where: the
+    engine launches step t + 1 before step t's tokens reach the host (overlap)."""
 
     def __init__(self, model: Model, cfg: DecodeConfig, draft_tokens: int) -> None:
         if model.mtp is None or draft_tokens < 1:
@@ -58,6 +65,9 @@ class SpeculativeModelRunner(ModelRunner):
         super().__init__(model, cfg, rows_per_request=draft_tokens + 1)
         m, G, dev, R = cfg.max_batch, draft_tokens + 1, self.device, model.backend.max_requests
         self.drafts = torch.full((R + 1, self.D), -1, dtype=torch.int64, device=dev)
+        self.next_pos = torch.zeros(R + 1, dtype=torch.int32, device=dev)
+        # The step's first positions as run: staged, or a slot's next_pos where staged -1.
+        self.base = torch.zeros(m, dtype=torch.int32, device=dev)
         # Static buffers of the two graphs: the verify rows' states and drafts, then the
         # accepted result the draft graph reads and the drafts it writes.
         self.hidden = torch.zeros(
@@ -93,10 +103,12 @@ class SpeculativeModelRunner(ModelRunner):
         x, n = self.inputs[:, :bs], bs * self.rows_per_request
         slots, pad = x[_SLOTS], self._pad(x[_SLOTS])
         first = torch.where(x[_IDS] >= 0, x[_IDS], self.last_token[pad]).long()
+        base = self.base[:bs]
+        base.copy_(torch.where(x[_POS] >= 0, x[_POS], self.next_pos[pad]))
         drafts = self.drafts[pad]
         self.step_drafts[:bs].copy_(drafts)
         ids = torch.cat((first[:, None], drafts.clamp(min=0)), dim=1).view(-1)
-        states = self.model.hidden_states(self._rows(slots, x[_POS], ids), self.ws.rows(n))
+        states = self.model.hidden_states(self._rows(slots, base, ids), self.ws.rows(n))
         self.hidden[:n].copy_(states)
         self.logits[:n].copy_(self.model.logits(self.model.final(states)))
 
@@ -104,7 +116,7 @@ class SpeculativeModelRunner(ModelRunner):
         """Draft: the MTP layer over the verify positions with the target's tokens, the first
         draft from each request's row a, D - 1 chained passes; then the next step's state."""
         x, G, n = self.inputs[:, :bs], self.rows_per_request, bs * self.rows_per_request
-        slots, base, a = x[_SLOTS], x[_POS], self.accepted[:bs]
+        slots, base, a = x[_SLOTS], self.base[:bs], self.accepted[:bs]
         y = self.verified[:bs]
         states = draft_states(
             self.model, self._rows(slots, base, y.reshape(-1)), self.hidden[:n], self.ws.rows(n)
@@ -118,6 +130,7 @@ class SpeculativeModelRunner(ModelRunner):
         # Padding requests write entry R, whose values stay valid token ids (or -1 drafts).
         self.last_token.index_copy_(0, pad, y.gather(1, a[:, None])[:, 0].to(torch.int32))
         self.drafts.index_copy_(0, pad, out)
+        self.next_pos.index_copy_(0, pad, at + 1)
 
     def _check(
         self,
@@ -126,9 +139,14 @@ class SpeculativeModelRunner(ModelRunner):
         req_slots: Sequence[int],
         seq_lens: Sequence[int],
     ) -> None:
+        """Positions -1 (on the device) are not checked here: admission reserved every row a
+        step may reach (engine_client.loop.speculative.reserve_extra)."""
         be = self.model.backend
-        super()._check(token_ids, positions, req_slots, [p + 1 for p in positions])
-        if max(positions) + self.D >= be.max_context:
+        self._check_rows(token_ids, req_slots)
+        known = [p for p in positions if p != -1]
+        if len(positions) != len(req_slots) or known and min(known) < 0:
+            raise ValueError("positions must be >= 0, or -1 (the slot's next position)")
+        if known and max(known) + self.D >= be.max_context:
             raise ValueError(f"a verify step's rows reach past max_context {be.max_context}")
 
     def step(
@@ -138,14 +156,16 @@ class SpeculativeModelRunner(ModelRunner):
         req_slots: Sequence[int],
         seq_lens: Sequence[int] = (),
     ) -> torch.Tensor:
-        """Verify: request i's rows start at positions[i] with token_ids[i] (-1: the slot's
-        `last_token`) and continue with its drafts; fp32 logits [n (D + 1), vocab] (a view of
-        the static buffer; rows of a request consecutive). seq_lens is ignored."""
+        """Verify: request i's rows start at positions[i] (-1: the slot's `next_pos`) with
+        token_ids[i] (-1: the slot's `last_token`) and continue with its drafts; fp32 logits
+        [n (D + 1), vocab] (a view of the static buffer; rows of a request consecutive).
+        seq_lens is ignored."""
         return super().step(token_ids, positions, req_slots, [p + 1 for p in positions])
 
     def staged(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The request slots and first positions [n] int32 (device) of the step just run."""
-        return self.inputs[_SLOTS, :n], self.inputs[_POS, :n]
+        """The request slots and first positions [n] int32 (device) of the step just run (the
+        positions as run: the staged ones, or the slots' next positions)."""
+        return self.inputs[_SLOTS, :n], self.base[:n]
 
     def draft(self, verified: torch.Tensor, accepted: torch.Tensor) -> None:
         """After `step`: verified [n, D + 1] int64, the target's token for each row, and
@@ -189,3 +209,4 @@ class SpeculativeModelRunner(ModelRunner):
         out = self.next_drafts[:1]
         draft_chain(self.model, slot, at, x[-1:], at + 1, self.ws.rows(1), out)
         self.drafts[req_slot].copy_(out[0])
+        self.next_pos[req_slot] = end  # the first token's position: the first step starts there

@@ -41,15 +41,15 @@ def _backend(
     """The KV mode's attention backend over the control's memory: remote-swap steps swap through
     the service, the baseline reads its page table."""
     swap_fn = exchange = None
-    if isinstance(control, KVClient) and cfg.kv_mode == "service-remote-swap":
+    if isinstance(control, KVClient) and cfg.kv.kv_mode == "service-remote-swap":
         swap_fn, exchange = (
             (lambda layer, bs, rows: control.remote_swap(layer, bs, rows)),
             control.exchange,
         )
     # The baseline's control maps its pages (a prefill engine's wraps it: ExportControl).
-    page_table = getattr(control, "page_table", None) if cfg.kv_mode == "baseline" else None
+    page_table = getattr(control, "page_table", None) if cfg.kv.kv_mode == "baseline" else None
     return build_backend(
-        cfg.kv_mode,
+        cfg.kv.kv_mode,
         control.layout,
         control.tensors,
         kernels,
@@ -57,38 +57,38 @@ def _backend(
         device,
         swap_fn,
         exchange,
-        cfg.decode_microbatches,
+        cfg.batching.decode_microbatches,
         page_table,
-        rows_per_request=cfg.spec_tokens + 1,
+        rows_per_request=cfg.speculation.spec_tokens + 1,
     )
 
 
 def build_mode_compute(cfg: EngineConfig, mcfg: ModelConfig, control: KVControl, device: str):
     """The model over the KV mode's backend, run on the compute thread (it may load weights
     and build CUDA graphs)."""
-    spec = cfg.spec_tokens
+    spec = cfg.speculation.spec_tokens
     # The all-on-GPU baseline has no hot buffers for the verify rows to share.
-    check_model_fits(mcfg, control.layout, spec if cfg.kv_mode != "baseline" else 0)
-    kernels = choose_kernels(cfg.kernels, device.split(":")[0])
+    check_model_fits(mcfg, control.layout, spec if cfg.kv.kv_mode != "baseline" else 0)
+    kernels = choose_kernels(cfg.execution.kernels, device.split(":")[0])
     weights = (
-        load_safetensors(cfg.checkpoint, mcfg, device)
-        if cfg.checkpoint
-        else random_weights(mcfg, cfg.weight_seed, device)
+        load_safetensors(cfg.model.checkpoint, mcfg, device)
+        if cfg.model.checkpoint
+        else random_weights(mcfg, cfg.model.weight_seed, device)
     )
-    max_batch = min(cfg.max_batch, control.layout.max_requests)
+    max_batch = min(cfg.batching.max_batch, control.layout.max_requests)
     backend = _backend(cfg, control, kernels, max_batch, device)
-    source = load_topk_source(cfg.topk_source, mcfg, control.layout, device)
+    source = load_topk_source(cfg.benchmark.topk_source, mcfg, control.layout, device)
     return build_compute(
         mcfg,
         weights,
         backend,
         control.layout,
         max_batch,
-        cfg.prefill_chunk,
-        use_graphs=cfg.cuda_graphs,
+        cfg.batching.prefill_chunk,
+        use_graphs=cfg.execution.cuda_graphs,
         topk_source=source,
-        synthetic_context=cfg.synthetic_context,
-        synthetic_shared=cfg.synthetic_shared,
+        synthetic_context=cfg.benchmark.synthetic_context,
+        synthetic_shared=cfg.benchmark.synthetic_shared,
         draft_tokens=spec,
-        batch_invariant=cfg.batch_invariant,
+        batch_invariant=cfg.execution.batch_invariant,
     )

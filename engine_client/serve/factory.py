@@ -35,6 +35,8 @@ from engine_client.model.weights import (
 from engine_client.serve.assembly import build_mode_compute, compute_thread
 from engine_client.serve.config import EngineConfig
 from engine_client.serve.restore import restore
+from engine_client.serve.settings.disaggregation import Disaggregation
+from engine_client.serve.settings.queueing import Queueing
 from engine_client.text import vocabulary
 
 log = logging.getLogger(__name__)
@@ -47,7 +49,7 @@ PREFILL_TIMEOUT = 300.0
 
 def load_vocabulary(cfg: EngineConfig) -> vocabulary.Vocabulary:
     """--tokenizer, else the preset's."""
-    return vocabulary.load(cfg.tokenizer or TOKENIZERS[cfg.preset])
+    return vocabulary.load(cfg.model.tokenizer or TOKENIZERS[cfg.model.preset])
 
 
 def model_config(
@@ -60,11 +62,11 @@ def model_config(
     count is checked, not adopted: the layout must hold the model's decoder layers and, last,
     the MTP layer's (a layout sized for the model alone would otherwise silently lose a decoder
     layer to the MTP layer)."""
-    mtp = 1 if cfg.spec_tokens else 0
+    mtp, model = (1 if cfg.speculation.spec_tokens else 0), cfg.model
     overrides: dict = {"vocab_size": vocab.model_vocab_size, "mtp_layers": mtp}
-    if cfg.num_layers:
-        overrides["num_layers"] = cfg.num_layers
-    mcfg = preset(cfg.preset, **overrides)
+    if model.num_layers:
+        overrides["num_layers"] = model.num_layers
+    mcfg = preset(model.preset, **overrides)
     if layout is None:
         return mcfg
     if mtp and layout.num_layers != mcfg.kv_layers:
@@ -73,14 +75,14 @@ def model_config(
             f"layers + 1 MTP layer = {mcfg.kv_layers} layers, the KV service's has "
             f"{layout.num_layers} (start it with --num-layers {mcfg.kv_layers})"
         )
-    if cfg.num_layers is not None and cfg.num_layers != layout.num_layers - mtp:
+    if model.num_layers is not None and model.num_layers != layout.num_layers - mtp:
         raise errors.LayoutMismatch(
-            f"the engine was started with --num-layers {cfg.num_layers} but the KV service's "
+            f"the engine was started with --num-layers {model.num_layers} but the KV service's "
             f"layout has {layout.num_layers} layers (leave --num-layers out to adopt it)"
         )
-    if cfg.checkpoint and (held := checkpoint_layers(cfg.checkpoint)) < layout.num_layers:
+    if model.checkpoint and (held := checkpoint_layers(model.checkpoint)) < layout.num_layers:
         raise errors.LayoutMismatch(
-            f"the checkpoint {cfg.checkpoint} holds {held} layers but the KV service's layout "
+            f"the checkpoint {model.checkpoint} holds {held} layers but the KV service's layout "
             f"has {layout.num_layers} layers"
         )
     return mcfg.replace(num_layers=layout.num_layers - mtp, topk=layout.topk)
@@ -88,29 +90,32 @@ def model_config(
 
 def fingerprint(cfg: EngineConfig, mcfg: ModelConfig) -> str:
     """The model fingerprint given at attach: the prefix cache's namespace ("" turns it off)."""
-    if not cfg.prefix_cache:
+    if not cfg.prefix.prefix_cache:
         return ""
-    return cfg.model_fingerprint or model_fingerprint(mcfg, cfg.checkpoint, cfg.weight_seed)
+    return cfg.prefix.model_fingerprint or model_fingerprint(
+        mcfg, cfg.model.checkpoint, cfg.model.weight_seed
+    )
 
 
 async def connect_service(
     cfg: EngineConfig, saved: state_file.SavedState, model_fingerprint: str = ""
 ) -> KVClient:
     """Attach to the service, resuming the saved session if the service still has it."""
+    kv = cfg.kv
     kwargs: dict[str, Any] = dict(
         model_fingerprint=model_fingerprint,
-        engine_name=cfg.engine_name,
-        token=cfg.token,
-        rpc_timeout=cfg.rpc_timeout,
-        attach_timeout=cfg.attach_timeout,
-        heartbeat_interval=cfg.heartbeat_interval,
-        remote_swap=cfg.kv_mode == "service-remote-swap",
+        engine_name=kv.engine_name,
+        token=kv.token,
+        rpc_timeout=kv.rpc_timeout,
+        attach_timeout=kv.attach_timeout,
+        heartbeat_interval=kv.heartbeat_interval,
+        remote_swap=kv.kv_mode == "service-remote-swap",
         peer=reachability.KV_SERVICE,  # our CLI's flags in the advice
     )
     if saved.session_id:
         try:
             return await KVClient.connect(
-                cfg.service_target, resume_session_id=saved.session_id, **kwargs
+                kv.service_target, resume_session_id=saved.session_id, **kwargs
             )
         except errors.UnknownRequest as e:
             # Queued and lost requests had no KV there: they come back all the same.
@@ -122,7 +127,7 @@ async def connect_service(
                 len(saved.requests) - len(kept),
             )
             saved.requests = kept
-    return await KVClient.connect(cfg.service_target, **kwargs)
+    return await KVClient.connect(kv.service_target, **kwargs)
 
 
 def baseline_control(
@@ -142,14 +147,14 @@ def local_control(cfg: EngineConfig, mcfg: ModelConfig, device: str) -> KVContro
     """Baseline: the engine's own cache; embedded: a service core on local tensors (both hold
     the MTP layer's KV as their last layer with --speculative mtp)."""
     layout = cfg.local.layout(mcfg.kv_layers, mcfg.topk)
-    if cfg.kv_mode == "baseline":
-        return baseline_control(layout, device, cfg.engine_name, fingerprint(cfg, mcfg))
+    if cfg.kv.kv_mode == "baseline":
+        return baseline_control(layout, device, cfg.kv.engine_name, fingerprint(cfg, mcfg))
     from kv_service.core import ServiceCore
     from kv_service.memory.store import allocate_local
 
     kv = allocate_local(layout, device)
     core = ServiceCore(kv, lease_seconds=EMBEDDED_LEASE_SECONDS)
-    return EmbeddedControl(core, cfg.engine_name, fingerprint(cfg, mcfg))
+    return EmbeddedControl(core, cfg.kv.engine_name, fingerprint(cfg, mcfg))
 
 
 async def _control(
@@ -157,11 +162,11 @@ async def _control(
 ) -> tuple[KVControl, str, ModelConfig]:
     """The KV control of the mode, the device the engine runs on and the model it runs: a
     service's layout decides the model's shapes, a local control is made for them."""
-    if not cfg.uses_service:
-        device = cfg.resolved_device()
+    if not cfg.kv.uses_service:
+        device = cfg.execution.resolved_device()
         mcfg = model_config(cfg, vocab)
         local = local_control(cfg, mcfg, device)
-        if cfg.role == "prefill":  # its rows go to a decode side at release
+        if cfg.disaggregation.role == "prefill":  # its rows go to a decode side at release
             local = cast(KVControl, ExportControl(local))
         return local, device, mcfg
     # The fingerprint is named at Attach, before the layout is adopted: it names the
@@ -174,8 +179,9 @@ async def _control(
     # never None then, which KVClient's own `KVLayout | None` attribute cannot say.
     control = cast(KVControl, client)
     try:
-        if cfg.device != "auto" and cfg.device != device.split(":")[0]:
-            raise errors.LayoutMismatch(f"engine device {cfg.device} but service on {device}")
+        wanted = cfg.execution.device
+        if wanted != "auto" and wanted != device.split(":")[0]:
+            raise errors.LayoutMismatch(f"engine device {wanted} but service on {device}")
         return control, device, model_config(cfg, vocab, control.layout)
     except BaseException:
         await control.close()
@@ -184,28 +190,28 @@ async def _control(
 
 def _state_path(cfg: EngineConfig) -> str | None:
     """The state file path when resumable (which implies one), as a str | None mypy narrows."""
-    if cfg.state_file and not cfg.resumable:
+    if cfg.kv.state_file and not cfg.kv.resumable:
         log.warning(
             "state file %s ignored: kv mode %s keeps no KV across a restart",
-            cfg.state_file,
-            cfg.kv_mode,
+            cfg.kv.state_file,
+            cfg.kv.kv_mode,
         )
-    return cfg.state_file if cfg.resumable else None
+    return cfg.kv.state_file if cfg.kv.resumable else None
 
 
-def _queue_limits(cfg: EngineConfig) -> QueueLimits:
+def _queue_limits(queueing: Queueing) -> QueueLimits:
     return QueueLimits(
-        order=queue_policy(cfg.queue_policy, cfg.skip_ahead),
-        max_queue_wait=cfg.max_queue_wait,
-        admit_retry=cfg.admit_retry,
+        order=queue_policy(queueing.queue_policy, queueing.skip_ahead),
+        max_queue_wait=queueing.max_queue_wait,
+        admit_retry=queueing.admit_retry,
     )
 
 
 def _admission(cfg: EngineConfig, compute: Compute) -> AdmissionLimit:
     """--admission-limit under --max-batch, over the decode graphs' batch sizes."""
-    hisparse = cfg.kv_mode != "baseline"
+    hisparse = cfg.kv.kv_mode != "baseline"
     buckets = compute.model_runner.cfg.buckets
-    return admission_limit(cfg.admission_limit, cfg.max_batch, hisparse, buckets)
+    return admission_limit(cfg.queueing.admission_limit, cfg.batching.max_batch, hisparse, buckets)
 
 
 def _export_rows(control: KVControl, compute: Compute) -> None:
@@ -214,11 +220,11 @@ def _export_rows(control: KVControl, compute: Compute) -> None:
         control.export = RowExport(cast(BaselineBackend, compute.backend))
 
 
-def _prefill_peers(cfg: EngineConfig) -> PrefillRouter | None:
+def _prefill_peers(disaggregation: Disaggregation) -> PrefillRouter | None:
     """--role decode: the prefill engines its requests' prompts go to."""
-    if cfg.role != "decode":
+    if disaggregation.role != "decode":
         return None
-    return PrefillRouter([PrefillPeer(t, PREFILL_TIMEOUT) for t in cfg.prefill_peer])
+    return PrefillRouter([PrefillPeer(t, PREFILL_TIMEOUT) for t in disaggregation.prefill_peer])
 
 
 async def build_engine(cfg: EngineConfig, metrics: EngineMetrics | None = None) -> Engine:
@@ -243,23 +249,22 @@ async def build_engine(cfg: EngineConfig, metrics: EngineMetrics | None = None) 
         executor=executor,
         admission=_admission(cfg, compute),
         state=state,
-        policy=_queue_limits(cfg),
-        overlap=cfg.overlap and not cfg.spec_tokens,
+        policy=_queue_limits(cfg.queueing),
+        overlap=cfg.batching.overlap,
         vocab=vocab,
-        prefix_cache=cfg.prefix_cache,
-        share_generated=cfg.prefix_share_generated,
+        prefix_cache=cfg.prefix.prefix_cache,
+        share_generated=cfg.prefix.prefix_share_generated,
         metrics=metrics,
-        acceptance=cfg.acceptance,
-        prefill_peers=_prefill_peers(cfg),
+        acceptance=cfg.speculation.acceptance,
+        prefill_peers=_prefill_peers(cfg.disaggregation),
     )
-    engine.metrics.describe(device=device, kv_mode=cfg.kv_mode)
+    engine.metrics.describe(device=device, kv_mode=cfg.kv.kv_mode)
     _log_speculation(cfg)
     await restore(engine, control, saved)
     return engine
 
 
 def _log_speculation(cfg: EngineConfig) -> None:
-    if cfg.overlap and cfg.spec_tokens:
-        log.info("speculative steps are not overlapped: a step's positions need the last one's")
-    if cfg.acceptance is not None:  # at start, in every log: the output is not the model's
-        log.warning("%s (--speculative-acceptance)", cfg.acceptance.describe())
+    acceptance = cfg.speculation.acceptance
+    if acceptance is not None:  # at start, in every log: the output is not the model's
+        log.warning("%s (--speculative-acceptance)", acceptance.describe())

@@ -67,11 +67,11 @@ def build_server(
         prefill_grpc.add_PrefillServiceServicer_to_server(prefill, server)
     # A socket left by a killed engine is reused; a live engine's, or any other file, is not
     # ours to remove (the KV service's rule, one implementation).
-    if cfg.uds and claim_socket_path(cfg.uds, "--uds", "engine"):
-        log.warning("removed stale socket %s", cfg.uds)
+    if cfg.endpoints.uds and claim_socket_path(cfg.endpoints.uds, "--uds", "engine"):
+        log.warning("removed stale socket %s", cfg.endpoints.uds)
     old = os.umask(0o177)  # the socket file is created 0600
     try:
-        for target in cfg.listen_targets:
+        for target in cfg.endpoints.listen_targets:
             server.add_insecure_port(target)
     finally:
         os.umask(old)
@@ -94,20 +94,23 @@ async def serve(cfg: EngineConfig) -> int:
 
     from engine_client.serve.factory import build_engine
 
-    torch.set_num_threads(cfg.cpu_threads)
+    torch.set_num_threads(cfg.execution.cpu_threads)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     health = health_aio.HealthServicer()
     await _set_health(health, False)
-    servicer = DecodeServicer(cfg.uses_service)
+    servicer = DecodeServicer(cfg.kv.uses_service)
     metrics = EngineMetrics()  # before the server: its calls are counted from the start
-    prefill = PrefillServicer(cfg.max_batch) if cfg.role == "prefill" else None
+    prefill = (
+        PrefillServicer(cfg.batching.max_batch) if cfg.disaggregation.role == "prefill" else None
+    )
     server = build_server(cfg, servicer, health, metrics, prefill)
     await server.start()
     log.info(
-        "listening on %s (NOT_SERVING while the engine is built)", ", ".join(cfg.listen_targets)
+        "listening on %s (NOT_SERVING while the engine is built)",
+        ", ".join(cfg.endpoints.listen_targets),
     )
     engine: Engine | None = None
     watcher = None
@@ -117,15 +120,17 @@ async def serve(cfg: EngineConfig) -> int:
         servicer.engine = engine
         if prefill is not None:
             prefill.engine, prefill.export = engine, engine.control.export  # type: ignore[attr-defined]
-        if cfg.metrics_port is not None:
-            (host, port), stop_metrics = engine.metrics.serve(cfg.metrics_port, cfg.metrics_address)
+        if cfg.observability.metrics_port is not None:
+            (host, port), stop_metrics = engine.metrics.serve(
+                cfg.observability.metrics_port, cfg.observability.metrics_address
+            )
             log.info("metrics on http://%s:%d/metrics", host, port)
         engine.start()
         watcher = asyncio.create_task(_watch_failure(engine, health))
         await _set_health(health, True)
         log.info(
             "SERVING: kv mode %s, device %s, max batch %d",
-            cfg.kv_mode,
+            cfg.kv.kv_mode,
             engine.compute.model.device,
             engine.compute.max_batch,
         )
@@ -138,13 +143,13 @@ async def serve(cfg: EngineConfig) -> int:
         if engine is not None:
             # With a state file the requests stay with the service (lease) for a restarted
             # engine to resume; without one they are released now.
-            await engine.stop(keep_requests=cfg.resumable)
+            await engine.stop(keep_requests=cfg.kv.resumable)
         await server.stop(STOP_GRACE_SECONDS)
         if stop_metrics is not None:
             stop_metrics()
-        if cfg.uds:
+        if cfg.endpoints.uds:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(cfg.uds)
+                os.unlink(cfg.endpoints.uds)
         log.info("stopped")
     return 0
 

@@ -47,6 +47,12 @@ def test_each_d_runs_at_its_rates_beside_one_plain_run() -> None:
         "1",
     ]
     assert "--speculative-acceptance" not in engine_flags(sizes, plain)
+    # Speculative runs overlap steps as plain ones do, unless told not to.
+    assert "--overlap" not in argv
+    waiting = run_groups(sizes, parse_args(["--smoke", "--mtp-overlap", "0"]))[0][1][0]
+    assert plain.overlap and not waiting.overlap
+    flags = engine_flags(sizes, waiting)
+    assert flags[flags.index("--overlap") + 1] == "0"
 
 
 def test_the_summary_reports_tokens_and_misses_per_step() -> None:

@@ -1,6 +1,6 @@
 """Rules declared beside each setting (contract.rules): each names the setting it refuses,
-an unset optional setting is not checked, and EngineConfig runs the rules of its fields plus
-the ones that tie settings together."""
+an unset optional setting is not checked, and EngineConfig's groups run the rules of their
+fields plus the ones that tie their settings together, EngineConfig those across groups."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import pytest
 
 from contract.flags import setting
 from contract.rules import check_settings, one_of, seconds, within
+from contract.setting_groups import compose
 from engine_client.serve.config import EngineConfig
+from engine_client.serve.settings.local_layout import LocalLayout
 
 
 @dataclass(frozen=True)
@@ -46,12 +48,15 @@ def test_an_unset_optional_setting_is_not_checked() -> None:
         ({"synthetic_context": 2, "synthetic_shared": 3}, "synthetic_shared must be in"),
         ({"uds": ""}, "needs a uds path or a tcp address"),
         ({"uds": "/" + "x" * 200}, "longer than 107 bytes"),
+        # Rules across groups: the role's and the shared slots' KV mode.
+        ({"role": "prefill"}, "--role prefill computes prompts in its own cache"),
+        ({"kv_mode": "baseline", "local": LocalLayout(shared_slots=64)}, "sizes embedded mode's own memory"),
     ],
 )
 def test_engine_config_refuses(kwargs, message) -> None:
     with pytest.raises(ValueError, match=message):
-        EngineConfig(**{"uds": "/tmp/e.sock", "kv_mode": "embedded", **kwargs})
+        compose(EngineConfig, **{"uds": "/tmp/e.sock", "kv_mode": "embedded", **kwargs})
 
 
 def test_engine_config_accepts_its_defaults() -> None:
-    assert EngineConfig(uds="/tmp/e.sock", kv_mode="embedded").max_batch == 8
+    assert compose(EngineConfig, uds="/tmp/e.sock", kv_mode="embedded").batching.max_batch == 8

@@ -18,6 +18,7 @@ import dataclasses
 import pytest
 import torch
 
+from contract import setting_groups
 from engine_client.serve.factory import build_engine
 from tests.engine_client.loop.test_engine import MODES, _drive, _run_jobs, one_cpu_thread  # noqa: F401 (autouse)
 from tests.integration.test_engine_speculative import (
@@ -34,7 +35,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.slow, pytest.mark.timeout(600)]
 
 def on_gpu(cfg, row_format: str):
     local = dataclasses.replace(cfg.local, row_format=row_format)
-    return dataclasses.replace(cfg, device="cuda", local=local, batch_invariant=True, overlap=False)
+    return setting_groups.replace(
+        cfg, device="cuda", local=local, batch_invariant=True, overlap=False
+    )
 
 
 async def _row_logits(cfg, jobs) -> tuple[list[list[int]], dict]:

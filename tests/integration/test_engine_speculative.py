@@ -24,6 +24,7 @@ import dataclasses
 import pytest
 import torch
 
+from contract import setting_groups
 from engine_client.loop.request import SamplingParams
 from engine_client.serve.factory import build_engine
 from tests.engine_client.loop.test_engine import MODES, _drive, _run_jobs, one_cpu_thread  # noqa: F401 (autouse)
@@ -52,15 +53,23 @@ GREEDY = [i for i, (_, _, s) in enumerate(JOBS) if s.temperature == 0]
 MIXED = (0.7, 0.5, 0.5)  # D = 3: steps accept 0, 1, 2 and 3 drafts
 
 
-def spec_config(mode: str, svc, draft_tokens: int, rates: tuple[float, ...] | None = None):
-    return dataclasses.replace(
+def spec_config(
+    mode: str,
+    svc,
+    draft_tokens: int,
+    rates: tuple[float, ...] | None = None,
+    overlap: bool = False,
+):
+    """Without overlap unless asked: tests/integration/test_engine_speculative_overlap.py
+    compares the two."""
+    return setting_groups.replace(
         engine_config(mode, svc if "service" in mode else None),
         local=SPEC_LOCAL,
         speculative="mtp",
         draft_tokens=draft_tokens,
         speculative_acceptance=rates,
         allow_benchmark_only=rates is not None,
-        overlap=False,
+        overlap=overlap,
     )
 
 
@@ -188,7 +197,7 @@ def test_speculative_on_gpu_in_every_kv_mode(row_format) -> None:
 
     def on_gpu(cfg):
         local = dataclasses.replace(cfg.local, row_format=row_format)
-        return dataclasses.replace(cfg, device="cuda", local=local)
+        return setting_groups.replace(cfg, device="cuda", local=local)
 
     plain, _, _ = asyncio.run(_run_jobs(on_gpu(engine_config("baseline")), JOBS))
     with workdir() as path:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import os
 import random
 import time
@@ -39,6 +38,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from contract import setting_groups
 from engine_client.loop.request import Finish, SamplingParams
 from engine_client.serve.factory import build_engine
 from tests.process_harness import engine_config, layout_with, start_service, wait_until, workdir
@@ -85,7 +85,7 @@ def _service(kv_mode: str, device: str) -> Iterator[ServiceProcess | None]:
 async def _churn(kv_mode: str, device: str, steps: int) -> tuple[dict, dict, int]:
     began = time.perf_counter()
     with _service(kv_mode, device) as svc:
-        cfg = dataclasses.replace(
+        cfg = setting_groups.replace(
             engine_config(kv_mode, svc, max_queue_wait=0),
             device=device,
             cuda_graphs=not NO_CACHING,

@@ -5,11 +5,11 @@ and replays them; tokens and logits equal the baseline without micro-batches, bi
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 
 import pytest
 import torch
 
+from contract import setting_groups
 from tests.engine_client.loop.test_engine import MODES, _run_jobs
 from tests.process_harness import engine_config, flush, layout_with, start_service, workdir
 
@@ -32,7 +32,7 @@ def test_every_mode_captures_and_replays_with_microbatches(row_format) -> None:
                     row_format=row_format,
                     decode_microbatches=microbatches,
                 )
-                return asyncio.run(_run_jobs(dataclasses.replace(cfg, device="cuda")))
+                return asyncio.run(_run_jobs(setting_groups.replace(cfg, device="cuda")))
 
             base_tokens, base_logits, _ = run("baseline", 1)
             for mode in MODES:

@@ -13,6 +13,7 @@ import hashlib
 import pytest
 import torch
 
+from contract import setting_groups
 from engine_client.kv.baseline import BaselineBackend
 from engine_client.loop.request import Finish, SamplingParams
 from engine_client.loop.synthetic import SyntheticContext
@@ -197,7 +198,7 @@ def test_every_mode_reuses_prompt_prefixes_bitwise_on_gpu() -> None:
                 c = engine_config(
                     mode, svc if "service" in mode else None, prefix_share_generated=False, **kw
                 )
-                return dataclasses.replace(c, device="cuda")
+                return setting_groups.replace(c, device="cuda")
 
             _every_mode(svc, cfg, generated=False, watch=False)
         finally:

@@ -14,6 +14,7 @@ import dataclasses
 import pytest
 import torch
 
+from contract import setting_groups
 from engine_client.loop.request import Finish, SamplingParams
 from engine_client.serve.factory import build_engine
 from tests.engine_client.loop.test_engine import (  # noqa: F401 (autouse fixture)
@@ -137,7 +138,7 @@ def test_every_mode_equals_the_cold_run_with_the_region_on_gpu() -> None:
                     if mode == "embedded"
                     else engine_config(mode, gpu_svc if "service" in mode else None, **kw)
                 )
-                return dataclasses.replace(c, device="cuda")
+                return setting_groups.replace(c, device="cuda")
 
             _every_mode(gpu_svc, mode_cfg, generated=False, watch=False)
             assert service_stats(gpu_svc).shared_rows == 0
@@ -160,6 +161,6 @@ def test_service_modes_decode_together_through_the_services_region(svc, mode) ->
 
 def test_the_region_is_refused_outside_embedded_mode_and_off_whole_buffers() -> None:
     with pytest.raises(ValueError, match="service's layout"):
-        dataclasses.replace(cfg(REGION), kv_mode="baseline")
+        setting_groups.replace(cfg(REGION), kv_mode="baseline")
     with pytest.raises(ValueError, match="multiple of hot_slots"):
         cfg(REGION + 1)

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import typing
 
 import pytest
 
-from contract import flags
+from contract import flags, setting_groups
 from contract.layout import KVLayout
 from engine_client.cli.config import DemoConfig, GenerateConfig
 from engine_client.cli.main import add_demo, add_generate, add_serve, engine_config
-from engine_client.serve.config import EngineConfig, LocalLayout
+from engine_client.serve.config import EngineConfig
+from engine_client.serve.settings.local_layout import LocalLayout
 from kv_service.__main__ import build_parser
 from kv_service.__main__ import parse_config as parse
 from kv_service.config import DEFAULT_LAYOUT, ServiceConfig
@@ -52,10 +54,13 @@ def _client(cls: type, argv: list[str], env: dict[str, str]) -> object:
 
 
 def _leaf_fields(cls: type) -> list[dataclasses.Field]:
+    """The settings of `cls`, those of its groups (the layout, the engine's setting groups)
+    included."""
+    hints = typing.get_type_hints(cls)
     out = []
     for f in dataclasses.fields(cls):
-        if f.name in ("layout", "local"):
-            out += _leaf_fields({"layout": KVLayout, "local": LocalLayout}[f.name])
+        if dataclasses.is_dataclass(hints[f.name]):
+            out += _leaf_fields(hints[f.name])
         elif f.name != "version":  # the layout's wire version is no setting
             out.append(f)
     return out
@@ -103,25 +108,29 @@ def test_flag_beats_env_beats_default() -> None:
         "ENGINE_TOKEN": "secret-env",
     }
     cfg = _engine(["--max-batch", "5"], env)
-    assert (cfg.max_batch, cfg.local.hot_slots, cfg.overlap, cfg.token) == (
+    assert (cfg.batching.max_batch, cfg.local.hot_slots, cfg.batching.overlap, cfg.kv.token) == (
         5,
         40,
         False,
         "secret-env",
     )
-    assert _engine(["--token", "flag-token"], env).token == "flag-token"
+    assert _engine(["--token", "flag-token"], env).kv.token == "flag-token"
     default = _engine([], {})
-    assert (default.kv_mode, default.attach_timeout, default.num_layers) == ("service", 5.0, None)
-    assert default.uds.endswith("hisparse-engine.sock")
+    assert (default.kv.kv_mode, default.kv.attach_timeout, default.model.num_layers) == (
+        "service",
+        5.0,
+        None,
+    )
+    assert default.endpoints.uds.endswith("hisparse-engine.sock")
 
 
 def test_a_list_flag_takes_commas_and_repeats() -> None:
     """--prefill-peer a,b --prefill-peer c is three peers; a flag replaces the env's list."""
     decode = ["--role", "decode", "--kv-mode", "service", "--service", "/tmp/kv.sock"]
     env = {"ENGINE_PREFILL_PEER": "x:1, y:2"}
-    assert _engine(decode, env).prefill_peer == ("x:1", "y:2")
+    assert _engine(decode, env).disaggregation.prefill_peer == ("x:1", "y:2")
     argv = [*decode, "--prefill-peer", "a,b:50051", "--prefill-peer", "unix:/c.sock"]
-    assert _engine(argv, env).prefill_peer == ("a", "b:50051", "unix:/c.sock")
+    assert _engine(argv, env).disaggregation.prefill_peer == ("a", "b:50051", "unix:/c.sock")
     with pytest.raises(ValueError, match="--prefill-peer"):
         _engine(decode, {})
 
@@ -180,7 +189,8 @@ def test_a_flag_overrides_a_bad_env_value() -> None:
             "KVS",
         ),
         (
-            EngineConfig(
+            setting_groups.compose(
+                EngineConfig,
                 uds="/tmp/e.sock",
                 service="/tmp/s.sock",
                 num_layers=4,

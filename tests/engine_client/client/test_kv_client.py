@@ -126,7 +126,7 @@ def test_stream_drop_reattaches_to_the_same_session(svc) -> None:
         try:
             await c.admit("keep", 8, 8)
             session = c.session_id
-            c._stream._call.cancel()  # a dropped stream, the service still up
+            c.session.stream._call.cancel()  # a dropped stream, the service still up
             await c.commit("keep", 8)  # waits for the re-attach, then goes through
             assert c.session_id == session and [h.request_id for h in c.held] == ["keep"]
             await c.release("keep")

@@ -10,6 +10,7 @@ import os
 import pytest
 import torch
 
+from contract import setting_groups
 from engine_client.loop.request import Finish, GenRequest, SamplingParams
 from engine_client.loop.sampler import sample
 from engine_client.serve.factory import build_engine
@@ -333,10 +334,9 @@ def test_state_file_queued_records_are_written_at_once(tmp_path) -> None:
 def test_overlap_on_and_off_identical_on_gpu() -> None:
     """The same jobs, plus stop tokens, on CUDA (graphs, Triton kernels) in the in-process KV
     modes: identical tokens with overlap on and off; identical logits without stop tokens."""
-    import dataclasses
 
     def cfg(mode: str, overlap: bool):
-        return dataclasses.replace(engine_config(mode, overlap=overlap), device="cuda")
+        return setting_groups.replace(engine_config(mode, overlap=overlap), device="cuda")
 
     base, base_logits, _ = asyncio.run(_run_jobs(cfg("baseline", False)))
     jobs = JOBS + [(JOBS[1][0], 14, SamplingParams(stop_token_ids=(base[1][3],)))]

@@ -13,10 +13,11 @@ from collections.abc import Callable
 
 import pytest
 
+from contract import setting_groups
 from engine_client.loop.admission_limit import AdmissionLimit, AdmissionSettings
 from engine_client.loop.request import Finish, SamplingParams
-from engine_client.serve.config import LocalLayout
 from engine_client.serve.factory import build_engine
+from engine_client.serve.settings.local_layout import LocalLayout
 from tests.process_harness import engine_config
 
 pytestmark = [pytest.mark.timeout(120)]
@@ -59,7 +60,7 @@ async def _serve_all(limit: Modelled, device: str = "cpu") -> tuple[list, float 
     local = LocalLayout(
         max_requests=CAPACITY, hot_slots=32, window=8, page_size=8, num_pages=64, max_context=64
     )
-    cfg = dataclasses.replace(
+    cfg = setting_groups.replace(
         engine_config("embedded"), local=local, max_batch=CAPACITY, device=device
     )
     engine = await build_engine(cfg)

@@ -8,10 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from contract import setting_groups
 from engine_client.kv.baseline import BaselineBackend, baseline_layout
 from engine_client.kv.kernel_set import KernelSet
-from engine_client.loop.sampler import token_key
-from engine_client.loop.speculative import verify
+from engine_client.loop.sampler import derive, stream_key, token_key
+from engine_client.loop.speculative import row_keys, verify
 from engine_client.model.model import Model
 from engine_client.model.model_runner import DecodeConfig, ModelRunner
 from engine_client.model.preset import preset
@@ -61,6 +62,54 @@ def test_sampling_keeps_the_target_distribution() -> None:
     assert not ((a == 0) & (y[:, 0] == d)).any()
 
 
+def test_row_keys_follow_the_position_of_the_token_yielded() -> None:
+    """A verify row's key is its request's stream key derived with the position of the token
+    it yields: the same whichever step yields it (overlapped steps know positions only on the
+    device), distinct per row and per request."""
+    stream = torch.tensor([stream_key(7)] * 3 + [stream_key(8)] * 3)
+    keys = row_keys(stream, torch.tensor([10, 10], dtype=torch.int32), 3)
+    assert keys[:3].tolist() == derive(stream[:3], torch.tensor([11, 12, 13])).tolist()
+    assert row_keys(stream[:2], torch.tensor([11], dtype=torch.int32), 2)[0] == keys[1]
+    assert len(set(keys.tolist())) == 6
+
+
+def _tiny_model(device: str, slots: int):
+    """The tiny preset with an MTP layer on a baseline backend, `slots` requests of 20
+    synthetic tokens each."""
+    cfg = preset("tiny", mtp_layers=1)
+    weights = random_weights(cfg, seed=1, device=device)
+    kernels = KernelSet.reference() if device == "cpu" else KernelSet.triton()
+    lay = baseline_layout(cfg.kv_layers, 4, 64, cfg.topk)
+    be = BaselineBackend(lay, kernels=kernels, device=device)
+    for slot in range(slots):
+        be.fill_synthetic(slot, 20, seed=slot, chunk=16)
+    return Model(cfg, weights, be)
+
+
+def test_device_positions_follow_the_accepted_count() -> None:
+    """A verify step staged with positions -1 starts where each slot's last step left it
+    (its first position + accepted + 1, moved on by the draft step): the same logits as the
+    step staged with those positions, which `staged` reports."""
+    D, n, slots = 2, 3, [0, 1, 2]
+    known, device = (
+        SpeculativeModelRunner(_tiny_model("cpu", n), DecodeConfig(max_batch=4), D)
+        for _ in range(2)
+    )
+    for r in (known, device):
+        for s in slots:
+            r.drafts[s] = torch.tensor([9 + s, 4])
+    pos, ids, accepted = [20] * n, [5, 6, 7], torch.tensor([0, 1, 2])
+    for step in range(3):
+        want = known.step(ids, pos, slots).clone()
+        got = device.step(ids, pos if step == 0 else [-1] * n, slots)
+        assert torch.equal(got, want), step
+        assert device.staged(n)[1].tolist() == pos
+        y = want.view(n, D + 1, -1).argmax(-1)
+        known.draft(y, accepted)
+        device.draft(y, accepted)
+        pos, ids = [p + int(a) + 1 for p, a in zip(pos, accepted)], [-1] * n
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_verify_rows_score_like_plain_decode_rows(device) -> None:
     """The verify rows of a step (D = 2, three requests: padded buckets either way) against
@@ -69,25 +118,14 @@ def test_verify_rows_score_like_plain_decode_rows(device) -> None:
     with 3 (D + 1) rows than with 3, so there only the tokens and a small difference are
     asserted; the engine tests compare tokens for that reason."""
     D, n, steps = 2, 3, 4
-    cfg = preset("tiny", mtp_layers=1)
-    weights = random_weights(cfg, seed=1, device=device)
-    kernels = KernelSet.reference() if device == "cpu" else KernelSet.triton()
-
-    def model() -> Model:
-        lay = baseline_layout(cfg.kv_layers, 4, 64, cfg.topk)
-        be = BaselineBackend(lay, kernels=kernels, device=device)
-        for slot in range(n):
-            be.fill_synthetic(slot, 20, seed=slot, chunk=16)
-        return Model(cfg, weights, be)
-
     slots, tokens, plain = list(range(n)), [[5 + s] for s in range(n)], []
-    runner = ModelRunner(model(), DecodeConfig(max_batch=4))
+    runner = ModelRunner(_tiny_model(device, n), DecodeConfig(max_batch=4))
     for i in range(steps * (D + 1)):
         pos = [20 + i] * n
         plain.append(runner.step([t[-1] for t in tokens], pos, slots, [p + 1 for p in pos]).clone())
         for s in slots:
             tokens[s].append(int(plain[-1][s].argmax()))
-    spec = SpeculativeModelRunner(model(), DecodeConfig(max_batch=4), D)
+    spec = SpeculativeModelRunner(_tiny_model(device, n), DecodeConfig(max_batch=4), D)
     for step in range(steps):
         i = step * (D + 1)
         for s in slots:
@@ -109,7 +147,6 @@ def test_speculative_configuration_is_checked(tmp_path) -> None:
     hold the model's layers and the MTP layer's (checked, not adopted); a checkpoint must hold
     the MTP layer (V3.2's layer num_layers)."""
     import asyncio
-    import dataclasses
 
     from contract.errors import LayoutMismatch
     from engine_client.model.weights import checkpoint_layers, load_safetensors, save_safetensors
@@ -118,12 +155,12 @@ def test_speculative_configuration_is_checked(tmp_path) -> None:
 
     for bad in (dict(draft_tokens=4), dict(draft_tokens=0)):
         with pytest.raises(ValueError):
-            dataclasses.replace(engine_config("embedded"), speculative="mtp", **bad)
+            setting_groups.replace(engine_config("embedded"), speculative="mtp", **bad)
     # B - W = 24 < k (D + 1) = 16 * 4.
-    cfg = dataclasses.replace(engine_config("embedded"), speculative="mtp", draft_tokens=3)
+    cfg = setting_groups.replace(engine_config("embedded"), speculative="mtp", draft_tokens=3)
     with pytest.raises(LayoutMismatch, match=r"16 \* 4 = 64 vs B - W = 32 - 8 = 24"):
         asyncio.run(build_engine(cfg))
-    spec = dataclasses.replace(cfg, draft_tokens=1)
+    spec = setting_groups.replace(cfg, draft_tokens=1)
     vocab = load_vocabulary(spec)
     assert model_config(spec, vocab, LOCAL.layout(3, 16)).num_layers == 2
     with pytest.raises(LayoutMismatch, match="2 decoder layers \\+ 1 MTP layer = 3 layers"):

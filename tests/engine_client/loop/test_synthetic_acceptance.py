@@ -29,7 +29,7 @@ SPEC = ("--speculative", "mtp", "--draft-tokens", "3")
 
 def test_the_flags_parse_and_are_checked() -> None:
     cfg = serve(*SPEC, "--speculative-acceptance", "0.9,0.75", "--allow-benchmark-only", "1")
-    rule = cfg.acceptance
+    rule = cfg.speculation.acceptance
     assert rule is not None and rule.rates == (0.9, 0.75) and rule.seed == 0
     assert rule.per_position == (0.9, 0.75, 0.75)  # past the list: its last rate
     assert rule.tokens_per_step == pytest.approx(1 + 0.9 + 0.9 * 0.75 + 0.9 * 0.75**2)
@@ -38,8 +38,8 @@ def test_the_flags_parse_and_are_checked() -> None:
         *SPEC, "--speculative-acceptance", "1", "--speculative-acceptance-seed", "7",
         "--allow-benchmark-only", "1",
     )  # fmt: skip
-    assert seeded.acceptance == AcceptanceRates((1.0,), 3, 7)
-    assert serve(*SPEC).acceptance is None
+    assert seeded.speculation.acceptance == AcceptanceRates((1.0,), 3, 7)
+    assert serve(*SPEC).speculation.acceptance is None
     bad = {
         "1.5": "must be in \\[0, 1\\], got 1.5",
         "-0.1": "got -0.1",

@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 
+from contract.setting_groups import compose
 from engine_client.cli.main import main as engine_main
 from engine_client.model.preset import preset
 from engine_client.serve.config import EngineConfig
@@ -17,7 +18,7 @@ from kv_service.__main__ import parse_config as parse_service
 
 def test_the_row_format_is_the_layouts_not_the_models() -> None:
     assert not hasattr(preset("v32"), "row_format")
-    cfg = EngineConfig(kv_mode="baseline", uds="/tmp/x.sock", preset="v32", num_layers=2)
+    cfg = compose(EngineConfig, kv_mode="baseline", uds="/tmp/x.sock", preset="v32", num_layers=2)
     assert cfg.local.row_format == "bf16"
     local = dataclasses.replace(cfg.local, row_format="fp8")
     assert local.layout(num_layers=2, topk=16).row is FP8_ROW

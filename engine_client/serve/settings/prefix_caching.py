@@ -1,0 +1,35 @@
+"""Prefix caching (kv_service/books/ledger.py, engine_client/loop/scheduler.py): whether the KV
+of cached prompt prefixes and finished turns is reused, and the fingerprint that says which
+engines may share cached pages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from contract.flags import setting
+from contract.rules import check_settings, text
+
+
+@dataclass(frozen=True)
+class PrefixCaching:
+    prefix_cache: bool = setting(
+        True,
+        help="reuse the KV of cached prompt prefixes and of finished turns (full pages shared "
+        "read-only; the prefill starts after them); 0: every request prefills all its prompt",
+    )
+    prefix_share_generated: bool = setting(
+        True,
+        help="with --prefix-cache: a finished request's generated pages become shareable "
+        "(the next turn of a conversation reuses them); 0: only prompt pages are shared, "
+        "whose rows a prefill wrote, so every reuse is bitwise a cold prefill on any device",
+    )
+    model_fingerprint: str = setting(
+        "",
+        help="names the model and weights; only engines with the same fingerprint share "
+        "cached pages; empty: derived from the preset shapes and the weights (seed, or "
+        "samples of the checkpoint files)",
+        check=text(128),
+    )
+
+    def __post_init__(self) -> None:
+        check_settings(self)
