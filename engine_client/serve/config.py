@@ -28,6 +28,7 @@ from contract.rules import (
     text,
     within,
 )
+from contract.transfer_target import SOURCES
 from engine_client.client.address import ENGINE_SOCKET, default_uds, grpc_target
 from engine_client.loop.acceptance_rates import BENCHMARK_ONLY, AcceptanceRates, check_rates
 from engine_client.loop.admission_setting import admission_setting
@@ -121,6 +122,21 @@ class EngineConfig:
         (),
         help="--role decode: the prefill engines' addresses (socket path, unix:PATH, HOST:PORT), "
         "comma-separated or the flag repeated; taken round-robin, skipping a peer down or full",
+    )
+    transfer_source: str = setting(
+        "direct",
+        choices=SOURCES,
+        help="--role prefill: what NIXL writes a prompt's KV from: direct (the cache itself: "
+        "device memory on CUDA, straight into the decode side's host pages) or staged (through "
+        "a pinned host buffer; direct falls back to it where NIXL cannot register the device)",
+        check=one_of(SOURCES),
+    )
+    transfer_peer_idle: float = setting(
+        60.0,
+        help="--role prefill: seconds a decode side's NIXL agent is kept loaded (its metadata "
+        "and connection) after its last export; a side that died with nothing in flight is "
+        "forgotten then, a live one is loaded again by its next prompt",
+        check=seconds(86400, zero=False),
     )
     uds: str = setting(
         "",
