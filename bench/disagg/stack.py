@@ -48,6 +48,15 @@ class Stack:
         proc.wait_serving(STARTUP)
         return proc
 
+    def spawned(self, proc: ManagedProcess) -> str:
+        """Started, not waited for (`ready`): the engines of a run start side by side."""
+        self.children.append(proc.start())
+        return proc.target
+
+    def ready(self) -> None:
+        for proc in self.children:
+            proc.wait_serving(STARTUP)
+
     def stop(self) -> None:
         for proc in reversed(self.children):
             proc.stop()
@@ -72,13 +81,16 @@ def start(
         uds = stack.started(svc).target.removeprefix("unix:")
         if topology is None:
             stack.decode.append(_engine(stack, workdir, uds, shape, "colocated", []))
-            return stack
-        prefills, decodes = topology
-        for i in range(prefills):
-            stack.prefill.append(stack.started(_prefill(workdir, i, lay, shape, source)).target)
-        peers = ["--role", "decode", "--prefill-peer", ",".join(stack.prefill)]
-        for i in range(decodes):
-            stack.decode.append(_engine(stack, workdir, uds, shape, f"decode{i}", peers))
+        else:
+            prefills, decodes = topology
+            for i in range(prefills):
+                stack.prefill.append(stack.spawned(_prefill(workdir, i, lay, shape, source)))
+            # A decode engine needs its peers only for its first prompt: their addresses are
+            # known (socket paths) before they serve.
+            peers = ["--role", "decode", "--prefill-peer", ",".join(stack.prefill)]
+            for i in range(decodes):
+                stack.decode.append(_engine(stack, workdir, uds, shape, f"decode{i}", peers))
+        stack.ready()
         return stack
     except BaseException:
         stack.stop()
@@ -86,11 +98,10 @@ def start(
 
 
 def _engine(stack: Stack, workdir: str, uds: str, shape: Shape, name: str, role: list[str]) -> str:
-    """A service-mode engine (role both, or decode with its peers) started; its target."""
+    """A service-mode engine (role both, or decode with its peers) spawned; its target."""
     run = ["--device", shape.device, *role]
     argv = engine_argv(shape.preset, shape.max_batch, shape.prefill_chunk, run)
-    eng = engine_process(workdir, "service", service_uds=uds, name=name, extra=argv)
-    return stack.started(eng).target
+    return stack.spawned(engine_process(workdir, "service", service_uds=uds, name=name, extra=argv))
 
 
 def _prefill(workdir: str, i: int, lay: KVLayout, shape: Shape, source: str) -> ManagedProcess:

@@ -30,13 +30,14 @@ def test_the_smoke_run_moves_the_prompts_kv_rows_and_matches_the_colocated_token
     colocated, disagg = result["runs"]
     assert (colocated["name"], disagg["name"]) == ("colocated", "1x1-direct")
     for run in (colocated, disagg):
-        assert run["tokens"] == args.streams * args.tokens
+        want = args.streams * args.tokens + args.arrivals * args.arrival_tokens
+        assert (run["tokens"], run["arrivals"]) == (want, args.arrivals)
     assert result["compare"]["1x1-direct"]["same_tokens"]
     lay = cli.layout(args)
     pages = -(-args.prompt // lay.page_size)
     rows = lay.num_layers * args.prompt * lay.row_bytes
     keys = lay.num_layers * pages * lay.page_size * lay.index_bytes
     moved = disagg["transfer"]
-    assert moved["exports"] == args.streams and moved["dropped"] == 0
+    assert moved["exports"] == args.streams + args.arrivals and moved["dropped"] == 0
     assert moved["bytes_per_prompt"] == rows + keys
     assert moved["memory_type"] == "DRAM" and result["pinned_copy_gb_per_s"] > 0
