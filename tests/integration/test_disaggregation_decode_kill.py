@@ -14,7 +14,8 @@ kill, so the order does not depend on timing:
 after each, the prefill engine holds nothing for the dead side: no prompt, export, write or
 NIXL peer, only its own cache's regions, no request or page but cached ones, and it maps or
 opens no file of the dead service and no /dev/shm file it did not map before (UCX's own);
-3. a new decode side gets the tokens of a single node (an engine of role both on its service).
+3. a new decode side gets the tokens of a single node (an engine of role both on its service),
+   and its service holds no request afterwards.
 Skipped without the nixl package."""
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from tests.process_harness import (
     cuda_shm_dir,
     generated,
     prefill_status,
+    settled,
     start_engine,
     start_service,
     workdir,
@@ -178,6 +180,7 @@ def test_a_decode_side_killed_mid_transfer_leaves_nothing_on_the_prefill_side() 
             finally:
                 assert single.stop() == 0, single.log()
             assert c.generate(PROMPT) == want, c.decode.log()
+            assert asyncio.run(settled(c.svc))
             assert prefill_status(prefill).exports_written == 3
             _until(lambda: not prefill_status(prefill).peers, "c's agent forgotten once idle")
         finally:
