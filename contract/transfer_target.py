@@ -21,6 +21,9 @@ from contract.errors import InvalidArgument
 from contract.layout import KVLayout
 
 ROWS, INDEX = "rows", "index"
+# Where a prefill engine's writes read from (engine_client.kv.export_source): its cache itself
+# (host on CPU, the device on CUDA), or a pinned host buffer it stages each prompt into.
+SOURCES = ("direct", "staged")
 
 
 @dataclass(frozen=True)

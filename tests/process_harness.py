@@ -28,6 +28,8 @@ from engine_client.serve.procs import ManagedProcess, engine_process
 from engine_client.serve.settings.local_layout import LocalLayout
 from proto.kvcache.v1 import kvcache_pb2 as kpb
 from proto.kvcache.v1 import kvcache_pb2_grpc as kpb_grpc
+from proto.prefill.v1 import prefill_pb2 as ppb
+from proto.prefill.v1 import prefill_pb2_grpc as ppb_grpc
 from tests.service_harness import ServiceProcess, short_tmpdir
 
 # Fits the tiny preset (2 layers, top-k 16). 12 + 12 tokens fit the 32 hot slots (resident);
@@ -71,9 +73,11 @@ def start_service(
     device: str = "cpu",
     unset: tuple[str, ...] = (),
     extra: tuple[str, ...] = (),
+    shm_dir: str | None = None,
 ) -> ServiceProcess:
     """A SERVING service; `unset`: environment variables the child must not inherit; `extra`:
-    more flags (later flags win)."""
+    more flags (later flags win); `shm_dir`: where its segments go (default: the workdir's own
+    on CPU, `cuda_shm_dir` on CUDA)."""
     # The last --device wins over the harness's "--device cpu".
     svc = ServiceProcess(
         path,
@@ -86,7 +90,7 @@ def start_service(
         device,
         *extra,
         layout=layout,
-        shm_dir=cuda_shm_dir(path) if device == "cuda" else None,
+        shm_dir=shm_dir or (cuda_shm_dir(path) if device == "cuda" else None),
     )
     for name in unset:
         svc.env.pop(name, None)
@@ -156,6 +160,12 @@ async def wait_until(predicate, timeout: float = 10.0) -> None:
     async with asyncio.timeout(timeout):
         while not predicate():
             await asyncio.sleep(0.01)
+
+
+def prefill_status(eng: ManagedProcess) -> ppb.StatusResponse:
+    """What a prefill engine (--role prefill) holds and has moved (prefill.v1 Status)."""
+    with grpc.insecure_channel(eng.target) as channel:
+        return ppb_grpc.PrefillServiceStub(channel).Status(ppb.StatusRequest(), timeout=5)
 
 
 def engine_channel(eng: ManagedProcess) -> grpc.aio.Channel:

@@ -34,6 +34,7 @@ BENCH_BUILT_ON: dict[str, set[str]] = {
     "profile": set(),
     "bookkeeping": set(),
     "sanitize": set(),
+    "disagg": set(),
 }
 # The rooms of kv_service (a wing folder or a root module) and the rooms each may import.
 SERVICE_ROOMS: dict[str, set[str]] = {

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from contract.nixl_agent import NixlAgent
 from contract.transfer_target import INDEX, ROWS, TransferTarget, prompt_spans
 from engine_client.client.control import Admission, KVControl, PrefixLookup
 from engine_client.kv.baseline import BaselineBackend
+from engine_client.kv.export_source import export_source
 
 log = logging.getLogger(__name__)
 
@@ -37,22 +39,55 @@ class _Pending:
     pages: tuple[int, ...]
     tokens: int
     cached_tokens: int
-    done: asyncio.Future[int]
+    done: asyncio.Future[Written]
+
+
+@dataclass(frozen=True)
+class Written:
+    """One export's bytes and the seconds its write took (a staged one's copy included)."""
+
+    nbytes: int
+    seconds: float
+
+
+@dataclass
+class ExportTotals:
+    """Since the start: exports written and dropped, bytes and seconds written."""
+
+    written: int = 0
+    dropped: int = 0
+    nbytes: int = 0
+    seconds: float = 0.0
 
 
 class RowExport:
-    """The agent with the baseline cache's rows and index keys registered, and the pending
-    exports by request id."""
+    """The agent with the baseline cache's rows and index keys registered (or the staging
+    buffer's: `export_source`), and the pending exports by request id."""
 
-    def __init__(self, backend: BaselineBackend) -> None:
+    def __init__(
+        self,
+        backend: BaselineBackend,
+        source: str = "direct",
+        peer_idle: float = 60.0,
+        agent: NixlAgent | None = None,
+    ) -> None:
+        """`peer_idle`: seconds a decode side's agent stays loaded after its last export;
+        `agent`: made here unless given (tests)."""
         self.layout = lay = backend.layout
-        self.agent = NixlAgent(f"prefill-{os.getpid()}")
-        rows, index = backend.stored_rows, backend.stored_index
-        P = lay.page_size
-        self.agent.register(ROWS, rows, rows.stride(0), P * rows.stride(1))
-        self.agent.register(INDEX, index, index.stride(0), index.stride(1))
+        self.agent = agent or NixlAgent(f"prefill-{os.getpid()}")
+        rows, index, P = backend.stored_rows, backend.stored_index, lay.page_size
+        try:
+            self.source = export_source(
+                self.agent, rows, index, P, lay.max_pages_per_request, source
+            )
+        except BaseException:
+            self.agent.close()
+            raise
         self._pending: dict[str, _Pending] = {}
         self._writing: Counter[str] = Counter()  # writes under way, by the target's agent
+        self._idle: dict[str, asyncio.TimerHandle] = {}  # each loaded peer's forgetting
+        self.peer_idle = peer_idle
+        self.totals = ExportTotals()
 
     def check(self, target: TransferTarget) -> None:
         """Refuse a target whose rows are not ours byte for byte."""
@@ -70,9 +105,9 @@ class RowExport:
         target: TransferTarget,
         pages: Sequence[int],
         tokens: tuple[int, int],
-    ) -> asyncio.Future[int]:
+    ) -> asyncio.Future[Written]:
         """Export the request's rows [cached, prompt) (`tokens`: cached, prompt) into `pages`
-        of `target` at its release; the future gets the bytes written (or the failure)."""
+        of `target` at its release; the future gets what was written (or the failure)."""
         self.check(target)
         done = asyncio.get_running_loop().create_future()
         cached, prompt = tokens
@@ -81,25 +116,47 @@ class RowExport:
 
     async def export(self, request_id: str, src_pages: Sequence[int]) -> None:
         """Write a released request's rows if an export waits for them (in a thread: the
-        write polls until UCX is done)."""
+        write polls until UCX is done). A caller gone before or during the write counts the
+        export dropped, and its decode side is forgotten unless another export needs it."""
         job = self._pending.pop(request_id, None)
-        if job is None or job.done.done():
+        if job is None:
             return
         peer = job.target.agent_name
+        if job.done.done():
+            self._dropped(peer, forget=True)
+            return
         self._writing[peer] += 1
         try:
-            plan = [(name, self._spans(job, name, src_pages)) for name in (ROWS, INDEX)]
-            written = await asyncio.to_thread(self.agent.write, job.target, plan)
+            written = await asyncio.to_thread(self._write, job, src_pages)
         except Exception as e:
             if not job.done.done():
                 job.done.set_exception(e)
-            written = -1
+            written = None
         finally:
             self._writing[peer] -= 1
-        if written < 0:
-            self._forget_if_idle(peer)  # the decode side may be gone for good
-        elif not job.done.done():  # else the caller went away meanwhile
-            job.done.set_result(written)
+        if written is None or job.done.done():  # failed, or the caller went away meanwhile
+            self._dropped(peer, forget=True)  # the decode side may be gone for good
+            return
+        self.totals.written += 1
+        self.totals.nbytes += written.nbytes
+        self.totals.seconds += written.seconds
+        job.done.set_result(written)
+        self._forget_later(peer)
+
+    def _forget_later(self, peer: str) -> None:
+        """A decode side that dies between prompts tells nobody: its agent is forgotten once it
+        has been idle `peer_idle` seconds (a later export loads it again)."""
+        if (old := self._idle.pop(peer, None)) is not None:
+            old.cancel()
+        loop = asyncio.get_running_loop()
+        self._idle[peer] = loop.call_later(self.peer_idle, self._forget_if_idle, peer)
+
+    def _write(self, job: _Pending, src_pages: Sequence[int]) -> Written:
+        start = time.monotonic()
+        with self.source.pages(src_pages) as pages:
+            plan = [(name, self._spans(job, name, pages)) for name in (ROWS, INDEX)]
+            nbytes = self.agent.write(job.target, plan)
+        return Written(nbytes, time.monotonic() - start)
 
     def _spans(self, job: _Pending, name: str, src_pages: Sequence[int]) -> list[Any]:
         src, dst = self.agent.region(name), job.target.region(name)
@@ -111,18 +168,40 @@ class RowExport:
         """Forget a request's export; `caller_gone`: the decode side went away (killed, or
         past its deadline), so its agent is forgotten too unless another export needs it."""
         job = self._pending.pop(request_id, None)
-        if job is not None and caller_gone:
-            self._forget_if_idle(job.target.agent_name)
+        if job is not None:
+            self._dropped(job.target.agent_name, forget=caller_gone)
+
+    def _dropped(self, peer: str, forget: bool) -> None:
+        self.totals.dropped += 1
+        if forget:
+            self._forget_if_idle(peer)
+        else:
+            self._forget_later(peer)
 
     def _forget_if_idle(self, peer: str) -> None:
         """Drop a decode side's metadata and connection when no export waits for it and no
         write to it is under way (a live one is loaded again by its next export)."""
         if self._writing[peer] or any(j.target.agent_name == peer for j in self._pending.values()):
-            return
-        self.agent.forget(peer)
-        log.info("NIXL peer %s forgotten", peer)
+            return  # the export that ends last arms the timer again
+        del self._writing[peer]
+        if (timer := self._idle.pop(peer, None)) is not None:
+            timer.cancel()
+        if peer in self.agent.peers:
+            self.agent.forget(peer)
+            log.info("NIXL peer %s forgotten", peer)
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    @property
+    def writes(self) -> int:
+        return sum(self._writing.values())
 
     def close(self) -> None:
+        for timer in self._idle.values():
+            timer.cancel()
+        self._idle.clear()
         for job in self._pending.values():
             job.done.cancel()
         self._pending.clear()

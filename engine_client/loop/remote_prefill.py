@@ -25,6 +25,7 @@ from typing import Any
 
 from contract.errors import CapacityError, KVError
 from engine_client.client.control import Admission
+from engine_client.client.prefill_peer import Prefilled
 from engine_client.client.prefill_router import PrefillRouter
 from engine_client.loop.control_ref import ControlRef
 from engine_client.loop.request import Finish, GenRequest, Phase
@@ -92,7 +93,6 @@ class RemotePrefill:
         kv = self.control.current
         if self._target is None:
             self._target = await kv.transfer_target()  # type: ignore[attr-defined]
-        sampling = (req.sampling.temperature, req.sampling.seed)
         down: list[Any] = []  # peers that failed this prompt: not asked again for it
         while not req.finished:
             peer = self.router.pick(down)
@@ -103,14 +103,7 @@ class RemotePrefill:
                 await asyncio.sleep(wait)
                 continue
             try:
-                done = await peer.prefill(
-                    req.request_id,
-                    req.prompt,
-                    sampling,
-                    self._target,
-                    adm.pages,
-                    req.cached_tokens,
-                )
+                done = await self._ask(peer, req, adm)
             except KVError as e:
                 if not self.router.failed(peer, e):
                     raise e.prefixed(f"prefill peer {peer.target}") from e
@@ -121,9 +114,19 @@ class RemotePrefill:
             if req.finished:
                 return None
             await kv.prefilled(req.request_id, req.prompt_len)  # type: ignore[attr-defined]
-            log.info("request %s prefilled by %s", req.request_id, peer.target)
+            log.info(
+                "request %s prefilled by %s (%d bytes in %.6f s)",
+                *(req.request_id, peer.target, done.bytes_written, done.transfer_seconds),
+            )
             return int(done.first_token)
         return None
+
+    async def _ask(self, peer: Any, req: GenRequest, adm: Admission) -> Prefilled:
+        log.info("request %s sent to prefill peer %s", req.request_id, peer.target)
+        sampling = (req.sampling.temperature, req.sampling.seed)
+        return await peer.prefill(
+            req.request_id, req.prompt, sampling, self._target, adm.pages, req.cached_tokens
+        )
 
     def _here(self, req: GenRequest) -> None:
         """No peer took the prompt: this engine prefills it from its cached prefix on, over

@@ -214,10 +214,12 @@ def _admission(cfg: EngineConfig, compute: Compute) -> AdmissionLimit:
     return admission_limit(cfg.queueing.admission_limit, cfg.batching.max_batch, hisparse, buckets)
 
 
-def _export_rows(control: KVControl, compute: Compute) -> None:
+def _export_rows(cfg: EngineConfig, control: KVControl, compute: Compute) -> None:
     """--role prefill: its control writes each released prompt's rows through a NIXL agent."""
     if isinstance(control, ExportControl):
-        control.export = RowExport(cast(BaselineBackend, compute.backend))
+        backend = cast(BaselineBackend, compute.backend)
+        d = cfg.disaggregation
+        control.export = RowExport(backend, d.transfer_source, d.transfer_peer_idle)
 
 
 def _prefill_peers(disaggregation: Disaggregation) -> PrefillRouter | None:
@@ -241,7 +243,7 @@ async def build_engine(cfg: EngineConfig, metrics: EngineMetrics | None = None) 
         executor.shutdown()
         await control.close()
         raise
-    _export_rows(control, compute)
+    _export_rows(cfg, control, compute)
     state = state_file.StateFile(state_path) if state_path is not None else None
     engine = Engine(
         compute,

@@ -17,7 +17,7 @@ import grpc
 from contract.codec import target_from_proto
 from contract.errors import CapacityError, InvalidArgument, ServiceUnavailable
 from contract.layout import LayoutError
-from engine_client.kv.row_export import RowExport
+from engine_client.kv.row_export import RowExport, Written
 from engine_client.loop.engine import Engine
 from engine_client.loop.request import Finish, GenRequest, SamplingParams
 from proto.prefill.v1 import prefill_pb2 as pb
@@ -66,12 +66,41 @@ class PrefillServicer(pb_grpc.PrefillServiceServicer):
             raise
         finally:
             self.busy -= 1
-        log.info("prefilled %s: %d tokens, %d bytes", request.request_id, len(prompt), written)
+        log.info(
+            "prefilled %s: %d tokens, %d bytes in %.6f s",
+            *(request.request_id, len(prompt), written.nbytes, written.seconds),
+        )
         return pb.PrefillResponse(
-            first_token=req.tokens[0], prefilled_tokens=len(prompt), bytes_written=written
+            first_token=req.tokens[0],
+            prefilled_tokens=len(prompt),
+            bytes_written=written.nbytes,
+            transfer_seconds=written.seconds,
         )
 
-    async def _computed(self, req: GenRequest, done: asyncio.Future[int]) -> int:
+    async def Status(
+        self, request: pb.StatusRequest, context: grpc.aio.ServicerContext
+    ) -> pb.StatusResponse:
+        if self.engine is None or self.export is None:
+            raise ServiceUnavailable("the prefill engine is starting")
+        export, kv = self.export, await self.engine.control.stats()
+        regions = export.agent.regions
+        return pb.StatusResponse(
+            prompts=self.busy,
+            exports_pending=export.pending,
+            writes=export.writes,
+            peers=export.agent.peers,
+            regions=[r.name for r in regions],
+            memory_type=",".join(sorted({r.memory_type for r in regions})),
+            requests=kv.requests,
+            pages_used=kv.pages_used,
+            cached_pages=kv.cached_pages,
+            exports_written=export.totals.written,
+            exports_dropped=export.totals.dropped,
+            bytes_written=export.totals.nbytes,
+            transfer_seconds=export.totals.seconds,
+        )
+
+    async def _computed(self, req: GenRequest, done: asyncio.Future[Written]) -> Written:
         """Wait for the first token, then for the export of the rows."""
         async for _ in req.follow():
             pass

@@ -50,7 +50,10 @@ def test_an_unset_optional_setting_is_not_checked() -> None:
         ({"uds": "/" + "x" * 200}, "longer than 107 bytes"),
         # Rules across groups: the role's and the shared slots' KV mode.
         ({"role": "prefill"}, "--role prefill computes prompts in its own cache"),
-        ({"kv_mode": "baseline", "local": LocalLayout(shared_slots=64)}, "sizes embedded mode's own memory"),
+        (
+            {"kv_mode": "baseline", "local": LocalLayout(shared_slots=64)},
+            "sizes embedded mode's own memory",
+        ),
     ],
 )
 def test_engine_config_refuses(kwargs, message) -> None:

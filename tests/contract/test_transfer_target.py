@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from contract.errors import InvalidArgument
-from contract.nixl_agent import NixlAgent, nixl_available
+from contract.nixl_agent import NixlAgent, nixl_available, region_of, transfer_descs
 from contract.transfer_target import INDEX, ROWS, Region, prompt_spans
 from tests.process_harness import layout_with
 
@@ -65,13 +65,46 @@ def test_a_span_outside_a_region_or_too_few_pages_is_refused() -> None:
         prompt_spans(LAYOUT, src, dst, [0], [0], tokens=5)  # 5 tokens need 2 pages
 
 
+class _CudaStandIn:
+    """What `region_of` reads of a tensor, as a CUDA tensor on device 1 answers (no GPU here)."""
+
+    device = torch.device("cuda", 1)
+
+    def is_contiguous(self) -> bool:
+        return True
+
+    def data_ptr(self) -> int:
+        return 0x7F0000000000
+
+    def numel(self) -> int:
+        return L * N * P * D
+
+    def element_size(self) -> int:
+        return 1
+
+
+def test_a_gpu_cache_is_registered_as_device_memory_and_written_from_there() -> None:
+    # GPU -> remote host: the local descriptors name VRAM of the cache's device, the remote
+    # ones the decode side's host tier (DRAM, device 0).
+    src = region_of(ROWS, _CudaStandIn(), N * P * D, P * D)
+    assert (src.memory_type, src.device_id, src.nbytes) == ("VRAM", 1, L * N * P * D)
+    host = region_of(ROWS, torch.zeros(N * L * P * D, dtype=torch.uint8), P * D, L * P * D)
+    assert (host.memory_type, host.device_id) == ("DRAM", 0)
+    spans = prompt_spans(LAYOUT, src, host, [1], [2], tokens=3)
+    local, remote = transfer_descs(src, host, spans)
+    assert local.tolist() == [[src.address + s.src_offset, s.nbytes, 1] for s in spans]
+    assert remote.tolist() == [[host.address + s.dst_offset, s.nbytes, 0] for s in spans]
+    with pytest.raises(ValueError):
+        region_of(ROWS, torch.zeros((4, 4), dtype=torch.uint8).t(), 4, 4)
+
+
 def _target_side(conn) -> None:
     host = torch.zeros((N, L, P, D), dtype=torch.uint8)
     agent = NixlAgent("test-target")
     agent.register(ROWS, host, layer_stride=host.stride(1), page_stride=host.stride(0))
     conn.send(agent.target(LAYOUT))
     conn.recv()  # the write is done
-    conn.send((host.clone(), agent.registered))
+    conn.send((host.numpy().copy(), agent.registered))
     agent.close()
     conn.send(agent.registered)
 
@@ -84,7 +117,9 @@ def _prefill_side(conn, target) -> None:
     spans = prompt_spans(LAYOUT, agent.region(ROWS), target.region(ROWS), [2, 0], [1, 4], 7)
     written = agent.write(target, [(ROWS, spans)])
     agent.close()
-    conn.send((cache, written, agent.registered))
+    # By value (numpy), not as a torch tensor: torch shares one by a file descriptor that the
+    # receiver fetches from this process, which exits right after the send.
+    conn.send((cache.numpy().copy(), written, agent.registered))
 
 
 @pytest.mark.skipif(not nixl_available(), reason="the nixl package is not installed")
@@ -101,10 +136,12 @@ def test_a_write_between_two_processes_lands_page_major() -> None:
         target = here.recv()
         writer = ctx.Process(target=_prefill_side, args=(theirs, target))
         writer.start()
-        cache, written, left = mine.recv()
+        cache_np, written, left = mine.recv()
+        cache = torch.from_numpy(cache_np)
         assert written == L * 7 * D and left == 0
         here.send("done")
-        host, registered = here.recv()
+        host_np, registered = here.recv()
+        host = torch.from_numpy(host_np)
         assert registered == 1 and here.recv() == 0
         for layer in range(L):
             assert torch.equal(host[1, layer], cache[layer, 8:12])

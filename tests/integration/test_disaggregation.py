@@ -32,17 +32,18 @@ OFFLOADED = GenerateConfig(target="", prompt=PROMPT[:19], max_new_tokens=40, tim
 CACHED = GenerateConfig(target="", prompt=tuple(range(200, 240)), max_new_tokens=4, timeout=120)
 
 
-@pytest.mark.parametrize("row_format", ["bf16", "fp8"])
-def test_one_prefill_and_one_decode_give_the_single_node_tokens(row_format: str) -> None:
+# The two transfer sources (engine_client.kv.export_source): the cache itself, and the pinned
+# host staging buffer a GPU falls back to (on CPU an extra copy, the same bytes).
+@pytest.mark.parametrize("row_format,source", [("bf16", "direct"), ("fp8", "staged")])
+def test_one_prefill_and_one_decode_give_the_single_node_tokens(row_format, source) -> None:
     from tests.process_harness import layout_with
 
     layout = layout_with(row_format=row_format, index_format=row_format)
     with workdir("hsd") as path:
         svc = start_service(path, layout, extra=("--nixl", "1"))
         formats = ("--row-format", row_format, "--index-format", row_format)
-        prefill = start_engine(
-            path, "baseline", name="prefill", extra=("--role", "prefill", *formats)
-        )
+        role = ("--role", "prefill", "--transfer-source", source)
+        prefill = start_engine(path, "baseline", name="prefill", extra=(*role, *formats))
         peer = ("--role", "decode", "--prefill-peer", prefill.target)
         decode = start_engine(path, "service", svc, name="decode", extra=peer)
         single = start_engine(path, "service", svc, name="single")

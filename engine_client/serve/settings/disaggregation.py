@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contract.flags import setting
-from contract.rules import check_settings, one_of
+from contract.rules import check_settings, one_of, seconds
+from contract.transfer_target import SOURCES
 
 ROLES = ("both", "prefill", "decode")
 
@@ -26,6 +27,21 @@ class Disaggregation:
         (),
         help="--role decode: the prefill engines' addresses (socket path, unix:PATH, HOST:PORT), "
         "comma-separated or the flag repeated; taken round-robin, skipping a peer down or full",
+    )
+    transfer_source: str = setting(
+        "direct",
+        choices=SOURCES,
+        help="--role prefill: what NIXL writes a prompt's KV from: direct (the cache itself: "
+        "device memory on CUDA, straight into the decode side's host pages) or staged (through "
+        "a pinned host buffer; direct falls back to it where NIXL cannot register the device)",
+        check=one_of(SOURCES),
+    )
+    transfer_peer_idle: float = setting(
+        60.0,
+        help="--role prefill: seconds a decode side's NIXL agent is kept loaded (its metadata "
+        "and connection) after its last export; a side that died with nothing in flight is "
+        "forgotten then, a live one is loaded again by its next prompt",
+        check=seconds(86400, zero=False),
     )
 
     def __post_init__(self) -> None:

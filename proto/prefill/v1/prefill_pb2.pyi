@@ -83,23 +83,114 @@ class PrefillResponse(_message.Message):
     FIRST_TOKEN_FIELD_NUMBER: _builtins.int
     PREFILLED_TOKENS_FIELD_NUMBER: _builtins.int
     BYTES_WRITTEN_FIELD_NUMBER: _builtins.int
+    TRANSFER_SECONDS_FIELD_NUMBER: _builtins.int
     first_token: _builtins.int
     """The first generated token, sampled from the last prompt position's logits."""
     prefilled_tokens: _builtins.int
     """Prompt tokens whose KV rows and index keys were written."""
     bytes_written: _builtins.int
     """Bytes written over NIXL (rows and index keys)."""
+    transfer_seconds: _builtins.float
+    """Seconds the NIXL write took, from its posting to its completion."""
     def __init__(
         self,
         *,
         first_token: _builtins.int = ...,
         prefilled_tokens: _builtins.int = ...,
         bytes_written: _builtins.int = ...,
+        transfer_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_written", b"bytes_written", "first_token", b"first_token", "prefilled_tokens", b"prefilled_tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_written", b"bytes_written", "first_token", b"first_token", "prefilled_tokens", b"prefilled_tokens", "transfer_seconds", b"transfer_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PrefillResponse: _TypeAlias = PrefillResponse  # noqa: Y015
+
+@_typing.final
+class StatusRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StatusRequest: _TypeAlias = StatusRequest  # noqa: Y015
+
+@_typing.final
+class StatusResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROMPTS_FIELD_NUMBER: _builtins.int
+    EXPORTS_PENDING_FIELD_NUMBER: _builtins.int
+    WRITES_FIELD_NUMBER: _builtins.int
+    PEERS_FIELD_NUMBER: _builtins.int
+    REGIONS_FIELD_NUMBER: _builtins.int
+    MEMORY_TYPE_FIELD_NUMBER: _builtins.int
+    REQUESTS_FIELD_NUMBER: _builtins.int
+    PAGES_USED_FIELD_NUMBER: _builtins.int
+    CACHED_PAGES_FIELD_NUMBER: _builtins.int
+    EXPORTS_WRITTEN_FIELD_NUMBER: _builtins.int
+    EXPORTS_DROPPED_FIELD_NUMBER: _builtins.int
+    BYTES_WRITTEN_FIELD_NUMBER: _builtins.int
+    TRANSFER_SECONDS_FIELD_NUMBER: _builtins.int
+    prompts: _builtins.int
+    """Prompts being computed or written now."""
+    exports_pending: _builtins.int
+    """Exports waiting for their prompt's computation to end."""
+    writes: _builtins.int
+    """NIXL writes under way."""
+    memory_type: _builtins.str
+    """Where the registered memory is: NIXL's memory type, DRAM (host) or VRAM (device)."""
+    requests: _builtins.int
+    """Requests held in the engine's own cache."""
+    pages_used: _builtins.int
+    """Pages held in the engine's own cache, cached prefix pages included."""
+    cached_pages: _builtins.int
+    """Of those, pages of the prefix cache (they stay, evictable, once no request uses them)."""
+    exports_written: _builtins.int
+    """Since the start: exports written."""
+    exports_dropped: _builtins.int
+    """Since the start: exports dropped (their decode side went away, or the write failed)."""
+    bytes_written: _builtins.int
+    """Since the start: bytes written over NIXL."""
+    transfer_seconds: _builtins.float
+    """Since the start: seconds the writes took (a staged write's copy included)."""
+    @_builtins.property
+    def peers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The decode sides' NIXL agents this engine holds metadata and a connection for."""
+
+    @_builtins.property
+    def regions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Memory regions this engine registered with NIXL (its own cache: rows and index keys)."""
+
+    def __init__(
+        self,
+        *,
+        prompts: _builtins.int = ...,
+        exports_pending: _builtins.int = ...,
+        writes: _builtins.int = ...,
+        peers: _abc.Iterable[_builtins.str] | None = ...,
+        regions: _abc.Iterable[_builtins.str] | None = ...,
+        memory_type: _builtins.str = ...,
+        requests: _builtins.int = ...,
+        pages_used: _builtins.int = ...,
+        cached_pages: _builtins.int = ...,
+        exports_written: _builtins.int = ...,
+        exports_dropped: _builtins.int = ...,
+        bytes_written: _builtins.int = ...,
+        transfer_seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_written", b"bytes_written", "cached_pages", b"cached_pages", "exports_dropped", b"exports_dropped", "exports_pending", b"exports_pending", "exports_written", b"exports_written", "memory_type", b"memory_type", "pages_used", b"pages_used", "peers", b"peers", "prompts", b"prompts", "regions", b"regions", "requests", b"requests", "transfer_seconds", b"transfer_seconds", "writes", b"writes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StatusResponse: _TypeAlias = StatusResponse  # noqa: Y015

@@ -40,6 +40,11 @@ class PrefillServiceStub:
                 request_serializer=proto_dot_prefill_dot_v1_dot_prefill__pb2.PrefillRequest.SerializeToString,
                 response_deserializer=proto_dot_prefill_dot_v1_dot_prefill__pb2.PrefillResponse.FromString,
                 _registered_method=True)
+        self.Status = channel.unary_unary(
+                '/prefill.v1.PrefillService/Status',
+                request_serializer=proto_dot_prefill_dot_v1_dot_prefill__pb2.StatusRequest.SerializeToString,
+                response_deserializer=proto_dot_prefill_dot_v1_dot_prefill__pb2.StatusResponse.FromString,
+                _registered_method=True)
 
 
 class PrefillServiceServicer:
@@ -55,6 +60,14 @@ class PrefillServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Status(self, request, context):
+        """What the engine holds for its decode sides now, and what it moved so far (operators,
+        benchmarks, and the tests that kill a decode side and expect nothing left here).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PrefillServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -62,6 +75,11 @@ def add_PrefillServiceServicer_to_server(servicer, server):
                     servicer.Prefill,
                     request_deserializer=proto_dot_prefill_dot_v1_dot_prefill__pb2.PrefillRequest.FromString,
                     response_serializer=proto_dot_prefill_dot_v1_dot_prefill__pb2.PrefillResponse.SerializeToString,
+            ),
+            'Status': grpc.unary_unary_rpc_method_handler(
+                    servicer.Status,
+                    request_deserializer=proto_dot_prefill_dot_v1_dot_prefill__pb2.StatusRequest.FromString,
+                    response_serializer=proto_dot_prefill_dot_v1_dot_prefill__pb2.StatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -92,6 +110,33 @@ class PrefillService:
             '/prefill.v1.PrefillService/Prefill',
             proto_dot_prefill_dot_v1_dot_prefill__pb2.PrefillRequest.SerializeToString,
             proto_dot_prefill_dot_v1_dot_prefill__pb2.PrefillResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Status(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/prefill.v1.PrefillService/Status',
+            proto_dot_prefill_dot_v1_dot_prefill__pb2.StatusRequest.SerializeToString,
+            proto_dot_prefill_dot_v1_dot_prefill__pb2.StatusResponse.FromString,
             options,
             channel_credentials,
             insecure,

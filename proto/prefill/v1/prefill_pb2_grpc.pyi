@@ -43,6 +43,10 @@ class PrefillServiceStub:
     first generated token. Statuses: INVALID_ARGUMENT (a layout the engine cannot write, a
     bad prompt), UNAVAILABLE (the engine is not serving, or the transfer failed), INTERNAL.
     """
+    Status: _grpc.UnaryUnaryMultiCallable[_prefill_pb2.StatusRequest, _prefill_pb2.StatusResponse]
+    """What the engine holds for its decode sides now, and what it moved so far (operators,
+    benchmarks, and the tests that kill a decode side and expect nothing left here).
+    """
 
 @_typing.type_check_only
 class PrefillServiceAsyncStub(PrefillServiceStub):
@@ -53,6 +57,10 @@ class PrefillServiceAsyncStub(PrefillServiceStub):
     """Computes one prompt and writes its KV into the target's pages, then answers with the
     first generated token. Statuses: INVALID_ARGUMENT (a layout the engine cannot write, a
     bad prompt), UNAVAILABLE (the engine is not serving, or the transfer failed), INTERNAL.
+    """
+    Status: _aio.UnaryUnaryMultiCallable[_prefill_pb2.StatusRequest, _prefill_pb2.StatusResponse]  # type: ignore[assignment]
+    """What the engine holds for its decode sides now, and what it moved so far (operators,
+    benchmarks, and the tests that kill a decode side and expect nothing left here).
     """
 
 class PrefillServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -67,6 +75,16 @@ class PrefillServiceServicer(metaclass=_abc_1.ABCMeta):
         """Computes one prompt and writes its KV into the target's pages, then answers with the
         first generated token. Statuses: INVALID_ARGUMENT (a layout the engine cannot write, a
         bad prompt), UNAVAILABLE (the engine is not serving, or the transfer failed), INTERNAL.
+        """
+
+    @_abc_1.abstractmethod
+    def Status(
+        self,
+        request: _prefill_pb2.StatusRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_prefill_pb2.StatusResponse, _abc.Awaitable[_prefill_pb2.StatusResponse]]:
+        """What the engine holds for its decode sides now, and what it moved so far (operators,
+        benchmarks, and the tests that kill a decode side and expect nothing left here).
         """
 
 def add_PrefillServiceServicer_to_server(servicer: PrefillServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

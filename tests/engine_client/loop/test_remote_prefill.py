@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from types import SimpleNamespace
 
 from contract.errors import CapacityError, KVError, LayoutMismatch, ServiceUnavailable
 from engine_client.client.control import Admission
+from engine_client.client.prefill_peer import Prefilled
 from engine_client.client.prefill_router import PrefillRouter
 from engine_client.loop.control_ref import ControlRef
 from engine_client.loop.remote_prefill import LOCAL_SHARE, RemotePrefill
@@ -31,7 +31,7 @@ class Peer:
         self.calls.append({"pages": pages, "cached_tokens": cached_tokens})
         if self.fails:
             raise self.fails.pop(0)
-        return SimpleNamespace(first_token=FIRST)
+        return Prefilled(FIRST, len(prompt), bytes_written=0)
 
     async def close(self) -> None:
         pass

@@ -1,0 +1,1 @@
+"""Prefill/decode disaggregation benchmark (issue 42): `python -m bench.disagg`."""

@@ -1,0 +1,226 @@
+"""Disaggregation benchmark (issue 42): time to first token, decode inter-token latency and KV
+transfer GB/s of prefill/decode disaggregation over NIXL, against the colocated engine (role
+both) in the same run, every process on this machine (one GPU: all engines share it).
+
+    python -m bench.disagg                                   # GPU: preset bench, 1x1, direct
+    python -m bench.disagg --topologies 1x1,2x2 --sources direct,staged
+    python -m bench.disagg --smoke                           # CPU: tiny preset, a few streams
+
+Each run starts its own KV service and engines (colocated: one engine of role both;
+PxD: P prefill engines, D decode engines listing them all), warms every engine and peer with a
+prompt of --prompt tokens, then loads the decode side (bench/disagg/load.py): --streams prompts
+at once decoding --tokens each (max N), and once they decode, --arrivals more prompts
+--interval s apart. Reported per run: the arrivals' TTFT, the burst's TTFT, the background's
+ITL (p50, p99, mean) while the arrivals come in and its tokens/s there, and for a disaggregated
+run the KV bytes written over NIXL per prompt and GB/s (bytes / the prefill engines' write
+seconds, prefill.v1 Status). The pinned copy is the same bytes in one device-to-pinned-host
+copy (CPU: a host copy), the bound a transfer could reach. JSON to bench/results, rewritten
+after each run (a run cut short by a time limit keeps the ones before).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.disagg import load, stack
+from bench.shared.child import run_python
+from contract.layout import KVLayout
+from engine_client.model.preset import preset
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--smoke", action="store_true", help="CPU, tiny preset, 1x1, 3 streams")
+    ap.add_argument("--preset", default="bench")
+    ap.add_argument("--prompt", type=int, default=8192, help="prompt tokens per stream")
+    ap.add_argument("--streams", type=int, default=32, help="background streams (max N)")
+    ap.add_argument("--tokens", type=int, default=512, help="tokens per background stream")
+    ap.add_argument("--arrivals", type=int, default=16, help="prompts arriving meanwhile")
+    ap.add_argument("--arrival-tokens", type=int, default=8, help="tokens per arrival")
+    ap.add_argument("--interval", type=float, default=0.1, help="seconds between arrivals")
+    ap.add_argument("--topologies", default="1x1", help="PxD runs, comma-separated (2x2: ...)")
+    ap.add_argument("--sources", default="direct", help="--transfer-source values to run")
+    ap.add_argument("--row-format", default="bf16", help="row and index-key format")
+    ap.add_argument("--prefill-batch", type=int, default=4, help="prompts per prefill engine")
+    ap.add_argument("--prefill-chunk", type=int, default=2048)
+    ap.add_argument("--page-size", type=int, default=64)
+    ap.add_argument("--hot-slots", type=int, default=4096)
+    ap.add_argument("--window", type=int, default=128)
+    ap.add_argument("--no-colocated", action="store_true", help="skip the role-both baseline")
+    ap.add_argument("--out", default="", help="JSON path [bench/results/disagg-<date>.json]")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.preset, args.prompt, args.streams, args.tokens = "tiny", 40, 2, 24
+        args.arrivals, args.arrival_tokens, args.interval = 2, 4, 0.05
+        args.prefill_batch, args.prefill_chunk, args.page_size = 2, 32, 16
+        args.hot_slots, args.window, args.topologies = 32, 8, "1x1"
+    return args
+
+
+def topologies(text: str) -> list[tuple[int, int]]:
+    """'1x1,2x2' -> [(1, 1), (2, 2)]."""
+    out = []
+    for item in text.split(","):
+        p, d = item.strip().lower().split("x")
+        out.append((int(p), int(d)))
+    return out
+
+
+def layout(args: argparse.Namespace) -> KVLayout:
+    """The service's layout: every stream's and arrival's context at once."""
+    cfg, page, requests = preset(args.preset), args.page_size, args.streams + args.arrivals
+    max_context = -(-(args.prompt + max(args.tokens, args.arrival_tokens) + page) // page) * page
+    return KVLayout(
+        num_layers=cfg.num_layers,
+        max_requests=requests,
+        hot_slots=args.hot_slots,
+        window=args.window,
+        topk=cfg.topk,
+        page_size=page,
+        num_pages=requests * max_context // page,
+        max_context=max_context,
+        row_format=args.row_format,
+        index_format=args.row_format,
+    )
+
+
+def measure(args: argparse.Namespace, workdir: str, device: str, topology, source: str) -> dict:
+    """One run: its stack started, warmed up, loaded and stopped."""
+    batch = args.streams + args.arrivals
+    shape = stack.Shape(args.preset, device, batch, args.prefill_batch, args.prefill_chunk)
+    vocab = preset(args.preset).vocab_size
+    os.makedirs(workdir)
+    procs = stack.start(workdir, layout(args), shape, topology, source)
+    try:
+        n = len(procs.decode) * max(1, len(procs.prefill))
+        load.warm(procs.decode, load.prompts(n, args.prompt, vocab, seed=1))
+        before = stack.transfer_totals(procs.prefill) if procs.prefill else None
+        background = load.prompts(batch, args.prompt, vocab)
+        work = load.Load(
+            background[: args.streams],
+            args.tokens,
+            background[args.streams :],
+            args.arrival_tokens,
+            args.interval,
+        )
+        done = load.run(procs.decode, work)
+        after = stack.transfer_totals(procs.prefill) if procs.prefill else None
+    finally:
+        procs.stop()
+    name = "colocated" if topology is None else f"{topology[0]}x{topology[1]}-{source}"
+    run = {"name": name, **load.summarize(done)}
+    if before is not None and after is not None:
+        run["transfer"] = transfer(before, after)
+    print(f"{name}: {json.dumps(run)}", file=sys.stderr, flush=True)
+    return run
+
+
+def transfer(before: dict, after: dict) -> dict:
+    nbytes, seconds = after["bytes"] - before["bytes"], after["seconds"] - before["seconds"]
+    exports = after["exports"] - before["exports"]
+    return {
+        "exports": exports,
+        "dropped": after["dropped"] - before["dropped"],
+        "bytes_per_prompt": nbytes / exports if exports else 0,
+        "write_ms_mean": 1e3 * seconds / exports if exports else 0.0,
+        "gb_per_s": nbytes / seconds / 1e9 if seconds else 0.0,
+        "memory_type": after["memory_type"],
+    }
+
+
+PINNED_COPY = """
+import sys, time, torch
+n, device = int(sys.argv[1]), sys.argv[2]
+src = torch.ones(n, dtype=torch.uint8, device=device)
+dst = torch.empty(n, dtype=torch.uint8, pin_memory=device == "cuda")
+sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+for _ in range(3):
+    dst.copy_(src, non_blocking=True)
+sync()
+start = time.perf_counter()
+for _ in range(20):  # back to back: the copy engine's rate, no launch gap per copy
+    dst.copy_(src, non_blocking=True)
+sync()
+print(20 * n / (time.perf_counter() - start) / 1e9)
+"""
+
+
+def pinned_copy_gbps(nbytes: int, device: str) -> float:
+    """GB/s of one copy of `nbytes` from the device to pinned host memory (a child process:
+    no CUDA context here)."""
+    done = run_python(PINNED_COPY, [str(max(1, int(nbytes))), device], timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"pinned copy failed:\n{done.stderr}")
+    return float(done.stdout.split()[-1])
+
+
+def compare(runs: list[dict], pinned: float) -> dict:
+    """Each disaggregated run against the colocated one (ratios: disaggregated / colocated)."""
+    base = next((r for r in runs if r["name"] == "colocated"), None)
+    out = {}
+    for r in runs:
+        if r["name"] == "colocated":
+            continue
+        row = {"gb_per_s_over_pinned_copy": r["transfer"]["gb_per_s"] / pinned if pinned else 0}
+        if base is not None:
+            row["same_tokens"] = r["tokens_sha1"] == base["tokens_sha1"]
+            for key in ("ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99"):
+                row[key + "_ratio"] = r[key] / base[key] if base[key] else 0.0
+        out[r["name"]] = row
+    return out
+
+
+def report(result: dict) -> None:
+    head = f"{'run':16} {'TTFT p50':>9} {'TTFT p99':>9} {'burst p50':>9} {'ITL p50':>8}"
+    print(head + f" {'ITL p99':>8} {'dec tok/s':>9} {'MB/prompt':>9} {'GB/s':>7}")
+    for r in result["runs"]:
+        t = r.get("transfer", {})
+        print(
+            f"{r['name']:16} {r['ttft_ms_p50']:8.1f}m {r['ttft_ms_p99']:8.1f}m"
+            f" {r['burst_ttft_ms_p50']:8.1f}m {r['itl_ms_p50']:7.2f}m {r['itl_ms_p99']:7.2f}m"
+            f" {r['decode_tok_per_s']:9.1f} {t.get('bytes_per_prompt', 0) / 1e6:9.2f}"
+            f" {t.get('gb_per_s', 0):7.2f}"
+        )
+    print(f"pinned copy: {result['pinned_copy_gb_per_s']:.2f} GB/s")
+    print(json.dumps(result["compare"]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    device = "cpu" if args.smoke or not torch.cuda.is_available() else "cuda"
+    plan: list[tuple[tuple[int, int] | None, str]] = [] if args.no_colocated else [(None, "")]
+    plan += [(t, s) for t in topologies(args.topologies) for s in args.sources.split(",")]
+    runs: list[dict] = []
+    result = {
+        "date": time.strftime("%Y-%m-%d"),
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "args": vars(args),
+        "runs": runs,
+        "pinned_copy_gb_per_s": 0.0,
+        "compare": {},
+    }
+    out = Path(args.out or f"bench/results/disagg-{result['date']}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="dsg-", dir="/tmp") as workdir:
+        for i, (topo, source) in enumerate(plan):
+            run = measure(args, os.path.join(workdir, f"r{i}"), device, topo, source)
+            runs.append(run)
+            out.write_text(json.dumps(result, indent=1) + "\n")
+    moved = [r["transfer"]["bytes_per_prompt"] for r in runs if "transfer" in r]
+    pinned = pinned_copy_gbps(max(moved), device) if moved else 0.0
+    result.update(pinned_copy_gb_per_s=pinned, compare=compare(runs, pinned))
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    report(result)
+    print(f"-> {out}")
+    return 0

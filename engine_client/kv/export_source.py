@@ -1,0 +1,106 @@
+"""Where a prefill engine's NIXL writes read a prompt's KV from (`--transfer-source`).
+
+- direct: the baseline cache itself is registered, host memory (DRAM) on CPU and device memory
+  (VRAM) on CUDA, so on a GPU the rows go from the device straight into the decode side's
+  pinned host pages (UCX's CUDA transports move them; no copy of ours).
+- staged: a pinned host buffer of one request's pages is registered instead; each export first
+  gathers the request's pages into it (one device-to-host copy per tensor), then writes from
+  it. The fallback where NIXL cannot register device memory (a UCX without CUDA support), and
+  the comparison the benchmark makes (bench/disagg.py). On CPU it is an extra host copy: the
+  tests use it to check the staged path without a GPU.
+One staging buffer: staged exports are written one at a time (a lock), direct ones at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+
+import torch
+
+from contract.nixl_agent import NixlAgent
+from contract.transfer_target import INDEX, ROWS, SOURCES
+
+log = logging.getLogger(__name__)
+
+
+class ExportSource:
+    """The registered regions a write reads from, and the pages of a request in them."""
+
+    def __init__(self, agent: NixlAgent, rows: torch.Tensor, index: torch.Tensor, page: int):
+        """rows [L, N * P (+ sink), D] and index [L, N (+ sink), P, I] of the baseline cache
+        (`page`: P); registers them as they are."""
+        self.agent, self.device = agent, rows.device
+        self.name = "direct"
+        agent.register(ROWS, rows, rows.stride(0), page * rows.stride(1))
+        agent.register(INDEX, index, index.stride(0), index.stride(1))
+
+    @contextmanager
+    def pages(self, src_pages: Sequence[int]) -> Iterator[Sequence[int]]:
+        """The request's pages as the registered regions hold them, while the write runs."""
+        with self._device():
+            yield src_pages
+
+    def _device(self) -> AbstractContextManager[object]:
+        # The write runs on a worker thread: UCX's CUDA transports use the thread's current
+        # context, so the cache's device is made current there.
+        return torch.cuda.device(self.device) if self.device.type == "cuda" else nullcontext()
+
+
+class StagedSource(ExportSource):
+    """A pinned host copy of one request's pages at a time, registered as DRAM."""
+
+    def __init__(
+        self, agent: NixlAgent, rows: torch.Tensor, index: torch.Tensor, page: int, most: int
+    ) -> None:
+        """`most`: the most pages one request holds (max_context / P)."""
+        self.agent, self.device, self.name = agent, rows.device, "staged"
+        L, N, D = rows.shape[0], index.shape[1] - 1, rows.shape[-1]
+        # The cache's rows by page (the sink row after the last page left out).
+        self._paged = rows[:, : N * page].view(L, N, page, D)
+        self._index = index
+        pin = self.device.type == "cuda"
+        self.rows_stage = torch.empty((L, most * page, D), dtype=torch.uint8, pin_memory=pin)
+        self.index_stage = torch.empty(
+            (L, most, *index.shape[2:]), dtype=torch.uint8, pin_memory=pin
+        )
+        stage, keys = self.rows_stage, self.index_stage
+        agent.register(ROWS, stage, stage.stride(0), page * stage.stride(1))
+        agent.register(INDEX, keys, keys.stride(0), keys.stride(1))
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def pages(self, src_pages: Sequence[int]) -> Iterator[Sequence[int]]:
+        """Gathers the pages into the staging buffers (page i of the request at page i) and
+        holds them until the write is done."""
+        n, paged = len(src_pages), self._paged
+        with self._lock, self._device():
+            where = torch.tensor(src_pages, dtype=torch.int64, device=self.device)
+            rows = self.rows_stage.view(paged.shape[0], -1, *paged.shape[2:])
+            rows[:, :n].copy_(paged.index_select(1, where))
+            self.index_stage[:, :n].copy_(self._index.index_select(1, where))
+            yield range(n)
+
+
+def export_source(
+    agent: NixlAgent, rows: torch.Tensor, index: torch.Tensor, page: int, most: int, name: str
+) -> ExportSource:
+    """The source `name` names; direct on a GPU whose device memory NIXL cannot register
+    falls back to staged (logged)."""
+    if name not in SOURCES:
+        raise ValueError(f"transfer source {name!r}: one of {', '.join(SOURCES)}")
+    if name == "staged":
+        return StagedSource(agent, rows, index, page, most)
+    try:
+        return ExportSource(agent, rows, index, page)
+    except Exception as e:  # NIXL's own errors: the backend refused the memory type
+        if rows.device.type != "cuda":
+            raise
+        log.warning(
+            "NIXL cannot register the cache on %s (%r): staged through host", rows.device, e
+        )
+        for region in agent.regions:
+            agent.deregister(region.name)
+        return StagedSource(agent, rows, index, page, most)

@@ -1,0 +1,43 @@
+"""bench.disagg's --smoke run on CPU (real processes: a colocated engine, then a prefill and a
+decode engine over NIXL UCX): both runs give the same greedy tokens, and the bytes the prefill
+engine wrote per prompt are exactly the prompt's KV rows and index-key pages. Its topology
+parsing without processes. The run is skipped without the nixl package."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.disagg import cli
+from contract.nixl_agent import nixl_available
+
+
+def test_topologies_parse() -> None:
+    assert cli.topologies("1x1, 2X2") == [(1, 1), (2, 2)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not nixl_available(), reason="the nixl package is not installed")
+def test_the_smoke_run_moves_the_prompts_kv_rows_and_matches_the_colocated_tokens(
+    tmp_path,
+) -> None:
+    out = tmp_path / "disagg.json"
+    assert cli.main(["--smoke", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    args = cli.parse_args(["--smoke"])
+    colocated, disagg = result["runs"]
+    assert (colocated["name"], disagg["name"]) == ("colocated", "1x1-direct")
+    for run in (colocated, disagg):
+        want = args.streams * args.tokens + args.arrivals * args.arrival_tokens
+        assert (run["tokens"], run["arrivals"]) == (want, args.arrivals)
+    assert result["compare"]["1x1-direct"]["same_tokens"]
+    lay = cli.layout(args)
+    pages = -(-args.prompt // lay.page_size)
+    rows = lay.num_layers * args.prompt * lay.row_bytes
+    keys = lay.num_layers * pages * lay.page_size * lay.index_bytes
+    moved = disagg["transfer"]
+    assert moved["exports"] == args.streams + args.arrivals and moved["dropped"] == 0
+    assert moved["bytes_per_prompt"] == rows + keys
+    assert moved["memory_type"] == "DRAM" and result["pinned_copy_gb_per_s"] > 0

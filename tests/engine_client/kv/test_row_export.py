@@ -1,0 +1,145 @@
+"""A prefill engine's exports (engine_client.kv.row_export) with a stand-in NIXL agent (no nixl
+needed): what is written is counted; an export whose write fails or whose caller goes away
+(before or during the write) is dropped and its decode side's agent forgotten unless another
+export needs it; an agent left idle is forgotten after `peer_idle`; nothing is held after."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from contract.errors import ServiceUnavailable
+from contract.nixl_agent import region_of
+from contract.transfer_target import Region, TransferTarget
+from engine_client.kv.row_export import RowExport
+from tests.process_harness import layout_with, wait_until
+
+LAYOUT = layout_with(num_layers=2, page_size=4, num_pages=8, max_requests=2, max_context=16)
+
+
+class _Agent:
+    """Registers and writes as contract.nixl_agent.NixlAgent does, in memory; `gate` holds a
+    write until set, `fail` makes the next write fail."""
+
+    def __init__(self) -> None:
+        self._regions: dict[str, Region] = {}
+        self.peers: list[str] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.fail = False
+
+    def register(self, name: str, tensor: torch.Tensor, layer: int, page: int) -> Region:
+        self._regions[name] = region_of(name, tensor, layer, page)
+        return self._regions[name]
+
+    def region(self, name: str) -> Region:
+        return self._regions[name]
+
+    @property
+    def regions(self) -> list[Region]:
+        return list(self._regions.values())
+
+    def write(self, target: TransferTarget, plan) -> int:
+        if target.agent_name not in self.peers:
+            self.peers.append(target.agent_name)
+        self.gate.wait(10)
+        if self.fail:
+            raise ServiceUnavailable("the peer is gone")
+        return sum(s.nbytes for _, spans in plan for s in spans)
+
+    def forget(self, name: str) -> None:
+        self.peers.remove(name)
+
+    def close(self) -> None:
+        self.peers.clear()
+
+
+def _export(peer_idle: float = 60.0) -> tuple[RowExport, _Agent]:
+    L, N, P = LAYOUT.num_layers, 8, LAYOUT.page_size
+    backend = SimpleNamespace(
+        layout=LAYOUT,
+        stored_rows=torch.zeros((L, N * P + 1, LAYOUT.row_bytes), dtype=torch.uint8),
+        stored_index=torch.zeros((L, N + 1, P, LAYOUT.index_bytes), dtype=torch.uint8),
+    )
+    agent = _Agent()
+    return RowExport(backend, "direct", peer_idle, agent), agent  # type: ignore[arg-type]
+
+
+def _target(name: str) -> TransferTarget:
+    rows = Region("rows", 0, 1 << 20, layer_stride=1 << 12, page_stride=1 << 14)
+    index = Region("index", 0, 1 << 20, layer_stride=1 << 12, page_stride=1 << 14)
+    return TransferTarget(name, b"", (rows, index), LAYOUT)
+
+
+def _idle(export: RowExport) -> bool:
+    return export.pending == 0 and export.writes == 0
+
+
+def test_a_written_export_is_counted_and_its_peer_forgotten_once_idle() -> None:
+    asyncio.run(_a_written_export_is_counted_and_its_peer_forgotten_once_idle())
+
+
+async def _a_written_export_is_counted_and_its_peer_forgotten_once_idle() -> None:
+    export, agent = _export(peer_idle=0.01)
+    done = export.expect("r1", _target("decode-a"), [3, 5], (0, 6))
+    await export.export("r1", [0, 1])
+    written = await done
+    assert written.nbytes == 2 * (4 + 2) * LAYOUT.row_bytes + 2 * 2 * 4 * LAYOUT.index_bytes
+    assert (export.totals.written, export.totals.nbytes) == (1, written.nbytes)
+    assert agent.peers == ["decode-a"]  # kept for the next prompt a while
+    await wait_until(lambda: not agent.peers)
+    assert _idle(export)
+
+
+def test_a_failed_write_is_dropped_and_its_peer_forgotten() -> None:
+    asyncio.run(_a_failed_write_is_dropped_and_its_peer_forgotten())
+
+
+async def _a_failed_write_is_dropped_and_its_peer_forgotten() -> None:
+    export, agent = _export()
+    agent.fail = True
+    done = export.expect("r1", _target("decode-a"), [3], (0, 2))
+    await export.export("r1", [0])
+    with pytest.raises(ServiceUnavailable):
+        await done
+    assert export.totals.dropped == 1 and not agent.peers and _idle(export)
+
+
+def test_a_caller_gone_during_the_write_drops_the_export_when_it_ends() -> None:
+    asyncio.run(_a_caller_gone_during_the_write_drops_the_export_when_it_ends())
+
+
+async def _a_caller_gone_during_the_write_drops_the_export_when_it_ends() -> None:
+    export, agent = _export()
+    agent.gate.clear()
+    done = export.expect("r1", _target("decode-a"), [3], (0, 2))
+    writing = asyncio.create_task(export.export("r1", [0]))
+    await wait_until(lambda: export.writes == 1)
+    done.cancel()  # the handler was cancelled: the decode engine is gone
+    export.drop("r1", caller_gone=True)  # what the servicer does then: the write goes on
+    assert agent.peers == ["decode-a"]
+    agent.gate.set()
+    await writing
+    assert (export.totals.written, export.totals.dropped) == (0, 1)
+    assert not agent.peers and _idle(export)
+
+
+def test_a_caller_gone_before_its_release_leaves_a_busy_peer_loaded() -> None:
+    asyncio.run(_a_caller_gone_before_its_release_leaves_a_busy_peer_loaded())
+
+
+async def _a_caller_gone_before_its_release_leaves_a_busy_peer_loaded() -> None:
+    export, agent = _export()
+    target = _target("decode-a")
+    export.expect("r1", target, [3], (0, 2))
+    await export.export("r1", [0])  # the peer is loaded
+    export.expect("r2", target, [4], (0, 2))
+    export.expect("r3", target, [5], (0, 2))
+    export.drop("r2", caller_gone=True)
+    assert agent.peers == ["decode-a"]  # r3 still waits for it
+    export.drop("r3", caller_gone=True)
+    assert not agent.peers and export.totals.dropped == 2 and _idle(export)
