@@ -371,6 +371,21 @@ class EngineConfig:
                 f"synthetic_shared must be in [0, synthetic_context], got {self.synthetic_shared}"
             )
         self._check_acceptance()
+        self._check_disaggregated_speculation()
+
+    def _check_disaggregated_speculation(self) -> None:
+        """Refused, not silently wrong: docs/DECISIONS.md, "Speculative decoding is refused with
+        disaggregation"."""
+        if not self.spec_tokens or (self.role == "both" and not self.prefill_peer):
+            return
+        raise ValueError(
+            f"--speculative mtp with --role {self.role}"
+            f"{' --prefill-peer' if self.prefill_peer else ''} is not supported: a prompt "
+            "prefilled by a peer lands without the MTP layer's first drafts (the transfer "
+            "carries KV rows, not the last hidden state the drafts need), so its first verify "
+            "step would check a previous request's drafts; use --speculative none with "
+            "--role/--prefill-peer, or --role both with --speculative mtp"
+        )
 
     def _check_acceptance(self) -> None:
         if self.speculative_acceptance is None:
