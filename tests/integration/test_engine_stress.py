@@ -47,7 +47,7 @@ pytestmark = [pytest.mark.timeout(3600)]
 @pytest.mark.parametrize("kv_mode", MODES)
 def test_churn_under_overlap_on_cpu(kv_mode) -> None:
     if kv_mode.startswith("service") and os.environ.get("STRESS_ALL_MODES") != "1":
-        # ~15 s and ~55 s here for 80 steps: CI's CPU budget keeps to the in-process modes.
+        # ~4 s and ~11 s here for 80 steps (were ~15 and ~55): CI keeps to the in-process modes.
         pytest.skip("service modes on CPU only with STRESS_ALL_MODES=1 (the GPU runs all four)")
     run_case(kv_mode, "cpu", 80)
 
