@@ -8,7 +8,8 @@
 #   TEST_N=4 (pytest-xdist workers: every GPU test in ~120 s instead of 320-400 s, run Q)
 #   TEST_TIMEOUT=150  SAN_S=570 (compute-sanitizer memcheck, racecheck, synccheck over every
 #   kernel entry and the churn test in all four KV modes; SANITIZE_TOOLS picks, sanitize.sh's
-#   own settings pass through: *_STEPS, *_MIN_ENDS, *_KERNELS_S, *_CHURN_S per tool)
+#   own settings pass through: *_STEPS, *_MIN_ENDS, *_KERNELS_S, *_CHURN_S per tool;
+#   SANITIZE_SPEC=1|only adds memcheck's speculative churn, MEMCHECK_SPEC_S=280)
 #   KERN_S=100  KERNEL_CASES=miss_copy,attention (empty: all)  KERNEL_QUICK=--quick (empty: full)
 #   SWEEP_S=150  SWEEP_ARGS="--batches 8,64,128"
 #   PROF_S=60 (each)  PROFILES="bf16:128:1 bf16:128:2" (row format:batch:micro-batches[:args,

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # compute-sanitizer over the engine's kernels and the four KV modes, within one device call. Per tool
-# two parts, each under its own time limit so that one slow part cannot eat the others:
+# two parts (memcheck: a third on request), each under its own time limit so that one slow part
+# cannot eat the others:
 #   kernels  bench/sanitize/cli.py: every Triton kernel entry of the engine (KernelSet),
 #            launched from Python on requests of irregular lengths in both row formats, the device
 #            synchronized after each launch; the findings are counted per entry in a table
@@ -9,6 +10,12 @@
 #            (--target-processes all); tiny preset, CUDA graphs, cancels / stop tokens /
 #            admissions at every step. STEPS is a minimum: the test goes on until every way out
 #            (stop, length, cancel) was taken MIN_ENDS times, so a short run still covers them.
+#   spec     memcheck only, opt-in (SANITIZE_SPEC=1: a third part; SANITIZE_SPEC=only: this
+#            part alone): the speculative churn (tests/integration/test_engine_stress_speculative.py,
+#            gpu cases): the same churn with --speculative mtp, D = 3, BENCHMARK-ONLY synthetic
+#            acceptance 0.7,0.5,0.5 (0..3 drafts accepted: rollback at every depth), overlap and
+#            micro-batches on, verify and draft CUDA graphs, all four KV modes; it goes on until
+#            every depth was accepted too. Its own limit (MEMCHECK_SPEC_S) and per-mode table.
 # Tools:
 #   memcheck   out-of-bounds and misaligned global/shared accesses, errors of CUDA API calls
 #   racecheck  shared-memory hazards inside a kernel (it instruments every kernel's shared
@@ -62,6 +69,18 @@
 #    start, engine build with graph capture, churn: the test's @@sanitize-time line) and its
 #    ends per way out, and pytest --durations=0 each mode's total, for the next rebalance; the
 #    churn row's steps read "the steps its modes ran, summed / STEPS" (a mode's minimum).
+# The speculative churn under memcheck (not run yet; estimate): on CPU its 20 steps / 2 ends take
+# 29-31 steps a mode (16 prompt tokens a step; the plain churn's ~32), and a verify step
+# launches ~2.5x a plain step's kernels (the 2 layers over D + 1 rows, then the MTP layer's
+# block 3 times: over the rows, and 2 chained drafts; the acceptance eagerly). At memcheck's
+# ~0.5 s a plain step (97 s for 4 modes above): ~40 s of churn a mode, + engine build with the
+# draft graphs ~8 s, + a service start 10 s in the service modes, + the Triton compile ~15 s when
+# it runs alone (SANITIZE_SPEC=only: no kernels part before it): ~230 s for the four modes.
+# MEMCHECK_SPEC_S=280 by default (~20% slack); the default run (SANITIZE_SPEC=0) is unchanged:
+#   SANITIZE_TOOLS=memcheck SANITIZE_SPEC=only SAN_S=300 bash bench/gpu_session.sh sanitize
+#   SANITIZE_TOOLS=memcheck SANITIZE_SPEC=1 SAN_S=480 bash bench/gpu_session.sh sanitize
+#     (kernels 35 + churn 125 + spec 280 s at worst, each part killed 5 s after its limit)
+# If it runs out: SANITIZE_SPEC_K="gpu and (embedded or baseline)", then "gpu and service".
 # Usage: bash bench/sanitize.sh
 #        SANITIZE_TOOLS="memcheck" bash ...        a subset of the tools
 #        SANITIZE_K="gpu and service" bash ...     some KV modes only (pytest -k)
@@ -74,6 +93,8 @@
 #        MEMCHECK_KERNELS_S=35 MEMCHECK_CHURN_S=125 time limits per tool and part (likewise
 #            RACECHECK_*: 100, 200; SYNCCHECK_*: 20, 45; KERNELS_S / CHURN_S set every tool's),
 #            each part killed 5 s after its limit
+#        SANITIZE_SPEC=1|only MEMCHECK_SPEC_STEPS=20 MEMCHECK_SPEC_MIN_ENDS=2 MEMCHECK_SPEC_S=280
+#            SANITIZE_SPEC_K="gpu"   memcheck's speculative churn (above), its KV modes (pytest -k)
 #        SANITIZE_NO_CACHING=1 bash ...            the engine also bypasses torch's caching
 #            allocator, so an access past a tensor inside a pooled block is caught too; its
 #            steps then run eagerly (a graph capture must not cudaMalloc), the service keeps the
@@ -124,10 +145,24 @@ part() {
   if [ "$errors" != 0 ] || [ "$rc" != 0 ] || [ "$processes" = 0 ]; then status=1; fi
 }
 
+# A churn test's gpu cases under one tool: tool, part, steps, limit, test file, pytest -k; then
+# its per-mode table. -s: the test's mode markers reach the log between the sanitizer's lines;
+# -rA: a line per mode; --durations=0: each mode's seconds, set-up included.
+churn() {
+  local tool=$1 name=$2 steps=$3 limit=$4 file=$5 k=$6 table=modes
+  [ "$name" = churn ] || table=$name-modes
+  part "$tool" "$name" "$steps" "$limit" python3 -m pytest -q -s -rA --durations=0 -m gpu \
+    -p no:cacheprovider --timeout 7200 "$file" -k "$k"
+  python3 -m bench.sanitize --modes "$OUT/sanitize_$tool.$name.log" \
+    >"$OUT/sanitize_$tool.$table.txt" 2>&1 || status=1
+}
+
 for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
+  spec=0  # the speculative churn: memcheck's only (see above)
+  rm -f "$OUT/sanitize_$tool".{table,modes,spec-modes}.txt  # the tables below are this run's
   case $tool in
     memcheck) steps=${MEMCHECK_STEPS:-20} ends=${MEMCHECK_MIN_ENDS:-2} layers=${MEMCHECK_LAYERS-}
-      quick=${MEMCHECK_QUICK_ENDS:-0}
+      quick=${MEMCHECK_QUICK_ENDS:-0} spec=${SANITIZE_SPEC:-0}
       kernels_s=${MEMCHECK_KERNELS_S:-${KERNELS_S:-35}}
       churn_s=${MEMCHECK_CHURN_S:-${CHURN_S:-125}} ;;
     racecheck) steps=${RACECHECK_STEPS:-8} ends=${RACECHECK_MIN_ENDS:-1}
@@ -139,28 +174,37 @@ for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
       kernels_s=${SYNCCHECK_KERNELS_S:-${KERNELS_S:-20}}
       churn_s=${SYNCCHECK_CHURN_S:-${CHURN_S:-45}} ;;
   esac
-  part "$tool" kernels - "$kernels_s" python3 -m bench.sanitize ${layers:+--layers "$layers"}
-  python3 -m bench.sanitize --table "$OUT/sanitize_$tool.kernels.log" \
-    >"$OUT/sanitize_$tool.table.txt" 2>&1 || status=1
-  # read by the test
-  export STRESS_STEPS=$steps STRESS_MIN_ENDS=$ends STRESS_LAYERS=$layers STRESS_QUICK_ENDS=$quick
-  # -s: the test's mode markers reach the log between the sanitizer's lines; -rA: a line per mode;
-  # --durations=0: each mode's seconds, set-up included.
-  part "$tool" churn "$steps" "$churn_s" python3 -m pytest -q -s -rA --durations=0 -m gpu \
-    -p no:cacheprovider --timeout 7200 tests/integration/test_engine_stress.py \
-    -k "${SANITIZE_K:-gpu}"
-  python3 -m bench.sanitize --modes "$OUT/sanitize_$tool.churn.log" \
-    >"$OUT/sanitize_$tool.modes.txt" 2>&1 || status=1
+  if [ "$spec" != only ]; then
+    part "$tool" kernels - "$kernels_s" python3 -m bench.sanitize ${layers:+--layers "$layers"}
+    python3 -m bench.sanitize --table "$OUT/sanitize_$tool.kernels.log" \
+      >"$OUT/sanitize_$tool.table.txt" 2>&1 || status=1
+    # read by the test
+    export STRESS_STEPS=$steps STRESS_MIN_ENDS=$ends STRESS_LAYERS=$layers STRESS_QUICK_ENDS=$quick
+    churn "$tool" churn "$steps" "$churn_s" tests/integration/test_engine_stress.py \
+      "${SANITIZE_K:-gpu}"
+  fi
+  if [ "$spec" != 0 ]; then
+    spec_steps=${MEMCHECK_SPEC_STEPS:-20}
+    export STRESS_STEPS=$spec_steps STRESS_MIN_ENDS=${MEMCHECK_SPEC_MIN_ENDS:-2} \
+      STRESS_LAYERS=$layers STRESS_QUICK_ENDS=0
+    churn "$tool" spec "$spec_steps" "${MEMCHECK_SPEC_S:-280}" \
+      tests/integration/test_engine_stress_speculative.py "${SANITIZE_SPEC_K:-gpu}"
+  fi
 done
 
 echo
 printf '%-10s %-8s %10s %8s %6s %8s %6s\n' tool part processes errors rc steps secs
 printf '%s\n' "${rows[@]}"
 for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
-  echo
-  echo "$tool: findings per kernel entry"
-  sed 's/^/    /' "$OUT/sanitize_$tool.table.txt"
-  echo "$tool: findings per KV mode (churn)"
-  sed 's/^/    /' "$OUT/sanitize_$tool.modes.txt"
+  for f in table modes spec-modes; do
+    [ -f "$OUT/sanitize_$tool.$f.txt" ] || continue
+    echo
+    case $f in
+      table) echo "$tool: findings per kernel entry" ;;
+      modes) echo "$tool: findings per KV mode (churn)" ;;
+      *) echo "$tool: findings per KV mode (speculative churn, SANITIZE_SPEC)" ;;
+    esac
+    sed 's/^/    /' "$OUT/sanitize_$tool.$f.txt"
+  done
 done
 exit $status

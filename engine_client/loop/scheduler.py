@@ -167,7 +167,7 @@ class Scheduler:
         self.refused = False
         self.held.clear()
         head: GenRequest | None = None
-        refusals = 0
+        head_since, refusals = 0.0, 0
         queue = list(self.waiting)
         for i, req in enumerate(queue):
             if not self.admission.allows(self.active()):
@@ -176,17 +176,21 @@ class Scheduler:
                 break
             if refusals >= MAX_REFUSALS_PER_TURN:
                 break
+            if req.finished:  # cancelled while an admission of this turn was on its way
+                continue
             if head is not None:
-                waited = self.clock() - self.queued_at[head.request_id]
-                turn = self.policy.order.after_refusal(req, head, waited)
+                # The head's queued time as refused: a cancel may have dequeued it since.
+                turn = self.policy.order.after_refusal(req, head, self.clock() - head_since)
                 if turn is Turn.STOP:
                     break
                 if turn is Turn.SKIP:
                     continue
+            since = self.queued_at[req.request_id]
             outcome = await self._try_admit(req)
             if outcome is Admit.REFUSED:
                 refusals += 1
-                head = head or req
+                if head is None:
+                    head, head_since = req, since
         if refusals:
             self.refused = True
             self._retry_at = self.clock() + self.policy.admit_retry
@@ -201,6 +205,11 @@ class Scheduler:
             )
         except errors.KVError as e:
             return self._refused(req, e)
+        if req.finished:
+            # Cancelled (and dequeued) while the admission was on its way: the slot is its,
+            # and the releaser gives it back as for any ended request.
+            req.slot = adm.slot
+            return Admit.ENDED
         self.dequeue(req)
         req.slot, req.phase, req.admitted_at = adm.slot, Phase.PREFILL, self.clock()
         req.cached_tokens = req.prefilled = adm.cached_tokens
@@ -221,6 +230,8 @@ class Scheduler:
             return Admit.REFUSED
         if isinstance(e, errors.ServiceUnavailable) and not isinstance(e, errors.Draining):
             raise e  # the service is lost: no request waits on it
+        if req.finished:  # cancelled (and dequeued) meanwhile: nothing left to end
+            return Admit.ENDED
         self.dequeue(req)
         if isinstance(e, errors.CapacityError):
             why = f"the request can never fit the KV capacity: {e}"

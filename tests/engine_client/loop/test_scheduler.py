@@ -5,7 +5,10 @@ or refuses as told and a clock the test moves, and the failure handling that emp
   admission limit (and its value) or KV capacity, never the one for the other;
 - a lost KV service leaves no failed request in the scheduler's queue, its request table or its
   counts; the queued ones are found by id (a resume revives them) and marked lost in the state
-  file."""
+  file;
+- a cancel while an admission RPC is on its way (the churn test found it in the service modes):
+  of that request (admitted: its slot kept for the releaser), of a refused head (the turn goes
+  on behind it), or of one later in the turn (not admitted)."""
 
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from engine_client.loop.queue_policy import QueueLimits
 from engine_client.loop.recovery import ServiceRecovery
 from engine_client.loop.release import Finisher
 from engine_client.loop.request import FailStatus, Finish, GenRequest, SamplingParams
+from engine_client.loop.request_api import RequestAPI
 from engine_client.loop.scheduler import Scheduler
 from engine_client.loop.state_file import StateFile, load
 from engine_client.loop.synthetic import SyntheticContext
@@ -35,8 +39,13 @@ class KVSide:
 
     def __init__(self, capacity: int) -> None:
         self.capacity, self.slots = capacity, 0
+        self.asked: list[str] = []
+        self.meanwhile: dict = {}  # request id -> what happens while its admission is on its way
 
     async def admit(self, request_id, prompt_len, max_new_tokens, prefix=None) -> Admission:
+        self.asked.append(request_id)
+        await asyncio.sleep(0)  # an RPC: other tasks run
+        self.meanwhile.pop(request_id, lambda: None)()
         if self.slots >= self.capacity:
             raise errors.CapacityError("no free slot (test)", {})
         self.slots += 1
@@ -50,7 +59,8 @@ class Parts:
     def __init__(self, limit: int, capacity: int, state: StateFile | None = None) -> None:
         self.now = 0.0
         self.wake = asyncio.Event()
-        self.control = ControlRef(KVSide(capacity))  # type: ignore[arg-type]
+        self.kv = KVSide(capacity)
+        self.control = ControlRef(self.kv)  # type: ignore[arg-type]
         finisher = Finisher(state, self.wake)
         self.scheduler = Scheduler(
             self.control,
@@ -70,6 +80,9 @@ class Parts:
             self.scheduler, self.control, recovery, state, finisher.finish, self.wake, self.finished
         )
         self.recovery = recovery
+        self.api = RequestAPI(
+            self.scheduler, self.failures, self.finished, finisher, state, self.wake
+        )
 
     def submit(self, n: int) -> list[GenRequest]:
         reqs = [GenRequest(f"r{i}", (1, 2, 3), 4, SamplingParams()) for i in range(n)]
@@ -128,3 +141,28 @@ def test_a_lost_service_leaves_no_failed_request_in_the_scheduler(tmp_path) -> N
     assert [r.request_id for r in parts.finished.lost()] == [r.request_id for r in queued]
     saved = load(path).requests  # on disk at once: an engine killed now keeps all three
     assert sorted(r for r, s in saved.items() if s.lost) == ["r0", "r1", "r2"]
+
+
+def test_cancels_while_admissions_are_on_their_way() -> None:
+    """One slot: r0 is cancelled while its admission succeeds, r1 while it is refused (the
+    head), r2 during r0's admission (later in the same turn); r3 goes on waiting."""
+
+    async def run() -> Parts:
+        parts = Parts(limit=4, capacity=1)
+        r0, r1, r2, r3 = parts.submit(4)
+        parts.kv.meanwhile = {
+            "r0": lambda: (parts.api.cancel(r0), parts.api.cancel(r2)),
+            "r1": lambda: parts.api.cancel(r1),
+        }
+        await parts.scheduler.schedule()
+        parts.now = 1.0
+        await parts.scheduler.schedule()  # the next turn: r3 refused again
+        return parts
+
+    parts = asyncio.run(run())
+    r0, r1, r2, r3 = (parts.scheduler.requests[f"r{i}"] for i in range(4))
+    assert parts.kv.asked == ["r0", "r1", "r3"]  # r2 never; r3 only once r1 (refused) left
+    assert r0.finish is r1.finish is r2.finish is Finish.CANCELLED
+    assert r0.slot == 0 and r1.slot == r2.slot == -1  # the releaser gives slot 0 back
+    assert list(parts.scheduler.waiting) == [r3] and not r3.finished
+    assert list(parts.scheduler.queued_at) == ["r3"]
