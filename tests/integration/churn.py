@@ -19,8 +19,8 @@ from contract import setting_groups
 from contract.layout import KVLayout
 from engine_client.loop.request import Finish, SamplingParams
 from engine_client.serve.config import EngineConfig
-from engine_client.serve.settings.local_layout import LocalLayout
 from engine_client.serve.factory import build_engine
+from engine_client.serve.settings.local_layout import LocalLayout
 from tests.integration.churn_watch import (
     check_steps,
     depths_seen,
