@@ -6,10 +6,20 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 
 from bench.e2e import plan, run_args
 from bench.shared.child import SHM_DIR, free_port, remove_segments, service_extra
-from engine_client.serve.procs import ManagedProcess, engine_process, segment_files, service_process
+from engine_client.serve.procs import (
+    ChildFailed,
+    ManagedProcess,
+    engine_process,
+    segment_files,
+    service_process,
+)
+
+# Starts of a child whose metrics port another process took first (see Children._serving).
+PORT_ATTEMPTS = 3
 
 
 class Progress:
@@ -49,33 +59,47 @@ class Children:
             return None
         if self.service_key != key:
             self.stop_service()
-            self.metrics_port = free_port()
-            extra = service_extra("--drain-timeout", "5", "--metrics-port", str(self.metrics_port))
-            self.service = service_process(
-                self.workdir,
-                self.instance,
-                run_args.service_flags(self.sizes, run),
-                device=self.sizes.device,
-                shm_dir=SHM_DIR,
-                extra=extra,
+            self.service, self.metrics_port = self._serving(
+                lambda port: service_process(
+                    self.workdir,
+                    self.instance,
+                    run_args.service_flags(self.sizes, run),
+                    device=self.sizes.device,
+                    shm_dir=SHM_DIR,
+                    extra=service_extra("--drain-timeout", "5", "--metrics-port", str(port)),
+                )
             )
-            self.service.start().wait_serving(self.timeout)
             self.service_key = key
         return self.service
 
     def start_engine(self, run: plan.Run, name: str) -> ManagedProcess:
         uds = self.service.target.removeprefix("unix:") if run.mode.startswith("service") else ""
         # The engine's /metrics: step GPU time and GPU idle, next to the clients' ITL.
-        self.engine_metrics_port = free_port()
-        self.engine = engine_process(
-            self.workdir,
-            run.mode,
-            service_uds=uds,
-            name=name,
-            extra=run_args.engine_flags(self.sizes, run)
-            + ["--metrics-port", str(self.engine_metrics_port)],
+        self.engine, self.engine_metrics_port = self._serving(
+            lambda port: engine_process(
+                self.workdir,
+                run.mode,
+                service_uds=uds,
+                name=name,
+                extra=run_args.engine_flags(self.sizes, run) + ["--metrics-port", str(port)],
+            )
         )
-        return self.engine.start().wait_serving(self.timeout)
+        return self.engine
+
+    def _serving(self, make: Callable[[int], ManagedProcess]) -> tuple[ManagedProcess, int]:
+        """A child made by make(metrics port), serving, and its port. free_port() names a port
+        that was free a moment ago; another process (a parallel test, another benchmark) may
+        bind it before the child does, so a child that lost that race starts again on another."""
+        for attempt in range(PORT_ATTEMPTS):
+            port = free_port()
+            child = make(port)
+            try:
+                return child.start().wait_serving(self.timeout), port
+            except ChildFailed:
+                child.stop()
+                if attempt + 1 == PORT_ATTEMPTS or "Address already in use" not in child.log():
+                    raise
+        raise AssertionError("unreachable")
 
     def stop_engine(self) -> int:
         code = 0
