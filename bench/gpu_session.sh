@@ -28,8 +28,8 @@ set -uo pipefail
 OUT=${OUT:-.gpuout}
 RUN="$OUT/run"
 mkdir -p "$RUN"
-# .whl (bench/device_wheels.sh) and .whl-nixl (device_wheels.sh nixl: carried in a call of its
-# own, it stays on the warm device), whichever are there.
+# .whl (bench/device_wheels.sh) and .whl-nixl (device_wheels.sh nixl, slimmed to fit beside .whl:
+# carry [".whl", ".whl-nixl"]), whichever are there.
 shopt -s nullglob
 wheels=(.whl/*.whl .whl-nixl/*.whl)
 shopt -u nullglob

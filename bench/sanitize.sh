@@ -69,6 +69,15 @@
 #    start, engine build with graph capture, churn: the test's @@sanitize-time line) and its
 #    ends per way out, and pytest --durations=0 each mode's total, for the next rebalance; the
 #    churn row's steps read "the steps its modes ran, summed / STEPS" (a mode's minimum).
+# H100, 2026-12-05 (run R, main 085e6df, seconds used / limit): memcheck kernels 21/35, churn
+# 85/125 (4 modes passed, 25 steps each); racecheck kernels 83/100, churn 160/200 (4 modes
+# passed, 9 planned-end steps each: 28-30 s of churn, service start 7-8 s); synccheck kernels
+# 8/20, churn cut at 45 s in its 4th mode (service-remote-swap) after 3 passed: ~1 s of churn a
+# mode, but a service start ~9 s and pytest's own start. The kernel pass exited 1 under every
+# tool: linear, bmm, rms_norm and layer_norm (the --batch-invariant kernels) were never launched;
+# bench/sanitize/cli.py now runs a batch-invariant engine too (~1/4 more launches). So the limits
+# are now memcheck 35 + 110, racecheck 100 + 185, synccheck 20 + 70 = 520 s (550 s at worst with
+# the 5 s kills, under 570); expected ~415 s.
 # The speculative churn under memcheck (not run yet; estimate): on CPU its 20 steps / 2 ends take
 # 29-31 steps a mode (16 prompt tokens a step; the plain churn's ~32), and a verify step
 # launches ~2.5x a plain step's kernels (the 2 layers over D + 1 rows, then the MTP layer's
@@ -79,7 +88,7 @@
 # MEMCHECK_SPEC_S=280 by default (~20% slack); the default run (SANITIZE_SPEC=0) is unchanged:
 #   SANITIZE_TOOLS=memcheck SANITIZE_SPEC=only SAN_S=300 bash bench/gpu_session.sh sanitize
 #   SANITIZE_TOOLS=memcheck SANITIZE_SPEC=1 SAN_S=480 bash bench/gpu_session.sh sanitize
-#     (kernels 35 + churn 125 + spec 280 s at worst, each part killed 5 s after its limit)
+#     (kernels 35 + churn 110 + spec 280 s at worst, each part killed 5 s after its limit)
 # If it runs out: SANITIZE_SPEC_K="gpu and (embedded or baseline)", then "gpu and service".
 # Usage: bash bench/sanitize.sh
 #        SANITIZE_TOOLS="memcheck" bash ...        a subset of the tools
@@ -90,8 +99,8 @@
 #            (MEMCHECK_QUICK_ENDS=0 likewise; 1: planned ends, see above)
 #        MEMCHECK_LAYERS= RACECHECK_LAYERS=1 SYNCCHECK_LAYERS=1   model layers per tool (empty:
 #            the preset's 2)
-#        MEMCHECK_KERNELS_S=35 MEMCHECK_CHURN_S=125 time limits per tool and part (likewise
-#            RACECHECK_*: 100, 200; SYNCCHECK_*: 20, 45; KERNELS_S / CHURN_S set every tool's),
+#        MEMCHECK_KERNELS_S=35 MEMCHECK_CHURN_S=110 time limits per tool and part (likewise
+#            RACECHECK_*: 100, 185; SYNCCHECK_*: 20, 70; KERNELS_S / CHURN_S set every tool's),
 #            each part killed 5 s after its limit
 #        SANITIZE_SPEC=1|only MEMCHECK_SPEC_STEPS=20 MEMCHECK_SPEC_MIN_ENDS=2 MEMCHECK_SPEC_S=280
 #            SANITIZE_SPEC_K="gpu"   memcheck's speculative churn (above), its KV modes (pytest -k)
@@ -164,15 +173,15 @@ for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
     memcheck) steps=${MEMCHECK_STEPS:-20} ends=${MEMCHECK_MIN_ENDS:-2} layers=${MEMCHECK_LAYERS-}
       quick=${MEMCHECK_QUICK_ENDS:-0} spec=${SANITIZE_SPEC:-0}
       kernels_s=${MEMCHECK_KERNELS_S:-${KERNELS_S:-35}}
-      churn_s=${MEMCHECK_CHURN_S:-${CHURN_S:-125}} ;;
+      churn_s=${MEMCHECK_CHURN_S:-${CHURN_S:-110}} ;;
     racecheck) steps=${RACECHECK_STEPS:-8} ends=${RACECHECK_MIN_ENDS:-1}
       layers=${RACECHECK_LAYERS-1} quick=${RACECHECK_QUICK_ENDS:-1}
       kernels_s=${RACECHECK_KERNELS_S:-${KERNELS_S:-100}}
-      churn_s=${RACECHECK_CHURN_S:-${CHURN_S:-200}} ;;
+      churn_s=${RACECHECK_CHURN_S:-${CHURN_S:-185}} ;;
     *) steps=${SYNCCHECK_STEPS:-8} ends=${SYNCCHECK_MIN_ENDS:-1} layers=${SYNCCHECK_LAYERS-1}
       quick=${SYNCCHECK_QUICK_ENDS:-0}
       kernels_s=${SYNCCHECK_KERNELS_S:-${KERNELS_S:-20}}
-      churn_s=${SYNCCHECK_CHURN_S:-${CHURN_S:-45}} ;;
+      churn_s=${SYNCCHECK_CHURN_S:-${CHURN_S:-70}} ;;
   esac
   if [ "$spec" != only ]; then
     part "$tool" kernels - "$kernels_s" python3 -m bench.sanitize ${layers:+--layers "$layers"}

@@ -48,9 +48,16 @@ OUTCOME = re.compile(r"^(PASSED|FAILED|ERROR|SKIPPED)\b.*\[(?P<mode>[a-z-]+)\]")
 # Requests of irregular lengths: inside and past the hot buffer (32 slots), odd page remainders.
 # A few tokens each: under racecheck every launch is slow.
 PROMPTS = ((1, 2), (13, 3), (45, 3))
-# (kv mode, row format): the embedded engine runs every entry but kv_quantize, which only the
-# all-on-GPU baseline runs (for a row format with a quantize function).
-RUNS = (("embedded", "bf16"), ("embedded", "fp8"), ("baseline", "fp8"))
+# (kv mode, row format, batch-invariant): the embedded engine runs every entry but kv_quantize,
+# which only the all-on-GPU baseline runs (for a row format with a quantize function), and the
+# dense ones (linear, bmm, rms_norm, layer_norm), which only --batch-invariant runs: without
+# that run they were never launched and the kernel pass failed (H100, 2026-12-05).
+RUNS = (
+    ("embedded", "bf16", False),
+    ("embedded", "fp8", False),
+    ("baseline", "fp8", False),
+    ("embedded", "fp8", True),
+)
 LAUNCHES: Counter[str] = Counter()
 # Sanitizer lines that are not findings.
 INFO = re.compile(
@@ -87,11 +94,10 @@ def _patch_kernel_set(device: str) -> None:
     KernelSet.triton = classmethod(marked)  # type: ignore[method-assign,assignment]
 
 
-async def _decode(kv_mode: str, row_format: str, device: str, layers: int | None) -> None:
+def _config(kv_mode: str, row_format: str, invariant: bool, device: str, layers: int | None):
+    """A small embedded/baseline engine's config: Triton kernels launched from Python."""
     from contract import setting_groups
-    from engine_client.loop.request import SamplingParams
     from engine_client.serve.config import EngineConfig
-    from engine_client.serve.factory import build_engine
     from engine_client.serve.settings.local_layout import LocalLayout
 
     local = LocalLayout(
@@ -103,7 +109,7 @@ async def _decode(kv_mode: str, row_format: str, device: str, layers: int | None
         max_context=128,
         row_format=row_format,
     )
-    cfg = setting_groups.compose(
+    return setting_groups.compose(
         EngineConfig,
         kv_mode=kv_mode,
         uds="/tmp/unused.sock",
@@ -114,8 +120,17 @@ async def _decode(kv_mode: str, row_format: str, device: str, layers: int | None
         kernels="triton",
         cuda_graphs=False,
         num_layers=layers,
+        batch_invariant=invariant,
     )
-    engine = await build_engine(cfg)
+
+
+async def _decode(
+    kv_mode: str, row_format: str, invariant: bool, device: str, layers: int | None
+) -> None:
+    from engine_client.loop.request import SamplingParams
+    from engine_client.serve.factory import build_engine
+
+    engine = await build_engine(_config(kv_mode, row_format, invariant, device, layers))
     engine.start()
     try:
         reqs = [
@@ -131,8 +146,8 @@ async def _decode(kv_mode: str, row_format: str, device: str, layers: int | None
 def run(device: str, layers: int | None = None) -> int:
     """layers: the model's (None: the preset's)."""
     _patch_kernel_set(device)
-    for kv_mode, fmt in RUNS:
-        asyncio.run(_decode(kv_mode, fmt, device, layers))
+    for kv_mode, fmt, invariant in RUNS:
+        asyncio.run(_decode(kv_mode, fmt, invariant, device, layers))
     print(f"{MARKER}(end)", flush=True)
     missing = [n for n in _entry_names() if LAUNCHES[n] == 0]
     print(f"launches: {dict(sorted(LAUNCHES.items()))}", flush=True)

@@ -73,3 +73,17 @@ def test_a_clean_churn_passes_and_a_mode_without_its_marker_fails(tmp_path: Path
     assert modes(_log(tmp_path, clean)) == 0
     unmarked = HEADER + SUMMARY + _outcome("PASSED", "baseline")
     assert modes(_log(tmp_path, unmarked)) == 1, "findings could not be told by mode"
+
+
+def test_the_driver_launches_every_kernel_entry(capsys, monkeypatch) -> None:
+    """The kernel pass itself, on CPU (Triton's interpreter), one layer: its runs together
+    launch every KernelSet entry. On the H100 (2026-12-05) it exited 1 under every sanitizer
+    because nothing ran the batch-invariant entries."""
+    from bench.sanitize import cli
+    from engine_client.kv.kernel_set import KernelSet
+
+    # run() wraps KernelSet.triton for the process; this test's ends with it.
+    monkeypatch.setattr(KernelSet, "triton", KernelSet.__dict__["triton"])
+    cli.LAUNCHES.clear()
+    assert cli.run("cpu", layers=1) == 0, capsys.readouterr().out[-400:]
+    assert all(cli.LAUNCHES[name] > 0 for name in _entry_names())
