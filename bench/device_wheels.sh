@@ -18,7 +18,7 @@
 # CUDA 12 torch), without its dependencies (torch and numpy are on the device). 58.77 MB as PyPI
 # serves it: with .whl (8.4 MB) and the working tree (3.4 MB) over the 64 MiB a call carries,
 # and a wheel carried in a call of its own is lost whenever the next call lands on another
-# machine (it did, 2026-12-05). So bench/nixl_wheel.py drops NIXL's expert-parallel torch
+# machine (it did, 2026-12-05). So bench/disagg/nixl_wheel.py drops NIXL's expert-parallel torch
 # extensions (27 MB, built for torch 2.12-2.14, never imported here) and their RECORD lines:
 # ~31 MB, and both travel in one call: carry [".whl", ".whl-nixl"]; gpu_session.sh installs both.
 set -euo pipefail
@@ -32,7 +32,7 @@ target=(--only-binary=:all: --python-version 3.12 --implementation cp
 if [ "$dir" = .whl-nixl ]; then  # NIXL is built for manylinux_2_28 only
   python3 -m pip download -q --no-deps "${target[@]}" --platform manylinux_2_28_x86_64 \
     "${NIXL_PACKAGE:-nixl-cu13}==1.5.1"
-  python3 bench/nixl_wheel.py "$dir"/*.whl
+  python3 bench/disagg/nixl_wheel.py "$dir"/*.whl
   ls -l "$dir"
   du -sh "$dir"
   exit 0

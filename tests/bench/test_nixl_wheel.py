@@ -1,4 +1,4 @@
-"""bench/nixl_wheel.py: the expert-parallel torch extensions leave the wheel and its RECORD;
+"""bench/disagg/nixl_wheel.py: the expert-parallel torch extensions leave the wheel and its RECORD;
 every other member keeps its bytes."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import zipfile
 from pathlib import Path
 
-from bench.nixl_wheel import slim
+from bench.disagg.nixl_wheel import slim
 
 MEMBERS = {
     "nixl_cu13/__init__.py": b"x = 1\n",
