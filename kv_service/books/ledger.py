@@ -203,7 +203,7 @@ class PageLedger:
         """Rows [cached_tokens, seq_len) were written into the request's pages from outside
         (disaggregated prefill): load them where its reader expects them, as a cached prefix
         is, then commit the length."""
-        check_range("seq_len", seq_len, max(1, request.seq_len), request.reserved_tokens)
+        request.check_stored(seq_len, max(1, request.seq_len))
         self.rows.load_prefix(
             request.slot, request.mode, request.pages, seq_len, request.cached_tokens
         )
