@@ -62,7 +62,7 @@ async def _fills(svc) -> None:
     await wait_until(lambda: _filled(service_stats(svc)))
 
 
-async def _run(engine, prompts: list[tuple[int, ...]], n: int = 12) -> list[list[int]]:
+async def _run(engine, prompts: list[tuple[int, ...]], n: int = 6) -> list[list[int]]:
     """Each prompt alone, in turn (the first publishes the pages the others reuse)."""
     out = []
     for prompt in prompts:
@@ -137,7 +137,7 @@ def test_a_waiting_remote_swap_session_takes_the_region_when_its_holder_leaves()
             assert svc.stop() == 0, svc.log()
 
 
-def job(n: int = 12) -> GenerateConfig:
+def job(n: int = 6) -> GenerateConfig:
     return GenerateConfig(target="", prompt=PROMPT, max_new_tokens=n, timeout=60)
 
 
