@@ -101,6 +101,14 @@ class TransferUnsupported(InvalidArgument):
     reason = "TRANSFER_UNSUPPORTED"
 
 
+class SharedRowWrite(InvalidArgument):
+    """A write into rows of a request's cached prefix: they live in shared pages, read-only
+    and named by their content, that other requests read (and whose rows the shared hot region
+    keeps once for all of them). A request's own writes start at its cached_tokens."""
+
+    reason = "SHARED_ROW_WRITE"
+
+
 class EpochMismatch(KVError):
     """The client's epoch is from another service run: everything it mapped is stale."""
 

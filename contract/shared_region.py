@@ -132,12 +132,23 @@ class SharedRegion:
         return self.key.shape[1]
 
     def clear(self) -> None:
-        """Empty: no slot holds a row, none was ever read."""
+        """Empty, and no request slot may read from it (a new service or engine)."""
+        self.empty()
+        self.shared_len.zero_()
+
+    def empty(self) -> None:
+        """No slot holds a row, none was ever read (so none is pinned): what a new planner
+        starts from, since the one before it may have died between a plan that keyed a slot
+        and the copy that was to fill it (kv_service/memory/region_lease.py). Each request
+        slot's `shared_len` stays: it is the request's, not the planner's. Synchronous on CUDA:
+        the next planner may be another process, or run on another stream."""
         self.key.fill_(-1)
         self.index.fill_(-1)
         self.last.fill_(-1)
-        self.order.copy_(torch.arange(self.slots, dtype=torch.int32).expand_as(self.order))
-        self.shared_len.zero_()
+        order = torch.arange(self.slots, dtype=torch.int32, device=self.order.device)
+        self.order.copy_(order.expand_as(self.order))
+        if self.key.device.type == "cuda":
+            torch.cuda.current_stream(self.key.device).synchronize()
 
     def forget_pages(self, pages: list[int]) -> None:
         """Pages back in the free pool: their rows in the region never hit again."""

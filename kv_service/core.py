@@ -190,7 +190,7 @@ class ServiceCore:
     def commit(self, session_id: str, request_id: str, seq_len: int) -> None:
         self.table.touch(session_id)
         request = self.request(session_id, request_id)
-        check_range("seq_len", seq_len, 0, request.reserved_tokens)
+        request.check_stored(seq_len)
         request.seq_len = seq_len
         self.ledger.publish(request)  # its newly stored full pages become shareable
 
@@ -217,7 +217,7 @@ class ServiceCore:
         updates: dict[str, tuple[RequestRecord, int]] = {}
         for request_id, seq_len in progress:
             request = self.request(session_id, request_id)
-            check_range("seq_len", seq_len, 0, request.reserved_tokens)
+            request.check_stored(seq_len)
             if request_id in updates:
                 raise InvalidArgument(f"request {request_id!r} listed twice", request_id=request_id)
             updates[request_id] = (request, seq_len)

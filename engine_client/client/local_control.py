@@ -149,7 +149,7 @@ class BaselinePages:
         row[: len(pages)] = torch.tensor(pages, dtype=torch.int32)
         self.page_table[slot].copy_(row)
 
-    def load_prefix(self, slot: int, mode: int, pages: list[int], cached: int) -> None:
+    def load_prefix(self, slot: int, mode: int, pages: list[int], stored: int, cached: int) -> None:
         return None  # the cached rows are in the shared pages already
 
     def store_pages(self, slot: int, mode: int, pages: list[int], indices: list[int]) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from contract.errors import SharedRowWrite
 from engine_client.loop.batch import Batch, PrefillBudget, PrefillChunk
 from engine_client.loop.request import GenRequest, Phase
 from engine_client.loop.sampler import stream_key, token_key
@@ -82,9 +83,11 @@ class BatchBuilder:
             start = self.synthetic.tokens
         if start < req.cached_tokens:
             # Positions below cached_tokens live in shared pages that no request may write.
-            raise RuntimeError(
+            raise SharedRowWrite(
                 f"request {req.request_id}: prefill from {start} would write its cached prefix "
-                f"[0, {req.cached_tokens})"
+                f"[0, {req.cached_tokens})",
+                request_id=req.request_id,
+                cached_tokens=req.cached_tokens,
             )
         # Chunks end at multiples of the chunk size (absolute positions): a request whose
         # prefix was cached prefills the same chunks, in the same shapes, as one computing it.

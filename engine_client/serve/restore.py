@@ -87,6 +87,7 @@ async def restore(engine: Engine, control: KVControl, saved: state_file.SavedSta
     the file saw queued (one the service holds was admitted, but its start record was lost with
     the process: it sent no token, and runs from the start), keep those it saw lost; then start
     the file over with what came back."""
+    _empty_region(control)
     await _adopt_held(engine, control, saved)
     for s in saved.requests.values():
         if s.lost:
@@ -119,6 +120,16 @@ def _lost(saved: state_file.SavedRequest, vocab: vocabulary.Vocabulary | None) -
     req.lost_kv = True
     req.end(Finish.ERROR, f"its KV service was lost; {RESUME_ADVICE}")
     return req
+
+
+def _empty_region(control: KVControl) -> None:
+    """The shared hot region this engine plans with (its own, or the service's while its
+    session holds it) starts empty: the engine this one replaces may have died between a plan
+    that keyed a region slot and the copy that was to fill it (kv_service/memory/
+    region_lease.py). No step of this engine runs yet, so nothing races the writes."""
+    region = control.tensors.shared if control.tensors is not None else None
+    if region is not None:
+        region.empty()
 
 
 async def _adopt_held(engine: Engine, control: KVControl, saved: state_file.SavedState) -> None:

@@ -40,8 +40,9 @@ class RowStore(Protocol):
     def reset(self, slot: int, mode: int, pages: list[int]) -> None:
         """Point request slot `slot` at `pages` (token order), with `mode`, empty residency."""
 
-    def load_prefix(self, slot: int, mode: int, pages: list[int], cached: int) -> None:
-        """Put the rows of the cached prefix [0, cached) where the slot's reader expects them."""
+    def load_prefix(self, slot: int, mode: int, pages: list[int], stored: int, cached: int) -> None:
+        """Put the rows [0, stored) where the slot's reader expects them; [0, cached) are the
+        cached prefix's (shared, read-only pages), the rest the request's own."""
 
     def store_pages(self, slot: int, mode: int, pages: list[int], indices: list[int]) -> None:
         """Make full pages `indices` hold their rows in the shared store before publication."""
@@ -140,7 +141,7 @@ class PageLedger:
         cached = len(hits) * lay.page_size
         mode = MODE_RESIDENT if tokens <= lay.hot_slots else MODE_OFFLOADED
         self.rows.reset(slot, mode, pages)
-        self.rows.load_prefix(slot, mode, pages, cached)
+        self.rows.load_prefix(slot, mode, pages, cached, cached)
         if query.keys:
             c = self.counters
             c["prefix_lookups_total"] += 1
@@ -202,8 +203,10 @@ class PageLedger:
         """Rows [cached_tokens, seq_len) were written into the request's pages from outside
         (disaggregated prefill): load them where its reader expects them, as a cached prefix
         is, then commit the length."""
-        check_range("seq_len", seq_len, max(1, request.seq_len), request.reserved_tokens)
-        self.rows.load_prefix(request.slot, request.mode, request.pages, seq_len)
+        request.check_stored(seq_len, max(1, request.seq_len))
+        self.rows.load_prefix(
+            request.slot, request.mode, request.pages, seq_len, request.cached_tokens
+        )
         request.seq_len = seq_len
         self.publish(request)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from contract.errors import InvalidArgument
+from contract.errors import InvalidArgument, SharedRowWrite
 from contract.ids import id_problem
 from contract.layout import MAX_ROWS_PER_STEP, KVLayout
 
@@ -36,6 +36,20 @@ class RequestRecord:
     @property
     def reserved_tokens(self) -> int:
         return self.prompt_len + self.max_new_tokens
+
+    def check_stored(self, seq_len: int, low: int = 0) -> None:
+        """A stored length the request can reach (Commit, StepEnd, Prefilled): within [low, its
+        reservation], and never below its cached prefix, whose rows are shared pages' (a length
+        below it would have the engine write them again: SharedRowWrite)."""
+        check_range("seq_len", seq_len, low, self.reserved_tokens)
+        if seq_len < self.cached_tokens:
+            raise SharedRowWrite(
+                f"seq_len = {seq_len} is below the {self.cached_tokens} cached tokens of "
+                f"request {self.request_id!r}: those rows are shared and read-only",
+                request_id=self.request_id,
+                seq_len=seq_len,
+                cached_tokens=self.cached_tokens,
+            )
 
 
 @dataclass

@@ -51,7 +51,7 @@ class RemoteSwapper:
             if tuple(t.shape) != shape or t.dtype != dtype or t.device != kv.device:
                 raise ValueError(f"{name}: expected {shape} {dtype} on {kv.device}")
         self.kv = kv
-        self.region = region or RegionLease(False)
+        self.region = region or RegionLease(None)
         self._private = dataclasses.replace(kv, shared=None)
         self.x = exchange
         self.owner: str | None = None
@@ -174,6 +174,9 @@ class RemoteSwapper:
         from kernels.swap.plan import swap_plan
 
         x, lay = self.x, self.kv.layout
+        # A step starts at layer 0: where a session waiting for the region takes it if free.
+        if self.owner is not None and layer == 0:
+            self.region.grant(self.owner)
         kv = self.kv if self.region.holds(self.owner) else self._private
         if kv.shared is not None and layer == 0:
             kv.shared.next_step()

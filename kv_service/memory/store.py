@@ -133,10 +133,11 @@ class TensorRows:
     def reset(self, slot: int, mode: int, pages: list[int]) -> None:
         reset_request(self.kv, slot, mode, pages)
 
-    def load_prefix(self, slot: int, mode: int, pages: list[int], cached: int) -> None:
-        load_cached_prefix(self.kv, slot, mode, cached)  # the page table holds `pages`
+    def load_prefix(self, slot: int, mode: int, pages: list[int], stored: int, cached: int) -> None:
+        load_cached_prefix(self.kv, slot, mode, stored)  # the page table holds `pages`
         if self.kv.shared is not None and mode == MODE_OFFLOADED:
-            # Rows below `cached` are read-only (appends start there): shared hot rows.
+            # Rows below `cached` are in shared read-only pages (appends start there): shared
+            # hot rows. Rows a prefill engine landed past them are in the request's own pages.
             self.kv.shared.shared_len[slot] = cached
 
     def forget_pages(self, pages: list[int]) -> None:

@@ -99,7 +99,7 @@ def build_runtime(config: ServiceConfig, device: torch.device) -> Runtime:
             config.instance,
         )
     kv = shared.memory.kv
-    region = RegionLease(kv.shared is not None, shared.region_handles)
+    region = RegionLease(kv.shared, shared.region_handles)
     swapper = RemoteSwapper(kv, shared.memory.exchange, region)
     core = ServiceCore(
         kv, lease_seconds=config.lease_seconds, on_session_closed=swapper.session_closed

@@ -46,6 +46,26 @@ class Runtime:
     transfer: TransferTarget | None = None
 
 
+def _export_planning(
+    rt: Runtime, session_id: str, remote_swap: bool, reply: pb.AttachResponse
+) -> None:
+    """The tensors a session plans with beyond the KV tensors. The shared hot region is
+    planned by the session that holds it (kv_service.memory.region_lease): in its engine (the
+    tensors go to it alone) or, with remote swap, here, where a re-attach empties it (whatever
+    its engine was doing when it went, nothing of the region is in flight here)."""
+    if rt.region.grant(session_id):
+        if remote_swap:
+            rt.region.empty()
+        else:
+            reply.tensors.extend(handle_to_proto(h) for h in rt.region.handles)
+    if remote_swap:
+        rt.swapper.claim(session_id)
+        reply.tensors.extend(handle_to_proto(h) for h in rt.exchange_handles)
+        reply.events.extend(
+            pb.EventHandle(name=n, ipc_handle=h) for n, h in rt.swapper.event_handles()
+        )
+
+
 def error_to_proto(exc: BaseException) -> pb.Error:
     status = status_of(exc)
     return pb.Error(
@@ -100,16 +120,7 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer):
             tensors=[handle_to_proto(h) for h in rt.handles],
             requests=[request_to_proto(r) for r in session.requests.values()],
         )
-        # The shared hot region: planned by the session that holds it, in its engine (the
-        # tensors go to it alone) or, with remote swap, here.
-        if rt.region.grant(session.session_id) and not request.remote_swap:
-            reply.tensors.extend(handle_to_proto(h) for h in rt.region.handles)
-        if request.remote_swap:
-            rt.swapper.claim(session.session_id)
-            reply.tensors.extend(handle_to_proto(h) for h in rt.exchange_handles)
-            reply.events.extend(
-                pb.EventHandle(name=n, ipc_handle=h) for n, h in rt.swapper.event_handles()
-            )
+        _export_planning(rt, session.session_id, request.remote_swap, reply)
         return reply
 
     async def Session(

@@ -11,8 +11,10 @@ import dataclasses
 import os
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
+import pytest
 import torch
 
 from contract import setting_groups
@@ -63,6 +65,12 @@ class Churn:
     draft_tokens: int = 0
     rates: tuple[float, ...] | None = None
     prefill_chunk: int = 8  # prompt tokens per step, over all of its prefill chunks
+    # Random rounds' prompts start with one of these (prefix sharing; none: all random).
+    prefixes: tuple[tuple[int, ...], ...] = ()
+    # watch(engine, service or None): more checks, its step() after each finished step, end()
+    # once every request ended, after() once the engine stopped (tests/integration/
+    # churn_shared.py).
+    watch: Callable[[Any, ServiceProcess | None], Any] | None = None
 
     def layout(self) -> KVLayout:
         """The service's: the model's layers, and the MTP layer's with speculation."""
@@ -77,12 +85,17 @@ class Churn:
             "speculative_acceptance": self.rates,
             "allow_benchmark_only": True,
         }
+        # A shared hot region is the embedded engine's own; the service modes' is the
+        # service's (its layout: `layout()`), the baseline has none.
+        local = (
+            self.local if kv_mode == "embedded" else dataclasses.replace(self.local, shared_slots=0)
+        )
         return setting_groups.replace(
             engine_config(kv_mode, svc, max_queue_wait=0),
             device=device,
             cuda_graphs=not NO_CACHING,
             num_layers=_layers(),
-            local=self.local,
+            local=local,
             prefill_chunk=self.prefill_chunk,
             **(spec if self.draft_tokens else {}),
         )
@@ -119,7 +132,10 @@ async def run_churn(
         # The planned mix's long requests reach past the hot slots: swap-ins in every mode that
         # has a host tier (baseline keeps all of its KV on the device).
         swaps = _quick_ends() and kv_mode != "baseline"
-        out = await _churn_on(engine, steps, device, swaps, churn.local.hot_slots)
+        watch = churn.watch(engine, svc) if churn.watch is not None else None
+        out = await _churn_on(engine, steps, device, swaps, churn, watch)
+        if watch is not None:
+            watch.after()
         # bench/sanitize.sh's per-mode table reads this line: what the mode's seconds went to.
         ends = " ".join(f"{f.name.lower()} {out[1][f]}" for f in WAYS_OUT)
         print(
@@ -132,25 +148,29 @@ async def run_churn(
 
 
 async def _churn_on(
-    engine, steps: int, device: str, swaps: bool, hot: int
+    engine, steps: int, device: str, swaps: bool, churn: Churn, watch: Any
 ) -> tuple[dict, dict, int]:
     violations, record = watch_slots(engine), watch_steps(engine)
     rng = random.Random(0)
     vocab = engine.compute.model.cfg.vocab_size
     arrive = _planned_round if _quick_ends() else _random_round
-    reqs: list = []
+    hot, reqs = churn.local.hot_slots, []
     engine.start()
     try:
         D = engine.compute.draft_tokens
         while engine.steps < steps or (
             not (_covered(reqs) and depths_seen(record, D)) and engine.steps < 10 * steps
         ):
-            arrive(engine, rng, vocab, reqs, hot)
+            arrive(engine, rng, vocab, reqs, hot, churn.prefixes)
             engine.stepped.clear()
             await engine.stepped.wait()  # one round per finished step
+            if watch is not None:
+                watch.step()
         for r in reqs:
             engine.api.cancel(r)
         await wait_until(lambda: not engine.requests, timeout=60)
+        if watch is not None:
+            await watch.end()
         if device == "cuda":
             torch.cuda.synchronize()  # an illegal address would surface here at the latest
         s = await engine.control.stats()
@@ -171,11 +191,15 @@ async def _churn_on(
         await engine.stop()
 
 
-def _random_round(engine, rng: random.Random, vocab: int, reqs: list, hot: int) -> None:
-    """The default round: a request of random length (up to 8 tokens past the `hot` slots),
-    sampling and stop tokens arrives if the queue is short, and now and then a running one is
-    cancelled."""
-    prompt = tuple(rng.randrange(1, vocab) for _ in range(rng.randrange(1, hot + 8)))
+def _random_round(
+    engine, rng: random.Random, vocab: int, reqs: list, hot: int, prefixes: tuple = ()
+) -> None:
+    """The default round: a request of random length (up to 8 tokens past the `hot` slots;
+    after one of `prefixes` if any), sampling and stop tokens arrives if the queue is short,
+    and now and then a running one is cancelled."""
+    head = rng.choice(prefixes) if prefixes else ()
+    size = rng.randrange(1, hot + 8 - len(head))
+    prompt = head + tuple(rng.randrange(1, vocab) for _ in range(size))
     sampling = SamplingParams(
         temperature=rng.choice((0.0, 0.8)),
         seed=rng.randrange(99),
@@ -189,12 +213,15 @@ def _random_round(engine, rng: random.Random, vocab: int, reqs: list, hot: int) 
         engine.api.cancel(rng.choice(running))
 
 
-def _planned_round(engine, rng: random.Random, vocab: int, reqs: list, hot: int) -> None:
-    """STRESS_QUICK_ENDS=1, for a sanitizer's slow tools: request n is made to end the way
-    PLANNED[n % 3] says, so that with STRESS_MIN_ENDS=1 every way out is taken by step 8 (on
-    CPU, 30 seeds, every mode; random ends took 11 to 81 steps there, 24 under racecheck at
-    ~2.8 s a step). The queue is filled to three at once, so a round's three requests share the
-    first prefill steps and the steps run prefill and decode rows together from the start."""
+def _planned_round(
+    engine, rng: random.Random, vocab: int, reqs: list, hot: int, prefixes: tuple = ()
+) -> None:
+    """STRESS_QUICK_ENDS=1, for a sanitizer's slow tools (`prefixes` unused): request n is made
+    to end the way PLANNED[n % 3] says, so that with STRESS_MIN_ENDS=1 every way out is taken
+    by step 8 (on CPU, 30 seeds, every mode; random ends took 11 to 81 steps there, 24 under
+    racecheck at ~2.8 s a step). The queue is filled to three at once, so a round's three
+    requests share the first prefill steps and the steps run prefill and decode rows together
+    from the start."""
     while len(engine.waiting) < len(PLANNED):
         way = PLANNED[len(reqs) % len(PLANNED)]
         reqs.append(engine.api.submit(*_planned_request(rng, vocab, way, hot)))
@@ -243,3 +270,13 @@ def run_case(kv_mode: str, device: str, steps: int, churn: Churn = PLAIN) -> Non
         torch.set_num_threads(1)
     steps = int(os.environ.get("STRESS_STEPS", steps))
     check(*asyncio.run(run_churn(kv_mode, device, steps, churn)))
+
+
+def run_short_cpu_case(kv_mode: str, churn: Churn, monkeypatch) -> None:
+    """A short CPU case of a churn variant (CI's): 30 steps, each way out twice unless
+    STRESS_MIN_ENDS says (three times took 85 steps under speculation); service-remote-swap,
+    the slowest on CPU (a remote swap per layer), only with STRESS_ALL_MODES=1."""
+    if kv_mode == "service-remote-swap" and os.environ.get("STRESS_ALL_MODES") != "1":
+        pytest.skip("service-remote-swap on CPU only with STRESS_ALL_MODES=1 (GPU: all four)")
+    monkeypatch.setenv("STRESS_MIN_ENDS", os.environ.get("STRESS_MIN_ENDS", "2"))
+    run_case(kv_mode, "cpu", 30, churn)

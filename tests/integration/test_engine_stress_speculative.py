@@ -22,11 +22,9 @@ service-remote-swap (~7 s) with STRESS_ALL_MODES=1. STRESS_* settings as in the 
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-from tests.integration.churn import MODES, Churn, run_case
+from tests.integration.churn import MODES, Churn, run_case, run_short_cpu_case
 from tests.integration.test_engine_speculative import MIXED, SPEC_LOCAL
 
 pytestmark = [pytest.mark.timeout(3600)]
@@ -39,11 +37,7 @@ SPECULATIVE = Churn(local=SPEC_LOCAL, draft_tokens=len(MIXED), rates=MIXED, pref
 @pytest.mark.slow
 @pytest.mark.parametrize("kv_mode", MODES)
 def test_speculative_churn_on_cpu(kv_mode, monkeypatch) -> None:
-    if kv_mode == "service-remote-swap" and os.environ.get("STRESS_ALL_MODES") != "1":
-        pytest.skip("service-remote-swap on CPU only with STRESS_ALL_MODES=1 (GPU: all four)")
-    # Each way out twice (~31 steps) unless told: three times took 85 steps here.
-    monkeypatch.setenv("STRESS_MIN_ENDS", os.environ.get("STRESS_MIN_ENDS", "2"))
-    run_case(kv_mode, "cpu", 30, SPECULATIVE)
+    run_short_cpu_case(kv_mode, SPECULATIVE, monkeypatch)  # each way out twice (~31 steps)
 
 
 @pytest.mark.gpu

@@ -428,7 +428,7 @@ class Commit(_message.Message):
     request_id: _builtins.str
     """Request to update."""
     seq_len: _builtins.int
-    """New stored length, 0 <= seq_len <= reserved tokens."""
+    """New stored length, cached_tokens <= seq_len <= reserved tokens (below: SHARED_ROW_WRITE)."""
     def __init__(
         self,
         *,
@@ -567,7 +567,7 @@ class Prefilled(_message.Message):
     request_id: _builtins.str
     """Request whose pages were written."""
     seq_len: _builtins.int
-    """Tokens written, 1 <= seq_len <= reserved tokens."""
+    """Tokens written, 1 <= seq_len <= reserved tokens, and seq_len >= cached_tokens."""
     def __init__(
         self,
         *,

@@ -89,6 +89,9 @@ class KVCacheServiceStub:
       INVALID_ARGUMENT (INVALID_ARGUMENT): a field out of range (ids, lengths, a seq_len past
         the reservation, a StepEnd past its limits), an empty message, or a session id other
         than the one this stream is bound to. Retry: no.
+      INVALID_ARGUMENT (SHARED_ROW_WRITE): a Commit, StepEnd or Prefilled whose seq_len is
+        below the request's cached_tokens: those rows are in shared, read-only pages (the
+        request's own writes start at cached_tokens); nothing changes. Retry: no.
       INVALID_ARGUMENT (CAPACITY_EXHAUSTED): an Admit that can never fit: prompt_len +
         max_new_tokens over max_context, or more pages than the service has; details
         permanent=true, tokens_needed/_total, pages_needed/_free/_total. Retry: no.
@@ -191,6 +194,9 @@ class KVCacheServiceAsyncStub(KVCacheServiceStub):
       INVALID_ARGUMENT (INVALID_ARGUMENT): a field out of range (ids, lengths, a seq_len past
         the reservation, a StepEnd past its limits), an empty message, or a session id other
         than the one this stream is bound to. Retry: no.
+      INVALID_ARGUMENT (SHARED_ROW_WRITE): a Commit, StepEnd or Prefilled whose seq_len is
+        below the request's cached_tokens: those rows are in shared, read-only pages (the
+        request's own writes start at cached_tokens); nothing changes. Retry: no.
       INVALID_ARGUMENT (CAPACITY_EXHAUSTED): an Admit that can never fit: prompt_len +
         max_new_tokens over max_context, or more pages than the service has; details
         permanent=true, tokens_needed/_total, pages_needed/_free/_total. Retry: no.
@@ -302,6 +308,9 @@ class KVCacheServiceServicer(metaclass=_abc_1.ABCMeta):
           INVALID_ARGUMENT (INVALID_ARGUMENT): a field out of range (ids, lengths, a seq_len past
             the reservation, a StepEnd past its limits), an empty message, or a session id other
             than the one this stream is bound to. Retry: no.
+          INVALID_ARGUMENT (SHARED_ROW_WRITE): a Commit, StepEnd or Prefilled whose seq_len is
+            below the request's cached_tokens: those rows are in shared, read-only pages (the
+            request's own writes start at cached_tokens); nothing changes. Retry: no.
           INVALID_ARGUMENT (CAPACITY_EXHAUSTED): an Admit that can never fit: prompt_len +
             max_new_tokens over max_context, or more pages than the service has; details
             permanent=true, tokens_needed/_total, pages_needed/_free/_total. Retry: no.
