@@ -58,13 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="auto",
         help="auto: Triton on CUDA, the torch references on CPU",
     )
-    ap.add_argument(
-        "--microbatches",
-        type=int,
-        default=1,
-        help="embedded: decode parts whose "
-        "miss copy overlaps the other parts' compute (side stream) [1: off]",
-    )
+    _add_part_args(ap)
     add_copy_args(ap)
     ap.add_argument("--no-ceilings", action="store_true", help="skip the pinned-copy measurement")
     ap.add_argument(
@@ -74,6 +68,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--out", default="", help="JSON path [none]")
     return ap.parse_args(argv)
+
+
+def _add_part_args(ap: argparse.ArgumentParser) -> None:
+    """The decode step's micro-batches, and whether each part runs its own layer tail."""
+    ap.add_argument(
+        "--microbatches",
+        type=int,
+        default=1,
+        help="embedded: decode parts whose "
+        "miss copy overlaps the other parts' compute (side stream) [1: off]",
+    )
+    ap.add_argument(
+        "--decode-part-tail",
+        action="store_true",
+        help="each micro-batch part runs its layer tail (o_proj, MLP) right after its attention "
+        "(the engine's --decode-part-tail 1; Model.tail_parts = --microbatches)",
+    )
 
 
 def profiled_us(
@@ -143,6 +154,7 @@ def print_report(r: dict) -> None:
         f"{a['mode']}, {a.get('row_format', 'bf16')} rows, context {a['context']}, "
         f"N {a['batch']}, top-k {a['topk_source']}"
         + (f", {a['microbatches']} micro-batches" if a.get("microbatches", 1) > 1 else "")
+        + (", part tail" if a.get("decode_part_tail") else "")
     )
     print(
         f"step {r['step_us'] / 1e3:.3f} ms (timed), "

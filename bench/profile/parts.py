@@ -102,8 +102,11 @@ def named_parts(runner) -> Iterator[None]:
         st.enter_context(_index_formats("index_quantize"))
         for attr, name in (
             ("_indexer", "indexer_qkw"),
-            ("_attention", "attention"),
+            ("_attend", "attention"),
+            ("_out_proj", "attention"),
             ("block", "block"),
+            # Innermost wins: a part tail's MLP runs inside the attention (--decode-part-tail).
+            ("_mlp", "block"),
             ("hidden_states", "embed"),
             ("logits", "logits"),
         ):

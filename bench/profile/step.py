@@ -63,7 +63,9 @@ def build(args: argparse.Namespace, device: torch.device, positions: int = 0):
         )
     for slot in range(args.batch):
         backend.fill_synthetic(slot, args.context, seed=slot)
-    model = Model(cfg, random_weights(cfg, seed=0, device=device), backend)
+    # The part tail splits as the engine's does: into the micro-batch count, in either mode.
+    tail = args.microbatches if args.decode_part_tail else 1
+    model = Model(cfg, random_weights(cfg, seed=0, device=device), backend, tail_parts=tail)
     if args.topk_source == "trace":
         from bench.shared.trace import trace_source
 

@@ -30,7 +30,7 @@ class HiSparseBackend(SharedBackend):
     """In-stream swap on service memory. Decode buffers are sized for `max_batch` rows.
 
     microbatches > 1: the model splits each decode layer's batch into that many parts (see
-    Model._attention); on CUDA each part's miss copy then runs on a side stream, on the grid
+    SparseAttention.attend); on CUDA each part's miss copy then runs on a side stream, on the grid
     `copy_grid` (default OVERLAP_COPY_GRID), while the main stream scores and plans
     the next part and attends the previous one. Results are bitwise the same: every kernel is
     row-independent and each part owns its rows of the plan's output buffers."""

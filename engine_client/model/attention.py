@@ -20,9 +20,10 @@ from engine_client.model.workspace import Workspace
 TopkSource = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None]
 
 
-def _parts(n: int, m: int, g: int = 1) -> list[slice]:
+def row_parts(n: int, m: int, g: int = 1) -> list[slice]:
     """Rows [0, n) cut into at most m contiguous, non-empty, near-equal parts of whole groups
-    of g rows (a request's rows stay in one part: they share one swap-in)."""
+    of g rows (a request's rows stay in one part: they share one swap-in). Python ints of the
+    batch's shape only, so a captured graph's parts are fixed by its bucket."""
     bounds = [(n // g) * j // m * g for j in range(m + 1)]
     return [slice(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
 
@@ -50,14 +51,17 @@ class SparseAttention:
         ws: Workspace,
         prefill: PrefillChunk | None,
         topk_source: TopkSource | None = None,
+        after_part: Callable[[int], None] | None = None,
     ) -> None:
-        """Sparse attention over each part's top-k rows into ws.attn_out."""
+        """Sparse attention over each part's top-k rows into ws.attn_out. after_part(stop), if
+        given, runs once each part's attention is launched: rows [0, stop) are then attended
+        (the model's part tail, engine_client.model.part_tail)."""
         be, iq, iw = self.backend, *index_q
         # Decode micro-batches (backend.microbatches > 1): every part is scored and planned
         # before any is attended, so a part's miss copy (the backend's side stream) overlaps
         # the next part's indexer, top-k and plan and the previous part's attention.
         overlap = prefill is None and be.microbatches > 1
-        parts = _parts(q_abs.shape[0], be.microbatches if overlap else 1, tok.rows_per_request)
+        parts = row_parts(q_abs.shape[0], be.microbatches if overlap else 1, tok.rows_per_request)
         sels = [self._select(i, r, iq, iw, tok, ws, prefill, topk_source) for r in parts]
         for r, sel in zip(parts, sels):
             if overlap:
@@ -65,18 +69,26 @@ class SparseAttention:
                 # side-stream copy into the main stream, which a graph capture requires of
                 # every stream it forked ("capturing stream has unjoined work" otherwise).
                 be.attention_ready(r.start)
-            self.kernels.sparse_mla_decode(
-                q_abs[r],
-                q_pe[r],
-                sel.kv,
-                sel.row_base,
-                sel.slots,
-                self.cfg.softmax_scale,
-                ws.attn_out[r],
-                ws.lse[r],
-                row_format=be.layout.row,
-                workspace=ws.attn_scratch,
-            )
+            self._mla(q_abs[r], q_pe[r], sel, ws, r)
+            if after_part is not None:
+                after_part(r.stop)
+
+    def _mla(
+        self, q_abs: torch.Tensor, q_pe: torch.Tensor, sel: AttnRows, ws: Workspace, r: slice
+    ) -> None:
+        """Sparse MLA of batch rows r over their selected rows into ws.attn_out[r]."""
+        self.kernels.sparse_mla_decode(
+            q_abs,
+            q_pe,
+            sel.kv,
+            sel.row_base,
+            sel.slots,
+            self.cfg.softmax_scale,
+            ws.attn_out[r],
+            ws.lse[r],
+            row_format=self.backend.layout.row,
+            workspace=ws.attn_scratch,
+        )
 
     def _select(
         self,

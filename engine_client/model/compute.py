@@ -143,10 +143,13 @@ def build_compute(
     synthetic_shared: int = 0,
     draft_tokens: int = 0,
     batch_invariant: bool = False,
+    tail_parts: int = 1,
 ) -> Compute:
     """draft_tokens > 0: speculative decoding with the model's MTP layer (model_cfg.mtp_layers)
-    drafting; batch_invariant: the model's batch-invariant GEMMs and norms (Model)."""
-    model = Model(model_cfg, weights, backend, batch_invariant=batch_invariant)
+    drafting; batch_invariant, tail_parts: the Model's."""
+    model = Model(
+        model_cfg, weights, backend, batch_invariant=batch_invariant, tail_parts=tail_parts
+    )
     model.topk_source = topk_source  # before capture: the graphs must contain it
     dcfg = DecodeConfig(max_batch, use_graphs=use_graphs)
     model_runner = (

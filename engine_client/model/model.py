@@ -24,8 +24,9 @@ import torch
 import torch.nn.functional as F
 
 from engine_client.kv.backend import KVBackend
-from engine_client.model.attention import SparseAttention, TopkSource
+from engine_client.model.attention import SparseAttention, TopkSource, row_parts
 from engine_client.model.forward_batch import PrefillChunk, Tokens
+from engine_client.model.part_tail import PartTails
 from engine_client.model.preset import ModelConfig
 from engine_client.model.rope import RopeTable, apply_rope
 from engine_client.model.weights import check_weights, layer_prefix
@@ -47,10 +48,15 @@ class Model:
         backend: KVBackend,
         *,
         batch_invariant: bool = False,
+        tail_parts: int = 1,
     ) -> None:
         """batch_invariant: GEMMs and norms through the kernel set's batch-invariant ones
-        (kernels/dense/), so a row's logits never depend on its batch (docs/DECISIONS.md)."""
+        (kernels/dense/), so a row's logits never depend on its batch (docs/DECISIONS.md).
+        tail_parts > 1: decode layers run their tail in that many row parts, each right after
+        its attention (engine_client.model.part_tail); every KV mode must get the same value."""
         check_weights(weights, cfg)
+        if tail_parts < 1:
+            raise ValueError(f"tail_parts must be positive, got {tail_parts}")
         if backend.topk != cfg.topk:
             raise ValueError(f"backend top-k {backend.topk} != model top-k {cfg.topk}")
         if backend.num_layers != cfg.kv_layers:
@@ -59,7 +65,7 @@ class Model:
                 f"+ {cfg.mtp_layers} MTP"
             )
         self.cfg, self.backend, self.kernels = cfg, backend, backend.kernels
-        self.batch_invariant = batch_invariant
+        self.batch_invariant, self.tail_parts = batch_invariant, tail_parts
         self.device = backend.device
         w = {n: t.to(self.device) for n, t in weights.items()}
         self.embed, self.final_norm, self.lm_head = (
@@ -130,15 +136,30 @@ class Model:
         ws: Workspace,
         prefill: PrefillChunk | None,
     ) -> torch.Tensor:
-        """One decoder block on KV layer i: attention, then the MLP (if any), each residual."""
-        x = self._attention(i, lw, x, cos, sin, tok, ws, prefill)
-        if self.cfg.mlp_hidden:
-            h = self.norm(x, lw["post_attention_layernorm.weight"])
-            gate = F.silu(self.linear(h, lw["mlp.gate_proj.weight"]))
-            x = x + self.linear(
-                gate * self.linear(h, lw["mlp.up_proj.weight"]), lw["mlp.down_proj.weight"]
-            )
-        return x
+        """One decoder block on KV layer i: attention, then the MLP (if any), each residual. A
+        decode forward with tail_parts > 1 runs both residuals of each part's rows as soon as
+        that part's attention is launched (engine_client.model.part_tail)."""
+        if prefill is not None or self.tail_parts == 1:
+            self._attend(i, lw, x, cos, sin, tok, ws, prefill)
+            return self._mlp(lw, self._out_proj(lw, x, ws, slice(0, x.shape[0])))
+        parts = row_parts(x.shape[0], self.tail_parts, tok.rows_per_request)
+        tails = PartTails(x, parts, lambda r, out: self._mlp(lw, self._out_proj(lw, x, ws, r), out))
+        self._attend(i, lw, x, cos, sin, tok, ws, prefill, tails)
+        return tails.finish()
+
+    def _out_proj(self, lw: dict, x: torch.Tensor, ws: Workspace, r: slice) -> torch.Tensor:
+        """x[r] + o_proj of the attention's rows r through W_UV: the attention's residual."""
+        o = self.bmm(ws.attn_out[r].transpose(0, 1), lw["w_uv_t"]).transpose(0, 1)
+        return x[r] + self.linear(o.reshape(o.shape[0], -1), lw["self_attn.o_proj.weight"])
+
+    def _mlp(self, lw: dict, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """x + MLP(post-attention norm of x) (x itself without an MLP), into out if given."""
+        if not self.cfg.mlp_hidden:
+            return x if out is None else out.copy_(x)
+        h = self.norm(x, lw["post_attention_layernorm.weight"])
+        gate = F.silu(self.linear(h, lw["mlp.gate_proj.weight"]))
+        up = self.linear(h, lw["mlp.up_proj.weight"])
+        return torch.add(x, self.linear(gate * up, lw["mlp.down_proj.weight"]), out=out)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits [n, vocab] of final hidden states [n, hidden]."""
@@ -212,7 +233,7 @@ class Model:
         shape = (self.cfg.index_dim,)
         return F.layer_norm(k.float(), shape, w.float(), b.float(), self.cfg.norm_eps).to(k.dtype)
 
-    def _attention(
+    def _attend(
         self,
         i: int,
         lw: dict,
@@ -222,17 +243,20 @@ class Model:
         tok: Tokens,
         ws: Workspace,
         prefill: PrefillChunk | None,
-    ) -> torch.Tensor:
-        cfg, n = self.cfg, x.shape[0]
+        after_part: PartTails | None = None,
+    ) -> None:
+        """Norm, projections, store, indexer and sparse attention of layer i into ws.attn_out
+        (after_part: SparseAttention.attend's)."""
+        cfg = self.cfg
         h = self.norm(x, lw["input_layernorm.weight"])
         q, qr, rows = self._project(lw, h, cos, sin)
         iq, iw, ik = self._indexer(lw, h, qr, cos, sin)
         self.attention.store(i, rows, ik, tok)
         q_abs = self.bmm(q[..., : cfg.qk_nope_dim].transpose(0, 1), lw["w_uk"]).transpose(0, 1)
         q_pe = apply_rope(q[..., cfg.qk_nope_dim :], cos, sin, interleaved=True)
-        self.attention.attend(i, q_abs, q_pe, (iq, iw), tok, ws, prefill, self.topk_source)
-        o = self.bmm(ws.attn_out.transpose(0, 1), lw["w_uv_t"]).transpose(0, 1).reshape(n, -1)
-        return x + self.linear(o, lw["self_attn.o_proj.weight"])
+        self.attention.attend(
+            i, q_abs, q_pe, (iq, iw), tok, ws, prefill, self.topk_source, after_part
+        )
 
     def _project(
         self, lw: dict, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor

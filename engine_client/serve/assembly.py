@@ -91,4 +91,11 @@ def build_mode_compute(cfg: EngineConfig, mcfg: ModelConfig, control: KVControl,
         synthetic_shared=cfg.benchmark.synthetic_shared,
         draft_tokens=spec,
         batch_invariant=cfg.execution.batch_invariant,
+        tail_parts=tail_parts(cfg),
     )
+
+
+def tail_parts(cfg: EngineConfig) -> int:
+    """The model's decode tail parts: the micro-batch count in every KV mode (the baseline's and
+    remote swap's backends run one part, but their GEMMs must split as the others' do)."""
+    return cfg.batching.decode_microbatches if cfg.batching.decode_part_tail else 1

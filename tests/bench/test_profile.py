@@ -68,7 +68,7 @@ def test_kernel_kinds():
     assert {n: kernel_kind(n) for n in kinds} == kinds
 
 
-def _run(tmp_path, mode: str) -> dict:
+def _run(tmp_path, mode: str, *extra: str) -> dict:
     out = tmp_path / f"{mode}.json"
     args = [
         "--preset",
@@ -87,6 +87,7 @@ def _run(tmp_path, mode: str) -> dict:
         "cpu",
         "--out",
         str(out),
+        *extra,
     ]
     assert main(args) == 0
     return json.loads(out.read_text())
@@ -111,6 +112,17 @@ def test_embedded_step_breakdown(tmp_path):
     assert PART_FAMILIES["attention"][0] in fams and "miss copy" in fams
     # HiSparse's select launches only the plan and the copy: the plan kernel counts (issue 38).
     assert "select: hit/miss counters" not in fams and fams["select: row bases"]["us_per_step"] > 0
+
+
+@pytest.mark.slow
+def test_part_tail_step_breakdown(tmp_path):
+    """--decode-part-tail (gpu_session.sh PROFILES fp8:222:2:--decode-part-tail): the MLP runs
+    inside the attention's part and is still charged to the MLP, its projections to MLA's."""
+    r = _run(tmp_path, "embedded", "--microbatches", "2", "--decode-part-tail")
+    assert r["args"]["decode_part_tail"] and r["miss_rows_per_step"] > 0
+    fams = r["families"]
+    assert fams["MLP/GEMM"]["us_per_step"] > 0 and fams["MLP elementwise (silu, mul, add)"]
+    assert fams[PART_FAMILIES["attention"][0]]["us_per_step"] > 0
 
 
 @pytest.mark.slow

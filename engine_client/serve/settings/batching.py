@@ -1,6 +1,6 @@
 """How the engine loop batches its work: the most requests per step, the prompt tokens of a
 prefill chunk, whether step t + 1 launches before step t's tokens reach the host, and the
-decode step's microbatches."""
+decode step's microbatches (and whether each part runs its own layer tail)."""
 
 from __future__ import annotations
 
@@ -32,6 +32,14 @@ class Batching:
         "this many parts whose host->GPU miss copy overlaps the "
         "other parts' compute; 1 = off",
         check=within(1, 64),
+    )
+    # Model.tail_parts (engine_client/model/part_tail.py): off by default until a GPU profile
+    # measures it (docs/DECISIONS.md, issue 38).
+    decode_part_tail: bool = setting(
+        False,
+        help="decode: each of the --decode-microbatches parts runs its "
+        "layer tail (o_proj, MLP) right after its attention, beside the next part's miss copy "
+        "(every KV mode splits the same way)",
     )
 
     def __post_init__(self) -> None:

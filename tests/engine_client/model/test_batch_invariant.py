@@ -35,11 +35,11 @@ def counting(kernels: KernelSet, calls: Counter) -> KernelSet:
     return dataclasses.replace(kernels, **{n: wrap(n, getattr(kernels, n)) for n in names})
 
 
-def _model(mode: str, kernels: KernelSet, weights, device: str) -> Model:
+def _model(mode: str, kernels: KernelSet, weights, device: str, tail_parts: int = 1) -> Model:
     be = backend(mode, kernels, device, LAYOUT)
     for slot, n in CONTEXT.items():
         be.fill_synthetic(slot, n, seed=slot, chunk=16)
-    return Model(CFG, weights, be, batch_invariant=True)
+    return Model(CFG, weights, be, batch_invariant=True, tail_parts=tail_parts)
 
 
 def _plain(model: Model, slots: list[int]) -> torch.Tensor:
@@ -71,3 +71,18 @@ def test_verify_row_0_equals_plain_decode_bit_for_bit(mode, device) -> None:
     # Every GEMM and norm went through the batch-invariant kernels, at 1, 2 and 2 (D + 1) rows.
     assert {rows for name, rows in calls if name == "linear"} == {1, 2, 2 * (D + 1)}
     assert {name for name, _ in calls} == {"linear", "bmm", "rms_norm", "layer_norm"}
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_the_part_tail_changes_no_bit_with_batch_invariant_kernels(device) -> None:
+    """--decode-part-tail with --batch-invariant: a plain step and a verify step (and its MTP
+    drafts' passes) give the same logits with the layer tail in two parts as in one."""
+    kernels = KernelSet.reference() if device == "cpu" else KernelSet.triton()
+    weights, slots = random_weights(CFG, seed=5, device=device), list(CONTEXT)
+    whole = [f(_model("embedded", kernels, weights, device), slots) for f in (_plain, _verify)]
+    calls: Counter = Counter()
+    parted = counting(kernels, calls)
+    split = [f(_model("embedded", parted, weights, device, 2), slots) for f in (_plain, _verify)]
+    assert all(torch.equal(a, b) for a, b in zip(whole, split))
+    # The tail really split: o_proj and the MLP ran on one request's rows (1 and D + 1).
+    assert calls["linear", 1] and calls["linear", D + 1]

@@ -236,8 +236,9 @@ GPU_LAYOUT = KVLayout(
 
 
 def gpu_run(
-    mode: str, use_graphs: bool, weights, layout: KVLayout = GPU_LAYOUT
+    mode: str, use_graphs: bool, weights, layout: KVLayout = GPU_LAYOUT, tail_parts: int = 1
 ) -> list[torch.Tensor]:
+    """tail_parts > 1: the model's part tail, and embedded attends in that many micro-batches."""
     kernels = KernelSet.triton()
     reqs = {0: (0, 1000), 1: (9000, 1200), 2: (5000, 900)}
     if mode == "baseline":
@@ -251,13 +252,13 @@ def gpu_run(
                 kv, slot, mode_, list(range(slot * 170, slot * 170 + layout.pages_for(total)))
             )
         if mode == "embedded":
-            backend = HiSparseBackend(kv, kernels=kernels)
+            backend = HiSparseBackend(kv, kernels=kernels, microbatches=tail_parts)
         else:
             xchg = allocate_exchange(layout, "cuda")
             backend = RemoteSwapBackend(
                 kv, local_swap_fn(kv, xchg, kernels), kernels=kernels, xchg=xchg
             )
-    model = Model(GPU_CFG, weights, backend)
+    model = Model(GPU_CFG, weights, backend, tail_parts=tail_parts)
     runner = ModelRunner(model, DecodeConfig(max_batch=4, use_graphs=use_graphs))
     gen = torch.Generator().manual_seed(0)
     out, last = [], {}

@@ -11,7 +11,7 @@ from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
 from contract.tensors import TENSOR_NAMES
 from engine_client.kv.hisparse import OVERLAP_COPY_GRID, HiSparseBackend
 from engine_client.kv.kernel_set import KernelSet
-from engine_client.model.attention import _parts
+from engine_client.model.attention import row_parts
 from engine_client.model.model import Model
 from engine_client.model.model_runner import DecodeConfig, ModelRunner
 from engine_client.model.preset import preset
@@ -35,11 +35,11 @@ CONTEXTS = {0: 30, 1: 21, 2: 40, 3: 4}
 STEPS = 3
 
 
-def test_parts_cover_the_rows_once():
-    assert _parts(7, 1) == [slice(0, 7)]
-    assert _parts(7, 2) == [slice(0, 3), slice(3, 7)]
-    assert _parts(2, 3) == [slice(0, 1), slice(1, 2)]
-    assert _parts(1, 4) == [slice(0, 1)]
+def testrow_parts_cover_the_rows_once():
+    assert row_parts(7, 1) == [slice(0, 7)]
+    assert row_parts(7, 2) == [slice(0, 3), slice(3, 7)]
+    assert row_parts(2, 3) == [slice(0, 1), slice(1, 2)]
+    assert row_parts(1, 4) == [slice(0, 1)]
 
 
 def decode(
@@ -51,6 +51,7 @@ def decode(
     copy_grid: CopyGrid = OVERLAP_COPY_GRID,
     bucket: int = 5,
     shapes=None,
+    tail_parts: int = 1,
 ):
     cfg, lay, contexts = shapes or (CFG, LAYOUT, CONTEXTS)
     kv = allocate_local(lay, device)
@@ -60,7 +61,7 @@ def decode(
         resident = ctx + STEPS <= lay.hot_slots
         reset_request(kv, slot, MODE_RESIDENT if resident else MODE_OFFLOADED, pages)
     backend = HiSparseBackend(kv, kernels=kernels, microbatches=microbatches, copy_grid=copy_grid)
-    model = Model(cfg, weights, backend)
+    model = Model(cfg, weights, backend, tail_parts=tail_parts)
     runner = ModelRunner(
         model, DecodeConfig(max_batch=bucket, buckets=(bucket,), use_graphs=graphs)
     )
@@ -127,6 +128,15 @@ def test_microbatches_bitwise_on_cpu():
     assert_same(one, decode(3, "cpu", False, kernels, weights, bucket=8))
 
 
+def test_part_tail_bitwise_on_cpu():
+    """The part tail with micro-batches equals one attention part whose tail splits alike."""
+    kernels, weights = KernelSet.reference(), random_weights(CFG, seed=3)
+    for m in (2, 3):
+        one = decode(1, "cpu", False, kernels, weights, bucket=8, tail_parts=m)
+        assert one[3]["misses"] > 0
+        assert_same(one, decode(m, "cpu", False, kernels, weights, bucket=8, tail_parts=m))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "copy_grid",
@@ -141,6 +151,18 @@ def test_microbatches_graphed_bitwise_on_gpu(copy_grid):
     assert one[3]["misses"] > 0
     two = decode(2, "cuda", True, kernels, weights, copy_grid=copy_grid, bucket=8)
     assert_same(one, two)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("parts", [2, 3])
+def test_part_tail_graphed_bitwise_on_gpu(parts):
+    """--decode-part-tail: each part's tail right after its attention, inside the captured
+    graph beside the side-stream copy, equals one eager batch whose tail splits alike (same
+    bucket, so the same GEMM shapes; the split, not the backend, decides them)."""
+    kernels, weights = KernelSet.triton(), random_weights(CFG, seed=3, device="cuda")
+    one = decode(1, "cuda", False, kernels, weights, bucket=8, tail_parts=parts)
+    assert one[3]["misses"] > 0
+    assert_same(one, decode(parts, "cuda", True, kernels, weights, bucket=8, tail_parts=parts))
 
 
 # Bench attention shapes (k 2048, B 4096, split-k attention, segmented top-k) on 2 layers.
@@ -166,3 +188,15 @@ def test_microbatches_graphed_bitwise_at_bench_shapes():
     assert one[3]["misses"] > 0
     for m in (2, 3):
         assert_same(one, decode(m, "cuda", True, kernels, weights, bucket=8, shapes=shapes))
+
+
+@pytest.mark.gpu
+def test_part_tail_graphed_bitwise_at_bench_shapes():
+    kernels = KernelSet.triton()
+    weights = random_weights(BENCH_CFG, seed=0, device="cuda")
+    shapes = (BENCH_CFG, BENCH_LAYOUT, {0: 9000, 1: 5000, 2: 12000, 3: 3000})
+    for m in (2, 3):
+        one = decode(1, "cuda", False, kernels, weights, bucket=8, shapes=shapes, tail_parts=m)
+        assert one[3]["misses"] > 0
+        two = decode(m, "cuda", True, kernels, weights, bucket=8, shapes=shapes, tail_parts=m)
+        assert_same(one, two)
