@@ -88,6 +88,12 @@ def _add_run_args(ap: argparse.ArgumentParser) -> None:
         "mode admits up to its max N, as before the limit]",
     )
     ap.add_argument(
+        "--decode-part-tail",
+        action="store_true",
+        help="every engine (baseline too: the model splits its GEMMs alike in all modes) runs "
+        "each decode part's layer tail right after its attention (engine --decode-part-tail)",
+    )
+    ap.add_argument(
         "--budget-s",
         type=float,
         default=None,
@@ -122,6 +128,7 @@ def sizes_from_args(args: argparse.Namespace, device: str) -> plan.Sizes:
         sweep_factors=() if args.no_sweep else (1, 4),
         decode_microbatches=args.microbatches,
         admission_limit=args.admission_limit,
+        decode_part_tail=args.decode_part_tail,
     )
 
 

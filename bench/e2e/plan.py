@@ -49,6 +49,7 @@ class Sizes:
     # that many times more tokens, so its steady window still spans steady_steps steps.
     tokens_per_step: int = 1
     admission_limit: str = "auto"  # the engines' --admission-limit (off: the old behaviour)
+    decode_part_tail: bool = False  # every mode's --decode-part-tail (the model splits alike)
 
     @property
     def num_layers(self) -> int:

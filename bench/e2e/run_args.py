@@ -52,6 +52,8 @@ def engine_flags(s: Sizes, run: Run) -> list[str]:
         argv += ["--overlap", "0"]
     if run.batch_invariant:
         argv += ["--batch-invariant", "1"]
+    if s.decode_part_tail:
+        argv += ["--decode-part-tail", "1"]
     if s.admission_limit != "auto":
         argv += ["--admission-limit", s.admission_limit]
     return argv
