@@ -31,6 +31,13 @@ def add_copy_args(ap: argparse.ArgumentParser) -> None:
         "--copy-min", type=int, default=1, help="fewest working CTAs under --copy-bytes [1]"
     )
     ap.add_argument(
+        "--copy-priority",
+        type=int,
+        default=0,
+        help="the side stream's CUDA priority (-1: the copy's CTAs are scheduled before the "
+        "main stream's waiting ones) [0: the default, as the main stream]",
+    )
+    ap.add_argument(
         "--copy-chunk",
         type=int,
         default=0,
@@ -47,11 +54,12 @@ def add_copy_args(ap: argparse.ArgumentParser) -> None:
 def copy_grid(args: argparse.Namespace) -> CopyGrid:
     """The side-stream copy's grid the --copy-* flags ask for."""
     if not (args.copy_programs or args.copy_bytes):
-        return OVERLAP_COPY_GRID
+        return dataclasses.replace(OVERLAP_COPY_GRID, priority=args.copy_priority)
     return CopyGrid(
         programs=args.copy_programs or OVERLAP_COPY_GRID.programs,
         bytes_per_program=args.copy_bytes,
         min_programs=args.copy_min,
+        priority=args.copy_priority,
     )
 
 

@@ -65,7 +65,9 @@ class HiSparseBackend(SharedBackend):
         self.microbatches, self.copy_grid = microbatches, copy_grid
         # The side stream serves the Triton kernels (the references take no grid size).
         overlap = microbatches > 1 and self.device.type == "cuda" and kernels.capturable
-        self._copy_stream = torch.cuda.Stream(self.device) if overlap else None
+        self._copy_stream = (
+            torch.cuda.Stream(self.device, priority=copy_grid.priority) if overlap else None
+        )
         self._copied: dict[int, torch.cuda.Event] = {}  # by a part's first row
         self._hot_rows = self._hot_views(kv)
 

@@ -20,15 +20,20 @@ class CopyGrid:
     """programs: CTAs launched (None: the kernel's default, a few per SM, at most one per chunk
     of the largest work list). bytes_per_program: miss bytes per working CTA (0: all launched
     CTAs work). min_programs: the fewest working CTAs when there is any miss (capped by
-    programs)."""
+    programs). priority: the side stream's CUDA priority (lower runs first; 0, the default, is
+    also the lowest and the main stream's): below 0 the block scheduler places the copy's CTAs
+    before the main stream's waiting ones, so the copy is not queued behind a full grid."""
 
     programs: int | None = None
     bytes_per_program: int = 0
     min_programs: int = 1
+    priority: int = 0
 
     def __post_init__(self) -> None:
         if self.programs is not None and self.programs < 1:
             raise ValueError(f"programs must be positive, got {self.programs}")
+        if self.priority > 0:
+            raise ValueError(f"priority must be <= 0 (0 is the lowest), got {self.priority}")
         if self.bytes_per_program < 0 or self.min_programs < 1:
             raise ValueError(
                 f"bytes_per_program must be >= 0 and min_programs >= 1, got "
@@ -51,8 +56,9 @@ class CopyGrid:
     def label(self) -> str:
         """Short name for benchmark tables: 'fixed 64', '<=64 >=16 768K'."""
         top = "default" if self.programs is None else str(self.programs)
+        prio = f" prio {self.priority}" if self.priority else ""
         if self.bytes_per_program == 0:
-            return f"fixed {top}"
+            return f"fixed {top}{prio}"
         n = self.bytes_per_program
         size = f"{n / 2**20:g}M" if n >= 2**20 else f"{n / 1024:g}K" if n >= 1024 else f"{n}B"
-        return f"<={top} >={self.min_programs} {size}"
+        return f"<={top} >={self.min_programs} {size}{prio}"

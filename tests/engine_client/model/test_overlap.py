@@ -140,12 +140,17 @@ def test_part_tail_bitwise_on_cpu():
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "copy_grid",
-    [OVERLAP_COPY_GRID, CopyGrid(programs=4), CopyGrid(programs=6, bytes_per_program=1)],
+    [
+        OVERLAP_COPY_GRID,
+        CopyGrid(programs=4),
+        CopyGrid(programs=6, bytes_per_program=1),
+        CopyGrid(programs=6, bytes_per_program=1, priority=-1),
+    ],
     ids=lambda g: g.label(),
 )
 def test_microbatches_graphed_bitwise_on_gpu(copy_grid):
     """Side-stream copy inside the captured graph vs one eager batch: same bits, whatever
-    the copy's grid and the rule choosing its working CTAs."""
+    the copy's grid, the rule choosing its working CTAs and the side stream's priority."""
     kernels, weights = KernelSet.triton(), random_weights(CFG, seed=3, device="cuda")
     one = decode(1, "cuda", False, kernels, weights)
     assert one[3]["misses"] > 0

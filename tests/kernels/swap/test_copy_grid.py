@@ -26,7 +26,9 @@ def test_fixed_grid_and_tiny_budget():
     assert one.rows_per_program(1152) == 1 and one.active(5, 1152, 8) == 5
 
 
-@pytest.mark.parametrize("kw", [dict(programs=0), dict(bytes_per_program=-1), dict(min_programs=0)])
+@pytest.mark.parametrize(
+    "kw", [dict(programs=0), dict(bytes_per_program=-1), dict(min_programs=0), dict(priority=1)]
+)
 def test_rejects_bad_rules(kw):
     with pytest.raises(ValueError):
         CopyGrid(**kw)
@@ -38,3 +40,5 @@ def test_labels():
     assert CopyGrid(64, 768 << 10, 16).label() == "<=64 >=16 768K"
     assert CopyGrid(132, 3 << 19, 8).label() == "<=132 >=8 1.5M"
     assert CopyGrid(7, 100).label() == "<=7 >=1 100B"
+    assert CopyGrid(64, 1 << 20, 16, priority=-1).label() == "<=64 >=16 1M prio -1"
+    assert CopyGrid(24, priority=-2).label() == "fixed 24 prio -2"
