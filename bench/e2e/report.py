@@ -91,7 +91,9 @@ def _print_overlap(runs: list[dict]) -> None:
                     f"N={p['concurrency']:<4} ITL50 {_f(p['itl_p50_s'], 1e3, '{:.2f}')} ms, "
                     f"step {_f(p['step_gpu_s'], 1e3, '{:.2f}')} ms, "
                     f"{_f(p['itl_p50_over_step'], 1, '{:.2f}')}x, "
-                    f"GPU idle {_f(p['gpu_idle_frac'], 100)}%"
+                    f"GPU idle {_f(p['gpu_idle_frac'], 100)}%, ITL99 "
+                    f"{_f(p['itl_p99_s'], 1e3, '{:.1f}')} ms, GC {_f(p.get('gc_share'), 100)}% "
+                    f"(longest {_f(p.get('gc_pause_max_s'), 1e3, '{:.1f}')} ms)"
                 )
 
 

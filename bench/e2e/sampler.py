@@ -42,15 +42,16 @@ _ENGINE_RE = re.compile(
     r"engine_device_busy_seconds_total|engine_device_idle_seconds_total|"
     r"engine_spec_drafted_tokens_total|engine_spec_accepted_tokens_total|"
     r"engine_swap_misses_total|engine_swap_misses_rows_total|"
-    r"engine_admission_limit|engine_admission_best_batch) (\S+)$",
+    r"engine_admission_limit|engine_admission_best_batch|engine_gc_seconds_total|"
+    r"engine_gc_full_collections_total|engine_gc_pause_max_seconds) (\S+)$",
     re.MULTILINE,
 )
 
 
 def parse_engine_metrics(text: str) -> dict[str, float]:
     """The engine's step GPU time (sum, count), GPU busy / idle seconds, speculative drafts,
-    swap misses with and without the verify rows' shared plan, and its admission limit
-    (engine_client.loop.metrics)."""
+    swap misses with and without the verify rows' shared plan, its admission limit
+    (engine_client.loop.metrics) and its garbage collections (transport/gc_heap.py)."""
     return {name: float(value) for name, value in _ENGINE_RE.findall(text)}
 
 

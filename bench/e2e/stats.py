@@ -99,6 +99,18 @@ def _engine_window(samples: list[dict], a: float, b: float, itl_p50: float | Non
         "misses_rows_per_step": d.get("engine_swap_misses_rows_total", 0.0) / steps
         if steps
         else None,
+        **_gc(eng, d),
+    }
+
+
+def _gc(eng: tuple[dict, dict], d: dict) -> dict:
+    """The engine's garbage collections in the window (transport/gc_heap.py): their share of the
+    wall time, the full ones, and the longest pause since the engine started."""
+    dt = eng[1]["t"] - eng[0]["t"]
+    return {
+        "gc_share": d.get("engine_gc_seconds_total", 0.0) / dt if dt > 0 else None,
+        "gc_full_collections": d.get("engine_gc_full_collections_total"),
+        "gc_pause_max_s": eng[1]["engine"].get("engine_gc_pause_max_seconds"),
     }
 
 

@@ -24,6 +24,7 @@ from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from engine_client.loop.admission_limit import AdmissionLimit
+from transport.gc_heap import GcPauses
 from transport.rpc_calls import RpcMetrics
 
 # Token latencies: 1 ms .. 20 s. Step times: 50 us .. 2 s.
@@ -121,6 +122,8 @@ class EngineMetrics:
         r = self.registry = CollectorRegistry()
         self.rpc = RpcMetrics(r)
         self.info = Info("engine", "what this engine runs on", registry=r)
+        self.gc = GcPauses("engine")  # recording once serve() installs it
+        r.register(self.gc)
         self._token_metrics(r)
         self._load_metrics(r)
         self._step_metrics(r)

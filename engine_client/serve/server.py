@@ -42,6 +42,7 @@ from proto.decode.v1 import decode_pb2 as pb
 from proto.decode.v1 import decode_pb2_grpc as pb_grpc
 from proto.prefill.v1 import prefill_pb2_grpc as prefill_grpc
 from transport import grpc_server
+from transport.gc_heap import freeze_startup_heap
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,7 @@ async def serve(cfg: EngineConfig) -> int:
     await _set_health(health, False)
     servicer = DecodeServicer(cfg.kv.uses_service)
     metrics = EngineMetrics()  # before the server: its calls are counted from the start
+    metrics.gc.install()
     prefill = (
         PrefillServicer(cfg.batching.max_batch) if cfg.disaggregation.role == "prefill" else None
     )
@@ -125,6 +127,8 @@ async def serve(cfg: EngineConfig) -> int:
                 cfg.observability.metrics_port, cfg.observability.metrics_address
             )
             log.info("metrics on http://%s:%d/metrics", host, port)
+        # Warm (graphs captured): later collections skip the start-up heap.
+        log.info("start-up heap frozen: %d objects (transport/gc_heap.py)", freeze_startup_heap())
         engine.start()
         watcher = asyncio.create_task(_watch_failure(engine, health))
         await _set_health(health, True)

@@ -19,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from kv_service.books.records import CoreStats
+from transport.gc_heap import GcPauses
 from transport.rpc_calls import LATENCY_BUCKETS, RpcMetrics
 
 # The core's counters: (series, help, CoreStats field).
@@ -97,6 +98,8 @@ class ServiceMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         self.rpc = RpcMetrics(r)
+        self.gc = GcPauses("kvs")  # recording once serve() installs it
+        r.register(self.gc)
         self.message_seconds = Histogram(
             "kvs_session_message_seconds",
             "server time per message of a Session stream",

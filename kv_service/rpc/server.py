@@ -37,6 +37,7 @@ from kv_service.rpc.metrics import ServiceMetrics
 from kv_service.rpc.servicer import KVCacheServicer, Runtime
 from proto.kvcache.v1 import kvcache_pb2, kvcache_pb2_grpc
 from transport import grpc_server
+from transport.gc_heap import freeze_startup_heap
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +60,9 @@ def resolve_device(choice: str) -> torch.device:
         choice = "cuda" if torch.cuda.is_available() else "cpu"
     if choice == "cuda" and not torch.cuda.is_available():
         raise StartupError("--device cuda, but CUDA is not available here: use --device cpu")
-    return (
-        torch.device("cuda", torch.cuda.current_device())
-        if choice == "cuda"
-        else torch.device("cpu")
-    )
+    if choice == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def gpu_uuid(device: torch.device) -> str:
@@ -248,7 +247,8 @@ async def _shut_down(server: grpc.aio.Server, config: ServiceConfig, started: _S
 async def _serving(
     health: health_aio.HealthServicer, config: ServiceConfig, runtime: Runtime, device: torch.device
 ) -> None:
-    """Health SERVING, and the log line that says which instance, memory and layout serve."""
+    """Warm: freeze the start-up heap (transport/gc_heap.py), SERVING, and the serving line."""
+    log.info("start-up heap frozen: %d objects", freeze_startup_heap())
     await _set_health(health, True)
     log.info(
         "SERVING: instance %s, epoch %#x, device %s %s, layout %s",
@@ -268,6 +268,7 @@ async def serve(config: ServiceConfig) -> int:
         loop.add_signal_handler(sig, stop.set)
     device = resolve_device(config.device)
     metrics = ServiceMetrics()
+    metrics.gc.install()
     health = health_aio.HealthServicer()
     servicer = KVCacheServicer(metrics, on_drain=lambda: _set_health(health, False))
     server = build_server(config, servicer, health, metrics)

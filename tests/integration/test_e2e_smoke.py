@@ -79,4 +79,6 @@ def test_e2e_smoke_runs_every_mode(tmp_path: Path) -> None:
     assert views and all(
         0 <= p["gpu_idle_frac"] <= 1 and p["itl_p50_over_step"] > 0 for p in views
     ), views
+    # Its garbage collections (transport/gc_heap.py): the recorder runs in every engine process.
+    assert all(p["gc_share"] is not None and p["gc_pause_max_s"] is not None for p in views), views
     assert "overlap: client ITL p50" in log
