@@ -15,10 +15,9 @@ their warm-up the same way). Objects made later are collected as before: nothing
 from __future__ import annotations
 
 import gc
-import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -33,19 +32,24 @@ def freeze_startup_heap() -> int:
     return gc.get_freeze_count()
 
 
+class GcTotals(NamedTuple):
+    seconds: float = 0.0  # all generations
+    full_collections: int = 0  # generation 2
+    full_seconds: float = 0.0
+    longest: float = 0.0
+
+
 class GcPauses(Collector):
     """Seconds spent in collections (all generations; full ones counted apart) and the longest
-    pause, recorded by a gc callback (collections run with the GIL held, one at a time) and read
-    by the scrape thread. Metric names start with `prefix` (engine, kvs)."""
+    pause, recorded by a gc callback and read by the scrape thread. No lock: the callback runs
+    inside a collection, which any allocation may start, also one made while a lock is held (a
+    deadlock); it replaces `totals` with a new tuple in one assignment, and a reader takes that
+    one reference. Metric names start with `prefix` (engine, kvs)."""
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
-        self.seconds = 0.0
-        self.full_collections = 0
-        self.full_seconds = 0.0
-        self.longest = 0.0
+        self.totals = GcTotals()
         self._t0: float | None = None
-        self._lock = threading.Lock()
 
     def install(self) -> GcPauses:
         gc.callbacks.append(self._on_gc)
@@ -62,28 +66,27 @@ class GcPauses(Collector):
         if self._t0 is None:  # installed during a collection
             return
         dt, self._t0 = time.perf_counter() - self._t0, None
-        with self._lock:
-            self.seconds += dt
-            self.longest = max(self.longest, dt)
-            if info.get("generation") == 2:
-                self.full_collections += 1
-                self.full_seconds += dt
+        t, full = self.totals, info.get("generation") == 2
+        self.totals = GcTotals(
+            t.seconds + dt,
+            t.full_collections + full,
+            t.full_seconds + (dt if full else 0.0),
+            max(t.longest, dt),
+        )
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
-        p = self.prefix
-        with self._lock:
-            total, full, n, longest = (
-                self.seconds, self.full_seconds, self.full_collections, self.longest,
-            )  # fmt: skip
+        p, t = self.prefix, self.totals
         yield CounterMetricFamily(
-            f"{p}_gc_seconds", "seconds in garbage collections, all generations", value=total
+            f"{p}_gc_seconds", "seconds in garbage collections, all generations", value=t.seconds
         )
         yield CounterMetricFamily(
-            f"{p}_gc_full_seconds", "seconds in full (generation 2) collections", value=full
-        )
+            f"{p}_gc_full_seconds", "seconds in full (generation 2) collections",
+            value=t.full_seconds,
+        )  # fmt: skip
         yield CounterMetricFamily(
-            f"{p}_gc_full_collections", "full (generation 2) collections", value=n
-        )
+            f"{p}_gc_full_collections", "full (generation 2) collections",
+            value=t.full_collections,
+        )  # fmt: skip
         yield GaugeMetricFamily(
-            f"{p}_gc_pause_max_seconds", "the longest collection since start", value=longest
+            f"{p}_gc_pause_max_seconds", "the longest collection since start", value=t.longest
         )
