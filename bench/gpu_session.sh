@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call that batches this session's GPU work. Each stage has its own time limit, so
 # one slow stage cannot eat the others. Every log and JSON goes to $OUT/run/, packed at the end
-# into $OUT/run.tgz (the device tool returns at most 8 files); $OUT/summary.txt is the table.
+# into $OUT/run.tgz (the device tool returns at most 8 files); $OUT/summary.txt is the table
+# (run-2.tgz, summary-2.txt, ... for a later invocation in the same call).
 # Usage: bash bench/gpu_session.sh [stage ...]
 #   stages: tests sanitize kernels sweep profiles ncu copysweep e2e mtp prefix gateway disagg
 #   TESTS="tests/x.py ..."  TEST_M="gpu" (pytest -m)  TEST_K="pytest -k expr"  TEST_S=240
@@ -111,6 +112,10 @@ for s in $STAGES; do
     *) echo "unknown stage $s" ;;
   esac
 done
-printf '%s\n' "${summary[@]}" > "$OUT/summary.txt"
-tar czf "$OUT/run.tgz" -C "$OUT" run && rm -rf "$RUN"
-echo; echo "=== summary"; cat "$OUT/summary.txt"
+# A second invocation in the same device call packs beside the first (run-2.tgz, summary-2.txt)
+# instead of over it: run S lost an e2e JSON to the tests stage that followed it.
+n=1; sfx=""
+while [ -e "$OUT/run$sfx.tgz" ]; do n=$((n + 1)); sfx="-$n"; done
+printf '%s\n' "${summary[@]}" > "$OUT/summary$sfx.txt"
+tar czf "$OUT/run$sfx.tgz" -C "$OUT" run && rm -rf "$RUN"
+echo; echo "=== summary"; cat "$OUT/summary$sfx.txt"

@@ -49,6 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", default="", help="JSON path [bench/results/e2e-<date>.json]")
     _add_size_args(ap)
     _add_run_args(ap)
+    _add_engine_args(ap)
+    _add_budget_args(ap)
     return ap.parse_args(argv)
 
 
@@ -74,6 +76,10 @@ def _add_run_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--client-procs", type=int, default=None, help="load worker processes [4; smoke 1]"
     )
+
+
+def _add_engine_args(ap: argparse.ArgumentParser) -> None:
+    """Switches of the engines under test (each mode's engine gets the same ones)."""
     ap.add_argument(
         "--microbatches",
         type=int,
@@ -93,6 +99,16 @@ def _add_run_args(ap: argparse.ArgumentParser) -> None:
         help="every engine (baseline too: the model splits its GEMMs alike in all modes) runs "
         "each decode part's layer tail right after its attention (engine --decode-part-tail)",
     )
+    ap.add_argument(
+        "--copy-priority",
+        type=int,
+        default=0,
+        help="the HiSparse engines' --decode-copy-priority: the miss-copy stream's CUDA priority "
+        "(-1: before the compute stream's waiting CTAs) [0]",
+    )
+
+
+def _add_budget_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--budget-s",
         type=float,
@@ -129,6 +145,7 @@ def sizes_from_args(args: argparse.Namespace, device: str) -> plan.Sizes:
         decode_microbatches=args.microbatches,
         admission_limit=args.admission_limit,
         decode_part_tail=args.decode_part_tail,
+        copy_priority=args.copy_priority,
     )
 
 

@@ -50,6 +50,7 @@ class Sizes:
     tokens_per_step: int = 1
     admission_limit: str = "auto"  # the engines' --admission-limit (off: the old behaviour)
     decode_part_tail: bool = False  # every mode's --decode-part-tail (the model splits alike)
+    copy_priority: int = 0  # the HiSparse engines' --decode-copy-priority (their copy stream)
 
     @property
     def num_layers(self) -> int:

@@ -9,6 +9,7 @@ on the engine's single compute thread.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import logging
@@ -20,7 +21,7 @@ from contract.layout import KVLayout
 from contract.tensors import KVTensors
 from engine_client.kv.backend import KVBackend
 from engine_client.kv.baseline import BaselineBackend
-from engine_client.kv.hisparse import HiSparseBackend
+from engine_client.kv.hisparse import OVERLAP_COPY_GRID, HiSparseBackend
 from engine_client.kv.kernel_set import KernelSet
 from engine_client.kv.remote_swap import RemoteSwapBackend, SwapFn
 from engine_client.model.attention import TopkSource
@@ -91,9 +92,11 @@ def build_backend(
     microbatches: int = 1,
     page_table: torch.Tensor | None = None,
     rows_per_request: int = 1,
+    copy_priority: int = 0,
 ) -> KVBackend:
     """page_table: the baseline's, when its control maps pages (prefix caching);
-    rows_per_request: the most decode rows per request a step has (a verify step's D + 1)."""
+    rows_per_request: the most decode rows per request a step has (a verify step's D + 1);
+    copy_priority: the CUDA priority of the HiSparse backend's miss-copy stream (CopyGrid)."""
     if mode == "baseline":
         return BaselineBackend(layout, kernels=kernels, device=device, page_table=page_table)
     if tensors is None:
@@ -115,6 +118,7 @@ def build_backend(
         max_batch=max_batch,
         microbatches=microbatches,
         rows_per_request=rows_per_request,
+        copy_grid=dataclasses.replace(OVERLAP_COPY_GRID, priority=copy_priority),
     )
 
 

@@ -60,6 +60,7 @@ def _backend(
         cfg.batching.decode_microbatches,
         page_table,
         rows_per_request=cfg.speculation.spec_tokens + 1,
+        copy_priority=cfg.batching.decode_copy_priority,
     )
 
 

@@ -33,13 +33,24 @@ class Batching:
         "other parts' compute; 1 = off",
         check=within(1, 64),
     )
-    # Model.tail_parts (engine_client/model/part_tail.py): off by default until a GPU profile
-    # measures it (docs/DECISIONS.md, issue 38).
+    # Model.tail_parts (engine_client/model/part_tail.py): off by default, measured slower (run S:
+    # each part re-reads the GEMM weights; docs/DECISIONS.md, issue 38).
     decode_part_tail: bool = setting(
         False,
         help="decode: each of the --decode-microbatches parts runs its "
         "layer tail (o_proj, MLP) right after its attention, beside the next part's miss copy "
         "(every KV mode splits the same way)",
+    )
+
+    # CopyGrid.priority of HiSparseBackend's side stream (kernels/swap/copy_grid.py). Off by
+    # default: one H100 profile (docs/BENCHMARKS.md, run S) gave -0.51 ms of a 16.44 ms fp8 step
+    # at -1, not yet measured end to end (bench.e2e --copy-priority).
+    decode_copy_priority: int = setting(
+        0,
+        help="embedded/service with --decode-microbatches > 1: the CUDA priority of the stream "
+        "that copies the misses (-1: its CTAs are scheduled before the compute stream's waiting "
+        "ones; lower is higher, the device clamps to its range) [0: the compute stream's]",
+        check=within(-8, 0),
     )
 
     def __post_init__(self) -> None:

@@ -1,0 +1,81 @@
+"""bench.e2e's engine switches reach the engines they name, and the engine's own parser reads
+them as its settings:
+- --decode-part-tail reaches every mode's engine, the baseline included (the model splits its
+  decode GEMMs alike in every mode, so the modes stay comparable);
+- --copy-priority reaches the engines with a miss-copy stream of their own (embedded, service).
+Without a flag no engine gets it."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from bench.e2e import plan, run_args
+from bench.e2e.cli import parse_args, sizes_from_args
+from contract import flags
+from contract.layout import KVLayout
+from engine_client.cli.main import add_serve, engine_config
+from engine_client.kv.hisparse import OVERLAP_COPY_GRID, HiSparseBackend
+from engine_client.kv.kernel_set import KernelSet
+from engine_client.model.compute import build_backend
+from engine_client.serve.config import EngineConfig
+from kv_service.memory.store import allocate_local
+
+
+def _engine(argv: list[str]) -> EngineConfig:
+    parser = argparse.ArgumentParser()
+    add_serve(parser.add_subparsers(dest="command"), {})
+    return engine_config(parser.parse_args(["serve", *argv]), {})
+
+
+def _argv(sizes: plan.Sizes, mode: str) -> list[str]:
+    return run_args.engine_flags(sizes, plan.build_matrix(sizes, (mode,), ("trace",))[0])
+
+
+def test_the_part_tail_reaches_every_mode() -> None:
+    on = sizes_from_args(parse_args(["--smoke", "--decode-part-tail"]), "cpu")
+    off = sizes_from_args(parse_args(["--smoke"]), "cpu")
+    assert on.decode_part_tail and not off.decode_part_tail
+    for mode in ("baseline", "embedded", "service"):
+        assert _engine(_argv(on, mode)).batching.decode_part_tail is True, mode
+        assert _engine(_argv(off, mode)).batching.decode_part_tail is False, mode
+    assert flags.flag_name("decode_part_tail") == "--decode-part-tail"
+
+
+def test_the_copy_priority_reaches_the_engines_that_copy() -> None:
+    on = sizes_from_args(parse_args(["--smoke", "--copy-priority", "-1"]), "cpu")
+    off = sizes_from_args(parse_args(["--smoke"]), "cpu")
+    assert (on.copy_priority, off.copy_priority) == (-1, 0)
+    for mode, expected in (("baseline", 0), ("embedded", -1), ("service", -1)):
+        assert _engine(_argv(on, mode)).batching.decode_copy_priority == expected, mode
+        assert _engine(_argv(off, mode)).batching.decode_copy_priority == 0, mode
+
+
+def test_the_engines_copy_priority_reaches_its_backend() -> None:
+    """--decode-copy-priority sets the priority of the backend's copy grid and nothing else of
+    it (the grid's rule stays the measured default)."""
+    layout = KVLayout(
+        num_layers=1,
+        max_requests=2,
+        hot_slots=9,
+        window=1,
+        topk=4,
+        page_size=4,
+        num_pages=8,
+        max_context=16,
+    )
+    cfg = _engine(["--decode-copy-priority", "-1"]).batching
+    backend = build_backend(
+        "embedded",
+        layout,
+        allocate_local(layout, "cpu"),
+        KernelSet.reference(),
+        2,
+        "cpu",
+        None,
+        None,
+        microbatches=cfg.decode_microbatches,
+        copy_priority=cfg.decode_copy_priority,
+    )
+    assert isinstance(backend, HiSparseBackend)
+    assert backend.copy_grid == dataclasses.replace(OVERLAP_COPY_GRID, priority=-1)
