@@ -15,7 +15,7 @@
 #   SWEEP_S=150  SWEEP_ARGS="--batches 8,64,128"
 #   PROF_S=60 (each)  PROFILES="bf16:128:1 bf16:128:2" (row format:batch:micro-batches[:args,
 #   comma-separated, e.g. fp8:222:2:--copy-chunk=16384, fp8:222:2:--copy-priority=-1 or
-#   fp8:222:2:--decode-part-tail,--skip-copy])
+#   fp8:222:2:--decode-part-tail,--skip-copy; the mix pass's launch: fp8:222:2:--attn-mix=128:8:3])
 #   PROFILE_ARGS="--context 32768 --warmup 6 --steps 3"  NCU_S=90  E2E_S=480  E2E_ARGS="..."
 #   COPYSWEEP="fp8:222:trace bf16:174:trace fp8:222:indexer" (row format:N:top-k source[:grids,
 #   bench/profile/copy_sweep.py's --grids]) COPYSWEEP_S=135 (each) COPYSWEEP_ARGS="--context 32768"

@@ -31,6 +31,7 @@ from bench.profile.parts import (
     print_families,
 )
 from bench.profile.step import Stepper, build, misses_so_far, step_seconds, sync
+from bench.shared.attention_args import add_attention_args
 from bench.shared.copy_args import add_copy_args
 from bench.shared.kernel_names import CATEGORIES, OTHER, category, kernel_kind
 
@@ -60,6 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     _add_part_args(ap)
     add_copy_args(ap)
+    add_attention_args(ap)
     ap.add_argument("--no-ceilings", action="store_true", help="skip the pinned-copy measurement")
     ap.add_argument(
         "--no-families",

@@ -12,6 +12,7 @@ import torch
 from torch.profiler import record_function
 
 from bench.profile.parts import KERNEL_RANGE
+from bench.shared.attention_args import attention_kernels
 from bench.shared.copy_args import copy_grid, copy_kernels
 from contract.layout import MODE_OFFLOADED, KVLayout
 from engine_client.kv.baseline import BaselineBackend
@@ -46,7 +47,7 @@ def build(args: argparse.Namespace, device: torch.device, positions: int = 0):
     use_triton = args.kernels == "triton" or (args.kernels == "auto" and device.type == "cuda")
     kernels = KernelSet.triton() if use_triton else KernelSet.reference()
     graphed = device.type == "cuda" and kernels.capturable
-    kernels = copy_kernels(kernels, args)
+    kernels = attention_kernels(copy_kernels(kernels, args), args)
     if not graphed:
         kernels = named_kernels(kernels)
     lay = _layout(args, cfg, positions)
