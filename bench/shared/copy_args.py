@@ -45,6 +45,13 @@ def add_copy_args(ap: argparse.ArgumentParser) -> None:
         "[0: the kernel's default]",
     )
     ap.add_argument(
+        "--copy-warps",
+        type=int,
+        default=0,
+        help="warps per CTA of the miss copy (2 with --copy-chunk 4096 keeps 4 vectors a thread "
+        "and fits beside more kernels: bench/kernels/coresidency.py) [0: the kernel's 4]",
+    )
+    ap.add_argument(
         "--skip-copy",
         action="store_true",
         help="timing only, wrong outputs: no miss copy, to measure what the copy adds to the step",
@@ -64,10 +71,12 @@ def copy_grid(args: argparse.Namespace) -> CopyGrid:
 
 
 def copy_kernels(kernels: KernelSet, args: argparse.Namespace) -> KernelSet:
-    """The kernel set with the miss copy the flags ask for: none (--skip-copy) or its chunk."""
+    """The kernel set with the miss copy the flags ask for: none (--skip-copy), or its chunk
+    and warps."""
     if args.skip_copy:
         return dataclasses.replace(kernels, miss_copy=lambda *a, **kw: None)
-    if args.copy_chunk:
-        copy = functools.partial(kernels.miss_copy, chunk_bytes=args.copy_chunk)
-        return dataclasses.replace(kernels, miss_copy=copy)
+    knobs = {"chunk_bytes": args.copy_chunk, "num_warps": args.copy_warps}
+    knobs = {k: v for k, v in knobs.items() if v}
+    if knobs:
+        return dataclasses.replace(kernels, miss_copy=functools.partial(kernels.miss_copy, **knobs))
     return kernels
