@@ -64,6 +64,21 @@ profiles() {
       --mode embedded --row-format "$fmt" --batch "$bs" --microbatches "$mb" ${extra//,/ } \
       ${PROFILE_ARGS:---context 32768 --warmup 6 --steps 3} --out "$RUN/$name.json"
   done
+  copy_costs | tee "$RUN/copy-costs.txt"
+}
+copy_costs() {  # each profile's copy cost (bench/profile/copy_cost.py) against its own --skip-copy
+  # twin (the same flags and --skip-copy), else the plain --skip-copy profile of its format, batch
+  # and parts
+  local j base twin plain
+  for j in "$RUN"/profile-*.json; do
+    base=$(basename "$j" .json)
+    case "$base" in *skip-copy*) continue ;; esac
+    plain="$RUN/$(echo "$base" | grep -Eo '^profile-[a-z0-9]+-[0-9]+-mb[0-9]+')--skip-copy.json"
+    twin="$RUN/$base---skip-copy.json"
+    [ -f "$twin" ] || twin=$plain
+    [ -f "$twin" ] && echo "$base vs $(basename "$twin" .json): $(python3 -m \
+      bench.profile.copy_cost "$j" "$twin")"
+  done
 }
 ncus() {  # Nsight Compute on the miss copy alone (bench/kernels/ncu_copy.py): both row formats, the
   # side stream's grid, 64 CTAs all working, the default grid; the second round of its launches
