@@ -31,7 +31,7 @@ from bench.profile.parts import (
     print_families,
 )
 from bench.profile.step import Stepper, build, misses_so_far, step_seconds, sync
-from bench.shared.attention_args import add_attention_args
+from bench.shared.attention_args import add_attention_args, mix_override
 from bench.shared.copy_args import add_copy_args
 from bench.shared.kernel_names import CATEGORIES, OTHER, category, kernel_kind
 
@@ -69,7 +69,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="skip the eager pass that charges each kernel to the model part that launched it",
     )
     ap.add_argument("--out", default="", help="JSON path [none]")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.attn_mix:
+        try:
+            mix_override(args.attn_mix)
+        except ValueError as e:
+            ap.error(str(e))
+    return args
 
 
 def _add_part_args(ap: argparse.ArgumentParser) -> None:

@@ -37,6 +37,11 @@ def add_copy_args(ap: argparse.ArgumentParser) -> None:
         help="the side stream's CUDA priority (-1: the copy's CTAs are scheduled before the "
         "main stream's waiting ones) [0: the default, as the main stream]",
     )
+    _add_kernel_args(ap)
+
+
+def _add_kernel_args(ap: argparse.ArgumentParser) -> None:
+    """The copy kernel's own knobs, apart from its grid."""
     ap.add_argument(
         "--copy-chunk",
         type=int,
