@@ -161,8 +161,14 @@ def test_engine_killed_then_resumed_gives_identical_tokens() -> None:
                     len(first.tokens) == 10 and f"resumed request {first.request_id}" in eng2.log()
                 )
                 assert first.tokens + rest.tokens == reference.tokens
+                # The last token reaches the client before the engine's release reaches the
+                # service (releases wait for the device): Drain waits, with a deadline, until no
+                # request is admitted (CI once read the stats in between).
+                drained = kpb_grpc.KVCacheServiceStub(svc.channel).Drain(
+                    kpb.DrainRequest(timeout_seconds=10), timeout=15
+                )
                 stats = service_stats(svc)
-                assert holds_only_cache(stats), stats
+                assert drained.drained and holds_only_cache(stats), stats
             finally:
                 assert eng2.stop() == 0, eng2.log()
         finally:
