@@ -64,17 +64,24 @@ class Orphans:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while self.pending:
-            if await self._until_serving(min(self.pending.values()) - loop.time()):
-                ids = list(self.pending)
-                done = await asyncio.gather(*(self._attach_and_cancel(i) for i in ids))
-                for request_id in (i for i, ok in zip(ids, done) if ok):
-                    del self.pending[request_id]
+            try:
+                await self._attempt(loop)
+            except Exception:  # no one awaits this task: a raise would end it, silently
+                log.exception("cancelling requests cut by an engine stop; trying again")
             for request_id, deadline in list(self.pending.items()):
                 if deadline <= loop.time():
                     log.warning("request %s, cut by an engine stop: not cancelled", request_id)
                     del self.pending[request_id]
             if self.pending:
                 await asyncio.sleep(RETRY)
+
+    async def _attempt(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Once the engine serves, attach to every pending request and cancel it."""
+        if await self._until_serving(min(self.pending.values()) - loop.time()):
+            ids = list(self.pending)
+            done = await asyncio.gather(*(self._attach_and_cancel(i) for i in ids))
+            for request_id in (i for i, ok in zip(ids, done) if ok):
+                del self.pending[request_id]
 
     async def _until_serving(self, timeout: float) -> bool:
         """True once the engine says SERVING; False if the watch ends first (the engine went
