@@ -74,18 +74,22 @@ def attention(part_batch: int, fp8: bool) -> list[Footprint]:
     """The two-pass decode's kernels at the launch configuration the table picks for the batch."""
     from kernels.attention import two_pass
     from kernels.attention.configs import TILE_ROWS, launch_config
-    from kernels.formats import ROW_FORMATS
+    from kernels.formats import LATENT_DIM, ROPE_DIM, ROW_FORMATS
 
     fmt = ROW_FORMATS["fp8" if fp8 else "bf16"]
     cfg, bt, k = launch_config(fmt, part_batch), TILE_ROWS[fmt.kernel], 2048
     kv = "*u8" if fp8 else "*bf16"
     ptrs = {"row_base_ptr": "*i64", "slots_ptr": "*i32", "kv_ptr": kv, "p_ptr": "*bf16"}
     ptrs |= {"pm_ptr": "*fp32", "pl_ptr": "*i64"}
-    common = {"BLOCK_H": cfg.score_heads, "BLOCK_T": bt, "UPCAST": False, "ROW_FP8": fp8}
+    common = {"BLOCK_T": bt, "UPCAST": False, "ROW_FP8": fp8}
+    # As kernels/attention/sparse.py launches them for 128 heads: the score pass takes the
+    # table's heads per program, the mix pass all 128.
     score = _compiled(
         two_pass._score_kernel,
         ptrs | {"q_nope_ptr": "*bf16", "q_pe_ptr": "*bf16", "qk_scale": "fp32"},
-        common | {"D_V": 512, "D_PE": 64, "STAGE": max(bt, min(512, cfg.chunk))},
+        common
+        | {"BLOCK_H": cfg.score_heads, "D_V": LATENT_DIM, "D_PE": ROPE_DIM}
+        | {"STAGE": max(bt, min(512, cfg.chunk))},
         f"attention score ({cfg.score_warps} warps, {cfg.score_stages} stages)",
         cfg.score_warps,
         cfg.score_stages,
@@ -93,7 +97,7 @@ def attention(part_batch: int, fp8: bool) -> list[Footprint]:
     mix = _compiled(
         two_pass._mix_kernel,
         ptrs | {"out_ptr": "*bf16", "lse_ptr": "*fp32"},
-        common | {"BLOCK_D": cfg.mix_cols, "NT_POW2": k // bt, "STAGE": 512},
+        common | {"BLOCK_H": 128, "BLOCK_D": cfg.mix_cols, "NT_POW2": k // bt, "STAGE": 512},
         f"attention mix ({cfg.mix_cols} columns, {cfg.mix_warps} warps, {cfg.mix_stages} stages)",
         cfg.mix_warps,
         cfg.mix_stages,

@@ -19,13 +19,16 @@ import json
 from pathlib import Path
 
 
+def _copy_us(profile: dict) -> float:
+    """The miss copy's kernel time per step in a profile (none with --skip-copy)."""
+    return profile["categories"].get("miss copy", {}).get("us_per_step", 0.0)
+
+
 def copy_cost(with_copy: dict, skip: dict) -> dict[str, float]:
     """The split in milliseconds, from the two profiles' JSON."""
-    copy_us = with_copy["categories"].get("miss copy", {}).get("us_per_step", 0.0)
+    copy_us = _copy_us(with_copy)
     main_with = with_copy["busy_us_per_step"] - copy_us
-    main_skip = skip["busy_us_per_step"] - skip["categories"].get("miss copy", {}).get(
-        "us_per_step", 0.0
-    )
+    main_skip = skip["busy_us_per_step"] - _copy_us(skip)
     idle_with = with_copy["step_us"] - main_with
     idle_skip = skip["step_us"] - main_skip
     ms = lambda us: us / 1e3  # noqa: E731
