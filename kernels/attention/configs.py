@@ -51,17 +51,27 @@ TILE_ROWS: dict[RowKernel, int] = {RowKernel.BF16: 64, RowKernel.FP8: 64}
 # (row kernel variant, largest batch of the bucket) -> config, buckets ascending. Each bucket
 # holds the fastest (score, mix) pair that bench/attention_sweep.py measured at bs 8, 64 and 128
 # (run D, H200); the bs <= 4 entry is extrapolated from bs 8 (a shorter chunk keeps programs busy).
+# Every measured winner launches ~128 score programs at k 2048 (ceil(k / chunk) x bs: one wave on
+# 132 SMs), and the score time is linear in bs at a full wave (~1.8 us a request at bs 8, 64 and
+# 128). The bs 17-32 entry follows that rule instead of bs 64's: a micro-batch part at N 61 holds
+# 30 requests, and with chunk 1024 and 256 mix columns both passes launched 60 programs, half a
+# wave (run T, H100: two parts of 30 took 1.54 ms of attention a step against 0.85 ms for one of
+# 61). Chunk 512 gives 120 score programs; mix 128 columns on 4 warps, 120 mix programs (run D at
+# bs 64: a 128/4 mix program takes about half a 256/8 one's time). Not yet timed at bs 30.
 _SMALL = LaunchConfig(chunk=128, mix_cols=64, mix_warps=4, mix_stages=4)
+_PART = LaunchConfig(chunk=512, mix_cols=128, mix_warps=4, mix_stages=3)
 TABLE: dict[RowKernel, list[tuple[int, LaunchConfig]]] = {
     RowKernel.BF16: [
         (4, LaunchConfig(chunk=64, mix_cols=64, mix_warps=4, mix_stages=4)),
         (16, _SMALL),
+        (32, _PART),
         (64, LaunchConfig(chunk=1024)),
         (1 << 30, LaunchConfig(chunk=2048)),
     ],
     RowKernel.FP8: [
         (4, LaunchConfig(chunk=64, mix_cols=64, mix_warps=4, mix_stages=4)),
         (16, _SMALL),
+        (32, _PART),
         (64, LaunchConfig(chunk=1024)),
         (1 << 30, LaunchConfig(chunk=2048)),
     ],

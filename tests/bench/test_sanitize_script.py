@@ -18,7 +18,8 @@ echo "========= ERROR SUMMARY: 0 errors"
 """
 
 
-def _churn_command(tmp_path: Path, **env: str) -> str:
+def _run(tmp_path: Path, **env: str) -> Path:
+    """bench/sanitize.sh with the stand-in sanitizer and memcheck only; its output folder."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     fake = bin_dir / "compute-sanitizer"
@@ -37,6 +38,11 @@ def _churn_command(tmp_path: Path, **env: str) -> str:
     subprocess.run(
         ["bash", "bench/sanitize.sh"], cwd=ROOT, env=run_env, capture_output=True, timeout=120
     )
+    return out
+
+
+def _churn_command(tmp_path: Path, **env: str) -> str:
+    out = _run(tmp_path, SANITIZE_WARM="0", **env)
     lines = (out / "sanitize_memcheck.churn.log").read_text().splitlines()
     return next(line for line in lines if line.startswith("RAN "))
 
@@ -53,3 +59,19 @@ def test_the_churn_part_runs_the_named_tests(tmp_path: Path, tests: str | None) 
         tests or "tests/integration/test_engine_stress.py"
     )
     assert command[-2:] == ["-k", "gpu"] and "-m" in command
+
+
+def test_a_warm_up_runs_the_kernel_pass_without_the_sanitizer_first(tmp_path: Path) -> None:
+    # Bounded to 1 s here (the kernel pass itself takes ~24 s on CPU): what is checked is that it
+    # ran as plain python, not under the tool, and before the tool's first part.
+    out = _run(tmp_path, SANITIZE_WARM_S="1")
+    warm = out / "sanitize_warm.log"
+    assert warm.exists()
+    assert "RAN " not in warm.read_text()
+    assert warm.stat().st_mtime <= (out / "sanitize_memcheck.kernels.log").stat().st_mtime
+
+
+def test_the_warm_up_can_be_skipped(tmp_path: Path) -> None:
+    out = _run(tmp_path, SANITIZE_WARM="0")
+    assert not (out / "sanitize_warm.log").exists()
+    assert (out / "sanitize_memcheck.kernels.log").exists()
