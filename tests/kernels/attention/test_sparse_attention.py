@@ -210,7 +210,7 @@ def test_two_pass_bits_do_not_depend_on_the_launch(device):
 def test_every_table_launch_gives_the_same_bits(device):
     """Each configuration the launch table picks by batch (kernels/attention/configs.py) is one
     more launch of the same tiles: equal bits, whichever bucket a batch falls in."""
-    args = make_inputs(2, 20, 70, 90, device, seed=11)
+    args = make_inputs(1, 20, 70, 90, device, seed=11)
     table = {cfg for rows in TABLE.values() for _, cfg in rows}
     outs = [run_two_pass(args, 0.05, launch) for launch in [None, *sorted(table, key=repr)]]
     for out, lse in outs[1:]:
