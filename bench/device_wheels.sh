@@ -21,11 +21,18 @@
 # machine (it did, 2026-12-05). So bench/disagg/nixl_wheel.py drops NIXL's expert-parallel torch
 # extensions (27 MB, built for torch 2.12-2.14, never imported here) and their RECORD lines:
 # ~31 MB, and both travel in one call: carry [".whl", ".whl-nixl"]; gpu_session.sh installs both.
+#
+# `bash bench/device_wheels.sh flashmla` downloads SGLang's packaging of FlashMLA (sgl-flash-mla,
+# 9.9 MB, without its torch requirement) into .whl-flashmla/: the same-run anchor of the
+# attention case (bench/kernels/flashmla_anchor.py). Built for torch >= 2.14 through the stable
+# ABI: whether it loads under the device's 2.11 is what the case prints. Carry [".whl",
+# ".whl-flashmla"] (with .whl-nixl too: ~50 MB of 64 MiB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exclude=$(git rev-parse --git-path info/exclude)  # a worktree's .git is a file
 dir=.whl
 [ "${1:-}" = nixl ] && dir=.whl-nixl
+[ "${1:-}" = flashmla ] && dir=.whl-flashmla
 grep -qx "/$dir/" "$exclude" 2>/dev/null || echo "/$dir/" >> "$exclude"
 target=(--only-binary=:all: --python-version 3.12 --implementation cp
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any -d "$dir")
@@ -35,6 +42,11 @@ if [ "$dir" = .whl-nixl ]; then  # NIXL is built for manylinux_2_28 only
   python3 bench/disagg/nixl_wheel.py "$dir"/*.whl
   ls -l "$dir"
   du -sh "$dir"
+  exit 0
+fi
+if [ "$dir" = .whl-flashmla ]; then  # one abi3 wheel for every CPython >= 3.10
+  python3 -m pip download -q --no-deps "${target[@]}" sgl-flash-mla==1.0.0
+  ls -l "$dir"
   exit 0
 fi
 python3 -m pip download -q --no-deps "${target[@]}" \

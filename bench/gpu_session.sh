@@ -31,10 +31,11 @@ set -uo pipefail
 OUT=${OUT:-.gpuout}
 RUN="$OUT/run"
 mkdir -p "$RUN"
-# .whl (bench/device_wheels.sh) and .whl-nixl (device_wheels.sh nixl, slimmed to fit beside .whl:
-# carry [".whl", ".whl-nixl"]), whichever are there.
+# .whl (bench/device_wheels.sh), .whl-nixl (device_wheels.sh nixl, slimmed to fit beside .whl:
+# carry [".whl", ".whl-nixl"]) and .whl-flashmla (device_wheels.sh flashmla: the attention case's
+# FlashMLA anchor), whichever are there.
 shopt -s nullglob
-wheels=(.whl/*.whl .whl-nixl/*.whl)
+wheels=(.whl/*.whl .whl-nixl/*.whl .whl-flashmla/*.whl)
 shopt -u nullglob
 if [ ${#wheels[@]} -gt 0 ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \

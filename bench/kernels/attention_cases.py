@@ -12,6 +12,8 @@ from bench.kernels.kernel_cases import B, H, K, _distinct, sweep
 from bench.shared.timing import Row, cpu_call_us
 
 FLOP_PER_ROW = 2 * H * K * (576 + 512)
+# The same-run anchor (fp8 rows only): DeepSeek's FlashMLA on the same inputs, where it loads.
+FLASHMLA = "FlashMLA sparse decode (anchor)"
 # (label, workspace: "tiles", a split count, or None; fused kernel keywords). The first is the
 # engine's (the two-pass kernel with the table's launch for the batch).
 VARIANTS = [
@@ -51,6 +53,7 @@ def attention_sweep(bs: int, ceil: dict, reps: int, fmt: str = "bf16") -> list[R
     }
     lse = torch.empty((bs, H), device="cuda", dtype=torch.float32)
     fns = {}
+    anchor = _flashmla(fmt, call, outs)
     for label, ws, kw in VARIANTS:
         if ws == "tiles":
             w = TileWorkspace.allocate(bs, H, K, row_format=row_format, device="cuda")
@@ -59,6 +62,7 @@ def attention_sweep(bs: int, ceil: dict, reps: int, fmt: str = "bf16") -> list[R
         fns[label] = lambda o=outs[label], w=w, kw=kw: sparse_mla_decode(  # noqa: E731
             *call, o, lse, row_format=row_format, workspace=w, **kw
         )
+    fns.update(anchor)
     hbm = bs * K * kv.shape[1] * kv.element_size() / (ceil["d2d_gbs"] * 1e3)
     mm = bs * FLOP_PER_ROW / (ceil["mm_tflops"] * 1e6)
     first = outs[VARIANTS[0][0]]
@@ -73,6 +77,27 @@ def attention_sweep(bs: int, ceil: dict, reps: int, fmt: str = "bf16") -> list[R
         )
 
     return sweep("sparse_attn", f"bs{bs} H128 k2048 {fmt}", fns, reps, judge)
+
+
+def _flashmla(fmt: str, call: tuple, outs: dict) -> dict:
+    """FlashMLA's sparse decode on the same fp8 rows (bench/kernels/flashmla_anchor.py), as one
+    more variant; its output lands in outs[FLASHMLA] as [bs, H, 512] (a view of the graph's own
+    tensor: no copy is timed). Nothing where it cannot run (printed once per case)."""
+    from bench.kernels import flashmla_anchor
+
+    if fmt != "fp8":
+        return {}
+    why = flashmla_anchor.available()
+    if why is not None:
+        print(f"sparse_attn: no {FLASHMLA} anchor: {why}")
+        return {}
+    decode = flashmla_anchor.decode_call(*call)
+    decode()  # the scheduling metadata, made outside any capture
+
+    def run() -> None:
+        outs[FLASHMLA] = decode()[0].squeeze(1)
+
+    return {FLASHMLA: run}
 
 
 def attention_case(ceil: dict, reps: int) -> list[Row]:
