@@ -57,7 +57,9 @@ TILE_ROWS: dict[RowKernel, int] = {RowKernel.BF16: 64, RowKernel.FP8: 64}
 # 30 requests, and with chunk 1024 and 256 mix columns both passes launched 60 programs, half a
 # wave (run T, H100: two parts of 30 took 1.54 ms of attention a step against 0.85 ms for one of
 # 61). Chunk 512 gives 120 score programs; mix 128 columns on 4 warps, 120 mix programs (run D at
-# bs 64: a 128/4 mix program takes about half a 256/8 one's time). Not yet timed at bs 30.
+# bs 64: a 128/4 mix program takes about half a 256/8 one's time). Run T4 (H100): attention of
+# two parts at N 61 1.54 -> 1.06 ms a step, the step 8.07 ms against one part's 8.53; the launch
+# sweep at bs 30 is still to run (bench/NOTES-datapath.md).
 _SMALL = LaunchConfig(chunk=128, mix_cols=64, mix_warps=4, mix_stages=4)
 _PART = LaunchConfig(chunk=512, mix_cols=128, mix_warps=4, mix_stages=3)
 TABLE: dict[RowKernel, list[tuple[int, LaunchConfig]]] = {
