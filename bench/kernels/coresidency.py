@@ -20,7 +20,7 @@ from dataclasses import dataclass
 # CTA, 1 KB reserved by the driver per CTA), warp slots, CTA slots.
 REGS_PER_SM, SMEM_PER_SM, SMEM_RESERVED_PER_CTA = 65536, 233472, 1024
 WARPS_PER_SM, CTAS_PER_SM = 64, 32
-# Copy variants: (chunk bytes, warps); the default is CHUNK_BYTES and 4 warps.
+# Copy variants: (chunk bytes, warps); the default is CopyGrid's, 8 KiB and 4 warps.
 COPY_VARIANTS = ((8192, 4), (4096, 2), (16384, 8))
 
 

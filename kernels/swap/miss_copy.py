@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Union
+from typing import Any, Union
 
 import torch
 
@@ -37,10 +37,6 @@ import triton.language as tl
 from kernels.swap.copy_grid import CopyGrid
 from kernels.uva import UVATensor
 
-# Bytes each working CTA keeps in flight per iteration: a power-of-two tile of 16-byte vectors
-# over consecutive rows, 4 per thread of 4 warps (sm_90: 40 registers). The copy is latency bound
-# per CTA (a PCIe read per iteration), so this and the working CTAs set its rate.
-CHUNK_BYTES = 8192
 # Programs per SM of the default persistent grid (the in-stream copy, alone on the GPU).
 PROGRAMS_PER_SM = 8
 # Requests scanned per vector step of the counts.
@@ -170,7 +166,7 @@ def _sm_count(index: int) -> int:
 
 def default_programs(device: torch.device, chunks: int = 1 << 30) -> int:
     """Size of the default persistent grid: PROGRAMS_PER_SM per SM on GPU, never more programs
-    than `chunks` (of CHUNK_BYTES: what the largest possible work list holds)."""
+    than `chunks` (of the launch's chunk_bytes: what the largest possible work list holds)."""
     if device.type == "cuda":
         n = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
         n *= PROGRAMS_PER_SM
@@ -208,6 +204,20 @@ def _vector_words(words: int) -> int:
     return next(v for v in (4, 2, 1) if words % v == 0)
 
 
+def _overridden(
+    grid: CopyGrid,
+    programs: int | None,
+    chunk_bytes: int | None,
+    warps: int | None,
+    prefetch: bool | None,
+) -> CopyGrid:
+    """grid with the explicitly given knobs in place of its own (validated as any grid)."""
+    knobs = dict(programs=programs, chunk_bytes=chunk_bytes, warps=warps, prefetch=prefetch)
+    given: dict[str, Any] = {k: v for k, v in knobs.items() if v is not None}
+    # No copy per launch when nothing overrides: the engine's launches pass only the grid.
+    return dataclasses.replace(grid, **given) if given else grid
+
+
 def miss_copy(
     host_rows: Union[torch.Tensor, UVATensor],
     hot_rows: torch.Tensor,
@@ -215,11 +225,11 @@ def miss_copy(
     miss_dst: torch.Tensor,
     miss_count: torch.Tensor,
     *,
-    chunk_bytes: int = CHUNK_BYTES,
-    num_warps: int = 4,
+    chunk_bytes: int | None = None,
+    num_warps: int | None = None,
     programs: int | None = None,
     grid: CopyGrid = ALL_PROGRAMS,
-    prefetch: bool = False,
+    prefetch: bool | None = None,
 ) -> None:
     """Copy host row miss_src[b, j] to hot row miss_dst[b, j] for j < miss_count[b].
 
@@ -227,24 +237,20 @@ def miss_copy(
     hot_rows: hot_kv [L, R, B, D] uint8; both are addressed as flat [rows, D].
     miss_src, miss_dst [bs, k] int64 flat row numbers; miss_count [bs] int32 (clamped to [0, k]).
     D must be a multiple of 4. Rows out of range are skipped. Launch-only: graph capturable.
-    grid: the CTAs launched and the rule that picks the working ones on the device (CopyGrid;
-    default: PROGRAMS_PER_SM per SM, all working); programs=n launches n CTAs under grid's rule.
-    The bytes written are the same for every grid and chunk. Tuning knobs for the benchmark:
-    chunk_bytes (a power of 2: bytes per working CTA per iteration, 16-byte rows), num_warps,
-    prefetch (load the next chunk's row numbers during this chunk's reads: more registers, 63
-    instead of 40 at 8 KiB on sm_90, for one fewer serial load per iteration).
+    grid: the whole launch (CopyGrid): the CTAs launched, the rule that picks the working ones
+    on the device (default: PROGRAMS_PER_SM per SM, all working), and each working CTA's
+    iteration (chunk_bytes, warps, prefetch). The keywords programs, chunk_bytes, num_warps and
+    prefetch override the grid's (None: the grid's), for benchmarks that vary one knob.
+    The bytes written are the same for every launch.
     """
     _check(host_rows, hot_rows, miss_src, miss_dst, miss_count)
-    if chunk_bytes < 16 or chunk_bytes & (chunk_bytes - 1):
-        raise ValueError(f"chunk_bytes must be a power of 2 >= 16, got {chunk_bytes}")
-    if programs is not None:
-        grid = dataclasses.replace(grid, programs=programs)
+    grid = _overridden(grid, programs, chunk_bytes, num_warps, prefetch)
     bs, k = miss_src.shape
     if bs == 0 or k == 0:
         return
     D = host_rows.shape[-1]
     vw = _vector_words(D // 4)
-    chunks = triton.cdiv(bs * k * D, chunk_bytes)
+    chunks = triton.cdiv(bs * k * D, grid.chunk_bytes)
     # The kernel reads the uint8 tiers as int32 words: passing them as they are spares building
     # views (for a UVATensor, a pinned-memory query) on every launch.
     _miss_copy_kernel[(grid.programs or default_programs(hot_rows.device, chunks),)](
@@ -261,8 +267,8 @@ def miss_copy(
         grid.min_programs,
         VW=vw,
         VPR=D // 4 // vw,
-        VECTORS=chunk_bytes // 16,
+        VECTORS=grid.chunk_bytes // 16,
         BS_BLOCK=min(BATCH_BLOCK, triton.next_power_of_2(bs)),
-        PREFETCH=prefetch,
-        num_warps=num_warps,
+        PREFETCH=grid.prefetch,
+        num_warps=grid.warps,
     )

@@ -42,3 +42,17 @@ def test_labels():
     assert CopyGrid(7, 100).label() == "<=7 >=1 100B"
     assert CopyGrid(64, 1 << 20, 16, priority=-1).label() == "<=64 >=16 1M prio -1"
     assert CopyGrid(24, priority=-2).label() == "fixed 24 prio -2"
+
+
+@pytest.mark.parametrize(
+    "kw", [dict(chunk_bytes=3072), dict(chunk_bytes=8), dict(warps=3), dict(warps=64)]
+)
+def test_rejects_bad_iterations(kw):
+    with pytest.raises(ValueError):
+        CopyGrid(**kw)
+
+
+def test_labels_name_the_iteration_only_off_its_default():
+    assert CopyGrid(8, chunk_bytes=64 << 10, warps=32).label() == "fixed 8 @64Kx32"
+    assert CopyGrid(64, 2 << 20, 8, prefetch=True).label() == "<=64 >=8 2M @8Kp"
+    assert CopyGrid(24, warps=8, priority=-1).label() == "fixed 24 @8Kx8 prio -1"

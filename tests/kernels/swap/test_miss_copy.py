@@ -11,6 +11,7 @@ import torch
 from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
 from kernels.reference import ref_miss_copy
 from kernels.store.append import kv_append
+from kernels.swap import miss_copy as miss_copy_module
 from kernels.swap.copy_grid import CopyGrid
 from kernels.swap.miss_copy import miss_copy
 from kernels.swap.plan import swap_plan
@@ -129,6 +130,25 @@ GRIDS = [
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "grid",
+    [
+        CopyGrid(programs=3, chunk_bytes=256, warps=1),
+        CopyGrid(5, 2 * 656, 2, chunk_bytes=1024, warps=8, prefetch=True),
+        CopyGrid(programs=4, chunk_bytes=64 << 10, warps=32),
+        CopyGrid(chunk_bytes=16, warps=2, prefetch=True),  # the default launch, one vector
+    ],
+    ids=lambda g: g.label(),
+)
+def test_the_grids_iteration_writes_the_same_bytes(device, grid):
+    """The grid carries the whole launch: its chunk, warps and prefetch move the reference's
+    bytes as the keywords did, and a keyword still overrides the grid's."""
+    bs, k, counts = 7, 9, [1, 0, 9, -3, 5, 2**31 - 1, 4]
+    _check_copy(device, 656, bs, k, counts, seed=3, grid=grid)
+    _check_copy(device, 656, bs, k, counts, seed=4, grid=grid, chunk_bytes=64, prefetch=False)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("grid", GRIDS, ids=lambda g: g.label())
 @pytest.mark.parametrize("pattern", ["none", "full", "ragged"])
 def test_every_grid_writes_the_same_bytes(device, grid, pattern):
@@ -148,6 +168,26 @@ def test_every_grid_writes_the_same_bytes(device, grid, pattern):
     for chunk, prefetch in chunks:
         kw = dict(grid=grid, chunk_bytes=chunk, prefetch=prefetch)
         _check_copy(device, 656, bs, k, counts, seed=bs + chunk, **kw)
+
+
+def test_the_launch_takes_the_grids_iteration(monkeypatch):
+    """What reaches the kernel: the grid's chunk, warps and prefetch, each overridden only by
+    an explicit keyword."""
+    launches = []
+
+    class Spy:
+        def __getitem__(self, grid):
+            return lambda *a, **kw: launches.append((grid, kw))
+
+    monkeypatch.setattr(miss_copy_module, "_miss_copy_kernel", Spy())
+    rows = torch.zeros((8, 656), dtype=torch.uint8)
+    lists, count = torch.zeros((2, 3), dtype=torch.int64), torch.ones(2, dtype=torch.int32)
+    grid = CopyGrid(5, 1 << 20, 2, chunk_bytes=64 << 10, warps=32, prefetch=True)
+    miss_copy(rows, rows, lists, lists, count, grid=grid)
+    miss_copy(rows, rows, lists, lists, count, grid=grid, chunk_bytes=256, num_warps=2)
+    miss_copy(rows, rows, lists, lists, count, grid=grid, prefetch=False, programs=3)
+    seen = [(g, kw["VECTORS"] * 16, kw["num_warps"], kw["PREFETCH"]) for g, kw in launches]
+    assert seen == [((5,), 65536, 32, True), ((5,), 256, 2, True), ((3,), 65536, 32, False)]
 
 
 @pytest.mark.gpu
@@ -185,6 +225,8 @@ def test_rejects_bad_arguments():
         miss_copy(host, hot, src, src, count, programs=0)
     with pytest.raises(ValueError):
         miss_copy(host, hot, src, src, count, chunk_bytes=24)
+    with pytest.raises(ValueError):
+        miss_copy(host, hot, src, src, count, num_warps=3)
 
 
 class Truth:
