@@ -9,8 +9,9 @@ the copy the fewest SMs that keep it in time, at each row format and locality.
 Builds the step once (bench.profile.breakdown's build: preset bench, embedded, 2 micro-batches,
 32K synthetic contexts by default), then for each grid re-captures the step's graph and times it:
 the copy's grid is fixed at capture, the rule inside it decides on the device. Grids (--grids,
-comma-separated): `none` (no copy: timing only, wrong outputs), `P` (P CTAs, all working),
-`P/MIN/BYTES` (CopyGrid: P launched, ceil(miss bytes / BYTES) working, at least MIN; BYTES
+comma-separated): `none` (no copy: timing only, wrong outputs), or a CopyGrid spec
+(`CopyGrid.parse`, the engine's --decode-copy-grid): `default` (the backend's grid), `P` (P CTAs,
+all working), `P/MIN/BYTES` (P launched, ceil(miss bytes / BYTES) working, at least MIN; BYTES
 takes K/M suffixes), each optionally `@CHUNK` (the copy's bytes per CTA per iteration), then
 `xW` (W warps per CTA: 16K x8 keeps the 4 vectors per thread of 8K x4) and `p` (the copy's
 row-number prefetch), e.g. `24@8Kp`, `64/8/2M@16Kx8p`.
@@ -32,6 +33,7 @@ import torch
 
 from bench.profile.breakdown import parse_args
 from bench.profile.step import Stepper, build, misses_so_far, step_seconds
+from engine_client.kv.hisparse import OVERLAP_COPY_GRID
 from kernels.swap.copy_grid import CopyGrid
 
 # The grids of the `copysweep` stage, besides the backend's own (OVERLAP_COPY_GRID).
@@ -43,56 +45,46 @@ DEFAULT_GRIDS = (
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
-    """One grid of the sweep: the CopyGrid (None: no copy), the copy's chunk, warps (0: the
-    kernel's defaults) and row-number prefetch."""
+    """One grid of the sweep: its spec and the whole launch it names (None: no copy)."""
 
     spec: str
     grid: CopyGrid | None
-    chunk: int = 0
-    warps: int = 0
-    prefetch: bool = False
 
+    # The table's and JSON's columns: the launch's iteration (0 and False without a copy).
+    @property
+    def chunk(self) -> int:
+        return self.grid.chunk_bytes if self.grid else 0
 
-def _bytes(text: str) -> int:
-    scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:].upper(), 1)
-    return int(float(text.rstrip("KMkm")) * scale)
+    @property
+    def warps(self) -> int:
+        return self.grid.warps if self.grid else 0
+
+    @property
+    def prefetch(self) -> bool:
+        return self.grid.prefetch if self.grid else False
 
 
 def setting(spec: str) -> Setting:
-    """`none`, `P`, `P/MIN/BYTES`, `default` (the backend's grid), each with an optional
-    `@CHUNK[xWARPS][p]`."""
-    from engine_client.kv.hisparse import OVERLAP_COPY_GRID
-
-    body, _, tail = spec.partition("@")
-    prefetch = tail.endswith("p")
-    chunk, _, warps = tail.rstrip("p").partition("x")
-    if body == "none":
+    """`none` (no copy), or a CopyGrid spec (kernels.swap.copy_grid.SPEC_GRAMMAR) whose
+    `default` is the backend's grid."""
+    if spec == "none":
         return Setting(spec, None)
-    if body == "default":
-        grid = OVERLAP_COPY_GRID
-    elif "/" in body:
-        p, low, per = body.split("/")
-        grid = CopyGrid(programs=int(p), bytes_per_program=_bytes(per), min_programs=int(low))
-    else:
-        grid = CopyGrid(programs=int(body))
-    return Setting(spec, grid, _bytes(chunk) if chunk else 0, int(warps or 0), prefetch)
+    return Setting(spec, CopyGrid.parse(spec, default=OVERLAP_COPY_GRID))
 
 
 class CopySwitch:
-    """The kernel set's miss copy, switched per setting before its graph is captured."""
+    """The kernel set's miss copy, switched on or off per setting before its graph is captured
+    (the launch itself is the backend's copy_grid)."""
 
     def __init__(self, copy) -> None:
-        self.copy, self.on, self.knobs = copy, True, {}
+        self.copy, self.on = copy, True
 
     def set(self, s: Setting) -> None:
         self.on = s.grid is not None
-        # Only what the setting asks: the CPU references take no knobs.
-        knobs = (("chunk_bytes", s.chunk), ("num_warps", s.warps), ("prefetch", s.prefetch))
-        self.knobs = {k: v for k, v in knobs if v}
 
     def __call__(self, *a, **kw) -> None:
         if self.on:
-            self.copy(*a, **kw, **self.knobs)
+            self.copy(*a, **kw)
 
 
 def parse(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Namespace]:
@@ -154,16 +146,17 @@ def summarize(rows: list[dict], settings: list[Setting], per_launch: int, row_by
 
 def print_table(title: str, summary: list[dict]) -> None:
     print(f"\n{title}")
-    print(f"{'grid':<18} {'chunk':>8} {'step ms':>8} {'spread':>7} {'copy ms':>8} {'~CTAs':>6}")
+    print(f"{'grid':<24} {'chunk':>8} {'step ms':>8} {'spread':>7} {'copy ms':>8} {'~CTAs':>6}")
     for o in summary:
         cost = "-" if o["copy_cost_ms"] is None else f"{o['copy_cost_ms']:.2f}"
+        n = o["chunk"]
         chunk = (
-            (f"{o['chunk'] >> 10}K" if o["chunk"] else "-")
+            ("-" if not n else f"{n >> 10}K" if n >= 1024 else str(n))
             + (f"x{o['warps']}" if o["warps"] else "")
             + ("p" if o["prefetch"] else "")
         )
         print(
-            f"{o['grid']:<18} {chunk:>8} {o['step_ms']:>8.2f} {o['spread_ms']:>7.2f} "
+            f"{o['grid']:<24} {chunk:>8} {o['step_ms']:>8.2f} {o['spread_ms']:>7.2f} "
             f"{cost:>8} {o['working_ctas'] or '-':>6}"
         )
 

@@ -8,12 +8,25 @@ others exit at once. Beside compute (the micro-batched step's side stream) every
 slows the memory-bound kernels of the SM it shares, so the copy should hold no more CTAs than
 keep it in time: issue 38 measured the fp8 step 14.07 ms at 24 CTAs, 16.21 at 64 and 20.87 at 8
 (12.28 without the copy) at 14% misses, while at 87% misses 64 beat 24. A rule that follows the
-bytes serves both. `bench/profile/copy_sweep.py` measures the step over its parameters.
+bytes serves both. `bench/profile/copy_sweep.py` measures the step over its parameters, named by
+the spec `CopyGrid.parse` reads (SPEC_GRAMMAR); the engine takes one (--decode-copy-grid).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from dataclasses import dataclass
+
+SPEC_GRAMMAR = (
+    "default | P | P/MIN/BYTES, then optionally @CHUNK[xWARPS][p] "
+    "(BYTES and CHUNK take K/M suffixes; e.g. 24, 64/8/1.5M, 8@64Kx32, 64/8/2M@16Kx8p)"
+)
+_NUM = r"\d+(?:\.\d+)?[KkMm]?"
+_SPEC = re.compile(
+    rf"(?P<body>default|\d+|\d+/\d+/{_NUM})"
+    rf"(?:@(?P<chunk>{_NUM})(?:x(?P<warps>\d+))?(?P<prefetch>p)?)?"
+)
 
 
 @dataclass(frozen=True)
@@ -53,13 +66,43 @@ class CopyGrid:
         if not (1 <= self.warps <= 32 and _power_of_two(self.warps)):
             raise ValueError(f"warps must be a power of 2 in 1..32, got {self.warps}")
 
+    @classmethod
+    def parse(cls, spec: str, default: CopyGrid | None = None) -> CopyGrid:
+        """The grid a spec names (SPEC_GRAMMAR): `default` is `default` (the caller's grid:
+        the engine's lives above the kernels), `P` is P CTAs all working, `P/MIN/BYTES` the rule;
+        the tail sets chunk_bytes, warps and prefetch (unset: the body's). priority is the
+        stream's, not the launch's: the body's (0 for P and P/MIN/BYTES)."""
+        m = _SPEC.fullmatch(spec)
+        if m is None:
+            raise ValueError(f"bad copy grid spec {spec!r}: expected {SPEC_GRAMMAR}")
+        try:
+            grid = _body(m["body"], default)
+            if m["chunk"] is None:
+                return grid
+            return dataclasses.replace(
+                grid,
+                chunk_bytes=_bytes(m["chunk"]),
+                warps=int(m["warps"]) if m["warps"] else grid.warps,
+                prefetch=bool(m["prefetch"]) or grid.prefetch,
+            )
+        except ValueError as e:
+            raise ValueError(f"bad copy grid spec {spec!r}: {e}; expected {SPEC_GRAMMAR}") from None
+
+    def spec(self) -> str:
+        """The spec `parse` reads back as this grid (priority aside: it is the stream's)."""
+        if self.programs is None:
+            raise ValueError("the kernel's default launch (programs None) has no spec")
+        body = str(self.programs)
+        if self.bytes_per_program or self.min_programs != 1:
+            body += f"/{self.min_programs}/{_size(self.bytes_per_program)}"
+        return body + self._tail()
+
     def _tail(self) -> str:
         """`@CHUNK[xWARPS][p]`, or nothing when the iteration is the default one."""
         if (self.chunk_bytes, self.warps, self.prefetch) == (8192, 4, False):
             return ""
         warps = f"x{self.warps}" if self.warps != 4 else ""
-        chunk = f"{self.chunk_bytes >> 10}K" if self.chunk_bytes >= 1024 else self.chunk_bytes
-        return f"@{chunk}{warps}{'p' if self.prefetch else ''}"
+        return f"@{_size(self.chunk_bytes)}{warps}{'p' if self.prefetch else ''}"
 
     def rows_per_program(self, row_bytes: int) -> int:
         """Miss rows per working CTA for rows of row_bytes (0: every launched CTA works)."""
@@ -85,6 +128,42 @@ class CopyGrid:
         n = self.bytes_per_program
         size = f"{n / 2**20:g}M" if n >= 2**20 else f"{n / 1024:g}K" if n >= 1024 else f"{n}B"
         return f"<={top} >={self.min_programs} {size}{tail}{prio}"
+
+
+def check_spec(spec: str) -> str:
+    """The spec unchanged if `CopyGrid.parse` reads it (its form only: `default` is checked
+    against the kernel's default grid, the caller's own being out of reach), else ValueError."""
+    CopyGrid.parse(spec, default=CopyGrid())
+    return spec
+
+
+def _body(body: str, default: CopyGrid | None) -> CopyGrid:
+    if body == "default":
+        if default is None:
+            raise ValueError("`default` needs the caller's grid")
+        return default
+    if "/" in body:
+        p, low, per = body.split("/")
+        return CopyGrid(programs=int(p), bytes_per_program=_bytes(per), min_programs=int(low))
+    return CopyGrid(programs=int(body))
+
+
+def _bytes(text: str) -> int:
+    """`1536`, `8K`, `1.5M` -> bytes (a fraction must come out whole)."""
+    scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:].upper(), 1)
+    value = float(text.rstrip("KMkm")) * scale
+    if value != int(value):
+        raise ValueError(f"{text} is not a whole number of bytes")
+    return int(value)
+
+
+def _size(n: int) -> str:
+    """Bytes as the shortest text `_bytes` reads back exactly: 1M, 1.5M, 768K, 100."""
+    for scale, suffix in ((1 << 20, "M"), (1 << 10, "K")):
+        text = f"{n / scale:g}{suffix}"
+        if n >= scale and "e" not in text and _bytes(text) == n:
+            return text
+    return str(n)
 
 
 def _power_of_two(n: int) -> bool:

@@ -16,14 +16,23 @@ def test_grid_specs():
     assert setting("24").grid == CopyGrid(programs=24)
     assert setting("default").grid == OVERLAP_COPY_GRID
     rule = setting("132/16/1536K@4K")
-    assert rule.grid == CopyGrid(programs=132, bytes_per_program=1536 << 10, min_programs=16)
-    assert rule.chunk == 4096 and rule.warps == 0
+    assert rule.grid == CopyGrid(
+        programs=132, bytes_per_program=1536 << 10, min_programs=16, chunk_bytes=4096
+    )
+    assert (rule.chunk, rule.warps) == (4096, 4)  # the grid's whole launch, defaults included
     wide = setting("16@16Kx8p")
     assert (wide.chunk, wide.warps, wide.prefetch) == (16384, 8, True)
     assert not setting("16@16Kx8").prefetch and setting("24@8Kp").chunk == 8192
     assert setting("64/8/1.5M").grid.bytes_per_program == 3 << 19
-    with pytest.raises(ValueError):
-        setting("64/8")
+    none = setting("none")
+    assert (none.chunk, none.warps, none.prefetch) == (0, 0, False)
+    # One parser: the sweep's specs are CopyGrid's, `default` is the backend's grid.
+    assert setting("64/8/2M@16Kx8p").grid == CopyGrid.parse("64/8/2M@16Kx8p")
+    assert setting("default@16Kx8").grid.chunk_bytes == 16384
+    assert setting("default@16Kx8").grid.programs == OVERLAP_COPY_GRID.programs
+    for bad in ("64/8", "8@3K", "none@8K"):
+        with pytest.raises(ValueError):
+            setting(bad)
 
 
 @pytest.mark.slow

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernels.swap.copy_grid import CopyGrid
+from kernels.swap.copy_grid import SPEC_GRAMMAR, CopyGrid, check_spec
 
 
 def test_active_follows_the_bytes_within_its_bounds():
@@ -56,3 +56,60 @@ def test_labels_name_the_iteration_only_off_its_default():
     assert CopyGrid(8, chunk_bytes=64 << 10, warps=32).label() == "fixed 8 @64Kx32"
     assert CopyGrid(64, 2 << 20, 8, prefetch=True).label() == "<=64 >=8 2M @8Kp"
     assert CopyGrid(24, warps=8, priority=-1).label() == "fixed 24 @8Kx8 prio -1"
+
+
+# The spec grammar of bench/profile/copy_sweep.py's --grids and the engine's --decode-copy-grid.
+SPECS = {
+    "24": CopyGrid(programs=24),
+    "64/8/1M": CopyGrid(64, 1 << 20, 8),
+    "64/8/1.5M@16Kx8p": CopyGrid(64, 3 << 19, 8, chunk_bytes=16 << 10, warps=8, prefetch=True),
+    "132/16/768K@4K": CopyGrid(132, 768 << 10, 16, chunk_bytes=4096),
+    "8@64Kx32": CopyGrid(8, chunk_bytes=64 << 10, warps=32),
+    "24@8Kp": CopyGrid(24, prefetch=True),
+    "7/1/100@256": CopyGrid(7, 100, chunk_bytes=256),
+    "6/3/0": CopyGrid(6, 0, 3),
+}
+
+
+@pytest.mark.parametrize("spec", sorted(SPECS))
+def test_spec_round_trip(spec):
+    grid = CopyGrid.parse(spec)
+    assert grid == SPECS[spec]
+    assert grid.spec() == spec
+    assert CopyGrid.parse(grid.spec()) == grid
+
+
+def test_spec_spellings_read_alike():
+    assert CopyGrid.parse("64/8/1536k@16k").spec() == "64/8/1.5M@16K"
+    assert CopyGrid.parse("16@8K").spec() == "16"  # the default iteration is left out
+    assert CopyGrid.parse("16@8Kx4").spec() == "16"
+
+
+def test_default_is_the_callers_grid():
+    mine = CopyGrid(64, 1 << 20, 16)
+    assert CopyGrid.parse("default", default=mine) == mine
+    wide = CopyGrid.parse("default@16Kx8p", default=mine)
+    assert wide == CopyGrid(64, 1 << 20, 16, chunk_bytes=16 << 10, warps=8, prefetch=True)
+    with pytest.raises(ValueError, match="default"):
+        CopyGrid.parse("default")  # no grid given to stand for it
+
+
+@pytest.mark.parametrize(
+    "spec", ["8@3K", "x", "8@64Kx3", "0", "64/8", "", "8@", "8@x8", "64/0/1M", "64/8/1.5", "8 "]
+)
+def test_bad_specs_name_the_spec_and_the_grammar(spec):
+    with pytest.raises(ValueError) as e:
+        CopyGrid.parse(spec, default=CopyGrid())
+    assert repr(spec) in str(e.value) and SPEC_GRAMMAR in str(e.value)
+    with pytest.raises(ValueError):
+        check_spec(spec)
+
+
+def test_check_spec_reads_the_form_only():
+    assert check_spec("default@16Kx8") == "default@16Kx8"
+    assert check_spec("64/8/2M@16Kx8p") == "64/8/2M@16Kx8p"
+
+
+def test_the_default_launch_has_no_spec():
+    with pytest.raises(ValueError):
+        CopyGrid().spec()
