@@ -29,6 +29,7 @@ from engine_client.model.model import Model
 from engine_client.model.model_runner import DecodeConfig, ModelRunner
 from engine_client.model.preset import ModelConfig
 from engine_client.model.speculative_runner import SpeculativeModelRunner
+from kernels.swap.copy_grid import CopyGrid
 
 log = logging.getLogger(__name__)
 
@@ -92,11 +93,11 @@ def build_backend(
     microbatches: int = 1,
     page_table: torch.Tensor | None = None,
     rows_per_request: int = 1,
-    copy_priority: int = 0,
+    copy_grid: CopyGrid = OVERLAP_COPY_GRID,
 ) -> KVBackend:
     """page_table: the baseline's, when its control maps pages (prefix caching);
     rows_per_request: the most decode rows per request a step has (a verify step's D + 1);
-    copy_priority: the CUDA priority of the HiSparse backend's miss-copy stream (CopyGrid)."""
+    copy_grid: the launch of the HiSparse backend's side-stream miss copy (side_copy_grid)."""
     if mode == "baseline":
         return BaselineBackend(layout, kernels=kernels, device=device, page_table=page_table)
     if tensors is None:
@@ -118,8 +119,16 @@ def build_backend(
         max_batch=max_batch,
         microbatches=microbatches,
         rows_per_request=rows_per_request,
-        copy_grid=dataclasses.replace(OVERLAP_COPY_GRID, priority=copy_priority),
+        copy_grid=copy_grid,
     )
+
+
+def side_copy_grid(spec: str, priority: int) -> CopyGrid:
+    """The side-stream copy's launch from the engine's settings: the spec's (--decode-copy-grid;
+    its `default` and "" are the backend's OVERLAP_COPY_GRID) on a stream of the given priority
+    (--decode-copy-priority)."""
+    grid = CopyGrid.parse(spec, default=OVERLAP_COPY_GRID) if spec else OVERLAP_COPY_GRID
+    return dataclasses.replace(grid, priority=priority)
 
 
 def load_topk_source(

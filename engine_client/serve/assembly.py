@@ -18,6 +18,7 @@ from engine_client.model.compute import (
     check_model_fits,
     choose_kernels,
     load_topk_source,
+    side_copy_grid,
 )
 from engine_client.model.preset import ModelConfig
 from engine_client.model.weights import load_safetensors, random_weights
@@ -60,7 +61,7 @@ def _backend(
         cfg.batching.decode_microbatches,
         page_table,
         rows_per_request=cfg.speculation.spec_tokens + 1,
-        copy_priority=cfg.batching.decode_copy_priority,
+        copy_grid=side_copy_grid(cfg.batching.decode_copy_grid, cfg.batching.decode_copy_priority),
     )
 
 

@@ -2,13 +2,16 @@
 them as its settings:
 - --decode-part-tail reaches every mode's engine, the baseline included (the model splits its
   decode GEMMs alike in every mode, so the modes stay comparable);
-- --copy-priority reaches the engines with a miss-copy stream of their own (embedded, service).
+- --copy-priority reaches the engines with a miss-copy stream of their own (embedded, service);
+- the engine's --decode-copy-grid is checked as it is read and sets its backend's copy launch.
 Without a flag no engine gets it."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+
+import pytest
 
 from bench.e2e import plan, run_args
 from bench.e2e.cli import parse_args, sizes_from_args
@@ -17,9 +20,21 @@ from contract.layout import KVLayout
 from engine_client.cli.main import add_serve, engine_config
 from engine_client.kv.hisparse import OVERLAP_COPY_GRID, HiSparseBackend
 from engine_client.kv.kernel_set import KernelSet
-from engine_client.model.compute import build_backend
+from engine_client.model.compute import build_backend, side_copy_grid
 from engine_client.serve.config import EngineConfig
+from kernels.swap.copy_grid import CopyGrid
 from kv_service.memory.store import allocate_local
+
+LAYOUT = KVLayout(
+    num_layers=1,
+    max_requests=2,
+    hot_slots=9,
+    window=1,
+    topk=4,
+    page_size=4,
+    num_pages=8,
+    max_context=16,
+)
 
 
 def _engine(argv: list[str]) -> EngineConfig:
@@ -54,28 +69,42 @@ def test_the_copy_priority_reaches_the_engines_that_copy() -> None:
 def test_the_engines_copy_priority_reaches_its_backend() -> None:
     """--decode-copy-priority sets the priority of the backend's copy grid and nothing else of
     it (the grid's rule stays the measured default)."""
-    layout = KVLayout(
-        num_layers=1,
-        max_requests=2,
-        hot_slots=9,
-        window=1,
-        topk=4,
-        page_size=4,
-        num_pages=8,
-        max_context=16,
-    )
-    cfg = _engine(["--decode-copy-priority", "-1"]).batching
+    backend = _backend(["--decode-copy-priority", "-1"])
+    assert backend.copy_grid == dataclasses.replace(OVERLAP_COPY_GRID, priority=-1)
+
+
+def _backend(argv: list[str]) -> HiSparseBackend:
+    """The embedded engine's backend as assembly builds it from the engine's flags."""
+    cfg = _engine(argv).batching
     backend = build_backend(
         "embedded",
-        layout,
-        allocate_local(layout, "cpu"),
+        LAYOUT,
+        allocate_local(LAYOUT, "cpu"),
         KernelSet.reference(),
         2,
         "cpu",
         None,
         None,
         microbatches=cfg.decode_microbatches,
-        copy_priority=cfg.decode_copy_priority,
+        copy_grid=side_copy_grid(cfg.decode_copy_grid, cfg.decode_copy_priority),
     )
     assert isinstance(backend, HiSparseBackend)
-    assert backend.copy_grid == dataclasses.replace(OVERLAP_COPY_GRID, priority=-1)
+    return backend
+
+
+def test_the_engine_checks_its_copy_grid() -> None:
+    assert _engine(["--decode-copy-grid", "8@64Kx32"]).batching.decode_copy_grid == "8@64Kx32"
+    assert _engine(["--decode-copy-grid", "default@16Kx8p"]).batching.decode_copy_grid
+    for bad in ("8@3K", "x", "8@64Kx3", "0", "64/8"):
+        with pytest.raises(ValueError, match=f"decode_copy_grid: bad copy grid spec '{bad}'"):
+            _engine(["--decode-copy-grid", bad])
+
+
+def test_the_engines_copy_grid_reaches_its_backend() -> None:
+    """The spec is the whole launch; --decode-copy-priority still sets the stream's priority;
+    `default` is the backend's own grid."""
+    got = _backend(["--decode-copy-grid", "8@64Kx32", "--decode-copy-priority", "-1"])
+    assert got.copy_grid == CopyGrid(8, chunk_bytes=64 << 10, warps=32, priority=-1)
+    wide = _backend(["--decode-copy-grid", "default@16Kx8p"]).copy_grid
+    assert wide == dataclasses.replace(OVERLAP_COPY_GRID, chunk_bytes=16384, warps=8, prefetch=True)
+    assert _backend([]).copy_grid == OVERLAP_COPY_GRID

@@ -8,6 +8,16 @@ from dataclasses import dataclass
 
 from contract.flags import setting
 from contract.rules import check_settings, within
+from kernels.swap.copy_grid import SPEC_GRAMMAR, check_spec
+
+
+def _copy_grid(name: str, value: str) -> None:
+    """Only the spec's form: the backend, which owns the `default` grid, reads it at assembly."""
+    if value:
+        try:
+            check_spec(value)
+        except ValueError as e:
+            raise ValueError(f"{name}: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -51,6 +61,17 @@ class Batching:
         "that copies the misses (-1: its CTAs are scheduled before the compute stream's waiting "
         "ones; lower is higher, the device clamps to its range) [0: the compute stream's]",
         check=within(-8, 0),
+    )
+    # The rest of that launch (kernels/swap/copy_grid.py): CTAs, the rule for the working ones,
+    # chunk, warps, prefetch. For running a launch a sweep (bench/profile/copy_sweep.py) picked;
+    # the default stays the measured OVERLAP_COPY_GRID (docs/DECISIONS.md, issue 38 item 2).
+    decode_copy_grid: str = setting(
+        "",
+        help="embedded/service with --decode-microbatches > 1: the launch of the side-stream "
+        f"miss copy, as bench.profile.copy_sweep names it: {SPEC_GRAMMAR}; `default` is the "
+        "backend's grid [empty: the backend's grid, engine_client/kv/hisparse.py "
+        "OVERLAP_COPY_GRID]",
+        check=_copy_grid,
     )
 
     def __post_init__(self) -> None:
