@@ -37,6 +37,7 @@ from bench.e2e.runs import measure_ceilings, run_all
 from bench.e2e.stats import ratios
 from bench.shared.trace import TraceParams, simulate
 from engine_client.serve.procs import REPO_ROOT
+from kernels.swap.copy_grid import SPEC_GRAMMAR, check_spec
 
 GIB = 1 << 30
 
@@ -106,6 +107,22 @@ def _add_engine_args(ap: argparse.ArgumentParser) -> None:
         help="the HiSparse engines' --decode-copy-priority: the miss-copy stream's CUDA priority "
         "(-1: before the compute stream's waiting CTAs) [0]",
     )
+    ap.add_argument(
+        "--copy-grid",
+        type=_copy_grid_spec,
+        default="",
+        metavar="SPEC",
+        help="the HiSparse engines' --decode-copy-grid: the miss copy's launch as "
+        f"bench.profile.copy_sweep names it ({SPEC_GRAMMAR}) [the engine's default]",
+    )
+
+
+def _copy_grid_spec(text: str) -> str:
+    """A spec the engines will read: a typo fails here, before any engine starts."""
+    try:
+        return check_spec(text) if text else text  # "": none given (argparse parses defaults)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _add_budget_args(ap: argparse.ArgumentParser) -> None:
@@ -146,6 +163,7 @@ def sizes_from_args(args: argparse.Namespace, device: str) -> plan.Sizes:
         admission_limit=args.admission_limit,
         decode_part_tail=args.decode_part_tail,
         copy_priority=args.copy_priority,
+        copy_grid=args.copy_grid,
     )
 
 

@@ -51,6 +51,7 @@ class Sizes:
     admission_limit: str = "auto"  # the engines' --admission-limit (off: the old behaviour)
     decode_part_tail: bool = False  # every mode's --decode-part-tail (the model splits alike)
     copy_priority: int = 0  # the HiSparse engines' --decode-copy-priority (their copy stream)
+    copy_grid: str = ""  # the HiSparse engines' --decode-copy-grid ("": their default launch)
 
     @property
     def num_layers(self) -> int:

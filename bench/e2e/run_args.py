@@ -56,6 +56,8 @@ def engine_flags(s: Sizes, run: Run) -> list[str]:
         argv += ["--decode-part-tail", "1"]
     if s.copy_priority and run.mode in ("embedded", "service"):
         argv += ["--decode-copy-priority", str(s.copy_priority)]
+    if s.copy_grid and run.mode in ("embedded", "service"):
+        argv += ["--decode-copy-grid", s.copy_grid]
     if s.admission_limit != "auto":
         argv += ["--admission-limit", s.admission_limit]
     return argv

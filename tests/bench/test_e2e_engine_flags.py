@@ -2,8 +2,8 @@
 them as its settings:
 - --decode-part-tail reaches every mode's engine, the baseline included (the model splits its
   decode GEMMs alike in every mode, so the modes stay comparable);
-- --copy-priority reaches the engines with a miss-copy stream of their own (embedded, service);
-- the engine's --decode-copy-grid is checked as it is read and sets its backend's copy launch.
+- --copy-priority and --copy-grid reach the engines with a miss-copy stream of their own
+  (embedded, service).
 Without a flag no engine gets it."""
 
 from __future__ import annotations
@@ -90,6 +90,23 @@ def _backend(argv: list[str]) -> HiSparseBackend:
     )
     assert isinstance(backend, HiSparseBackend)
     return backend
+
+
+def test_the_copy_grid_reaches_the_engines_that_copy() -> None:
+    on = sizes_from_args(parse_args(["--smoke", "--copy-grid", "8@64Kx32"]), "cpu")
+    off = sizes_from_args(parse_args(["--smoke"]), "cpu")
+    assert (on.copy_grid, off.copy_grid) == ("8@64Kx32", "")
+    for mode, expected in (("baseline", ""), ("embedded", "8@64Kx32"), ("service", "8@64Kx32")):
+        assert ("--decode-copy-grid" in _argv(on, mode)) == bool(expected), mode
+        assert _engine(_argv(on, mode)).batching.decode_copy_grid == expected, mode
+        assert "--decode-copy-grid" not in _argv(off, mode), mode
+        assert _engine(_argv(off, mode)).batching.decode_copy_grid == "", mode
+
+
+def test_a_bad_copy_grid_fails_before_any_engine(capsys) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--smoke", "--copy-grid", "8@3K"])
+    assert "bad copy grid spec '8@3K'" in capsys.readouterr().err
 
 
 def test_the_engine_checks_its_copy_grid() -> None:
