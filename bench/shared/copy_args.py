@@ -1,5 +1,5 @@
-"""The miss copy's flags of bench.profile and bench.profile.copy_sweep: its grid on the side
-stream (CopyGrid), its chunk, or no copy at all (timing only)."""
+"""The miss copy's flags of bench.profile and bench.profile.copy_sweep: its launch on the side
+stream (CopyGrid: one spec, or its parts), its chunk, or no copy at all (timing only)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,18 @@ import functools
 
 from engine_client.kv.hisparse import OVERLAP_COPY_GRID
 from engine_client.kv.kernel_set import KernelSet
-from kernels.swap.copy_grid import CopyGrid
+from kernels.swap.copy_grid import SPEC_GRAMMAR, CopyGrid, check_spec
 
 
 def add_copy_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument(
+        "--copy-grid",
+        type=_spec,
+        default="",
+        metavar="SPEC",
+        help=f"the side-stream copy's whole launch, as the engine's --decode-copy-grid: "
+        f"{SPEC_GRAMMAR}; instead of --copy-programs/--copy-bytes/--copy-min [none]",
+    )
     ap.add_argument(
         "--copy-programs",
         type=int,
@@ -63,8 +71,21 @@ def _add_kernel_args(ap: argparse.ArgumentParser) -> None:
     )
 
 
+def _spec(text: str) -> str:
+    try:
+        return check_spec(text) if text else text  # "": none given (argparse parses defaults)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def copy_grid(args: argparse.Namespace) -> CopyGrid:
-    """The side-stream copy's grid the --copy-* flags ask for."""
+    """The side-stream copy's grid the --copy-* flags ask for (--copy-chunk and --copy-warps
+    apply on top, through copy_kernels)."""
+    if args.copy_grid:
+        if args.copy_programs or args.copy_bytes or args.copy_min != 1:
+            raise ValueError("--copy-grid names the whole grid: drop --copy-programs/bytes/min")
+        grid = CopyGrid.parse(args.copy_grid, default=OVERLAP_COPY_GRID)
+        return dataclasses.replace(grid, priority=args.copy_priority)
     if not (args.copy_programs or args.copy_bytes):
         return dataclasses.replace(OVERLAP_COPY_GRID, priority=args.copy_priority)
     return CopyGrid(

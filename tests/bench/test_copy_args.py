@@ -1,11 +1,16 @@
-"""bench.profile's miss-copy flags reach the kernel set: its chunk and warps, or no copy."""
+"""bench.profile's miss-copy flags reach the kernel set (its chunk and warps, or no copy) and
+the side stream's grid (one spec, or its parts)."""
 
 from __future__ import annotations
 
 import argparse
 
-from bench.shared.copy_args import add_copy_args, copy_kernels
+import pytest
+
+from bench.shared.copy_args import add_copy_args, copy_grid, copy_kernels
+from engine_client.kv.hisparse import OVERLAP_COPY_GRID
 from engine_client.kv.kernel_set import KernelSet
+from kernels.swap.copy_grid import CopyGrid
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -26,3 +31,14 @@ def test_without_flags_the_copy_is_the_kernels_own_and_skip_copy_copies_nothing(
     ks = KernelSet.triton()
     assert copy_kernels(ks, _args()) is ks
     assert copy_kernels(ks, _args("--skip-copy")).miss_copy(None, None) is None
+
+
+def test_one_spec_names_the_whole_grid() -> None:
+    grid = copy_grid(_args("--copy-grid", "8@64Kx32p", "--copy-priority", "-1"))
+    assert grid == CopyGrid(8, chunk_bytes=64 << 10, warps=32, prefetch=True, priority=-1)
+    assert copy_grid(_args("--copy-grid", "default")) == OVERLAP_COPY_GRID
+    assert copy_grid(_args()) == OVERLAP_COPY_GRID
+    with pytest.raises(ValueError, match="--copy-grid"):
+        copy_grid(_args("--copy-grid", "8", "--copy-programs", "16"))
+    with pytest.raises(SystemExit):
+        _args("--copy-grid", "8@64Kx3")
