@@ -8,3 +8,7 @@ neither side (no `kv_service`, no `engine_client`, no gRPC).
 - `exchange`: the remote-swap exchange tensors and interprocess events
 - `errors`: the error taxonomy and its rich-status details
 """
+
+from contract.grpc_fork import disable_grpc_fork_handlers
+
+disable_grpc_fork_handlers()  # before any module of ours loads gRPC (see contract/grpc_fork.py)

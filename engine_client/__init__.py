@@ -16,7 +16,11 @@ Public API, imported lazily so that `import engine_client` stays light (no torch
   the compute side (see each module)
 """
 
-from engine_client.client.lazy_exports import lazy_attribute
+from contract.grpc_fork import disable_grpc_fork_handlers
+
+disable_grpc_fork_handlers()  # before any module of ours loads gRPC (see contract/grpc_fork.py)
+
+from engine_client.client.lazy_exports import lazy_attribute  # noqa: E402
 
 _LAZY = {
     "KVClient": "engine_client.client",
