@@ -86,6 +86,10 @@
 # kernel parts. So an unsanitized warm-up compiles first (SANITIZE_WARM_S=40) and the limits are
 # memcheck 45 + 110, racecheck 125 + 180, synccheck 20 + 50: 570 s with the warm-up at worst
 # before the 5 s kills; expected ~475 s (the measured parts + the warm-up + racecheck's +1/4).
+# H100, 2026-12-06 (run U4, seconds used / limit): warm-up 37, memcheck 26/45 + 91/110,
+# racecheck 101/125 + 167/180, synccheck 11/20 + 35/50: 470 s, exit 0 (racecheck's churn has the
+# least room). Run U1 lost synccheck's remote-swap mode to gRPC's fork handlers (the sanitizer
+# follows children by fork): contract/grpc_fork.py.
 # The speculative churn under memcheck (not run yet; estimate): on CPU its 20 steps / 2 ends take
 # 29-31 steps a mode (16 prompt tokens a step; the plain churn's ~32), and a verify step
 # launches ~2.5x a plain step's kernels (the 2 layers over D + 1 rows, then the MTP layer's
