@@ -17,10 +17,9 @@ Public API, imported lazily so that `import engine_client` stays light (no torch
 """
 
 from contract.grpc_fork import disable_grpc_fork_handlers
+from engine_client.client.lazy_exports import lazy_attribute  # loads no gRPC
 
 disable_grpc_fork_handlers()  # before any module of ours loads gRPC (see contract/grpc_fork.py)
-
-from engine_client.client.lazy_exports import lazy_attribute  # noqa: E402
 
 _LAZY = {
     "KVClient": "engine_client.client",
