@@ -17,7 +17,9 @@
 #   PROF_S=60 (each)  PROFILES="bf16:128:1 bf16:128:2" (row format:batch:micro-batches[:args,
 #   comma-separated, e.g. fp8:222:2:--copy-chunk=16384, fp8:222:2:--copy-priority=-1 or
 #   fp8:222:2:--decode-part-tail,--skip-copy; the mix pass's launch: fp8:222:2:--attn-mix=128:8:3])
-#   PROFILE_ARGS="--context 32768 --warmup 6 --steps 3"  NCU_S=90  E2E_S=480  E2E_ARGS="..."
+#   PROFILE_ARGS="--context 32768 --warmup 6 --steps 3"  NCU_S=90  E2E_S=480 (each)  E2E_ARGS="..."
+#   E2E_GRIDS="default 8@64Kx32" (bench.e2e once per miss-copy grid, kernels/swap/copy_grid.py's
+#   spec grammar: e2e-grid-<spec>.json; unset: one run, the engine's default grid)
 #   COPYSWEEP="fp8:222:trace bf16:174:trace fp8:222:indexer" (row format:N:top-k source[:grids,
 #   bench/profile/copy_sweep.py's --grids]) COPYSWEEP_S=135 (each) COPYSWEEP_ARGS="--context 32768"
 #   (copysweep first prints the copy kernel's registers: bench/kernels/copy_regs.py, COPYREGS_S=45)
@@ -89,6 +91,19 @@ ncus() {  # Nsight Compute on the miss copy alone (bench/kernels/ncu_copy.py): b
     --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
     python3 -m bench.kernels.ncu_copy
 }
+e2es() {  # bench.e2e once, or once per miss-copy grid of E2E_GRIDS (a same-call pair: run U5's
+  # default-grid twin was a second invocation, cut by its own limit before it wrote anything)
+  if [ -z "${E2E_GRIDS:-}" ]; then
+    stage e2e "${E2E_S:-480}" python3 -m bench.e2e ${E2E_ARGS:-} --out "$RUN/e2e.json"
+    return
+  fi
+  local grid name
+  for grid in $E2E_GRIDS; do
+    name="e2e-grid-$(echo "$grid" | tr -c 'A-Za-z0-9\n' '-')"
+    stage "$name" "${E2E_S:-480}" python3 -m bench.e2e ${E2E_ARGS:-} --copy-grid "$grid" \
+      --out "$RUN/$name.json"
+  done
+}
 copysweep() {  # the step against the side-stream copy's grid (bench/profile/copy_sweep.py)
   stage copyregs "${COPYREGS_S:-45}" python3 -m bench.kernels.copy_regs
   local limit=${COPYSWEEP_S:-135}
@@ -117,7 +132,7 @@ for s in $STAGES; do
     profiles) profiles ;;
     ncu) ncus ;;
     copysweep) copysweep ;;
-    e2e) stage e2e "${E2E_S:-480}" python3 -m bench.e2e ${E2E_ARGS:-} --out "$RUN/e2e.json" ;;
+    e2e) e2es ;;
     gateway) stage gateway "${GW_S:-120}" python3 -m bench.gateway ${GW_ARGS:-} \
                --out "$RUN/gateway.json" ;;
     mtp) stage mtp "${MTP_S:-560}" python3 -m bench.mtp \
