@@ -35,9 +35,10 @@ from bench.e2e.roofline import analyze as roofline
 from bench.e2e.row_formats import print_summary, probe_attention
 from bench.e2e.runs import measure_ceilings, run_all
 from bench.e2e.stats import ratios
+from bench.shared.copy_args import copy_grid_spec
 from bench.shared.trace import TraceParams, simulate
 from engine_client.serve.procs import REPO_ROOT
-from kernels.swap.copy_grid import SPEC_GRAMMAR, check_spec
+from kernels.swap.copy_grid import SPEC_GRAMMAR
 
 GIB = 1 << 30
 
@@ -109,20 +110,12 @@ def _add_engine_args(ap: argparse.ArgumentParser) -> None:
     )
     ap.add_argument(
         "--copy-grid",
-        type=_copy_grid_spec,
+        type=copy_grid_spec,
         default="",
         metavar="SPEC",
         help="the HiSparse engines' --decode-copy-grid: the miss copy's launch as "
         f"bench.profile.copy_sweep names it ({SPEC_GRAMMAR}) [the engine's default]",
     )
-
-
-def _copy_grid_spec(text: str) -> str:
-    """A spec the engines will read: a typo fails here, before any engine starts."""
-    try:
-        return check_spec(text) if text else text  # "": none given (argparse parses defaults)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _add_budget_args(ap: argparse.ArgumentParser) -> None:

@@ -15,7 +15,7 @@ from kernels.swap.copy_grid import SPEC_GRAMMAR, CopyGrid, check_spec
 def add_copy_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--copy-grid",
-        type=_spec,
+        type=copy_grid_spec,
         default="",
         metavar="SPEC",
         help=f"the side-stream copy's whole launch, as the engine's --decode-copy-grid: "
@@ -71,7 +71,8 @@ def _add_kernel_args(ap: argparse.ArgumentParser) -> None:
     )
 
 
-def _spec(text: str) -> str:
+def copy_grid_spec(text: str) -> str:
+    """argparse type of a --copy-grid flag: a typo fails at parsing, before anything runs."""
     try:
         return check_spec(text) if text else text  # "": none given (argparse parses defaults)
     except ValueError as e:
