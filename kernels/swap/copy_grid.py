@@ -99,9 +99,14 @@ class CopyGrid:
 
     def _tail(self) -> str:
         """`@CHUNK[xWARPS][p]`, or nothing when the iteration is the default one."""
-        if (self.chunk_bytes, self.warps, self.prefetch) == (8192, 4, False):
+        # The class attributes are the fields' defaults: the default iteration, declared once.
+        if (self.chunk_bytes, self.warps, self.prefetch) == (
+            CopyGrid.chunk_bytes,
+            CopyGrid.warps,
+            CopyGrid.prefetch,
+        ):
             return ""
-        warps = f"x{self.warps}" if self.warps != 4 else ""
+        warps = f"x{self.warps}" if self.warps != CopyGrid.warps else ""
         return f"@{_size(self.chunk_bytes)}{warps}{'p' if self.prefetch else ''}"
 
     def rows_per_program(self, row_bytes: int) -> int:
@@ -121,7 +126,8 @@ class CopyGrid:
         """Short name for benchmark tables: 'fixed 64', '<=64 >=16 768K', '<=64 >=8 2M @16Kx8p'
         (the iteration only where it is not the default)."""
         top = "default" if self.programs is None else str(self.programs)
-        tail = f" {self._tail()}" if self._tail() else ""
+        tail = self._tail()
+        tail = f" {tail}" if tail else ""
         prio = f" prio {self.priority}" if self.priority else ""
         if self.bytes_per_program == 0:
             return f"fixed {top}{tail}{prio}"
