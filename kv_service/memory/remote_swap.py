@@ -39,6 +39,21 @@ class SwapResult:
     seconds: float
 
 
+def _kernels(cuda: bool) -> tuple[Callable[..., None], Callable[..., None]]:
+    """(swap_plan, miss_copy): Triton on CUDA; on CPU the torch references, as the engine's
+    `--kernels auto` and the store's prefix loads choose: both compute the same function (the
+    kernel tests check it), and Triton's interpreter made a CPU remote-swap step ~15x slower
+    than an in-stream one (0.34 s against 0.02 s, tests/integration/test_resume_kill)."""
+    if cuda:
+        from kernels.swap.miss_copy import miss_copy
+        from kernels.swap.plan import swap_plan
+
+        return swap_plan, miss_copy
+    from kernels.reference import ref_miss_copy, ref_swap_plan
+
+    return ref_swap_plan, ref_miss_copy
+
+
 class RemoteSwapper:
     """Runs swap_plan then miss_copy on the shared KVTensors for the owning session, with the
     shared hot region when that session holds it (`region`; it is bumped to a new step at
@@ -57,6 +72,7 @@ class RemoteSwapper:
         self.x = exchange
         self.owner: str | None = None
         self._cuda = kv.device.type == "cuda"
+        self._plan, self._copy = _kernels(self._cuda)  # chosen once, not per layer
         self.events: dict[str, torch.cuda.Event] = {}
         if self._cuda:
             self.stream = torch.cuda.Stream(kv.device)
@@ -169,23 +185,8 @@ class RemoteSwapper:
         self.stream.synchronize()
         return counts
 
-    def _kernels(self) -> tuple[Callable[..., None], Callable[..., None]]:
-        """(swap_plan, miss_copy): Triton on CUDA; on CPU the torch references, as the engine's
-        `--kernels auto` and the store's prefix loads choose: both compute the same function
-        (the kernel tests check it), and Triton's interpreter made a CPU remote-swap step ~15x
-        slower than an in-stream one (0.34 s against 0.02 s, tests/integration/test_resume_kill)."""
-        if self._cuda:
-            from kernels.swap.miss_copy import miss_copy
-            from kernels.swap.plan import swap_plan
-
-            return swap_plan, miss_copy
-        from kernels.reference import ref_miss_copy, ref_swap_plan
-
-        return ref_swap_plan, ref_miss_copy
-
     def _launch(self, layer: int, bs: int, rows_per_request: int) -> torch.Tensor:
         """Plan and copy; returns [hits, misses] on the device, not yet synchronized."""
-        swap_plan, miss_copy = self._kernels()
         x, lay = self.x, self.kv.layout
         # A step starts at layer 0: where a session waiting for the region takes it if free.
         if self.owner is not None and layer == 0:
@@ -199,8 +200,8 @@ class RemoteSwapper:
             layer,
             exchange_inputs(x, bs),
             out,
-            plan=swap_plan,
-            copy=miss_copy,
+            plan=self._plan,
+            copy=self._copy,
             rows_per_request=rows_per_request,
         )
         placed = (out.slots >= 0).sum()
