@@ -1,0 +1,219 @@
+"""Can the miss copy get SMs of its own? A probe of CUDA green contexts (issue 38 item 2).
+
+The copy sweeps (docs/BENCHMARKS.md, run U) found the copy's cost to the step nearly flat in its
+grid: moving it from 64 SMs onto 4-12 saved 0.2 of 2.4 ms. One suspect is that the side-stream
+copy and the main stream share every SM: each layer's copy launch waits for room behind the
+resident CTAs of the main stream's kernels, and the main stream's CTAs land beside the copy's.
+A green context partitions the SMs, so a stream of one runs only on its own. This probe asks
+the questions that decide whether the engine can use it, on the device it runs on:
+
+1. does this torch expose green contexts and a stream of one;
+2. which SMs a green stream's CTAs run on (`%smid`), launched eagerly and from a CUDA graph
+   captured across the main stream and the green one (the engine replays graphs);
+3. whether two green contexts (the copy's P SMs and the rest for the main stream) are disjoint;
+4. the copy (fp8 rows, bs 111, 13% misses) alone, and beside a memory-bound neighbour on the main
+   stream, with the copy on a plain stream, on a green one, and with the neighbour in the
+   complementary green context.
+
+    python -m bench.kernels.sm_partition [--sms 8,16] [--out PATH]
+
+Prints what it finds and writes JSON. GPU only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import kernels.interpreter  # noqa: F401  (the interpreter switch, before import triton)
+
+# isort: split
+import torch
+import triton
+import triton.language as tl
+
+from bench.kernels.miss_copy_cases import _Tier, miss_lists
+from bench.shared.timing import graph_time_us
+from kernels.swap.copy_grid import CopyGrid
+from kernels.swap.miss_copy import miss_copy
+from kernels.uva import UVATensor
+
+
+@triton.jit
+def _smid_kernel(out_ptr):
+    sm = tl.inline_asm_elementwise(
+        "mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=False, pack=1
+    )
+    # Hold the SM a moment, so the CTAs spread over every SM the stream may use.
+    t0 = tl.inline_asm_elementwise(
+        "mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1
+    )
+    t = t0
+    while t - t0 < 20000:
+        t = tl.inline_asm_elementwise(
+            "mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1
+        )
+    tl.store(out_ptr + tl.program_id(0), sm)
+
+
+def _sms_of(launch) -> list[int]:
+    """The distinct SMs that launch(out) ran 4 x 132 one-warp CTAs on."""
+    out = torch.full((528,), -1, dtype=torch.int32, device="cuda")
+    launch(out)
+    torch.cuda.synchronize()
+    return sorted(set(out.tolist()))
+
+
+def _smid(out: torch.Tensor) -> None:
+    _smid_kernel[(out.numel(),)](out, num_warps=1)
+
+
+def _graphed(side: torch.cuda.Stream, fn):
+    """A graph captured on a plain stream that forks fn onto `side` and joins it, replayed."""
+    main = torch.cuda.Stream()
+
+    def launch(out):
+        fn(out)  # compiles outside the capture
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(main):
+            with torch.cuda.graph(g, stream=main):
+                side.wait_stream(main)
+                with torch.cuda.stream(side):
+                    fn(out)
+                main.wait_stream(side)
+        out.fill_(-1)
+        g.replay()
+
+    return launch
+
+
+def _green(sms: int):
+    from torch.cuda.green_contexts import GreenContext
+
+    ctx = GreenContext.create(num_sms=sms, device_id=torch.cuda.current_device())
+    return ctx, ctx.Stream()
+
+
+def _placement(report: dict, sms_list: list[int]) -> dict[int, tuple]:
+    greens = {}
+    for p in sms_list:
+        try:
+            ctx, stream = _green(p)
+        except Exception as e:  # noqa: BLE001 (the probe reports what this torch lacks)
+            report[f"green {p}"] = f"create/Stream failed: {type(e).__name__}: {e}"
+            continue
+        greens[p] = (ctx, stream)
+
+        def on_green(out, s=stream):
+            with torch.cuda.stream(s):
+                _smid(out)
+
+        entry = {"eager": _sms_of(on_green)}
+        try:
+            entry["graph"] = _sms_of(_graphed(stream, _smid))
+        except Exception as e:  # noqa: BLE001
+            entry["graph"] = f"failed: {type(e).__name__}: {e}"
+        report[f"green {p}"] = entry
+        print(f"green {p} SMs: eager {_short(entry['eager'])}; graph {_short(entry['graph'])}")
+    return greens
+
+
+def _short(sms) -> str:
+    return sms if isinstance(sms, str) else f"{len(sms)} SMs {sms[:4]}..{sms[-2:]}"
+
+
+def _copy_case(tier: _Tier):
+    g = torch.Generator().manual_seed(0)
+    host = tier.rows(656)
+    hot = torch.zeros((111 * 4096, 656), dtype=torch.uint8, device="cuda")
+    lists = miss_lists(111, 0.13, host.shape[0], g)
+    uva = UVATensor(host)
+    grid = CopyGrid.parse("8@64Kx32")
+    nbytes = int(lists[2].sum()) * 656
+    return (lambda: miss_copy(uva, hot, *lists, grid=grid)), nbytes
+
+
+def _timings(report: dict, greens: dict, copy, nbytes: int) -> None:
+    big = torch.empty(1 << 28, dtype=torch.float32, device="cuda")
+
+    def neighbour():
+        for _ in range(8):
+            big.mul_(1.0001)
+
+    plain = torch.cuda.Stream()
+    rows = {"neighbour alone": graph_time_us(neighbour), "copy alone": graph_time_us(copy)}
+    rows["both, plain side stream"] = _pair_us(neighbour, copy, plain)
+    for p, (_, stream) in [(p, v) for p, v in greens.items() if p > 0]:
+        rows[f"copy alone, green {p}"] = _on_us(copy, stream)
+        rows[f"both, copy green {p}"] = _pair_us(neighbour, copy, stream)
+        rest = greens.get(-p)
+        if rest is not None:
+            rows[f"both, copy green {p}, neighbour green rest"] = _pair_us(
+                neighbour, copy, stream, main=rest[1]
+            )
+    for k, us in rows.items():
+        gbs = f"  copy {nbytes / us / 1e3:6.1f} GB/s" if "copy alone" in k else ""
+        print(f"  {k:<48} {us:9.1f} us{gbs}")
+    report["timings_us"] = rows
+    report["copy_bytes"] = nbytes
+
+
+def _on_us(fn, stream) -> float:
+    def launch():
+        with torch.cuda.stream(stream):
+            fn()
+
+    return graph_time_us(launch)
+
+
+def _pair_us(neighbour, copy, side, main=None) -> float:
+    """The neighbour on the (main) stream and the copy forked onto `side`, in one graph."""
+
+    def both():
+        cur = torch.cuda.current_stream()
+        side.wait_stream(cur)
+        with torch.cuda.stream(side):
+            copy()
+        neighbour()
+        cur.wait_stream(side)
+
+    if main is None:
+        return graph_time_us(both)
+    return _on_us(both, main)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--sms", default="8,16", help="the copy's green-context SM counts")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("sm_partition needs a GPU")
+    from torch.cuda import green_contexts
+
+    total = torch.cuda.get_device_properties(0).multi_processor_count
+    report: dict = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "green_supported": green_contexts.SUPPORTED,
+        "has_stream": hasattr(green_contexts.GreenContext, "Stream"),
+    }
+    print(report)
+    report["plain"] = _sms_of(_smid)
+    sms = [int(s) for s in args.sms.split(",")]
+    greens = _placement(report, sms + [total - s for s in sms])
+    greens.update({-p: greens.pop(total - p) for p in sms if total - p in greens})
+    for p in sms:
+        if p in greens and -p in greens:
+            a, b = report[f"green {p}"]["eager"], report[f"green {total - p}"]["eager"]
+            report[f"overlap {p}/{total - p}"] = sorted(set(a) & set(b))
+            print(f"overlap of green {p} and {total - p}: {len(set(a) & set(b))} SMs")
+    copy, nbytes = _copy_case(_Tier(1 << 30))
+    _timings(report, greens, copy, nbytes)
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
