@@ -10,10 +10,11 @@ the questions that decide whether the engine can use it, on the device it runs o
 1. does this torch expose green contexts and a stream of one;
 2. which SMs a green stream's CTAs run on (`%smid`), launched eagerly and from a CUDA graph
    captured across the main stream and the green one (the engine replays graphs);
-3. whether two green contexts (the copy's P SMs and the rest for the main stream) are disjoint;
-4. the copy (fp8 rows, bs 111, 13% misses) alone, and beside a memory-bound neighbour on the main
-   stream, with the copy on a plain stream, on a green one, and with the neighbour in the
-   complementary green context.
+3. whether the two groups of kernels/sm_partition.py's split (the copy's P SMs, the rest) are
+   disjoint;
+4. the copy (fp8 rows, bs 111, 13% misses) alone, and beside a neighbour (memory-bound passes
+   and GEMMs) on the main stream, with the copy on a plain stream, on the small group, and with
+   the neighbour on the rest.
 
     python -m bench.kernels.sm_partition [--sms 8,16] [--out PATH]
 
@@ -35,6 +36,7 @@ import triton.language as tl
 
 from bench.kernels.miss_copy_cases import _Tier, miss_lists
 from bench.shared.timing import graph_time_us
+from kernels.sm_partition import SmPartition, split_sms
 from kernels.swap.copy_grid import CopyGrid
 from kernels.swap.miss_copy import miss_copy
 from kernels.uva import UVATensor
@@ -88,39 +90,44 @@ def _graphed(side: torch.cuda.Stream, fn):
     return launch
 
 
-def _green(sms: int):
-    from torch.cuda.green_contexts import GreenContext
-
-    ctx = GreenContext.create(num_sms=sms, device_id=torch.cuda.current_device())
-    return ctx, ctx.Stream()
-
-
-def _placement(report: dict, sms_list: list[int]) -> dict[int, tuple]:
-    greens = {}
+def _placement(report: dict, sms_list: list[int]) -> dict[int, SmPartition]:
+    parts = {}
     for p in sms_list:
         try:
-            ctx, stream = _green(p)
-        except Exception as e:  # noqa: BLE001 (the probe reports what this torch lacks)
-            report[f"green {p}"] = f"create/Stream failed: {type(e).__name__}: {e}"
+            part = split_sms(p)
+        except Exception as e:  # noqa: BLE001 (the probe reports what the driver refuses)
+            report[f"split {p}"] = f"failed: {type(e).__name__}: {e}"
+            print(report[f"split {p}"])
             continue
-        greens[p] = (ctx, stream)
+        parts[p] = part
+        entry: dict = {"sms": part.sms, "rest_sms": part.rest_sms}
+        for name, stream in (("small", part.small), ("rest", part.rest)):
 
-        def on_green(out, s=stream):
-            with torch.cuda.stream(s):
-                _smid(out)
+            def on(out, s=stream):
+                with torch.cuda.stream(s):
+                    _smid(out)
 
-        entry = {"eager": _sms_of(on_green)}
-        try:
-            entry["graph"] = _sms_of(_graphed(stream, _smid))
-        except Exception as e:  # noqa: BLE001
-            entry["graph"] = f"failed: {type(e).__name__}: {e}"
-        report[f"green {p}"] = entry
-        print(f"green {p} SMs: eager {_short(entry['eager'])}; graph {_short(entry['graph'])}")
-    return greens
+            entry[name] = _try(lambda: _sms_of(on))
+            entry[name + " graph"] = _try(lambda: _sms_of(_graphed(stream, _smid)))
+        small, rest = entry["small"], entry["rest"]
+        if isinstance(small, list) and isinstance(rest, list):
+            entry["overlap"] = sorted(set(small) & set(rest))
+        report[f"split {p}"] = entry
+        print(f"split {p}: " + ", ".join(f"{k} {_short(v)}" for k, v in entry.items()))
+    return parts
+
+
+def _try(fn):
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001
+        return f"failed: {type(e).__name__}: {e}"
 
 
 def _short(sms) -> str:
-    return sms if isinstance(sms, str) else f"{len(sms)} SMs {sms[:4]}..{sms[-2:]}"
+    if not isinstance(sms, list) or not sms:
+        return str(sms)
+    return f"{len(sms)} SMs {sms[:3]}..{sms[-2:]}"
 
 
 def _copy_case(tier: _Tier):
@@ -134,35 +141,46 @@ def _copy_case(tier: _Tier):
     return (lambda: miss_copy(uva, hot, *lists, grid=grid)), nbytes
 
 
-def _timings(report: dict, greens: dict, copy, nbytes: int) -> None:
+def _timings(report: dict, parts: dict[int, SmPartition], copy, nbytes: int) -> None:
     big = torch.empty(1 << 28, dtype=torch.float32, device="cuda")
+    a = torch.randn(4096, 4096, dtype=torch.bfloat16, device="cuda")
 
-    def neighbour():
-        for _ in range(8):
+    def neighbour():  # memory-bound passes and a GEMM, as between two layers' copies
+        for _ in range(4):
             big.mul_(1.0001)
+            a.matmul(a)
 
-    plain = torch.cuda.Stream()
     rows = {"neighbour alone": graph_time_us(neighbour), "copy alone": graph_time_us(copy)}
-    rows["both, plain side stream"] = _pair_us(neighbour, copy, plain)
-    for p, (_, stream) in [(p, v) for p, v in greens.items() if p > 0]:
-        rows[f"copy alone, green {p}"] = _on_us(copy, stream)
-        rows[f"both, copy green {p}"] = _pair_us(neighbour, copy, stream)
-        rest = greens.get(-p)
-        if rest is not None:
-            rows[f"both, copy green {p}, neighbour green rest"] = _pair_us(
-                neighbour, copy, stream, main=rest[1]
-            )
+    rows["both, plain side stream"] = _pair_us(neighbour, copy, torch.cuda.Stream())
+    for p, part in parts.items():
+        for key, fn in (
+            (f"copy alone, small {part.sms}", lambda: _on_us(copy, part.small)),
+            (f"neighbour alone, rest {part.rest_sms}", lambda: _on_us(neighbour, part.rest)),
+            (f"both, copy small {part.sms}", lambda: _pair_us(neighbour, copy, part.small)),
+            (
+                f"both, copy small {part.sms}, neighbour rest",
+                lambda: _pair_us(neighbour, copy, part.small, main=part.rest),
+            ),
+        ):
+            rows[key] = _try(fn)
     for k, us in rows.items():
-        gbs = f"  copy {nbytes / us / 1e3:6.1f} GB/s" if "copy alone" in k else ""
-        print(f"  {k:<48} {us:9.1f} us{gbs}")
+        gbs = (
+            f"  copy {nbytes / us / 1e3:6.1f} GB/s"
+            if "copy alone" in k and not isinstance(us, str)
+            else ""
+        )
+        print(f"  {k:<48} {us if isinstance(us, str) else f'{us:9.1f} us'}{gbs}")
     report["timings_us"] = rows
     report["copy_bytes"] = nbytes
 
 
 def _on_us(fn, stream) -> float:
-    def launch():
+    def launch():  # forked from the capturing stream and joined back, as a capture requires
+        cur = torch.cuda.current_stream()
+        stream.wait_stream(cur)
         with torch.cuda.stream(stream):
             fn()
+        cur.wait_stream(stream)
 
     return graph_time_us(launch)
 
@@ -192,7 +210,6 @@ def main() -> None:
         raise SystemExit("sm_partition needs a GPU")
     from torch.cuda import green_contexts
 
-    total = torch.cuda.get_device_properties(0).multi_processor_count
     report: dict = {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
@@ -201,16 +218,10 @@ def main() -> None:
     }
     print(report)
     report["plain"] = _sms_of(_smid)
-    sms = [int(s) for s in args.sms.split(",")]
-    greens = _placement(report, sms + [total - s for s in sms])
-    greens.update({-p: greens.pop(total - p) for p in sms if total - p in greens})
-    for p in sms:
-        if p in greens and -p in greens:
-            a, b = report[f"green {p}"]["eager"], report[f"green {total - p}"]["eager"]
-            report[f"overlap {p}/{total - p}"] = sorted(set(a) & set(b))
-            print(f"overlap of green {p} and {total - p}: {len(set(a) & set(b))} SMs")
+    print(f"plain stream: {_short(report['plain'])}")
+    parts = _placement(report, [int(s) for s in args.sms.split(",")])
     copy, nbytes = _copy_case(_Tier(1 << 30))
-    _timings(report, greens, copy, nbytes)
+    _timings(report, parts, copy, nbytes)
     if args.out:
         args.out.write_text(json.dumps(report, indent=1, default=str))
 
