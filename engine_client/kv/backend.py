@@ -182,6 +182,9 @@ class SharedBackend:
 
     capturable: bool = True
     microbatches: int = 1
+    # The stream the model's kernels must run on (None: the caller's): set by a backend whose
+    # side stream holds SMs of its own (kernels/sm_partition.py), to the rest of the SMs.
+    compute_stream: torch.cuda.Stream | None = None
 
     def __init__(
         self, layout: KVLayout, kernels: KernelSet, device: torch.device, max_batch: int

@@ -17,6 +17,7 @@ from contract.swap_plan import PlanInputs, PlanOutputs, swap_in
 from contract.tensors import KVTensors
 from engine_client.kv.backend import AttnRows, SharedBackend
 from engine_client.kv.kernel_set import KernelSet
+from kernels.sm_partition import split_sms
 from kernels.swap.copy_grid import CopyGrid
 
 # The side-stream miss copy's grid when micro-batches overlap it with compute: every working
@@ -65,11 +66,18 @@ class HiSparseBackend(SharedBackend):
         self.microbatches, self.copy_grid = microbatches, copy_grid
         # The side stream serves the Triton kernels (the references take no grid size).
         overlap = microbatches > 1 and self.device.type == "cuda" and kernels.capturable
-        self._copy_stream = (
-            torch.cuda.Stream(self.device, priority=copy_grid.priority) if overlap else None
-        )
+        self._copy_stream = self._side_stream(copy_grid) if overlap else None
         self._copied: dict[int, torch.cuda.Event] = {}  # by a part's first row
         self._hot_rows = self._hot_views(kv)
+
+    def _side_stream(self, grid: CopyGrid) -> torch.cuda.Stream:
+        """The copy's stream; with grid.sms, on SMs of its own, and the model's kernels then
+        run on the rest (`compute_stream`, which the model runner launches on)."""
+        if not grid.sms:
+            return torch.cuda.Stream(self.device, priority=grid.priority)
+        part = split_sms(grid.sms, self.device)
+        self.compute_stream = part.rest
+        return part.small
 
     def _init_plan_outputs(self, rows: int, k: int) -> None:
         """The swap plan's outputs, allocated once (a captured graph keeps their addresses)."""

@@ -17,8 +17,9 @@ t + 1 before step t's tokens reach the host (overlap). The engine writes it afte
 
 from __future__ import annotations
 
+import contextlib
 import gc
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -89,7 +90,23 @@ class ModelRunner:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.use_graphs = cfg.use_graphs and self.device.type == "cuda" and be.capturable
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        # The stream the model's kernels launch on, when the backend's side stream holds SMs of
+        # its own (None: the caller's current stream).
+        self._compute = be.compute_stream
         self.steps = 0
+
+    @contextlib.contextmanager
+    def on_compute(self) -> Iterator[None]:
+        """Launches inside go to the backend's compute stream (if any), ordered after the
+        caller's stream's work so far and joined back into it at the end."""
+        if self._compute is None:
+            yield
+            return
+        cur = torch.cuda.current_stream(self.device)
+        self._compute.wait_stream(cur)
+        with torch.cuda.stream(self._compute):
+            yield
+        cur.wait_stream(self._compute)
 
     def _body(self, bs: int) -> None:
         x = self.inputs[:, :bs]
@@ -173,11 +190,12 @@ class ModelRunner:
         bs = self.cfg.bucket(n)
         if self.use_graphs and bs not in self.graphs:
             self.capture(bs)
-        self._stage([token_ids, req_slots, positions, seq_lens])
-        if self.use_graphs:
-            self.graphs[bs].replay()
-        else:
-            self._body(bs)
+        with self.on_compute():
+            self._stage([token_ids, req_slots, positions, seq_lens])
+            if self.use_graphs:
+                self.graphs[bs].replay()
+            else:
+                self._body(bs)
         self.steps += 1
         return self.logits[: n * self.rows_per_request]
 
@@ -206,7 +224,8 @@ class ModelRunner:
         todo = sorted(set(buckets or self.cfg.buckets) - set(self.graphs), reverse=True)
         with Progress("warm-up and CUDA graph capture", len(todo), "batch bucket") as progress:
             for bs in todo:
-                self._capture_bucket(bs)
+                with self.on_compute():
+                    self._capture_bucket(bs)
                 progress.update()
         torch.cuda.current_stream(self.device).synchronize()
 
@@ -229,7 +248,9 @@ class ModelRunner:
         gc_was_on = gc.isenabled()
         gc.disable()
         try:
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            with torch.cuda.graph(
+                graph, pool=self._pool, stream=self._compute, capture_error_mode="thread_local"
+            ):
                 body(bs)
         finally:
             if gc_was_on:

@@ -174,10 +174,11 @@ class SpeculativeModelRunner(ModelRunner):
         self.verified[:n].copy_(verified)
         self.accepted[:n].copy_(accepted)
         bs = self.cfg.bucket(n)
-        if self.use_graphs:
-            self.draft_graphs[bs].replay()
-        else:
-            self._draft_body(bs)
+        with self.on_compute():
+            if self.use_graphs:
+                self.draft_graphs[bs].replay()
+            else:
+                self._draft_body(bs)
 
     def drop_graphs(self) -> None:
         # The draft graphs first: the base class then frees the pool they shared.

@@ -63,8 +63,9 @@ TILE_ROWS: dict[RowKernel, int] = {RowKernel.BF16: 64, RowKernel.FP8: 64}
 # fp8 65-128 (run V, H100, `attention_sweep --batches 56,74,111 --formats fp8 --quick`): the parts
 # of N 222 (2 parts of 111, 3 of 74). Chunk 256 (8 score programs a request, several waves of
 # short programs) beat the longer chunks in the score pass (64-row tiles): bs 111 218.8 us vs
-# 235.6 at chunk 2048, bs 74 153.0 vs 176.8 at chunk 512 (2048: slower still); at bs 74 the 128-column mix on 4 warps beat 256 on 8 (152.2 vs 169.0 us). bs 128 and
-# above keep run D's H200 entry (not re-measured).
+# 235.6 at chunk 2048, bs 74 153.0 vs 176.8 at chunk 512 (2048: slower still); at bs 74 the
+# 128-column mix on 4 warps beat 256 on 8 (152.2 vs 169.0 us). bs 128 and above keep run D's
+# H200 entry (not re-measured).
 _SMALL = LaunchConfig(chunk=128, mix_cols=64, mix_warps=4, mix_stages=4)
 _PART = LaunchConfig(chunk=512, mix_cols=128, mix_warps=4, mix_stages=3)
 TABLE: dict[RowKernel, list[tuple[int, LaunchConfig]]] = {

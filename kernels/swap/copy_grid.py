@@ -19,13 +19,14 @@ import re
 from dataclasses import dataclass
 
 SPEC_GRAMMAR = (
-    "default | P | P/MIN/BYTES, then optionally @CHUNK[xWARPS][p] "
-    "(BYTES and CHUNK take K/M suffixes; e.g. 24, 64/8/1.5M, 8@64Kx32, 64/8/2M@16Kx8p)"
+    "default | P | P/MIN/BYTES, then optionally @CHUNK[xWARPS][p], then optionally gSMS "
+    "(BYTES and CHUNK take K/M suffixes; e.g. 24, 64/8/1.5M, 8@64Kx32, 64/8/2M@16Kx8p, 8@64Kx32g8)"
 )
 _NUM = r"\d+(?:\.\d+)?[KkMm]?"
 _SPEC = re.compile(
     rf"(?P<body>default|\d+|\d+/\d+/{_NUM})"
     rf"(?:@(?P<chunk>{_NUM})(?:x(?P<warps>\d+))?(?P<prefetch>p)?)?"
+    r"(?:g(?P<sms>\d+))?"
 )
 
 
@@ -41,7 +42,10 @@ class CopyGrid:
     16-byte vectors (8 KiB: 4 vectors per thread of 4 warps, 40 registers on sm_90; the copy is
     latency bound per CTA, a PCIe read per iteration, so this and the working CTAs set its
     rate). warps: per CTA. prefetch: load the next chunk's row numbers during this chunk's
-    reads (one fewer serial load per iteration for more registers: 63 instead of 40 at 8 KiB)."""
+    reads (one fewer serial load per iteration for more registers: 63 instead of 40 at 8 KiB).
+    sms: SMs of the copy's own (kernels/sm_partition.py): the side stream runs on a group of at
+    least `sms` SMs and the model's kernels on the rest, so neither waits for the other's CTAs
+    to leave an SM; 0 (the default): both share every SM. Like priority, the streams'."""
 
     programs: int | None = None
     bytes_per_program: int = 0
@@ -50,6 +54,7 @@ class CopyGrid:
     chunk_bytes: int = 8192
     warps: int = 4
     prefetch: bool = False
+    sms: int = 0
 
     def __post_init__(self) -> None:
         if self.programs is not None and self.programs < 1:
@@ -65,18 +70,22 @@ class CopyGrid:
             raise ValueError(f"chunk_bytes must be a power of 2 >= 16, got {self.chunk_bytes}")
         if not (1 <= self.warps <= 32 and _power_of_two(self.warps)):
             raise ValueError(f"warps must be a power of 2 in 1..32, got {self.warps}")
+        if self.sms < 0:
+            raise ValueError(f"sms must be >= 0 (0: no SMs of its own), got {self.sms}")
 
     @classmethod
     def parse(cls, spec: str, default: CopyGrid | None = None) -> CopyGrid:
         """The grid a spec names (SPEC_GRAMMAR): `default` is `default` (the caller's grid:
         the engine's lives above the kernels), `P` is P CTAs all working, `P/MIN/BYTES` the rule;
-        the tail sets chunk_bytes, warps and prefetch (unset: the body's). priority is the
-        stream's, not the launch's: the body's (0 for P and P/MIN/BYTES)."""
+        the tail sets chunk_bytes, warps and prefetch (unset: the body's), `gSMS` the copy's own
+        SMs. priority is the stream's, not the launch's: the body's (0 for P and P/MIN/BYTES)."""
         m = _SPEC.fullmatch(spec)
         if m is None:
             raise ValueError(f"bad copy grid spec {spec!r}: expected {SPEC_GRAMMAR}")
         try:
             grid = _body(m["body"], default)
+            if m["sms"] is not None:
+                grid = dataclasses.replace(grid, sms=int(m["sms"]))
             if m["chunk"] is None:
                 return grid
             return dataclasses.replace(
@@ -95,7 +104,7 @@ class CopyGrid:
         body = str(self.programs)
         if self.bytes_per_program or self.min_programs != 1:
             body += f"/{self.min_programs}/{_size(self.bytes_per_program)}"
-        return body + self._tail()
+        return body + self._tail() + (f"g{self.sms}" if self.sms else "")
 
     def _tail(self) -> str:
         """`@CHUNK[xWARPS][p]`, or nothing when the iteration is the default one."""
@@ -129,6 +138,7 @@ class CopyGrid:
         tail = self._tail()
         tail = f" {tail}" if tail else ""
         prio = f" prio {self.priority}" if self.priority else ""
+        prio += f" own {self.sms} SMs" if self.sms else ""
         if self.bytes_per_program == 0:
             return f"fixed {top}{tail}{prio}"
         n = self.bytes_per_program

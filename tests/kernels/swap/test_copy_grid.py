@@ -27,7 +27,14 @@ def test_fixed_grid_and_tiny_budget():
 
 
 @pytest.mark.parametrize(
-    "kw", [dict(programs=0), dict(bytes_per_program=-1), dict(min_programs=0), dict(priority=1)]
+    "kw",
+    [
+        dict(programs=0),
+        dict(bytes_per_program=-1),
+        dict(min_programs=0),
+        dict(priority=1),
+        dict(sms=-1),
+    ],
 )
 def test_rejects_bad_rules(kw):
     with pytest.raises(ValueError):
@@ -56,6 +63,7 @@ def test_labels_name_the_iteration_only_off_its_default():
     assert CopyGrid(8, chunk_bytes=64 << 10, warps=32).label() == "fixed 8 @64Kx32"
     assert CopyGrid(64, 2 << 20, 8, prefetch=True).label() == "<=64 >=8 2M @8Kp"
     assert CopyGrid(24, warps=8, priority=-1).label() == "fixed 24 @8Kx8 prio -1"
+    assert CopyGrid(8, chunk_bytes=64 << 10, warps=32, sms=8).label() == "fixed 8 @64Kx32 own 8 SMs"
 
 
 # The spec grammar of bench/profile/copy_sweep.py's --grids and the engine's --decode-copy-grid.
@@ -68,6 +76,8 @@ SPECS = {
     "24@8Kp": CopyGrid(24, prefetch=True),
     "7/1/100@256": CopyGrid(7, 100, chunk_bytes=256),
     "6/3/0": CopyGrid(6, 0, 3),
+    "8@64Kx32g8": CopyGrid(8, chunk_bytes=64 << 10, warps=32, sms=8),
+    "24g16": CopyGrid(24, sms=16),
 }
 
 
@@ -90,12 +100,28 @@ def test_default_is_the_callers_grid():
     assert CopyGrid.parse("default", default=mine) == mine
     wide = CopyGrid.parse("default@16Kx8p", default=mine)
     assert wide == CopyGrid(64, 1 << 20, 16, chunk_bytes=16 << 10, warps=8, prefetch=True)
+    assert CopyGrid.parse("defaultg16", default=mine) == CopyGrid(64, 1 << 20, 16, sms=16)
     with pytest.raises(ValueError, match="default"):
         CopyGrid.parse("default")  # no grid given to stand for it
 
 
 @pytest.mark.parametrize(
-    "spec", ["8@3K", "x", "8@64Kx3", "0", "64/8", "", "8@", "8@x8", "64/0/1M", "64/8/1.5", "8 "]
+    "spec",
+    [
+        "8@3K",
+        "x",
+        "8@64Kx3",
+        "0",
+        "64/8",
+        "",
+        "8@",
+        "8@x8",
+        "64/0/1M",
+        "64/8/1.5",
+        "8 ",
+        "8g",
+        "8g-1",
+    ],
 )
 def test_bad_specs_name_the_spec_and_the_grammar(spec):
     with pytest.raises(ValueError) as e:
