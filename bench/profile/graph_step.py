@@ -18,11 +18,11 @@ import torch
 
 from bench.profile.step import offloaded_backend
 from contract.layout import KVLayout
-from engine_client.kv.kernel_set import KernelSet
 from engine_client.model.model import Model
 from engine_client.model.model_runner import DecodeConfig, ModelRunner
 from engine_client.model.preset import preset
 from engine_client.model.weights import random_weights
+from kernels.kernel_set import KernelSet
 
 
 def run(args: argparse.Namespace, use_graphs: bool, weights, cfg) -> dict:

@@ -17,11 +17,11 @@ from bench.shared.copy_args import copy_grid, copy_kernels
 from contract.layout import MODE_OFFLOADED, KVLayout
 from engine_client.kv.baseline import BaselineBackend
 from engine_client.kv.hisparse import HiSparseBackend
-from engine_client.kv.kernel_set import KernelSet
 from engine_client.model.model import Model
 from engine_client.model.model_runner import DecodeConfig, ModelRunner
 from engine_client.model.preset import preset
 from engine_client.model.weights import random_weights
+from kernels.kernel_set import KernelSet
 from kv_service.memory.store import allocate_local, reset_request
 
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from engine_client.kv.kernel_set import KernelSet
 from kernels.attention.configs import LaunchConfig, launch_config
 from kernels.formats import BF16_ROW
+from kernels.kernel_set import KernelSet
 
 
 def add_attention_args(ap: argparse.ArgumentParser) -> None:

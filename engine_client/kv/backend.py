@@ -26,8 +26,8 @@ import torch
 
 from contract.layout import KVLayout
 from contract.tensors import KVTensors
-from engine_client.kv.kernel_set import KernelSet
 from kernels.formats import INDEX_DIM, ROW_VALUES
+from kernels.kernel_set import KernelSet
 
 
 @dataclass(frozen=True)

@@ -22,13 +22,13 @@ from contract.tensors import KVTensors
 from engine_client.kv.backend import KVBackend
 from engine_client.kv.baseline import BaselineBackend
 from engine_client.kv.hisparse import OVERLAP_COPY_GRID, HiSparseBackend
-from engine_client.kv.kernel_set import KernelSet
 from engine_client.kv.remote_swap import RemoteSwapBackend, SwapFn
 from engine_client.model.attention import TopkSource
 from engine_client.model.model import Model
 from engine_client.model.model_runner import DecodeConfig, ModelRunner
 from engine_client.model.preset import ModelConfig
 from engine_client.model.speculative_runner import SpeculativeModelRunner
+from kernels.kernel_set import KernelSet
 from kernels.swap.copy_grid import CopyGrid
 
 log = logging.getLogger(__name__)
@@ -71,14 +71,6 @@ class Compute:
         pool), recaptured on use."""
         self.model_runner.drop_graphs()
         self.backend.rebind(tensors, exchange or None)
-
-
-def choose_kernels(name: str, device: str) -> KernelSet:
-    """'auto': Triton on CUDA; on CPU the torch references, because Triton's interpreter runs the
-    engine ~30x slower (both compute the same function, checked by the kernel tests)."""
-    if name == "triton" or (name == "auto" and device == "cuda"):
-        return KernelSet.triton()
-    return KernelSet.reference()
 
 
 def build_backend(

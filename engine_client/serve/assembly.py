@@ -11,18 +11,17 @@ import torch
 from engine_client.client.control import KVControl
 from engine_client.client.kv_client import KVClient
 from engine_client.kv.backend import KVBackend
-from engine_client.kv.kernel_set import KernelSet
 from engine_client.model.compute import (
     build_backend,
     build_compute,
     check_model_fits,
-    choose_kernels,
     load_topk_source,
     side_copy_grid,
 )
 from engine_client.model.preset import ModelConfig
 from engine_client.model.weights import load_safetensors, random_weights
 from engine_client.serve.config import EngineConfig
+from kernels.kernel_set import KernelSet
 
 
 def compute_thread(device: str) -> ThreadPoolExecutor:
@@ -71,7 +70,7 @@ def build_mode_compute(cfg: EngineConfig, mcfg: ModelConfig, control: KVControl,
     spec = cfg.speculation.spec_tokens
     # The all-on-GPU baseline has no hot buffers for the verify rows to share.
     check_model_fits(mcfg, control.layout, spec if cfg.kv.kv_mode != "baseline" else 0)
-    kernels = choose_kernels(cfg.execution.kernels, device.split(":")[0])
+    kernels = KernelSet.choose(cfg.execution.kernels, device.split(":")[0])
     weights = (
         load_safetensors(cfg.model.checkpoint, mcfg, device)
         if cfg.model.checkpoint

@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -28,6 +27,7 @@ from contract.exchange import EVENT_NAMES, exchange_inputs, exchange_outputs, ex
 from contract.layout import MAX_DRAFT_TOKENS
 from contract.swap_plan import swap_in
 from contract.tensors import KVTensors
+from kernels.kernel_set import KernelSet
 from kv_service.memory.region_lease import RegionLease
 
 
@@ -37,21 +37,6 @@ class SwapResult:
     misses: int
     bytes_moved: int
     seconds: float
-
-
-def _kernels(cuda: bool) -> tuple[Callable[..., None], Callable[..., None]]:
-    """(swap_plan, miss_copy): Triton on CUDA; on CPU the torch references, as the engine's
-    `--kernels auto` and the store's prefix loads choose: both compute the same function (the
-    kernel tests check it), and Triton's interpreter made a CPU remote-swap step ~15x slower
-    than an in-stream one (0.34 s against 0.02 s, tests/integration/test_resume_kill)."""
-    if cuda:
-        from kernels.swap.miss_copy import miss_copy
-        from kernels.swap.plan import swap_plan
-
-        return swap_plan, miss_copy
-    from kernels.reference import ref_miss_copy, ref_swap_plan
-
-    return ref_swap_plan, ref_miss_copy
 
 
 class RemoteSwapper:
@@ -72,7 +57,8 @@ class RemoteSwapper:
         self.x = exchange
         self.owner: str | None = None
         self._cuda = kv.device.type == "cuda"
-        self._plan, self._copy = _kernels(self._cuda)  # chosen once, not per layer
+        kernels = KernelSet.choose("auto", kv.device.type)  # chosen once, not per layer
+        self._plan, self._copy = kernels.swap_plan, kernels.miss_copy
         self.events: dict[str, torch.cuda.Event] = {}
         if self._cuda:
             self.stream = torch.cuda.Stream(kv.device)

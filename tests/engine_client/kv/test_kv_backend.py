@@ -11,13 +11,13 @@ from contract.tensors import TENSOR_NAMES
 from engine_client.kv.backend import KVBackend
 from engine_client.kv.baseline import BaselineBackend, baseline_layout
 from engine_client.kv.hisparse import HiSparseBackend
-from engine_client.kv.kernel_set import KernelSet
 from engine_client.kv.remote_swap import RemoteSwapBackend, allocate_exchange, local_swap_fn
 from engine_client.model.model import Model
 from engine_client.model.model_runner import DecodeConfig, ModelRunner
 from engine_client.model.preset import preset
 from engine_client.model.weights import random_weights
 from kernels.formats import BF16_KEYS, INDEX_FORMATS
+from kernels.kernel_set import KernelSet
 from kernels.reference import read_index_rows
 from kv_service.memory.remote_swap import RemoteSwapper
 from kv_service.memory.store import allocate_local, reset_request

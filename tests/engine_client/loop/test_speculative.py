@@ -10,7 +10,6 @@ import torch
 
 from contract import setting_groups
 from engine_client.kv.baseline import BaselineBackend, baseline_layout
-from engine_client.kv.kernel_set import KernelSet
 from engine_client.loop.sampler import derive, stream_key, token_key
 from engine_client.loop.speculative import row_keys, verify
 from engine_client.model.model import Model
@@ -18,6 +17,7 @@ from engine_client.model.model_runner import DecodeConfig, ModelRunner
 from engine_client.model.preset import preset
 from engine_client.model.speculative_runner import SpeculativeModelRunner
 from engine_client.model.weights import random_weights
+from kernels.kernel_set import KernelSet
 
 
 def one_hot_logits(rows: list[int], vocab: int = 6) -> torch.Tensor:

@@ -13,7 +13,6 @@ from contract.tensors import TENSOR_NAMES
 from engine_client.kv.backend import KVBackend
 from engine_client.kv.baseline import BaselineBackend
 from engine_client.kv.hisparse import HiSparseBackend
-from engine_client.kv.kernel_set import KernelSet
 from engine_client.kv.remote_swap import RemoteSwapBackend, allocate_exchange, local_swap_fn
 from engine_client.model.forward_batch import Tokens
 from engine_client.model.model import Model
@@ -22,6 +21,7 @@ from engine_client.model.preset import preset
 from engine_client.model.weights import random_weights
 from engine_client.model.workspace import Workspace
 from kernels.attention.sparse import TileWorkspace
+from kernels.kernel_set import KernelSet
 from kv_service.memory.store import allocate_local, reset_request
 
 CFG = preset("tiny", topk=8)

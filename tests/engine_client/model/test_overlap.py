@@ -10,12 +10,12 @@ import torch
 from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
 from contract.tensors import TENSOR_NAMES
 from engine_client.kv.hisparse import OVERLAP_COPY_GRID, HiSparseBackend
-from engine_client.kv.kernel_set import KernelSet
 from engine_client.model.attention import row_parts
 from engine_client.model.model import Model
 from engine_client.model.model_runner import DecodeConfig, ModelRunner
 from engine_client.model.preset import preset
 from engine_client.model.weights import random_weights
+from kernels.kernel_set import KernelSet
 from kernels.swap.copy_grid import CopyGrid
 from kv_service.memory.store import allocate_local, reset_request
 

@@ -10,11 +10,11 @@ import torch
 
 from contract.layout import MODE_OFFLOADED, KVLayout
 from engine_client.kv.hisparse import HiSparseBackend
-from engine_client.kv.kernel_set import KernelSet
 from engine_client.model.model import Model
 from engine_client.model.model_runner import DecodeConfig, ModelRunner
 from engine_client.model.part_tail import PartTails
 from engine_client.model.weights import random_weights
+from kernels.kernel_set import KernelSet
 from kv_service.memory.store import allocate_local, reset_request
 from tests.engine_client.model.test_model import (
     CFG,

@@ -18,13 +18,13 @@ import torch
 from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
 from engine_client.kv.baseline import BaselineBackend
 from engine_client.kv.hisparse import HiSparseBackend
-from engine_client.kv.kernel_set import KernelSet
 from engine_client.kv.remote_swap import RemoteSwapBackend, allocate_exchange, local_swap_fn
 from engine_client.model.model import Model
 from engine_client.model.model_runner import DecodeConfig
 from engine_client.model.preset import preset
 from engine_client.model.speculative_runner import SpeculativeModelRunner
 from engine_client.model.weights import random_weights
+from kernels.kernel_set import KernelSet
 from kv_service.memory.store import allocate_local, reset_request
 from tests.engine_client.loop.test_engine import one_cpu_thread  # noqa: F401 (autouse: one CPU thread)
 

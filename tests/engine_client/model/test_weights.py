@@ -9,7 +9,6 @@ import torch
 from safetensors.torch import save_file
 
 from engine_client.kv.baseline import BaselineBackend, baseline_layout
-from engine_client.kv.kernel_set import KernelSet
 from engine_client.model.model import Model
 from engine_client.model.preset import PRESETS, ConfigError, ModelConfig, preset
 from engine_client.model.weights import (
@@ -19,6 +18,7 @@ from engine_client.model.weights import (
     save_safetensors,
     weight_shapes,
 )
+from kernels.kernel_set import KernelSet
 
 CFG = preset("tiny", topk=8)
 
