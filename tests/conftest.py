@@ -1,3 +1,6 @@
+import tests.blas_threads  # noqa: F401  (before torch imports numpy)
+
+# isort: split
 import os
 import sys
 
@@ -9,6 +12,9 @@ from tests.leftovers import Session
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    # One OpenMP thread per test process, as tests/blas_threads.py does for numpy: torch's
+    # threads of two xdist workers spin against each other on CI's two cores.
+    torch.set_num_threads(1)
 
 # Before any test makes a temporary file: every one goes under this session's own root. Under
 # pytest-xdist every worker is a session of its own; the controller runs no test.

@@ -81,8 +81,12 @@ def test_leftovers_of_xdist_workers_fail_the_run_and_are_named(tmp_path) -> None
     (tmp_path / "conftest.py").write_text("from tests.conftest import *  # noqa: F403\n")
     (tmp_path / "test_leaky.py").write_text(LEAKY)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    # xdist is the one plugin this run needs: the others installed (hypothesis, benchmark...)
+    # cost each of its three processes seconds of imports and check nothing here.
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    args = ["-q", "-n", "2", "-p", "xdist", "-p", "no:cacheprovider", str(tmp_path)]
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", str(tmp_path)],
+        [sys.executable, "-m", "pytest", *args],
         cwd=tmp_path,
         env=env,
         capture_output=True,

@@ -52,9 +52,12 @@ async def _cut_and_restart(
         start_at = len(eng.log(None))  # the restarted engine appends to the same log
         path = os.path.dirname(eng.log_path)
         engines.append(await asyncio.to_thread(start_engine, path, "service", svc, "engine", extra))
-        cancelled = f"client of request {rid} went away: cancelling it"
+        # Until the cancel's last line: "went away: cancelling it" is logged a step earlier,
+        # and a wait for that line alone returned before this one was written whenever the
+        # restarted engine was seen serving at once.
+        cancelled = re.compile(rf"request {rid} cancelled after \d+ tokens")
         deadline = time.monotonic() + 20
-        while cancelled not in eng.log(None)[start_at:] and time.monotonic() < deadline:
+        while not cancelled.search(eng.log(None)[start_at:]) and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
         return eng.log(None)[start_at:]
     finally:

@@ -45,14 +45,16 @@ def cli(*args: str, timeout: float = HANG_BOUND) -> subprocess.CompletedProcess:
 def test_generate_with_a_wrong_target_fails_fast_and_says_where() -> None:
     with workdir("hcl") as path:
         sock = os.path.join(path, "no-engine.sock")
-        out = cli("generate", "--target", sock, "--connect-timeout", "2")
+        # Nothing will listen: the connect wait always runs out, so a short one (it was 2 s,
+        # idle time of a CI core) shows the same failure.
+        out = cli("generate", "--target", sock, "--connect-timeout", "0.5")
         assert out.returncode == 1
         assert f"unix:{sock}" in out.stderr and "does not exist" in out.stderr
         assert "python -m engine_client serve" in out.stderr and "--target" in out.stderr
         assert "Traceback" not in out.stderr and "DEADLINE_EXCEEDED" not in out.stderr
 
         open(sock, "w").close()  # a file where no one listens: a stale socket
-        out = cli("generate", "--target", sock, "--connect-timeout", "2")
+        out = cli("generate", "--target", sock, "--connect-timeout", "0.5")
         assert out.returncode == 1 and "nothing accepts connections" in out.stderr
         assert "Traceback" not in out.stderr
 
@@ -71,7 +73,7 @@ def test_serve_with_a_missing_service_socket_fails_fast_and_says_where() -> None
             "--uds",
             os.path.join(path, "engine.sock"),
             "--attach-timeout",
-            "2",
+            "0.5",  # as above: no service will listen
         )
         assert out.returncode == 1, out.stderr
         assert f"unix:{sock}" in out.stderr and "python -m kv_service --uds" in out.stderr
