@@ -40,7 +40,7 @@ _LAZY = {
     "RemoteSwapBackend": "engine_client.kv.remote_swap",
     "ModelRunner": "engine_client.model.model_runner",
     "DecodeConfig": "engine_client.model.model_runner",
-    "KernelSet": "kernels.kernel_set",
+    "KernelSet": "kernels.kit.kernel_set",
 }
 
 __all__ = sorted(_LAZY)

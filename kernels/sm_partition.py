@@ -74,6 +74,8 @@ def _green_stream(drv: ctypes.CDLL, dev: ctypes.c_int, resource: ctypes.Array) -
         drv.cuGreenCtxStreamCreate(ctypes.byref(stream), ctx, _STREAM_NON_BLOCKING, 0),
         "cuGreenCtxStreamCreate",
     )
+    if not stream.value:
+        raise SmPartitionError("cuGreenCtxStreamCreate gave no stream")
     return stream.value
 
 

@@ -22,7 +22,7 @@ from engine_client.model.model import Model
 from engine_client.model.model_runner import DecodeConfig, ModelRunner
 from engine_client.model.preset import preset
 from engine_client.model.weights import random_weights
-from kernels.kernel_set import KernelSet
+from kernels.kit.kernel_set import KernelSet
 
 
 def run(args: argparse.Namespace, use_graphs: bool, weights, cfg) -> dict:

@@ -82,7 +82,7 @@ def _marked(name: str, fn, device: str):
 
 def _patch_kernel_set(device: str) -> None:
     """Make KernelSet.triton() hand out marked entries."""
-    from kernels.kernel_set import KernelSet
+    from kernels.kit.kernel_set import KernelSet
 
     plain = KernelSet.triton
 
@@ -213,7 +213,7 @@ def modes(log_path: str) -> int:
 
 
 def _entry_names() -> list[str]:
-    from kernels.kernel_set import KernelSet
+    from kernels.kit.kernel_set import KernelSet
 
     return [f.name for f in dataclasses.fields(KernelSet) if f.name != "capturable"]
 

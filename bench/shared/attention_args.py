@@ -14,7 +14,7 @@ import dataclasses
 
 from kernels.attention.configs import LaunchConfig, launch_config
 from kernels.formats import BF16_ROW
-from kernels.kernel_set import KernelSet
+from kernels.kit.kernel_set import KernelSet
 
 
 def add_attention_args(ap: argparse.ArgumentParser) -> None:

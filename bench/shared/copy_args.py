@@ -8,7 +8,7 @@ import dataclasses
 import functools
 
 from engine_client.kv.hisparse import OVERLAP_COPY_GRID
-from kernels.kernel_set import KernelSet
+from kernels.kit.kernel_set import KernelSet
 from kernels.swap.copy_grid import SPEC_GRAMMAR, CopyGrid, check_spec
 
 

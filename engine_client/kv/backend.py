@@ -27,7 +27,7 @@ import torch
 from contract.layout import KVLayout
 from contract.tensors import KVTensors
 from kernels.formats import INDEX_DIM, ROW_VALUES
-from kernels.kernel_set import KernelSet
+from kernels.kit.kernel_set import KernelSet
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,8 @@ class KVBackend(Protocol):
     max_batch: int
     # Parts a decode layer's batch is cut into (HiSparseBackend overlaps their miss copies).
     microbatches: int
+    # The stream the decode step must launch on (None: the caller's; SharedBackend's doc).
+    compute_stream: torch.cuda.Stream | None
 
     def append(
         self,

@@ -8,7 +8,7 @@ import torch
 from contract.layout import KVLayout
 from contract.tensors import KVTensors
 from engine_client.kv.backend import AttnRows, SharedBackend
-from kernels.kernel_set import KernelSet
+from kernels.kit.kernel_set import KernelSet
 from kernels.reference import write_index_rows
 
 

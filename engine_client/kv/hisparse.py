@@ -16,7 +16,7 @@ from contract.layout import MAX_DRAFT_TOKENS, MODE_OFFLOADED, MODE_RESIDENT
 from contract.swap_plan import PlanInputs, PlanOutputs, swap_in
 from contract.tensors import KVTensors
 from engine_client.kv.backend import AttnRows, SharedBackend
-from kernels.kernel_set import KernelSet
+from kernels.kit.kernel_set import KernelSet
 from kernels.sm_partition import split_sms
 from kernels.swap.copy_grid import CopyGrid
 

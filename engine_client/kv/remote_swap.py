@@ -14,7 +14,7 @@ from contract.swap_plan import PlanOutputs, swap_in
 from contract.tensors import KVTensors
 from engine_client.kv.backend import AttnRows
 from engine_client.kv.hisparse import HiSparseBackend
-from kernels.kernel_set import KernelSet
+from kernels.kit.kernel_set import KernelSet
 
 
 def allocate_exchange(

@@ -28,7 +28,7 @@ from engine_client.model.model import Model
 from engine_client.model.model_runner import DecodeConfig, ModelRunner
 from engine_client.model.preset import ModelConfig
 from engine_client.model.speculative_runner import SpeculativeModelRunner
-from kernels.kernel_set import KernelSet
+from kernels.kit.kernel_set import KernelSet
 from kernels.swap.copy_grid import CopyGrid
 
 log = logging.getLogger(__name__)

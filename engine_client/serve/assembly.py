@@ -21,7 +21,7 @@ from engine_client.model.compute import (
 from engine_client.model.preset import ModelConfig
 from engine_client.model.weights import load_safetensors, random_weights
 from engine_client.serve.config import EngineConfig
-from kernels.kernel_set import KernelSet
+from kernels.kit.kernel_set import KernelSet
 
 
 def compute_thread(device: str) -> ThreadPoolExecutor:

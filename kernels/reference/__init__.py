@@ -8,7 +8,7 @@
 - `dense`: batch-invariant matmul and norms (`ref_invariant_linear`, `ref_invariant_rms_norm`, ...)
 
 Each `ref_*` computes the same function as its kernel, written for clarity rather than speed,
-with the kernel wrapper's signature (kernels.kernel_set swaps them in). Tests compare
+with the kernel wrapper's signature (kernels.kit.kernel_set swaps them in). Tests compare
 kernels against these on random inputs of irregular sizes. Everything is importable from here.
 """
 

@@ -27,7 +27,7 @@ from contract.exchange import EVENT_NAMES, exchange_inputs, exchange_outputs, ex
 from contract.layout import MAX_DRAFT_TOKENS
 from contract.swap_plan import swap_in
 from contract.tensors import KVTensors
-from kernels.kernel_set import KernelSet
+from kernels.kit.kernel_set import KernelSet
 from kv_service.memory.region_lease import RegionLease
 
 

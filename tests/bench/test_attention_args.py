@@ -11,7 +11,7 @@ import pytest
 from bench.shared.attention_args import add_attention_args, attention_kernels
 from kernels.attention.configs import launch_config
 from kernels.formats import FP8_ROW
-from kernels.kernel_set import KernelSet
+from kernels.kit.kernel_set import KernelSet
 
 
 def _args(*argv: str) -> argparse.Namespace:

@@ -9,7 +9,7 @@ import pytest
 
 from bench.shared.copy_args import add_copy_args, copy_grid, copy_kernels
 from engine_client.kv.hisparse import OVERLAP_COPY_GRID
-from kernels.kernel_set import KernelSet
+from kernels.kit.kernel_set import KernelSet
 from kernels.swap.copy_grid import CopyGrid
 
 

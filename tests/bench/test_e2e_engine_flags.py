@@ -21,7 +21,7 @@ from engine_client.cli.main import add_serve, engine_config
 from engine_client.kv.hisparse import OVERLAP_COPY_GRID, HiSparseBackend
 from engine_client.model.compute import build_backend, side_copy_grid
 from engine_client.serve.config import EngineConfig
-from kernels.kernel_set import KernelSet
+from kernels.kit.kernel_set import KernelSet
 from kernels.swap.copy_grid import CopyGrid
 from kv_service.memory.store import allocate_local
 

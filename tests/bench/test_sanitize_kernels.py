@@ -80,7 +80,7 @@ def test_the_driver_launches_every_kernel_entry(capsys, monkeypatch) -> None:
     launch every KernelSet entry. On the H100 (2026-12-05) it exited 1 under every sanitizer
     because nothing ran the batch-invariant entries."""
     from bench.sanitize import cli
-    from kernels.kernel_set import KernelSet
+    from kernels.kit.kernel_set import KernelSet
 
     # run() wraps KernelSet.triton for the process; this test's ends with it.
     monkeypatch.setattr(KernelSet, "triton", KernelSet.__dict__["triton"])

@@ -18,6 +18,8 @@ RULES: dict[str, set[str]] = {
     "select": {"ground"},
     "dense": {"ground"},
     "attention": {"ground", "store"},
+    # The kit: the set of kernels a process launches, over every family and the references.
+    "kit": {"ground", "attention", "dense", "reference", "select", "store", "swap"},
 }
 
 

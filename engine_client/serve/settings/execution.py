@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from contract.flags import setting
 from contract.rules import check_settings, one_of, within
-from kernels.kernel_set import CHOICES as KERNELS
+from kernels.kit.kernel_set import CHOICES as KERNELS
 
 DEVICES = ("auto", "cpu", "cuda")
 

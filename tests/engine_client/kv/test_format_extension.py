@@ -23,7 +23,7 @@ from engine_client.kv.hisparse import HiSparseBackend
 from engine_client.loop.request import SamplingParams
 from engine_client.serve.factory import build_engine
 from kernels.formats import ROW_VALUES, RowFormat
-from kernels.kernel_set import KernelSet
+from kernels.kit.kernel_set import KernelSet
 from kernels.store.append import kv_append
 from kv_service.memory.store import allocate_local
 from tests.process_harness import LAYOUT, engine_config

@@ -17,7 +17,7 @@ from engine_client.model.model_runner import DecodeConfig, ModelRunner
 from engine_client.model.preset import preset
 from engine_client.model.weights import random_weights
 from kernels.formats import BF16_KEYS, INDEX_FORMATS
-from kernels.kernel_set import KernelSet
+from kernels.kit.kernel_set import KernelSet
 from kernels.reference import read_index_rows
 from kv_service.memory.remote_swap import RemoteSwapper
 from kv_service.memory.store import allocate_local, reset_request

@@ -17,7 +17,7 @@ from engine_client.model.model_runner import DecodeConfig, ModelRunner
 from engine_client.model.preset import preset
 from engine_client.model.speculative_runner import SpeculativeModelRunner
 from engine_client.model.weights import random_weights
-from kernels.kernel_set import KernelSet
+from kernels.kit.kernel_set import KernelSet
 
 
 def one_hot_logits(rows: list[int], vocab: int = 6) -> torch.Tensor:

@@ -16,7 +16,7 @@ from engine_client.model.model import Model
 from engine_client.model.model_runner import DecodeConfig, ModelRunner
 from engine_client.model.speculative_runner import SpeculativeModelRunner
 from engine_client.model.weights import random_weights
-from kernels.kernel_set import KernelSet
+from kernels.kit.kernel_set import KernelSet
 from tests.engine_client.loop.test_engine import one_cpu_thread  # noqa: F401 (autouse: one CPU thread)
 from tests.engine_client.model.test_spec_rollback import CFG, CONTEXT, LAYOUT, D, backend
 

@@ -21,7 +21,7 @@ from engine_client.model.preset import preset
 from engine_client.model.weights import random_weights
 from engine_client.model.workspace import Workspace
 from kernels.attention.sparse import TileWorkspace
-from kernels.kernel_set import KernelSet
+from kernels.kit.kernel_set import KernelSet
 from kv_service.memory.store import allocate_local, reset_request
 
 CFG = preset("tiny", topk=8)

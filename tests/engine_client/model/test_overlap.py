@@ -15,7 +15,7 @@ from engine_client.model.model import Model
 from engine_client.model.model_runner import DecodeConfig, ModelRunner
 from engine_client.model.preset import preset
 from engine_client.model.weights import random_weights
-from kernels.kernel_set import KernelSet
+from kernels.kit.kernel_set import KernelSet
 from kernels.swap.copy_grid import CopyGrid
 from kv_service.memory.store import allocate_local, reset_request
 

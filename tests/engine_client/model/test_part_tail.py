@@ -14,7 +14,7 @@ from engine_client.model.model import Model
 from engine_client.model.model_runner import DecodeConfig, ModelRunner
 from engine_client.model.part_tail import PartTails
 from engine_client.model.weights import random_weights
-from kernels.kernel_set import KernelSet
+from kernels.kit.kernel_set import KernelSet
 from kv_service.memory.store import allocate_local, reset_request
 from tests.engine_client.model.test_model import (
     CFG,

@@ -24,7 +24,7 @@ from engine_client.model.model_runner import DecodeConfig
 from engine_client.model.preset import preset
 from engine_client.model.speculative_runner import SpeculativeModelRunner
 from engine_client.model.weights import random_weights
-from kernels.kernel_set import KernelSet
+from kernels.kit.kernel_set import KernelSet
 from kv_service.memory.store import allocate_local, reset_request
 from tests.engine_client.loop.test_engine import one_cpu_thread  # noqa: F401 (autouse: one CPU thread)
 

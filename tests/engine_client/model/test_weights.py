@@ -18,7 +18,7 @@ from engine_client.model.weights import (
     save_safetensors,
     weight_shapes,
 )
-from kernels.kernel_set import KernelSet
+from kernels.kit.kernel_set import KernelSet
 
 CFG = preset("tiny", topk=8)
 
