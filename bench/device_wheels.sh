@@ -27,12 +27,22 @@
 # attention case (bench/kernels/flashmla_anchor.py). Built for torch >= 2.14 through the stable
 # ABI: whether it loads under the device's 2.11 is what the case prints. Carry [".whl",
 # ".whl-flashmla"] (with .whl-nixl too: ~50 MB of 64 MiB).
+#
+# `bash bench/device_wheels.sh sglang` downloads into .whl-sglang/ what SGLang's HiSparse swap-in
+# kernel needs to compile and run on the device, each without its dependencies: sglang
+# 0.5.10.post1 (6.1 MB; the newest our index serves, 0.5.9's has no kernel; it is in
+# jit_kernel/hisparse.py and csrc/hisparse.cuh), apache-tvm-ffi 0.1.12 (2.8 MB, its JIT build and
+# call layer; torch and typing-extensions are on the device) and ninja 1.13.2 (0.2 MB, the build
+# tool tvm-ffi runs; nvcc is the device's). The anchor (bench/kernels/sglang_anchor.py) imports
+# only sglang's jit_kernel files, so none of sglang's own requirements is needed. 8.6 MB in all:
+# carry [".whl-sglang"] (with .whl: 17 MB of 64 MiB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exclude=$(git rev-parse --git-path info/exclude)  # a worktree's .git is a file
 dir=.whl
 [ "${1:-}" = nixl ] && dir=.whl-nixl
 [ "${1:-}" = flashmla ] && dir=.whl-flashmla
+[ "${1:-}" = sglang ] && dir=.whl-sglang
 grep -qx "/$dir/" "$exclude" 2>/dev/null || echo "/$dir/" >> "$exclude"
 target=(--only-binary=:all: --python-version 3.12 --implementation cp
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any -d "$dir")
@@ -47,6 +57,13 @@ fi
 if [ "$dir" = .whl-flashmla ]; then  # one abi3 wheel for every CPython >= 3.10
   python3 -m pip download -q --no-deps "${target[@]}" sgl-flash-mla==1.0.0
   ls -l "$dir"
+  exit 0
+fi
+if [ "$dir" = .whl-sglang ]; then
+  python3 -m pip download -q --no-deps "${target[@]}" sglang==0.5.10.post1 \
+    apache-tvm-ffi==0.1.12 ninja==1.13.2
+  ls -l "$dir"
+  du -sh "$dir"
   exit 0
 fi
 python3 -m pip download -q --no-deps "${target[@]}" \

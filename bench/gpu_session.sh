@@ -34,15 +34,18 @@ OUT=${OUT:-.gpuout}
 RUN="$OUT/run"
 mkdir -p "$RUN"
 # .whl (bench/device_wheels.sh), .whl-nixl (device_wheels.sh nixl, slimmed to fit beside .whl:
-# carry [".whl", ".whl-nixl"]) and .whl-flashmla (device_wheels.sh flashmla: the attention case's
-# FlashMLA anchor), whichever are there.
+# carry [".whl", ".whl-nixl"]), .whl-flashmla (device_wheels.sh flashmla: the attention case's
+# FlashMLA anchor) and .whl-sglang (device_wheels.sh sglang: the sglang_swap case's anchor),
+# whichever are there.
 shopt -s nullglob
-wheels=(.whl/*.whl .whl-nixl/*.whl .whl-flashmla/*.whl)
+wheels=(.whl/*.whl .whl-nixl/*.whl .whl-flashmla/*.whl .whl-sglang/*.whl)
 shopt -u nullglob
 if [ ${#wheels[@]} -gt 0 ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site "${wheels[@]}"
   export PYTHONPATH=/tmp/site:$PWD
+  # A wheel's executables (ninja, which SGLang's JIT build runs) land in the target's bin/.
+  export PATH=/tmp/site/bin:$PATH
 else
   export PYTHONPATH=$PWD
 fi

@@ -1,6 +1,7 @@
 """Kernel benchmark: every kernel against its comparison, measured in one run.
 
     python -m bench.kernels [--out bench/results/kernels.json] [--quick] [--cases miss_copy]
+    python -m bench.kernels --cases sglang_swap  (against SGLang's swap-in: sglang_anchor.py)
 
 Needs CUDA. Prints a table last and writes JSON. GPU times come from CUDA graphs replayed
 between events, so Python launch cost is excluded; the CPU cost of one wrapper call is
@@ -24,6 +25,7 @@ from bench.kernels import (
     miss_copy_cases,
     overlap_cases,
     select_cases,
+    sglang_swap_cases,
     swap_cases,
 )
 from bench.shared.timing import Row, measure_ceilings, print_table
@@ -76,6 +78,7 @@ def run_cases(ceil: dict, reps: int, wanted: list[str]) -> list[Row]:
         miss_copy_cases,
         copy_layout_cases,
         overlap_cases,
+        sglang_swap_cases,
     )
     for case in [c for m in modules for c in m.ALL]:
         if wanted and not any(w in case.__name__ for w in wanted):
