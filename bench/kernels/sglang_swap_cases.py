@@ -29,6 +29,11 @@ from kernels.uva import UVATensor
 FORMATS = (("fp8", 656), ("bf16", 1152))
 BATCHES = (1, 16, 64, 128, 256)
 MISS_FRACTIONS = (0.0, 0.1, 0.2, 0.5, 1.0)
+# `--quick` (bench/kernels/cli.py: 5 repetitions instead of 20) also narrows the grid to the
+# shapes the issue names (bs 128, low miss rates) and one small batch: a device call is scarce.
+QUICK_BATCHES = (16, 128)
+QUICK_FRACTIONS = (0.1, 0.2, 1.0)
+QUICK_REPS = 5
 CTX = 16384
 TARGET = 0.9
 
@@ -144,12 +149,14 @@ def sglang_swap_case(ceil: dict, reps: int) -> list[Row]:
     print(
         f"  {'fmt':<5}{'bs':>5}{'miss':>6}{'rows':>9}{'ours us':>11}{'sglang us':>11}{'ratio':>8}"
     )
+    quick = reps <= QUICK_REPS
+    batches, fractions = (QUICK_BATCHES, QUICK_FRACTIONS) if quick else (BATCHES, MISS_FRACTIONS)
     rows: list[Row] = []
     for fmt, d in FORMATS:
-        for bs in BATCHES:
+        for bs in batches:
             try:
                 pair = _Pair(bs, d)
-                rows.extend(_row(pair, fmt, frac, reps) for frac in MISS_FRACTIONS)
+                rows.extend(_row(pair, fmt, frac, reps) for frac in fractions)
             except Exception as exc:
                 # Keep the rows measured so far, and the whole error in the log: a failed JIT
                 # build's compiler output is longer than a row's note.
