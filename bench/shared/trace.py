@@ -57,7 +57,9 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
 
 class TraceTopk:
     """A top-k source for engine_client.model.model.Model.topk_source: overwrites the decode step's
-    top-k [n, k] in place. Pure tensor ops on fixed shapes: capturable in a CUDA graph."""
+    top-k [n, k] in place, on fixed shapes: capturable in a CUDA graph. `fused` (the default on
+    CUDA): one Triton launch per call (bench/shared/trace_kernel.py); else the torch ops below,
+    which are its reference."""
 
     def __init__(
         self,
@@ -75,11 +77,28 @@ class TraceTopk:
         self.phase = (_mix(key + 0x3C6EF372) % params.epoch).to(self.device)
         # Static lanes never flicker and keep one epoch for good.
         self.moving = (_mix(key + 0x5851F42D) % 1000 >= int(1000 * params.static)).to(self.device)
+        self.fused = self.device.type == "cuda"
 
     def __call__(
         self, layer: int, req_slots: torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor
     ) -> None:
         p = self.params
+        if self.fused and out.dtype == torch.int32 and out.stride(1) == 1:
+            from bench.shared.trace_kernel import trace_topk
+
+            trace_topk(
+                self.key[layer],
+                self.phase[layer],
+                self.moving[layer],
+                req_slots,
+                seq_lens,
+                out,
+                epoch=p.epoch,
+                flicker=p.flicker,
+                alternates=p.alternates,
+                per_slot=p.per_slot,
+            )
+            return
         lens = seq_lens.long()[:, None].clamp(min=1)  # [n, 1]
         t = lens - 1
         ratio = (lens // self.k).clamp(min=1)
