@@ -16,7 +16,12 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 
+import kernels.interpreter  # noqa: F401  (the interpreter switch, before import triton)
+
+# isort: split
 import torch
+import triton
+import triton.language as tl
 
 _SM_TYPE = 1  # CU_DEV_RESOURCE_TYPE_SM
 _GREEN_CTX_DEFAULT_STREAM = 1  # cuGreenCtxCreate must be given it
@@ -39,6 +44,28 @@ class SmPartition:
     rest_sms: int
     small: torch.cuda.ExternalStream
     rest: torch.cuda.ExternalStream
+
+
+@triton.jit
+def _probe_kernel(out_ptr):
+    tl.store(out_ptr + tl.program_id(0), tl.program_id(0) + 1)
+
+
+def _check_launches(stream: torch.cuda.ExternalStream, what: str) -> None:
+    """A Triton kernel and a torch op on `stream`, waited for: the engine launches both kinds on
+    these streams, and a driver or Triton that cannot (a module loaded in the primary context,
+    launched into a green one) must fail here, at start, with a clear error, not mid-decode."""
+    try:
+        with torch.cuda.stream(stream):
+            out = torch.zeros(4, dtype=torch.int32, device=stream.device)
+            _probe_kernel[(4,)](out)
+            out.add_(1)
+        stream.synchronize()
+        ok = out.tolist() == [2, 3, 4, 5]
+    except Exception as e:  # Triton's launch errors are RuntimeErrors with the driver's name
+        raise SmPartitionError(f"kernels do not run on the {what} SM group's stream: {e}") from e
+    if not ok:
+        raise SmPartitionError(f"a kernel on the {what} SM group's stream wrote {out.tolist()}")
 
 
 def _driver() -> ctypes.CDLL:
@@ -103,4 +130,6 @@ def split_sms(sms: int, device: torch.device | int | None = None) -> SmPartition
         raise SmPartitionError(f"the driver made {groups.value} groups of >= {sms} SMs, not 1")
     small = torch.cuda.ExternalStream(_green_stream(drv, dev, group), device=index)
     other = torch.cuda.ExternalStream(_green_stream(drv, dev, rest), device=index)
+    _check_launches(small, "small")
+    _check_launches(other, "other")
     return SmPartition(_sm_count(group), _sm_count(rest), small, other)
