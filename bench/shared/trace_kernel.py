@@ -77,6 +77,26 @@ def _trace_kernel(
     tl.store(out_ptr + r * s_out + lanes, tl.where(pos < lens, pos, -1), mask=lmask)
 
 
+def _check(
+    key: torch.Tensor,
+    phase: torch.Tensor,
+    moving: torch.Tensor,
+    req_slots: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
+) -> None:
+    """trace_topk's arguments: shapes, dtypes and the row layout it writes."""
+    n, k = out.shape
+    if key.shape != (k,) or phase.shape != (k,) or moving.shape != (k,):
+        raise ValueError(f"lane constants {key.shape}, {phase.shape}, {moving.shape} != ({k},)")
+    if req_slots.shape != (n,) or seq_lens.shape != (n,):
+        raise ValueError(f"req_slots {req_slots.shape} and seq_lens {seq_lens.shape} != ({n},)")
+    if out.dtype != torch.int32 or out.stride(1) != 1:
+        raise ValueError(f"out: int32 with contiguous rows, got {out.dtype} {out.stride()}")
+    if key.dtype != torch.int64 or phase.dtype != torch.int64:
+        raise ValueError(f"key and phase: int64, got {key.dtype}, {phase.dtype}")
+
+
 def trace_topk(
     key: torch.Tensor,
     phase: torch.Tensor,
@@ -92,15 +112,8 @@ def trace_topk(
 ) -> None:
     """One layer's selection into `out` [n, k] (int32, rows contiguous) from its lane constants
     key, phase [k] (int64) and moving [k] (bool); one program per (request, block of lanes)."""
+    _check(key, phase, moving, req_slots, seq_lens, out)
     n, k = out.shape
-    if key.shape != (k,) or phase.shape != (k,) or moving.shape != (k,):
-        raise ValueError(f"lane constants {key.shape}, {phase.shape}, {moving.shape} != ({k},)")
-    if req_slots.shape != (n,) or seq_lens.shape != (n,):
-        raise ValueError(f"req_slots {req_slots.shape} and seq_lens {seq_lens.shape} != ({n},)")
-    if out.dtype != torch.int32 or out.stride(1) != 1:
-        raise ValueError(f"out: int32 with contiguous rows, got {out.dtype} {out.stride()}")
-    if key.dtype != torch.int64 or phase.dtype != torch.int64:
-        raise ValueError(f"key and phase: int64, got {key.dtype}, {phase.dtype}")
     if n == 0:
         return
     grid = (n, triton.cdiv(k, _BLOCK))
