@@ -59,6 +59,17 @@ class DecodeConfig:
 _IDS, _SLOTS, _POS, _LENS = range(4)
 
 
+@contextlib.contextmanager
+def _forked(stream: torch.cuda.Stream, device: torch.device) -> Iterator[None]:
+    """Launches inside go to `stream`, ordered after the current stream's work so far and
+    joined back into it at the end."""
+    cur = torch.cuda.current_stream(device)
+    stream.wait_stream(cur)
+    with torch.cuda.stream(stream):
+        yield
+    cur.wait_stream(stream)
+
+
 class ModelRunner:
     """Runs decode steps of `model` on static buffers, graphed per bucket where it can. `step`
     returns a view of the static logits buffer: read (or copy) it before the next step."""
@@ -97,16 +108,13 @@ class ModelRunner:
 
     @contextlib.contextmanager
     def on_compute(self) -> Iterator[None]:
-        """Launches inside go to the backend's compute stream (if any), ordered after the
-        caller's stream's work so far and joined back into it at the end."""
+        """Launches inside go to the backend's compute stream (if any), forked from the
+        caller's stream and joined back into it."""
         if self._compute is None:
             yield
             return
-        cur = torch.cuda.current_stream(self.device)
-        self._compute.wait_stream(cur)
-        with torch.cuda.stream(self._compute):
+        with _forked(self._compute, self.device):
             yield
-        cur.wait_stream(self._compute)
 
     def _body(self, bs: int) -> None:
         x = self.inputs[:, :bs]
@@ -234,13 +242,9 @@ class ModelRunner:
 
     def _graph_of(self, body: Callable[[int], None], bs: int) -> torch.cuda.CUDAGraph:
         """body(bs) warmed up, then captured into a graph (in this runner's pool)."""
-        dev = self.device
-        side = torch.cuda.Stream(dev)
-        side.wait_stream(torch.cuda.current_stream(dev))
         # Warm-up off the capture: compiles Triton kernels, creates cuBLAS workspaces.
-        with torch.cuda.stream(side):
+        with _forked(torch.cuda.Stream(self.device), self.device):
             body(bs)
-        torch.cuda.current_stream(dev).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         # thread_local: CUDA work of the engine's other threads must not abort the capture.
         # No garbage collection inside it: a collected pinned tensor (an earlier engine's in
