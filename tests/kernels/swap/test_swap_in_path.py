@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from contract.layout import MODE_OFFLOADED, MODE_RESIDENT, KVLayout
+from contract.swap_plan import PlanInputs, PlanOutputs, swap_in
 from kernels.store.append import kv_append
 from kernels.swap.miss_copy import miss_copy
 from kernels.swap.plan import swap_plan
@@ -77,23 +78,14 @@ def swap_in_and_check(kv, truth, layer, batch, seq, rng, prev) -> set:
         col([[12345] * k] * bs, torch.int64),
         col([12345] * bs),
     ]
-    swap_plan(
+    swap_in(
+        kv,
         layer,
-        col(topk),
-        col([seq.get(r, 0) for r in batch]),
-        col(batch),
-        kv.req_mode,
-        kv.page_table,
-        kv.token_slot,
-        kv.slot_token,
-        kv.lru_order,
-        kv.hit_flag,
-        *out,
-        num_layers=lay.num_layers,
-        page_size=lay.page_size,
-        window=lay.window,
+        PlanInputs(col(topk), col([seq.get(r, 0) for r in batch]), col(batch)),
+        PlanOutputs(*out),
+        plan=swap_plan,
+        copy=miss_copy,
     )
-    miss_copy(kv.host_rows, kv.hot_kv, out[1], out[2], out[3])
     slots, missed = out[0].tolist(), set()
     for b, r in enumerate(batch):
         prev[layer, r] = [t for t in topk[b] if t >= 0]
@@ -201,23 +193,9 @@ def test_append_plan_copy_replay_in_cuda_graph():
             row_format=lay.row,
             index_format=lay.index,
         )
-        swap_plan(
-            1,
-            topk,
-            seq,
-            req,
-            kv.req_mode,
-            kv.page_table,
-            kv.token_slot,
-            kv.slot_token,
-            kv.lru_order,
-            kv.hit_flag,
-            *out,
-            num_layers=2,
-            page_size=8,
-            window=4,
+        swap_in(
+            kv, 1, PlanInputs(topk, seq, req), PlanOutputs(*out), plan=swap_plan, copy=miss_copy
         )
-        miss_copy(kv.host_rows, kv.hot_kv, out[1], out[2], out[3])
 
     step()  # compile outside the capture
     graph = torch.cuda.CUDAGraph()
