@@ -18,20 +18,23 @@ Parts (--parts, all by default), same run, ratios in the table (bench/prefix/run
 - multiturn: `conversations` conversations of `turns` turns at once (each turn: the conversation
   so far + a new message; `answer` tokens back), prefix caching on vs off: prefilled tokens and
   TTFT per turn, split into the engine's queue wait, the wait behind other prefills, the rest.
-Progress on stderr; JSON to bench/results/prefix[-smoke]-<date>.json; a table last.
+Progress on stderr; JSON to bench/results/prefix[-smoke]-<date>.json, rewritten after every
+run ("complete": false until the last, so a run cut by a time limit keeps what it measured); a
+table last.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
 from bench.e2e.load import LoadGen
+from bench.e2e.report import write_json
 from bench.prefix import plan, runs
 from bench.prefix.children import Procs
 from engine_client.serve.procs import REPO_ROOT
@@ -161,18 +164,24 @@ def print_table(payload: dict) -> None:
             )
 
 
-async def run_parts(args, s: plan.Sizes, p: Procs) -> dict:
+async def run_parts(args, s: plan.Sizes, p: Procs, save: Callable[[dict], None]) -> dict:
+    """The parts asked for; `save(results)` after every run a part finishes."""
     from engine_client.model.preset import preset
 
     vocab, parts, out = preset(s.preset).vocab_size, args.parts.split(","), {}
     load = LoadGen(args.client_procs or (1 if args.smoke else 4))
+
+    def rows(name: str) -> runs.Rows:
+        out[name] = runs.Rows(lambda: save(out))
+        return out[name]
+
     try:
         if "capacity" in parts:
-            out["capacity"] = await runs.capacity(p, s, load, vocab)
+            await runs.capacity(p, s, load, vocab, rows("capacity"))
         if "ttft" in parts:
-            out["ttft"] = await runs.ttft(p, s, vocab)
+            await runs.ttft(p, s, vocab, rows("ttft"))
         if "multiturn" in parts:
-            out["multiturn"] = await runs.multiturn(p, s, vocab)
+            await runs.multiturn(p, s, vocab, rows("multiturn"))
     finally:
         load.close()
     return out
@@ -184,24 +193,26 @@ def main(argv: list[str] | None = None) -> int:
 
     device = "cpu" if args.smoke or not torch.cuda.is_available() else "cuda"
     s, t0 = sizes_from_args(args, device), time.monotonic()
-    p = Procs(s, 120 if args.smoke else 600)
-    try:
-        results = asyncio.run(run_parts(args, s, p))
-    finally:
-        left = p.close()
     name = f"prefix{'-smoke' if args.smoke else ''}-{time.strftime('%Y-%m-%d')}.json"
     out = Path(args.out) if args.out else REPO_ROOT / "bench" / "results" / name
-    payload = {
+    head = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "command": " ".join(sys.argv),
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
         "sizes": asdict(s),
-        **results,
-        "leftover_segments": left,
-        "wall_s": time.monotonic() - t0,
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(payload, indent=1))
+
+    def save(results: dict) -> None:  # "complete": false until every part ran (a cut run's JSON)
+        write_json({**head, **results, "complete": False}, out)
+
+    p = Procs(s, 120 if args.smoke else 600)
+    try:
+        results = asyncio.run(run_parts(args, s, p, save))
+    finally:
+        left = p.close()
+    payload = {**head, **results, "complete": True}
+    payload.update(leftover_segments=left, wall_s=time.monotonic() - t0)
+    write_json(payload, out)
     print_table(payload)
     failed = [r for r in payload.get("capacity", []) if r["engine_exit"] or r["errors"]]
     return 1 if failed or left else 0

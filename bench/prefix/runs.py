@@ -10,6 +10,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 
 import grpc
@@ -35,12 +36,28 @@ def log(text: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
 
 
-async def capacity(p: Procs, s: plan.Sizes, load: LoadGen, vocab: int) -> list[dict]:
+class Rows(list):
+    """A part's result rows; each append also calls `saved`, so that the CLI rewrites its JSON
+    after every finished run and a stage cut by its time limit keeps what it measured (run X1
+    lost a whole capacity table that way)."""
+
+    def __init__(self, saved: Callable[[], None]) -> None:
+        super().__init__()
+        self.saved = saved
+
+    def append(self, row: dict) -> None:
+        super().append(row)
+        self.saved()
+
+
+async def capacity(
+    p: Procs, s: plan.Sizes, load: LoadGen, vocab: int, out: list[dict] | None = None
+) -> list[dict]:
     """Service without and with sharing and the baseline, at one budget, per top-k source."""
     runs = plan.capacity_runs(s)
     synthetic = ["--synthetic-context", str(plan.synthetic_tokens(s, runs))]
     synthetic += ["--synthetic-shared", str(s.shared)]
-    out = []
+    out = [] if out is None else out
     for source in s.sources:
         for r in runs:
             log(f"capacity: {r.label}, {source} top-k, {r.slots} requests")
@@ -58,13 +75,13 @@ def _timing(r: GenerationResult) -> dict:
     return {"ttft_s": r.ttft_s, "queued_s": r.queued_s, "cached": r.cached_tokens}
 
 
-async def ttft(p: Procs, s: plan.Sizes, vocab: int) -> list[dict]:
+async def ttft(p: Procs, s: plan.Sizes, vocab: int, out: list[dict] | None = None) -> list[dict]:
     """Per mode and prefix case: pairs (cold, cached) of prompts sharing a fresh random prefix.
     `queued` of a lone request is its admission: a cached one's copies the cached rows into its
     hot buffer (all of them when resident, the window when offloaded)."""
     cases = plan.ttft_cases(s)
     ctx = max(cases.values()) + s.ttft_suffix + 4
-    out = []
+    out = [] if out is None else out
     for mode in ("service", "baseline"):
         lay = plan.layout(s, 2, 4 * -(-ctx // s.page_size), ctx)
         eng = p.start(mode, lay, True)
@@ -129,10 +146,12 @@ def turn_summary(turns: list[dict]) -> dict:
     }
 
 
-async def multiturn(p: Procs, s: plan.Sizes, vocab: int) -> list[dict]:
+async def multiturn(
+    p: Procs, s: plan.Sizes, vocab: int, out: list[dict] | None = None
+) -> list[dict]:
     ctx = s.turns * (s.message + s.answer) + s.page_size
     ppr = -(-ctx // s.page_size)
-    out = []
+    out = [] if out is None else out
     for sharing in (False, True):
         log(f"multiturn: {s.conversations} x {s.turns}, reuse {sharing}")
         lay = plan.layout(s, s.conversations, 2 * s.conversations * ppr, ctx)

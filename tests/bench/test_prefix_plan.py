@@ -1,9 +1,11 @@
 """bench.prefix's plan and summaries: the capacity part's top-k sources are bench.e2e's, the
 TTFT part's resident case fits the hot buffer and caches whole prefill chunks, the engines get
---admission-limit when asked, and a multi-turn turn's TTFT p50 comes with its parts."""
+--admission-limit when asked, a multi-turn turn's TTFT p50 comes with its parts, and a run cut
+mid-part has saved every run it finished."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 import pytest
@@ -11,7 +13,7 @@ import pytest
 from bench.e2e import plan as e2e_plan
 from bench.e2e import run_args
 from bench.prefix import plan, runs
-from bench.prefix.cli import parse_args, sizes_from_args
+from bench.prefix.cli import parse_args, run_parts, sizes_from_args
 
 
 def test_capacity_sources_are_those_of_e2e() -> None:
@@ -77,3 +79,27 @@ def test_the_shared_slots_run_fits_more_requests_in_the_same_budget() -> None:
     assert [r.label for r in plan.capacity_runs(only)] == [shared.label, region.label]
     with pytest.raises(ValueError, match="capacity runs"):
         plan.capacity_runs(dataclasses.replace(only, capacity_runs=("everything",)))
+
+
+def test_a_run_cut_mid_part_has_saved_every_run_it_finished(monkeypatch) -> None:
+    """run X1 (H100) lost a whole capacity table to its stage's time limit: the JSON was written
+    only at the end. Now each finished run is saved before the next starts."""
+    saved: list[dict] = []
+
+    async def capacity(p, s, load, vocab, out):
+        out.append({"run": "plain"})
+        out.append({"run": "sharing"})
+        raise TimeoutError("the stage's limit")  # the third run never ends
+
+    async def ttft(p, s, vocab, out):
+        raise AssertionError("not reached")
+
+    monkeypatch.setattr(runs, "capacity", capacity)
+    monkeypatch.setattr(runs, "ttft", ttft)
+    args = parse_args(["--smoke", "--parts", "capacity,ttft"])
+    s = sizes_from_args(args, "cpu")
+    save = lambda results: saved.append({k: list(v) for k, v in results.items()})  # noqa: E731
+    with pytest.raises(TimeoutError):
+        asyncio.run(run_parts(args, s, None, save))
+    assert saved[-1] == {"capacity": [{"run": "plain"}, {"run": "sharing"}]}
+    assert len(saved) == 2
