@@ -52,10 +52,11 @@ class Sizes:
     decode_part_tail: bool = False  # every mode's --decode-part-tail (the model splits alike)
     copy_priority: int = 0  # the HiSparse engines' --decode-copy-priority (their copy stream)
     copy_grid: str = ""  # the HiSparse engines' --decode-copy-grid ("": their default launch)
+    layers: int = 0  # the model's decoder layers (the engines' --num-layers); 0: the preset's
 
     @property
     def num_layers(self) -> int:
-        return preset(self.preset).num_layers
+        return self.layers or preset(self.preset).num_layers
 
     @property
     def kv_layers(self) -> int:

@@ -38,6 +38,8 @@ def engine_flags(s: Sizes, run: Run) -> list[str]:
         source += ":" + s.trace_json
     run_flags = ["--synthetic-context", str(run.context), "--topk-source", source]
     argv = engine_argv(s.preset, run.slots, s.prompt_len, run_flags)
+    if s.layers:
+        argv += ["--num-layers", str(s.layers)]
     if run.mode in ("baseline", "embedded"):
         argv += local_kv(s.device, local_layout(s, run))
     if run.mode in ("embedded", "service"):  # always: 1 must turn the engine's default (2) off

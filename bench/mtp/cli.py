@@ -47,6 +47,7 @@ from bench.mtp.report import window_tok_s, write_payload
 from contract.layout import MAX_DRAFT_TOKENS
 from engine_client.loop.acceptance_rates import BENCHMARK_ONLY, AcceptanceRates
 from engine_client.loop.speculative import reserve_extra
+from engine_client.model.preset import preset
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -70,7 +71,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--acceptance-seed", type=int, default=0, help="seed of the draws")
     ap.add_argument("--modes", default="baseline,service")
     ap.add_argument("--row-format", default="", help="KV rows [fp8; smoke bf16]")
-    ap.add_argument("--gpu-kv-gib", type=float, default=None, help="GPU KV budget [6; smoke 2 MiB]")
+    ap.add_argument(
+        "--layers",
+        type=int,
+        default=0,
+        help="decoder layers of the model (the engines' --num-layers) [the preset's: bench 4, "
+        "smoke 2]. At batch 1 a step reads its weights: the draft (the MTP layer, 1.42 GB in "
+        "bf16, and one more output-head pass, 1.85 GB) adds 44%% to the 4-layer preset's 7.5 GB "
+        "and 13%% at 16 layers (V3.2's 61: ~4%%), so the batch-1 MTP/plain ratio depends on it "
+        "(docs/BENCHMARKS.md, run X3). Host tier and weights grow with it: 16 layers at 32K "
+        "fit an H100",
+    )
+    ap.add_argument(
+        "--gpu-kv-gib",
+        type=float,
+        default=None,
+        help="GPU KV budget [6 x (layers + 1) / 5: the 4-layer runs' budget a KV layer, so N "
+        "stays theirs; smoke 2 MiB]",
+    )
     ap.add_argument("--steady-steps", type=int, default=None, help="[128; smoke 8]")
     ap.add_argument("--budget-s", type=float, default=None, help="skip runs past this [540]")
     _engine_options(ap)
@@ -109,6 +127,8 @@ def _checked(ap: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.
         if not all(1 <= d <= MAX_DRAFT_TOKENS for d in args.draft_tokens):
             raise ValueError(f"--draft-tokens: each D in 1..{MAX_DRAFT_TOKENS}")
         rates = _floats(args.speculative_acceptance)
+        if args.layers < 0:
+            raise ValueError(f"--layers must be >= 0 (0: the preset's), got {args.layers}")
         if len(rates) > max(args.draft_tokens):
             raise ValueError(f"{len(rates)} rates for at most {max(args.draft_tokens)} drafts")
         args.rules = {d: rules_for(rates, d) for d in args.draft_tokens}
@@ -122,6 +142,15 @@ def rules_for(rates: tuple[float, ...], d: int, seed: int = 0) -> AcceptanceRate
     return AcceptanceRates(rates[:d], d, seed)
 
 
+def default_kv_gib(smoke: bool, layers: int) -> float:
+    """6 GiB for the bench preset's 4 layers and the MTP layer's KV, scaled with --layers (the
+    same budget a KV layer, so N stays the 4-layer runs')."""
+    if smoke:
+        return 2 / 1024
+    four = preset("bench").num_layers
+    return 6.0 * ((layers or four) + 1) / (four + 1)
+
+
 def sizes_of(args: argparse.Namespace, device: str) -> plan.Sizes:
     smoke, d = args.smoke, max(args.draft_tokens)
     window, preset = (8, "tiny") if smoke else (128, "bench")
@@ -130,7 +159,7 @@ def sizes_of(args: argparse.Namespace, device: str) -> plan.Sizes:
         contexts=tuple(
             int(c) for c in (args.contexts or ("256" if smoke else "32768,131072")).split(",")
         ),
-        gpu_kv_bytes=int((args.gpu_kv_gib or (2 / 1024 if smoke else 6.0)) * GIB),
+        gpu_kv_bytes=int((args.gpu_kv_gib or default_kv_gib(smoke, args.layers)) * GIB),
         hot_slots=0,
         window=window,
         page_size=16 if smoke else 64,
@@ -144,6 +173,7 @@ def sizes_of(args: argparse.Namespace, device: str) -> plan.Sizes:
         mtp_layers=1,
         extra_tokens=reserve_extra(d),
         tokens_per_step=d + 1,
+        layers=args.layers,
     )
     # The verify rows' union of top-k must fit the LRU slots: B - W >= k (D + 1).
     return replace(base, hot_slots=base.topk * (d + 1) + window)

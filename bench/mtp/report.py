@@ -72,8 +72,10 @@ def _stepping(overlap: bool) -> str:
 
 
 def print_table(payload: dict) -> None:
+    sizes = payload["sizes"]
+    layers = f" at {sizes['layers']} layers" if sizes.get("layers") else ""
     print(
-        f"\nMTP vs plain decoding, {payload['device']}, preset {payload['sizes']['preset']}, "
+        f"\nMTP vs plain decoding, {payload['device']}, preset {sizes['preset']}{layers}, "
         f"{payload['sizes']['row_format']} rows, drafts accepted by {payload['acceptance']}; "
         f"speculative runs {_stepping(payload.get('mtp_overlap', False))}, plain runs "
         f"{_stepping(payload['plain_overlap'])}"

@@ -92,3 +92,27 @@ def test_batch_invariant_both_ways_runs_every_group_twice() -> None:
             assert run.batch_invariant == plain.batch_invariant
     with pytest.raises(SystemExit):
         parse_args(["--batch-invariant", "2"])
+
+
+def test_layers_reach_the_engines_and_the_service_and_keep_the_4_layer_n() -> None:
+    """--layers L: the engines run L decoder layers (the service's layout holds L + 1 with the
+    MTP layer's KV) and the default budget grows with L, so N is the 4-layer run's."""
+    from bench.e2e import plan
+    from bench.e2e.run_args import service_flags
+
+    d1 = ["--draft-tokens", "1", "--speculative-acceptance", "0.9"]
+    four = sizes_of(parse_args(d1), "cpu")
+    sixteen = sizes_of(parse_args([*d1, "--layers", "16"]), "cpu")
+    assert (four.num_layers, sixteen.num_layers) == (4, 16)
+    assert sixteen.gpu_kv_bytes == pytest.approx(four.gpu_kv_bytes * 17 / 5, abs=1)
+    for c in (32768, 131072):
+        a, b = plan.plan_context(four, c), plan.plan_context(sixteen, c)
+        assert abs(b.n_hisparse - a.n_hisparse) <= 1 and abs(b.n_baseline - a.n_baseline) <= 1
+    plain, (mtp,) = run_groups(sixteen, parse_args([*d1, "--layers", "16"]))[1]
+    argv = engine_flags(sixteen, mtp)
+    assert argv[argv.index("--num-layers") + 1] == "16"
+    svc = service_flags(sixteen, mtp)
+    assert svc[svc.index("--num-layers") + 1] == "17"
+    assert "--num-layers" not in engine_flags(four, run_groups(four, parse_args(d1))[0][0])
+    with pytest.raises(SystemExit):
+        parse_args(["--layers", "-1"])
