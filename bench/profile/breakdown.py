@@ -50,6 +50,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--hot-slots", type=int, default=0, help="B [2 x top-k]")
     ap.add_argument("--window", type=int, default=0, help="W [min(128, top-k / 2)]")
     ap.add_argument("--page-size", type=int, default=64)
+    ap.add_argument(
+        "--shared-prefix",
+        type=int,
+        default=0,
+        help="embedded: the first tokens of every context are one cached prefix (whole pages, "
+        "shared by all requests, as bench.prefix's capacity runs) [0: none]",
+    )
+    ap.add_argument(
+        "--shared-slots",
+        type=int,
+        default=0,
+        help="embedded: the shared hot region's slots per layer (a multiple of B; the "
+        "service's --shared-slots), read for the shared prefix's rows [0: none]",
+    )
     ap.add_argument("--warmup", type=int, default=24, help="steps before timing")
     ap.add_argument("--steps", type=int, default=5, help="steps timed, and steps profiled")
     ap.add_argument("--device", default="auto")
@@ -70,12 +84,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--out", default="", help="JSON path [none]")
     args = ap.parse_args(argv)
+    _check_prefix(ap, args)
     if args.attn_mix:
         try:
             mix_override(args.attn_mix)
         except ValueError as e:
             ap.error(str(e))
     return args
+
+
+def _check_prefix(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if not (args.shared_prefix or args.shared_slots):
+        return
+    if args.mode != "embedded":
+        ap.error("--shared-prefix and --shared-slots profile the embedded mode")
+    P = args.page_size
+    if args.shared_prefix % P or not 0 <= args.shared_prefix < args.context:
+        ap.error(f"--shared-prefix: whole pages of {P} below --context, got {args.shared_prefix}")
+    if args.shared_slots and not args.shared_prefix:
+        ap.error("--shared-slots needs --shared-prefix (the region holds only its rows)")
 
 
 def _add_part_args(ap: argparse.ArgumentParser) -> None:
@@ -163,6 +190,8 @@ def print_report(r: dict) -> None:
         f"N {a['batch']}, top-k {a['topk_source']}"
         + (f", {a['microbatches']} micro-batches" if a.get("microbatches", 1) > 1 else "")
         + (", part tail" if a.get("decode_part_tail") else "")
+        + (f", shared prefix {a['shared_prefix']}" if a.get("shared_prefix") else "")
+        + (f" (region {a['shared_slots']} slots)" if a.get("shared_slots") else "")
     )
     print(
         f"step {r['step_us'] / 1e3:.3f} ms (timed), "
@@ -214,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     miss_rows = (misses_so_far(backend) - before) / args.steps
     r = report(args, cfg, lay, step_s, by_cat, miss_rows, h2d)
     r["profiled"] = traced
+    region = getattr(getattr(backend, "kv", None), "shared", None)
+    # Slots over all layers holding a shared-prefix row that can still hit (a host sync).
+    r["shared_rows_live"] = None if region is None else region.live(lay.page_size)
     r["other_kinds"] = per_step(kinds, args.steps, r["step_us"])
     if not args.no_families:
         fams = families_us(step, runner, args.steps, dev)

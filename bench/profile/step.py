@@ -58,12 +58,14 @@ def build(args: argparse.Namespace, device: torch.device, positions: int = 0):
             lay,
             args.batch,
             device,
+            shared_prefix=args.shared_prefix,
             kernels=kernels,
             microbatches=args.microbatches,
             copy_grid=copy_grid(args),
         )
-    for slot in range(args.batch):
-        backend.fill_synthetic(slot, args.context, seed=slot)
+    for slot in range(args.batch):  # the shared prefix's pages once, by the first request
+        start = args.shared_prefix if slot else 0
+        backend.fill_synthetic(slot, args.context, seed=slot, start=start)
     # The part tail splits as the engine's does: into the micro-batch count, in either mode.
     tail = args.microbatches if args.decode_part_tail else 1
     model = Model(cfg, random_weights(cfg, seed=0, device=device), backend, tail_parts=tail)
@@ -83,27 +85,37 @@ def _layout(args: argparse.Namespace, cfg, positions: int) -> KVLayout:
     positions = positions or args.warmup + 4 * args.steps + 8
     max_ctx = -(-(args.context + positions) // P) * P
     window = args.window or min(128, cfg.topk // 2)
+    B, shared = args.hot_slots or 2 * cfg.topk, args.shared_prefix // P
     return KVLayout(
         num_layers=cfg.num_layers,
-        max_requests=args.batch,
-        hot_slots=args.hot_slots or 2 * cfg.topk,
+        max_requests=args.batch + args.shared_slots // B,  # the region's buffers come last
+        hot_slots=B,
         window=window,
         topk=cfg.topk,
         page_size=P,
-        num_pages=args.batch * max_ctx // P,
+        num_pages=args.batch * (max_ctx // P - shared) + shared,
         max_context=max_ctx,
         index_format="fp8",
         row_format=args.row_format,
+        shared_slots=args.shared_slots,
     )
 
 
-def offloaded_backend(lay: KVLayout, batch: int, device, **options) -> HiSparseBackend:
+def offloaded_backend(
+    lay: KVLayout, batch: int, device, shared_prefix: int = 0, **options
+) -> HiSparseBackend:
     """An embedded HiSparse backend whose `batch` request slots each own an equal share of the
-    pages (`options`: the backend's own)."""
+    pages after the first `shared_prefix` tokens' pages, which they all share as a cached
+    prefix (read through the layout's shared hot region when it has one); `options`: the
+    backend's own."""
     kv = allocate_local(lay, device)
-    per = lay.num_pages // batch
+    common = list(range(shared_prefix // lay.page_size))
+    per = (lay.num_pages - len(common)) // batch
     for slot in range(batch):
-        reset_request(kv, slot, MODE_OFFLOADED, list(range(slot * per, (slot + 1) * per)))
+        own = range(len(common) + slot * per, len(common) + (slot + 1) * per)
+        reset_request(kv, slot, MODE_OFFLOADED, common + list(own))
+        if kv.shared is not None:  # rows below shared_len are the prefix's: the region's
+            kv.shared.shared_len[slot] = shared_prefix
     return HiSparseBackend(kv, **options)
 
 

@@ -126,6 +126,20 @@ def test_part_tail_step_breakdown(tmp_path):
 
 
 @pytest.mark.slow
+def test_shared_prefix_step_reads_the_region(tmp_path):
+    """--shared-prefix/--shared-slots (issue 40's capacity runs, profiled): every request's
+    first pages are one cached prefix whose rows the shared hot region holds once."""
+    page = ["--page-size", "8", "--no-families", "--shared-prefix", "48"]
+    r = _run(tmp_path, "embedded", *page, "--shared-slots", "64")
+    assert r["args"]["shared_slots"] == 64 and r["categories"]["plan"]["us_per_step"] > 0
+    # The region holds prefix rows (selected by three requests, each at most once a layer).
+    assert 0 < r["shared_rows_live"] <= 64 * r["num_layers"]
+    assert _run(tmp_path, "embedded", *page)["shared_rows_live"] is None
+    with pytest.raises(SystemExit):  # a region without a prefix to hold
+        _run(tmp_path, "embedded", "--page-size", "8", "--shared-slots", "64")
+
+
+@pytest.mark.slow
 def test_baseline_has_no_swap_in(tmp_path):
     r = _run(tmp_path, "baseline")
     cats = r["categories"]
