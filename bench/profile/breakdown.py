@@ -50,20 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--hot-slots", type=int, default=0, help="B [2 x top-k]")
     ap.add_argument("--window", type=int, default=0, help="W [min(128, top-k / 2)]")
     ap.add_argument("--page-size", type=int, default=64)
-    ap.add_argument(
-        "--shared-prefix",
-        type=int,
-        default=0,
-        help="embedded: the first tokens of every context are one cached prefix (whole pages, "
-        "shared by all requests, as bench.prefix's capacity runs) [0: none]",
-    )
-    ap.add_argument(
-        "--shared-slots",
-        type=int,
-        default=0,
-        help="embedded: the shared hot region's slots per layer (a multiple of B; the "
-        "service's --shared-slots), read for the shared prefix's rows [0: none]",
-    )
+    _add_prefix_args(ap)
     ap.add_argument("--warmup", type=int, default=24, help="steps before timing")
     ap.add_argument("--steps", type=int, default=5, help="steps timed, and steps profiled")
     ap.add_argument("--device", default="auto")
@@ -85,12 +72,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", default="", help="JSON path [none]")
     args = ap.parse_args(argv)
     _check_prefix(ap, args)
+    _check_mix(ap, args)
+    return args
+
+
+def _check_mix(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.attn_mix:
         try:
             mix_override(args.attn_mix)
         except ValueError as e:
             ap.error(str(e))
-    return args
+
+
+def _add_prefix_args(ap: argparse.ArgumentParser) -> None:
+    """A cached prefix common to every request, and the shared hot region that holds its rows."""
+    ap.add_argument(
+        "--shared-prefix",
+        type=int,
+        default=0,
+        help="embedded: the first tokens of every context are one cached prefix (whole pages, "
+        "shared by all requests, as bench.prefix's capacity runs) [0: none]",
+    )
+    ap.add_argument(
+        "--shared-slots",
+        type=int,
+        default=0,
+        help="embedded: the shared hot region's slots per layer (a multiple of B; the "
+        "service's --shared-slots), read for the shared prefix's rows [0: none]",
+    )
 
 
 def _check_prefix(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
