@@ -153,9 +153,9 @@ def default_kv_gib(smoke: bool, layers: int) -> float:
 
 def sizes_of(args: argparse.Namespace, device: str) -> plan.Sizes:
     smoke, d = args.smoke, max(args.draft_tokens)
-    window, preset = (8, "tiny") if smoke else (128, "bench")
+    window, model = (8, "tiny") if smoke else (128, "bench")
     base = plan.Sizes(
-        preset=preset,
+        preset=model,
         contexts=tuple(
             int(c) for c in (args.contexts or ("256" if smoke else "32768,131072")).split(",")
         ),

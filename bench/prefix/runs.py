@@ -37,9 +37,9 @@ def log(text: str) -> None:
 
 
 class Rows(list):
-    """A part's result rows; each append also calls `saved`, so that the CLI rewrites its JSON
-    after every finished run and a stage cut by its time limit keeps what it measured (run X1
-    lost a whole capacity table that way)."""
+    """A part's result rows (each part appends to the one it is given); each append also calls
+    `saved`, so that the CLI rewrites its JSON after every finished run and a stage cut by its
+    time limit keeps what it measured (run X1 lost a whole capacity table that way)."""
 
     def __init__(self, saved: Callable[[], None]) -> None:
         super().__init__()
@@ -50,14 +50,11 @@ class Rows(list):
         self.saved()
 
 
-async def capacity(
-    p: Procs, s: plan.Sizes, load: LoadGen, vocab: int, out: list[dict] | None = None
-) -> list[dict]:
+async def capacity(p: Procs, s: plan.Sizes, load: LoadGen, vocab: int, out: list[dict]) -> None:
     """Service without and with sharing and the baseline, at one budget, per top-k source."""
     runs = plan.capacity_runs(s)
     synthetic = ["--synthetic-context", str(plan.synthetic_tokens(s, runs))]
     synthetic += ["--synthetic-shared", str(s.shared)]
-    out = [] if out is None else out
     for source in s.sources:
         for r in runs:
             log(f"capacity: {r.label}, {source} top-k, {r.slots} requests")
@@ -68,20 +65,18 @@ async def capacity(
             res = {**asdict(r), "source": source, **analyze(recs, [], r.slots, None)}
             res["kv"], res["engine_exit"] = p.stats(), p.stop_engine()
             out.append(res)
-    return out
 
 
 def _timing(r: GenerationResult) -> dict:
     return {"ttft_s": r.ttft_s, "queued_s": r.queued_s, "cached": r.cached_tokens}
 
 
-async def ttft(p: Procs, s: plan.Sizes, vocab: int, out: list[dict] | None = None) -> list[dict]:
+async def ttft(p: Procs, s: plan.Sizes, vocab: int, out: list[dict]) -> None:
     """Per mode and prefix case: pairs (cold, cached) of prompts sharing a fresh random prefix.
     `queued` of a lone request is its admission: a cached one's copies the cached rows into its
     hot buffer (all of them when resident, the window when offloaded)."""
     cases = plan.ttft_cases(s)
     ctx = max(cases.values()) + s.ttft_suffix + 4
-    out = [] if out is None else out
     for mode in ("service", "baseline"):
         lay = plan.layout(s, 2, 4 * -(-ctx // s.page_size), ctx)
         eng = p.start(mode, lay, True)
@@ -111,7 +106,6 @@ async def ttft(p: Procs, s: plan.Sizes, vocab: int, out: list[dict] | None = Non
                 }
             )
         p.stop_engine()
-    return out
 
 
 async def conversation(target: str, s: plan.Sizes, c: int, vocab: int) -> list[dict]:
@@ -146,12 +140,9 @@ def turn_summary(turns: list[dict]) -> dict:
     }
 
 
-async def multiturn(
-    p: Procs, s: plan.Sizes, vocab: int, out: list[dict] | None = None
-) -> list[dict]:
+async def multiturn(p: Procs, s: plan.Sizes, vocab: int, out: list[dict]) -> None:
     ctx = s.turns * (s.message + s.answer) + s.page_size
     ppr = -(-ctx // s.page_size)
-    out = [] if out is None else out
     for sharing in (False, True):
         log(f"multiturn: {s.conversations} x {s.turns}, reuse {sharing}")
         lay = plan.layout(s, s.conversations, 2 * s.conversations * ppr, ctx)
@@ -165,4 +156,3 @@ async def multiturn(
             {"reuse": sharing, "wall_s": time.monotonic() - t0, "turns": per_turn, "kv": p.stats()}
         )
         p.stop_engine()
-    return out

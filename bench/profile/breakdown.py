@@ -252,9 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     miss_rows = (misses_so_far(backend) - before) / args.steps
     r = report(args, cfg, lay, step_s, by_cat, miss_rows, h2d)
     r["profiled"] = traced
-    region = getattr(getattr(backend, "kv", None), "shared", None)
-    # Slots over all layers holding a shared-prefix row that can still hit (a host sync).
-    r["shared_rows_live"] = None if region is None else region.live(lay.page_size)
+    # Slots over all layers holding a shared-prefix row that can still hit (a host sync); a
+    # region exists only with --shared-slots, which _check_prefix allows in embedded mode only.
+    r["shared_rows_live"] = backend.kv.shared.live(lay.page_size) if args.shared_slots else None
     r["other_kinds"] = per_step(kinds, args.steps, r["step_us"])
     if not args.no_families:
         fams = families_us(step, runner, args.steps, dev)
