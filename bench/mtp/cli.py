@@ -37,6 +37,7 @@ import shutil
 import tempfile
 import time
 from dataclasses import replace
+from functools import partial
 
 from bench.e2e import plan
 from bench.e2e.children import Children, Progress
@@ -225,7 +226,9 @@ async def _measured(ctx: dict, run: plan.Run, i: int) -> dict:
     return res
 
 
-async def run_all(ctx: dict, groups: list, budget: float | None) -> list[dict]:
+async def run_all(ctx: dict, groups: list, budget: float | None, save=None) -> list[dict]:
+    """Every group's runs in turn; `save(results so far)` after each run, so a run cut by its
+    time limit keeps what it measured."""
     out, longest, i = [], 0.0, 0
     for plain, spec in groups:
         group: dict = {
@@ -234,6 +237,7 @@ async def run_all(ctx: dict, groups: list, budget: float | None) -> list[dict]:
             "batch_invariant": plain.batch_invariant,
             "mtp": {},
         }
+        out.append(group)
         for run in [plain, *spec]:
             if budget is not None and time.monotonic() - ctx["t0"] + longest > budget:
                 group.setdefault("skipped", []).append(run.draft_tokens)
@@ -245,7 +249,8 @@ async def run_all(ctx: dict, groups: list, budget: float | None) -> list[dict]:
                 group["mtp"][str(run.draft_tokens)] = res
             else:
                 group["plain"] = res
-        out.append(group)
+            if save is not None:
+                save(out)
     return out
 
 
@@ -271,12 +276,13 @@ def main(argv: list[str] | None = None) -> int:
     }
     budget = args.budget_s if args.budget_s is not None else (None if args.smoke else 540.0)
     try:
-        results = asyncio.run(run_all(ctx, groups, budget))
+        save = partial(write_payload, args, ctx, left=[], complete=False)
+        results = asyncio.run(run_all(ctx, groups, budget, save))
     finally:
         left = children.close()
         load.close()
         shutil.rmtree(workdir, ignore_errors=True)
-    write_payload(args, ctx, results, left)
+    write_payload(args, ctx, results, left=left)
     runs = [r for g in results for r in (g.get("plain"), *g["mtp"].values()) if r]
     failed = [r for r in runs if r.get("error") or r.get("engine_exit")]
     return 1 if failed or left else 0

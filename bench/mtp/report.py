@@ -122,7 +122,10 @@ def _summaries(args: argparse.Namespace, results: list) -> list[dict]:
     return rows
 
 
-def write_payload(args: argparse.Namespace, ctx: dict, results: list, left: list) -> Path:
+def write_payload(
+    args: argparse.Namespace, ctx: dict, results: list, left: list, complete: bool = True
+) -> Path:
+    """The JSON; "complete": false while runs remain (rewritten after each, quietly)."""
     import torch
 
     sizes = ctx["sizes"]
@@ -146,9 +149,12 @@ def write_payload(args: argparse.Namespace, ctx: dict, results: list, left: list
         "summary": _summaries(args, results),
         "leftover_segments": left,
         "wall_s": time.monotonic() - ctx["t0"],
+        "complete": complete,
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(payload, indent=1))
+    if not complete:
+        return out
     print_table(payload)
     print(f"\nJSON: {out}")
     return out

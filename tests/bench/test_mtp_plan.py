@@ -116,3 +116,38 @@ def test_layers_reach_the_engines_and_the_service_and_keep_the_4_layer_n() -> No
     assert "--num-layers" not in engine_flags(four, run_groups(four, parse_args(d1))[0][0])
     with pytest.raises(SystemExit):
         parse_args(["--layers", "-1"])
+
+
+def test_every_finished_run_is_saved_before_the_next_starts(monkeypatch) -> None:
+    """A run cut by the device call's limit keeps the runs it finished (run_all's save)."""
+    import asyncio
+    import time
+
+    from bench.mtp import cli
+
+    args = parse_args(["--smoke", "--draft-tokens", "1", "--speculative-acceptance", "0.9"])
+    groups = run_groups(sizes_of(args, "cpu"), args)
+    done: list[str] = []
+
+    async def measured(ctx, run, i):
+        done.append(f"{run.mode}:{run.draft_tokens}")
+        return {"run_s": 0.0, "phases": {}}
+
+    saved: list[list[str]] = []
+
+    def save(results):
+        saved.append(
+            [
+                f"{g['mode']}:{d}"
+                for g in results
+                for d in (["0"] if "plain" in g else []) + list(g["mtp"])
+            ]
+        )
+        assert len(saved[-1]) == len(done)  # saved right after each run, nothing lost or ahead
+
+    monkeypatch.setattr(cli, "_measured", measured)
+    ctx = {"t0": time.monotonic()}
+    results = asyncio.run(cli.run_all(ctx, groups, None, save))
+    assert done == ["baseline:0", "baseline:1", "service:0", "service:1"]
+    assert saved[-1] == ["baseline:0", "baseline:1", "service:0", "service:1"]
+    assert len(saved) == 4 and [g["mode"] for g in results] == ["baseline", "service"]
