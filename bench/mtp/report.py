@@ -5,13 +5,13 @@ stated beside every figure: in the JSON, the table's title and each row)."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 from bench.e2e import plan
+from bench.e2e.report import write_json
 from bench.e2e.stats import steady_window
 from engine_client.loop.acceptance_rates import BENCHMARK_ONLY
 from engine_client.serve.procs import REPO_ROOT
@@ -151,8 +151,7 @@ def write_payload(
         "wall_s": time.monotonic() - ctx["t0"],
         "complete": complete,
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(payload, indent=1))
+    write_json(payload, out)  # atomic: a stage killed mid-write keeps the previous JSON
     if not complete:
         return out
     print_table(payload)
