@@ -30,6 +30,7 @@ from pathlib import Path
 
 from bench.disagg import load, stack
 from bench.shared.child import run_python
+from bench.shared.result_file import write_json
 from contract.layout import KVLayout
 from engine_client.model.preset import preset
 
@@ -211,16 +212,15 @@ def main(argv: list[str] | None = None) -> int:
         "compare": {},
     }
     out = Path(args.out or f"bench/results/disagg-{result['date']}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="dsg-", dir="/tmp") as workdir:
         for i, (topo, source) in enumerate(plan):
             run = measure(args, os.path.join(workdir, f"r{i}"), device, topo, source)
             runs.append(run)
-            out.write_text(json.dumps(result, indent=1) + "\n")
+            write_json(result, out)  # after every run, atomically: a cut stage keeps them
     moved = [r["transfer"]["bytes_per_prompt"] for r in runs if "transfer" in r]
     pinned = pinned_copy_gbps(max(moved), device) if moved else 0.0
     result.update(pinned_copy_gb_per_s=pinned, compare=compare(runs, pinned))
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(result, out)
     report(result)
     print(f"-> {out}")
     return 0

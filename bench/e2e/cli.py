@@ -30,12 +30,13 @@ from pathlib import Path
 from bench.e2e import plan
 from bench.e2e.children import Children, Progress
 from bench.e2e.load import LoadGen
-from bench.e2e.report import charts, print_table, write_json
+from bench.e2e.report import charts, print_table
 from bench.e2e.roofline import analyze as roofline
 from bench.e2e.row_formats import print_summary, probe_attention
 from bench.e2e.runs import measure_ceilings, run_all
 from bench.e2e.stats import ratios
 from bench.shared.copy_args import copy_grid_spec
+from bench.shared.result_file import write_json
 from bench.shared.trace import TraceParams, simulate
 from engine_client.serve.procs import REPO_ROOT
 from kernels.swap.copy_grid import SPEC_GRAMMAR

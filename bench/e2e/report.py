@@ -3,7 +3,6 @@ the JSON file."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from bench.e2e.roofline import print_roofline
@@ -215,13 +214,6 @@ def _hit_rate_chart(plt, payload: dict, path: Path) -> Path | None:
     ax.grid(alpha=0.3)
     ax.legend()
     return _save(plt, fig, path)
-
-
-def write_json(payload: dict, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(payload, indent=1, default=str))
-    tmp.replace(path)
 
 
 def _save(plt, fig, path: Path) -> Path:

@@ -11,8 +11,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from bench.e2e import plan
-from bench.e2e.report import write_json
 from bench.e2e.stats import steady_window
+from bench.shared.result_file import write_json
 from engine_client.loop.acceptance_rates import BENCHMARK_ONLY
 from engine_client.serve.procs import REPO_ROOT
 

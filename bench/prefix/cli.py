@@ -34,9 +34,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 from bench.e2e.load import LoadGen
-from bench.e2e.report import write_json
 from bench.prefix import plan, runs
 from bench.prefix.children import Procs
+from bench.shared.result_file import write_json
 from engine_client.serve.procs import REPO_ROOT
 
 
