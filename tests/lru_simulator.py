@@ -22,12 +22,14 @@ class LRUSim:
         """LRU slots, least recently used first."""
         return sorted(self.key, key=self.key.__getitem__)
 
-    def step(self, topk: list[int], seq_len: int):
+    def step(self, topk: list[int], seq_len: int, host_row=None):
         """Serve one top-k selection.
 
         Returns (slots, misses, evicted): the hot slot of each entry (-1 for bad positions),
         [(entry index, token, victim slot)] in top-k order, and the tokens evicted. A position
         may repeat: its first occurrence is the miss, the repeats get the same slot.
+        host_row (t -> flat host row; the plan's host fallback): misses past the evictable
+        slots take no victim and read their host row, every entry of them -2 - host_row(t).
         """
         slots: list[int] = []
         hit_slots: set[int] = set()
@@ -48,7 +50,9 @@ class LRUSim:
                     missed.append(i)
         untouched = [s for s in self.order() if s not in hit_slots]
         victims = untouched[: len(missed)]
-        assert len(victims) == len(missed), "more misses than evictable slots"
+        assert host_row is not None or len(victims) == len(missed), (
+            "more misses than evictable slots"
+        )
         new_key = {s: (0, self.key[s]) for s in self.key}
         for s in hit_slots:
             new_key[s] = (1, self.key[s])
@@ -65,10 +69,13 @@ class LRUSim:
             self.holds[v], self.where[t] = t, v
             slots[i] = v
             misses.append((i, t, v))
-        slots = [self.where[t] if t in first else s for t, s in zip(topk, slots)]
+        slots = [
+            (self.where[t] if t in self.where else -2 - host_row(t)) if t in first else s
+            for t, s in zip(topk, slots)
+        ]
         return slots, misses, evicted
 
-    def step_union(self, rows: list[list[int]], row_lens: list[int]):
+    def step_union(self, rows: list[list[int]], row_lens: list[int], host_row=None):
         """Serve the rows of one speculative step together: one LRU step over the union of
         their valid positions (each row's own length decides validity, the longest row's the
         window), in first-occurrence order, row by row.
@@ -87,7 +94,7 @@ class LRUSim:
             for t in row
             if 0 <= t < min(n, old) and t not in self.where
         )
-        slots, misses, evicted = self.step(union, seq_len)
+        slots, misses, evicted = self.step(union, seq_len, host_row)
         slot_of = dict(zip(union, slots))
         per_row = [
             [slot_of[t] if 0 <= t < n else -1 for t in row] for row, n in zip(rows, row_lens)

@@ -41,16 +41,34 @@ def _lookup(entries, seq_len, ts, pages, B, W, P):
     return slots, hits, missed, repeats
 
 
+def _no_victim(entries, slots, ts, unplaced, repeats, host):
+    """The misses without a victim give their claim back (token_slot -1); with `host` (a
+    position's flat host row: host_fallback) their entries read -2 - that row. Repeats read
+    their first occurrence's slot, or, when it got none (-1), the host row too."""
+    for i in unplaced:
+        t = entries[i][0]
+        ts[t] = -1
+        if host is not None:
+            slots[i] = -2 - host(t)
+    for i in repeats:
+        t = entries[i][0]
+        slots[i] = -2 - host(t) if host is not None and ts[t] == -1 else ts[t]
+
+
 def _ref_plan_request(
-    layer, r, entries, seq_len, pages, token_slot, slot_token, lru_order, num_layers, P, W
-):
+    layer, r, entries, seq_len, pages, token_slot, slot_token, lru_order, num_layers, P, W,
+    host_fallback=False,
+):  # fmt: skip
     """Plan one offloaded (layer, request) over entries [(position, its row's length)];
-    returns (slots, [(host row, hot row)] per miss, misses summed over rows)."""
+    returns (slots, [(host row, hot row)] per miss, misses summed over rows, missed positions
+    read from the host: with host_fallback, those without a victim, whose entries read
+    -2 - host row)."""
     _, R, C = token_slot.shape
     B = slot_token.shape[2]
     ts, st = token_slot[layer, r].tolist(), slot_token[layer, r].tolist()
     order = lru_order[layer, r].tolist()
     slots, hits, missed, repeats = _lookup(entries, seq_len, ts, pages, B, W, P)
+    host = lambda t: (pages[t // P] * num_layers + layer) * P + t % P  # noqa: E731
     row_misses = len(missed) + len(repeats)
     free = [s for s in order if s not in hits]
     placed, unplaced = missed[: len(free)], missed[len(free) :]
@@ -66,14 +84,11 @@ def _ref_plan_request(
         slots[i], ts[t] = v, v
         if 0 <= v < B:
             st[v] = t
-        misses.append(((pages[t // P] * num_layers + layer) * P + t % P, (layer * R + r) * B + v))
-    for i in unplaced:  # the kernel's claim, given back
-        ts[entries[i][0]] = -1
-    for i in repeats:
-        slots[i] = ts[entries[i][0]]
+        misses.append((host(t), (layer * R + r) * B + v))
+    _no_victim(entries, slots, ts, unplaced, repeats, host if host_fallback else None)
     token_slot[layer, r] = torch.tensor(ts)
     slot_token[layer, r] = torch.tensor(st)
-    return slots, misses, row_misses
+    return slots, misses, row_misses, len(unplaced) if host_fallback else 0
 
 
 def ref_swap_plan(
@@ -100,8 +115,10 @@ def ref_swap_plan(
     out_counts=None,
     out_totals=None,
     shared=None,
+    host_fallback=False,
 ):
     """Reference of kernels.swap.plan.swap_plan (hit_flag is not needed here: left untouched).
+    host_fallback: misses past the victims read their host row (-2 - row), as the kernel's.
     With `shared` (contract.shared_region.SharedRegion), the cached-prefix rows of offloaded
     requests go through the shared region first (kernels/reference/shared_swap.py)."""
     _, R, C = token_slot.shape
@@ -116,10 +133,10 @@ def ref_swap_plan(
         groups.append((r, mode, row_lens, entries))
     served = shared_phase(layer, groups, shared, token_slot, page_table, page_size, window)
     for g, (r, mode, row_lens, entries) in enumerate(groups):
-        misses, row_misses = [], 0
+        misses, row_misses, host_reads = [], 0, 0
         if mode == MODE_OFFLOADED:
             private = [(-1, n) if s >= 0 else (t, n) for (t, n), s in zip(entries, served[g][0])]
-            slots, misses, row_misses = _ref_plan_request(
+            slots, misses, row_misses, host_reads = _ref_plan_request(
                 layer,
                 r,
                 private,
@@ -131,6 +148,7 @@ def ref_swap_plan(
                 num_layers,
                 page_size,
                 window,
+                host_fallback,
             )
             dims = (num_layers, R, B, page_size)
             pages = page_table[r].tolist()
@@ -147,9 +165,9 @@ def ref_swap_plan(
         if out_miss_rows is not None:
             out_miss_rows[g] = row_misses
         rows_g = rows[g * G : (g + 1) * G]
-        _add_counts(
-            out_counts, out_totals, req[g * G : (g + 1) * G], rows_g, len(misses), row_misses
-        )
+        # Host reads are misses to the counters (missed positions, copied or not).
+        missed = len(misses) + host_reads
+        _add_counts(out_counts, out_totals, req[g * G : (g + 1) * G], rows_g, missed, row_misses)
 
 
 def _add_counts(counts, totals, req, rows, misses, row_misses):

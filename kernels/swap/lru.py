@@ -6,7 +6,8 @@ program for such a request, separated by barriers:
    victim and is copied once;
 2. `_reorder`: `lru_order` stable-partitioned into (kept, hits, victims) with prefix sums;
 3. `plan_offloaded`: each miss's victim from the tail of the new order, residency updated, the
-   miss list emitted; repeated misses read their first occurrence's slot.
+   miss list emitted; repeated misses read their first occurrence's slot (HOST_FALLBACK: misses
+   past the victims, and their repeats, read their host rows, -2 - row).
 """
 
 from __future__ import annotations
@@ -147,10 +148,15 @@ def plan_offloaded(
     base,
     S,
     SHARED: tl.constexpr,
+    HOST_FALLBACK: tl.constexpr,
 ):
     """b: the program's request (group of rows); k: its entries (rows x top-k); entry i of
     position t belongs to a row of length row_len[i]; seq_len: the request's length. Returns
-    (positions copied, missed entries with repeats counted).
+    (missed positions: those copied, and with HOST_FALLBACK those read from the host; missed
+    entries with repeats counted).
+    HOST_FALLBACK: a missed position left without a victim (G k > B - W) is read from the
+    host tier: its entries, repeats included, get -2 - (its flat host row); no copy, and it
+    does not become resident.
     SHARED: launches 1-3 of kernels/swap/shared_phase.py ran; entries the region serves leave
     the private plan (t = -1), their slots are written relative to this request's buffer,
     (base - r) B + shared slot, and the copies they own follow the private ones in the miss
@@ -213,6 +219,8 @@ def plan_offloaded(
     miss_i = miss.to(tl.int32)
     miss_rank = tl.cumsum(miss_i, 0) - miss_i
     m = tl.sum(miss_i, 0)
+    if HOST_FALLBACK:
+        owners = m
     tl.debug_barrier()
     m = _reorder(
         m,
@@ -236,11 +244,18 @@ def plan_offloaded(
     tl.store(ts_row + t, v, mask=placed)
     tl.store(hit_flag_ptr + r.to(tl.int64) * B + ts, 0, mask=hit)
     slots = tl.where(placed, v, slots)
-    # An owner left without a victim (never, while G k <= B - W: the wrapper's rule) gives its
-    # claim back; repeats then read their owner's slot.
+    # An owner left without a victim (never, while G k <= B - W: the wrapper's rule unless
+    # HOST_FALLBACK) gives its claim back; repeats then read their owner's slot.
     tl.store(ts_row + t, -1, mask=miss & ~placed)
     tl.debug_barrier()
-    slots = tl.where(repeat, tl.load(ts_row + t, mask=repeat, other=-1), slots)
+    if HOST_FALLBACK:
+        # The host row, for an owner without a victim and its repeats (they read -1 back).
+        host = (-2 - ((page.to(tl.int64) * L + layer) * P + t % P)).to(tl.int32)
+        got = tl.load(ts_row + t, mask=repeat, other=-1)
+        slots = tl.where(miss & ~placed, host, slots)
+        slots = tl.where(repeat, tl.where(got == -1, host, got), slots)
+    else:
+        slots = tl.where(repeat, tl.load(ts_row + t, mask=repeat, other=-1), slots)
     if SHARED:
         slots = tl.where(sh >= 0, (base - r) * B + sh, slots)
     row = b.to(tl.int64) * k
@@ -254,4 +269,7 @@ def plan_offloaded(
         tl.store(out_dst_ptr + at, (layer * R + base).to(tl.int64) * B + sh, mask=copier)
         m += copies
     tl.store(out_count_ptr + b, m)
+    if HOST_FALLBACK:
+        # The counters count host reads as misses: every missed position, copied or not.
+        m += owners - tl.sum(placed.to(tl.int32), 0)
     return m, row_misses

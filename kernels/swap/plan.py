@@ -1,5 +1,6 @@
 """Swap-in plan: per (layer, request) find the hits of a top-k selection and give each miss an
-LRU victim slot. Semantics and tensor layout: docs/ARCHITECTURE.md ("Plan semantics").
+LRU victim slot (with host_fallback, the misses past the victims read their host rows).
+Semantics and tensor layout: docs/ARCHITECTURE.md ("Plan semantics").
 
 One program per request: a group of `rows_per_request` consecutive batch rows (1 for plain
 decode; D + 1 for a speculative verify step, whose rows share one plan over the union of their
@@ -26,18 +27,16 @@ import triton
 import triton.language as tl
 
 from kernels import formats
-from kernels.arg_specs import check_specs
 from kernels.swap.counts import add_counts, add_totals
 from kernels.swap.entries import group_entries
 from kernels.swap.lru import plan_offloaded
+from kernels.swap.plan_checks import check_sizes, check_tensors
 from kernels.swap.shared_phase import after_plan, before_plan, check_region, plan_args
 
 MODE_RESIDENT = tl.constexpr(formats.MODE_RESIDENT)
 MODE_OFFLOADED = tl.constexpr(formats.MODE_OFFLOADED)
 # One program per request; at B = 4096 more warps shorten the O(B) scans. Tune on the H200.
 NUM_WARPS_LARGE = 8
-# Rows one plan may share: a verify step's D + 1 rows, D <= 3 draft tokens.
-MAX_ROWS_PER_REQUEST = 4
 
 
 @triton.jit(do_not_specialize=["layer"])
@@ -84,6 +83,7 @@ def _swap_plan_kernel(
     COUNTS: tl.constexpr,
     TOTALS: tl.constexpr,
     SHARED: tl.constexpr,
+    HOST_FALLBACK: tl.constexpr,
 ):
     b = tl.program_id(0)
     r, r_ok, mode, i, in_k, t, row_len = group_entries(
@@ -133,6 +133,7 @@ def _swap_plan_kernel(
             base,
             S,
             SHARED,
+            HOST_FALLBACK,
         )
     else:
         # Resident: token t is hot slot t. Free slots and padding rows select nothing.
@@ -175,6 +176,7 @@ def swap_plan(
     out_totals: torch.Tensor | None = None,
     num_warps: int | None = None,
     shared: Any = None,
+    host_fallback: bool = False,
 ) -> None:
     """Plan one layer's swap-in for a batch; updates residency state in place.
 
@@ -202,44 +204,22 @@ def swap_plan(
     shared: the shared hot region of cached prefix rows (contract.shared_region, issue 40):
     offloaded requests' cached-prefix rows go through it first, in launches before and after
     this kernel (kernels/swap/shared_phase.py); None compiles that branch out.
+    host_fallback: G k may exceed B - W; a missed position left without a victim is read from
+    the host tier: its entries (repeats too) get -2 - (its flat host row) in out_slots, no copy
+    is queued and it does not become resident; the counters count it as a miss (out_counts
+    column 1, out_totals[1]: missed positions, copied or read from the host). Precondition:
+    host rows fit int32, num_pages * L * P < 2^31 - 2 (the layout's check). False compiles the
+    path out.
     """
     (bs, k), (L, R, C), B = topk.shape, token_slot.shape, slot_token.shape[2]
     W, G = window, rows_per_request
-    if num_layers != L or not 0 <= layer < L:
-        raise ValueError(f"layer {layer} / num_layers {num_layers} do not match token_slot {L}")
-    if not 1 <= G <= MAX_ROWS_PER_REQUEST or bs % G:
-        raise ValueError(
-            f"rows_per_request must be in [1, {MAX_ROWS_PER_REQUEST}] and divide the batch "
-            f"({bs} rows), got {G}"
-        )
-    if not G <= W < B or G * k > B - W or page_table.shape[1] * page_size < C:
-        raise ValueError(
-            f"need G <= W < B, G * k <= B - W, max_pages * P >= C: G={G} W={W} B={B} k={k} "
-            f"page_table {tuple(page_table.shape)} P={page_size} C={C}"
-        )
-    n, i32, i64 = bs // G, torch.int32, torch.int64
-    specs = {
-        "topk": (topk, i32, (bs, k)),
-        "seq_lens": (seq_lens, i32, (bs,)),
-        "req_slots": (req_slots, i32, (bs,)),
-        "req_mode": (req_mode, i32, (R,)),
-        "page_table": (page_table, i32, (R, page_table.shape[1])),
-        "token_slot": (token_slot, i32, (L, R, C)),
-        "slot_token": (slot_token, i32, (L, R, B)),
-        "lru_order": (lru_order, i32, (L, R, B - W)),
-        "hit_flag": (hit_flag, torch.int8, (R, B)),
-        "out_slots": (out_slots, i32, (bs, k)),
-        "out_miss_src": (out_miss_src, i64, (n, G * k)),
-        "out_miss_dst": (out_miss_dst, i64, (n, G * k)),
-        "out_miss_count": (out_miss_count, i32, (n,)),
-    }
-    if out_miss_rows is not None:
-        specs["out_miss_rows"] = (out_miss_rows, i32, (n,))
-    if out_counts is not None:
-        specs["out_counts"] = (out_counts, i64, (R + 1, 3))
-    if out_totals is not None:
-        specs["out_totals"] = (out_totals, i64, (2,))
-    check_specs(specs)
+    shapes = dict(bs=bs, k=k, L=L, R=R, C=C, B=B, W=W, P=page_size, max_pages=page_table.shape[1])
+    check_sizes(layer, num_layers, shapes, G, host_fallback)
+    state = (req_mode, page_table, token_slot, slot_token, lru_order, hit_flag)
+    outs = (out_slots, out_miss_src, out_miss_dst, out_miss_count)
+    optional = dict(out_miss_rows=out_miss_rows, out_counts=out_counts, out_totals=out_totals)
+    check_tensors((topk, seq_lens, req_slots, *state, *outs), optional, G, W)
+    n = bs // G
     if shared is not None:
         check_region(shared, L, R, B, n, bs * k)
     if bs == 0:
@@ -284,6 +264,7 @@ def swap_plan(
         COUNTS=out_counts is not None,
         TOTALS=out_totals is not None,
         SHARED=shared is not None,
+        HOST_FALLBACK=host_fallback,
         num_warps=num_warps or (NUM_WARPS_LARGE if max(block_n, G * k) >= 2048 else 4),
     )
     if shared is not None:
