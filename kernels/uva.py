@@ -31,5 +31,12 @@ class UVATensor:
     def view(self, dtype: torch.dtype) -> "UVATensor":
         return UVATensor(self.tensor.view(dtype))
 
+    def map(self, fn) -> "UVATensor":
+        """fn's view of the pinned tensor (a reshape or dtype view), still device-addressable."""
+        return UVATensor(fn(self.tensor))
+
+    def dim(self) -> int:
+        return self.tensor.dim()
+
     def is_contiguous(self) -> bool:
         return self.tensor.is_contiguous()

@@ -81,7 +81,8 @@ def attention(part_batch: int, fp8: bool) -> list[Footprint]:
     kv = "*u8" if fp8 else "*bf16"
     ptrs = {"row_base_ptr": "*i64", "slots_ptr": "*i32", "kv_ptr": kv, "p_ptr": "*bf16"}
     ptrs |= {"pm_ptr": "*fp32", "pl_ptr": "*i64"}
-    common = {"BLOCK_T": bt, "UPCAST": False, "ROW_FP8": fp8}
+    # No host tier: host_off None and HOST_ROWS off, as sparse_mla_decode launches them without.
+    common = {"BLOCK_T": bt, "UPCAST": False, "ROW_FP8": fp8, "HOST_ROWS": False, "host_off": None}
     # As kernels/attention/sparse.py launches them for 128 heads: the score pass takes the
     # table's heads per program, the mix pass all 128.
     score = _compiled(

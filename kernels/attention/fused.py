@@ -4,7 +4,8 @@ walks its range of the slot list with an online softmax and a [heads, 512] fp32 
 Single pass here; split-k (the slot list cut into a fixed number of ranges, each writing a
 normalized partial, and a combine kernel) in kernels/attention/split.py. The two-pass kernels
 (kernels/attention/two_pass.py) are the fast decode path; this one serves prefill chunks (no
-scratch) and remains the reference point of the benchmark.
+scratch) and remains the reference point of the benchmark. HOST_ROWS (with host_off): slot entries
+<= -2 read host-tier rows in place (kernels/attention/kv_tiles.py, host_row_starts).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import kernels.interpreter  # noqa: F401  (the interpreter switch, before import
 import triton
 import triton.language as tl
 
-from kernels.attention.kv_tiles import FAST_SHIFT, load_kv_tile, tile_scores
+from kernels.attention.kv_tiles import FAST_SHIFT, host_row_starts, load_kv_tile, tile_scores
 from kernels.formats import RowFormat, RowKernel
 from kernels.interpreter import INTERPRETED
 from kernels.tiles import exact_dot, staged_slot
@@ -39,10 +40,11 @@ def _attend_block(
     D_PE: tl.constexpr,
     UPCAST: tl.constexpr,
     ROW_FP8: tl.constexpr,
+    HOST_ROWS: tl.constexpr,
 ):
-    """One online-softmax step over BLOCK_N gathered rows; scores are in log2 units."""
+    """One online-softmax step over BLOCK_N gathered rows (host_row_starts); log2 units."""
     # Masked rows are never read, so a padding slot costs no memory traffic.
-    k_nope, k_pe = load_kv_tile(kv_ptr, row, valid, s_kv, D_V, D_PE, UPCAST, ROW_FP8)
+    k_nope, k_pe = load_kv_tile(kv_ptr, row, valid, s_kv, D_V, D_PE, UPCAST, ROW_FP8, HOST_ROWS)
     s = tile_scores(q_nope, q_pe, k_nope, k_pe, UPCAST, ROW_FP8)
     s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -60,6 +62,7 @@ def _attend_range(
     q_nope_ptr,
     q_pe_ptr,
     kv_ptr,
+    host_off,
     row_base_ptr,
     slots_ptr,
     b,
@@ -81,6 +84,7 @@ def _attend_range(
     STAGE: tl.constexpr,
     UPCAST: tl.constexpr,
     ROW_FP8: tl.constexpr,
+    HOST_ROWS: tl.constexpr,
 ):
     """Online softmax of `heads` of row b over slots [start, stop): (max, log2 units; sum; acc)."""
     hmask = heads[:, None] < H
@@ -104,13 +108,18 @@ def _attend_range(
         ids = tl.reshape(ids, [NB, BLOCK_N])
         for j in range(0, tl.cdiv(tl.minimum(stop - staged, STAGE), BLOCK_N)):
             slot = staged_slot(ids, j, NB)
+            if HOST_ROWS:
+                row, valid = host_row_starts(slot, base, host_off, s_kv, ROW_FP8)
+            else:
+                row = base + slot.to(tl.int64)
+                valid = slot >= 0
             m_i, l_i, acc = _attend_block(
                 q_nope,
                 q_pe,
                 kv_ptr,
-                base + slot.to(tl.int64),
+                row,
                 s_kv,
-                slot >= 0,
+                valid,
                 m_i,
                 l_i,
                 acc,
@@ -119,6 +128,7 @@ def _attend_range(
                 D_PE,
                 UPCAST,
                 ROW_FP8,
+                HOST_ROWS,
             )
     return m_i, l_i, acc
 
@@ -128,6 +138,7 @@ def _fused_kernel(
     q_nope_ptr,
     q_pe_ptr,
     kv_ptr,
+    host_off,
     row_base_ptr,
     slots_ptr,
     out_ptr,
@@ -151,6 +162,7 @@ def _fused_kernel(
     STAGE: tl.constexpr,
     UPCAST: tl.constexpr,
     ROW_FP8: tl.constexpr,
+    HOST_ROWS: tl.constexpr,
 ):
     b = tl.program_id(1)
     heads = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -159,6 +171,7 @@ def _fused_kernel(
         q_nope_ptr,
         q_pe_ptr,
         kv_ptr,
+        host_off,
         row_base_ptr,
         slots_ptr,
         b,
@@ -180,6 +193,7 @@ def _fused_kernel(
         STAGE,
         UPCAST,
         ROW_FP8,
+        HOST_ROWS,
     )
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
@@ -200,7 +214,7 @@ def fused_setup(q_nope, q_pe, kv, slots, splits: int, row_format: RowFormat, kno
     num_warps, slot_stage (block_n rows per step, num_stages - 1 steps of rows in flight,
     slot_stage slots held in registers per refill). Shared memory ~ (block_h + block_n *
     num_stages) * 1152 B: the default 64 x 64 x 2 is the fastest fused bf16 setting measured
-    (docs/BENCHMARKS.md) and fits."""
+    (docs/BENCHMARKS.md) and fits. meta leaves HOST_ROWS to the launch, beside its host_off."""
     bs, n_heads, d_v = q_nope.shape
     k = slots.shape[1]
     # tl.dot wants tiles of at least 16 rows; padding heads are masked.
@@ -233,15 +247,27 @@ def fused_setup(q_nope, q_pe, kv, slots, splits: int, row_format: RowFormat, kno
 
 
 def launch_fused(
-    q_nope, q_pe, kv, row_base, slots, qk_scale, out, lse, row_format: RowFormat, **knobs: int
+    q_nope,
+    q_pe,
+    kv,
+    row_base,
+    slots,
+    qk_scale,
+    out,
+    lse,
+    row_format: RowFormat,
+    host_off: int | None = None,
+    **knobs: int,
 ) -> None:
-    """The single-pass fused kernel on checked arguments (sparse_attention.sparse_mla_decode)."""
+    """The single-pass fused kernel on checked arguments (sparse_attention.sparse_mla_decode);
+    host_off: the host tier's checked offset from kv in kv elements, None without one."""
     bs, n_heads, _ = q_nope.shape
     block_h, _, strides, meta = fused_setup(q_nope, q_pe, kv, slots, 1, row_format, knobs)
     _fused_kernel[(triton.cdiv(n_heads, block_h), bs)](
         q_nope,
         q_pe,
         kv,
+        host_off,
         row_base,
         slots,
         out,
@@ -253,5 +279,6 @@ def launch_fused(
         out.stride(0),
         out.stride(1),
         lse.stride(0),
+        HOST_ROWS=host_off is not None,
         **meta,
     )

@@ -10,6 +10,10 @@ in the bits of a bf16, which then reads as value * 2^-120 (zero and subnormals t
 packed bf16 multiply by scale * 2^64 gives value * scale * 2^-56. Every step is exact (the
 scales are powers of two), so a kernel that multiplies its fp32 dot results by 2^56 gets the bits
 of the plain dequantized rows. Under the interpreter the rows dequantize through fp32, exactly.
+
+Rows from the host tier (HOST_ROWS, see host_row_starts): the loaders then take each row's start
+in kv elements instead of its row index, so one kv pointer reaches both the hot buffer and the
+pinned host tier. With HOST_ROWS off every loader emits what it did before the option existed.
 """
 
 from __future__ import annotations
@@ -55,20 +59,61 @@ def e4m3_as_bf16(codes):
 
 
 @triton.jit
-def load_latent(kv_ptr, row, valid, col0, NBLK: tl.constexpr, W: tl.constexpr, FAST: tl.constexpr):
+def host_row_starts(slot, base, host_off, s_kv, ROW_FP8: tl.constexpr):
+    """(row starts in kv elements, valid) of slot-list entries for the HOST_ROWS loaders: slot
+    >= 0 is kv's row base + slot, -1 no row, <= -2 the host tier's row -2 - slot (the tier
+    starts host_off kv elements from kv_ptr, either sign). Without HOST_ROWS the callers keep
+    row indices (base + slot, valid slot >= 0), as before. A host row past the tier's end is
+    the caller's contract violation: nothing here bounds it."""
+    s = slot.to(tl.int64)
+    start = tl.where(s < -1, host_off + (-2 - s) * s_kv, (base + s) * s_kv)
+    # sparse_mla_decode checks both bases and the row stride are 16-byte multiples: the gathers
+    # keep their 16-byte vectors (Triton cannot see it through the select).
+    if ROW_FP8:
+        start = tl.multiple_of(start, 16)
+    else:
+        start = tl.multiple_of(start, 8)
+    return start, slot != -1
+
+
+@triton.jit
+def load_latent(
+    kv_ptr,
+    row,
+    valid,
+    col0,
+    NBLK: tl.constexpr,
+    W: tl.constexpr,
+    FAST: tl.constexpr,
+    HOST_ROWS: tl.constexpr = False,
+):
     """Latent columns [col0, col0 + NBLK * W) of fp8 rows `row` as bf16 [N, NBLK * W]; W divides
     the 128 values of a scale block and col0 is a multiple of W. FAST: value * scale * 2^-56
-    (see module doc); else exact value * scale (the interpreter's fp32 path)."""
+    (see module doc); else exact value * scale (the interpreter's fp32 path). HOST_ROWS: row
+    holds row starts in bytes (host_row_starts)."""
     blk = tl.arange(0, NBLK)
     cols = col0 + blk[:, None] * W + tl.arange(0, W)[None, :]
-    codes = tl.load(
-        kv_ptr + row[:, None, None] * _ROW + cols[None, :, :], mask=valid[:, None, None], other=0
-    )
+    # Each branch keeps its address inside tl.load: the no-host branch is then, op for op, the
+    # code from before HOST_ROWS (the op order reaches ptxas's schedule).
+    if HOST_ROWS:
+        codes = tl.load(
+            kv_ptr + row[:, None, None] + cols[None, :, :], mask=valid[:, None, None], other=0
+        )
+    else:
+        codes = tl.load(
+            kv_ptr + row[:, None, None] * _ROW + cols[None, :, :],
+            mask=valid[:, None, None],
+            other=0,
+        )
     scale_ptr = (kv_ptr + _SCALES_AT).to(tl.pointer_type(tl.float32), bitcast=True)
     sblk = col0 // _BLOCK + blk
-    s = tl.load(
-        scale_ptr + row[:, None] * _ROW_WORDS + sblk[None, :], mask=valid[:, None], other=0.0
-    )
+    if HOST_ROWS:
+        # Row starts are 16-byte multiples: exact in fp32 words (truncation is floor here).
+        s = tl.load(scale_ptr + (row // 4)[:, None] + sblk[None, :], mask=valid[:, None], other=0.0)
+    else:
+        s = tl.load(
+            scale_ptr + row[:, None] * _ROW_WORDS + sblk[None, :], mask=valid[:, None], other=0.0
+        )
     if FAST:
         lat = e4m3_as_bf16(codes) * (s * 18446744073709551616.0).to(tl.bfloat16)[:, :, None]
     else:
@@ -77,13 +122,20 @@ def load_latent(kv_ptr, row, valid, col0, NBLK: tl.constexpr, W: tl.constexpr, F
 
 
 @triton.jit
-def load_rope(kv_ptr, row, valid, D_PE: tl.constexpr):
+def load_rope(kv_ptr, row, valid, D_PE: tl.constexpr, HOST_ROWS: tl.constexpr = False):
     rope_ptr = (kv_ptr + _ROPE_AT).to(tl.pointer_type(tl.bfloat16), bitcast=True)
-    return tl.load(
-        rope_ptr + row[:, None] * _ROW_HALVES + tl.arange(0, D_PE)[None, :],
-        mask=valid[:, None],
-        other=0.0,
-    )
+    if HOST_ROWS:
+        return tl.load(  # row starts in bytes, even: bf16 halves
+            rope_ptr + (row // 2)[:, None] + tl.arange(0, D_PE)[None, :],
+            mask=valid[:, None],
+            other=0.0,
+        )
+    else:
+        return tl.load(
+            rope_ptr + row[:, None] * _ROW_HALVES + tl.arange(0, D_PE)[None, :],
+            mask=valid[:, None],
+            other=0.0,
+        )
 
 
 @triton.jit
@@ -96,14 +148,18 @@ def load_kv_tile(
     D_PE: tl.constexpr,
     UPCAST: tl.constexpr,
     ROW_FP8: tl.constexpr,
+    HOST_ROWS: tl.constexpr = False,
 ):
-    """(latent [N, D_V], rope [N, D_PE]) bf16 of rows `row`; invalid rows are never read (0).
-    fp8 latents carry the 2^-56 of fast dequantization on GPU (see tile_scores)."""
+    """(latent [N, D_V], rope [N, D_PE]) bf16 of rows `row` (starts with HOST_ROWS); invalid rows
+    are never read (0). fp8 latents carry the 2^-56 of fast dequantization on GPU (tile_scores)."""
     if ROW_FP8:
-        k_nope = load_latent(kv_ptr, row, valid, 0, D_V // _BLOCK, _BLOCK, not UPCAST)
-        k_pe = load_rope(kv_ptr, row, valid, D_PE)
+        k_nope = load_latent(kv_ptr, row, valid, 0, D_V // _BLOCK, _BLOCK, not UPCAST, HOST_ROWS)
+        k_pe = load_rope(kv_ptr, row, valid, D_PE, HOST_ROWS)
     else:
-        row_ptr = kv_ptr + row * s_kv
+        if HOST_ROWS:
+            row_ptr = kv_ptr + row
+        else:
+            row_ptr = kv_ptr + row * s_kv
         k_nope = tl.load(
             row_ptr[:, None] + tl.arange(0, D_V)[None, :], mask=valid[:, None], other=0.0
         )

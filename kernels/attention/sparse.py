@@ -9,7 +9,11 @@ One public entry, `sparse_mla_decode`; the workspace it is given picks the kerne
 Whatever runs, the summation order depends only on the slot list and the workspace (its tile
 rows or split count), never on timing or batch size: no atomics, and two KV layouts that gather
 the same rows in the same order give bitwise-identical output.
-"""
+
+Slot list: `slots[b, i] >= 0` names kv's row `row_base[b] + slots[b, i]`, -1 no row (skipped).
+Given the host tier (`host`, pinned rows the GPU addresses, kernels/uva.py), `slots[b, i] <= -2`
+names its row `-2 - slots[b, i]`, read in place: the bytes a copy into kv would have placed, in
+the same order, so the same bits. Without it every negative entry is skipped (HOST_ROWS off)."""
 
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ from kernels.attention.workspace import (
 from kernels.formats import BF16_ROW, LATENT_DIM, ROPE_DIM, RowFormat, RowKernel
 from kernels.interpreter import INTERPRETED
 from kernels.tiles import bf16_dot
+from kernels.uva import UVATensor
 
 __all__ = [
     "AttnWorkspace",
@@ -98,7 +103,38 @@ def _check_args(q_nope, q_pe, kv, row_base, slots, out, lse, row_format: RowForm
         )
 
 
-def score_pass(q_nope, q_pe, kv, row_base, slots, qk_scale, ws, cfg, row_format) -> None:
+def _host_offset(kv: torch.Tensor, host: torch.Tensor | UVATensor | None) -> int | None:
+    """The kernels' host_off: host's first element in kv elements from kv's (either sign), None
+    without a host tier. The kernels address host rows as kv's: same dtype, width and strides,
+    16-byte aligned relative to kv (the gathers load 16-byte vectors)."""
+    if host is None:
+        return None
+    if (
+        host.dtype != kv.dtype
+        or len(host.shape) != 2
+        or host.shape[1] != kv.shape[1]
+        or tuple(host.stride()) != tuple(kv.stride())
+    ):
+        raise ValueError(
+            f"host: expected [n, {kv.shape[1]}] {kv.dtype} rows with kv's strides {kv.stride()}, "
+            f"got {tuple(host.shape)} {host.dtype} strides {tuple(host.stride())}"
+        )
+    if isinstance(host, torch.Tensor) and host.device != kv.device and not host.is_pinned():
+        # A GPU reads host memory in place only where it is pinned (mapped for UVA).
+        raise ValueError(f"host: on {host.device} beside kv on {kv.device}, and not pinned")
+    size = kv.element_size()
+    delta = host.data_ptr() - kv.data_ptr()
+    if delta % 16 or (kv.stride(0) * size) % 16:
+        raise ValueError(
+            f"host: rows must start 16-byte aligned relative to kv's "
+            f"(distance {delta} B, row stride {kv.stride(0) * size} B)"
+        )
+    return delta // size
+
+
+def score_pass(
+    q_nope, q_pe, kv, row_base, slots, qk_scale, ws, cfg, row_format, host_off=None
+) -> None:
     """The two-pass decode's first kernel (checked arguments): tile probabilities into ws."""
     bs, n_heads, d_v = q_nope.shape
     k, bt = slots.shape[1], ws.block_t
@@ -109,6 +145,7 @@ def score_pass(q_nope, q_pe, kv, row_base, slots, qk_scale, ws, cfg, row_format)
         q_nope,
         q_pe,
         kv,
+        host_off,
         row_base,
         slots,
         p,
@@ -130,14 +167,13 @@ def score_pass(q_nope, q_pe, kv, row_base, slots, qk_scale, ws, cfg, row_format)
         BLOCK_H=heads,
         BLOCK_T=bt,
         STAGE=max(bt, min(512, triton.next_power_of_2(chunk))),
-        UPCAST=INTERPRETED,
-        ROW_FP8=row_format.kernel is RowKernel.FP8,
+        **_variant(row_format, host_off),
         num_warps=cfg.score_warps,
         num_stages=cfg.score_stages,
     )
 
 
-def mix_pass(kv, row_base, slots, out, lse, ws, cfg, row_format) -> None:
+def mix_pass(kv, row_base, slots, out, lse, ws, cfg, row_format, host_off=None) -> None:
     """The two-pass decode's second kernel (checked arguments): out and lse from ws's tiles."""
     bs, n_heads, d_v = out.shape
     k, bt = slots.shape[1], ws.block_t
@@ -148,6 +184,7 @@ def mix_pass(kv, row_base, slots, out, lse, ws, cfg, row_format) -> None:
         ws.tile_max,
         ws.tile_sum,
         kv,
+        host_off,
         row_base,
         slots,
         out,
@@ -165,11 +202,16 @@ def mix_pass(kv, row_base, slots, out, lse, ws, cfg, row_format) -> None:
         BLOCK_D=cols,
         NT_POW2=triton.next_power_of_2(triton.cdiv(k, bt)),
         STAGE=max(bt, min(512, triton.next_power_of_2(k))),
-        UPCAST=INTERPRETED,
-        ROW_FP8=row_format.kernel is RowKernel.FP8,
+        **_variant(row_format, host_off),
         num_warps=cfg.mix_warps,
         num_stages=cfg.mix_stages,
     )
+
+
+def _variant(row_format: RowFormat, host_off: int | None) -> dict[str, bool]:
+    """The two-pass kernels' compile-time variant: interpreter, row format, host tier."""
+    fp8 = row_format.kernel is RowKernel.FP8
+    return dict(UPCAST=INTERPRETED, ROW_FP8=fp8, HOST_ROWS=host_off is not None)
 
 
 def _tile_strides(ws: TileWorkspace) -> tuple[int, ...]:
@@ -190,9 +232,11 @@ def sparse_mla_decode(
     row_format: RowFormat = BF16_ROW,
     workspace: AttnWorkspace | TileWorkspace | None = None,
     launch: LaunchConfig | None = None,
+    host: torch.Tensor | UVATensor | None = None,
     **fused_knobs: int,
 ) -> None:
-    """Absorbed MLA decode over the KV rows `row_base[b] + slots[b, i]`; slots < 0 are skipped.
+    """Absorbed MLA decode over the KV rows `row_base[b] + slots[b, i]`; slots < 0 are skipped,
+    unless `host` is given: then slot -1 is skipped and slot <= -2 reads `host[-2 - slot]`.
 
     q_nope [bs, H, 512] bf16, q_pe [bs, H, 64] bf16, kv the rows as `row_format` has attention
     read them: bf16 [n_rows, 576] (latent then rope key), or DeepSeek-V3.2 fp8 rows uint8
@@ -204,9 +248,12 @@ def sparse_mla_decode(
     workspace: see the module doc. launch: the two-pass configuration (default: the measured
     table); fused_knobs: the fused kernel's tunables (kernels.attention.fused.fused_setup;
     with split-k also combine_heads, combine_warps).
+    host: the host tier's rows laid out as kv's (a UVATensor or pinned tensor beside a GPU kv).
+    A host row past its end is the caller's contract violation, unchecked (the plan emits none).
     Allocates nothing and never synchronizes.
     """
     _check_args(q_nope, q_pe, kv, row_base, slots, out, lse, row_format)
+    host_off = _host_offset(kv, host)
     if q_nope.shape[0] == 0:
         return
     qk_scale = scale * _LOG2E
@@ -215,25 +262,14 @@ def sparse_mla_decode(
             _INTERPRETER_LAUNCH if INTERPRETED else launch_config(row_format, q_nope.shape[0])
         )
         workspace.check(q_nope.shape[0], q_nope.shape[1], slots.shape[1])
-        score_pass(q_nope, q_pe, kv, row_base, slots, qk_scale, workspace, cfg, row_format)
-        mix_pass(kv, row_base, slots, out, lse, workspace, cfg, row_format)
+        score_pass(
+            q_nope, q_pe, kv, row_base, slots, qk_scale, workspace, cfg, row_format, host_off
+        )
+        mix_pass(kv, row_base, slots, out, lse, workspace, cfg, row_format, host_off)
         return
+    args = (q_nope, q_pe, kv, row_base, slots, qk_scale, out, lse, row_format)
     if workspace is not None and workspace.num_splits > 1:
         check_split_workspace(workspace, *q_nope.shape)
-        split.launch_split(
-            q_nope,
-            q_pe,
-            kv,
-            row_base,
-            slots,
-            qk_scale,
-            out,
-            lse,
-            row_format,
-            workspace,
-            **fused_knobs,
-        )
+        split.launch_split(*args, workspace, host_off=host_off, **fused_knobs)
     else:
-        fused.launch_fused(
-            q_nope, q_pe, kv, row_base, slots, qk_scale, out, lse, row_format, **fused_knobs
-        )
+        fused.launch_fused(*args, host_off=host_off, **fused_knobs)

@@ -24,6 +24,7 @@ def _split_kernel(
     q_nope_ptr,
     q_pe_ptr,
     kv_ptr,
+    host_off,
     row_base_ptr,
     slots_ptr,
     po_ptr,
@@ -51,6 +52,7 @@ def _split_kernel(
     STAGE: tl.constexpr,
     UPCAST: tl.constexpr,
     ROW_FP8: tl.constexpr,
+    HOST_ROWS: tl.constexpr,
 ):
     # Head blocks vary fastest, so the programs that read the same rows run side by side and the
     # second read of each row comes from L2.
@@ -63,6 +65,7 @@ def _split_kernel(
         q_nope_ptr,
         q_pe_ptr,
         kv_ptr,
+        host_off,
         row_base_ptr,
         slots_ptr,
         b,
@@ -84,6 +87,7 @@ def _split_kernel(
         STAGE,
         UPCAST,
         ROW_FP8,
+        HOST_ROWS,
     )
     # Normalized partials keep a bf16 workspace as accurate as the bf16 output itself.
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
@@ -170,11 +174,13 @@ def launch_split(
     row_format: RowFormat,
     workspace: AttnWorkspace,
     *,
+    host_off: int | None = None,
     combine_heads: int = 16,
     combine_warps: int = 4,
     **knobs: int,
 ) -> None:
-    """Split-k on checked arguments; knobs as kernels.attention.fused.fused_setup."""
+    """Split-k on checked arguments; host_off as kernels.attention.fused.launch_fused, knobs as
+    its fused_setup."""
     bs, n_heads, d_v = q_nope.shape
     splits = workspace.num_splits
     block_h, chunk, strides, meta = fused_setup(q_nope, q_pe, kv, slots, splits, row_format, knobs)
@@ -183,6 +189,7 @@ def launch_split(
         q_nope,
         q_pe,
         kv,
+        host_off,
         row_base,
         slots,
         po,
@@ -198,6 +205,7 @@ def launch_split(
         po.stride(2),
         pm.stride(0),
         pm.stride(1),
+        HOST_ROWS=host_off is not None,
         **meta,
     )
     combine_heads = max(1, min(combine_heads, triton.next_power_of_2(n_heads)))

@@ -17,6 +17,7 @@ score tile. Split the work where the accumulator stops fitting:
 Bits depend on the slot list and BLOCK_T only: chunk length, head block and BLOCK_D change which
 program does the work, never a sum's order, so a per-shape launch table changes no output.
 fp8 rows dequantize with integer ops (kernels/attention/kv_tiles.py), once per tile for all heads.
+HOST_ROWS (with host_off): slot entries <= -2 read host-tier rows in place (host_row_starts).
 """
 
 from __future__ import annotations
@@ -27,7 +28,13 @@ import kernels.interpreter  # noqa: F401  (the interpreter switch, before import
 import triton
 import triton.language as tl
 
-from kernels.attention.kv_tiles import FAST_SHIFT, load_kv_tile, load_latent, tile_scores
+from kernels.attention.kv_tiles import (
+    FAST_SHIFT,
+    host_row_starts,
+    load_kv_tile,
+    load_latent,
+    tile_scores,
+)
 from kernels.formats import FP8_BLOCK
 from kernels.tiles import exact_dot, staged_slot
 
@@ -40,6 +47,7 @@ def _score_kernel(
     q_nope_ptr,
     q_pe_ptr,
     kv_ptr,
+    host_off,
     row_base_ptr,
     slots_ptr,
     p_ptr,
@@ -67,6 +75,7 @@ def _score_kernel(
     STAGE: tl.constexpr,
     UPCAST: tl.constexpr,
     ROW_FP8: tl.constexpr,
+    HOST_ROWS: tl.constexpr,
 ):
     b = tl.program_id(1)
     heads = tl.program_id(2) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -92,9 +101,13 @@ def _score_kernel(
         )
         for j in range(0, tl.cdiv(tl.minimum(stop - staged, STAGE), BLOCK_T)):
             slot = staged_slot(ids, j, NB)
-            valid = slot >= 0
+            if HOST_ROWS:
+                row, valid = host_row_starts(slot, base, host_off, s_kv, ROW_FP8)
+            else:
+                valid = slot >= 0
+                row = base + slot.to(tl.int64)
             k_nope, k_pe = load_kv_tile(
-                kv_ptr, base + slot.to(tl.int64), valid, s_kv, D_V, D_PE, UPCAST, ROW_FP8
+                kv_ptr, row, valid, s_kv, D_V, D_PE, UPCAST, ROW_FP8, HOST_ROWS
             )
             s = tile_scores(q_nope, q_pe, k_nope, k_pe, UPCAST, ROW_FP8)
             _store_tile(
@@ -161,6 +174,7 @@ def _mix_kernel(
     pm_ptr,
     pl_ptr,
     kv_ptr,
+    host_off,
     row_base_ptr,
     slots_ptr,
     out_ptr,
@@ -184,6 +198,7 @@ def _mix_kernel(
     STAGE: tl.constexpr,
     UPCAST: tl.constexpr,
     ROW_FP8: tl.constexpr,
+    HOST_ROWS: tl.constexpr,
 ):
     b = tl.program_id(1)
     col0 = tl.program_id(0) * BLOCK_D
@@ -212,8 +227,11 @@ def _mix_kernel(
         )
         for j in range(0, tl.cdiv(tl.minimum(K - staged, STAGE), BLOCK_T)):
             slot = staged_slot(ids, j, NB)
-            valid = slot >= 0
-            row = base + slot.to(tl.int64)
+            if HOST_ROWS:
+                row, valid = host_row_starts(slot, base, host_off, s_kv, ROW_FP8)
+            else:
+                valid = slot >= 0
+                row = base + slot.to(tl.int64)
             t = staged // BLOCK_T + j
             w = tl.math.exp2(tl.load(pm + t * s_m_t, mask=hmask, other=float("-inf")) - m_use)
             p = tl.load(
@@ -224,11 +242,14 @@ def _mix_kernel(
             p = (p.to(tl.float32) * w[:, None]).to(tl.bfloat16)
             if ROW_FP8:
                 W: tl.constexpr = BLOCK_D if BLOCK_D < _FP8_BLOCK else _FP8_BLOCK
-                v = load_latent(kv_ptr, row, valid, col0, BLOCK_D // W, W, not UPCAST)
+                v = load_latent(kv_ptr, row, valid, col0, BLOCK_D // W, W, not UPCAST, HOST_ROWS)
             else:
-                v = tl.load(
-                    kv_ptr + row[:, None] * s_kv + dv[None, :], mask=valid[:, None], other=0.0
-                )
+                if HOST_ROWS:  # row starts
+                    v = tl.load(kv_ptr + row[:, None] + dv[None, :], mask=valid[:, None], other=0.0)
+                else:
+                    v = tl.load(
+                        kv_ptr + row[:, None] * s_kv + dv[None, :], mask=valid[:, None], other=0.0
+                    )
             acc = exact_dot(p, v, acc, UPCAST)
     empty = l_sum == 0.0
     out = acc / tl.where(empty, 1.0, l_sum)[:, None]
