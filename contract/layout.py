@@ -81,6 +81,12 @@ class KVLayout:
         "requests select them (issue 40); a multiple of hot_slots, taken from the last request "
         "slots' buffers; 0: off",
     )
+    host_reads: bool = setting(
+        False,
+        help="let attention read the misses that find no victim straight from the host tier, "
+        "so hot_slots - window may be below topk (a smaller private buffer per request; "
+        "issue 40); the engine reads them through its mapping of the host tier (UVA on GPU)",
+    )
     version: int = LAYOUT_VERSION
 
     def __post_init__(self) -> None:
@@ -99,11 +105,7 @@ class KVLayout:
             raise LayoutError(
                 f"window must be at least 1 (the token being decoded), got {self.window}"
             )
-        if self.hot_slots - self.window < self.topk:
-            raise LayoutError(
-                f"hot_slots - window must be >= topk so every miss finds a victim: "
-                f"{self.hot_slots} - {self.window} < {self.topk}"
-            )
+        self._check_victims()
         if self.row_format not in ROW_FORMATS:
             raise LayoutError(
                 f"row_format must be one of {sorted(ROW_FORMATS)}, got {self.row_format!r}"
@@ -118,6 +120,28 @@ class KVLayout:
             raise LayoutError("hot_slots and max_context must fit in int32")
         if self.shared_slots:
             check_shared_slots(self, self.shared_slots)
+
+    def _check_victims(self) -> None:
+        """Every miss needs a victim slot (hot_slots - window >= topk), unless host_reads gives
+        the ones without a victim a host row: then one LRU slot suffices, and the plan's slot
+        list encodes host rows as -2 - row in int32, so the host tier's rows must fit it."""
+        lru = self.hot_slots - self.window
+        if not self.host_reads and lru < self.topk:
+            raise LayoutError(
+                f"hot_slots - window must be >= topk so every miss finds a victim "
+                f"(or set host_reads): {self.hot_slots} - {self.window} < {self.topk}"
+            )
+        if lru < 1:
+            raise LayoutError(
+                f"hot_slots must exceed window (LRU slots for the misses): "
+                f"{self.hot_slots} <= {self.window}"
+            )
+        host_rows = self.num_pages * self.num_layers * self.page_size
+        if self.host_reads and host_rows > 2**31 - 2:
+            raise LayoutError(
+                f"host_reads names host rows in int32 slot entries: num_pages * num_layers * "
+                f"page_size = {host_rows} must be <= 2^31 - 2"
+            )
 
     @property
     def row(self) -> RowFormat:
@@ -176,20 +200,22 @@ class KVLayout:
     def check_draft_tokens(self, draft_tokens: int) -> str:
         """Can a verify step of `draft_tokens` drafts (D + 1 rows per request) run on this
         layout? The union of its rows' top-k must fit the LRU slots (k (D + 1) <= B - W: every
-        miss finds a victim that no row of the step reads), and the window ring must hold the
+        miss finds a victim that no row of the step reads; with host_reads the misses past the
+        victims are read from the host tier instead), and the window ring must hold the
         D + 1 tokens it appends (W >= D + 1, so no row's append overwrites another's and a
         rejected row's token never reaches the LRU slots). Returns the statement, for the log."""
         d, k, lru = draft_tokens, self.topk, self.lru_slots
         if not 0 <= d <= MAX_DRAFT_TOKENS:
             raise LayoutError(f"draft tokens must be in [0, {MAX_DRAFT_TOKENS}], got {d}")
-        if k * (d + 1) > lru or self.window < d + 1:
+        if (k * (d + 1) > lru and not self.host_reads) or self.window < d + 1:
             raise LayoutError(
                 f"{d} draft tokens need k * (D + 1) <= B - W and W >= D + 1: "
                 f"{k} * {d + 1} = {k * (d + 1)} vs B - W = {self.hot_slots} - {self.window} "
                 f"= {lru}, W = {self.window}"
             )
+        fits = "<=" if k * (d + 1) <= lru else "> (host reads for the rest)"
         return (
-            f"speculative verify with D = {d}: union k * (D + 1) = {k * (d + 1)} <= "
+            f"speculative verify with D = {d}: union k * (D + 1) = {k * (d + 1)} {fits} "
             f"B - W = {lru}, window W = {self.window} >= D + 1 = {d + 1}"
         )
 

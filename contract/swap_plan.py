@@ -55,21 +55,11 @@ def swap_in(
     place), then, if `copy` is given, copy the misses host -> hot (a caller that overlaps the
     copy with compute passes None and copies the same lists itself)."""
     lay = kv.layout
-    # Only a set with a shared hot region passes it: plans without one keep their signature.
-    extra = {} if kv.shared is None else {"shared": kv.shared}
     plan(
         layer,
         *inputs,
-        kv.req_mode,
-        kv.page_table,
-        kv.token_slot,
-        kv.slot_token,
-        kv.lru_order,
-        kv.hit_flag,
-        outputs.slots,
-        outputs.miss_src,
-        outputs.miss_dst,
-        outputs.miss_count,
+        *(kv.req_mode, kv.page_table, kv.token_slot, kv.slot_token, kv.lru_order, kv.hit_flag),
+        *(outputs.slots, outputs.miss_src, outputs.miss_dst, outputs.miss_count),
         num_layers=lay.num_layers,
         page_size=lay.page_size,
         window=lay.window,
@@ -77,7 +67,16 @@ def swap_in(
         out_miss_rows=outputs.miss_rows,
         out_counts=outputs.counts,
         out_totals=outputs.totals,
-        **extra,
+        **_options(kv),
     )
     if copy is not None:
         copy(kv.host_rows, kv.hot_kv, outputs.miss_src, outputs.miss_dst, outputs.miss_count)
+
+
+def _options(kv: KVTensors) -> dict:
+    """Only a set with a shared hot region passes it, only a layout with host reads asks for
+    host rows (misses past the victims, read by attention): other plans keep their signature."""
+    extra: dict = {} if kv.shared is None else {"shared": kv.shared}
+    if kv.layout.host_reads:
+        extra["host_fallback"] = True
+    return extra

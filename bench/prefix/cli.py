@@ -74,7 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--private-hot-slots",
         type=int,
         default=None,
-        help="each request's private hot buffer in that run [W + k, the least a step needs]",
+        help="each request's private hot buffer in that run [W + k, the least a step needs "
+        "without host reads]; below W + k the layout turns on host_reads (issue 40): the "
+        "misses past the victims are read from the host tier",
     )
     return ap.parse_args(argv)
 

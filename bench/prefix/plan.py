@@ -110,7 +110,11 @@ def _service_runs(s: Sizes) -> list[tuple[bool, KVLayout]]:
     out = [(sharing, capacity.fit(template, w, s.gpu_kv_bytes)) for sharing, w in runs]
     if s.shared_slots:
         B, S = s.private_hot_slots, s.shared_slots
-        small = dataclasses.replace(template, hot_slots=B, shared_slots=S, max_requests=S // B + 1)
+        # A private buffer below W + k reads its misses past the victims from the host tier.
+        reads = B - s.window < e.topk
+        small = dataclasses.replace(
+            template, hot_slots=B, shared_slots=S, max_requests=S // B + 1, host_reads=reads
+        )
         out.append((True, capacity.fit(small, shared, s.gpu_kv_bytes)))
     return out
 
@@ -181,6 +185,7 @@ def layout(
         index_format=s.index_format,
         row_format=s.row_format,
         shared_slots=shared_slots,
+        host_reads=B - s.window < s.e2e().topk,
     )
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -33,11 +33,13 @@ from kernels.kit.kernel_set import KernelSet
 @dataclass(frozen=True)
 class AttnRows:
     """What attention reads: rows kv (as the layout's row format has attention read them:
-    `RowFormat.attn_rows`), row_base [n] int64, slots [n, k] int32."""
+    `RowFormat.attn_rows`), row_base [n] int64, slots [n, k] int32; with the layout's
+    host_reads, `host` is the host tier's rows (same view) that slots <= -2 name (-2 - row)."""
 
     kv: torch.Tensor
     row_base: torch.Tensor
     slots: torch.Tensor
+    host: Any = None
 
 
 @runtime_checkable

@@ -10,6 +10,8 @@ elsewhere (the service, over a unary RPC).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from contract.layout import MAX_DRAFT_TOKENS, MODE_OFFLOADED, MODE_RESIDENT
@@ -19,6 +21,7 @@ from engine_client.kv.backend import AttnRows, SharedBackend
 from kernels.kit.kernel_set import KernelSet
 from kernels.sm_partition import split_sms
 from kernels.swap.copy_grid import CopyGrid
+from kernels.uva import UVATensor
 
 # The side-stream miss copy's grid when micro-batches overlap it with compute: every working
 # CTA slows the memory-bound kernels on its SM (issue 38: the fp8 step 14.07 ms at 24 CTAs,
@@ -69,6 +72,7 @@ class HiSparseBackend(SharedBackend):
         self._copy_stream = self._side_stream(copy_grid) if overlap else None
         self._copied: dict[int, torch.cuda.Event] = {}  # by a part's first row
         self._hot_rows = self._hot_views(kv)
+        self._host_rows = self._host_view(kv)
 
     def _side_stream(self, grid: CopyGrid) -> torch.cuda.Stream:
         """The copy's stream; with grid.sms, on SMs of its own, and the model's kernels then
@@ -95,6 +99,14 @@ class HiSparseBackend(SharedBackend):
         # Per-layer row views of the hot buffers, made once so a captured graph keeps them.
         return [self._rows(kv.hot_kv[l]) for l in range(self.layout.num_layers)]
 
+    def _host_view(self, kv: KVTensors | None) -> Any:
+        """The host tier's rows as attention reads them, when the plan may name them
+        (host_reads: misses without a victim); a UVA view on GPU. None otherwise."""
+        if kv is None or not self.layout.host_reads:
+            return None
+        host = kv.host_rows
+        return host.map(self._rows) if isinstance(host, UVATensor) else self._rows(host)
+
     def _rows(self, raw: torch.Tensor) -> torch.Tensor:
         """Rows as attention reads them (the row format's view of the stored bytes)."""
         return self.layout.row.attn_rows(raw)
@@ -111,6 +123,7 @@ class HiSparseBackend(SharedBackend):
             )
         self.kv = kv  # type: ignore[assignment]
         self._hot_rows = [] if kv is None else self._hot_views(kv)
+        self._host_rows = self._host_view(kv)
 
     @property
     def page_table(self) -> torch.Tensor:
@@ -149,7 +162,7 @@ class HiSparseBackend(SharedBackend):
 
     def _hot(self, layer: int, req_slots: torch.Tensor, slots: torch.Tensor) -> AttnRows:
         row_base = req_slots.long().clamp(min=0) * self.layout.hot_slots
-        return AttnRows(self._hot_rows[layer], row_base, slots)
+        return AttnRows(self._hot_rows[layer], row_base, slots, self._host_rows)
 
     def _outputs(self, row0: int, n: int, G: int) -> PlanOutputs:
         """This part's plan outputs: slots [n, k], miss src/dst [n / G, G k], counts [n / G]

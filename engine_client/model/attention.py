@@ -77,6 +77,8 @@ class SparseAttention:
         self, q_abs: torch.Tensor, q_pe: torch.Tensor, sel: AttnRows, ws: Workspace, r: slice
     ) -> None:
         """Sparse MLA of batch rows r over their selected rows into ws.attn_out[r]."""
+        # Only a layout with host reads passes the host tier: other kernels keep their signature.
+        host = {} if sel.host is None else {"host": sel.host}
         self.kernels.sparse_mla_decode(
             q_abs,
             q_pe,
@@ -88,6 +90,7 @@ class SparseAttention:
             ws.lse[r],
             row_format=self.backend.layout.row,
             workspace=ws.attn_scratch,
+            **host,
         )
 
     def _select(

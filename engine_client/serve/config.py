@@ -52,6 +52,12 @@ class EngineConfig:
                 "service's layout has it (python -m kv_service --shared-slots), and baseline "
                 "mode has no hot buffers"
             )
+        if self.local.host_reads and mode != "embedded":
+            raise ValueError(
+                "--host-reads sizes embedded mode's own memory; in service modes the service's "
+                "layout has it (python -m kv_service --host-reads), and baseline mode reads "
+                "nothing from a host tier"
+            )
         if role == "prefill" and mode != "baseline":
             raise ValueError("--role prefill computes prompts in its own cache: --kv-mode baseline")
         self._check_disaggregated_speculation()

@@ -267,9 +267,14 @@ def sparse_mla_decode(
         )
         mix_pass(kv, row_base, slots, out, lse, workspace, cfg, row_format, host_off)
         return
-    args = (q_nope, q_pe, kv, row_base, slots, qk_scale, out, lse, row_format)
     if workspace is not None and workspace.num_splits > 1:
         check_split_workspace(workspace, *q_nope.shape)
-        split.launch_split(*args, workspace, host_off=host_off, **fused_knobs)
+        split.launch_split(
+            q_nope, q_pe, kv, row_base, slots, qk_scale, out, lse, row_format, workspace,
+            host_off=host_off, **fused_knobs,
+        )  # fmt: skip
     else:
-        fused.launch_fused(*args, host_off=host_off, **fused_knobs)
+        fused.launch_fused(
+            q_nope, q_pe, kv, row_base, slots, qk_scale, out, lse, row_format,
+            host_off=host_off, **fused_knobs,
+        )  # fmt: skip

@@ -192,4 +192,7 @@ class RemoteSwapper:
         )
         placed = (out.slots >= 0).sum()
         misses = out.miss_count.clamp(0, rows_per_request * lay.topk).sum()
-        return torch.stack([placed - misses, misses])
+        # host_reads: entries past the victims (-2 - row) are misses that attention reads from
+        # the host tier instead of a copy
+        host = (out.slots < -1).sum()
+        return torch.stack([placed - misses, misses + host])

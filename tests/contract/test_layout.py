@@ -99,3 +99,35 @@ def test_draft_tokens_need_the_union_and_the_ring_to_fit():
     assert not small(topk=8, window=1).fits_draft_tokens(1)  # the ring holds one row's token
     assert small(topk=8, hot_slots=40, window=4).fits_draft_tokens(3)
     assert not small(topk=8, hot_slots=40, window=4).fits_draft_tokens(4)  # > MAX_DRAFT_TOKENS
+
+
+def test_host_reads_let_the_lru_slots_fall_below_topk():
+    """With host_reads the misses past the victims are read from the host tier, so the rule
+    becomes one LRU slot at least, and the host tier's rows must fit an int32 slot entry."""
+    lay = small(hot_slots=9, window=3, topk=13, host_reads=True)
+    assert lay.lru_slots == 6
+    with pytest.raises(LayoutError, match="exceed window"):
+        small(hot_slots=3, window=3, topk=13, host_reads=True)
+    # 2^31 - 2 rows at most: -2 - row must stay an int32
+    with pytest.raises(LayoutError, match="2\\^31 - 2"):
+        small(hot_slots=9, host_reads=True, num_pages=2**30, page_size=1, num_layers=2)
+    assert small(hot_slots=9, host_reads=True, num_pages=2**30 - 1, page_size=1, num_layers=2)
+    # the same sizes without host_reads: refused, and the message names the switch
+    with pytest.raises(LayoutError, match="host_reads"):
+        small(hot_slots=9, window=3, topk=13)
+
+
+def test_host_reads_relax_the_draft_union_but_not_the_ring():
+    lay = small(topk=8, host_reads=True)  # B 24, W 3: 8 * 3 = 24 > 21, read from the host
+    assert "host reads for the rest" in lay.check_draft_tokens(2)
+    assert not lay.fits_draft_tokens(3)  # W 3 < D + 1: the ring still decides
+    assert small(topk=8, window=4, host_reads=True).fits_draft_tokens(3)
+    assert not small(topk=8, window=1, host_reads=True).fits_draft_tokens(1)
+
+
+def test_host_reads_cross_the_wire():
+    from contract.codec import layout_from_proto, layout_to_proto
+
+    lay = small(hot_slots=9, host_reads=True)
+    assert layout_from_proto(layout_to_proto(lay)) == lay
+    assert layout_from_proto(layout_to_proto(small())).host_reads is False

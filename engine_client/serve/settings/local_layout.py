@@ -30,6 +30,7 @@ class LocalLayout:
     index_format: str = setting("bf16", help="baseline/embedded: " + _layout_help("index_format"))
     row_format: str = setting("bf16", help="baseline/embedded: " + _layout_help("row_format"))
     shared_slots: int = setting(0, help="embedded: " + _layout_help("shared_slots"))
+    host_reads: bool = setting(False, help="embedded: " + _layout_help("host_reads"))
 
     def __post_init__(self) -> None:
         self.layout(num_layers=1, topk=max(1, self.hot_slots - self.window))

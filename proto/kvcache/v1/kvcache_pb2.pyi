@@ -78,6 +78,7 @@ class Layout(_message.Message):
     INDEX_FORMAT_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
     SHARED_SLOTS_FIELD_NUMBER: _builtins.int
+    HOST_READS_FIELD_NUMBER: _builtins.int
     num_layers: _builtins.int
     """L: layers whose KV the service holds."""
     max_requests: _builtins.int
@@ -104,6 +105,10 @@ class Layout(_message.Message):
     """S: hot slots per layer shared by the rows of cached prefix pages (a multiple of hot_slots,
     in the last request slots' buffers, which admit no request); 0: none.
     """
+    host_reads: _builtins.bool
+    """Attention reads the misses that find no victim from the host tier (hot_slots - window may
+    be below topk), through the engine's mapping of the host tier.
+    """
     def __init__(
         self,
         *,
@@ -119,10 +124,11 @@ class Layout(_message.Message):
         index_format: _builtins.str = ...,
         version: _builtins.int = ...,
         shared_slots: _builtins.int = ...,
+        host_reads: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hot_slots", b"hot_slots", "index_format", b"index_format", "max_context", b"max_context", "max_requests", b"max_requests", "num_layers", b"num_layers", "num_pages", b"num_pages", "page_size", b"page_size", "row_format", b"row_format", "shared_slots", b"shared_slots", "topk", b"topk", "version", b"version", "window", b"window"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["host_reads", b"host_reads", "hot_slots", b"hot_slots", "index_format", b"index_format", "max_context", b"max_context", "max_requests", b"max_requests", "num_layers", b"num_layers", "num_pages", b"num_pages", "page_size", b"page_size", "row_format", b"row_format", "shared_slots", b"shared_slots", "topk", b"topk", "version", b"version", "window", b"window"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
