@@ -53,6 +53,9 @@ class Sizes:
     copy_priority: int = 0  # the HiSparse engines' --decode-copy-priority (their copy stream)
     copy_grid: str = ""  # the HiSparse engines' --decode-copy-grid ("": their default launch)
     layers: int = 0  # the model's decoder layers (the engines' --num-layers); 0: the preset's
+    # The HiSparse layouts' host_reads (issue 40): hot_slots may be below W + k (G k with
+    # speculative rows); the misses past the victims are read from the host tier.
+    host_reads: bool = False
 
     @property
     def num_layers(self) -> int:

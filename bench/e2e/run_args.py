@@ -23,6 +23,7 @@ def local_layout(s: Sizes, run: Run) -> LocalLayout:
         max_context=run.max_context,
         index_format=s.index_format,
         row_format=s.row_format,
+        host_reads=s.host_reads and run.mode != "baseline",  # the baseline has no hot buffer
     )
 
 

@@ -19,8 +19,10 @@ given the drafts before it were); a run at D takes the first D (fewer: the last 
 Per context and mode: the run without speculation (phases batch1 and max), then one speculative
 run per D, all at the same N: every run of one command is sized for its largest D (the LRU
 slots hold the union of D + 1 rows' top-k, B = k (D + 1) + W, and admission reserves its rows),
-so run D = 1 alone for D = 1's own N. Max-phase streams generate (N + steady steps) (D + 1)
-tokens, so a speculative run still has a steady window of steady steps at full concurrency.
+so run D = 1 alone for D = 1's own N; with --host-reads 1, B = k + W whatever D, and the union's
+misses past the victims are read from the host tier. Max-phase streams generate (N + steady
+steps) (D + 1) tokens, so a speculative run still has a steady window of steady steps at full
+concurrency.
 Reported per context, mode and D: tok/s without / with and the ratio, batch-1 mean ITL without /
 with (tokens arrive in bursts, so the mean gap), tokens per verify step per request (measured:
 1 + D x acceptance; expected from the rates), and swap misses per step: plain, MTP as copied
@@ -91,6 +93,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "stays theirs; smoke 2 MiB]",
     )
     ap.add_argument("--steady-steps", type=int, default=None, help="[128; smoke 8]")
+    ap.add_argument(
+        "--host-reads",
+        type=int,
+        default=0,
+        choices=(0, 1),
+        help="1: size service mode's hot buffer W + k, not W + k (D + 1), with the layout's "
+        "host_reads (the verify union's misses past the victims are read from the host tier; "
+        "issue 40): more requests at once; 0: every miss finds a victim [0]",
+    )
     ap.add_argument("--budget-s", type=float, default=None, help="skip runs past this [540]")
     _engine_options(ap)
     return _checked(ap, ap.parse_args(argv))
@@ -175,9 +186,12 @@ def sizes_of(args: argparse.Namespace, device: str) -> plan.Sizes:
         extra_tokens=reserve_extra(d),
         tokens_per_step=d + 1,
         layers=args.layers,
+        host_reads=bool(args.host_reads),
     )
-    # The verify rows' union of top-k must fit the LRU slots: B - W >= k (D + 1).
-    return replace(base, hot_slots=base.topk * (d + 1) + window)
+    # The verify rows' union of top-k must fit the LRU slots, B - W >= k (D + 1), unless the
+    # misses past them are read from the host tier.
+    rows = 1 if args.host_reads else d + 1
+    return replace(base, hot_slots=base.topk * rows + window)
 
 
 def run_groups(sizes: plan.Sizes, args: argparse.Namespace) -> list[tuple[plan.Run, list]]:
