@@ -85,10 +85,12 @@ class Churn:
             "speculative_acceptance": self.rates,
             "allow_benchmark_only": True,
         }
-        # A shared hot region is the embedded engine's own; the service modes' is the
-        # service's (its layout: `layout()`), the baseline has none.
+        # A shared hot region and host reads are the embedded engine's own layout's; the
+        # service modes' are the service's (its layout: `layout()`), the baseline has neither.
         local = (
-            self.local if kv_mode == "embedded" else dataclasses.replace(self.local, shared_slots=0)
+            self.local
+            if kv_mode == "embedded"
+            else dataclasses.replace(self.local, shared_slots=0, host_reads=False)
         )
         return setting_groups.replace(
             engine_config(kv_mode, svc, max_queue_wait=0),
