@@ -19,16 +19,17 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from contract.layout import MAX_DRAFT_TOKENS, KVLayout
+from contract.layout import KVLayout
 
 
 def scratch_sizes(layout: KVLayout, slots: int) -> dict[str, int]:
     """Elements of each tensor of the Triton plan's shared-phase workspace
     (contract.shared_region.SharedScratch): a call plans at most E = R (B - W) entries, as
-    the plan needs G k <= B - W; with host reads G k may pass B - W, up to k (D_max + 1)."""
+    the plan needs G k <= B - W; with host reads k may pass B - W, and E = R max(B - W, k)
+    (a speculative union past both is refused: KVLayout.check_draft_tokens)."""
     per_request = layout.lru_slots
     if layout.host_reads:
-        per_request = max(per_request, layout.topk * (MAX_DRAFT_TOKENS + 1))
+        per_request = max(per_request, layout.topk)
     entries = layout.max_requests * per_request
     return {
         "claim_table": 1 << (2 * entries - 1).bit_length(),

@@ -207,6 +207,13 @@ class KVLayout:
         d, k, lru = draft_tokens, self.topk, self.lru_slots
         if not 0 <= d <= MAX_DRAFT_TOKENS:
             raise LayoutError(f"draft tokens must be in [0, {MAX_DRAFT_TOKENS}], got {d}")
+        if k * (d + 1) > lru and self.host_reads and self.shared_slots and d:
+            raise LayoutError(
+                f"{d} draft tokens with host reads and a shared region: the union k * (D + 1) "
+                f"= {k * (d + 1)} passes B - W = {lru}, and the shared region's plan scratch "
+                f"holds max(B - W, k) entries a request (contract/capacity.py); use B - W >= "
+                f"k * (D + 1), or no shared region"
+            )
         if (k * (d + 1) > lru and not self.host_reads) or self.window < d + 1:
             raise LayoutError(
                 f"{d} draft tokens need k * (D + 1) <= B - W and W >= D + 1: "

@@ -123,6 +123,11 @@ def test_host_reads_relax_the_draft_union_but_not_the_ring():
     assert not lay.fits_draft_tokens(3)  # W 3 < D + 1: the ring still decides
     assert small(topk=8, window=4, host_reads=True).fits_draft_tokens(3)
     assert not small(topk=8, window=1, host_reads=True).fits_draft_tokens(1)
+    # with a shared region the plan's scratch holds max(B - W, k) entries a request
+    region = small(topk=8, host_reads=True, shared_slots=24)
+    assert region.fits_draft_tokens(0) and region.fits_draft_tokens(1)  # 16 <= 21
+    with pytest.raises(LayoutError, match="shared region"):
+        region.check_draft_tokens(2)
 
 
 def test_host_reads_cross_the_wire():
