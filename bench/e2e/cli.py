@@ -65,6 +65,14 @@ def _add_size_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--hot-slots", type=int, default=None, help="B [4096; smoke 32]")
     ap.add_argument("--window", type=int, default=None, help="W [128; smoke 8]")
     ap.add_argument(
+        "--host-reads",
+        type=int,
+        default=0,
+        choices=(0, 1),
+        help="1: the HiSparse layouts' host_reads, so --hot-slots may be below W + k and "
+        "attention reads the misses past the victims from the host tier (issue 40) [0]",
+    )
+    ap.add_argument(
         "--steady-steps",
         type=int,
         default=None,
@@ -158,6 +166,7 @@ def sizes_from_args(args: argparse.Namespace, device: str) -> plan.Sizes:
         decode_part_tail=args.decode_part_tail,
         copy_priority=args.copy_priority,
         copy_grid=args.copy_grid,
+        host_reads=bool(args.host_reads),
     )
 
 

@@ -14,16 +14,18 @@ TRACE_SOURCE = "bench.shared.trace:trace_source"
 def local_layout(s: Sizes, run: Run) -> LocalLayout:
     """The run's KV memory: the engine's own (baseline/embedded) or, with the model's layers
     and top-k, the service's (whose layout the engine then adopts)."""
+    baseline = run.mode == "baseline"
     return LocalLayout(
         max_requests=run.slots,
-        hot_slots=run.hot_slots,
+        # The baseline keeps every row on the GPU: its layout only has to be valid.
+        hot_slots=max(run.hot_slots, s.window + s.topk) if baseline else run.hot_slots,
         window=s.window,
         page_size=s.page_size,
         num_pages=run.slots * run.max_context // s.page_size,
         max_context=run.max_context,
         index_format=s.index_format,
         row_format=s.row_format,
-        host_reads=s.host_reads and run.mode != "baseline",  # the baseline has no hot buffer
+        host_reads=s.host_reads and not baseline,
     )
 
 
