@@ -2,6 +2,7 @@
 
     python -m bench.kernels [--out bench/results/kernels.json] [--quick] [--cases miss_copy]
     python -m bench.kernels --cases sglang_swap  (against SGLang's swap-in: sglang_anchor.py)
+    python -m bench.kernels --cases host_read    (attention reading misses in place vs copying)
 
 Needs CUDA. Prints a table last and writes JSON. GPU times come from CUDA graphs replayed
 between events, so Python launch cost is excluded; the CPU cost of one wrapper call is
@@ -21,6 +22,7 @@ import torch
 from bench.kernels import (
     attention_cases,
     copy_layout_cases,
+    host_read_cases,
     kernel_cases,
     miss_copy_cases,
     overlap_cases,
@@ -74,6 +76,7 @@ def run_cases(ceil: dict, reps: int, wanted: list[str]) -> list[Row]:
         kernel_cases,
         swap_cases,
         attention_cases,
+        host_read_cases,
         select_cases,
         miss_copy_cases,
         copy_layout_cases,
