@@ -47,7 +47,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--mode", choices=("baseline", "embedded"), default="embedded")
     ap.add_argument("--topk-source", choices=("trace", "indexer"), default="trace")
     ap.add_argument("--row-format", choices=("bf16", "fp8"), default="bf16", help="KV rows")
-    ap.add_argument("--hot-slots", type=int, default=0, help="B [2 x top-k]")
+    ap.add_argument(
+        "--hot-slots", type=int, default=0, help="B [2 x top-k]; below W + k: host reads"
+    )
     ap.add_argument("--window", type=int, default=0, help="W [min(128, top-k / 2)]")
     ap.add_argument("--page-size", type=int, default=64)
     _add_prefix_args(ap)

@@ -98,6 +98,7 @@ def _layout(args: argparse.Namespace, cfg, positions: int) -> KVLayout:
         index_format="fp8",
         row_format=args.row_format,
         shared_slots=args.shared_slots,
+        host_reads=B - window < cfg.topk,  # below W + k: the overflow is read from the host
     )
 
 
