@@ -54,6 +54,10 @@ def test_an_unset_optional_setting_is_not_checked() -> None:
             {"kv_mode": "baseline", "local": LocalLayout(shared_slots=64)},
             "sizes embedded mode's own memory",
         ),
+        (
+            {"kv_mode": "baseline", "local": LocalLayout(host_reads=True)},
+            "--host-reads sizes embedded mode's own memory",
+        ),
     ],
 )
 def test_engine_config_refuses(kwargs, message) -> None:
