@@ -149,7 +149,8 @@ class RemoteSwapper:
             )
         if not lay.fits_draft_tokens(G - 1):
             raise InvalidArgument(
-                f"{G} rows per request do not fit this layout: k * G <= B - W and W >= G needed",
+                f"{G} rows per request do not fit this layout: k * G <= B - W (unless host "
+                f"reads; not with a shared region) and W >= G needed",
                 rows_per_request=G,
             )
 
