@@ -3,7 +3,9 @@ them as its settings:
 - --decode-part-tail reaches every mode's engine, the baseline included (the model splits its
   decode GEMMs alike in every mode, so the modes stay comparable);
 - --copy-priority and --copy-grid reach the engines with a miss-copy stream of their own
-  (embedded, service).
+  (embedded, service);
+- --host-reads reaches the HiSparse layouts (the embedded engine's, the service's), never the
+  baseline's.
 Without a flag no engine gets it."""
 
 from __future__ import annotations
@@ -125,3 +127,20 @@ def test_the_engines_copy_grid_reaches_its_backend() -> None:
     wide = _backend(["--decode-copy-grid", "default@16Kx8p"]).copy_grid
     assert wide == dataclasses.replace(OVERLAP_COPY_GRID, chunk_bytes=16384, warps=8, prefetch=True)
     assert _backend([]).copy_grid == OVERLAP_COPY_GRID
+
+
+def test_host_reads_reach_the_hisparse_layouts_only() -> None:
+    """--host-reads 1 with --hot-slots below W + k: the embedded engine's layout and the
+    service's get host_reads; the baseline's stays host_reads-free and valid (its hot_slots
+    raised to W + k: it keeps every row on the GPU)."""
+    on = sizes_from_args(parse_args(["--smoke", "--hot-slots", "16", "--host-reads", "1"]), "cpu")
+    assert on.host_reads and on.hot_slots < on.window + on.topk
+    # The KV mode comes from engine_process (engine_client/serve/procs.py), not these flags.
+    embedded = _engine([*_argv(on, "embedded"), "--kv-mode", "embedded"]).local
+    assert embedded.host_reads and embedded.hot_slots == 16
+    baseline = _engine([*_argv(on, "baseline"), "--kv-mode", "baseline"]).local
+    assert not baseline.host_reads and baseline.hot_slots == on.window + on.topk
+    run = plan.build_matrix(on, ("service",), ("trace",))[0]
+    service = run_args.service_flags(on, run)
+    assert service[service.index("--host-reads") + 1] == "1"
+    assert "--host-reads" not in _argv(on, "service")  # the service's layout carries it
