@@ -35,8 +35,5 @@ class UVATensor:
         """fn's view of the pinned tensor (a reshape or dtype view), still device-addressable."""
         return UVATensor(fn(self.tensor))
 
-    def dim(self) -> int:
-        return self.tensor.dim()
-
     def is_contiguous(self) -> bool:
         return self.tensor.is_contiguous()
