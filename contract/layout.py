@@ -37,6 +37,7 @@ __all__ = [
     "LayoutError",
     "RowFormat",
     "check_shared_slots",
+    "needs_host_reads",
     "request_slots",
 ]
 
@@ -126,7 +127,7 @@ class KVLayout:
         the ones without a victim a host row: then one LRU slot suffices, and the plan's slot
         list encodes host rows as -2 - row in int32, so the host tier's rows must fit it."""
         lru = self.hot_slots - self.window
-        if not self.host_reads and lru < self.topk:
+        if not self.host_reads and needs_host_reads(self.hot_slots, self.window, self.topk):
             raise LayoutError(
                 f"hot_slots - window must be >= topk so every miss finds a victim "
                 f"(or set host_reads): {self.hot_slots} - {self.window} < {self.topk}"
@@ -241,6 +242,12 @@ class KVLayout:
                 if getattr(self, f.name) != getattr(other, f.name)
             }
             raise LayoutError(f"layout mismatch (ours, theirs): {diff}")
+
+
+def needs_host_reads(hot_slots: int, window: int, topk: int) -> bool:
+    """Whether a hot buffer of these sizes leaves a step's misses without enough victims
+    (B - W < k), so that only the layout's host_reads can serve the rest."""
+    return hot_slots - window < topk
 
 
 def check_shared_slots(layout: KVLayout, slots: int) -> None:

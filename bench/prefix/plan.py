@@ -20,7 +20,7 @@ from bench.e2e import plan as e2e_plan
 from bench.e2e.run_args import TRACE_SOURCE
 from bench.shared.child import engine_argv, local_kv
 from contract import capacity, flags
-from contract.layout import KVLayout, request_slots
+from contract.layout import KVLayout, needs_host_reads, request_slots
 from engine_client.serve.settings.local_layout import LocalLayout
 
 
@@ -111,7 +111,7 @@ def _service_runs(s: Sizes) -> list[tuple[bool, KVLayout]]:
     if s.shared_slots:
         B, S = s.private_hot_slots, s.shared_slots
         # A private buffer below W + k reads its misses past the victims from the host tier.
-        reads = B - s.window < e.topk
+        reads = needs_host_reads(B, s.window, e.topk)
         small = dataclasses.replace(
             template, hot_slots=B, shared_slots=S, max_requests=S // B + 1, host_reads=reads
         )
@@ -185,7 +185,7 @@ def layout(
         index_format=s.index_format,
         row_format=s.row_format,
         shared_slots=shared_slots,
-        host_reads=B - s.window < s.e2e().topk,
+        host_reads=needs_host_reads(B, s.window, s.e2e().topk),
     )
 
 

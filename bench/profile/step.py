@@ -14,7 +14,7 @@ from torch.profiler import record_function
 from bench.profile.parts import KERNEL_RANGE
 from bench.shared.attention_args import attention_kernels
 from bench.shared.copy_args import copy_grid, copy_kernels
-from contract.layout import MODE_OFFLOADED, KVLayout
+from contract.layout import MODE_OFFLOADED, KVLayout, needs_host_reads
 from engine_client.kv.baseline import BaselineBackend
 from engine_client.kv.hisparse import HiSparseBackend
 from engine_client.model.model import Model
@@ -98,7 +98,7 @@ def _layout(args: argparse.Namespace, cfg, positions: int) -> KVLayout:
         index_format="fp8",
         row_format=args.row_format,
         shared_slots=args.shared_slots,
-        host_reads=B - window < cfg.topk,  # below W + k: the overflow is read from the host
+        host_reads=needs_host_reads(B, window, cfg.topk),  # below W + k: overflow from the host
     )
 
 
