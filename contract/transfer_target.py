@@ -104,7 +104,26 @@ def prompt_spans(
             span = Span(src.at(layer, src_pages[i]), dst.at(layer, dst_pages[i]), nbytes)
             _check_within(span, src, dst)
             spans.append(span)
-    return spans
+    return merged(spans)
+
+
+def merged(spans: Sequence[Span]) -> list[Span]:
+    """The same bytes in the fewest spans: in source order, a span that starts where the one
+    before ends on both sides extends it. Each span is one NIXL descriptor, and a descriptor
+    costs the transport a message: a layer-major index pool, or a page-major staging buffer
+    written into the page-major host tier, turns a run of consecutive pages into one write."""
+    out: list[Span] = []
+    for s in sorted(spans, key=lambda s: s.src_offset):
+        last = out[-1] if out else None
+        if (
+            last is not None
+            and last.src_offset + last.nbytes == s.src_offset
+            and last.dst_offset + last.nbytes == s.dst_offset
+        ):
+            out[-1] = Span(last.src_offset, last.dst_offset, last.nbytes + s.nbytes)
+        else:
+            out.append(s)
+    return out
 
 
 def _check_within(span: Span, src: Region, dst: Region) -> None:

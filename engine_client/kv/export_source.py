@@ -5,8 +5,11 @@
   pinned host pages (UCX's CUDA transports move them; no copy of ours).
 - staged: a pinned host buffer of one request's pages is registered instead; each export first
   gathers the request's pages into it (one device-to-host copy per tensor), then writes from
-  it. The fallback where NIXL cannot register device memory (a UCX without CUDA support), and
-  the comparison the benchmark makes (bench/disagg.py). On CPU it is an extra host copy: the
+  it. Its rows are page-major like the decode side's host tier ([page, L, P, D]), so a page is
+  one span whatever L, and consecutive pages on both sides one span
+  (`contract.transfer_target.merged`); the direct source, layer-major, needs a span per layer
+  and page. The fallback where NIXL cannot register device memory (a UCX without CUDA
+  support), and the comparison the benchmark makes (bench/disagg.py). On CPU it is an extra host copy: the
   tests use it to check the staged path without a GPU.
 One staging buffer: staged exports are written one at a time (a lock), direct ones at once.
 """
@@ -62,12 +65,13 @@ class StagedSource(ExportSource):
         self._paged = rows[:, : N * page].view(L, N, page, D)
         self._index = index
         pin = self.device.type == "cuda"
-        self.rows_stage = torch.empty((L, most * page, D), dtype=torch.uint8, pin_memory=pin)
+        # Rows page-major (the host tier's geometry), index keys layer-major (the index pool's).
+        self.rows_stage = torch.empty((most, L, page, D), dtype=torch.uint8, pin_memory=pin)
         self.index_stage = torch.empty(
             (L, most, *index.shape[2:]), dtype=torch.uint8, pin_memory=pin
         )
         stage, keys = self.rows_stage, self.index_stage
-        agent.register(ROWS, stage, stage.stride(0), page * stage.stride(1))
+        agent.register(ROWS, stage, stage.stride(1), stage.stride(0))
         agent.register(INDEX, keys, keys.stride(0), keys.stride(1))
         self._lock = threading.Lock()
 
@@ -78,8 +82,9 @@ class StagedSource(ExportSource):
         n, paged = len(src_pages), self._paged
         with self._lock, self._device():
             where = torch.tensor(src_pages, dtype=torch.int64, device=self.device)
-            rows = self.rows_stage.view(paged.shape[0], -1, *paged.shape[2:])
-            rows[:, :n].copy_(paged.index_select(1, where))
+            # [L, n, P, D] gathered, made page-major on the device, then one copy to the host.
+            rows = paged.index_select(1, where).transpose(0, 1).contiguous()
+            self.rows_stage[:n].copy_(rows)
             self.index_stage[:, :n].copy_(self._index.index_select(1, where))
             yield range(n)
 

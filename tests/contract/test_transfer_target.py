@@ -11,7 +11,7 @@ import torch
 
 from contract.errors import InvalidArgument
 from contract.nixl_agent import NixlAgent, nixl_available, region_of, transfer_descs
-from contract.transfer_target import INDEX, ROWS, Region, prompt_spans
+from contract.transfer_target import INDEX, ROWS, Region, merged, prompt_spans
 from tests.process_harness import layout_with
 
 LAYOUT = layout_with(num_layers=2, page_size=4, num_pages=6)
@@ -28,12 +28,28 @@ def _regions() -> tuple[Region, Region]:
 def test_rows_go_page_by_page_with_the_written_tokens_only() -> None:
     src, dst = _regions()
     spans = prompt_spans(LAYOUT, src, dst, [1, 0], [5, 2], tokens=6)
+    assert sorted((s.src_offset, s.dst_offset, s.nbytes) for s in spans) == sorted(
+        [
+            (src.at(0, 1), dst.at(0, 5), 4 * D),
+            (src.at(0, 0), dst.at(0, 2), 2 * D),
+            (src.at(1, 1), dst.at(1, 5), 4 * D),
+            (src.at(1, 0), dst.at(1, 2), 2 * D),
+        ]
+    )
+
+
+def test_spans_contiguous_on_both_sides_are_one() -> None:
+    # Layer-major on both sides (the index keys): consecutive pages make one span a layer;
+    # a gap on either side keeps two.
+    block = P * LAYOUT.index_bytes
+    pool = Region(INDEX, 0, L * N * block, layer_stride=N * block, page_stride=block)
+    spans = prompt_spans(LAYOUT, pool, pool, [1, 2, 3], [0, 1, 2], tokens=12)
     assert [(s.src_offset, s.dst_offset, s.nbytes) for s in spans] == [
-        (src.at(0, 1), dst.at(0, 5), 4 * D),
-        (src.at(0, 0), dst.at(0, 2), 2 * D),
-        (src.at(1, 1), dst.at(1, 5), 4 * D),
-        (src.at(1, 0), dst.at(1, 2), 2 * D),
+        (pool.at(layer, 1), pool.at(layer, 0), 3 * block) for layer in (0, 1)
     ]
+    spans = prompt_spans(LAYOUT, pool, pool, [1, 2, 3], [0, 1, 4], tokens=12)
+    assert [s.nbytes for s in spans] == [2 * block, block] * 2
+    assert merged([]) == []
 
 
 def test_the_pages_of_a_cached_prefix_are_not_written() -> None:

@@ -1,7 +1,8 @@
 """What a prefill engine's NIXL writes read from (engine_client.kv.export_source), on CPU with a
 stand-in agent that records the registrations (no nixl needed): the direct source registers the
 cache as it is; the staged one registers a host buffer of one request's pages and gathers them
-into it in token order, so the spans of a staged write are those of pages 0..n-1."""
+into it in token order, page-major like the host tier, so the spans of a staged write are those
+of pages 0..n-1 and fewer: the decode side receives the same bytes either way."""
 
 from __future__ import annotations
 
@@ -54,12 +55,22 @@ def test_the_staged_source_gathers_a_requests_pages_in_token_order() -> None:
         assert list(pages) == [0, 1]
         for layer in range(L):
             for i, page in enumerate((4, 1)):
-                staged = source.rows_stage[layer, i * P : (i + 1) * P]
+                staged = source.rows_stage[i, layer]  # page-major, as the host tier
                 assert torch.equal(staged, rows[layer, page * P : (page + 1) * P])
                 assert torch.equal(source.index_stage[layer, i], index[layer, page])
 
 
-def test_staged_spans_read_the_bytes_the_direct_ones_read() -> None:
+def _written(spans, src: torch.Tensor, pages: int, D: int) -> torch.Tensor:
+    """The host tier [pages, L, P, D] after `spans` copied bytes of `src` into a zeroed one."""
+    dst = torch.zeros(pages * L * P * D, dtype=torch.uint8)
+    flat = src.reshape(-1)
+    for s in spans:
+        dst[s.dst_offset : s.dst_offset + s.nbytes] = flat[s.src_offset : s.src_offset + s.nbytes]
+    return dst
+
+
+@pytest.mark.parametrize("dst_pages", [[7, 3, 0], [3, 4, 5]])
+def test_staged_spans_land_the_bytes_the_direct_ones_land(dst_pages) -> None:
     lay = layout_with(num_layers=L, page_size=P, num_pages=N)
     D = lay.row_bytes
     rows = torch.randint(0, 256, (L, N * P + 1, D), dtype=torch.uint8)
@@ -68,16 +79,16 @@ def test_staged_spans_read_the_bytes_the_direct_ones_read() -> None:
     export_source(direct, rows, index, P, 3, "direct")  # type: ignore[arg-type]
     source = export_source(staged, rows, index, P, 3, "staged")  # type: ignore[arg-type]
     dst = Region(ROWS, 0, 8 * L * P * D, layer_stride=P * D, page_stride=L * P * D)
-    src_pages, dst_pages = [5, 2], [7, 3]
-    want = prompt_spans(lay, direct.regions[ROWS], dst, src_pages, dst_pages, tokens=7)
-    flat = rows.view(-1)
+    src_pages = [5, 2, 3]
+    want = prompt_spans(lay, direct.regions[ROWS], dst, src_pages, dst_pages, tokens=11)
     with source.pages(src_pages) as pages:
-        got = prompt_spans(lay, staged.regions[ROWS], dst, pages, dst_pages, tokens=7)
-        stage = source.rows_stage.view(-1)
-        for w, g in zip(want, got, strict=True):
-            assert (w.dst_offset, w.nbytes) == (g.dst_offset, g.nbytes)
-            read = stage[g.src_offset : g.src_offset + g.nbytes]
-            assert torch.equal(read, flat[w.src_offset : w.src_offset + w.nbytes])
+        got = prompt_spans(lay, staged.regions[ROWS], dst, pages, dst_pages, tokens=11)
+        assert torch.equal(_written(got, source.rows_stage, 8, D), _written(want, rows, 8, D))
+    # Direct: one span per layer and page. Staged, page-major: a full page is one span, and
+    # so are consecutive host pages (3, 4, then the last page's first layer); the partial last
+    # page's layers are a span each (its unwritten rows lie between them).
+    assert len(want) == L * 3
+    assert len(got) == (L if dst_pages == [3, 4, 5] else 2 + L)
 
 
 def test_an_unknown_source_is_refused() -> None:
