@@ -9,8 +9,8 @@
   one span whatever L, and consecutive pages on both sides one span
   (`contract.transfer_target.merged`); the direct source, layer-major, needs a span per layer
   and page. The fallback where NIXL cannot register device memory (a UCX without CUDA
-  support), and the comparison the benchmark makes (bench/disagg.py). On CPU it is an extra host copy: the
-  tests use it to check the staged path without a GPU.
+  support), and the comparison the benchmark makes (bench/disagg.py). On CPU it is an extra
+  host copy: the tests use it to check the staged path without a GPU.
 One staging buffer: staged exports are written one at a time (a lock), direct ones at once.
 """
 
