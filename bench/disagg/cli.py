@@ -125,7 +125,11 @@ def measure(args: argparse.Namespace, workdir: str, device: str, topology, sourc
 
 
 def transfer(before: dict, after: dict) -> dict:
+    """The run's exports: `gb_per_s` is bytes over the writes' seconds summed (one write's
+    rate), `busy_gb_per_s` bytes over the seconds a write was under way (writes overlap: the
+    rate while writing, summed over prefill engines' busy seconds)."""
     nbytes, seconds = after["bytes"] - before["bytes"], after["seconds"] - before["seconds"]
+    busy = after["busy_seconds"] - before["busy_seconds"]
     exports = after["exports"] - before["exports"]
     return {
         "exports": exports,
@@ -133,6 +137,8 @@ def transfer(before: dict, after: dict) -> dict:
         "bytes_per_prompt": nbytes / exports if exports else 0,
         "write_ms_mean": 1e3 * seconds / exports if exports else 0.0,
         "gb_per_s": nbytes / seconds / 1e9 if seconds else 0.0,
+        "busy_s": busy,
+        "busy_gb_per_s": nbytes / busy / 1e9 if busy else 0.0,
         "memory_type": after["memory_type"],
     }
 
@@ -170,7 +176,11 @@ def compare(runs: list[dict], pinned: float) -> dict:
     for r in runs:
         if r["name"] == "colocated":
             continue
-        row = {"gb_per_s_over_pinned_copy": r["transfer"]["gb_per_s"] / pinned if pinned else 0}
+        t = r["transfer"]
+        row = {
+            "gb_per_s_over_pinned_copy": t["gb_per_s"] / pinned if pinned else 0,
+            "busy_gb_per_s_over_pinned_copy": t["busy_gb_per_s"] / pinned if pinned else 0,
+        }
         if base is not None:
             row["same_tokens"] = r["tokens_sha1"] == base["tokens_sha1"]
             for key in ("ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99"):
@@ -181,16 +191,24 @@ def compare(runs: list[dict], pinned: float) -> dict:
 
 def report(result: dict) -> None:
     head = f"{'run':16} {'TTFT p50':>9} {'TTFT p99':>9} {'burst p50':>9} {'ITL p50':>8}"
-    print(head + f" {'ITL p99':>8} {'dec tok/s':>9} {'MB/prompt':>9} {'GB/s':>7}")
+    print(head + f" {'ITL p99':>8} {'dec tok/s':>9} {'MB/prompt':>9} {'GB/s':>7} {'busy':>7}")
     for r in result["runs"]:
         t = r.get("transfer", {})
         print(
             f"{r['name']:16} {r['ttft_ms_p50']:8.1f}m {r['ttft_ms_p99']:8.1f}m"
             f" {r['burst_ttft_ms_p50']:8.1f}m {r['itl_ms_p50']:7.2f}m {r['itl_ms_p99']:7.2f}m"
             f" {r['decode_tok_per_s']:9.1f} {t.get('bytes_per_prompt', 0) / 1e6:9.2f}"
-            f" {t.get('gb_per_s', 0):7.2f}"
+            f" {t.get('gb_per_s', 0):7.2f} {t.get('busy_gb_per_s', 0):7.2f}"
         )
     print(f"pinned copy: {result['pinned_copy_gb_per_s']:.2f} GB/s")
+    print("GB/s: bytes over the writes' seconds summed (one write's rate); busy: over the")
+    print("seconds any write was under way (the rate while writing, writes overlapping)")
+    if any(row.get("same_tokens") is False for row in result["compare"].values()):
+        print(
+            "same_tokens false: the runs batch differently (a prefill engine's batches against"
+            " chunks mixed into decode steps) and GPU kernels are not batch-invariant; greedy"
+            " equality at equal batches is tests/integration/test_disaggregation_gpu.py's"
+        )
     print(json.dumps(result["compare"]))
 
 

@@ -134,5 +134,6 @@ def transfer_totals(targets: list[str]) -> dict[str, float | str]:
         "dropped": sum(s.exports_dropped for s in statuses),
         "bytes": sum(s.bytes_written for s in statuses),
         "seconds": sum(s.transfer_seconds for s in statuses),
+        "busy_seconds": sum(s.busy_seconds for s in statuses),
         "memory_type": ",".join(sorted({s.memory_type for s in statuses})),
     }

@@ -13,9 +13,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +45,8 @@ class _Pending:
 
 @dataclass(frozen=True)
 class Written:
-    """One export's bytes and the seconds its write took (a staged one's copy included)."""
+    """One export's bytes and the seconds its NIXL write took, from posting to completion (a
+    staged export's gather into the staging buffer, and its wait for it, not included)."""
 
     nbytes: int
     seconds: float
@@ -52,12 +54,38 @@ class Written:
 
 @dataclass
 class ExportTotals:
-    """Since the start: exports written and dropped, bytes and seconds written."""
+    """Since the start: exports written and dropped, bytes and write seconds summed."""
 
     written: int = 0
     dropped: int = 0
     nbytes: int = 0
     seconds: float = 0.0
+
+
+class BusyClock:
+    """Wall seconds during which at least one write was under way. Direct writes run at once
+    on worker threads, so summed write seconds overstate the time the link was busy: bytes
+    over these seconds is the throughput while writing, bytes over the sum a single write's."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._active = 0
+        self._since = 0.0
+        self.seconds = 0.0
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if self._active == 0:
+                self._since = self._clock()
+            self._active += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._active -= 1
+            assert self._active >= 0, "a write ended twice"
+            if self._active == 0:
+                self.seconds += self._clock() - self._since
 
 
 class RowExport:
@@ -88,6 +116,7 @@ class RowExport:
         self._idle: dict[str, asyncio.TimerHandle] = {}  # each loaded peer's forgetting
         self.peer_idle = peer_idle
         self.totals = ExportTotals()
+        self.busy = BusyClock()
 
     def check(self, target: TransferTarget) -> None:
         """Refuse a target whose rows are not ours byte for byte."""
@@ -152,11 +181,13 @@ class RowExport:
         self._idle[peer] = loop.call_later(self.peer_idle, self._forget_if_idle, peer)
 
     def _write(self, job: _Pending, src_pages: Sequence[int]) -> Written:
-        start = time.monotonic()
         with self.source.pages(src_pages) as pages:
             plan = [(name, self._spans(job, name, pages)) for name in (ROWS, INDEX)]
-            nbytes = self.agent.write(job.target, plan)
-        return Written(nbytes, time.monotonic() - start)
+            with self.busy:
+                start = time.monotonic()
+                nbytes = self.agent.write(job.target, plan)
+                seconds = time.monotonic() - start
+        return Written(nbytes, seconds)
 
     def _spans(self, job: _Pending, name: str, src_pages: Sequence[int]) -> list[Any]:
         src, dst = self.agent.region(name), job.target.region(name)

@@ -98,6 +98,7 @@ class PrefillServicer(pb_grpc.PrefillServiceServicer):
             exports_dropped=export.totals.dropped,
             bytes_written=export.totals.nbytes,
             transfer_seconds=export.totals.seconds,
+            busy_seconds=export.busy.seconds,
         )
 
     async def _computed(self, req: GenRequest, done: asyncio.Future[Written]) -> Written:

@@ -140,6 +140,7 @@ class StatusResponse(_message.Message):
     EXPORTS_DROPPED_FIELD_NUMBER: _builtins.int
     BYTES_WRITTEN_FIELD_NUMBER: _builtins.int
     TRANSFER_SECONDS_FIELD_NUMBER: _builtins.int
+    BUSY_SECONDS_FIELD_NUMBER: _builtins.int
     prompts: _builtins.int
     """Prompts being computed or written now."""
     exports_pending: _builtins.int
@@ -161,7 +162,11 @@ class StatusResponse(_message.Message):
     bytes_written: _builtins.int
     """Since the start: bytes written over NIXL."""
     transfer_seconds: _builtins.float
-    """Since the start: seconds the writes took (a staged write's copy included)."""
+    """Since the start: seconds the NIXL writes took, summed (writes that overlap count each)."""
+    busy_seconds: _builtins.float
+    """Since the start: wall seconds during which at least one NIXL write was under way;
+    bytes_written over these is the throughput while writing.
+    """
     @_builtins.property
     def peers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """The decode sides' NIXL agents this engine holds metadata and a connection for."""
@@ -186,10 +191,11 @@ class StatusResponse(_message.Message):
         exports_dropped: _builtins.int = ...,
         bytes_written: _builtins.int = ...,
         transfer_seconds: _builtins.float = ...,
+        busy_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_written", b"bytes_written", "cached_pages", b"cached_pages", "exports_dropped", b"exports_dropped", "exports_pending", b"exports_pending", "exports_written", b"exports_written", "memory_type", b"memory_type", "pages_used", b"pages_used", "peers", b"peers", "prompts", b"prompts", "regions", b"regions", "requests", b"requests", "transfer_seconds", b"transfer_seconds", "writes", b"writes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["busy_seconds", b"busy_seconds", "bytes_written", b"bytes_written", "cached_pages", b"cached_pages", "exports_dropped", b"exports_dropped", "exports_pending", b"exports_pending", "exports_written", b"exports_written", "memory_type", b"memory_type", "pages_used", b"pages_used", "peers", b"peers", "prompts", b"prompts", "regions", b"regions", "requests", b"requests", "transfer_seconds", b"transfer_seconds", "writes", b"writes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

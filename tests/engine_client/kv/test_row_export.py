@@ -15,7 +15,7 @@ import torch
 from contract.errors import ServiceUnavailable
 from contract.nixl_agent import region_of
 from contract.transfer_target import Region, TransferTarget
-from engine_client.kv.row_export import RowExport
+from engine_client.kv.row_export import BusyClock, RowExport
 from tests.process_harness import layout_with, wait_until
 
 LAYOUT = layout_with(num_layers=2, page_size=4, num_pages=8, max_requests=2, max_context=16)
@@ -143,3 +143,21 @@ async def _a_caller_gone_before_its_release_leaves_a_busy_peer_loaded() -> None:
     assert agent.peers == ["decode-a"]  # r3 still waits for it
     export.drop("r3", caller_gone=True)
     assert not agent.peers and export.totals.dropped == 2 and _idle(export)
+
+
+def test_the_busy_clock_counts_overlapping_writes_once() -> None:
+    now = [0.0]
+    clock = BusyClock(clock=lambda: now[0])
+    with clock:  # 0 -> 3, a second write 1 -> 5 overlapping it: busy 0 -> 5
+        now[0] = 1.0
+        clock.__enter__()
+        now[0] = 3.0
+    now[0] = 5.0
+    clock.__exit__()
+    assert clock.seconds == 5.0
+    now[0] = 7.0
+    with clock:  # idle 5 -> 7 not counted; 7 -> 8 is
+        now[0] = 8.0
+    assert clock.seconds == 6.0
+    with pytest.raises(AssertionError):
+        clock.__exit__()  # a write that never began
