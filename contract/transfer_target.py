@@ -22,8 +22,9 @@ from contract.layout import KVLayout
 
 ROWS, INDEX = "rows", "index"
 # Where a prefill engine's writes read from (engine_client.kv.export_source): its cache itself
-# (host on CPU, the device on CUDA), or a pinned host buffer it stages each prompt into.
-SOURCES = ("direct", "staged")
+# (host on CPU, the device on CUDA), a pinned host buffer it stages each prompt into, or a
+# buffer beside the cache (the device on CUDA) it gathers each prompt into, page-major.
+SOURCES = ("direct", "staged", "gathered")
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,12 @@
   and page. The fallback where NIXL cannot register device memory (a UCX without CUDA
   support), and the comparison the benchmark makes (bench/disagg.py). On CPU it is an extra
   host copy: the tests use it to check the staged path without a GPU.
-One staging buffer: staged exports are written one at a time (a lock), direct ones at once.
+- gathered: staged's page-major buffer in the cache's own memory (device memory on CUDA,
+  registered as VRAM): the gather is a device copy, and the write goes from the device as
+  direct's does, but in staged's few spans. It costs one request's pages of device memory
+  beside the cache. On CPU it is staged without pinning.
+One staging buffer: staged and gathered exports are written one at a time (a lock), direct ones
+at once.
 """
 
 from __future__ import annotations
@@ -53,23 +58,29 @@ class ExportSource:
 
 
 class StagedSource(ExportSource):
-    """A pinned host copy of one request's pages at a time, registered as DRAM."""
+    """A copy of one request's pages at a time: pinned host memory registered as DRAM
+    (staged), or, `on_device`, the cache's own memory (gathered: VRAM on CUDA)."""
 
     def __init__(
-        self, agent: NixlAgent, rows: torch.Tensor, index: torch.Tensor, page: int, most: int
+        self,
+        agent: NixlAgent,
+        rows: torch.Tensor,
+        index: torch.Tensor,
+        page: int,
+        most: int,
+        on_device: bool = False,
     ) -> None:
         """`most`: the most pages one request holds (max_context / P)."""
-        self.agent, self.device, self.name = agent, rows.device, "staged"
+        self.agent, self.device = agent, rows.device
+        self.name = "gathered" if on_device else "staged"
         L, N, D = rows.shape[0], index.shape[1] - 1, rows.shape[-1]
         # The cache's rows by page (the sink row after the last page left out).
         self._paged = rows[:, : N * page].view(L, N, page, D)
         self._index = index
-        pin = self.device.type == "cuda"
+        where = {"device": self.device} if on_device else {"pin_memory": self.device.type == "cuda"}
         # Rows page-major (the host tier's geometry), index keys layer-major (the index pool's).
-        self.rows_stage = torch.empty((most, L, page, D), dtype=torch.uint8, pin_memory=pin)
-        self.index_stage = torch.empty(
-            (L, most, *index.shape[2:]), dtype=torch.uint8, pin_memory=pin
-        )
+        self.rows_stage = torch.empty((most, L, page, D), dtype=torch.uint8, **where)
+        self.index_stage = torch.empty((L, most, *index.shape[2:]), dtype=torch.uint8, **where)
         stage, keys = self.rows_stage, self.index_stage
         agent.register(ROWS, stage, stage.stride(1), stage.stride(0))
         agent.register(INDEX, keys, keys.stride(0), keys.stride(1))
@@ -82,25 +93,29 @@ class StagedSource(ExportSource):
         n, paged = len(src_pages), self._paged
         with self._lock, self._device():
             where = torch.tensor(src_pages, dtype=torch.int64, device=self.device)
-            # [L, n, P, D] gathered, made page-major on the device, then one copy to the host.
+            # [L, n, P, D] gathered, made page-major on the device, then one copy to the stage.
             rows = paged.index_select(1, where).transpose(0, 1).contiguous()
             self.rows_stage[:n].copy_(rows)
             self.index_stage[:, :n].copy_(self._index.index_select(1, where))
+            if self.rows_stage.is_cuda:  # a device copy is queued; UCX reads on its own stream
+                torch.cuda.current_stream(self.device).synchronize()
             yield range(n)
 
 
 def export_source(
     agent: NixlAgent, rows: torch.Tensor, index: torch.Tensor, page: int, most: int, name: str
 ) -> ExportSource:
-    """The source `name` names; direct on a GPU whose device memory NIXL cannot register
-    falls back to staged (logged)."""
+    """The source `name` names; direct or gathered on a GPU whose device memory NIXL cannot
+    register (or that has no room for gathered's buffer) falls back to staged (logged)."""
     if name not in SOURCES:
         raise ValueError(f"transfer source {name!r}: one of {', '.join(SOURCES)}")
     if name == "staged":
         return StagedSource(agent, rows, index, page, most)
     try:
+        if name == "gathered":
+            return StagedSource(agent, rows, index, page, most, on_device=True)
         return ExportSource(agent, rows, index, page)
-    except Exception as e:  # NIXL's own errors: the backend refused the memory type
+    except Exception as e:  # NIXL's own errors (the memory type refused), or out of memory
         if rows.device.type != "cuda":
             raise
         log.warning(

@@ -3,9 +3,10 @@ baseline cache, and the exports that wait for their request's release.
 
 The engine prefills a request as any other (max_new_tokens 1: the prefill samples the first
 token), so its rows and index keys are bit for bit those of a single-node run. Its KV control
-(`ExportControl`) writes them into the decode side's pages when the loop releases the request:
-the loop releases a slot only once every launched step that wrote it has finished, so that is
-the first moment the rows are whole, and the last before the pages are reused.
+(`engine_client.kv.export_control`) writes them into the decode side's pages when the loop
+releases the request: the loop releases a slot only once every launched step that wrote it has
+finished, so that is the first moment the rows are whole; the pages stay held until the write
+ends.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from typing import Any
 from contract.errors import LayoutMismatch
 from contract.nixl_agent import NixlAgent
 from contract.transfer_target import INDEX, ROWS, TransferTarget, prompt_spans
-from engine_client.client.control import Admission, KVControl, PrefixLookup
 from engine_client.kv.baseline import BaselineBackend
 from engine_client.kv.export_source import export_source
 
@@ -221,6 +221,10 @@ class RowExport:
             self.agent.forget(peer)
             log.info("NIXL peer %s forgotten", peer)
 
+    def waits_for(self, request_id: str) -> bool:
+        """Whether an export waits for this request's release."""
+        return request_id in self._pending
+
     @property
     def pending(self) -> int:
         return len(self._pending)
@@ -237,38 +241,3 @@ class RowExport:
             job.done.cancel()
         self._pending.clear()
         self.agent.close()
-
-
-class ExportControl:
-    """A prefill engine's KV control: the baseline's, plus the export at release. Every other
-    call goes to the wrapped control."""
-
-    def __init__(self, inner: KVControl) -> None:
-        self._inner = inner
-        self.export: RowExport | None = None  # set once the backend exists
-        self._pages: dict[str, tuple[int, ...]] = {}
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    async def admit(
-        self,
-        request_id: str,
-        prompt_len: int,
-        max_new_tokens: int,
-        prefix: PrefixLookup | None = None,
-    ) -> Admission:
-        adm = await self._inner.admit(request_id, prompt_len, max_new_tokens, prefix)
-        self._pages[request_id] = adm.pages
-        return adm
-
-    async def release(self, request_id: str, page_hashes: Sequence[bytes] = ()) -> None:
-        pages = self._pages.pop(request_id, ())
-        if self.export is not None and pages:
-            await self.export.export(request_id, pages)
-        await self._inner.release(request_id, page_hashes)
-
-    async def close(self, detach: bool = False) -> None:
-        if self.export is not None:
-            self.export.close()
-        await self._inner.close(detach)

@@ -198,6 +198,12 @@ class Engine:
         if self._inflight is not None:  # stopping: let the launched step finish and deliver
             await self._run_step(None, time.perf_counter())
 
+    def capacity_freed(self) -> None:
+        """KV capacity came back outside the loop's own releases (a prefill engine's pages
+        once their export is written): retry admission now."""
+        self.scheduler.released()
+        self._wake.set()
+
     def set_control(self, control: KVControl) -> None:
         """Use another KV control from now on: every part asks the one holder (ControlRef)."""
         self._control.current = control

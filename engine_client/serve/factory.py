@@ -19,7 +19,8 @@ from engine_client.client.local_control import BaselineControl, BaselinePages, E
 from engine_client.client.prefill_peer import PrefillPeer
 from engine_client.client.prefill_router import PrefillRouter
 from engine_client.kv.baseline import BaselineBackend
-from engine_client.kv.row_export import ExportControl, RowExport
+from engine_client.kv.export_control import ExportControl
+from engine_client.kv.row_export import RowExport
 from engine_client.loop import state_file
 from engine_client.loop.admission_limit import AdmissionLimit
 from engine_client.loop.admission_setting import admission_limit
@@ -260,6 +261,8 @@ async def build_engine(cfg: EngineConfig, metrics: EngineMetrics | None = None) 
         acceptance=cfg.speculation.acceptance,
         prefill_peers=_prefill_peers(cfg.disaggregation),
     )
+    if isinstance(control, ExportControl):
+        control.on_freed = engine.capacity_freed
     engine.metrics.describe(device=device, kv_mode=cfg.kv.kv_mode)
     _log_speculation(cfg)
     await restore(engine, control, saved)

@@ -32,9 +32,12 @@ OFFLOADED = GenerateConfig(target="", prompt=PROMPT[:19], max_new_tokens=40, tim
 CACHED = GenerateConfig(target="", prompt=tuple(range(200, 240)), max_new_tokens=4, timeout=120)
 
 
-# The two transfer sources (engine_client.kv.export_source): the cache itself, and the pinned
-# host staging buffer a GPU falls back to (on CPU an extra copy, the same bytes).
-@pytest.mark.parametrize("row_format,source", [("bf16", "direct"), ("fp8", "staged")])
+# The transfer sources (engine_client.kv.export_source): the cache itself, the pinned host
+# staging buffer a GPU falls back to, and the buffer beside the cache (on CPU both are an extra
+# copy, page-major: the same bytes in fewer spans).
+@pytest.mark.parametrize(
+    "row_format,source", [("bf16", "direct"), ("fp8", "staged"), ("bf16", "gathered")]
+)
 def test_one_prefill_and_one_decode_give_the_single_node_tokens(row_format, source) -> None:
     from tests.process_harness import layout_with
 

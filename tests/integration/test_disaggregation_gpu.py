@@ -34,13 +34,17 @@ RESIDENT = GenerateConfig(target="", prompt=PROMPT, max_new_tokens=8, timeout=30
 OFFLOADED = GenerateConfig(target="", prompt=PROMPT[:19], max_new_tokens=40, timeout=300)
 
 
-@pytest.mark.parametrize("row_format", ["bf16", "fp8"])
-def test_a_prefill_gpu_writes_straight_into_the_decode_sides_host_pages(row_format) -> None:
+# direct: the cache itself, a span per layer and page; gathered: a page-major copy of the
+# request's pages beside it on the device (both VRAM).
+@pytest.mark.parametrize(
+    "row_format,source", [("bf16", "direct"), ("fp8", "direct"), ("bf16", "gathered")]
+)
+def test_a_prefill_gpu_writes_straight_into_the_decode_sides_host_pages(row_format, source) -> None:
     layout = layout_with(row_format=row_format, index_format=row_format)
     formats = ("--row-format", row_format, "--index-format", row_format)
     with workdir("hsg") as path:
         svc = start_service(path, layout, device="cuda", extra=("--nixl", "1"))
-        role = ("--role", "prefill", "--transfer-source", "direct", *formats)
+        role = ("--role", "prefill", "--transfer-source", source, *formats)
         prefill = start_engine(path, "baseline", name="prefill", extra=role, device="cuda")
         peer = ("--role", "decode", "--prefill-peer", prefill.target)
         decode = start_engine(path, "service", svc, name="decode", extra=peer, device="cuda")

@@ -32,8 +32,10 @@ class Disaggregation:
         "direct",
         choices=SOURCES,
         help="--role prefill: what NIXL writes a prompt's KV from: direct (the cache itself: "
-        "device memory on CUDA, straight into the decode side's host pages) or staged (through "
-        "a pinned host buffer; direct falls back to it where NIXL cannot register the device)",
+        "device memory on CUDA, straight into the decode side's host pages, a span per layer "
+        "and page), staged (through a pinned host buffer, page-major: few spans; direct falls "
+        "back to it where NIXL cannot register the device) or gathered (staged's page-major "
+        "buffer in device memory: one request's pages of GPU memory more)",
         check=one_of(SOURCES),
     )
     transfer_peer_idle: float = setting(

@@ -45,10 +45,12 @@ def test_the_direct_source_registers_the_cache_itself() -> None:
         assert list(pages) == [4, 1]
 
 
-def test_the_staged_source_gathers_a_requests_pages_in_token_order() -> None:
+@pytest.mark.parametrize("name", ["staged", "gathered"])
+def test_the_staged_source_gathers_a_requests_pages_in_token_order(name) -> None:
     agent, (rows, index) = _Agent(), _cache()
-    source = export_source(agent, rows, index, P, most=3, name="staged")  # type: ignore[arg-type]
-    assert isinstance(source, StagedSource)
+    source = export_source(agent, rows, index, P, most=3, name=name)  # type: ignore[arg-type]
+    assert isinstance(source, StagedSource) and source.name == name
+    assert source.rows_stage.device == rows.device
     assert agent.regions[ROWS].address == source.rows_stage.data_ptr()
     assert agent.regions[ROWS].nbytes == L * 3 * P * D
     with source.pages([4, 1]) as pages:
@@ -69,15 +71,16 @@ def _written(spans, src: torch.Tensor, pages: int, D: int) -> torch.Tensor:
     return dst
 
 
+@pytest.mark.parametrize("name", ["staged", "gathered"])
 @pytest.mark.parametrize("dst_pages", [[7, 3, 0], [3, 4, 5]])
-def test_staged_spans_land_the_bytes_the_direct_ones_land(dst_pages) -> None:
+def test_staged_spans_land_the_bytes_the_direct_ones_land(dst_pages, name) -> None:
     lay = layout_with(num_layers=L, page_size=P, num_pages=N)
     D = lay.row_bytes
     rows = torch.randint(0, 256, (L, N * P + 1, D), dtype=torch.uint8)
     index = torch.zeros((L, N + 1, P, lay.index_bytes), dtype=torch.uint8)
     direct, staged = _Agent(), _Agent()
     export_source(direct, rows, index, P, 3, "direct")  # type: ignore[arg-type]
-    source = export_source(staged, rows, index, P, 3, "staged")  # type: ignore[arg-type]
+    source = export_source(staged, rows, index, P, 3, name)  # type: ignore[arg-type]
     dst = Region(ROWS, 0, 8 * L * P * D, layer_stride=P * D, page_stride=L * P * D)
     src_pages = [5, 2, 3]
     want = prompt_spans(lay, direct.regions[ROWS], dst, src_pages, dst_pages, tokens=11)

@@ -1,7 +1,9 @@
 """A prefill engine's exports (engine_client.kv.row_export) with a stand-in NIXL agent (no nixl
 needed): what is written is counted; an export whose write fails or whose caller goes away
 (before or during the write) is dropped and its decode side's agent forgotten unless another
-export needs it; an agent left idle is forgotten after `peer_idle`; nothing is held after."""
+export needs it; an agent left idle is forgotten after `peer_idle`; nothing is held after.
+The busy clock counts overlapping writes once. The export control (engine_client.kv.
+export_control) returns from a release before its write ends and gives the pages back after."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ import torch
 from contract.errors import ServiceUnavailable
 from contract.nixl_agent import region_of
 from contract.transfer_target import Region, TransferTarget
+from engine_client.client.control import Admission
+from engine_client.kv.export_control import ExportControl
 from engine_client.kv.row_export import BusyClock, RowExport
 from tests.process_harness import layout_with, wait_until
 
@@ -161,3 +165,60 @@ def test_the_busy_clock_counts_overlapping_writes_once() -> None:
     assert clock.seconds == 6.0
     with pytest.raises(AssertionError):
         clock.__exit__()  # a write that never began
+
+
+class _Baseline:
+    """The wrapped control: admits with fixed pages, records releases."""
+
+    def __init__(self) -> None:
+        self.released: list[str] = []
+
+    async def admit(self, request_id, prompt_len, max_new_tokens, prefix=None) -> Admission:
+        return Admission(request_id, 0, 0, prompt_len + max_new_tokens, pages=(0, 1))
+
+    async def release(self, request_id: str, page_hashes=()) -> None:
+        self.released.append(request_id)
+
+    async def close(self, detach: bool = False) -> None:
+        pass
+
+
+def test_a_release_returns_before_its_write_and_frees_the_pages_after() -> None:
+    asyncio.run(_a_release_returns_before_its_write_and_frees_the_pages_after())
+
+
+async def _a_release_returns_before_its_write_and_frees_the_pages_after() -> None:
+    inner, freed = _Baseline(), []
+    control = ExportControl(inner)  # type: ignore[arg-type]
+    control.export, agent = _export()
+    control.on_freed = lambda: freed.append(len(inner.released))
+    for rid in ("r1", "r2"):
+        await control.admit(rid, 6, 1)
+    done = control.export.expect("r1", _target("decode-a"), [3, 5], (0, 6))
+    agent.gate.clear()  # the write hangs until set
+    await control.release("r1")  # returns with the write under way: the loop goes on
+    await wait_until(lambda: control.export.writes == 1)
+    assert inner.released == [] and control.writes_in_flight == 1 and not done.done()
+    await control.release("r2")  # no export waits for it: released at once
+    assert inner.released == ["r2"]
+    agent.gate.set()
+    assert (await done).nbytes > 0
+    await wait_until(lambda: control.writes_in_flight == 0)
+    assert inner.released == ["r2", "r1"] and freed == [2]  # pages back, then the engine told
+
+
+def test_closing_waits_for_the_writes_in_flight() -> None:
+    asyncio.run(_closing_waits_for_the_writes_in_flight())
+
+
+async def _closing_waits_for_the_writes_in_flight() -> None:
+    inner = _Baseline()
+    control = ExportControl(inner)  # type: ignore[arg-type]
+    control.export, agent = _export()
+    await control.admit("r1", 6, 1)
+    control.export.expect("r1", _target("decode-a"), [3, 5], (0, 6))
+    agent.gate.clear()
+    await control.release("r1")
+    asyncio.get_running_loop().call_later(0.05, agent.gate.set)
+    await control.close()
+    assert inner.released == ["r1"] and control.writes_in_flight == 0
