@@ -209,10 +209,10 @@ def print_report(r: dict) -> None:
         f"kernels busy {r['busy_us_per_step'] / 1e3:.3f} ms "
         f"(profiled: {r.get('profiled', '?')})"
     )
-    print(f"{'category':<10} {'us/step':>10} {'share':>6} {'us/req-layer':>13}")
+    print(f"{'category':<18} {'us/step':>10} {'share':>6} {'us/req-layer':>13}")
     for cat, v in r["categories"].items():
         print(
-            f"{cat:<10} {v['us_per_step']:>10.1f} {100 * v['share']:>5.1f}% "
+            f"{cat:<18} {v['us_per_step']:>10.1f} {100 * v['share']:>5.1f}% "
             f"{v['us_per_request_layer']:>13.3f}"
         )
     gbs, pin = r["miss_copy_gbs"], r["pinned_h2d_gbs"]

@@ -13,6 +13,9 @@ GEMM = r"gemm|xmma|cutlass|nvjet|cublas|splitK|aten::(mm|addmm|bmm|matmul|linear
 # "kernel::<KernelSet field>" ranges and aten GEMM ops.
 CATEGORIES = (
     ("miss copy", r"miss_copy"),
+    # The shared hot region's launches around the plan (kernels/swap/shared_phase.py): run Z's
+    # N 548 profile charged their 1.2 ms a step to "plan glue" / "unnamed".
+    ("plan: shared phase", r"shared_(lookup|count|victims|finish)"),
     ("plan", r"swap_plan"),
     ("append", r"kv_append|index_copy|index_put|indexFunc"),
     ("indexer", r"indexer"),
