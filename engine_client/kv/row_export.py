@@ -18,6 +18,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,11 @@ from engine_client.kv.baseline import BaselineBackend
 from engine_client.kv.export_source import export_source
 
 log = logging.getLogger(__name__)
+
+# Writes under way at once, on threads of their own: the loop no longer waits for a release's
+# write, so a burst of prompts ends in as many writes, which must not take the event loop's
+# default threads (tokenization uses them); staged ones queue on their buffer's lock anyway.
+WRITERS = 8
 
 # What must match between the prefill cache and the decode side's memory for rows to be
 # copied as bytes (the layer count, the page size, the two formats).
@@ -117,6 +123,7 @@ class RowExport:
         self.peer_idle = peer_idle
         self.totals = ExportTotals()
         self.busy = BusyClock()
+        self._threads = ThreadPoolExecutor(WRITERS, thread_name_prefix="nixl-write")
 
     def check(self, target: TransferTarget) -> None:
         """Refuse a target whose rows are not ours byte for byte."""
@@ -156,7 +163,8 @@ class RowExport:
             return
         self._writing[peer] += 1
         try:
-            written = await asyncio.to_thread(self._write, job, src_pages)
+            run = asyncio.get_running_loop().run_in_executor
+            written = await run(self._threads, self._write, job, src_pages)
         except Exception as e:
             if not job.done.done():
                 job.done.set_exception(e)
@@ -240,4 +248,5 @@ class RowExport:
         for job in self._pending.values():
             job.done.cancel()
         self._pending.clear()
+        self._threads.shutdown(wait=True)  # a write still under way ends before the agent does
         self.agent.close()
