@@ -201,6 +201,12 @@ def report(result: dict) -> None:
             f" {t.get('gb_per_s', 0):7.2f} {t.get('busy_gb_per_s', 0):7.2f}"
         )
     print(f"pinned copy: {result['pinned_copy_gb_per_s']:.2f} GB/s")
+    for r in result["runs"]:
+        if r["max_n_share"] < 1.0:
+            print(
+                f"{r['name']}: the background decoded at max N for {100 * r['max_n_share']:.0f}%"
+                " of the arrivals' window only (a stream ended first): raise --tokens"
+            )
     print("GB/s: bytes over the writes' seconds summed (one write's rate); busy: over the")
     print("seconds any write was under way (the rate while writing, writes overlapping)")
     if any(row.get("same_tokens") is False for row in result["compare"].values()):

@@ -94,6 +94,16 @@ def _ms(values: list[float], name: str) -> dict:
     }
 
 
+def max_n_share(bg: list[dict], start: float, end: float) -> float:
+    """The share of the arrivals' window in which every background stream was still decoding
+    (the decode side at max N): until the first background stream's last token. Below 1 the
+    ITL figures saw fewer streams for part of the window (raise --tokens)."""
+    lasts = [r["arrivals"][-1] for r in bg if r["arrivals"]]
+    if end <= start or not lasts:
+        return 0.0
+    return min(1.0, max(0.0, (min(lasts) - start) / (end - start)))
+
+
 def summarize(done: dict) -> dict:
     """TTFT of the arrivals and of the background burst, the background's ITL within the
     arrivals' window and its tokens per second there, and a hash of every token."""
@@ -111,6 +121,7 @@ def summarize(done: dict) -> dict:
         "arrivals": len(arrived),
         "tokens": sum(len(r["ids"]) for r in bg + arrived),
         "window_s": end - start,
+        "max_n_share": max_n_share(bg, start, end),
         "itl_gaps": len(gaps),
         "decode_tok_per_s": in_window / (end - start) if end > start else 0.0,
         **_ms([r["ttft"] for r in arrived if r["ttft"] is not None], "ttft"),

@@ -9,12 +9,20 @@ import json
 
 import pytest
 
-from bench.disagg import cli
+from bench.disagg import cli, load
 from contract.nixl_agent import nixl_available
 
 
 def test_topologies_parse() -> None:
     assert cli.topologies("1x1, 2X2") == [(1, 1), (2, 2)]
+
+
+def test_max_n_share_ends_with_the_first_background_stream_to_finish() -> None:
+    bg = [{"arrivals": [0.5, 1.0, 4.0]}, {"arrivals": [0.5, 2.0]}, {"arrivals": []}]
+    assert load.max_n_share(bg, start=1.0, end=5.0) == 0.25  # the second ends at 2.0
+    assert load.max_n_share(bg[:1], start=1.0, end=3.0) == 1.0  # decoding past the window
+    assert load.max_n_share(bg, start=3.0, end=5.0) == 0.0  # one ended before it began
+    assert load.max_n_share([], start=1.0, end=5.0) == 0.0
 
 
 @pytest.mark.slow
