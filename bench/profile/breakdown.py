@@ -133,8 +133,16 @@ def _add_part_args(ap: argparse.ArgumentParser) -> None:
     )
 
 
+# Categories whose kernels are also reported one by one (the shared phase is four launches).
+BY_KERNEL = ("plan: shared phase",)
+
+
 def profiled_us(
-    step: Stepper, n: int, device: torch.device, kinds: dict[str, float] | None = None
+    step: Stepper,
+    n: int,
+    device: torch.device,
+    kinds: dict[str, float] | None = None,
+    named: dict[str, float] | None = None,
 ) -> dict[str, float]:
     """µs per category summed over n steps: device kernels on CUDA; on CPU each op's self
     time, charged to the innermost kernel:: range it runs in. `kinds` gets the "other"
@@ -156,6 +164,8 @@ def profiled_us(
         out[cat] = out.get(cat, 0.0) + us
         if cat == "other" and kinds is not None:
             kinds[kernel_kind(name)] = kinds.get(kernel_kind(name), 0.0) + us
+        if cat in BY_KERNEL and named is not None:
+            named[name] = named.get(name, 0.0) + us
     return out
 
 
@@ -242,15 +252,15 @@ def main(argv: list[str] | None = None) -> int:
     step = Stepper(runner, args.batch, args.context)
     step(args.warmup)
     step_s = step_seconds(step, args.steps, dev)
-    before, kinds = misses_so_far(backend), {}
-    by_cat = profiled_us(step, args.steps, dev, kinds)
+    before, kinds, named = misses_so_far(backend), {}, {}
+    by_cat = profiled_us(step, args.steps, dev, kinds, named)
     traced = "graph replay" if runner.use_graphs else "eager"
     if runner.use_graphs and sum(by_cat.values()) < 0.01 * 1e6 * step_s * args.steps:
         # This profiler build did not trace the kernels inside graph replays: profile the
         # same step eagerly (same kernels; launch gaps differ, the step time stays graphed).
         runner.use_graphs, traced = False, "eager (graph kernels not traced)"
-        before, kinds = misses_so_far(backend), {}
-        by_cat = profiled_us(step, args.steps, dev, kinds)
+        before, kinds, named = misses_so_far(backend), {}, {}
+        by_cat = profiled_us(step, args.steps, dev, kinds, named)
     miss_rows = (misses_so_far(backend) - before) / args.steps
     r = report(args, cfg, lay, step_s, by_cat, miss_rows, h2d)
     r["profiled"] = traced
@@ -258,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     # region exists only with --shared-slots, which _check_prefix allows in embedded mode only.
     r["shared_rows_live"] = backend.kv.shared.live(lay.page_size) if args.shared_slots else None
     r["other_kinds"] = per_step(kinds, args.steps, r["step_us"])
+    r["by_kernel"] = per_step(named, args.steps, r["step_us"])
     if not args.no_families:
         fams = families_us(step, runner, args.steps, dev)
         r["families"] = per_step(fams, args.steps, r["step_us"])

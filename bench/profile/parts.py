@@ -219,6 +219,7 @@ def per_step(us: dict[str, float], steps: int, step_us: float) -> dict[str, dict
 def print_families(r: dict) -> None:
     for key, title in (
         ("other_kinds", "'other' of the profiled step by kernel kind"),
+        ("by_kernel", "the shared phase's launches by kernel"),
         ("families", "every kernel by the model part that launched it (eager pass)"),
     ):
         if r.get(key):
