@@ -77,10 +77,10 @@ class StagedSource(ExportSource):
         # The cache's rows by page (the sink row after the last page left out).
         self._paged = rows[:, : N * page].view(L, N, page, D)
         self._index = index
-        where = {"device": self.device} if on_device else {"pin_memory": self.device.type == "cuda"}
+        alloc = {"device": self.device} if on_device else {"pin_memory": self.device.type == "cuda"}
         # Rows page-major (the host tier's geometry), index keys layer-major (the index pool's).
-        self.rows_stage = torch.empty((most, L, page, D), dtype=torch.uint8, **where)
-        self.index_stage = torch.empty((L, most, *index.shape[2:]), dtype=torch.uint8, **where)
+        self.rows_stage = torch.empty((most, L, page, D), dtype=torch.uint8, **alloc)
+        self.index_stage = torch.empty((L, most, *index.shape[2:]), dtype=torch.uint8, **alloc)
         stage, keys = self.rows_stage, self.index_stage
         agent.register(ROWS, stage, stage.stride(1), stage.stride(0))
         agent.register(INDEX, keys, keys.stride(0), keys.stride(1))
@@ -93,9 +93,9 @@ class StagedSource(ExportSource):
         n, paged = len(src_pages), self._paged
         with self._lock, self._device():
             where = torch.tensor(src_pages, dtype=torch.int64, device=self.device)
-            # [L, n, P, D] gathered, made page-major on the device, then one copy to the stage.
-            rows = paged.index_select(1, where).transpose(0, 1).contiguous()
-            self.rows_stage[:n].copy_(rows)
+            # [L, n, P, D] gathered, copied page-major into the stage (a strided copy: on the
+            # device for gathered; for staged PyTorch packs it on the device before the D2H).
+            self.rows_stage[:n].copy_(paged.index_select(1, where).transpose(0, 1))
             self.index_stage[:, :n].copy_(self._index.index_select(1, where))
             if self.rows_stage.is_cuda:  # a device copy is queued; UCX reads on its own stream
                 torch.cuda.current_stream(self.device).synchronize()
