@@ -16,7 +16,7 @@ the questions that decide whether the engine can use it, on the device it runs o
    and GEMMs) on the main stream, with the copy on a plain stream, on the small group, and with
    the neighbour on the rest.
 
-    python -m bench.kernels.sm_partition [--sms 8,16] [--out PATH]
+    python -m bench.kernels.sm_partition [--sms 8,16] [--grids 8@64Kx32,24] [--out PATH]
 
 Prints what it finds and writes JSON. GPU only.
 """
@@ -130,18 +130,19 @@ def _short(sms) -> str:
     return f"{len(sms)} SMs {sms[:3]}..{sms[-2:]}"
 
 
-def _copy_case(tier: _Tier):
+def _copy_case(tier: _Tier, spec: str):
     g = torch.Generator().manual_seed(0)
     host = tier.rows(656)
     hot = torch.zeros((111 * 4096, 656), dtype=torch.uint8, device="cuda")
     lists = miss_lists(111, 0.13, host.shape[0], g)
     uva = UVATensor(host)
-    grid = CopyGrid.parse("8@64Kx32")
+    grid = CopyGrid.parse(spec)
     nbytes = int(lists[2].sum()) * 656
     return (lambda: miss_copy(uva, hot, *lists, grid=grid)), nbytes
 
 
-def _timings(report: dict, parts: dict[int, SmPartition], copy, nbytes: int) -> None:
+def _timings(parts: dict[int, SmPartition], copy, nbytes: int) -> dict:
+    """The copy and its neighbour alone and together, on shared SMs and on each partition."""
     big = torch.empty(1 << 28, dtype=torch.float32, device="cuda")
     a = torch.randn(4096, 4096, dtype=torch.bfloat16, device="cuda")
 
@@ -170,8 +171,7 @@ def _timings(report: dict, parts: dict[int, SmPartition], copy, nbytes: int) -> 
             else ""
         )
         print(f"  {k:<48} {us if isinstance(us, str) else f'{us:9.1f} us'}{gbs}")
-    report["timings_us"] = rows
-    report["copy_bytes"] = nbytes
+    return rows
 
 
 def _on_us(fn, stream) -> float:
@@ -204,6 +204,12 @@ def _pair_us(neighbour, copy, side, main=None) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--sms", default="8,16", help="the copy's green-context SM counts")
+    ap.add_argument(
+        "--grids",
+        default="8@64Kx32",
+        help="the copy's launches, comma-separated CopyGrid specs (without gSMS): each is timed "
+        "alone and beside the neighbour, on shared SMs and on each partition",
+    )
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -220,8 +226,13 @@ def main() -> None:
     report["plain"] = _sms_of(_smid)
     print(f"plain stream: {_short(report['plain'])}")
     parts = _placement(report, [int(s) for s in args.sms.split(",")])
-    copy, nbytes = _copy_case(_Tier(1 << 30))
-    _timings(report, parts, copy, nbytes)
+    tier = _Tier(1 << 30)
+    report["timings_us"] = {}
+    for spec in args.grids.split(","):
+        print(f"copy grid {spec}:")
+        copy, nbytes = _copy_case(tier, spec)
+        report["timings_us"][spec] = _timings(parts, copy, nbytes)
+        report["copy_bytes"] = nbytes
     if args.out:
         args.out.write_text(json.dumps(report, indent=1, default=str))
 

@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             if own.budget_s and time.perf_counter() - t0 > own.budget_s:
                 break
             switch.set(s)
-            backend.copy_grid = s.grid or backend.copy_grid
+            backend.set_copy_grid(s.grid or backend.copy_grid)
             runner.drop_graphs()  # the grid is fixed at capture
             rows.append({"spec": s.spec, "round": r, **measure(step, args, backend, dev)})
             print(f"round {r} {s.spec}: {rows[-1]['step_ms']:.2f} ms", flush=True)

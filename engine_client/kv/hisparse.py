@@ -83,6 +83,15 @@ class HiSparseBackend(SharedBackend):
         self.compute_stream = part.rest
         return part.small
 
+    def set_copy_grid(self, grid: CopyGrid) -> None:
+        """Launch later copies on `grid` (benchmarks sweep it; recapture graphs after): a grid
+        with other SMs of its own or another priority gets a side stream of its own."""
+        old, self.copy_grid = self.copy_grid, grid
+        if self._copy_stream is None or (old.sms, old.priority) == (grid.sms, grid.priority):
+            return
+        self.compute_stream = None
+        self._copy_stream = self._side_stream(grid)
+
     def _init_plan_outputs(self, rows: int, k: int) -> None:
         """The swap plan's outputs, allocated once (a captured graph keeps their addresses)."""
         self.out_slots = torch.full((rows, k), -1, dtype=torch.int32, device=self.device)

@@ -101,19 +101,18 @@ class ModelRunner:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.use_graphs = cfg.use_graphs and self.device.type == "cuda" and be.capturable
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
-        # The stream the model's kernels launch on, when the backend's side stream holds SMs of
-        # its own (None: the caller's current stream).
-        self._compute = be.compute_stream
         self.steps = 0
 
     @contextlib.contextmanager
     def on_compute(self) -> Iterator[None]:
         """Launches inside go to the backend's compute stream (if any), forked from the
         caller's stream and joined back into it."""
-        if self._compute is None:
+        # The backend's, read at each use: a benchmark may give its copy other SMs.
+        compute = self.model.backend.compute_stream
+        if compute is None:
             yield
             return
-        with _forked(self._compute, self.device):
+        with _forked(compute, self.device):
             yield
 
     def _body(self, bs: int) -> None:
@@ -253,7 +252,10 @@ class ModelRunner:
         gc.disable()
         try:
             with torch.cuda.graph(
-                graph, pool=self._pool, stream=self._compute, capture_error_mode="thread_local"
+                graph,
+                pool=self._pool,
+                stream=self.model.backend.compute_stream,
+                capture_error_mode="thread_local",
             ):
                 body(bs)
         finally:

@@ -52,7 +52,9 @@ def decode(
     bucket: int = 5,
     shapes=None,
     tail_parts: int = 1,
+    switch_to: CopyGrid | None = None,
 ):
+    """switch_to: the copy's grid after the first step's graph (recaptured on it)."""
     cfg, lay, contexts = shapes or (CFG, LAYOUT, CONTEXTS)
     kv = allocate_local(lay, device)
     per = lay.num_pages // len(contexts)
@@ -75,6 +77,9 @@ def decode(
         counts.append(backend.counts.cpu().tolist())
         backend.counts.zero_()
         last = logits.argmax(dim=-1).tolist()
+        if switch_to is not None and step == 0:
+            backend.set_copy_grid(switch_to)
+            runner.drop_graphs()
     state = {name: getattr(kv, name).clone().cpu() for name in TENSOR_NAMES}
     return out, counts, state, backend.stats()
 
@@ -158,6 +163,25 @@ def test_microbatches_graphed_bitwise_on_gpu(copy_grid):
     assert one[3]["misses"] > 0
     two = decode(2, "cuda", True, kernels, weights, copy_grid=copy_grid, bucket=8)
     assert_same(one, two)
+
+
+@pytest.mark.gpu
+def test_copy_grid_switch_moves_the_streams_on_gpu():
+    """set_copy_grid (the copy sweep's switch): a grid with SMs of its own gets a green side
+    stream and sends the model to the rest; back on shared SMs the model runs on the caller's
+    stream again; a step captured after each switch gives the bits of one eager batch."""
+    kernels, weights = KernelSet.triton(), random_weights(CFG, seed=3, device="cuda")
+    kv = allocate_local(LAYOUT, "cuda")
+    backend = HiSparseBackend(kv, kernels=kernels, microbatches=2)
+    assert backend.compute_stream is None
+    green = CopyGrid(programs=8, sms=8)
+    backend.set_copy_grid(green)
+    assert backend.copy_grid == green and backend.compute_stream is not None
+    backend.set_copy_grid(OVERLAP_COPY_GRID)
+    assert backend.copy_grid == OVERLAP_COPY_GRID and backend.compute_stream is None
+    one = decode(1, "cuda", False, kernels, weights)
+    for first, then in ((OVERLAP_COPY_GRID, green), (green, OVERLAP_COPY_GRID)):
+        assert_same(one, decode(2, "cuda", True, kernels, weights, first, 8, switch_to=then))
 
 
 @pytest.mark.gpu
