@@ -1,10 +1,11 @@
 """NIXL's wire between two processes on this machine, without the engines (issue 42): one
 process registers a pinned host buffer as the decode side's host tier does, the other writes
-`--size` bytes into it from host memory (DRAM) or device memory (VRAM) cut into `--pieces`
-equal descriptors, and reports GB/s per repeat. A prompt is thousands of small descriptors
-when written a span per layer and page (46 MB as 4,096 spans in run Z), far fewer when the
-source is page-major like the target (`contract.transfer_target.merged`): this measures what
-the descriptor count costs on each source, against the pinned device-to-host copy.
+`--size` bytes into it from host memory (DRAM: pageable, or `pinned` by CUDA) or device memory
+(VRAM) cut into `--pieces` equal descriptors, and reports GB/s per repeat. A prompt is
+thousands of small descriptors when written a span per layer and page (46 MB as 4,096 spans
+in run Z), far fewer when the source is page-major like the target
+(`contract.transfer_target.merged`): this measures what the descriptor count costs on each
+source, against the pinned device-to-host copy.
 
     python -m bench.disagg.wire                              # DRAM, 44 MiB in 1, 128, 4096
     python -m bench.disagg.wire --source vram --pieces 1,128,4096 --repeats 5
@@ -33,7 +34,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--size", type=int, default=44 << 20, help="bytes per write")
     ap.add_argument("--pieces", default="1,128,4096", help="descriptor counts, comma-separated")
-    ap.add_argument("--source", choices=("dram", "vram"), default="dram")
+    ap.add_argument(
+        "--source",
+        choices=("dram", "pinned", "vram"),
+        default="dram",
+        help="host memory (pinned: page-locked by CUDA, as the staged source's buffer) or device",
+    )
     ap.add_argument("--repeats", type=int, default=4, help="writes per count (the first warms)")
     ap.add_argument(
         "--error-handling", default="", help="UCX backend's ucx_error_handling_mode (peer, none)"
@@ -72,7 +78,8 @@ def _writer(conn, args: argparse.Namespace) -> None:
     import torch
 
     device = "cuda" if args.source == "vram" else "cpu"
-    src = torch.full((args.size,), 3, dtype=torch.uint8, device=device)
+    pin = args.source == "pinned"
+    src = torch.full((args.size,), 3, dtype=torch.uint8, device=device, pin_memory=pin)
     kind, dev = ("VRAM", 0) if device == "cuda" else ("DRAM", 0)
     agent = _agent("wire-writer", args.error_handling)
     agent.register_memory([(src.data_ptr(), args.size, dev, "")], kind)
