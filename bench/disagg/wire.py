@@ -36,9 +36,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--pieces", default="1,128,4096", help="descriptor counts, comma-separated")
     ap.add_argument(
         "--source",
-        choices=("dram", "pinned", "vram"),
+        choices=("dram", "pinned", "pinned-late", "vram"),
         default="dram",
-        help="host memory (pinned: page-locked by CUDA, as the staged source's buffer) or device",
+        help="host memory (pinned: page-locked by CUDA, as the staged source's buffer; "
+        "pinned-late: allocated after the agent, as the engine's stage is) or device",
     )
     ap.add_argument("--repeats", type=int, default=4, help="writes per count (the first warms)")
     ap.add_argument(
@@ -78,10 +79,13 @@ def _writer(conn, args: argparse.Namespace) -> None:
     import torch
 
     device = "cuda" if args.source == "vram" else "cpu"
-    pin = args.source == "pinned"
+    pin, late = args.source.startswith("pinned"), args.source.endswith("late")
+    if late:  # UCX loaded first: its memory hooks see the pinned allocation
+        agent = _agent("wire-writer", args.error_handling)
     src = torch.full((args.size,), 3, dtype=torch.uint8, device=device, pin_memory=pin)
     kind, dev = ("VRAM", 0) if device == "cuda" else ("DRAM", 0)
-    agent = _agent("wire-writer", args.error_handling)
+    if not late:
+        agent = _agent("wire-writer", args.error_handling)
     agent.register_memory([(src.data_ptr(), args.size, dev, "")], kind)
     meta, remote = conn.recv()
     peer = agent.add_remote_agent(meta)

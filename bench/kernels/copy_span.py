@@ -73,7 +73,9 @@ def allocate(kind: str, nbytes: int) -> tuple[torch.Tensor, list]:
     return _registered(buf, nbytes), [buf]
 
 
-def run_lists(bs: int, rate: float, host_rows: int, run: int, g: torch.Generator):
+def run_lists(
+    bs: int, rate: float, host_rows: int, run: int, g: torch.Generator, device: str = "cuda"
+):
     """Per request ~rate x k misses (0.5-1.5 x the mean) in runs of `run` consecutive host rows
     (run starts uniform in the first host_rows), destinations distinct in its own B slots."""
     counts = (rate * K * (0.5 + torch.rand(bs, generator=g))).round().clamp(0, K)
@@ -82,7 +84,7 @@ def run_lists(bs: int, rate: float, host_rows: int, run: int, g: torch.Generator
     src = (starts[:, :, None] + torch.arange(run)).reshape(bs, -1)[:, :K].contiguous()
     dst = torch.argsort(torch.rand((bs, B), generator=g), dim=1)[:, :K].contiguous()
     dst += torch.arange(bs, dtype=torch.int64)[:, None] * B
-    return src.cuda(), dst.cuda(), counts.cuda()
+    return src.to(device), dst.to(device), counts.to(device)
 
 
 def case(host: torch.Tensor, d: int, span: int, run: int, args) -> dict:
