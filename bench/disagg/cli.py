@@ -6,16 +6,16 @@ both) in the same run, every process on this machine (one GPU: all engines share
     python -m bench.disagg --topologies 1x1,2x2 --sources direct,staged
     python -m bench.disagg --smoke                           # CPU: tiny preset, a few streams
 
-Each run starts its own KV service and engines (colocated: one engine of role both;
-PxD: P prefill engines, D decode engines listing them all), warms every engine and peer with a
-prompt of --prompt tokens, then loads the decode side (bench/disagg/load.py): --streams prompts
-at once decoding --tokens each (max N), and once they decode, --arrivals more prompts
---interval s apart. Reported per run: the arrivals' TTFT, the burst's TTFT, the background's
-ITL (p50, p99, mean) while the arrivals come in and its tokens/s there, and for a disaggregated
-run the KV bytes written over NIXL per prompt and GB/s (bytes / the prefill engines' write
-seconds, prefill.v1 Status). The pinned copy is the same bytes in one device-to-pinned-host
-copy (CPU: a host copy), the bound a transfer could reach. JSON to bench/results, rewritten
-after each run (a run cut short by a time limit keeps the ones before).
+Each run starts its own KV service and engines (colocated: one engine of role both; PxD: P
+prefill engines, D decode engines listing them all), warms every engine and peer with a prompt
+of --prompt tokens, then loads the decode side (bench/disagg/load.py): --streams prompts at once
+decoding (max N) until the arrivals' window ends (at most --tokens each), and once they decode,
+--arrivals more prompts --interval s apart. Reported per run: the arrivals' TTFT, the burst's
+TTFT, the background's ITL (p50, p99, mean) while the arrivals come in and its tokens/s there,
+and for a disaggregated run the KV bytes written over NIXL per prompt and GB/s (bytes / the
+prefill engines' write seconds, prefill.v1 Status). The pinned copy is the same bytes in one
+device-to-pinned-host copy (CPU: a host copy), the bound a transfer could reach. JSON to
+bench/results, rewritten after each run (a run cut short by a time limit keeps the ones before).
 """
 
 from __future__ import annotations
@@ -43,7 +43,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--preset", default="bench")
     ap.add_argument("--prompt", type=int, default=8192, help="prompt tokens per stream")
     ap.add_argument("--streams", type=int, default=32, help="background streams (max N)")
-    ap.add_argument("--tokens", type=int, default=512, help="tokens per background stream")
+    ap.add_argument(
+        "--tokens",
+        type=int,
+        default=2048,
+        help="most tokens per background stream (each stops where the arrivals' window ends)",
+    )
     ap.add_argument("--arrivals", type=int, default=16, help="prompts arriving meanwhile")
     ap.add_argument("--arrival-tokens", type=int, default=8, help="tokens per arrival")
     ap.add_argument("--interval", type=float, default=0.1, help="seconds between arrivals")
@@ -205,7 +210,7 @@ def report(result: dict) -> None:
         if r["max_n_share"] < 1.0:
             print(
                 f"{r['name']}: the background decoded at max N for {100 * r['max_n_share']:.0f}%"
-                " of the arrivals' window only (a stream ended first): raise --tokens"
+                " of the arrivals' window only (a stream reached --tokens first): raise it"
             )
     print("GB/s: bytes over the writes' seconds summed (one write's rate); busy: over the")
     print("seconds any write was under way (the rate while writing, writes overlapping)")

@@ -1,5 +1,6 @@
 """The load of one run, in two parts on the decode side's engines (round-robin):
-- background: `--streams` prompts at once, each decoding `--tokens` (decode at max N);
+- background: `--streams` prompts at once, each decoding until the arrivals' window ends (at
+  most `--tokens`): the decode side at max N for the whole window, however long TTFT is;
 - arrivals: once every background stream has its first token, `--arrivals` more prompts,
   `--interval` seconds apart, each generating `--arrival-tokens`: new prompts keep arriving
   while the background decodes.
@@ -39,8 +40,14 @@ def prompts(count: int, length: int, vocab: int, seed: int = 0) -> list[tuple[in
 
 
 async def _stream(
-    target: str, prompt: tuple[int, ...], tokens: int, delay: float, first: asyncio.Event
+    target: str,
+    prompt: tuple[int, ...],
+    tokens: int,
+    delay: float,
+    first: asyncio.Event,
+    stop: asyncio.Event | None = None,
 ) -> dict:
+    """One generation; `stop` set ends it early (the stream closed: the engine cancels it)."""
     await asyncio.sleep(delay)
     cfg = GenerateConfig(target=target, prompt=prompt, max_new_tokens=tokens, timeout=600)
     result = GenerationResult()
@@ -48,16 +55,18 @@ async def _stream(
         async with grpc.aio.insecure_channel(target) as channel:
             async for _ in generate_stream(channel, cfg, result):
                 first.set()
+                if stop is not None and stop.is_set():
+                    break
     finally:
         first.set()  # a stream that failed does not hold the arrivals back
     return {"ttft": result.ttft_s, "arrivals": result.arrival_s, "ids": result.tokens}
 
 
 async def _both(targets: list[str], load: Load) -> tuple[list[dict], list[dict], float, float]:
-    n = len(targets)
+    n, stop = len(targets), asyncio.Event()
     firsts = [asyncio.Event() for _ in load.background]
     background = [
-        asyncio.create_task(_stream(targets[i % n], p, load.tokens, 0.0, firsts[i]))
+        asyncio.create_task(_stream(targets[i % n], p, load.tokens, 0.0, firsts[i], stop))
         for i, p in enumerate(load.background)
     ]
     await asyncio.gather(*(e.wait() for e in firsts))
@@ -68,6 +77,7 @@ async def _both(targets: list[str], load: Load) -> tuple[list[dict], list[dict],
     ]
     arrived = await asyncio.gather(*calls)
     end = time.monotonic()
+    stop.set()
     return list(await asyncio.gather(*background)), list(arrived), start, end
 
 
@@ -97,7 +107,7 @@ def _ms(values: list[float], name: str) -> dict:
 def max_n_share(bg: list[dict], start: float, end: float) -> float:
     """The share of the arrivals' window in which every background stream was still decoding
     (the decode side at max N): until the first background stream's last token. Below 1 the
-    ITL figures saw fewer streams for part of the window (raise --tokens)."""
+    ITL figures saw fewer streams for part of the window (a stream reached --tokens)."""
     lasts = [r["arrivals"][-1] for r in bg if r["arrivals"]]
     if end <= start or not lasts:
         return 0.0
@@ -115,7 +125,8 @@ def summarize(done: dict) -> dict:
         if a >= start and b <= end
     ]
     in_window = sum(start <= t <= end for r in bg for t in r["arrivals"])
-    ids = json.dumps([r["ids"] for r in bg + arrived]).encode()
+    # The background stops where the window ends, a timing: only its first tokens are compared.
+    ids = json.dumps([r["ids"][:1] for r in bg] + [r["ids"] for r in arrived]).encode()
     return {
         "streams": len(bg),
         "arrivals": len(arrived),
@@ -127,6 +138,7 @@ def summarize(done: dict) -> dict:
         **_ms([r["ttft"] for r in arrived if r["ttft"] is not None], "ttft"),
         **_ms([r["ttft"] for r in bg if r["ttft"] is not None], "burst_ttft"),
         **_ms(gaps, "itl"),
-        # Greedy: every run of the same prompts must give the same tokens (compared in cli).
+        # Greedy: every run of the same prompts must give the same tokens (compared in cli):
+        # the arrivals' whole generations and the background's first tokens.
         "tokens_sha1": hashlib.sha1(ids).hexdigest(),
     }

@@ -132,7 +132,7 @@ def huge_pages_report() -> dict:
     return out
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--spans", default="16,256,2048,8192", help="MiB the sources lie in")
     ap.add_argument("--runs", default="1,4,16", help="consecutive rows a miss run holds")
@@ -142,7 +142,36 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=0.13)
     ap.add_argument("--grid", default="64", help="the copy's CopyGrid spec")
     ap.add_argument("--out", type=Path, default=None)
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def cases_of(kind: str, spans: list[int], ceiling: float, args, report: dict) -> None:
+    """Every (row width, span, run) over host memory pinned as `kind`, printed and kept."""
+    try:
+        host, keep = allocate(kind, max(spans))
+    except (OSError, RuntimeError, ValueError) as e:
+        print(f"{kind:<8} unavailable: {e}")
+        report["cases"].append({"alloc": kind, "error": str(e)})
+        return
+    report[f"huge_pages_{kind}"] = huge_pages_report()
+    for d in (int(x) for x in args.row_bytes.split(",")):
+        for span in spans:
+            for run in (int(r) for r in args.runs.split(",")):
+                row = {"alloc": kind, **case(host, d, span, run, args)}
+                report["cases"].append(row)
+                print(
+                    f"{kind:<8} {d:>6} {span >> 20:>9} {run:>4} {row['us']:>9.1f} "
+                    f"{row['gb_per_s']:>6.1f} {row['gb_per_s'] / ceiling:>5.2f}"
+                    f"{'' if row['bytes_ok'] else '  BYTES WRONG'}",
+                    flush=True,
+                )
+    if kind != "cuda":
+        torch.cuda.cudart().cudaHostUnregister(host.data_ptr())
+    del host, keep
+
+
+def main() -> None:
+    args = parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("copy_span needs a GPU")
     spans = [int(s) << 20 for s in args.spans.split(",")]
@@ -156,27 +185,7 @@ def main() -> None:
     print(f"{report['device']}: pinned copy {ceiling:.1f} GB/s; {report['huge_pages_before']}")
     print(f"{'alloc':<8} {'row B':>6} {'span MiB':>9} {'run':>4} {'us':>9} {'GB/s':>6} {'/pin':>5}")
     for kind in args.allocs.split(","):
-        try:
-            host, keep = allocate(kind, max(spans))
-        except (OSError, RuntimeError, ValueError) as e:
-            print(f"{kind:<8} unavailable: {e}")
-            report["cases"].append({"alloc": kind, "error": str(e)})
-            continue
-        report[f"huge_pages_{kind}"] = huge_pages_report()
-        for d in (int(x) for x in args.row_bytes.split(",")):
-            for span in spans:
-                for run in (int(r) for r in args.runs.split(",")):
-                    row = {"alloc": kind, **case(host, d, span, run, args)}
-                    report["cases"].append(row)
-                    print(
-                        f"{kind:<8} {d:>6} {span >> 20:>9} {run:>4} {row['us']:>9.1f} "
-                        f"{row['gb_per_s']:>6.1f} {row['gb_per_s'] / ceiling:>5.2f}"
-                        f"{'' if row['bytes_ok'] else '  BYTES WRONG'}",
-                        flush=True,
-                    )
-        if kind != "cuda":
-            torch.cuda.cudart().cudaHostUnregister(host.data_ptr())
-        del host, keep
+        cases_of(kind, spans, ceiling, args, report)
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))
 

@@ -84,8 +84,7 @@ class HiSparseBackend(SharedBackend):
         return part.small
 
     def set_copy_grid(self, grid: CopyGrid) -> None:
-        """Launch later copies on `grid` (benchmarks sweep it; recapture graphs after): a grid
-        with other SMs of its own or another priority gets a side stream of its own."""
+        """Later copies on `grid` (a sweep's; recapture after), on a new side stream if needed."""
         old, self.copy_grid = self.copy_grid, grid
         if self._copy_stream is None or (old.sms, old.priority) == (grid.sms, grid.priority):
             return
