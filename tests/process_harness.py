@@ -128,11 +128,7 @@ def engine_config(
         device="cpu",
         service=service.uds if service else "",
         local=dataclasses.replace(LOCAL, row_format=row_format),
-        max_batch=4,
-        prefill_chunk=8,
-        rpc_timeout=3.0,
-        admit_retry=0.1,
-        **kw,
+        **{"max_batch": 4, "prefill_chunk": 8, "rpc_timeout": 3.0, "admit_retry": 0.1, **kw},
     )
 
 

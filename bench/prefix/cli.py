@@ -59,6 +59,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--admission-limit", default="auto", help="the engines' --admission-limit [auto]"
     )
     ap.add_argument(
+        "--reuse-pages",
+        action="store_true",
+        help="the sharing engines reuse prefixes to the page, not the prefill chunk "
+        "(--prefix-reuse-pages 1: a next turn prefills only its new pages)",
+    )
+    ap.add_argument(
         "--shared-slots",
         default="auto",
         help="capacity: also a run with shared hot rows, its region of S slots per layer "
@@ -120,6 +126,7 @@ def sizes_from_args(a: argparse.Namespace, device: str) -> plan.Sizes:
         sources=tuple(a.sources.split(",")),
         row_format=a.row_format,
         admission_limit=a.admission_limit,
+        reuse_pages=a.reuse_pages,
         shared_slots=region,
         private_hot_slots=private,
         capacity_runs=tuple(a.capacity_runs.split(",")),

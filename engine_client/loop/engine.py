@@ -73,6 +73,7 @@ class Engine:
         share_generated: bool = True,
         acceptance: AcceptanceRates | None = None,
         prefill_peers: PrefillRouter | None = None,
+        reuse_pages: bool = False,
     ) -> None:
         """acceptance: BENCHMARK-ONLY synthetic acceptance of speculative drafts."""
         self.compute, self.state = compute, state
@@ -80,7 +81,13 @@ class Engine:
         self.vocab = vocab
         self.policy = policy or QueueLimits(admit_retry=admit_retry)
         options = EngineOptions(
-            self.policy, overlap, prefix_cache, share_generated, acceptance, prefill_peers
+            self.policy,
+            overlap,
+            prefix_cache,
+            share_generated,
+            acceptance,
+            prefill_peers,
+            reuse_pages,
         )
         self._hold(EngineParts.build(compute, control, admission, state, metrics, options))
         # One thread runs every model call, in order (it holds the CUDA device and stream).

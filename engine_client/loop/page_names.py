@@ -22,12 +22,16 @@ class PageNames:
         prefill_chunk: int,
         enabled: bool = False,
         share_generated: bool = True,
+        reuse_pages: bool = False,
     ) -> None:
+        """reuse_pages: reuse granularity the page (0 align) instead of the prefill chunk."""
         self.control, self.synthetic, self.prefill_chunk = control, synthetic, prefill_chunk
         self.enabled, self.share_generated = enabled, share_generated
+        self.reuse_pages = reuse_pages
 
     def lookup(self, req: GenRequest) -> PrefixLookup | None:
-        """The prompt's page names, salt, and the prefill chunk as reuse granularity."""
+        """The prompt's page names, salt, and the reuse granularity: the prefill chunk, or (with
+        reuse_pages) the page alone (align 0: the KV side rounds to pages anyway)."""
         if not self.enabled:
             return None
         if req.prompt_hashes is None:
@@ -36,7 +40,10 @@ class PageNames:
         if not req.prompt_hashes:
             return None
         # A synthetic shared context is reused whole or not at all (it is filled in one go).
-        align = self.synthetic.shared if self.synthetic.tokens else self.prefill_chunk
+        if self.synthetic.tokens:
+            align = self.synthetic.shared
+        else:
+            align = 0 if self.reuse_pages else self.prefill_chunk
         return PrefixLookup(req.prompt_hashes, req.cache_salt, align)
 
     def release(self, req: GenRequest) -> tuple[bytes, ...]:

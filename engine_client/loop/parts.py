@@ -53,6 +53,7 @@ class EngineOptions:
     share_generated: bool = True
     acceptance: AcceptanceRates | None = None  # BENCHMARK-ONLY synthetic acceptance
     prefill_peers: PrefillRouter | None = None  # disaggregation: the decode role's prefill engines
+    reuse_pages: bool = False  # prefix reuse to the page, not the prefill chunk
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,7 @@ def _scheduler(
         state=state,
         prefix_cache=options.prefix_cache,
         share_generated=options.share_generated,
+        reuse_pages=options.reuse_pages,
         draft_tokens=compute.draft_tokens,
         remote=remote,
     )

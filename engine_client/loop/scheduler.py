@@ -73,6 +73,7 @@ class Scheduler:
         share_generated: bool = True,
         draft_tokens: int = 0,
         remote: RemotePrefill | None = None,
+        reuse_pages: bool = False,
     ) -> None:
         """draft_tokens D > 0: speculative steps of D + 1 rows per request (admission reserves
         their rows past max_new_tokens, an overlapped step's included). `finish` ends a
@@ -81,7 +82,9 @@ class Scheduler:
         self.control, self.policy = control, policy
         self.admission, self.synthetic = admission, synthetic
         # Prefix caching: the page names admissions look up and releases publish.
-        self.names = PageNames(control, synthetic, prefill_chunk, prefix_cache, share_generated)
+        self.names = PageNames(
+            control, synthetic, prefill_chunk, prefix_cache, share_generated, reuse_pages
+        )
         self._finish, self.state, self.clock = finish, state, clock
         self.requests: dict[str, GenRequest] = {}
         self.waiting: deque[GenRequest] = deque()

@@ -257,6 +257,7 @@ async def build_engine(cfg: EngineConfig, metrics: EngineMetrics | None = None) 
         vocab=vocab,
         prefix_cache=cfg.prefix.prefix_cache,
         share_generated=cfg.prefix.prefix_share_generated,
+        reuse_pages=cfg.prefix.prefix_reuse_pages,
         metrics=metrics,
         acceptance=cfg.speculation.acceptance,
         prefill_peers=_prefill_peers(cfg.disaggregation),

@@ -50,6 +50,16 @@ def test_the_admission_limit_reaches_the_engines() -> None:
     assert "--admission-limit" not in plan.engine_flags(auto, "service", lay, True, [])
 
 
+def test_page_reuse_reaches_the_sharing_engines_only() -> None:
+    s = sizes_from_args(parse_args(["--smoke", "--reuse-pages"]), "cpu")
+    lay = plan.layout(s, 4, 64, 128)
+    argv = plan.engine_flags(s, "service", lay, True, [])
+    assert argv[argv.index("--prefix-reuse-pages") + 1] == "1"
+    assert "--prefix-reuse-pages" not in plan.engine_flags(s, "service", lay, False, [])
+    off = sizes_from_args(parse_args(["--smoke"]), "cpu")
+    assert "--prefix-reuse-pages" not in plan.engine_flags(off, "service", lay, True, [])
+
+
 def test_a_turns_ttft_comes_with_its_parts() -> None:
     turns = [
         {"prompt": 40, "cached": 32, "ttft_s": 1.0, "queued_s": 0.6, "prefill_wait_s": 0.3},

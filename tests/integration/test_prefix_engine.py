@@ -185,19 +185,42 @@ def test_every_mode_reuses_prefixes_and_equals_the_cold_run(svc) -> None:
     )
 
 
+def test_page_granular_reuse_equals_the_cold_run_on_cpu(svc) -> None:
+    """--prefix-reuse-pages with a prefill chunk of two pages: prefixes are reused to the page
+    (JOBS' cached counts, multiples of 8, not of 16), the next prefill starts mid-chunk, and
+    on CPU every mode still gives the cold run's tokens and logits bitwise."""
+
+    def cfg(mode: str, **kw):
+        svc_or_none = svc if "service" in mode else None
+        kw = {"prefill_chunk": 2 * P, "prefix_reuse_pages": True, **kw}
+        return engine_config(mode, svc_or_none, **kw)
+
+    assert any(j[3] % (2 * P) for j in JOBS)  # some reuse is not a multiple of the chunk
+    _every_mode(svc, cfg)
+
+
 @pytest.mark.gpu
-def test_every_mode_reuses_prompt_prefixes_bitwise_on_gpu() -> None:
+@pytest.mark.parametrize("reuse_pages", [False, True], ids=["chunk", "pages-batch-invariant"])
+def test_every_mode_reuses_prompt_prefixes_bitwise_on_gpu(reuse_pages: bool) -> None:
     """The same on CUDA, with CUDA graphs (the append guard cannot look inside them: the
     shared pages' bytes are compared). Only prompt pages are shared: a decode step's rows
-    (batched GEMMs, split attention) need not equal a prefill's bit for bit on a GPU."""
+    (batched GEMMs, split attention) need not equal a prefill's bit for bit on a GPU. With
+    reuse_pages (a chunk of two pages), a prefill starts mid-chunk: bitwise only where its rows
+    do not depend on the chunk, so the model runs batch-invariant (both runs alike)."""
+    more = {"prefill_chunk": 2 * P, "prefix_reuse_pages": True} if reuse_pages else {}
     with workdir() as path:
         svc = start_service(path, device="cuda")
         try:
 
             def cfg(mode: str, **kw):
                 c = engine_config(
-                    mode, svc if "service" in mode else None, prefix_share_generated=False, **kw
+                    mode,
+                    svc if "service" in mode else None,
+                    prefix_share_generated=False,
+                    **{**more, **kw},
                 )
+                if reuse_pages:
+                    c = setting_groups.replace(c, batch_invariant=True)
                 return setting_groups.replace(c, device="cuda")
 
             _every_mode(svc, cfg, generated=False, watch=False)

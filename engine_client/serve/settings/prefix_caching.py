@@ -23,6 +23,14 @@ class PrefixCaching:
         "(the next turn of a conversation reuses them); 0: only prompt pages are shared, "
         "whose rows a prefill wrote, so every reuse is bitwise a cold prefill on any device",
     )
+    prefix_reuse_pages: bool = setting(
+        False,
+        help="with --prefix-cache: reuse cached prefixes to the page, not to the prefill chunk "
+        "(a conversation's next turn prefills only its new pages). A row's bits may then depend "
+        "on the chunk it is prefilled in (GEMM shapes): bitwise a cold prefill on CPU, and on a "
+        "GPU only where prefill rows do not depend on the chunk (--batch-invariant 1); 0: "
+        "reuse is a multiple of the prefill chunk, so a reuse is bitwise a cold prefill",
+    )
     model_fingerprint: str = setting(
         "",
         help="names the model and weights; only engines with the same fingerprint share "
