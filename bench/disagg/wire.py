@@ -10,6 +10,8 @@ source, against the pinned device-to-host copy.
     python -m bench.disagg.wire                              # DRAM, 44 MiB in 1, 128, 4096
     python -m bench.disagg.wire --source vram --pieces 1,128,4096 --repeats 5
     python -m bench.disagg.wire --error-handling none        # NIXL UCX's ucx_error_handling_mode
+    python -m bench.disagg.wire --source pinned --target vram --pieces 1,512   # the index keys'
+        # path of a staged write: host memory into the decode side's device memory, 8 KB spans
 
 Needs the nixl package (`bash bench/device_wheels.sh nixl` on the GPU machine). JSON to
 bench/results/disagg-wire-<date>.json unless --out.
@@ -41,6 +43,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="host memory (pinned: page-locked by CUDA, as the staged source's buffer; "
         "pinned-late: allocated after the agent, as the engine's stage is) or device",
     )
+    ap.add_argument(
+        "--target",
+        choices=("dram", "vram"),
+        default="dram",
+        help="the decode side's memory: its host tier (pinned host) or, as its index-key pool, "
+        "device memory",
+    )
     ap.add_argument("--repeats", type=int, default=4, help="writes per count (the first warms)")
     ap.add_argument(
         "--error-handling", default="", help="UCX backend's ucx_error_handling_mode (peer, none)"
@@ -62,13 +71,17 @@ def _agent(name: str, mode: str):
     return agent
 
 
-def _target(conn, size: int, mode: str) -> None:
-    """The decode side: a pinned host buffer (pinned where CUDA is), registered as DRAM."""
+def _target(conn, size: int, mode: str, kind: str) -> None:
+    """The decode side: a pinned host buffer (pinned where CUDA is) registered as DRAM, or
+    (kind vram) device memory registered as VRAM, as the index-key pool is."""
     import torch
 
-    host = torch.zeros(size, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+    if kind == "vram":
+        host = torch.zeros(size, dtype=torch.uint8, device="cuda")
+    else:
+        host = torch.zeros(size, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
     agent = _agent("wire-target", mode)
-    agent.register_memory([(host.data_ptr(), size, 0, "")], "DRAM")
+    agent.register_memory([(host.data_ptr(), size, 0, "")], kind.upper())
     conn.send((agent.get_agent_metadata(), host.data_ptr()))
     conn.recv()  # every write done
     conn.send(int(host[:: max(1, size // 4096)].sum()))
@@ -99,7 +112,7 @@ def _writer(conn, args: argparse.Namespace) -> None:
             handle = agent.initialize_xfer(
                 "WRITE",
                 agent.get_xfer_descs(local.astype(np.uint64), kind),
-                agent.get_xfer_descs(far.astype(np.uint64), "DRAM"),
+                agent.get_xfer_descs(far.astype(np.uint64), args.target.upper()),
                 peer,
             )
             start = time.perf_counter()
@@ -117,7 +130,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
     ctx = mp.get_context("spawn")  # no CUDA context inherited; the agents are per process
     t_end, t_far = ctx.Pipe()
     w_end, w_far = ctx.Pipe()
-    target = ctx.Process(target=_target, args=(t_far, args.size, args.error_handling))
+    target = ctx.Process(target=_target, args=(t_far, args.size, args.error_handling, args.target))
     target.start()
     writer = ctx.Process(target=_writer, args=(w_far, args))
     writer.start()
