@@ -112,16 +112,24 @@ class NixlAgent:
         return self._registered[name][1]
 
     def write(self, target: TransferTarget, plan: Sequence[tuple[str, Sequence[Span]]]) -> int:
+        """`write_timed`'s bytes alone."""
+        return self.write_timed(target, plan)[0]
+
+    def write_timed(
+        self, target: TransferTarget, plan: Sequence[tuple[str, Sequence[Span]]]
+    ) -> tuple[int, dict[str, float]]:
         """Write every (region name, spans) of `plan` from ours into the target's region of the
-        same name, all posted at once; returns the bytes written once every one is done. Any
-        failure is ServiceUnavailable: NIXL raises its own errors (nixlRemoteDisconnectError
-        when the target's process is gone), which no caller should have to know."""
+        same name, all posted at once; returns, once every one is done, the bytes written and
+        each region's seconds from posting to completion. Any failure is ServiceUnavailable:
+        NIXL raises its own errors (nixlRemoteDisconnectError when the target's process is
+        gone), which no caller should have to know."""
         handles: list[Any] = []
         try:
             peer = self._peer(target)
+            start = time.monotonic()
             for name, spans in plan:
                 handles.append(self._post(peer, self.region(name), target.region(name), spans))
-            self._wait(handles)
+            done = self._wait(handles)
         except KVError:
             raise
         except Exception as e:
@@ -131,7 +139,8 @@ class NixlAgent:
         finally:
             for handle in handles:
                 self._release(handle)
-        return sum(s.nbytes for _, spans in plan for s in spans)
+        seconds = {name: at - start for (name, _), at in zip(plan, done)}
+        return sum(s.nbytes for _, spans in plan for s in spans), seconds
 
     def _peer(self, target: TransferTarget) -> str:
         if target.agent_name not in self._peers:
@@ -165,18 +174,24 @@ class NixlAgent:
         except Exception as e:
             log.warning("NIXL transfer handle not released: %r", e)
 
-    def _wait(self, handles: list[Any]) -> None:
+    def _wait(self, handles: list[Any]) -> list[float]:
+        """Poll until every handle is done; when each was first seen done (monotonic)."""
         deadline = time.monotonic() + WRITE_TIMEOUT
-        pending = list(handles)
+        pending, done = list(range(len(handles))), [0.0] * len(handles)
         while pending:
-            states = [self._agent.check_xfer_state(h) for h in pending]
+            states = [self._agent.check_xfer_state(handles[i]) for i in pending]
             if "ERR" in states:
                 raise ServiceUnavailable("a NIXL write failed: the peer is gone or refused it")
-            pending = [h for h, s in zip(pending, states) if s != "DONE"]
+            now = time.monotonic()
+            for i, state in zip(pending, states):
+                if state == "DONE":
+                    done[i] = now
+            pending = [i for i, s in zip(pending, states) if s != "DONE"]
             if pending and time.monotonic() > deadline:
                 raise ServiceUnavailable(f"a NIXL write took more than {WRITE_TIMEOUT:g} s")
             if pending:
                 time.sleep(0.0005)  # UCX progresses on its own thread; don't spin a core
+        return done
 
     def forget(self, agent_name: str) -> None:
         """Drop a peer (its metadata and connection)."""

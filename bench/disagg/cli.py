@@ -144,6 +144,12 @@ def transfer(before: dict, after: dict) -> dict:
         "gb_per_s": nbytes / seconds / 1e9 if seconds else 0.0,
         "busy_s": busy,
         "busy_gb_per_s": nbytes / busy / 1e9 if busy else 0.0,
+        # Each region's part of a write (rows into host memory, index keys into device memory).
+        "region_ms_mean": {
+            name: 1e3 * (seconds - before["region_seconds"].get(name, 0.0)) / exports
+            for name, seconds in after["region_seconds"].items()
+            if exports
+        },
         "memory_type": after["memory_type"],
     }
 
@@ -207,6 +213,10 @@ def report(result: dict) -> None:
         )
     print(f"pinned copy: {result['pinned_copy_gb_per_s']:.2f} GB/s")
     for r in result["runs"]:
+        parts = r.get("transfer", {}).get("region_ms_mean", {})
+        if parts:
+            each = ", ".join(f"{name} {ms:.1f} ms" for name, ms in parts.items())
+            print(f"{r['name']}: a write's parts, posted to done: {each}")
         if r["max_n_share"] < 1.0:
             print(
                 f"{r['name']}: the background decoded at max N for {100 * r['max_n_share']:.0f}%"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
@@ -126,7 +127,7 @@ def prefill_status(target: str) -> pb.StatusResponse:
         return pb_grpc.PrefillServiceStub(channel).Status(pb.StatusRequest(), timeout=10)
 
 
-def transfer_totals(targets: list[str]) -> dict[str, float | str]:
+def transfer_totals(targets: list[str]) -> dict[str, Any]:
     """The prefill engines' exports, bytes and write seconds since their start, summed."""
     statuses = [prefill_status(t) for t in targets]
     return {
@@ -135,5 +136,9 @@ def transfer_totals(targets: list[str]) -> dict[str, float | str]:
         "bytes": sum(s.bytes_written for s in statuses),
         "seconds": sum(s.transfer_seconds for s in statuses),
         "busy_seconds": sum(s.busy_seconds for s in statuses),
+        "region_seconds": {
+            name: sum(s.region_seconds.get(name, 0.0) for s in statuses)
+            for name in sorted({n for s in statuses for n in s.region_seconds})
+        },
         "memory_type": ",".join(sorted({s.memory_type for s in statuses})),
     }

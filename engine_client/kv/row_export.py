@@ -19,7 +19,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from contract.errors import LayoutMismatch
@@ -56,16 +56,20 @@ class Written:
 
     nbytes: int
     seconds: float
+    # Each region's part (rows, index keys): seconds from posting to completion.
+    region_seconds: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
 class ExportTotals:
-    """Since the start: exports written and dropped, bytes and write seconds summed."""
+    """Since the start: exports written and dropped, bytes and write seconds summed (also by
+    region)."""
 
     written: int = 0
     dropped: int = 0
     nbytes: int = 0
     seconds: float = 0.0
+    region_seconds: dict[str, float] = field(default_factory=dict)
 
 
 class BusyClock:
@@ -177,6 +181,8 @@ class RowExport:
         self.totals.written += 1
         self.totals.nbytes += written.nbytes
         self.totals.seconds += written.seconds
+        for name, seconds in written.region_seconds.items():
+            self.totals.region_seconds[name] = self.totals.region_seconds.get(name, 0.0) + seconds
         job.done.set_result(written)
         self._forget_later(peer)
 
@@ -193,9 +199,9 @@ class RowExport:
             plan = [(name, self._spans(job, name, pages)) for name in (ROWS, INDEX)]
             with self.busy:
                 start = time.monotonic()
-                nbytes = self.agent.write(job.target, plan)
+                nbytes, regions = self.agent.write_timed(job.target, plan)
                 seconds = time.monotonic() - start
-        return Written(nbytes, seconds)
+        return Written(nbytes, seconds, regions)
 
     def _spans(self, job: _Pending, name: str, src_pages: Sequence[int]) -> list[Any]:
         src, dst = self.agent.region(name), job.target.region(name)

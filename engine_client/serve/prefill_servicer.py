@@ -99,6 +99,7 @@ class PrefillServicer(pb_grpc.PrefillServiceServicer):
             bytes_written=export.totals.nbytes,
             transfer_seconds=export.totals.seconds,
             busy_seconds=export.busy.seconds,
+            region_seconds=export.totals.region_seconds,
         )
 
     async def _computed(self, req: GenRequest, done: asyncio.Future[Written]) -> Written:

@@ -52,3 +52,7 @@ def test_the_smoke_run_moves_the_prompts_kv_rows_and_matches_the_colocated_token
     assert moved["exports"] == args.streams + args.arrivals and moved["dropped"] == 0
     assert moved["bytes_per_prompt"] == rows + keys
     assert moved["memory_type"] == "DRAM" and result["pinned_copy_gb_per_s"] > 0
+    # Each region's part of a write, posted to done: never longer than the whole write.
+    parts = moved["region_ms_mean"]
+    assert sorted(parts) == ["index", "rows"], parts
+    assert all(0 < ms <= moved["write_ms_mean"] for ms in parts.values())

@@ -131,11 +131,11 @@ def _prefill_side(conn, target) -> None:
     agent = NixlAgent("test-prefill")
     agent.register(ROWS, cache, layer_stride=cache.stride(0), page_stride=P * cache.stride(1))
     spans = prompt_spans(LAYOUT, agent.region(ROWS), target.region(ROWS), [2, 0], [1, 4], 7)
-    written = agent.write(target, [(ROWS, spans)])
+    written, seconds = agent.write_timed(target, [(ROWS, spans)])
     agent.close()
     # By value (numpy), not as a torch tensor: torch shares one by a file descriptor that the
     # receiver fetches from this process, which exits right after the send.
-    conn.send((cache.numpy().copy(), written, agent.registered))
+    conn.send((cache.numpy().copy(), written, seconds, agent.registered))
 
 
 @pytest.mark.skipif(not nixl_available(), reason="the nixl package is not installed")
@@ -152,9 +152,10 @@ def test_a_write_between_two_processes_lands_page_major() -> None:
         target = here.recv()
         writer = ctx.Process(target=_prefill_side, args=(theirs, target))
         writer.start()
-        cache_np, written, left = mine.recv()
+        cache_np, written, seconds, left = mine.recv()
         cache = torch.from_numpy(cache_np)
         assert written == L * 7 * D and left == 0
+        assert list(seconds) == [ROWS] and 0 < seconds[ROWS] < 60  # posted to done
         here.send("done")
         host_np, registered = here.recv()
         host = torch.from_numpy(host_np)

@@ -127,6 +127,26 @@ Global___StatusRequest: _TypeAlias = StatusRequest  # noqa: Y015
 class StatusResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class RegionSecondsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     PROMPTS_FIELD_NUMBER: _builtins.int
     EXPORTS_PENDING_FIELD_NUMBER: _builtins.int
     WRITES_FIELD_NUMBER: _builtins.int
@@ -141,6 +161,7 @@ class StatusResponse(_message.Message):
     BYTES_WRITTEN_FIELD_NUMBER: _builtins.int
     TRANSFER_SECONDS_FIELD_NUMBER: _builtins.int
     BUSY_SECONDS_FIELD_NUMBER: _builtins.int
+    REGION_SECONDS_FIELD_NUMBER: _builtins.int
     prompts: _builtins.int
     """Prompts being computed or written now."""
     exports_pending: _builtins.int
@@ -175,6 +196,13 @@ class StatusResponse(_message.Message):
     def regions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Memory regions this engine registered with NIXL (its own cache: rows and index keys)."""
 
+    @_builtins.property
+    def region_seconds(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """Since the start, by region (rows, index): seconds from posting a write's part to its
+        completion, summed. Tells which part of a write is slow (the decode side keeps the rows in
+        host memory and the index keys in device memory).
+        """
+
     def __init__(
         self,
         *,
@@ -192,10 +220,11 @@ class StatusResponse(_message.Message):
         bytes_written: _builtins.int = ...,
         transfer_seconds: _builtins.float = ...,
         busy_seconds: _builtins.float = ...,
+        region_seconds: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["busy_seconds", b"busy_seconds", "bytes_written", b"bytes_written", "cached_pages", b"cached_pages", "exports_dropped", b"exports_dropped", "exports_pending", b"exports_pending", "exports_written", b"exports_written", "memory_type", b"memory_type", "pages_used", b"pages_used", "peers", b"peers", "prompts", b"prompts", "regions", b"regions", "requests", b"requests", "transfer_seconds", b"transfer_seconds", "writes", b"writes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["busy_seconds", b"busy_seconds", "bytes_written", b"bytes_written", "cached_pages", b"cached_pages", "exports_dropped", b"exports_dropped", "exports_pending", b"exports_pending", "exports_written", b"exports_written", "memory_type", b"memory_type", "pages_used", b"pages_used", "peers", b"peers", "prompts", b"prompts", "region_seconds", b"region_seconds", "regions", b"regions", "requests", b"requests", "transfer_seconds", b"transfer_seconds", "writes", b"writes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -47,13 +47,13 @@ class _Agent:
     def regions(self) -> list[Region]:
         return list(self._regions.values())
 
-    def write(self, target: TransferTarget, plan) -> int:
+    def write_timed(self, target: TransferTarget, plan) -> tuple[int, dict[str, float]]:
         if target.agent_name not in self.peers:
             self.peers.append(target.agent_name)
         self.gate.wait(10)
         if self.fail:
             raise ServiceUnavailable("the peer is gone")
-        return sum(s.nbytes for _, spans in plan for s in spans)
+        return sum(s.nbytes for _, spans in plan for s in spans), {n: 0.25 for n, _ in plan}
 
     def forget(self, name: str) -> None:
         self.peers.remove(name)
@@ -94,6 +94,8 @@ async def _a_written_export_is_counted_and_its_peer_forgotten_once_idle() -> Non
     written = await done
     assert written.nbytes == 2 * (4 + 2) * LAYOUT.row_bytes + 2 * 2 * 4 * LAYOUT.index_bytes
     assert (export.totals.written, export.totals.nbytes) == (1, written.nbytes)
+    # Each region's part of the write, summed by region.
+    assert written.region_seconds == export.totals.region_seconds == {"rows": 0.25, "index": 0.25}
     assert agent.peers == ["decode-a"]  # kept for the next prompt a while
     await wait_until(lambda: not agent.peers)
     assert _idle(export)
