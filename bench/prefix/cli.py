@@ -64,6 +64,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the sharing engines reuse prefixes to the page, not the prefill chunk "
         "(--prefix-reuse-pages 1: a next turn prefills only its new pages)",
     )
+    _capacity_args(ap)
+    return ap.parse_args(argv)
+
+
+def _capacity_args(ap: argparse.ArgumentParser) -> None:
+    """The capacity part's runs and its shared hot rows."""
     ap.add_argument(
         "--shared-slots",
         default="auto",
@@ -84,7 +90,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "without host reads]; below W + k the layout turns on host_reads (issue 40): the "
         "misses past the victims are read from the host tier",
     )
-    return ap.parse_args(argv)
 
 
 def region_sizes(a: argparse.Namespace, shared: int, window: int, topk: int) -> tuple[int, int]:

@@ -40,6 +40,7 @@ from engine_client.loop.batch import Batch
 from engine_client.loop.finished import FinishedRequests
 from engine_client.loop.launched_step import LaunchedStep
 from engine_client.loop.metrics import EngineMetrics
+from engine_client.loop.page_names import PrefixReuse
 from engine_client.loop.parts import EngineOptions, EngineParts
 from engine_client.loop.queue_policy import QueueLimits
 from engine_client.loop.request import Finish, GenRequest
@@ -69,26 +70,16 @@ class Engine:
         overlap: bool = True,
         metrics: EngineMetrics | None = None,
         vocab: Vocabulary | None = None,
-        prefix_cache: bool = False,
-        share_generated: bool = True,
+        prefix: PrefixReuse = PrefixReuse(),
         acceptance: AcceptanceRates | None = None,
         prefill_peers: PrefillRouter | None = None,
-        reuse_pages: bool = False,
     ) -> None:
         """acceptance: BENCHMARK-ONLY synthetic acceptance of speculative drafts."""
         self.compute, self.state = compute, state
         # Text in, text out (the server tokenizes with it; requests detokenize with it).
         self.vocab = vocab
         self.policy = policy or QueueLimits(admit_retry=admit_retry)
-        options = EngineOptions(
-            self.policy,
-            overlap,
-            prefix_cache,
-            share_generated,
-            acceptance,
-            prefill_peers,
-            reuse_pages,
-        )
+        options = EngineOptions(self.policy, overlap, prefix, acceptance, prefill_peers)
         self._hold(EngineParts.build(compute, control, admission, state, metrics, options))
         # One thread runs every model call, in order (it holds the CUDA device and stream).
         self._executor = executor

@@ -4,6 +4,8 @@ side (kv_service/books/ledger.py) maps the cached pages and scopes the names by 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from contract.prefix import page_hashes
 from engine_client.client.control import PrefixLookup
 from engine_client.loop.control_ref import ControlRef
@@ -11,23 +13,30 @@ from engine_client.loop.request import Finish, GenRequest
 from engine_client.loop.synthetic import SyntheticContext
 
 
+@dataclass(frozen=True)
+class PrefixReuse:
+    """The engine's prefix caching (serve's PrefixCaching settings): `enabled` off
+    (--prefix-cache 0): nothing is named; `share_generated` off: only prompt pages are (see
+    PageNames.release); `pages`: reuse to the page instead of the prefill chunk."""
+
+    enabled: bool = False
+    share_generated: bool = True
+    pages: bool = False
+
+
 class PageNames:
-    """What the scheduler tells the KV side about a request's pages. `enabled` off (--prefix-cache
-    0): nothing is named; `share_generated` off: only prompt pages are (see `release`)."""
+    """What the scheduler tells the KV side about a request's pages, as `reuse` says."""
 
     def __init__(
         self,
         control: ControlRef,
         synthetic: SyntheticContext,
         prefill_chunk: int,
-        enabled: bool = False,
-        share_generated: bool = True,
-        reuse_pages: bool = False,
+        reuse: PrefixReuse = PrefixReuse(),
     ) -> None:
-        """reuse_pages: reuse granularity the page (0 align) instead of the prefill chunk."""
         self.control, self.synthetic, self.prefill_chunk = control, synthetic, prefill_chunk
-        self.enabled, self.share_generated = enabled, share_generated
-        self.reuse_pages = reuse_pages
+        self.enabled, self.share_generated = reuse.enabled, reuse.share_generated
+        self.reuse_pages = reuse.pages
 
     def lookup(self, req: GenRequest) -> PrefixLookup | None:
         """The prompt's page names, salt, and the reuse granularity: the prefill chunk, or (with

@@ -30,6 +30,7 @@ from engine_client.loop.control_ref import ControlRef
 from engine_client.loop.failure import Failures
 from engine_client.loop.finished import FinishedRequests
 from engine_client.loop.metrics import EngineMetrics
+from engine_client.loop.page_names import PrefixReuse
 from engine_client.loop.postprocess import Postprocessor, ReportSender
 from engine_client.loop.queue_policy import QueueLimits
 from engine_client.loop.recovery import ServiceRecovery
@@ -49,11 +50,9 @@ class EngineOptions:
 
     policy: QueueLimits
     overlap: bool = True
-    prefix_cache: bool = False
-    share_generated: bool = True
+    prefix: PrefixReuse = PrefixReuse()
     acceptance: AcceptanceRates | None = None  # BENCHMARK-ONLY synthetic acceptance
     prefill_peers: PrefillRouter | None = None  # disaggregation: the decode role's prefill engines
-    reuse_pages: bool = False  # prefix reuse to the page, not the prefill chunk
 
 
 @dataclass(frozen=True)
@@ -134,9 +133,7 @@ def _scheduler(
         synthetic=SyntheticContext(compute.synthetic_context, compute.synthetic_shared),
         finish=finisher.finish,
         state=state,
-        prefix_cache=options.prefix_cache,
-        share_generated=options.share_generated,
-        reuse_pages=options.reuse_pages,
+        prefix=options.prefix,
         draft_tokens=compute.draft_tokens,
         remote=remote,
     )

@@ -36,7 +36,7 @@ from engine_client.loop.admission_limit import AdmissionLimit
 from engine_client.loop.batch import Batch
 from engine_client.loop.batch_builder import BatchBuilder
 from engine_client.loop.control_ref import ControlRef
-from engine_client.loop.page_names import PageNames
+from engine_client.loop.page_names import PageNames, PrefixReuse
 from engine_client.loop.queue_policy import QueueLimits, Turn, reserved_tokens
 from engine_client.loop.remote_prefill import RemotePrefill
 from engine_client.loop.request import FailStatus, Finish, GenRequest, Phase
@@ -69,11 +69,9 @@ class Scheduler:
         finish: Callable[..., None],
         state: StateFile | None,
         clock: Callable[[], float] = time.monotonic,
-        prefix_cache: bool = False,
-        share_generated: bool = True,
+        prefix: PrefixReuse = PrefixReuse(),
         draft_tokens: int = 0,
         remote: RemotePrefill | None = None,
-        reuse_pages: bool = False,
     ) -> None:
         """draft_tokens D > 0: speculative steps of D + 1 rows per request (admission reserves
         their rows past max_new_tokens, an overlapped step's included). `finish` ends a
@@ -82,9 +80,7 @@ class Scheduler:
         self.control, self.policy = control, policy
         self.admission, self.synthetic = admission, synthetic
         # Prefix caching: the page names admissions look up and releases publish.
-        self.names = PageNames(
-            control, synthetic, prefill_chunk, prefix_cache, share_generated, reuse_pages
-        )
+        self.names = PageNames(control, synthetic, prefill_chunk, prefix)
         self._finish, self.state, self.clock = finish, state, clock
         self.requests: dict[str, GenRequest] = {}
         self.waiting: deque[GenRequest] = deque()
