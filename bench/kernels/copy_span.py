@@ -31,23 +31,23 @@ from pathlib import Path
 
 import torch
 
-from bench.shared.timing import graph_time_us
+from bench.kernels.miss_copy_cases import B, miss_lists
+from bench.shared.timing import graph_time_us, measure_ceilings
+from contract.file_mapping import CudaRegistrar
 from kernels.swap.copy_grid import CopyGrid
 from kernels.swap.miss_copy import miss_copy
 from kernels.uva import UVATensor
 
-K, B = 2048, 4096
 _MAP_HUGETLB = 0x40000
-_REGISTER_FLAGS = 1 | 2  # cudaHostRegisterPortable | cudaHostRegisterMapped
+REGISTRAR = CudaRegistrar(torch.device("cuda"))
 
 
 def _registered(buf, nbytes: int) -> torch.Tensor:
-    """A uint8 tensor over `buf` (an mmap), its pages touched, then registered with CUDA."""
+    """A uint8 tensor over `buf` (an mmap), its pages touched, then registered with CUDA as the
+    service registers its host tier (contract.file_mapping)."""
     t = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes)
     t.fill_(1)  # fault every page in before the GPU maps them
-    err = int(torch.cuda.cudart().cudaHostRegister(t.data_ptr(), nbytes, _REGISTER_FLAGS))
-    if err:
-        raise RuntimeError(f"cudaHostRegister failed: cudaError {err}")
+    REGISTRAR.register(t.data_ptr(), nbytes)
     return t
 
 
@@ -73,26 +73,12 @@ def allocate(kind: str, nbytes: int) -> tuple[torch.Tensor, list]:
     return _registered(buf, nbytes), [buf]
 
 
-def run_lists(
-    bs: int, rate: float, host_rows: int, run: int, g: torch.Generator, device: str = "cuda"
-):
-    """Per request ~rate x k misses (0.5-1.5 x the mean) in runs of `run` consecutive host rows
-    (run starts uniform in the first host_rows), destinations distinct in its own B slots."""
-    counts = (rate * K * (0.5 + torch.rand(bs, generator=g))).round().clamp(0, K)
-    counts = (counts // run * run).to(torch.int32)
-    starts = torch.randint(0, host_rows - run, (bs, K // run + 1), generator=g)
-    src = (starts[:, :, None] + torch.arange(run)).reshape(bs, -1)[:, :K].contiguous()
-    dst = torch.argsort(torch.rand((bs, B), generator=g), dim=1)[:, :K].contiguous()
-    dst += torch.arange(bs, dtype=torch.int64)[:, None] * B
-    return src.to(device), dst.to(device), counts.to(device)
-
-
 def case(host: torch.Tensor, d: int, span: int, run: int, args) -> dict:
     """The copy of one part's misses, sources in the first `span` bytes of `host`."""
     g = torch.Generator().manual_seed(span + run + d)
     rows = host[: host.numel() // d * d].view(-1, d)
     hot = torch.zeros((args.bs * B, d), dtype=torch.uint8, device="cuda")
-    lists = run_lists(args.bs, args.rate, span // d, run, g)
+    lists = miss_lists(args.bs, args.rate, span // d, g, run)
     grid = CopyGrid.parse(args.grid)
     uva = UVATensor(rows)
     us = graph_time_us(lambda: miss_copy(uva, hot, *lists, grid=grid))
@@ -108,13 +94,6 @@ def case(host: torch.Tensor, d: int, span: int, run: int, args) -> dict:
         "gb_per_s": n * d / us / 1e3,
         "bytes_ok": ok,
     }
-
-
-def pinned_copy_gb_per_s(nbytes: int = 1 << 30) -> float:
-    """The same run's ceiling: one contiguous pinned host-to-device copy."""
-    flat = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    pinned = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-    return nbytes / graph_time_us(lambda: flat.copy_(pinned, non_blocking=True)) / 1e3
 
 
 def huge_pages_report() -> dict:
@@ -166,7 +145,7 @@ def cases_of(kind: str, spans: list[int], ceiling: float, args, report: dict) ->
                     flush=True,
                 )
     if kind != "cuda":
-        torch.cuda.cudart().cudaHostUnregister(host.data_ptr())
+        REGISTRAR.unregister(host.data_ptr())
     del host, keep
 
 
@@ -175,7 +154,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("copy_span needs a GPU")
     spans = [int(s) << 20 for s in args.spans.split(",")]
-    ceiling = pinned_copy_gb_per_s()
+    ceiling = measure_ceilings()["h2d_gbs"]
     report = {
         "device": torch.cuda.get_device_name(),
         "pinned_gb_per_s": ceiling,

@@ -37,15 +37,20 @@ VARIANTS = [
 ]
 
 
-def miss_lists(bs: int, rate: float, host_rows: int, g: torch.Generator):
-    """Per request ~rate * k misses (uniform in [0.5, 1.5] x the mean), sources anywhere in
-    the host tier, destinations distinct in the request's own B hot slots."""
+def miss_lists(
+    bs: int, rate: float, host_rows: int, g: torch.Generator, run: int = 1, device: str = "cuda"
+):
+    """Per request ~rate * k misses (uniform in [0.5, 1.5] x the mean, a multiple of `run`),
+    sources anywhere in the host tier's first host_rows in runs of `run` consecutive rows,
+    destinations distinct in the request's own B hot slots."""
     mean = rate * K
-    counts = (mean * (0.5 + torch.rand(bs, generator=g))).round().clamp(0, K).to(torch.int32)
-    src = torch.randint(0, host_rows, (bs, K), generator=g, dtype=torch.int64)
+    counts = (mean * (0.5 + torch.rand(bs, generator=g))).round().clamp(0, K)
+    counts = (counts // run * run).to(torch.int32)
+    starts = torch.randint(0, host_rows - run + 1, (bs, -(-K // run)), generator=g)
+    src = (starts[:, :, None] + torch.arange(run)).reshape(bs, -1)[:, :K].contiguous()
     dst = torch.argsort(torch.rand((bs, B), generator=g), dim=1)[:, :K].contiguous()
     dst += torch.arange(bs, dtype=torch.int64)[:, None] * B
-    return src.cuda(), dst.cuda(), counts.cuda()
+    return src.to(device), dst.to(device), counts.to(device)
 
 
 class _Tier:
