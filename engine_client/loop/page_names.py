@@ -35,13 +35,12 @@ class PageNames:
         reuse: PrefixReuse = PrefixReuse(),
     ) -> None:
         self.control, self.synthetic, self.prefill_chunk = control, synthetic, prefill_chunk
-        self.enabled, self.share_generated = reuse.enabled, reuse.share_generated
-        self.reuse_pages = reuse.pages
+        self.reuse = reuse
 
     def lookup(self, req: GenRequest) -> PrefixLookup | None:
         """The prompt's page names, salt, and the reuse granularity: the prefill chunk, or (with
-        reuse_pages) the page alone (align 0: the KV side rounds to pages anyway)."""
-        if not self.enabled:
+        reuse.pages) the page alone (align 0: the KV side rounds to pages anyway)."""
+        if not self.reuse.enabled:
             return None
         if req.prompt_hashes is None:
             named = req.prompt[: self.synthetic.shared] if self.synthetic.tokens else req.prompt
@@ -52,7 +51,7 @@ class PageNames:
         if self.synthetic.tokens:
             align = self.synthetic.shared
         else:
-            align = 0 if self.reuse_pages else self.prefill_chunk
+            align = 0 if self.reuse.pages else self.prefill_chunk
         return PrefixLookup(req.prompt_hashes, req.cache_salt, align)
 
     def release(self, req: GenRequest) -> tuple[bytes, ...]:
@@ -62,8 +61,8 @@ class PageNames:
         writes its rows in other shapes than a prefill (batched GEMMs, split attention), so on
         a GPU they may differ in the last bits from the rows a cold prefill would write."""
         if (
-            not self.enabled
-            or not self.share_generated
+            not self.reuse.enabled
+            or not self.reuse.share_generated
             or self.synthetic.tokens  # only a synthetic context's shared part is named
             or req.finish is Finish.ERROR
         ):
