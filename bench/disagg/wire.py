@@ -27,8 +27,6 @@ from pathlib import Path
 
 from bench.shared.result_file import write_json
 
-BACKEND = "UCX"
-
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
@@ -63,7 +61,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _agent(name: str, mode: str):
-    from contract.nixl_agent import load_nixl
+    from contract.nixl_agent import BACKEND, load_nixl
 
     api = load_nixl()
     agent = api.nixl_agent(name, api.nixl_agent_config(backends=[]))
