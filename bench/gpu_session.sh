@@ -5,6 +5,7 @@
 # (run-2.tgz, summary-2.txt, ... for a later invocation in the same call).
 # Usage: bash bench/gpu_session.sh [stage ...]
 #   stages: host tests sanitize kernels sweep profiles ncu copysweep e2e mtp prefix gateway disagg
+#   wire
 #   host (HOST_S=45): the miss copy alone on this machine (bench/kernels/copy_span.py), first in
 #   every session: two H100 machines of one kind moved it at 22 and 45 GB/s (run AA), so every
 #   copy and e2e figure needs it beside
@@ -32,6 +33,8 @@
 #   DISAGG_S=540  DISAGG_ARGS="--topologies 1x1 --sources direct,staged" (bench.disagg: prefill
 #   and decode engines over NIXL against role both; needs .whl-nixl, bench/device_wheels.sh nixl;
 #   2 + 2: DISAGG_ARGS="--topologies 2x2 --no-colocated")
+#   WIRE_CASES="--source pinned --target vram --pieces 1,512;--error-handling none" (bench.disagg.wire
+#   once per ';'-separated case, NIXL alone between two processes; WIRE_S=60 each; needs .whl-nixl)
 set -uo pipefail
 OUT=${OUT:-.gpuout}
 RUN="$OUT/run"
@@ -124,6 +127,14 @@ copysweep() {  # the step against the side-stream copy's grid (bench/profile/cop
       --budget-s $((limit - 15)) ${COPYSWEEP_ARGS:---context 32768} --out "$RUN/$name.json"
   done
 }
+wires() {  # bench.disagg.wire once per case of WIRE_CASES (';'-separated argument lists)
+  local i=0 case cases
+  IFS=';' read -ra cases <<< "${WIRE_CASES:---source pinned --target vram --pieces 1,512}"
+  for case in "${cases[@]}"; do
+    i=$((i + 1))
+    stage "wire-$i" "${WIRE_S:-60}" python3 -m bench.disagg.wire $case --out "$RUN/wire-$i.json"
+  done
+}
 STAGES="${*:-tests sanitize kernels}"
 for s in $STAGES; do
   case $s in
@@ -141,6 +152,7 @@ for s in $STAGES; do
     ncu) ncus ;;
     copysweep) copysweep ;;
     e2e) e2es ;;
+    wire) wires ;;
     gateway) stage gateway "${GW_S:-120}" python3 -m bench.gateway ${GW_ARGS:-} \
                --out "$RUN/gateway.json" ;;
     mtp) stage mtp "${MTP_S:-560}" python3 -m bench.mtp \
