@@ -5,7 +5,7 @@
 # (run-2.tgz, summary-2.txt, ... for a later invocation in the same call).
 # Usage: bash bench/gpu_session.sh [stage ...]
 #   stages: host tests sanitize kernels sweep profiles ncu copysweep e2e mtp prefix gateway disagg
-#   wire
+#   wire ncuattn
 #   host (HOST_S=45): the miss copy alone on this machine (bench/kernels/copy_span.py), first in
 #   every session: two H100 machines of one kind moved it at 22 and 45 GB/s (run AA), so every
 #   copy and e2e figure needs it beside
@@ -33,6 +33,7 @@
 #   DISAGG_S=540  DISAGG_ARGS="--topologies 1x1 --sources direct,staged" (bench.disagg: prefill
 #   and decode engines over NIXL against role both; needs .whl-nixl, bench/device_wheels.sh nixl;
 #   2 + 2: DISAGG_ARGS="--topologies 2x2 --no-colocated")
+#   NCUATTN_S=120 NCUATTN_ARGS="--batch 111 --formats fp8,bf16" (Nsight Compute on attention alone)
 #   WIRE_CASES="--source pinned --target vram --pieces 1,512;--error-handling none" (bench.disagg.wire
 #   once per ';'-separated case, NIXL alone between two processes; WIRE_S=60 each; needs .whl-nixl)
 set -uo pipefail
@@ -100,6 +101,14 @@ ncus() {  # Nsight Compute on the miss copy alone (bench/kernels/ncu_copy.py): b
     --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
     python3 -m bench.kernels.ncu_copy
 }
+ncuattn() {  # Nsight Compute on the engine's attention alone (bench/kernels/ncu_attention.py): score
+  # and mix passes, fp8 then bf16, at bs 111; the second round of its launches
+  stage ncuattn "${NCUATTN_S:-120}" ncu --clock-control none -k 'regex:_score_kernel|_mix_kernel' \
+    --launch-skip 4 --launch-count 4 --section SpeedOfLight --section Occupancy \
+    --section LaunchStats --section WarpStateStats --section SchedulerStats \
+    --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
+    python3 -m bench.kernels.ncu_attention ${NCUATTN_ARGS:-}
+}
 e2es() {  # bench.e2e once, or once per miss-copy grid of E2E_GRIDS (a same-call pair: run U5's
   # default-grid twin was a second invocation, cut by its own limit before it wrote anything)
   if [ -z "${E2E_GRIDS:-}" ]; then
@@ -150,6 +159,7 @@ for s in $STAGES; do
              --out "$RUN/sweep.json" ;;
     profiles) profiles ;;
     ncu) ncus ;;
+    ncuattn) ncuattn ;;
     copysweep) copysweep ;;
     e2e) e2es ;;
     wire) wires ;;
