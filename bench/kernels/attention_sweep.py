@@ -39,10 +39,12 @@ DEV = "cuda" if CUDA else "cpu"
 if not CUDA:  # CPU smoke run (Triton's interpreter): the same code on tiny shapes
     H, K, B = 16, 96, 160
 FLOP = 2 * H * K * (576 + 512)
-# (BLOCK_T, score stages) per row format; all 128 heads per program on 8 warps (one tensor-core
-# instruction shape, so the launch table may mix these without changing bits). Run D also timed
+# (BLOCK_T, score stages) per row format; all 128 heads per program on 8 warps unless --heads
+# asks for fewer (the tensor cores sum each score in one order for any M, so the launch table
+# may mix these without changing bits; check() compares). Run D also timed
 # a register prefetch of the next K tile (slower at every shape; removed).
-SCORE = {"bf16": [(64, 1), (32, 2)], "fp8": [(64, 1), (32, 3)]}
+# (32, 1): 64 heads' Q and one 32-row tile fit twice in an SM's shared memory (--heads 64).
+SCORE = {"bf16": [(64, 1), (32, 2)], "fp8": [(64, 1), (32, 3), (32, 1)]}
 CHUNKS = (64, 128, 256, 512, 1024, 2048) if CUDA else (32, 64)
 # (mix columns, warps, stages), for every BLOCK_T.
 MIX = [(256, 8, 3), (256, 8, 2), (128, 4, 3), (64, 4, 4)]
@@ -96,7 +98,7 @@ def _best(rows: list[dict], **match) -> dict | None:
     return min(ok, key=lambda r: r["us"], default=None)
 
 
-def sweep_format(fmt: str, bs: int, reps: int, ceil: dict) -> dict:
+def sweep_format(fmt: str, bs: int, reps: int, ceil: dict, heads: tuple[int, ...] = (128,)) -> dict:
     q, qp, kv, base, slots = inputs(bs, fmt)
     row_format = ROW_FORMATS[fmt]
     out = torch.empty((bs, H, 512), device=DEV, dtype=torch.bfloat16)
@@ -114,7 +116,7 @@ def sweep_format(fmt: str, bs: int, reps: int, ceil: dict) -> dict:
     args = (q, qp, kv, base, slots, row_format)
     for bt in sorted({v[0] for v in SCORE[fmt]}):
         ws = TileWorkspace.allocate(bs, H, K, row_format=row_format, block_t=bt, device=DEV)
-        _time_passes(res, fmt, bs, bt, ws, args, (out, lse), reps)
+        _time_passes(res, fmt, bs, bt, ws, args, (out, lse), reps, heads)
         best = _best_pair(res, bt, attend, ws, args, (out, lse), reps)
         if best is not None:
             res["best"][bt] = best
@@ -126,19 +128,24 @@ def sweep_format(fmt: str, bs: int, reps: int, ceil: dict) -> dict:
 
 
 def _time_passes(
-    res: dict, fmt: str, bs: int, bt: int, ws, args: tuple, outs: tuple, reps: int
+    res: dict, fmt: str, bs: int, bt: int, ws, args: tuple, outs: tuple, reps: int, heads: tuple
 ) -> None:
-    """Each score-pass and mix-pass configuration of tile `bt`, timed alone."""
+    """Each score-pass and mix-pass configuration of tile `bt`, timed alone; the score pass at
+    each count of `heads` per program (fewer than 128: on 4 and 8 warps)."""
     q, qp, kv, base, slots, row_format = args
     out, lse = outs
     qk_scale = SCALE * 1.4426950408889634
     for _, stages in [v for v in SCORE[fmt] if v[0] == bt]:
-        for chunk in chunks(bs, bt, 128):
-            cfg = LaunchConfig(chunk=chunk, score_stages=stages)
-            fn = lambda cfg=cfg: score_pass(  # noqa: E731
-                q, qp, kv, base, slots, qk_scale, ws, cfg, row_format
-            )
-            _timed(res["score"], fn, reps, bt=bt, cfg=cfg)
+        for h in heads:
+            for warps in (8,) if h == H else (4, 8):
+                for chunk in chunks(bs, bt, h):
+                    cfg = LaunchConfig(
+                        score_heads=h, chunk=chunk, score_warps=warps, score_stages=stages
+                    )
+                    fn = lambda cfg=cfg: score_pass(  # noqa: E731
+                        q, qp, kv, base, slots, qk_scale, ws, cfg, row_format
+                    )
+                    _timed(res["score"], fn, reps, bt=bt, cfg=cfg)
     for cols, warps, stages in MIX:
         cfg = LaunchConfig(mix_cols=cols, mix_warps=warps, mix_stages=stages)
         fn = lambda cfg=cfg: mix_pass(kv, base, slots, out, lse, ws, cfg, row_format)  # noqa: E731
@@ -211,6 +218,11 @@ def main() -> int:
     ap.add_argument("--batches", default="8,64,128" if CUDA else "2")
     ap.add_argument("--formats", default="bf16,fp8")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument(
+        "--heads",
+        default=str(H),
+        help="heads per score program, comma-separated (a K tile then gathered H / heads times)",
+    )
     ap.add_argument("--out", default="bench/results/attention_sweep.json")
     args = ap.parse_args()
     ceil = measure_ceilings() if CUDA else {"d2d_gbs": 1.0, "mm_tflops": 1.0, "h2d_gbs": 1.0}
@@ -219,7 +231,8 @@ def main() -> int:
     for fmt in args.formats.split(","):
         for bs in map(int, args.batches.split(",")):
             t0 = time.time()
-            results.append(sweep_format(fmt, bs, 5 if args.quick else 15, ceil))
+            heads = tuple(map(int, args.heads.split(",")))
+            results.append(sweep_format(fmt, bs, 5 if args.quick else 15, ceil, heads))
             print(f"  {fmt} bs{bs} done in {time.time() - t0:.0f}s", flush=True)
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(
