@@ -69,6 +69,60 @@ def indexer_case(ceil: dict, reps: int) -> list[Row]:
     return rows
 
 
+def shared_indexer_case(ceil: dict, reps: int) -> list[Row]:
+    """The indexer over rows whose first 24K tokens name the same key pages (a shared prefix
+    in the index pool), each format's default launch against the batch-row-major one: the
+    shared keys cross HBM once if rows of one chunk run together (from L2 after the first)."""
+    from kernels.formats import INDEX_FORMATS
+    from kernels.reference import page_views
+    from kernels.select.indexer import indexer_scores
+
+    rows, pages, shared = [], C // P, 24576 // P
+    for fmt, keys in INDEX_FORMATS.items():
+        pool = torch.randint(0, 120, (BS * pages, P, keys.key_bytes), dtype=torch.uint8)
+        pool = pool.cuda()
+        if keys.scale_bytes:
+            page_views(pool, keys)[1].view(torch.float32).fill_(0.05)
+        else:
+            pool.view(torch.bfloat16).copy_(torch.randn(BS * pages, P, 128, device="cuda") * 0.1)
+        pt = torch.arange(BS * pages, dtype=torch.int32, device="cuda").view(BS, pages)
+        pt[:, :shared] = pt[0, :shared]
+        q = torch.randn((BS, 64, 128), device="cuda", dtype=torch.bfloat16)
+        w = torch.randn((BS, 64), device="cuda", dtype=torch.float32)
+        req = torch.arange(BS, dtype=torch.int32, device="cuda")
+        sl = torch.full((BS,), C, dtype=torch.int32, device="cuda")
+        outs = {o: torch.empty((BS, C), device="cuda") for o in ("chunks", "rows")}
+        base = INDEXER_VARIANTS[fmt][0][1]
+        fns = {
+            f"{INDEXER_VARIANTS[fmt][0][0]}, {o} first": (
+                lambda o=o: indexer_scores(  # noqa: E731
+                    q,
+                    w,
+                    pool,
+                    pt,
+                    req,
+                    sl,
+                    outs[o],
+                    index_format=keys,
+                    rows_first=o == "rows",
+                    **base,
+                )
+            )
+            for o in outs
+        }
+        distinct = (BS * (pages - shared) + shared) * P * keys.key_bytes
+
+        def judge(label: str, us: float):
+            same = torch.equal(outs["chunks"], outs["rows"])
+            gbs = distinct / us / 1e3
+            return gbs / ceil["d2d_gbs"], (
+                f"{gbs:.0f} GB/s of distinct keys vs HBM {ceil['d2d_gbs']:.0f}; bits equal: {same}"
+            )
+
+        rows += sweep("indexer", f"bs64 32K ctx {fmt} keys, 24K shared", fns, reps, judge)
+    return rows
+
+
 # (label, TopkWorkspace keywords or None, topk_select keywords); the first is the old default.
 TOPK_VARIANTS = [
     ("single r6 w16", None, dict(radix_bits=6, num_warps=16)),
@@ -111,4 +165,4 @@ def topk_case(ceil: dict, reps: int) -> list[Row]:
     return sweep("topk_select", "bs64 32K k2048", fns, reps, judge)
 
 
-ALL = [indexer_case, topk_case]
+ALL = [indexer_case, shared_indexer_case, topk_case]

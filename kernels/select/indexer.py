@@ -119,9 +119,12 @@ def _indexer_kernel(
     BLOCK_T: tl.constexpr,
     TILES: tl.constexpr,
     REG_PREFETCH: tl.constexpr,
+    ROWS_FIRST: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    b = tl.program_id(1)
+    # Which grid axis walks the batch rows changes only the launch order (see indexer_scores).
+    b = tl.program_id(0) if ROWS_FIRST else tl.program_id(1)
+    chunk = tl.program_id(1) if ROWS_FIRST else tl.program_id(0)
     r = tl.load(req_slots_ptr + b)
     # Tokens past the page table's reach are bad input: scored -inf, never read.
     n = tl.minimum(tl.load(seq_lens_ptr + b), max_tokens)
@@ -136,7 +139,7 @@ def _indexer_kernel(
     # The page ids of all tiles are looked up before the tile loop: key loads whose addresses
     # come from no load inside the loop are what Triton's pipeliner keeps num_stages - 1 tiles
     # ahead (a page-table load in the loop limits it to one tile, waited for every step).
-    t0 = tl.program_id(0) * TILES * BLOCK_T
+    t0 = chunk * TILES * BLOCK_T
     t_all = t0 + tl.arange(0, TILES * BLOCK_T)
     pages = tl.load(
         page_table_ptr + r.to(tl.int64) * s_pt_r + t_all // PAGE, mask=t_all < n, other=-1
@@ -215,6 +218,7 @@ def indexer_scores(
     num_warps: int = 4,
     num_stages: int | None = None,
     reg_prefetch: bool | None = None,
+    rows_first: bool = False,
 ) -> None:
     """Lightning-indexer scores of every stored token of each batch row.
 
@@ -232,6 +236,10 @@ def indexer_scores(
     num_stages=1). Defaults: bf16 keys num_stages=3 (16 B async copies); fp8 keys reg_prefetch
     (Triton 3.6 stages fp8 tiles with 8 B copies; plain loads of the 16 B aligned values of a
     page-blocked pool are 16 B wide when P % 4 == 0).
+    rows_first: launch the batch rows of one token chunk next to each other instead of one row's
+    chunks: rows whose page tables name the same pages (a shared prefix, a request's speculative
+    verify rows) then read those keys at about the same time, from L2 after the first. Every
+    score keeps its bits (each program computes what it did before).
     """
     _check_args(q, w, index_pool_layer, page_table, req_slots, seq_lens, out_scores, index_format)
     bs, n_heads, dim = q.shape
@@ -245,7 +253,8 @@ def indexer_scores(
     # bf16 keys carry no scale; the pool itself stands in for the unused pointer.
     scale = index_pool_layer.view(torch.float32) if fp8 else pool
     cols = out_scores.shape[1]
-    grid = (triton.cdiv(cols, block_t * tiles), bs)
+    chunks = triton.cdiv(cols, block_t * tiles)
+    grid = (bs, chunks) if rows_first else (chunks, bs)
     _indexer_kernel[grid](
         q,
         w,
@@ -271,6 +280,7 @@ def indexer_scores(
         BLOCK_T=block_t,
         TILES=tiles,
         REG_PREFETCH=reg_prefetch,
+        ROWS_FIRST=rows_first,
         UPCAST=INTERPRETED,
         num_warps=num_warps,
         num_stages=num_stages,

@@ -69,6 +69,22 @@ def test_matches_reference(fmt, bs, page, seq_lens, cols, device):
     check(make_inputs(fmt, bs, page, seq_lens, cols, device, seed=bs * 7 + page), cols)
 
 
+@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
+def test_rows_first_launch_keeps_every_bit(fmt, device):
+    """The batch-row-major launch (for rows that share key pages) computes what the default one
+    does: rows with a common prefix of pages, one a padding row, irregular lengths."""
+    seq_lens = [150, 150, 97, 13, 150]
+    inputs = make_inputs(fmt, 5, 7, seq_lens, 160, device, seed=11)
+    slots, table = inputs["req_slots"].tolist(), inputs["page_table"]
+    for r in (slots[1], slots[4]):  # rows 1 and 4 share row 0's first 15 pages (105 tokens)
+        table[r, :15] = table[slots[0], :15]
+    kw = dict(block_t=32, tiles=2)
+    out = check(inputs, 160, **kw)
+    again = torch.full_like(out, float("nan"))
+    indexer_scores(**inputs, out_scores=again, rows_first=True, **kw)
+    assert torch.equal(again, out)
+
+
 def test_seq_len_beyond_output_width_is_clamped(device):
     inputs = make_inputs("bf16", 2, 16, [200, 40], 96, device, seed=3)
     check(inputs, 96, block_t=32, tiles=2)
