@@ -30,20 +30,27 @@ INDEXER_VARIANTS = {
 }
 
 
+def key_pool(keys, num_pages: int) -> torch.Tensor:
+    """A random index-key pool of `num_pages` pages in the service's layout for format `keys`."""
+    from kernels.reference import page_views
+
+    pool = torch.randint(0, 120, (num_pages, P, keys.key_bytes), dtype=torch.uint8, device="cuda")
+    if keys.scale_bytes == 0:
+        pool.view(torch.bfloat16).copy_(torch.randn(num_pages, P, 128, device="cuda") * 0.1)
+    else:
+        page_views(pool, keys)[1].view(torch.float32).fill_(0.05)  # page-blocked scales
+    return pool
+
+
 def indexer_case(ceil: dict, reps: int) -> list[Row]:
     from kernels.formats import INDEX_FORMATS
-    from kernels.reference import page_views
     from kernels.select.indexer import indexer_scores
 
     rows = []
     pages = C // P
     for fmt, keys in INDEX_FORMATS.items():
         ib = keys.key_bytes
-        pool = torch.randint(0, 120, (BS * pages, P, ib), dtype=torch.uint8, device="cuda")
-        if keys.scale_bytes == 0:
-            pool.view(torch.bfloat16).copy_(torch.randn(BS * pages, P, 128, device="cuda") * 0.1)
-        else:
-            page_views(pool, keys)[1].view(torch.float32).fill_(0.05)  # page-blocked scales
+        pool = key_pool(keys, BS * pages)
         q = torch.randn((BS, 64, 128), device="cuda", dtype=torch.bfloat16)
         w = torch.randn((BS, 64), device="cuda", dtype=torch.float32)
         pt = torch.arange(BS * pages, dtype=torch.int32, device="cuda").view(BS, pages)
@@ -69,48 +76,40 @@ def indexer_case(ceil: dict, reps: int) -> list[Row]:
     return rows
 
 
+def shared_inputs(keys, shared: int) -> tuple:
+    """(q, w, pool, page table, request slots, lengths) of BS requests at context C whose first
+    `shared` pages are one set of pages."""
+    pages = C // P
+    pt = torch.arange(BS * pages, dtype=torch.int32, device="cuda").view(BS, pages)
+    pt[:, :shared] = pt[0, :shared]
+    q = torch.randn((BS, 64, 128), device="cuda", dtype=torch.bfloat16)
+    w = torch.randn((BS, 64), device="cuda", dtype=torch.float32)
+    req = torch.arange(BS, dtype=torch.int32, device="cuda")
+    sl = torch.full((BS,), C, dtype=torch.int32, device="cuda")
+    return q, w, key_pool(keys, BS * pages), pt, req, sl
+
+
 def shared_indexer_case(ceil: dict, reps: int) -> list[Row]:
     """The indexer over rows whose first 24K tokens name the same key pages (a shared prefix
     in the index pool), each format's default launch against the batch-row-major one: the
     shared keys cross HBM once if rows of one chunk run together (from L2 after the first)."""
+    from functools import partial
+
     from kernels.formats import INDEX_FORMATS
-    from kernels.reference import page_views
     from kernels.select.indexer import indexer_scores
 
-    rows, pages, shared = [], C // P, 24576 // P
+    rows, shared = [], 24576 // P
     for fmt, keys in INDEX_FORMATS.items():
-        pool = torch.randint(0, 120, (BS * pages, P, keys.key_bytes), dtype=torch.uint8)
-        pool = pool.cuda()
-        if keys.scale_bytes:
-            page_views(pool, keys)[1].view(torch.float32).fill_(0.05)
-        else:
-            pool.view(torch.bfloat16).copy_(torch.randn(BS * pages, P, 128, device="cuda") * 0.1)
-        pt = torch.arange(BS * pages, dtype=torch.int32, device="cuda").view(BS, pages)
-        pt[:, :shared] = pt[0, :shared]
-        q = torch.randn((BS, 64, 128), device="cuda", dtype=torch.bfloat16)
-        w = torch.randn((BS, 64), device="cuda", dtype=torch.float32)
-        req = torch.arange(BS, dtype=torch.int32, device="cuda")
-        sl = torch.full((BS,), C, dtype=torch.int32, device="cuda")
+        call = shared_inputs(keys, shared)
         outs = {o: torch.empty((BS, C), device="cuda") for o in ("chunks", "rows")}
-        base = INDEXER_VARIANTS[fmt][0][1]
+        label, base = INDEXER_VARIANTS[fmt][0]
         fns = {
-            f"{INDEXER_VARIANTS[fmt][0][0]}, {o} first": (
-                lambda o=o: indexer_scores(  # noqa: E731
-                    q,
-                    w,
-                    pool,
-                    pt,
-                    req,
-                    sl,
-                    outs[o],
-                    index_format=keys,
-                    rows_first=o == "rows",
-                    **base,
-                )
+            f"{label}, {o} first": partial(
+                indexer_scores, *call, outs[o], index_format=keys, rows_first=o == "rows", **base
             )
             for o in outs
         }
-        distinct = (BS * (pages - shared) + shared) * P * keys.key_bytes
+        distinct = (BS * (C // P - shared) + shared) * P * keys.key_bytes
 
         def judge(label: str, us: float):
             same = torch.equal(outs["chunks"], outs["rows"])
