@@ -46,8 +46,10 @@ FLOP = 2 * H * K * (576 + 512)
 # (32, 1): 64 heads' Q and one 32-row tile fit twice in an SM's shared memory (--heads 64).
 SCORE = {"bf16": [(64, 1), (32, 2)], "fp8": [(64, 1), (32, 3), (32, 1)]}
 CHUNKS = (64, 128, 256, 512, 1024, 2048) if CUDA else (32, 64)
-# (mix columns, warps, stages), for every BLOCK_T.
-MIX = [(256, 8, 3), (256, 8, 2), (128, 4, 3), (64, 4, 4)]
+# (mix columns, warps, stages, heads), for every BLOCK_T. 64 heads: run AC's Nsight Compute
+# found the 128-head mix pass at 255 registers a thread, one program an SM.
+MIX = [(256, 8, 3, 128), (256, 8, 2, 128), (128, 4, 3, 128), (64, 4, 4, 128)]
+MIX_64 = [(256, 8, 3, 64), (128, 4, 3, 64), (128, 4, 2, 64), (64, 4, 4, 64)]
 FUSED = [
     ("fused bn64 st2", None, dict(block_n=64, num_stages=2)),
     ("fused split2 bn32 st3", 2, dict(block_n=32, num_stages=3)),
@@ -146,8 +148,8 @@ def _time_passes(
                         q, qp, kv, base, slots, qk_scale, ws, cfg, row_format
                     )
                     _timed(res["score"], fn, reps, bt=bt, cfg=cfg)
-    for cols, warps, stages in MIX:
-        cfg = LaunchConfig(mix_cols=cols, mix_warps=warps, mix_stages=stages)
+    for cols, warps, stages, mh in MIX + (MIX_64 if min(heads) < H else []):
+        cfg = LaunchConfig(mix_cols=cols, mix_warps=warps, mix_stages=stages, mix_heads=mh)
         fn = lambda cfg=cfg: mix_pass(kv, base, slots, out, lse, ws, cfg, row_format)  # noqa: E731
         _timed(res["mix"], fn, reps, bt=bt, cfg=cfg)
 
@@ -181,6 +183,7 @@ def _merge(s: LaunchConfig, m: LaunchConfig) -> LaunchConfig:
         score_warps=s.score_warps,
         score_stages=s.score_stages,
         mix_cols=m.mix_cols,
+        mix_heads=m.mix_heads,
         mix_warps=m.mix_warps,
         mix_stages=m.mix_stages,
     )

@@ -24,8 +24,9 @@ from kernels.formats import RowFormat, RowKernel
 @dataclass(frozen=True)
 class LaunchConfig:
     """score pass: heads per program, slot-list chunk per program, warps, pipeline stages;
-    mix pass: output columns per program, warps, stages. The defaults fit 64-row tiles of 128
-    heads in shared memory (score: Q 147 KB + one 74 KB K tile)."""
+    mix pass: output columns per program, warps, stages, heads per program (fewer heads: a
+    smaller accumulator, more programs, each V tile gathered once per head block). The defaults
+    fit 64-row tiles of 128 heads in shared memory (score: Q 147 KB + one 74 KB K tile)."""
 
     score_heads: int = 128
     chunk: int = 512
@@ -34,9 +35,10 @@ class LaunchConfig:
     mix_cols: int = 256
     mix_warps: int = 8
     mix_stages: int = 3
+    mix_heads: int = 128
 
     def __post_init__(self) -> None:
-        pow2 = (self.score_heads, self.chunk, self.mix_cols)
+        pow2 = (self.score_heads, self.chunk, self.mix_cols, self.mix_heads)
         if any(v < 16 or v & (v - 1) for v in pow2):
             raise ValueError(f"heads, chunk and columns must be powers of two >= 16: {self}")
         if min(self.score_warps, self.mix_warps, self.score_stages, self.mix_stages) < 1:

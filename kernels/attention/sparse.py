@@ -177,7 +177,7 @@ def mix_pass(kv, row_base, slots, out, lse, ws, cfg, row_format, host_off=None) 
     """The two-pass decode's second kernel (checked arguments): out and lse from ws's tiles."""
     bs, n_heads, d_v = out.shape
     k, bt = slots.shape[1], ws.block_t
-    heads = max(16, min(128, triton.next_power_of_2(n_heads)))
+    heads = max(16, min(cfg.mix_heads, triton.next_power_of_2(n_heads)))
     cols = min(cfg.mix_cols, d_v)
     two_pass._mix_kernel[(triton.cdiv(d_v, cols), bs, triton.cdiv(n_heads, heads))](
         ws.probs,

@@ -165,6 +165,7 @@ LAUNCHES = [
     None,
     LaunchConfig(score_heads=16, chunk=32, mix_cols=64, score_stages=1, mix_stages=1),
     LaunchConfig(score_heads=16, chunk=64, mix_cols=256, mix_warps=4),
+    LaunchConfig(chunk=64, mix_cols=128, mix_warps=4, mix_heads=16),
 ]
 # On GPU, the knobs the launch table varies for 128 heads (all heads per score program: the
 # tensor cores' instruction stays the same; a 16-head tile would use another one).
