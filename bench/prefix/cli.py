@@ -60,9 +60,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument(
         "--reuse-pages",
-        action="store_true",
-        help="the sharing engines reuse prefixes to the page, not the prefill chunk "
-        "(--prefix-reuse-pages 1: a next turn prefills only its new pages)",
+        type=int,
+        choices=(0, 1),
+        default=1,
+        help="the sharing engines' --prefix-reuse-pages: 1 reuse to the page (a next turn "
+        "prefills only its new pages), 0 to the prefill chunk [1, the engine's default]",
     )
     _capacity_args(ap)
     return ap.parse_args(argv)
@@ -131,7 +133,7 @@ def sizes_from_args(a: argparse.Namespace, device: str) -> plan.Sizes:
         sources=tuple(a.sources.split(",")),
         row_format=a.row_format,
         admission_limit=a.admission_limit,
-        reuse_pages=a.reuse_pages,
+        reuse_pages=bool(a.reuse_pages),
         shared_slots=region,
         private_hot_slots=private,
         capacity_runs=tuple(a.capacity_runs.split(",")),

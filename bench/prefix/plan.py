@@ -49,7 +49,7 @@ class Sizes:
     row_format: str = "bf16"
     sources: tuple[str, ...] = ("trace", "indexer")  # top-k sources of the capacity part
     admission_limit: str = "auto"  # the engines' --admission-limit
-    reuse_pages: bool = False  # the engines' --prefix-reuse-pages (reuse to the page)
+    reuse_pages: bool = True  # the engines' --prefix-reuse-pages (reuse to the page)
     # The capacity part's run with shared hot rows: its region (S slots per layer; 0: no such
     # run) and each request's private hot buffer there.
     shared_slots: int = 0
@@ -203,8 +203,8 @@ def engine_flags(s: Sizes, mode: str, lay: LocalLayout, sharing: bool, extra: li
     cache = ["--prefix-cache", "1" if sharing else "0"]
     if s.admission_limit != "auto":
         cache += ["--admission-limit", s.admission_limit]
-    if sharing and s.reuse_pages:
-        cache += ["--prefix-reuse-pages", "1"]
+    if sharing:
+        cache += ["--prefix-reuse-pages", "1" if s.reuse_pages else "0"]
     requests = lay.max_requests - lay.shared_slots // lay.hot_slots  # the region's are not
     argv = engine_argv(s.preset, requests, s.prefill_chunk, cache) + extra
     if mode == "baseline":

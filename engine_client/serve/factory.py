@@ -259,7 +259,7 @@ async def build_engine(cfg: EngineConfig, metrics: EngineMetrics | None = None) 
         prefix=PrefixReuse(
             cfg.prefix.prefix_cache,
             cfg.prefix.prefix_share_generated,
-            cfg.prefix.prefix_reuse_pages,
+            cfg.prefix.reuse_to_pages(device, cfg.execution.batch_invariant),
         ),
         metrics=metrics,
         acceptance=cfg.speculation.acceptance,

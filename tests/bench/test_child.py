@@ -43,7 +43,8 @@ def test_prefix_engine_flags_share_the_engine_arguments() -> None:
     )  # fmt: skip
     lay = prefix_plan.layout(sizes, 4, 64, 256)
     service = prefix_plan.engine_flags(sizes, "service", lay, True, ["--x", "1"])
-    assert service == engine_argv("tiny", 4, 64, ["--prefix-cache", "1"]) + ["--x", "1"]
+    cache = ["--prefix-cache", "1", "--prefix-reuse-pages", "1"]
+    assert service == engine_argv("tiny", 4, 64, cache) + ["--x", "1"]
     baseline = prefix_plan.engine_flags(sizes, "baseline", lay, False, [])
     assert baseline[baseline.index("--device") + 1] == "cpu"
 

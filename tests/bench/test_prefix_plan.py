@@ -51,13 +51,14 @@ def test_the_admission_limit_reaches_the_engines() -> None:
 
 
 def test_page_reuse_reaches_the_sharing_engines_only() -> None:
-    s = sizes_from_args(parse_args(["--smoke", "--reuse-pages"]), "cpu")
+    s = sizes_from_args(parse_args(["--smoke"]), "cpu")
     lay = plan.layout(s, 4, 64, 128)
     argv = plan.engine_flags(s, "service", lay, True, [])
     assert argv[argv.index("--prefix-reuse-pages") + 1] == "1"
     assert "--prefix-reuse-pages" not in plan.engine_flags(s, "service", lay, False, [])
-    off = sizes_from_args(parse_args(["--smoke"]), "cpu")
-    assert "--prefix-reuse-pages" not in plan.engine_flags(off, "service", lay, True, [])
+    off = sizes_from_args(parse_args(["--smoke", "--reuse-pages", "0"]), "cpu")
+    argv = plan.engine_flags(off, "service", lay, True, [])
+    assert argv[argv.index("--prefix-reuse-pages") + 1] == "0"
 
 
 def test_a_turns_ttft_comes_with_its_parts() -> None:

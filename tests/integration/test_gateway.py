@@ -57,11 +57,14 @@ def stack() -> Iterator[dict]:
     with workdir("gw") as path:
         svc = start_service(path)
         # One request at a time, a short queue wait: a second request meets a full queue.
+        # Chunk-aligned prefix reuse: the usage tests below count cached tokens in units of
+        # lcm(page size, prefill chunk), whatever ran before them (page reuse: test_prefix_*).
         eng = start_engine(
             path,
             "service",
             svc,
-            extra=("--http", "127.0.0.1:0", "--max-batch", "1", "--max-queue-wait", "0.2"),
+            extra=("--http", "127.0.0.1:0", "--max-batch", "1", "--max-queue-wait", "0.2")
+            + ("--prefix-reuse-pages", "0"),
         )
         gw = ManagedProcess(
             "gateway",

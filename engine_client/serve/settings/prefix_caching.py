@@ -24,12 +24,13 @@ class PrefixCaching:
         "whose rows a prefill wrote, so every reuse is bitwise a cold prefill on any device",
     )
     prefix_reuse_pages: bool = setting(
-        False,
+        True,
         help="with --prefix-cache: reuse cached prefixes to the page, not to the prefill chunk "
         "(a conversation's next turn prefills only its new pages). A row's bits may then depend "
         "on the chunk it is prefilled in (GEMM shapes): bitwise a cold prefill on CPU, and on a "
-        "GPU only where prefill rows do not depend on the chunk (--batch-invariant 1); 0: "
-        "reuse is a multiple of the prefill chunk, so a reuse is bitwise a cold prefill",
+        "GPU only where prefill rows do not depend on the chunk (--batch-invariant 1), so on a "
+        "GPU without it --prefix-share-generated 0 keeps chunk-aligned reuse; 0: reuse is a "
+        "multiple of the prefill chunk, so a prompt's reuse is bitwise a cold prefill",
     )
     model_fingerprint: str = setting(
         "",
@@ -41,3 +42,10 @@ class PrefixCaching:
 
     def __post_init__(self) -> None:
         check_settings(self)
+
+    def reuse_to_pages(self, device: str, batch_invariant: bool) -> bool:
+        """Whether reuse goes to the page on `device` ("cpu", "cuda:0"): --prefix-reuse-pages,
+        unless --prefix-share-generated 0 asks every reuse to be bitwise a cold prefill where
+        page reuse cannot promise it (a GPU without batch-invariant kernels)."""
+        bitwise_anyway = device.split(":")[0] == "cpu" or batch_invariant
+        return self.prefix_reuse_pages and (self.prefix_share_generated or bitwise_anyway)
