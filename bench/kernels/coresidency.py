@@ -113,7 +113,7 @@ def indexer() -> Footprint:
     types = {"q_ptr": "*bf16", "w_ptr": "*fp32", "pool_ptr": "*u8", "scale_ptr": "*fp32"}
     types |= {"page_table_ptr": "*i32", "req_slots_ptr": "*i32", "seq_lens_ptr": "*i32"}
     consts = {"N_HEADS": 64, "D": 128, "PAGE": 64, "FP8": True, "ALIGN": 128, "BLOCK_T": 128}
-    consts |= {"TILES": 4, "REG_PREFETCH": True, "UPCAST": False}
+    consts |= {"TILES": 4, "REG_PREFETCH": True, "ROWS_FIRST": False, "UPCAST": False}
     return _compiled(
         _indexer_kernel, types | {"out_ptr": "*fp32"}, consts, "indexer (fp8 keys)", 4, 1
     )
