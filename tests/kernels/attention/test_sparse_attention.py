@@ -168,12 +168,17 @@ LAUNCHES = [
     LaunchConfig(chunk=64, mix_cols=128, mix_warps=4, mix_heads=16),
 ]
 # On GPU, the knobs the launch table varies for 128 heads (all heads per score program: the
-# tensor cores' instruction stays the same; a 16-head tile would use another one).
+# tensor cores' instruction stays the same; a 16-head tile would use another one), and the mix
+# pass at 64 heads.
 GPU_LAUNCHES = [
     None,
     LaunchConfig(chunk=256, mix_cols=128, mix_warps=4),
     LaunchConfig(chunk=1024, mix_cols=64, mix_warps=4, mix_stages=4),
     LaunchConfig(chunk=2048, mix_stages=2),
+    # The mix pass at 64 heads a program (one warpgroup's M; bench.kernels.attention_sass: no
+    # spills where 128 heads spill), which the table may pick only if its bits are the same.
+    LaunchConfig(chunk=256, mix_cols=128, mix_warps=4, mix_stages=2, mix_heads=64),
+    LaunchConfig(chunk=512, mix_cols=64, mix_warps=4, mix_stages=4, mix_heads=64),
 ]
 
 
