@@ -71,39 +71,32 @@ def _compiled(fn, types: dict, consts: dict, name: str, warps: int, stages: int)
 
 
 def attention(part_batch: int, fp8: bool) -> list[Footprint]:
-    """The two-pass decode's kernels at the launch configuration the table picks for the batch."""
-    from kernels.attention import two_pass
+    """The two-pass decode's kernels at the launch configuration the table picks for the batch,
+    as kernels/attention/sparse.py launches them for 128 heads."""
+    from bench.kernels.attention_sass import mix_report, score_report
     from kernels.attention.configs import TILE_ROWS, launch_config
-    from kernels.formats import LATENT_DIM, ROPE_DIM, ROW_FORMATS
+    from kernels.formats import ROW_FORMATS
 
     fmt = ROW_FORMATS["fp8" if fp8 else "bf16"]
-    cfg, bt, k = launch_config(fmt, part_batch), TILE_ROWS[fmt.kernel], 2048
-    kv = "*u8" if fp8 else "*bf16"
-    ptrs = {"row_base_ptr": "*i64", "slots_ptr": "*i32", "kv_ptr": kv, "p_ptr": "*bf16"}
-    ptrs |= {"pm_ptr": "*fp32", "pl_ptr": "*i64"}
-    # No host tier: host_off None and HOST_ROWS off, as sparse_mla_decode launches them without.
-    common = {"BLOCK_T": bt, "UPCAST": False, "ROW_FP8": fp8, "HOST_ROWS": False, "host_off": None}
-    # As kernels/attention/sparse.py launches them for 128 heads: the score pass takes the
-    # table's heads per program, the mix pass all 128.
-    score = _compiled(
-        two_pass._score_kernel,
-        ptrs | {"q_nope_ptr": "*bf16", "q_pe_ptr": "*bf16", "qk_scale": "fp32"},
-        common
-        | {"BLOCK_H": cfg.score_heads, "D_V": LATENT_DIM, "D_PE": ROPE_DIM}
-        | {"STAGE": max(bt, min(512, cfg.chunk))},
-        f"attention score ({cfg.score_warps} warps, {cfg.score_stages} stages)",
-        cfg.score_warps,
-        cfg.score_stages,
-    )
-    mix = _compiled(
-        two_pass._mix_kernel,
-        ptrs | {"out_ptr": "*bf16", "lse_ptr": "*fp32"},
-        common | {"BLOCK_H": 128, "BLOCK_D": cfg.mix_cols, "NT_POW2": k // bt, "STAGE": 512},
-        f"attention mix ({cfg.mix_cols} columns, {cfg.mix_warps} warps, {cfg.mix_stages} stages)",
-        cfg.mix_warps,
-        cfg.mix_stages,
-    )
-    return [score, mix]
+    cfg, bt = launch_config(fmt, part_batch), TILE_ROWS[fmt.kernel]
+    stage = max(bt, min(512, cfg.chunk))
+    score = score_report(fp8, cfg.score_heads, bt, cfg.score_warps, cfg.score_stages, stage)
+    mix = mix_report(fp8, cfg.mix_heads, bt, cfg.mix_cols, cfg.mix_warps, cfg.mix_stages)
+    return [
+        Footprint(
+            f"attention score ({cfg.score_warps} warps, {cfg.score_stages} stages)",
+            score["regs"],
+            score["smem"],
+            cfg.score_warps,
+        ),
+        Footprint(
+            f"attention mix ({cfg.mix_cols} columns, {cfg.mix_warps} warps, "
+            f"{cfg.mix_stages} stages)",
+            mix["regs"],
+            mix["smem"],
+            cfg.mix_warps,
+        ),
+    ]
 
 
 def indexer() -> Footprint:
