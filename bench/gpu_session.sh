@@ -33,7 +33,8 @@
 #   DISAGG_S=540  DISAGG_ARGS="--topologies 1x1 --sources direct,staged" (bench.disagg: prefill
 #   and decode engines over NIXL against role both; needs .whl-nixl, bench/device_wheels.sh nixl;
 #   2 + 2: DISAGG_ARGS="--topologies 2x2 --no-colocated")
-#   NCUATTN_S=120 NCUATTN_ARGS="--batch 111 --formats fp8,bf16" (Nsight Compute on attention alone)
+#   NCUATTN_S=120 NCUATTN_ARGS="--batch 111 --formats fp8,bf16 [--score-prefetch]" (Nsight Compute on
+#   attention alone, with each stall reason's warps per issued instruction)
 #   WIRE_CASES="--source pinned --target vram --pieces 1,512;--error-handling none" (bench.disagg.wire
 #   once per ';'-separated case, NIXL alone between two processes; WIRE_S=60 each; needs .whl-nixl)
 set -uo pipefail
@@ -107,6 +108,7 @@ ncuattn() {  # Nsight Compute on the engine's attention alone (bench/kernels/ncu
     --launch-skip 4 --launch-count 4 --section SpeedOfLight --section Occupancy \
     --section LaunchStats --section WarpStateStats --section SchedulerStats \
     --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
+    --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
     python3 -m bench.kernels.ncu_attention ${NCUATTN_ARGS:-}
 }
 e2es() {  # bench.e2e once, or once per miss-copy grid of E2E_GRIDS (a same-call pair: run U5's

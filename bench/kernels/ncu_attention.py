@@ -15,6 +15,7 @@ compiles and warms up; the second is the one to profile.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import torch
 
@@ -28,6 +29,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, default=111, help="requests in the launch")
     ap.add_argument("--formats", default="fp8,bf16", help="row formats, comma-separated")
+    ap.add_argument(
+        "--score-prefetch",
+        action="store_true",
+        help="the table's launch with the score pass's register prefetch (LaunchConfig)",
+    )
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         ap.error("needs CUDA (Nsight Compute profiles GPU kernels)")
@@ -39,12 +45,17 @@ def main(argv: list[str] | None = None) -> int:
         out = torch.empty((args.batch, H, 512), device="cuda", dtype=torch.bfloat16)
         lse = torch.empty((args.batch, H), device="cuda", dtype=torch.float32)
         cases.append((fmt, (q, qp, kv, base, slots, SCALE, out, lse), row_format, ws))
+
+    def launch(row_format):
+        cfg = launch_config(row_format, args.batch)
+        return dataclasses.replace(cfg, score_prefetch=True) if args.score_prefetch else cfg
+
     for _ in range(2):  # warm-up round, then the profiled round
         for _, call, row_format, ws in cases:
-            sparse_mla_decode(*call, row_format=row_format, workspace=ws)
+            sparse_mla_decode(*call, row_format=row_format, workspace=ws, launch=launch(row_format))
         torch.cuda.synchronize()
     for fmt, _, row_format, _ in cases:
-        print(f"{fmt}: bs {args.batch}, launch {launch_config(row_format, args.batch)}")
+        print(f"{fmt}: bs {args.batch}, launch {launch(row_format)}")
     return 0
 
 

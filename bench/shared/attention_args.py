@@ -24,6 +24,12 @@ def add_attention_args(ap: argparse.ArgumentParser) -> None:
         help="COLUMNS:WARPS:STAGES of the two-pass decode's mix pass, e.g. 128:8:3 "
         "[the measured table's; any gives the same bits]",
     )
+    ap.add_argument(
+        "--attn-score-prefetch",
+        action="store_true",
+        help="the score pass gathers each K tile one tile ahead (LaunchConfig.score_prefetch; "
+        "same bits) [the table's: off]",
+    )
 
 
 def mix_override(text: str) -> dict[str, int]:
@@ -38,12 +44,16 @@ def mix_override(text: str) -> dict[str, int]:
 
 
 def attention_kernels(kernels: KernelSet, args: argparse.Namespace) -> KernelSet:
-    """The kernel set with the mix pass that --attn-mix asks for (the table's score pass)."""
-    if not args.attn_mix:
+    """The kernel set with the mix pass that --attn-mix asks for, and the score pass's prefetch
+    where --attn-score-prefetch asks for it (else the table's launch)."""
+    prefetch = getattr(args, "attn_score_prefetch", False)
+    if not args.attn_mix and not prefetch:
         return kernels
     if not kernels.capturable:  # the torch references take no launch configuration
-        raise ValueError("--attn-mix configures the Triton kernels: run with --kernels triton")
-    fields, attend = mix_override(args.attn_mix), kernels.sparse_mla_decode
+        raise ValueError("--attn-* flags configure the Triton kernels: run with --kernels triton")
+    fields = mix_override(args.attn_mix) if args.attn_mix else {}
+    fields |= {"score_prefetch": True} if prefetch else {}
+    attend = kernels.sparse_mla_decode
 
     def decode(q_nope, *a, row_format=BF16_ROW, launch=None, **kw) -> None:
         cfg = launch or launch_config(row_format, q_nope.shape[0])

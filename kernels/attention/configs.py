@@ -25,7 +25,8 @@ from kernels.formats import RowFormat, RowKernel
 class LaunchConfig:
     """score pass: heads per program, slot-list chunk per program, warps, pipeline stages;
     mix pass: output columns per program, warps, stages, heads per program (fewer heads: a
-    smaller accumulator, more programs, each V tile gathered once per head block). The defaults
+    smaller accumulator, more programs, each V tile gathered once per head block);
+    score_prefetch: the score pass's register prefetch of the next tile. The defaults
     fit 64-row tiles of 128 heads in shared memory (score: Q 147 KB + one 74 KB K tile)."""
 
     score_heads: int = 128
@@ -36,6 +37,8 @@ class LaunchConfig:
     mix_warps: int = 8
     mix_stages: int = 3
     mix_heads: int = 128
+    # The score pass gathers tile t + 1 while it computes tile t (registers: fp8 250 a thread).
+    score_prefetch: bool = False
 
     def __post_init__(self) -> None:
         pow2 = (self.score_heads, self.chunk, self.mix_cols, self.mix_heads)

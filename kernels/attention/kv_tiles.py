@@ -91,6 +91,16 @@ def load_latent(
     the 128 values of a scale block and col0 is a multiple of W. FAST: value * scale * 2^-56
     (see module doc); else exact value * scale (the interpreter's fp32 path). HOST_ROWS: row
     holds row starts in bytes (host_row_starts)."""
+    codes, s = load_latent_codes(kv_ptr, row, valid, col0, NBLK, W, HOST_ROWS)
+    return dequant_latent(codes, s, FAST)
+
+
+@triton.jit
+def load_latent_codes(
+    kv_ptr, row, valid, col0, NBLK: tl.constexpr, W: tl.constexpr, HOST_ROWS: tl.constexpr
+):
+    """load_latent's loads alone: (e4m3 codes uint8 [N, NBLK, W], scales fp32 [N, NBLK]), so a
+    kernel can issue the next tile's gathers before it dequantizes this one."""
     blk = tl.arange(0, NBLK)
     cols = col0 + blk[:, None] * W + tl.arange(0, W)[None, :]
     # Each branch keeps its address inside tl.load: the no-host branch is then, op for op, the
@@ -114,11 +124,17 @@ def load_latent(
         s = tl.load(
             scale_ptr + row[:, None] * _ROW_WORDS + sblk[None, :], mask=valid[:, None], other=0.0
         )
+    return codes, s
+
+
+@triton.jit
+def dequant_latent(codes, s, FAST: tl.constexpr):
+    """bf16 [N, NBLK * W] of load_latent_codes' codes and scales (load_latent's numerics)."""
     if FAST:
         lat = e4m3_as_bf16(codes) * (s * 18446744073709551616.0).to(tl.bfloat16)[:, :, None]
     else:
         lat = (codes.to(tl.float8e4nv, bitcast=True).to(tl.float32) * s[:, :, None]).to(tl.bfloat16)
-    return tl.reshape(lat, [row.shape[0], NBLK * W])
+    return tl.reshape(lat, [codes.shape[0], codes.shape[1] * codes.shape[2]])
 
 
 @triton.jit
@@ -152,21 +168,47 @@ def load_kv_tile(
 ):
     """(latent [N, D_V], rope [N, D_PE]) bf16 of rows `row` (starts with HOST_ROWS); invalid rows
     are never read (0). fp8 latents carry the 2^-56 of fast dequantization on GPU (tile_scores)."""
+    lat, s, k_pe = load_kv_bytes(kv_ptr, row, valid, s_kv, D_V, D_PE, ROW_FP8, HOST_ROWS)
+    return kv_tile_of(lat, s, k_pe, UPCAST, ROW_FP8)
+
+
+@triton.jit
+def load_kv_bytes(
+    kv_ptr,
+    row,
+    valid,
+    s_kv,
+    D_V: tl.constexpr,
+    D_PE: tl.constexpr,
+    ROW_FP8: tl.constexpr,
+    HOST_ROWS: tl.constexpr,
+):
+    """load_kv_tile's loads alone, for kernels that gather a tile ahead of its use:
+    (latent, scales, rope) as loaded. fp8: codes [N, 4, 128] uint8, scales [N, 4] fp32; bf16
+    rows: the latent itself and an unused scale placeholder. kv_tile_of finishes the tile."""
     if ROW_FP8:
-        k_nope = load_latent(kv_ptr, row, valid, 0, D_V // _BLOCK, _BLOCK, not UPCAST, HOST_ROWS)
+        lat, s = load_latent_codes(kv_ptr, row, valid, 0, D_V // _BLOCK, _BLOCK, HOST_ROWS)
         k_pe = load_rope(kv_ptr, row, valid, D_PE, HOST_ROWS)
     else:
         if HOST_ROWS:
             row_ptr = kv_ptr + row
         else:
             row_ptr = kv_ptr + row * s_kv
-        k_nope = tl.load(
-            row_ptr[:, None] + tl.arange(0, D_V)[None, :], mask=valid[:, None], other=0.0
-        )
+        lat = tl.load(row_ptr[:, None] + tl.arange(0, D_V)[None, :], mask=valid[:, None], other=0.0)
         k_pe = tl.load(
             row_ptr[:, None] + D_V + tl.arange(0, D_PE)[None, :], mask=valid[:, None], other=0.0
         )
-    return k_nope, k_pe
+        s = tl.zeros([1], tl.float32)
+    return lat, s, k_pe
+
+
+@triton.jit
+def kv_tile_of(lat, s, k_pe, UPCAST: tl.constexpr, ROW_FP8: tl.constexpr):
+    """(latent, rope) bf16 of load_kv_bytes' loads: fp8 codes dequantized (load_kv_tile)."""
+    if ROW_FP8:
+        return dequant_latent(lat, s, not UPCAST), k_pe
+    else:
+        return lat, k_pe
 
 
 @triton.jit

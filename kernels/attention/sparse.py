@@ -167,6 +167,7 @@ def score_pass(
         BLOCK_H=heads,
         BLOCK_T=bt,
         STAGE=max(bt, min(512, triton.next_power_of_2(chunk))),
+        PREFETCH=cfg.score_prefetch,
         **_variant(row_format, host_off),
         num_warps=cfg.score_warps,
         num_stages=cfg.score_stages,

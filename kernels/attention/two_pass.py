@@ -31,6 +31,8 @@ import triton.language as tl
 from kernels.attention.kv_tiles import (
     FAST_SHIFT,
     host_row_starts,
+    kv_tile_of,
+    load_kv_bytes,
     load_kv_tile,
     load_latent,
     tile_scores,
@@ -76,6 +78,7 @@ def _score_kernel(
     UPCAST: tl.constexpr,
     ROW_FP8: tl.constexpr,
     HOST_ROWS: tl.constexpr,
+    PREFETCH: tl.constexpr = False,
 ):
     b = tl.program_id(1)
     heads = tl.program_id(2) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -93,6 +96,13 @@ def _score_kernel(
     base = tl.load(row_base_ptr + b).to(tl.int64)
     start = tl.program_id(0) * CHUNK
     stop = tl.minimum(start + CHUNK, K)
+    if PREFETCH:
+        _score_prefetched(
+            q_nope, q_pe, kv_ptr, host_off, base, slots_ptr + b * s_sl_b, start, stop, qk_scale,
+            p_ptr, pm_ptr, pl_ptr, b, heads, hmask, s_kv, s_p_b, s_p_t, s_p_h, s_m_b, s_m_t,
+            D_V, D_PE, BLOCK_T, UPCAST, ROW_FP8, HOST_ROWS,
+        )  # fmt: skip
+        return
     NB: tl.constexpr = STAGE // BLOCK_T
     for staged in range(start, stop, STAGE):
         offs = staged + tl.arange(0, STAGE)
@@ -111,23 +121,63 @@ def _score_kernel(
             )
             s = tile_scores(q_nope, q_pe, k_nope, k_pe, UPCAST, ROW_FP8)
             _store_tile(
-                s,
-                valid,
-                qk_scale,
-                p_ptr,
-                pm_ptr,
-                pl_ptr,
-                b,
-                staged // BLOCK_T + j,
-                heads,
-                hmask,
-                s_p_b,
-                s_p_t,
-                s_p_h,
-                s_m_b,
-                s_m_t,
-                BLOCK_T,
-            )
+                s, valid, qk_scale, p_ptr, pm_ptr, pl_ptr, b, staged // BLOCK_T + j, heads, hmask,
+                s_p_b, s_p_t, s_p_h, s_m_b, s_m_t, BLOCK_T,
+            )  # fmt: skip
+
+
+@triton.jit
+def _score_prefetched(
+    q_nope, q_pe, kv_ptr, host_off, base, slot_ptr, start, stop, qk_scale, p_ptr, pm_ptr,
+    pl_ptr, b, heads, hmask, s_kv, s_p_b, s_p_t, s_p_h, s_m_b, s_m_t, D_V: tl.constexpr,
+    D_PE: tl.constexpr, BLOCK_T: tl.constexpr, UPCAST: tl.constexpr, ROW_FP8: tl.constexpr,
+    HOST_ROWS: tl.constexpr,
+):  # fmt: skip
+    """The score loop with tile t + 1's gathers issued before tile t's dequantization and dots
+    (with one program an SM, Q and a K tile filling its shared memory, nothing else hides them),
+    and each tile's slots loaded where they are used (no exchange through shared memory)."""
+    valid, lat, sc, pe = _tile_bytes(
+        kv_ptr, host_off, base, slot_ptr, start, stop, s_kv, D_V, D_PE, BLOCK_T, ROW_FP8, HOST_ROWS
+    )
+    for t0 in range(start, stop, BLOCK_T):
+        valid_t, lat_t, sc_t, pe_t = valid, lat, sc, pe
+        valid, lat, sc, pe = _tile_bytes(
+            kv_ptr, host_off, base, slot_ptr, t0 + BLOCK_T, stop, s_kv, D_V, D_PE, BLOCK_T,
+            ROW_FP8, HOST_ROWS,
+        )  # fmt: skip
+        k_nope, k_pe = kv_tile_of(lat_t, sc_t, pe_t, UPCAST, ROW_FP8)
+        s = tile_scores(q_nope, q_pe, k_nope, k_pe, UPCAST, ROW_FP8)
+        _store_tile(
+            s, valid_t, qk_scale, p_ptr, pm_ptr, pl_ptr, b, t0 // BLOCK_T, heads, hmask, s_p_b,
+            s_p_t, s_p_h, s_m_b, s_m_t, BLOCK_T,
+        )  # fmt: skip
+
+
+@triton.jit
+def _tile_bytes(
+    kv_ptr,
+    host_off,
+    base,
+    slot_ptr,
+    t0,
+    stop,
+    s_kv,
+    D_V: tl.constexpr,
+    D_PE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    ROW_FP8: tl.constexpr,
+    HOST_ROWS: tl.constexpr,
+):
+    """(valid, tile bytes) of the tile of slots [t0, t0 + BLOCK_T) below stop (none past it)."""
+    offs = t0 + tl.arange(0, BLOCK_T)
+    slot = tl.load(slot_ptr + offs, mask=offs < stop, other=-1)
+    if HOST_ROWS:
+        row, valid = host_row_starts(slot, base, host_off, s_kv, ROW_FP8)
+    else:
+        valid = slot >= 0
+        row = base + slot.to(tl.int64)
+    lat, sc, pe = load_kv_bytes(kv_ptr, row, valid, s_kv, D_V, D_PE, ROW_FP8, HOST_ROWS)
+    return valid, lat, sc, pe
 
 
 @triton.jit

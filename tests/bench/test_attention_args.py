@@ -1,5 +1,6 @@
-"""bench.profile --attn-mix: the mix pass in the given configuration, the score pass as the
-measured table has it, and clear errors for a malformed flag or the reference kernels."""
+"""bench.profile --attn-mix and --attn-score-prefetch: the mix pass in the given configuration,
+the score pass as the measured table has it (with its prefetch where asked), and clear errors
+for a malformed flag or the reference kernels."""
 
 from __future__ import annotations
 
@@ -34,6 +35,17 @@ def test_the_mix_pass_takes_the_flag_and_the_score_pass_the_table() -> None:
     )
     table = launch_config(FP8_ROW, 96)
     assert seen == [dataclasses.replace(table, mix_cols=128, mix_warps=8, mix_stages=2)]
+
+
+def test_the_score_prefetch_flag_keeps_the_rest_of_the_table() -> None:
+    seen = []
+    fake = dataclasses.replace(
+        KernelSet.triton(), sparse_mla_decode=lambda *a, **kw: seen.append(kw["launch"])
+    )
+    attention_kernels(fake, _args("--attn-score-prefetch")).sparse_mla_decode(
+        _Q(), None, row_format=FP8_ROW, workspace=None
+    )
+    assert seen == [dataclasses.replace(launch_config(FP8_ROW, 96), score_prefetch=True)]
 
 
 def test_without_the_flag_the_kernels_are_untouched() -> None:

@@ -10,7 +10,12 @@ import pytest
 import torch
 
 import kernels  # noqa: F401  (sets TRITON_INTERPRET without CUDA)
-from kernels.attention.sparse import AttnWorkspace, TileWorkspace, sparse_mla_decode
+from kernels.attention.sparse import (
+    AttnWorkspace,
+    LaunchConfig,
+    TileWorkspace,
+    sparse_mla_decode,
+)
 from kernels.formats import BF16_ROW, FP8_ROW, RowFormat
 from tests.kernels.attention.test_sparse_attention import (
     assert_close_to_reference,
@@ -20,7 +25,8 @@ from tests.kernels.attention.test_sparse_attention import (
 )
 
 FORMATS = {"bf16": BF16_ROW, "fp8": FP8_ROW}
-PATHS = ("fused", "split", "two_pass")
+# two_pass_prefetch: the score pass's register prefetch (LaunchConfig.score_prefetch).
+PATHS = ("fused", "split", "two_pass", "two_pass_prefetch")
 SCALE = 1.0 / math.sqrt(576)
 
 
@@ -84,12 +90,19 @@ def workspace(path: str, fmt: RowFormat, q_nope, k: int):
         return AttnWorkspace.allocate(bs, heads, 3, device=q_nope.device)
     if path == "two_pass":
         return TileWorkspace.allocate(bs, heads, k, row_format=fmt, device=q_nope.device)
+    if path == "two_pass_prefetch":  # 16-row tiles: a program runs several (k 37 on CPU)
+        bt = 64 if q_nope.is_cuda else 16
+        return TileWorkspace.allocate(
+            bs, heads, k, row_format=fmt, block_t=bt, device=q_nope.device
+        )
     return None
 
 
 def decode(args, fmt: RowFormat, path: str, host=None):
     """out, lse of the kernels; small blocks and stages give the fused paths several steps."""
     knobs = {} if path == "two_pass" else dict(block_n=16, slot_stage=32)
+    if path == "two_pass_prefetch":
+        knobs = dict(launch=LaunchConfig(chunk=1024, mix_cols=512, score_prefetch=True))
     ws = workspace(path, fmt, args[0], args[-1].shape[1])
     return run_kernel(*args, SCALE, row_format=fmt, workspace=ws, host=host, **knobs)
 
