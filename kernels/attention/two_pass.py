@@ -31,12 +31,12 @@ import triton.language as tl
 from kernels.attention.kv_tiles import (
     FAST_SHIFT,
     host_row_starts,
-    kv_tile_of,
-    load_kv_bytes,
     load_kv_tile,
     load_latent,
     tile_scores,
 )
+from kernels.attention.score_prefetch import score_prefetched
+from kernels.attention.tile_softmax import store_tile
 from kernels.formats import FP8_BLOCK
 from kernels.tiles import exact_dot, staged_slot
 
@@ -97,7 +97,7 @@ def _score_kernel(
     start = tl.program_id(0) * CHUNK
     stop = tl.minimum(start + CHUNK, K)
     if PREFETCH:
-        _score_prefetched(
+        score_prefetched(
             q_nope, q_pe, kv_ptr, host_off, base, slots_ptr + b * s_sl_b, start, stop, qk_scale,
             p_ptr, pm_ptr, pl_ptr, b, heads, hmask, s_kv, s_p_b, s_p_t, s_p_h, s_m_b, s_m_t,
             D_V, D_PE, BLOCK_T, UPCAST, ROW_FP8, HOST_ROWS,
@@ -120,102 +120,10 @@ def _score_kernel(
                 kv_ptr, row, valid, s_kv, D_V, D_PE, UPCAST, ROW_FP8, HOST_ROWS
             )
             s = tile_scores(q_nope, q_pe, k_nope, k_pe, UPCAST, ROW_FP8)
-            _store_tile(
+            store_tile(
                 s, valid, qk_scale, p_ptr, pm_ptr, pl_ptr, b, staged // BLOCK_T + j, heads, hmask,
                 s_p_b, s_p_t, s_p_h, s_m_b, s_m_t, BLOCK_T,
             )  # fmt: skip
-
-
-@triton.jit
-def _score_prefetched(
-    q_nope, q_pe, kv_ptr, host_off, base, slot_ptr, start, stop, qk_scale, p_ptr, pm_ptr,
-    pl_ptr, b, heads, hmask, s_kv, s_p_b, s_p_t, s_p_h, s_m_b, s_m_t, D_V: tl.constexpr,
-    D_PE: tl.constexpr, BLOCK_T: tl.constexpr, UPCAST: tl.constexpr, ROW_FP8: tl.constexpr,
-    HOST_ROWS: tl.constexpr,
-):  # fmt: skip
-    """The score loop with tile t + 1's gathers issued before tile t's dequantization and dots
-    (with one program an SM, Q and a K tile filling its shared memory, nothing else hides them),
-    and each tile's slots loaded where they are used (no exchange through shared memory)."""
-    valid, lat, sc, pe = _tile_bytes(
-        kv_ptr, host_off, base, slot_ptr, start, stop, s_kv, D_V, D_PE, BLOCK_T, ROW_FP8, HOST_ROWS
-    )
-    for t0 in range(start, stop, BLOCK_T):
-        valid_t, lat_t, sc_t, pe_t = valid, lat, sc, pe
-        valid, lat, sc, pe = _tile_bytes(
-            kv_ptr, host_off, base, slot_ptr, t0 + BLOCK_T, stop, s_kv, D_V, D_PE, BLOCK_T,
-            ROW_FP8, HOST_ROWS,
-        )  # fmt: skip
-        k_nope, k_pe = kv_tile_of(lat_t, sc_t, pe_t, UPCAST, ROW_FP8)
-        s = tile_scores(q_nope, q_pe, k_nope, k_pe, UPCAST, ROW_FP8)
-        _store_tile(
-            s, valid_t, qk_scale, p_ptr, pm_ptr, pl_ptr, b, t0 // BLOCK_T, heads, hmask, s_p_b,
-            s_p_t, s_p_h, s_m_b, s_m_t, BLOCK_T,
-        )  # fmt: skip
-
-
-@triton.jit
-def _tile_bytes(
-    kv_ptr,
-    host_off,
-    base,
-    slot_ptr,
-    t0,
-    stop,
-    s_kv,
-    D_V: tl.constexpr,
-    D_PE: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    ROW_FP8: tl.constexpr,
-    HOST_ROWS: tl.constexpr,
-):
-    """(valid, tile bytes) of the tile of slots [t0, t0 + BLOCK_T) below stop (none past it)."""
-    offs = t0 + tl.arange(0, BLOCK_T)
-    slot = tl.load(slot_ptr + offs, mask=offs < stop, other=-1)
-    if HOST_ROWS:
-        row, valid = host_row_starts(slot, base, host_off, s_kv, ROW_FP8)
-    else:
-        valid = slot >= 0
-        row = base + slot.to(tl.int64)
-    lat, sc, pe = load_kv_bytes(kv_ptr, row, valid, s_kv, D_V, D_PE, ROW_FP8, HOST_ROWS)
-    return valid, lat, sc, pe
-
-
-@triton.jit
-def _store_tile(
-    s,
-    valid,
-    qk_scale,
-    p_ptr,
-    pm_ptr,
-    pl_ptr,
-    b,
-    t,
-    heads,
-    hmask,
-    s_p_b,
-    s_p_t,
-    s_p_h,
-    s_m_b,
-    s_m_t,
-    BLOCK_T: tl.constexpr,
-):
-    """Tile t's probabilities, max and sum from its raw scores s [heads, BLOCK_T]."""
-    s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
-    # An integer max (log2 units): the mix pass's factor 2^(m - M) is then a power of two, and
-    # rescaling the bf16 p by it rounds nothing (p is rounded once, as in the fused kernel).
-    # ceil keeps p <= 1; an empty tile keeps m = -inf.
-    m = tl.ceil(tl.max(s, axis=1))
-    p = tl.math.exp2(s - tl.where(m == float("-inf"), 0.0, m)[:, None])
-    tl.store(
-        p_ptr + b * s_p_b + t * s_p_t + heads[:, None] * s_p_h + tl.arange(0, BLOCK_T)[None, :],
-        p.to(tl.bfloat16),
-        mask=hmask[:, None],
-    )
-    tl.store(pm_ptr + b * s_m_b + t * s_m_t + heads, m, mask=hmask)
-    # The sum in 2^-40 fixed point (int64): integer sums are exact, so their order, which
-    # follows the launch's layout, cannot change a bit.
-    l_fix = tl.sum((p * 1099511627776.0).to(tl.int64), axis=1)
-    tl.store(pl_ptr + b * s_m_b + t * s_m_t + heads, l_fix, mask=hmask)
 
 
 @triton.jit
