@@ -158,6 +158,14 @@ async def wait_until(predicate, timeout: float = 10.0) -> None:
             await asyncio.sleep(0.01)
 
 
+def decode_role(*peers: str) -> tuple[str, ...]:
+    """A decode engine's flags with `peers` as its prefill peers, reusing cached prompts at the
+    prefill chunk's grain: these tests run a prompt on a single node first, and with page-grain
+    reuse (the default) its cached pages would make the decode engine prefill it itself
+    (DECISIONS, "A prompt mostly cached on the decode side is prefilled there")."""
+    return ("--role", "decode", "--prefill-peer", ",".join(peers), "--prefix-reuse-pages", "0")
+
+
 def prefill_status(eng: ManagedProcess) -> ppb.StatusResponse:
     """What a prefill engine (--role prefill) holds and has moved (prefill.v1 Status)."""
     with grpc.insecure_channel(eng.target) as channel:

@@ -15,7 +15,14 @@ import pytest
 
 from contract.nixl_agent import nixl_available
 from engine_client.cli.config import GenerateConfig
-from tests.process_harness import generated, settled, start_engine, start_service, workdir
+from tests.process_harness import (
+    decode_role,
+    generated,
+    settled,
+    start_engine,
+    start_service,
+    workdir,
+)
 
 if not nixl_available():
     pytest.skip("the nixl package is not installed", allow_module_level=True)
@@ -47,8 +54,9 @@ def test_one_prefill_and_one_decode_give_the_single_node_tokens(row_format, sour
         formats = ("--row-format", row_format, "--index-format", row_format)
         role = ("--role", "prefill", "--transfer-source", source)
         prefill = start_engine(path, "baseline", name="prefill", extra=(*role, *formats))
-        peer = ("--role", "decode", "--prefill-peer", prefill.target)
-        decode = start_engine(path, "service", svc, name="decode", extra=peer)
+        decode = start_engine(
+            path, "service", svc, name="decode", extra=decode_role(prefill.target)
+        )
         single = start_engine(path, "service", svc, name="single")
         try:
             for cfg in (RESIDENT, OFFLOADED):
@@ -76,7 +84,7 @@ def test_two_prefill_and_two_decode_engines_share_the_prompts() -> None:
             start_engine(path, "baseline", name=f"prefill{i}", extra=("--role", "prefill"))
             for i in range(2)
         ]
-        peers = ("--role", "decode", "--prefill-peer", ",".join(p.target for p in prefills))
+        peers = decode_role(*(p.target for p in prefills))
         decodes = [
             start_engine(path, "service", svc, name=f"decode{i}", extra=peers) for i in range(2)
         ]

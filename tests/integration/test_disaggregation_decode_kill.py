@@ -35,6 +35,7 @@ from engine_client.cli.config import GenerateConfig
 from engine_client.serve.procs import ManagedProcess
 from tests.process_harness import (
     cuda_shm_dir,
+    decode_role,
     generated,
     prefill_status,
     settled,
@@ -95,7 +96,7 @@ class _DecodeSide:
     def __init__(self, path: str, prefill: ManagedProcess, name: str) -> None:
         self.shm = cuda_shm_dir(path)
         self.svc = start_service(path, extra=("--nixl", "1"), shm_dir=self.shm)
-        peer = ("--role", "decode", "--prefill-peer", prefill.target)
+        peer = decode_role(prefill.target)
         self.decode = start_engine(path, "service", self.svc, name=f"decode-{name}", extra=peer)
         self._sent = 0
 

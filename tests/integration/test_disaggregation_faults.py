@@ -21,7 +21,14 @@ import pytest
 from contract.nixl_agent import nixl_available
 from engine_client.cli.config import GenerateConfig
 from engine_client.serve.procs import ENGINE_SERVICE_NAME, ManagedProcess
-from tests.process_harness import generated, settled, start_engine, start_service, workdir
+from tests.process_harness import (
+    decode_role,
+    generated,
+    settled,
+    start_engine,
+    start_service,
+    workdir,
+)
 
 if not nixl_available():
     pytest.skip("the nixl package is not installed", allow_module_level=True)
@@ -46,11 +53,9 @@ def test_a_peer_killed_mid_transfer_leaves_the_tokens_of_a_single_node() -> None
         svc = start_service(path, extra=("--nixl", "1"))
         real = start_engine(path, "baseline", name="prefill", extra=("--role", "prefill"))
         dying = [_dying_peer(path, f"dying{i}") for i in range(2)]
-        peers = ("--prefill-peer", f"{dying[0].target},{real.target}")
-        peers += ("--prefill-peer", dying[1].target)
-        decode = start_engine(
-            path, "service", svc, name="decode", extra=("--role", "decode", *peers)
-        )
+        # The flag repeated extends the list (contract/flags.py).
+        peers = (*decode_role(dying[0].target, real.target), "--prefill-peer", dying[1].target)
+        decode = start_engine(path, "service", svc, name="decode", extra=peers)
         single = start_engine(path, "service", svc, name="single")
         try:
             want = asyncio.run(generated(single, FIRST))

@@ -14,6 +14,7 @@ import pytest
 from contract.nixl_agent import nixl_available
 from engine_client.cli.config import GenerateConfig
 from tests.process_harness import (
+    decode_role,
     generated,
     layout_with,
     prefill_status,
@@ -46,7 +47,7 @@ def test_a_prefill_gpu_writes_straight_into_the_decode_sides_host_pages(row_form
         svc = start_service(path, layout, device="cuda", extra=("--nixl", "1"))
         role = ("--role", "prefill", "--transfer-source", source, *formats)
         prefill = start_engine(path, "baseline", name="prefill", extra=role, device="cuda")
-        peer = ("--role", "decode", "--prefill-peer", prefill.target)
+        peer = decode_role(prefill.target)
         decode = start_engine(path, "service", svc, name="decode", extra=peer, device="cuda")
         single = start_engine(path, "service", svc, name="single", device="cuda")
         try:
