@@ -8,8 +8,8 @@ buffers of B 4096).
     ncu --clock-control none -k regex:"_score_kernel|_mix_kernel" --launch-skip 4 \\
         --launch-count 4 --section SpeedOfLight ... python3 -m bench.kernels.ncu_attention
 
-(bench/gpu_session.sh's ncuattn stage.) The first round (4 launches: score and mix per format)
-compiles and warms up; the second is the one to profile.
+(bench/gpu_session.sh's ncuattn stage.) The first 4 launches (score and mix per format)
+compile and warm up; the next 4 are the ones to profile (with one format, two rounds each).
 """
 
 from __future__ import annotations
@@ -50,7 +50,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg = launch_config(row_format, args.batch)
         return dataclasses.replace(cfg, score_prefetch=True) if args.score_prefetch else cfg
 
-    for _ in range(2):  # warm-up round, then the profiled round
+    # ncu skips the first 4 launches and profiles the next 4 (bench/gpu_session.sh): rounds of
+    # 2 launches a format until both are spent (one format: 2 warm-up rounds, 2 profiled).
+    for _ in range(2 * -(-4 // (2 * len(cases)))):
         for _, call, row_format, ws in cases:
             sparse_mla_decode(*call, row_format=row_format, workspace=ws, launch=launch(row_format))
         torch.cuda.synchronize()
