@@ -37,7 +37,6 @@ from kv_service.books.records import (
     check_range,
 )
 from kv_service.books.sessions import SessionTable
-from kv_service.memory.index_landing import IndexLanding, landed_pages
 from kv_service.memory.store import TensorRows
 
 log = logging.getLogger(__name__)
@@ -57,10 +56,7 @@ class ServiceCore:
         max_sessions: int = 64,
         clock: Callable[[], float] = time.monotonic,
         on_session_closed: Callable[[str], None] | None = None,
-        index_landing: IndexLanding | None = None,
     ) -> None:
-        """index_landing: where remote prefill writes put index keys (a GPU service with
-        --nixl), moved into the pool as each request lands; None: into the pool itself."""
         # A KVTensors set (the service, embedded mode), or another RowStore (the reference
         # engine's baseline page table: its bookkeeping without the service's memory).
         self.kv = kv if isinstance(kv, KVTensors) else None
@@ -71,7 +67,6 @@ class ServiceCore:
         self._clock = clock
         self._started = clock()
         self._on_session_closed = on_session_closed
-        self.index_landing = index_landing
         self.ledger = PageLedger(self.rows)
         self.pages, self.slots = self.ledger.pages, self.ledger.slots
         self.table = SessionTable(lease_seconds, max_sessions, clock)
@@ -235,11 +230,7 @@ class ServiceCore:
         """Another process wrote the request's first seq_len rows into its pages (a prefill
         engine over NIXL): stored, and in the hot buffer where its reader expects them."""
         self.table.touch(session_id)
-        request = self.request(session_id, request_id)
-        self.ledger.land(request, seq_len)
-        if self.index_landing is not None:  # the keys wait in host memory (index_landing.py)
-            P, cached = self.layout.page_size, request.cached_tokens
-            self.index_landing.take(landed_pages(request.pages, P, cached, seq_len))
+        self.ledger.land(self.request(session_id, request_id), seq_len)
         self.rows.sync()
 
     def release(self, session_id: str, request_id: str, page_hashes: Sequence[bytes] = ()) -> None:

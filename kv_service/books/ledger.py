@@ -103,11 +103,20 @@ def scoped_keys(namespace: bytes, names: Sequence[bytes], most: int) -> list[byt
     return prefix.scoped(namespace, names)
 
 
+class KeyLanding(Protocol):
+    """Where a GPU service's remote prefill writes put index keys
+    (kv_service/memory/index_landing.py): `take` moves pages of them into the pool."""
+
+    def take(self, pages: Sequence[int]) -> int: ...
+
+
 class PageLedger:
     """Slots, pages and cached pages of one KVTensors set."""
 
     def __init__(self, rows: RowStore) -> None:
         self.rows, self.layout = rows, rows.layout
+        # A GPU service with --nixl: memory/transfer_agent.kv_agent's (rpc/server.py sets it).
+        self.key_landing: KeyLanding | None = None
         # A RowStore with a shared hot region (TensorRows) keeps some request slots for it and
         # hears of every page freed (its rows there must never hit again).
         self.pages = PagePool(self.layout.num_pages, on_free=getattr(rows, "forget_pages", None))
@@ -207,6 +216,9 @@ class PageLedger:
         self.rows.load_prefix(
             request.slot, request.mode, request.pages, seq_len, request.cached_tokens
         )
+        if self.key_landing is not None:  # the writer's keys wait in host memory
+            P = self.layout.page_size  # its private pages: the writer skips the shared ones
+            self.key_landing.take(request.pages[request.cached_tokens // P : -(-seq_len // P)])
         request.seq_len = seq_len
         self.publish(request)
 

@@ -1,6 +1,7 @@
 """Where a prefill engine's NIXL writes put a prompt's index keys on a GPU service: a pinned host
 mirror of the index-key pool, moved into the pool by the service's own copy when the request
-lands (`Prefilled`).
+lands (`Prefilled`: `books/ledger.py:PageLedger.land` takes the request's private pages; the
+shared pages of its cached prefix are not written, their keys are in the pool).
 
 Why not straight into the pool: the pool is device memory, and on the machines measured a NIXL
 write into device memory runs at ~0.5 GB/s, whatever its source (UCX stages it; runs AA and AC:
@@ -50,13 +51,6 @@ class IndexLanding:
                 self.mirror[:, first : first + count], non_blocking=True
             )
         return len(runs)
-
-
-def landed_pages(pages: Sequence[int], page_size: int, cached: int, seq_len: int) -> list[int]:
-    """The pages a prefill engine wrote for tokens [cached, seq_len) of a request whose page
-    table is `pages`: its private ones. The cached prefix's pages are shared, read-only, and the
-    writer skips them (contract.transfer_target.prompt_spans); their keys are in the pool."""
-    return list(pages[cached // page_size : -(-seq_len // page_size)])
 
 
 def _runs(ids: list[int]) -> list[tuple[int, int]]:

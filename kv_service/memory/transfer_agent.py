@@ -13,19 +13,19 @@ from contract.transfer_target import INDEX, ROWS
 from kv_service.memory.index_landing import IndexLanding
 
 
-def kv_agent(
-    instance: str, epoch: int, kv: KVTensors, landing: IndexLanding | None = None
-) -> NixlAgent:
+def kv_agent(instance: str, epoch: int, kv: KVTensors) -> tuple[NixlAgent, IndexLanding | None]:
     """An agent with the rows of the host tier ([N, L, P, D]: page-major) and the index-key
-    pool ([L, N, P, I]: layer-major) registered, or, given a landing, its host mirror of the
-    pool in the pool's place."""
-    agent = NixlAgent(f"{instance}-{epoch:x}")
+    pool ([L, N, P, I]: layer-major) registered; on a GPU, in the pool's place, a pinned host
+    mirror of it (returned: the ledger empties it into the pool as each request lands)."""
+    agent, landing = NixlAgent(f"{instance}-{epoch:x}"), None
     try:
-        rows = kv.host_kv
-        index = landing.mirror if landing is not None else kv.index_pool
+        rows, index = kv.host_kv, kv.index_pool
+        if index.is_cuda:
+            landing = IndexLanding(index)
+            index = landing.mirror
         agent.register(ROWS, rows, layer_stride=rows.stride(1), page_stride=rows.stride(0))
         agent.register(INDEX, index, layer_stride=index.stride(0), page_stride=index.stride(1))
     except BaseException:
         agent.close()
         raise
-    return agent
+    return agent, landing

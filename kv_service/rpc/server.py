@@ -29,7 +29,6 @@ from kernels import toolchain
 from kv_service.config import ServiceConfig
 from kv_service.core import ServiceCore
 from kv_service.memory import segment, shm_file, shm_room
-from kv_service.memory.index_landing import IndexLanding
 from kv_service.memory.region_lease import RegionLease
 from kv_service.memory.remote_swap import RemoteSwapper
 from kv_service.memory.transfer_agent import kv_agent
@@ -67,8 +66,7 @@ def resolve_device(choice: str) -> torch.device:
 
 
 def gpu_uuid(device: torch.device) -> str:
-    """The GPU's UUID in nvidia-smi's form ("GPU-..."), so engines can match
-    CUDA_VISIBLE_DEVICES."""
+    """The GPU's UUID in nvidia-smi's form ("GPU-..."), so engines match CUDA_VISIBLE_DEVICES."""
     if device.type != "cuda":
         return ""
     return f"GPU-{torch.cuda.get_device_properties(device).uuid}"
@@ -101,20 +99,16 @@ def build_runtime(config: ServiceConfig, device: torch.device) -> Runtime:
     kv = shared.memory.kv
     region = RegionLease(kv.shared, shared.region_handles)
     swapper = RemoteSwapper(kv, shared.memory.exchange, region)
-    # On a GPU, remote prefill writes put index keys in host memory (memory/index_landing.py).
-    landing = IndexLanding(kv.index_pool) if config.nixl and device.type == "cuda" else None
     core = ServiceCore(
-        kv,
-        lease_seconds=config.lease_seconds,
-        on_session_closed=swapper.session_closed,
-        index_landing=landing,
+        kv, lease_seconds=config.lease_seconds, on_session_closed=swapper.session_closed
     )
     if device.type == "cuda":  # the tools the swap kernels compile with, or why not
         log.info("Triton's ptxas: %s", toolchain.check())
     if device.type == "cuda" and config.warmup:
         swapper.warm_up()
         log.info("warm-up: swap kernels compiled and run once")
-    agent = kv_agent(config.instance, core.epoch, kv, landing) if config.nixl else None
+    agent, landing = kv_agent(config.instance, core.epoch, kv) if config.nixl else (None, None)
+    core.ledger.key_landing = landing
     return Runtime(
         agent=agent,
         transfer=agent.target(config.layout) if agent is not None else None,

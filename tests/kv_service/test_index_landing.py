@@ -11,7 +11,7 @@ import torch
 from contract.layout import KVLayout
 from contract.prefix import page_hashes
 from kv_service.core import ServiceCore
-from kv_service.memory.index_landing import IndexLanding, landed_pages
+from kv_service.memory.index_landing import IndexLanding
 from kv_service.memory.store import allocate_local
 from tests.service_harness import TINY
 
@@ -21,8 +21,9 @@ PROMPT = list(range(100, 130))  # 30 tokens: 7 full pages and 2 tokens of an eig
 
 def _core() -> tuple[ServiceCore, IndexLanding, str]:
     kv = allocate_local(LAYOUT)
-    landing = IndexLanding(kv.index_pool, torch.zeros_like(kv.index_pool))
-    core = ServiceCore(kv, lease_seconds=5.0, epoch=7, index_landing=landing)
+    core = ServiceCore(kv, lease_seconds=5.0, epoch=7)
+    # What memory/transfer_agent.kv_agent does on a GPU (there the mirror is pinned host memory).
+    core.ledger.key_landing = landing = IndexLanding(kv.index_pool, torch.zeros_like(kv.index_pool))
     return core, landing, core.attach("eng", fingerprint="model-a").session_id
 
 
@@ -37,17 +38,17 @@ def test_prefilled_moves_exactly_the_private_pages_keys() -> None:
     first = core.admit(sid, "a", len(PROMPT), 2, names)
     core.commit(sid, "a", len(PROMPT))  # publishes its 7 full pages
     _mark(pool, first.pages, 5)  # the cached pages' keys, as its own prefill wrote them
-    second = core.admit(sid, "b", len(PROMPT) + 3, 2, page_hashes(PROMPT + [1, 2, 3], 4))
-    assert second.cached_tokens == 28
-    # The writer fills the mirror for every page of b past the cache, and garbage elsewhere.
-    mirror.fill_(9)
-    private = second.pages[7:]
-    _mark(mirror, private, 7)
+    # 33 prompt tokens (9 pages, 7 of them cached) and room for 8 more (2 pages not yet used).
+    second = core.admit(sid, "b", len(PROMPT) + 3, 8, page_hashes(PROMPT + [1, 2, 3], 4))
+    assert second.cached_tokens == 28 and len(second.pages) == 11
+    mirror.fill_(9)  # what the mirror holds elsewhere: other requests' keys, stale ones
+    _mark(mirror, second.pages[7:], 7)
     core.prefilled(sid, "b", len(PROMPT) + 3)
-    assert (pool[:, private] == 7).all()
+    assert (pool[:, second.pages[7:9]] == 7).all()
     assert (pool[:, second.pages[:7]] == 5).all(), "a shared page's keys were overwritten"
-    others = [p for p in range(LAYOUT.num_pages) if p not in set(first.pages) | set(private)]
-    assert (pool[:, others] == 0).all()
+    untouched = set(range(LAYOUT.num_pages)) - set(first.pages) - set(second.pages[:9])
+    assert (pool[:, sorted(untouched)] == 0).all()
+    assert (pool[:, [p for p in first.pages if p not in second.pages]] == 5).all()
 
 
 def test_without_a_landing_prefilled_copies_nothing() -> None:
@@ -57,13 +58,6 @@ def test_without_a_landing_prefilled_copies_nothing() -> None:
     core.admit(sid, "a", len(PROMPT), 2)
     core.prefilled(sid, "a", len(PROMPT))
     assert (kv.index_pool == 0).all()
-
-
-def test_landed_pages_are_those_past_the_cached_prefix() -> None:
-    pages = [11, 3, 4, 5, 20]
-    assert landed_pages(pages, 4, 0, 17) == pages
-    assert landed_pages(pages, 4, 8, 17) == [4, 5, 20]
-    assert landed_pages(pages, 4, 8, 12) == [4]
 
 
 def test_take_copies_runs_of_consecutive_pages_once_each() -> None:
