@@ -21,6 +21,7 @@ import torch
 
 from bench.kernels import (
     attention_cases,
+    beside_cases,
     copy_layout_cases,
     host_read_cases,
     kernel_cases,
@@ -81,6 +82,7 @@ def run_cases(ceil: dict, reps: int, wanted: list[str]) -> list[Row]:
         miss_copy_cases,
         copy_layout_cases,
         overlap_cases,
+        beside_cases,
         sglang_swap_cases,
     )
     for case in [c for m in modules for c in m.ALL]:
