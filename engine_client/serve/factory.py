@@ -26,7 +26,6 @@ from engine_client.loop.admission_limit import AdmissionLimit
 from engine_client.loop.admission_setting import admission_limit
 from engine_client.loop.engine import Engine
 from engine_client.loop.metrics import EngineMetrics
-from engine_client.loop.page_names import PrefixReuse
 from engine_client.loop.queue_policy import QueueLimits, queue_policy
 from engine_client.model.compute import Compute
 from engine_client.model.preset import TOKENIZERS, ModelConfig, preset
@@ -256,11 +255,7 @@ async def build_engine(cfg: EngineConfig, metrics: EngineMetrics | None = None) 
         policy=_queue_limits(cfg.queueing),
         overlap=cfg.batching.overlap,
         vocab=vocab,
-        prefix=PrefixReuse(
-            cfg.prefix.prefix_cache,
-            cfg.prefix.prefix_share_generated,
-            cfg.prefix.reuse_to_pages(device, cfg.execution.batch_invariant),
-        ),
+        prefix=cfg.prefix.reuse(device, cfg.execution.batch_invariant),
         metrics=metrics,
         acceptance=cfg.speculation.acceptance,
         prefill_peers=_prefill_peers(cfg.disaggregation),

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from contract.flags import setting
 from contract.rules import check_settings, text
+from engine_client.loop.page_names import PrefixReuse
 
 
 @dataclass(frozen=True)
@@ -43,9 +44,10 @@ class PrefixCaching:
     def __post_init__(self) -> None:
         check_settings(self)
 
-    def reuse_to_pages(self, device: str, batch_invariant: bool) -> bool:
-        """Whether reuse goes to the page on `device` ("cpu", "cuda:0"): --prefix-reuse-pages,
-        unless --prefix-share-generated 0 asks every reuse to be bitwise a cold prefill where
-        page reuse cannot promise it (a GPU without batch-invariant kernels)."""
+    def reuse(self, device: str, batch_invariant: bool) -> PrefixReuse:
+        """The engine's prefix reuse on `device` ("cpu", "cuda:0"). It goes to the page with
+        --prefix-reuse-pages, unless --prefix-share-generated 0 asks every reuse to be bitwise a
+        cold prefill where page reuse cannot promise it (a GPU without batch-invariant kernels)."""
         bitwise_anyway = device.split(":")[0] == "cpu" or batch_invariant
-        return self.prefix_reuse_pages and (self.prefix_share_generated or bitwise_anyway)
+        pages = self.prefix_reuse_pages and (self.prefix_share_generated or bitwise_anyway)
+        return PrefixReuse(self.prefix_cache, self.prefix_share_generated, pages)
