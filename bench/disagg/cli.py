@@ -144,7 +144,8 @@ def transfer(before: dict, after: dict) -> dict:
         "gb_per_s": nbytes / seconds / 1e9 if seconds else 0.0,
         "busy_s": busy,
         "busy_gb_per_s": nbytes / busy / 1e9 if busy else 0.0,
-        # Each region's part of a write (rows into host memory, index keys into device memory).
+        # Each region's part of a write (rows into the host tier; index keys into the decode
+        # side's host mirror of its index pool on a GPU, kv_service/memory/index_landing.py).
         "region_ms_mean": {
             name: 1e3 * (seconds - before["region_seconds"].get(name, 0.0)) / exports
             for name, seconds in after["region_seconds"].items()
