@@ -5,10 +5,13 @@ engines may share cached pages."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from contract.flags import setting
 from contract.rules import check_settings, text
-from engine_client.loop.page_names import PrefixReuse
+
+if TYPE_CHECKING:  # the loop imports torch; `serve --help` must not
+    from engine_client.loop.page_names import PrefixReuse
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,8 @@ class PrefixCaching:
         """The engine's prefix reuse on `device` ("cpu", "cuda:0"). It goes to the page with
         --prefix-reuse-pages, unless --prefix-share-generated 0 asks every reuse to be bitwise a
         cold prefill where page reuse cannot promise it (a GPU without batch-invariant kernels)."""
+        from engine_client.loop.page_names import PrefixReuse
+
         bitwise_anyway = device.split(":")[0] == "cpu" or batch_invariant
         pages = self.prefix_reuse_pages and (self.prefix_share_generated or bitwise_anyway)
         return PrefixReuse(self.prefix_cache, self.prefix_share_generated, pages)
