@@ -19,10 +19,11 @@ def ref_indexer_scores(
     out_scores: torch.Tensor,
     *,
     index_format: IndexFormat,
+    query_fp8: bool = False,
 ) -> None:
     """score[b, t] = sum_h w[b, h] * relu(q[b, h] . key_t) for t < seq_len, else -inf (fp64 math).
     A padding row (req_slot < 0), a token whose page id is < 0 or beyond the page table score
-    -inf."""
+    -inf. query_fp8: q as the fp8 indexer scores it (fp8_query_values)."""
     page = index_pool_layer.shape[1]
     out_scores.fill_(float("-inf"))
     for b in range(q.shape[0]):
@@ -35,9 +36,21 @@ def ref_indexer_scores(
         ok = pages >= 0
         rows = read_index_rows(index_pool_layer, pages.clamp(min=0), t % page, index_format)
         keys = index_format.decode(rows).double()
-        s = torch.relu(q[b].double() @ keys.T)  # [64, n]
+        qb = fp8_query_values(q[b]) if query_fp8 else q[b].double()
+        s = torch.relu(qb @ keys.T)  # [64, n]
         score = w[b].double() @ s
         out_scores[b, :n] = torch.where(ok, score, float("-inf")).to(out_scores.dtype)
+
+
+def fp8_query_values(q: torch.Tensor) -> torch.Tensor:
+    """q [heads, D] as the fp8 indexer uses it (kernels/select/index_query.py:fp8_query), in
+    fp64: per head, scaled by 2^-e with e the least integer such that max |q| * 2^-e <= 448,
+    cast to e4m3 (round to nearest even), scaled back by 2^e."""
+    qf = q.float()
+    amax = qf.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny).double()
+    e = torch.ceil(torch.log2(amax / 448.0)).clamp(-126, 126)  # exact in fp64 at these sizes
+    scaled = (qf.double() * torch.exp2(-e)[:, None]).float().to(torch.float8_e4m3fn)
+    return scaled.double() * torch.exp2(e)[:, None]
 
 
 def order_key(scores: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,7 @@ import triton.language as tl
 
 from kernels.formats import INDEX_DIM, IndexFormat, IndexKernel
 from kernels.interpreter import INTERPRETED
+from kernels.select.index_query import f16_query, fp8_query
 from kernels.select.topk import topk_select
 from kernels.tiles import bf16_dot
 
@@ -34,8 +35,10 @@ def _load_keys(
     PAGE: tl.constexpr,
     FP8: tl.constexpr,
     ALIGN: tl.constexpr,
+    Q_FP8: tl.constexpr = False,
 ):
-    """Keys [BLOCK_T, D] (bf16, or f16 for fp8 keys) and the per-token scale (1.0 for bf16)."""
+    """Keys [BLOCK_T, D] (bf16, or f16 for fp8 keys; Q_FP8: the e4m3 values as stored) and the
+    per-token scale (1.0 for bf16)."""
     d = tl.arange(0, D)
     if FP8:
         # Page-blocked fp8 pool: a page is PAGE rows of D values, then PAGE fp32 scales. Every
@@ -44,8 +47,10 @@ def _load_keys(
         page_bytes = page * (PAGE * (D + 4))
         start = tl.multiple_of(page_bytes + in_page * D, ALIGN)
         keys = tl.load(pool_ptr + start[:, None] + d[None, :], mask=ok[:, None], other=0)
-        # e4m3 -> f16 is exact and one native cvt per two values (-> bf16 costs two more).
-        keys = keys.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        keys = keys.to(tl.float8e4nv, bitcast=True)
+        if not Q_FP8:
+            # e4m3 -> f16 is exact and one native cvt per two values (-> bf16 costs two more).
+            keys = keys.to(tl.float16)
         scale = tl.load(
             scale_ptr + page * (PAGE * (D + 4) // 4) + PAGE * (D // 4) + in_page, mask=ok, other=0.0
         )
@@ -54,19 +59,6 @@ def _load_keys(
         keys = tl.load(pool_ptr + start[:, None] + d[None, :], mask=ok[:, None], other=0)
         scale = tl.full(page.shape, 1.0, tl.float32)
     return keys, scale
-
-
-@triton.jit
-def _f16_query(q):
-    """q as f16 times 2^-e, and 2^e: e puts max |q| near 2^15, so every bf16 value of q that
-    matters converts exactly (power-of-two scaling is exact; values below 2^-39 max |q| flush)."""
-    amax = tl.max(tl.max(tl.abs(q.to(tl.float32)), axis=1), axis=0)
-    # The floor keeps log2 finite for q = 0 (then 2^e is tiny, never an inf weight).
-    e = tl.ceil(tl.math.log2(tl.maximum(amax, 1.1754943508222875e-38))).to(tl.int32) - 15
-    e = tl.minimum(tl.maximum(e, -100), 100)
-    down = ((127 - e) << 23).to(tl.float32, bitcast=True)
-    up = ((127 + e) << 23).to(tl.float32, bitcast=True)
-    return (q.to(tl.float32) * down).to(tl.float16), up
 
 
 @triton.jit
@@ -83,13 +75,14 @@ def _tile_keys(
     ALIGN: tl.constexpr,
     BLOCK_T: tl.constexpr,
     TILES: tl.constexpr,
+    Q_FP8: tl.constexpr = False,
 ):
     """Tokens, validity, keys and scales of tile i (no token is valid for i >= TILES)."""
     t = t0 + i * BLOCK_T + tl.arange(0, BLOCK_T)
     page = tl.sum(tl.where(tl.arange(0, TILES)[:, None] == i, pages, 0), axis=0)
     ok = (t < n) & (page >= 0) & (i < TILES)
     keys, scale = _load_keys(
-        pool_ptr, scale_ptr, page.to(tl.int64), t % PAGE, ok, D, PAGE, FP8, ALIGN
+        pool_ptr, scale_ptr, page.to(tl.int64), t % PAGE, ok, D, PAGE, FP8, ALIGN, Q_FP8
     )
     return t, ok, keys, scale
 
@@ -121,6 +114,7 @@ def _indexer_kernel(
     REG_PREFETCH: tl.constexpr,
     ROWS_FIRST: tl.constexpr,
     UPCAST: tl.constexpr,
+    Q_FP8: tl.constexpr = False,
 ):
     # Which grid axis walks the batch rows changes only the launch order (see indexer_scores).
     b = tl.program_id(0) if ROWS_FIRST else tl.program_id(1)
@@ -132,9 +126,13 @@ def _indexer_kernel(
     hd = tl.arange(0, N_HEADS)
     q = tl.load(q_ptr + b * s_q_b + hd[:, None] * s_q_h + tl.arange(0, D)[None, :])
     w = tl.load(w_ptr + b * s_w_b + hd)
-    if FP8:
+    if Q_FP8:
+        # e4m3 x e4m3 dot (V3.2's indexer); each head's power of two comes back through w.
+        q, up = fp8_query(q, UPCAST)
+        w = w * up
+    elif FP8:
         # f16 x f16 dot for fp8 keys; the power of two comes back through the weights.
-        q, up = _f16_query(q)
+        q, up = f16_query(q)
         w = w * up
     # The page ids of all tiles are looked up before the tile loop: key loads whose addresses
     # come from no load inside the loop are what Triton's pipeliner keeps num_stages - 1 tiles
@@ -147,18 +145,18 @@ def _indexer_kernel(
     pages = tl.reshape(pages, [TILES, BLOCK_T])
     if REG_PREFETCH:
         t, ok, keys, scale = _tile_keys(
-            pool_ptr, scale_ptr, pages, 0, t0, n, D, PAGE, FP8, ALIGN, BLOCK_T, TILES
+            pool_ptr, scale_ptr, pages, 0, t0, n, D, PAGE, FP8, ALIGN, BLOCK_T, TILES, Q_FP8
         )
     for i in range(TILES):
         if REG_PREFETCH:
             # Register double buffer (use with num_stages=1): the pipeliner's shared-memory
             # copies of fp8 tiles are 8 B wide, plain loads of 16 B aligned rows are 16 B wide.
             t_n, ok_n, keys_n, scale_n = _tile_keys(
-                pool_ptr, scale_ptr, pages, i + 1, t0, n, D, PAGE, FP8, ALIGN, BLOCK_T, TILES
+                pool_ptr, scale_ptr, pages, i + 1, t0, n, D, PAGE, FP8, ALIGN, BLOCK_T, TILES, Q_FP8
             )
         else:
             t, ok, keys, scale = _tile_keys(
-                pool_ptr, scale_ptr, pages, i, t0, n, D, PAGE, FP8, ALIGN, BLOCK_T, TILES
+                pool_ptr, scale_ptr, pages, i, t0, n, D, PAGE, FP8, ALIGN, BLOCK_T, TILES, Q_FP8
             )
         s = bf16_dot(keys, tl.trans(q), None, UPCAST) * scale[:, None]  # [BLOCK_T, N_HEADS]
         score = tl.sum(tl.maximum(s, 0.0) * w[None, :], axis=1)
@@ -219,6 +217,7 @@ def indexer_scores(
     num_stages: int | None = None,
     reg_prefetch: bool | None = None,
     rows_first: bool = False,
+    query_fp8: bool = False,
 ) -> None:
     """Lightning-indexer scores of every stored token of each batch row.
 
@@ -241,14 +240,23 @@ def indexer_scores(
     verify rows) then read those keys at about the same time, from L2 after the first. Every
     score keeps its bits (each program computes what it did before). Off: it gained 3.6% for
     bf16 keys and nothing for fp8 with a shared prefix (run AC; docs/DECISIONS.md).
+    query_fp8 (fp8 keys only): V3.2's own indexer numerics, e4m3 x e4m3 products on the fp8
+    tensor cores with q cast to e4m3 per head (a power-of-two scale per head folded into w;
+    kernels.reference.ref_indexer_scores has the rule); the keys are used as stored, with no
+    conversion (by default through 3-stage async copies: the register prefetch shuffles fp8 bytes,
+    401 PRMT a tile in the sm_90 SASS). Off: keys are converted to f16 and q kept to f16's
+    precision.
     """
     _check_args(q, w, index_pool_layer, page_table, req_slots, seq_lens, out_scores, index_format)
     bs, n_heads, dim = q.shape
     if bs == 0 or out_scores.shape[1] == 0:
         return
     fp8 = index_format.kernel is IndexKernel.FP8
+    if query_fp8 and not fp8:
+        raise ValueError(f"query_fp8 needs fp8 index keys, not {index_format.describe()}")
     page = index_pool_layer.shape[1]
-    reg_prefetch = fp8 if reg_prefetch is None else reg_prefetch
+    # fp8 keys converted in registers: prefetched there; used as stored (query_fp8): async copies.
+    reg_prefetch = (fp8 and not query_fp8) if reg_prefetch is None else reg_prefetch
     num_stages = (1 if reg_prefetch else 3) if num_stages is None else num_stages
     pool = index_pool_layer if fp8 else index_pool_layer.view(torch.bfloat16)
     # bf16 keys carry no scale; the pool itself stands in for the unused pointer.
@@ -283,6 +291,7 @@ def indexer_scores(
         REG_PREFETCH=reg_prefetch,
         ROWS_FIRST=rows_first,
         UPCAST=INTERPRETED,
+        Q_FP8=query_fp8,
         num_warps=num_warps,
         num_stages=num_stages,
     )

@@ -7,6 +7,7 @@ import torch
 
 from kernels.formats import FP8_KEYS, INDEX_FORMATS
 from kernels.reference import read_index_rows, ref_indexer_scores
+from kernels.reference.select import fp8_query_values
 from kernels.select.indexer import indexer_scores
 
 HEADS, DIM = 64, 128
@@ -47,7 +48,7 @@ def check(inputs, cols, **kw):
     out = torch.full((bs, cols), float("nan"), device=inputs["q"].device)
     indexer_scores(**inputs, out_scores=out, **kw)
     ref = torch.empty_like(out)
-    ref_indexer_scores(**inputs, out_scores=ref)
+    ref_indexer_scores(**inputs, out_scores=ref, query_fp8=kw.get("query_fp8", False))
     finite = torch.isfinite(ref)
     assert torch.equal(torch.isfinite(out), finite)
     assert (out[~finite] == float("-inf")).all()
@@ -116,6 +117,47 @@ def test_fp8_queries_of_any_magnitude(device):
     assert (out[0, :77] == 0).all()
 
 
+@pytest.mark.parametrize(
+    "bs,page,seq_lens,cols",
+    [(1, 16, [77], 100), (3, 7, [130, 5, 64], 150), (5, 16, [300, 1, 129, 255, 64], 300)],
+)
+def test_fp8_query_matches_its_reference(bs, page, seq_lens, cols, device):
+    """query_fp8: e4m3 x e4m3 products (exact in fp32), summed in fp32: the fp64 reference over
+    the same quantized q within fp32 rounding, for q of any magnitude and a head of zeros."""
+    inputs = make_inputs("fp8", bs, page, seq_lens, cols, device, seed=bs * 5 + page)
+    inputs["q"][0, 3] = 0
+    inputs["q"][-1] *= 1e6
+    check(inputs, cols, block_t=32, tiles=2, query_fp8=True)
+
+
+def test_fp8_query_stays_close_to_the_f16_query(device):
+    """The e4m3 query rounds each value to 3 mantissa bits: scores move by a few percent of
+    their scale, not more (the two paths score the same keys)."""
+    inputs = make_inputs("fp8", 3, 16, [200, 64, 130], 200, device, seed=21)
+    out8 = check(inputs, 200, query_fp8=True)
+    out16 = check(inputs, 200)
+    finite = torch.isfinite(out16)
+    scale = out16[finite].abs().max()
+    assert (out8[finite] - out16[finite]).abs().max() < 0.1 * scale
+    assert not torch.equal(out8, out16)
+
+
+def test_fp8_query_values_scale_to_e4m3s_range():
+    """The per-head power of two: max |q| lands in (224, 448], exactly at 448 kept."""
+    q = torch.zeros(3, DIM)
+    q[0, 0], q[1, 5], q[2, 7] = 448.0 * 2**-10, 448.0 * 2**-10 * 1.001, 3.0
+    e4m3 = fp8_query_values(q)
+    assert e4m3[0, 0] == q[0, 0] and e4m3[2, 7] == 3.0
+    assert abs(float(e4m3[1, 5]) / float(q[1, 5]) - 1) < 2**-3
+    assert (fp8_query_values(torch.zeros(2, DIM)) == 0).all()
+
+
+def test_fp8_query_needs_fp8_keys(device):
+    inputs = make_inputs("bf16", 1, 16, [10], 16, device, seed=5)
+    with pytest.raises(ValueError, match="fp8"):
+        indexer_scores(**inputs, out_scores=torch.empty(1, 16, device=device), query_fp8=True)
+
+
 def test_explicit_format_must_match_key_bytes(device):
     inputs = make_inputs("bf16", 1, 16, [10], 16, device, seed=5)
     out = torch.empty(1, 16, device=device)
@@ -140,7 +182,7 @@ def test_fp8_keys_decode_to_value_times_scale():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
-def test_gpu_long_context(fmt):
+@pytest.mark.parametrize("fmt,query_fp8", [("bf16", False), ("fp8", False), ("fp8", True)])
+def test_gpu_long_context(fmt, query_fp8):
     seq_lens = [32768, 1, 20000, 32700, 64, 31999, 5000, 32768]
-    check(make_inputs(fmt, 8, 64, seq_lens, 32768, "cuda", seed=11), 32768)
+    check(make_inputs(fmt, 8, 64, seq_lens, 32768, "cuda", seed=11), 32768, query_fp8=query_fp8)
