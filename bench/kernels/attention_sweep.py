@@ -52,6 +52,8 @@ CHUNKS = (64, 128, 256, 512, 1024, 2048) if CUDA else (32, 64)
 # (mix columns, warps, stages, heads), for every BLOCK_T. 64 heads: run AC's Nsight Compute
 # found the 128-head mix pass at 255 registers a thread, one program an SM.
 MIX = [(256, 8, 3, 128), (256, 8, 2, 128), (128, 4, 3, 128), (64, 4, 4, 128)]
+# The flat mix loop (LaunchConfig.mix_flat: no spills at 256/8/3, 5 barriers a tile for 15).
+MIX_FLAT = [(256, 8, 3, 128), (128, 4, 3, 128)]
 MIX_64 = [(256, 8, 3, 64), (128, 4, 3, 64), (128, 4, 2, 64), (64, 4, 4, 64)]
 FUSED = [
     ("fused bn64 st2", None, dict(block_n=64, num_stages=2)),
@@ -155,8 +157,11 @@ def _time_passes(
                         q, qp, kv, base, slots, qk_scale, ws, cfg, row_format
                     )
                     _timed(res["score"], fn, reps, bt=bt, cfg=cfg)
-    for cols, warps, stages, mh in MIX + (MIX_64 if min(heads) < H else []):
-        cfg = LaunchConfig(mix_cols=cols, mix_warps=warps, mix_stages=stages, mix_heads=mh)
+    variants = [(v, False) for v in MIX + (MIX_64 if min(heads) < H else [])]
+    for (cols, warps, stages, mh), flat in variants + [(v, True) for v in MIX_FLAT]:
+        cfg = LaunchConfig(
+            mix_cols=cols, mix_warps=warps, mix_stages=stages, mix_heads=mh, mix_flat=flat
+        )
         fn = lambda cfg=cfg: mix_pass(kv, base, slots, out, lse, ws, cfg, row_format)  # noqa: E731
         _timed(res["mix"], fn, reps, bt=bt, cfg=cfg)
 
@@ -192,6 +197,7 @@ def _merge(s: LaunchConfig, m: LaunchConfig) -> LaunchConfig:
         score_prefetch=s.score_prefetch,
         mix_cols=m.mix_cols,
         mix_heads=m.mix_heads,
+        mix_flat=m.mix_flat,
         mix_warps=m.mix_warps,
         mix_stages=m.mix_stages,
     )

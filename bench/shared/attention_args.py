@@ -25,6 +25,12 @@ def add_attention_args(ap: argparse.ArgumentParser) -> None:
         "[the measured table's; any gives the same bits]",
     )
     ap.add_argument(
+        "--attn-mix-flat",
+        action="store_true",
+        help="the mix pass as one flat loop over tiles (LaunchConfig.mix_flat; same bits) "
+        "[the table's: off]",
+    )
+    ap.add_argument(
         "--attn-score-prefetch",
         action="store_true",
         help="the score pass gathers each K tile one tile ahead (LaunchConfig.score_prefetch; "
@@ -47,12 +53,14 @@ def attention_kernels(kernels: KernelSet, args: argparse.Namespace) -> KernelSet
     """The kernel set with the mix pass that --attn-mix asks for, and the score pass's prefetch
     where --attn-score-prefetch asks for it (else the table's launch)."""
     prefetch = getattr(args, "attn_score_prefetch", False)
-    if not args.attn_mix and not prefetch:
+    flat = getattr(args, "attn_mix_flat", False)
+    if not args.attn_mix and not prefetch and not flat:
         return kernels
     if not kernels.capturable:  # the torch references take no launch configuration
         raise ValueError("--attn-* flags configure the Triton kernels: run with --kernels triton")
     fields = mix_override(args.attn_mix) if args.attn_mix else {}
     fields |= {"score_prefetch": True} if prefetch else {}
+    fields |= {"mix_flat": True} if flat else {}
     attend = kernels.sparse_mla_decode
 
     def decode(q_nope, *a, row_format=BF16_ROW, launch=None, **kw) -> None:

@@ -26,7 +26,8 @@ class LaunchConfig:
     """score pass: heads per program, slot-list chunk per program, warps, pipeline stages;
     mix pass: output columns per program, warps, stages, heads per program (fewer heads: a
     smaller accumulator, more programs, each V tile gathered once per head block);
-    score_prefetch: the score pass's register prefetch of the next tile. The defaults
+    score_prefetch: the score pass's register prefetch of the next tile; mix_flat: the mix pass
+    as one flat loop over tiles. The defaults
     fit 64-row tiles of 128 heads in shared memory (score: Q 147 KB + one 74 KB K tile)."""
 
     score_heads: int = 128
@@ -39,6 +40,8 @@ class LaunchConfig:
     mix_heads: int = 128
     # The score pass gathers tile t + 1 while it computes tile t (registers: fp8 250 a thread).
     score_prefetch: bool = False
+    # The mix pass loads each tile's slots where used (two_pass.py's FLAT loop).
+    mix_flat: bool = False
 
     def __post_init__(self) -> None:
         pow2 = (self.score_heads, self.chunk, self.mix_cols, self.mix_heads)

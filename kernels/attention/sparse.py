@@ -203,6 +203,7 @@ def mix_pass(kv, row_base, slots, out, lse, ws, cfg, row_format, host_off=None) 
         BLOCK_D=cols,
         NT_POW2=triton.next_power_of_2(triton.cdiv(k, bt)),
         STAGE=max(bt, min(512, triton.next_power_of_2(k))),
+        FLAT=cfg.mix_flat,
         **_variant(row_format, host_off),
         num_warps=cfg.mix_warps,
         num_stages=cfg.mix_stages,

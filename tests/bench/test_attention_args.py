@@ -37,7 +37,7 @@ def test_the_mix_pass_takes_the_flag_and_the_score_pass_the_table() -> None:
     assert seen == [dataclasses.replace(table, mix_cols=128, mix_warps=8, mix_stages=2)]
 
 
-def test_the_score_prefetch_flag_keeps_the_rest_of_the_table() -> None:
+def test_the_loop_flags_keep_the_rest_of_the_table() -> None:
     seen = []
     fake = dataclasses.replace(
         KernelSet.triton(), sparse_mla_decode=lambda *a, **kw: seen.append(kw["launch"])
@@ -45,7 +45,14 @@ def test_the_score_prefetch_flag_keeps_the_rest_of_the_table() -> None:
     attention_kernels(fake, _args("--attn-score-prefetch")).sparse_mla_decode(
         _Q(), None, row_format=FP8_ROW, workspace=None
     )
-    assert seen == [dataclasses.replace(launch_config(FP8_ROW, 96), score_prefetch=True)]
+    attention_kernels(fake, _args("--attn-mix-flat")).sparse_mla_decode(
+        _Q(), None, row_format=FP8_ROW, workspace=None
+    )
+    table = launch_config(FP8_ROW, 96)
+    assert seen == [
+        dataclasses.replace(table, score_prefetch=True),
+        dataclasses.replace(table, mix_flat=True),
+    ]
 
 
 def test_without_the_flag_the_kernels_are_untouched() -> None:

@@ -25,7 +25,7 @@ from tests.kernels.attention.test_sparse_attention import (
 )
 
 FORMATS = {"bf16": BF16_ROW, "fp8": FP8_ROW}
-# two_pass_prefetch: the score pass's register prefetch (LaunchConfig.score_prefetch).
+# two_pass_prefetch: the score pass's register prefetch and the flat mix loop (LaunchConfig).
 PATHS = ("fused", "split", "two_pass", "two_pass_prefetch")
 SCALE = 1.0 / math.sqrt(576)
 
@@ -102,7 +102,8 @@ def decode(args, fmt: RowFormat, path: str, host=None):
     """out, lse of the kernels; small blocks and stages give the fused paths several steps."""
     knobs = {} if path == "two_pass" else dict(block_n=16, slot_stage=32)
     if path == "two_pass_prefetch":
-        knobs = dict(launch=LaunchConfig(chunk=1024, mix_cols=512, score_prefetch=True))
+        flat = dict(score_prefetch=True, mix_flat=True)  # both flat loops, over host rows too
+        knobs = dict(launch=LaunchConfig(chunk=1024, mix_cols=512, **flat))
     ws = workspace(path, fmt, args[0], args[-1].shape[1])
     return run_kernel(*args, SCALE, row_format=fmt, workspace=ws, host=host, **knobs)
 

@@ -167,6 +167,7 @@ LAUNCHES = [
     LaunchConfig(score_heads=16, chunk=64, mix_cols=256, mix_warps=4),
     LaunchConfig(chunk=64, mix_cols=128, mix_warps=4, mix_heads=16),
     LaunchConfig(score_heads=16, chunk=128, mix_cols=128, score_prefetch=True),
+    LaunchConfig(chunk=128, mix_cols=64, mix_flat=True),
 ]
 # On GPU, the knobs the launch table varies for 128 heads (all heads per score program: the
 # tensor cores' instruction stays the same; a 16-head tile would use another one), and the mix
@@ -183,6 +184,9 @@ GPU_LAUNCHES = [
     # The score pass's register prefetch of the next tile (a flat loop over the chunk's tiles).
     LaunchConfig(chunk=256, score_prefetch=True),
     LaunchConfig(chunk=2048, mix_stages=2, score_prefetch=True),
+    # The mix pass as one flat loop, each tile's slots loaded where used.
+    LaunchConfig(chunk=256, mix_flat=True),
+    LaunchConfig(chunk=256, mix_cols=128, mix_warps=4, mix_flat=True),
 ]
 
 
