@@ -33,6 +33,7 @@ from bench.profile.parts import (
 from bench.profile.step import Stepper, build, misses_so_far, step_seconds, sync
 from bench.shared.attention_args import add_attention_args, mix_override
 from bench.shared.copy_args import add_copy_args
+from bench.shared.indexer_args import add_indexer_args
 from bench.shared.kernel_names import CATEGORIES, OTHER, category, kernel_kind
 
 
@@ -65,6 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     _add_part_args(ap)
     add_copy_args(ap)
     add_attention_args(ap)
+    add_indexer_args(ap)
     ap.add_argument("--no-ceilings", action="store_true", help="skip the pinned-copy measurement")
     ap.add_argument(
         "--no-families",

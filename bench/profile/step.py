@@ -14,6 +14,7 @@ from torch.profiler import record_function
 from bench.profile.parts import KERNEL_RANGE
 from bench.shared.attention_args import attention_kernels
 from bench.shared.copy_args import copy_grid, copy_kernels
+from bench.shared.indexer_args import indexer_kernels
 from contract.layout import MODE_OFFLOADED, KVLayout, needs_host_reads
 from engine_client.kv.baseline import BaselineBackend
 from engine_client.kv.hisparse import HiSparseBackend
@@ -47,7 +48,7 @@ def build(args: argparse.Namespace, device: torch.device, positions: int = 0):
     use_triton = args.kernels == "triton" or (args.kernels == "auto" and device.type == "cuda")
     kernels = KernelSet.triton() if use_triton else KernelSet.reference()
     graphed = device.type == "cuda" and kernels.capturable
-    kernels = attention_kernels(copy_kernels(kernels, args), args)
+    kernels = indexer_kernels(attention_kernels(copy_kernels(kernels, args), args), args)
     if not graphed:
         kernels = named_kernels(kernels)
     lay = _layout(args, cfg, positions)
