@@ -78,3 +78,19 @@ def test_a_bad_page_or_a_mislaid_mirror_is_refused() -> None:
     assert (pool == 0).all()
     with pytest.raises(ValueError, match="laid out"):
         IndexLanding(pool, torch.zeros(2, 10, 3, 4))
+
+
+@pytest.mark.gpu
+def test_gpu_landing_is_a_pinned_mirror_whose_pages_reach_the_device_pool() -> None:
+    """The GPU service's case: a device pool, its pinned host mirror made by the landing itself
+    (what NIXL registers as DRAM), and `take` moving runs of pages with non-contiguous layer
+    slices on both sides."""
+    pool = torch.zeros(3, 12, 4, 132, dtype=torch.uint8, device="cuda")
+    landing = IndexLanding(pool)
+    assert landing.mirror.is_pinned() and landing.mirror.stride() == pool.stride()
+    landing.mirror.copy_(torch.randint(0, 255, landing.mirror.shape, dtype=torch.uint8))
+    assert landing.take([9, 1, 2, 10, 5]) == 3
+    torch.cuda.current_stream().synchronize()
+    taken = [1, 2, 5, 9, 10]
+    assert torch.equal(pool[:, taken].cpu(), landing.mirror[:, taken])
+    assert (pool[:, [0, 3, 4, 6, 7, 8, 11]] == 0).all()
