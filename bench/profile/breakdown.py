@@ -57,16 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=24, help="steps before timing")
     ap.add_argument("--steps", type=int, default=5, help="steps timed, and steps profiled")
     ap.add_argument("--device", default="auto")
-    ap.add_argument(
-        "--kernels",
-        choices=("auto", "triton", "reference"),
-        default="auto",
-        help="auto: Triton on CUDA, the torch references on CPU",
-    )
     _add_part_args(ap)
-    add_copy_args(ap)
-    add_attention_args(ap)
-    add_indexer_args(ap)
+    _add_kernel_args(ap)
     ap.add_argument("--no-ceilings", action="store_true", help="skip the pinned-copy measurement")
     ap.add_argument(
         "--no-families",
@@ -78,6 +70,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     _check_prefix(ap, args)
     _check_mix(ap, args)
     return args
+
+
+def _add_kernel_args(ap: argparse.ArgumentParser) -> None:
+    """Which kernels, and the launch options of the miss copy, the attention and the indexer."""
+    ap.add_argument(
+        "--kernels",
+        choices=("auto", "triton", "reference"),
+        default="auto",
+        help="auto: Triton on CUDA, the torch references on CPU",
+    )
+    add_copy_args(ap)
+    add_attention_args(ap)
+    add_indexer_args(ap)
 
 
 def _check_mix(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
