@@ -16,7 +16,7 @@ import kernels.interpreter  # noqa: F401  (the interpreter switch, before import
 import triton
 import triton.language as tl
 
-from kernels.attention.kv_tiles import FAST_SHIFT, host_row_starts, load_kv_tile, tile_scores
+from kernels.attention.kv_tiles import FAST_SHIFT, load_kv_tile, slot_rows, tile_scores
 from kernels.formats import RowFormat, RowKernel
 from kernels.interpreter import INTERPRETED
 from kernels.tiles import exact_dot, staged_slot
@@ -108,11 +108,7 @@ def _attend_range(
         ids = tl.reshape(ids, [NB, BLOCK_N])
         for j in range(0, tl.cdiv(tl.minimum(stop - staged, STAGE), BLOCK_N)):
             slot = staged_slot(ids, j, NB)
-            if HOST_ROWS:
-                row, valid = host_row_starts(slot, base, host_off, s_kv, ROW_FP8)
-            else:
-                row = base + slot.to(tl.int64)
-                valid = slot >= 0
+            row, valid = slot_rows(slot, base, host_off, s_kv, ROW_FP8, HOST_ROWS)
             m_i, l_i, acc = _attend_block(
                 q_nope,
                 q_pe,

@@ -77,6 +77,17 @@ def host_row_starts(slot, base, host_off, s_kv, ROW_FP8: tl.constexpr):
 
 
 @triton.jit
+def slot_rows(slot, base, host_off, s_kv, ROW_FP8: tl.constexpr, HOST_ROWS: tl.constexpr):
+    """(rows, valid) of slot-list entries as the loaders take them: host_row_starts' row starts
+    with HOST_ROWS, else row indices base + slot, valid where slot >= 0."""
+    if HOST_ROWS:
+        return host_row_starts(slot, base, host_off, s_kv, ROW_FP8)
+    else:
+        valid = slot >= 0
+        return base + slot.to(tl.int64), valid
+
+
+@triton.jit
 def load_latent(
     kv_ptr,
     row,

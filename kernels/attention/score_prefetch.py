@@ -14,7 +14,7 @@ import kernels.interpreter  # noqa: F401  (the interpreter switch, before import
 import triton
 import triton.language as tl
 
-from kernels.attention.kv_tiles import host_row_starts, kv_tile_of, load_kv_bytes, tile_scores
+from kernels.attention.kv_tiles import kv_tile_of, load_kv_bytes, slot_rows, tile_scores
 from kernels.attention.tile_softmax import store_tile
 
 
@@ -63,10 +63,6 @@ def _tile_bytes(
     """(valid, tile bytes) of the tile of slots [t0, t0 + BLOCK_T) below stop (none past it)."""
     offs = t0 + tl.arange(0, BLOCK_T)
     slot = tl.load(slot_ptr + offs, mask=offs < stop, other=-1)
-    if HOST_ROWS:
-        row, valid = host_row_starts(slot, base, host_off, s_kv, ROW_FP8)
-    else:
-        valid = slot >= 0
-        row = base + slot.to(tl.int64)
+    row, valid = slot_rows(slot, base, host_off, s_kv, ROW_FP8, HOST_ROWS)
     lat, sc, pe = load_kv_bytes(kv_ptr, row, valid, s_kv, D_V, D_PE, ROW_FP8, HOST_ROWS)
     return valid, lat, sc, pe

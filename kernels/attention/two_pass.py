@@ -30,9 +30,9 @@ import triton.language as tl
 
 from kernels.attention.kv_tiles import (
     FAST_SHIFT,
-    host_row_starts,
     load_kv_tile,
     load_latent,
+    slot_rows,
     tile_scores,
 )
 from kernels.attention.score_prefetch import score_prefetched
@@ -111,11 +111,7 @@ def _score_kernel(
         )
         for j in range(0, tl.cdiv(tl.minimum(stop - staged, STAGE), BLOCK_T)):
             slot = staged_slot(ids, j, NB)
-            if HOST_ROWS:
-                row, valid = host_row_starts(slot, base, host_off, s_kv, ROW_FP8)
-            else:
-                valid = slot >= 0
-                row = base + slot.to(tl.int64)
+            row, valid = slot_rows(slot, base, host_off, s_kv, ROW_FP8, HOST_ROWS)
             k_nope, k_pe = load_kv_tile(
                 kv_ptr, row, valid, s_kv, D_V, D_PE, UPCAST, ROW_FP8, HOST_ROWS
             )
@@ -224,11 +220,7 @@ def _mix_tile(
     ROW_FP8: tl.constexpr, HOST_ROWS: tl.constexpr,
 ):  # fmt: skip
     """acc + tile t's p (rescaled to the request's max) times its V columns [col0, + BLOCK_D)."""
-    if HOST_ROWS:
-        row, valid = host_row_starts(slot, base, host_off, s_kv, ROW_FP8)
-    else:
-        valid = slot >= 0
-        row = base + slot.to(tl.int64)
+    row, valid = slot_rows(slot, base, host_off, s_kv, ROW_FP8, HOST_ROWS)
     w = tl.math.exp2(tl.load(pm + t * s_m_t, mask=hmask, other=float("-inf")) - m_use)
     cols = tl.arange(0, BLOCK_T)
     p = tl.load(
