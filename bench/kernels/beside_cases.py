@@ -23,7 +23,7 @@ import torch
 from bench.kernels.attention_cases import inputs
 from bench.kernels.kernel_cases import B, H, K
 from bench.kernels.miss_copy_cases import _copy_fn, _Tier, miss_lists
-from bench.shared.timing import Row
+from bench.shared.timing import Row, events_ms
 
 BS, RATE = 111, 0.13
 
@@ -56,15 +56,8 @@ def _neighbours() -> dict:
 
 
 def _alone_ms(fn, reps: int) -> float:
-    times = []
-    for _ in range(reps + 1):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times[1:])
+    fn()  # compile and warm up
+    return events_ms(fn, reps)
 
 
 def _together_ms(copy, other, repeat: int, reps: int) -> tuple[float, float]:

@@ -27,7 +27,8 @@ def print_table(rows: list[Row]) -> None:
         print(f"{r.name:<16} {r.case:<34} {r.us:>10.2f} {r.ratio:>8.3f}  {r.note}")
 
 
-def _events_ms(fn: Callable[[], None], reps: int, setup: Callable[[], None] | None = None) -> float:
+def events_ms(fn: Callable[[], None], reps: int, setup: Callable[[], None] | None = None) -> float:
+    """Median ms of `fn` between two events, over `reps` calls (the device idle before each)."""
     times = []
     for _ in range(reps):
         if setup is not None:
@@ -64,7 +65,7 @@ def graph_time_us(
         for _ in range(inner):
             fn()
     torch.cuda.synchronize()
-    return 1000.0 * _events_ms(graph.replay, reps, setup) / inner
+    return 1000.0 * events_ms(graph.replay, reps, setup) / inner
 
 
 def cpu_call_us(fn: Callable[[], None], calls: int = 200) -> float:
@@ -85,15 +86,15 @@ def measure_ceilings() -> dict[str, float]:
     host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     host.random_(0, 255)
     dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    h2d_ms = _events_ms(lambda: dev.copy_(host, non_blocking=True), 10)  # noqa: F821
+    h2d_ms = events_ms(lambda: dev.copy_(host, non_blocking=True), 10)  # noqa: F821
     dev2 = torch.empty_like(dev)
-    d2d_ms = _events_ms(lambda: dev2.copy_(dev), 20)  # noqa: F821
+    d2d_ms = events_ms(lambda: dev2.copy_(dev), 20)  # noqa: F821
     n = 8192
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     for _ in range(3):
         a @ b
-    mm_ms = _events_ms(lambda: a @ b, 10)  # noqa: F821
+    mm_ms = events_ms(lambda: a @ b, 10)  # noqa: F821
     # Free memory now; pyflakes reads the lambdas' names as undefined after this (F821).
     del host, dev, dev2, a, b
     torch.cuda.empty_cache()
