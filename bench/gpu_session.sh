@@ -30,7 +30,7 @@
 #   MTP_S=560  MTP_ARGS="--contexts 32768 --steady-steps 64 --budget-s 520" (D = 1,2,3 at the
 #   BENCHMARK-ONLY synthetic acceptance 0.9,0.75,0.6; 128K: MTP_ARGS="--contexts 131072 ...")
 #   PREFIX_S=120  PREFIX_ARGS="..."  GW_S=120  GW_ARGS="..."
-#   DISAGG_S=540  DISAGG_ARGS="--topologies 1x1 --sources direct,staged" (bench.disagg: prefill
+#   DISAGG_S=540  DISAGG_ARGS="--topologies 1x1 --sources auto" (bench.disagg: prefill
 #   and decode engines over NIXL against role both; needs .whl-nixl, bench/device_wheels.sh nixl;
 #   2 + 2: DISAGG_ARGS="--topologies 2x2 --no-colocated")
 #   NCUATTN_S=120 NCUATTN_ARGS="--batch 111 --formats fp8,bf16 [--score-prefetch]" (Nsight Compute on
@@ -172,7 +172,7 @@ for s in $STAGES; do
     prefix) stage prefix "${PREFIX_S:-120}" python3 -m bench.prefix ${PREFIX_ARGS:-} \
               --out "$RUN/prefix.json" ;;
     disagg) stage disagg "${DISAGG_S:-540}" python3 -m bench.disagg \
-              ${DISAGG_ARGS:---topologies 1x1 --sources direct,staged} --out "$RUN/disagg.json" ;;
+              ${DISAGG_ARGS:---topologies 1x1 --sources auto} --out "$RUN/disagg.json" ;;
     *) echo "unknown stage $s" ;;
   esac
 done

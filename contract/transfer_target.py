@@ -21,10 +21,11 @@ from contract.errors import InvalidArgument
 from contract.layout import KVLayout
 
 ROWS, INDEX = "rows", "index"
-# Where a prefill engine's writes read from (engine_client.kv.export_source): its cache itself
-# (host on CPU, the device on CUDA), a pinned host buffer it stages each prompt into, or a
-# buffer beside the cache (the device on CUDA) it gathers each prompt into, page-major.
-SOURCES = ("direct", "staged", "gathered")
+# Where a prefill engine's writes read from (engine_client.kv.export_source): auto (staged on
+# CUDA, direct on CPU), its cache itself (host on CPU, the device on CUDA), a pinned host
+# buffer it stages each prompt into, or a buffer beside the cache (the device on CUDA) it
+# gathers each prompt into, page-major.
+SOURCES = ("auto", "direct", "staged", "gathered")
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 transfer GB/s of prefill/decode disaggregation over NIXL, against the colocated engine (role
 both) in the same run, every process on this machine (one GPU: all engines share it).
 
-    python -m bench.disagg                                   # GPU: preset bench, 1x1, direct
+    python -m bench.disagg                                   # GPU: preset bench, 1x1, auto
     python -m bench.disagg --topologies 1x1,2x2 --sources direct,staged
     python -m bench.disagg --smoke                           # CPU: tiny preset, a few streams
 
@@ -53,7 +53,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--arrival-tokens", type=int, default=8, help="tokens per arrival")
     ap.add_argument("--interval", type=float, default=0.1, help="seconds between arrivals")
     ap.add_argument("--topologies", default="1x1", help="PxD runs, comma-separated (2x2: ...)")
-    ap.add_argument("--sources", default="direct", help="--transfer-source values to run")
+    ap.add_argument("--sources", default="auto", help="--transfer-source values to run")
     ap.add_argument("--row-format", default="bf16", help="row and index-key format")
     ap.add_argument("--prefill-batch", type=int, default=4, help="prompts per prefill engine")
     ap.add_argument("--prefill-chunk", type=int, default=2048)

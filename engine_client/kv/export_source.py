@@ -1,5 +1,9 @@
 """Where a prefill engine's NIXL writes read a prompt's KV from (`--transfer-source`).
 
+- auto (the default): staged on CUDA, direct on CPU. Run AE (H100, 8K-token prompts of 46 MB)
+  measured a staged write 12.4 ms (3.7 GB/s) against 167 ms direct: UCX stages device memory
+  itself, in small pieces.
+
 - direct: the baseline cache itself is registered, host memory (DRAM) on CPU and device memory
   (VRAM) on CUDA, so on a GPU the rows go from the device straight into the decode side's
   pinned host pages (UCX's CUDA transports move them; no copy of ours).
@@ -109,6 +113,8 @@ def export_source(
     register (or that has no room for gathered's buffer) falls back to staged (logged)."""
     if name not in SOURCES:
         raise ValueError(f"transfer source {name!r}: one of {', '.join(SOURCES)}")
+    if name == "auto":  # NIXL writes from device memory at ~0.3-0.5 GB/s here, from pinned ~4
+        name = "staged" if rows.device.type == "cuda" else "direct"
     if name == "staged":
         return StagedSource(agent, rows, index, page, most)
     try:

@@ -45,6 +45,25 @@ def test_the_direct_source_registers_the_cache_itself() -> None:
         assert list(pages) == [4, 1]
 
 
+def test_auto_is_direct_on_cpu_and_a_bad_name_is_refused() -> None:
+    agent, (rows, index) = _Agent(), _cache()
+    source = export_source(agent, rows, index, P, most=3, name="auto")  # type: ignore[arg-type]
+    assert source.name == "direct" and not isinstance(source, StagedSource)
+    with pytest.raises(ValueError, match="one of auto, direct"):
+        export_source(agent, rows, index, P, most=3, name="fast")  # type: ignore[arg-type]
+
+
+@pytest.mark.gpu
+def test_auto_stages_through_pinned_host_memory_on_a_gpu() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    agent, (rows, index) = _Agent(), _cache()
+    rows, index = rows.cuda(), index.cuda()
+    source = export_source(agent, rows, index, P, most=3, name="auto")  # type: ignore[arg-type]
+    assert isinstance(source, StagedSource) and source.name == "staged"
+    assert source.rows_stage.device.type == "cpu" and source.rows_stage.is_pinned()
+
+
 @pytest.mark.parametrize("name", ["staged", "gathered"])
 def test_the_staged_source_gathers_a_requests_pages_in_token_order(name) -> None:
     agent, (rows, index) = _Agent(), _cache()

@@ -53,8 +53,18 @@ def check(inputs, cols, **kw):
     assert torch.equal(torch.isfinite(out), finite)
     assert (out[~finite] == float("-inf")).all()
     scale = ref[finite].abs().max() if finite.any() else 1.0
-    torch.testing.assert_close(out[finite], ref[finite], rtol=1e-5, atol=1e-5 * float(scale))
+    torch.testing.assert_close(
+        out[finite], ref[finite], rtol=1e-5, atol=_tolerance(out, kw) * float(scale)
+    )
     return out
+
+
+def _tolerance(out, kw):
+    """Of the largest score. Hopper's fp8 tensor-core MMA keeps ~14 bits of its fp32 running
+    sum (DeepSeek-V3's report, on FP8 GEMM accumulation), so e4m3 x e4m3 dot products on a GPU
+    miss the fp64 reference by ~2^-12 of the scores' scale (run AE: 1.8e-4 at most, 43% of the
+    scores past 1e-5): the e4m3 query is held to 2^-10 there; every other path to 1e-5."""
+    return 2.0**-10 if kw.get("query_fp8") and out.is_cuda else 1e-5
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp8"])
