@@ -31,6 +31,13 @@ def add_attention_args(ap: argparse.ArgumentParser) -> None:
         "[the table's: off]",
     )
     ap.add_argument(
+        "--attn-mix-maxnreg",
+        type=int,
+        default=None,
+        help="ptxas's register cap for the mix pass (LaunchConfig.mix_maxnreg; same bits): "
+        "232 leaves room for a miss-copy CTA beside it [Triton's choice]",
+    )
+    ap.add_argument(
         "--attn-score-prefetch",
         action="store_true",
         help="the score pass gathers each K tile one tile ahead (LaunchConfig.score_prefetch; "
@@ -54,13 +61,15 @@ def attention_kernels(kernels: KernelSet, args: argparse.Namespace) -> KernelSet
     where --attn-score-prefetch asks for it (else the table's launch)."""
     prefetch = getattr(args, "attn_score_prefetch", False)
     flat = getattr(args, "attn_mix_flat", False)
-    if not args.attn_mix and not prefetch and not flat:
+    maxnreg = getattr(args, "attn_mix_maxnreg", None)
+    if not args.attn_mix and not prefetch and not flat and maxnreg is None:
         return kernels
     if not kernels.capturable:  # the torch references take no launch configuration
         raise ValueError("--attn-* flags configure the Triton kernels: run with --kernels triton")
     fields = mix_override(args.attn_mix) if args.attn_mix else {}
     fields |= {"score_prefetch": True} if prefetch else {}
     fields |= {"mix_flat": True} if flat else {}
+    fields |= {"mix_maxnreg": maxnreg} if maxnreg is not None else {}
     attend = kernels.sparse_mla_decode
 
     def decode(q_nope, *a, row_format=BF16_ROW, launch=None, **kw) -> None:

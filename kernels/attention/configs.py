@@ -27,7 +27,7 @@ class LaunchConfig:
     mix pass: output columns per program, warps, stages, heads per program (fewer heads: a
     smaller accumulator, more programs, each V tile gathered once per head block);
     score_prefetch: the score pass's register prefetch of the next tile; mix_flat: the mix pass
-    as one flat loop over tiles. The defaults
+    as one flat loop over tiles; mix_maxnreg: its register cap. The defaults
     fit 64-row tiles of 128 heads in shared memory (score: Q 147 KB + one 74 KB K tile)."""
 
     score_heads: int = 128
@@ -42,6 +42,10 @@ class LaunchConfig:
     score_prefetch: bool = False
     # The mix pass loads each tile's slots where used (two_pass.py's FLAT loop).
     mix_flat: bool = False
+    # ptxas's register cap for the mix pass (None: Triton's choice, 255 at the table's fp8
+    # entries). At 255 x 256 threads the pass fills an SM's register file and no miss-copy CTA
+    # fits beside it; the flat loop at 232 leaves room for one 4-warp copy CTA (8 B of stack).
+    mix_maxnreg: int | None = None
 
     def __post_init__(self) -> None:
         pow2 = (self.score_heads, self.chunk, self.mix_cols, self.mix_heads)
@@ -49,6 +53,8 @@ class LaunchConfig:
             raise ValueError(f"heads, chunk and columns must be powers of two >= 16: {self}")
         if min(self.score_warps, self.mix_warps, self.score_stages, self.mix_stages) < 1:
             raise ValueError(f"warps and stages must be positive: {self}")
+        if self.mix_maxnreg is not None and not 32 <= self.mix_maxnreg <= 255:
+            raise ValueError(f"mix_maxnreg must be in 32..255 registers: {self}")
 
 
 # Rows per score tile, per row format (see the module doc). Measured (docs/BENCHMARKS.md, run

@@ -207,6 +207,7 @@ def mix_pass(kv, row_base, slots, out, lse, ws, cfg, row_format, host_off=None) 
         **_variant(row_format, host_off),
         num_warps=cfg.mix_warps,
         num_stages=cfg.mix_stages,
+        **({} if cfg.mix_maxnreg is None else {"maxnreg": cfg.mix_maxnreg}),
     )
 
 

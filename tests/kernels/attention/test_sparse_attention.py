@@ -157,6 +157,8 @@ def test_rejects_bad_shapes(device):
         sparse_mla_decode(q_nope, q_pe, kv, row_base.int(), slots, 1.0, out, lse)
     with pytest.raises(ValueError):
         sparse_mla_decode(q_nope, q_pe, kv, row_base, slots, 1.0, out[:, :2], lse)
+    with pytest.raises(ValueError, match="mix_maxnreg"):
+        LaunchConfig(mix_maxnreg=256)
 
 
 # Two-pass launches that move work between programs differently (small heads/chunk/columns
@@ -167,7 +169,7 @@ LAUNCHES = [
     LaunchConfig(score_heads=16, chunk=64, mix_cols=256, mix_warps=4),
     LaunchConfig(chunk=64, mix_cols=128, mix_warps=4, mix_heads=16),
     LaunchConfig(score_heads=16, chunk=128, mix_cols=128, score_prefetch=True),
-    LaunchConfig(chunk=128, mix_cols=64, mix_flat=True),
+    LaunchConfig(chunk=128, mix_cols=64, mix_flat=True, mix_maxnreg=232),
 ]
 # On GPU, the knobs the launch table varies for 128 heads (all heads per score program: the
 # tensor cores' instruction stays the same; a 16-head tile would use another one), and the mix
@@ -187,6 +189,9 @@ GPU_LAUNCHES = [
     # The mix pass as one flat loop, each tile's slots loaded where used.
     LaunchConfig(chunk=256, mix_flat=True),
     LaunchConfig(chunk=256, mix_cols=128, mix_warps=4, mix_flat=True),
+    # A register cap (room for a miss-copy CTA beside the pass): ptxas spills, no sum moves.
+    LaunchConfig(chunk=256, mix_flat=True, mix_maxnreg=232),
+    LaunchConfig(chunk=256, mix_maxnreg=224),
 ]
 
 
