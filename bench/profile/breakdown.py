@@ -17,13 +17,13 @@ the miss copy runs on a side stream beside the other kernels, so shares can sum 
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from bench.profile.options import parse_args
 from bench.profile.parts import (
     charged_name,
     families_us,
@@ -31,114 +31,8 @@ from bench.profile.parts import (
     print_families,
 )
 from bench.profile.step import Stepper, build, misses_so_far, step_seconds, sync
-from bench.shared.attention_args import add_attention_args, mix_override
-from bench.shared.copy_args import add_copy_args
-from bench.shared.indexer_args import add_indexer_args
+from bench.profile.timeline import kernel_records, print_timeline, timeline
 from bench.shared.kernel_names import CATEGORIES, OTHER, category, kernel_kind
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--preset", default="bench")
-    ap.add_argument("--layers", type=int, default=0, help="layers [the preset's]")
-    ap.add_argument("--context", type=int, default=32768)
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--mode", choices=("baseline", "embedded"), default="embedded")
-    ap.add_argument("--topk-source", choices=("trace", "indexer"), default="trace")
-    ap.add_argument("--row-format", choices=("bf16", "fp8"), default="bf16", help="KV rows")
-    ap.add_argument(
-        "--hot-slots", type=int, default=0, help="B [2 x top-k]; below W + k: host reads"
-    )
-    ap.add_argument("--window", type=int, default=0, help="W [min(128, top-k / 2)]")
-    ap.add_argument("--page-size", type=int, default=64)
-    _add_prefix_args(ap)
-    ap.add_argument("--warmup", type=int, default=24, help="steps before timing")
-    ap.add_argument("--steps", type=int, default=5, help="steps timed, and steps profiled")
-    ap.add_argument("--device", default="auto")
-    _add_part_args(ap)
-    _add_kernel_args(ap)
-    ap.add_argument("--no-ceilings", action="store_true", help="skip the pinned-copy measurement")
-    ap.add_argument(
-        "--no-families",
-        action="store_true",
-        help="skip the eager pass that charges each kernel to the model part that launched it",
-    )
-    ap.add_argument("--out", default="", help="JSON path [none]")
-    args = ap.parse_args(argv)
-    _check_prefix(ap, args)
-    _check_mix(ap, args)
-    return args
-
-
-def _add_kernel_args(ap: argparse.ArgumentParser) -> None:
-    """Which kernels, and the launch options of the miss copy, the attention and the indexer."""
-    ap.add_argument(
-        "--kernels",
-        choices=("auto", "triton", "reference"),
-        default="auto",
-        help="auto: Triton on CUDA, the torch references on CPU",
-    )
-    add_copy_args(ap)
-    add_attention_args(ap)
-    add_indexer_args(ap)
-
-
-def _check_mix(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    if args.attn_mix:
-        try:
-            mix_override(args.attn_mix)
-        except ValueError as e:
-            ap.error(str(e))
-
-
-def _add_prefix_args(ap: argparse.ArgumentParser) -> None:
-    """A cached prefix common to every request, and the shared hot region that holds its rows."""
-    ap.add_argument(
-        "--shared-prefix",
-        type=int,
-        default=0,
-        help="embedded: the first tokens of every context are one cached prefix (whole pages, "
-        "shared by all requests, as bench.prefix's capacity runs) [0: none]",
-    )
-    ap.add_argument(
-        "--shared-slots",
-        type=int,
-        default=0,
-        help="embedded: the shared hot region's slots per layer (a multiple of B; the "
-        "service's --shared-slots), read for the shared prefix's rows [0: none]",
-    )
-
-
-def _check_prefix(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    if not (args.shared_prefix or args.shared_slots):
-        return
-    if args.mode != "embedded":
-        ap.error("--shared-prefix and --shared-slots profile the embedded mode")
-    P = args.page_size
-    if args.shared_prefix % P or not 0 <= args.shared_prefix < args.context:
-        ap.error(f"--shared-prefix: whole pages of {P} below --context, got {args.shared_prefix}")
-    if args.shared_slots and not args.shared_prefix:
-        ap.error("--shared-slots needs --shared-prefix (the region holds only its rows)")
-
-
-def _add_part_args(ap: argparse.ArgumentParser) -> None:
-    """The decode step's micro-batches, and whether each part runs its own layer tail."""
-    ap.add_argument(
-        "--microbatches",
-        type=int,
-        default=1,
-        help="embedded: decode parts whose "
-        "miss copy overlaps the other parts' compute (side stream) [1: off]",
-    )
-    ap.add_argument(
-        "--decode-part-tail",
-        action="store_true",
-        help="each micro-batch part runs its layer tail (o_proj, MLP) right after its attention "
-        "(the engine's --decode-part-tail 1; Model.tail_parts = --microbatches)",
-    )
-
 
 # Categories whose kernels are also reported one by one (the shared phase is four launches).
 BY_KERNEL = ("plan: shared phase",)
@@ -150,15 +44,19 @@ def profiled_us(
     device: torch.device,
     kinds: dict[str, float] | None = None,
     named: dict[str, float] | None = None,
+    spans: dict[str, float] | None = None,
 ) -> dict[str, float]:
     """µs per category summed over n steps: device kernels on CUDA; on CPU each op's self
     time, charged to the innermost kernel:: range it runs in. `kinds` gets the "other"
-    kernels' µs by PyTorch kernel kind (bench/profile/parts.py)."""
+    kernels' µs by PyTorch kernel kind (bench/profile/parts.py); `spans` the device timeline
+    a step on CUDA (bench/profile/timeline.py)."""
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     sync(device)
     with profile(activities=acts) as prof:
         step(n)
         sync(device)
+    if spans is not None and device.type == "cuda":
+        spans.update(timeline(kernel_records(prof), n))
     out: dict[str, float] = {}
     for e in prof.events():
         if device.type == "cuda":
@@ -245,8 +143,24 @@ def print_report(r: dict) -> None:
     )
 
 
+def _profiled(step: Stepper, runner, backend, args, dev: torch.device, step_s: float) -> dict:
+    """The profiled steps: µs by category, kind, named kernel; the device timeline; miss rows a
+    step; and how the kernels were traced."""
+    traced = "graph replay" if runner.use_graphs else "eager"
+    before, got = misses_so_far(backend), {"kinds": {}, "named": {}, "spans": {}}
+    by_cat = profiled_us(step, args.steps, dev, got["kinds"], got["named"], got["spans"])
+    if runner.use_graphs and sum(by_cat.values()) < 0.01 * 1e6 * step_s * args.steps:
+        # This profiler build did not trace the kernels inside graph replays: profile the
+        # same step eagerly (same kernels; launch gaps differ, the step time stays graphed).
+        runner.use_graphs, traced = False, "eager (graph kernels not traced)"
+        before, got = misses_so_far(backend), {"kinds": {}, "named": {}, "spans": {}}
+        by_cat = profiled_us(step, args.steps, dev, got["kinds"], got["named"], got["spans"])
+    miss_rows = (misses_so_far(backend) - before) / args.steps
+    return got | {"by_cat": by_cat, "miss_rows": miss_rows, "traced": traced}
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    args = parse_args(argv, description=__doc__)
     dev = torch.device(
         args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
     )
@@ -259,27 +173,19 @@ def main(argv: list[str] | None = None) -> int:
     step = Stepper(runner, args.batch, args.context)
     step(args.warmup)
     step_s = step_seconds(step, args.steps, dev)
-    before, kinds, named = misses_so_far(backend), {}, {}
-    by_cat = profiled_us(step, args.steps, dev, kinds, named)
-    traced = "graph replay" if runner.use_graphs else "eager"
-    if runner.use_graphs and sum(by_cat.values()) < 0.01 * 1e6 * step_s * args.steps:
-        # This profiler build did not trace the kernels inside graph replays: profile the
-        # same step eagerly (same kernels; launch gaps differ, the step time stays graphed).
-        runner.use_graphs, traced = False, "eager (graph kernels not traced)"
-        before, kinds, named = misses_so_far(backend), {}, {}
-        by_cat = profiled_us(step, args.steps, dev, kinds, named)
-    miss_rows = (misses_so_far(backend) - before) / args.steps
-    r = report(args, cfg, lay, step_s, by_cat, miss_rows, h2d)
-    r["profiled"] = traced
+    p = _profiled(step, runner, backend, args, dev, step_s)
+    r = report(args, cfg, lay, step_s, p["by_cat"], p["miss_rows"], h2d)
+    r["profiled"], r["timeline"] = p["traced"], p["spans"] or None
     # Slots over all layers holding a shared-prefix row that can still hit (a host sync); a
     # region exists only with --shared-slots, which _check_prefix allows in embedded mode only.
     r["shared_rows_live"] = backend.kv.shared.live(lay.page_size) if args.shared_slots else None
-    r["other_kinds"] = per_step(kinds, args.steps, r["step_us"])
-    r["by_kernel"] = per_step(named, args.steps, r["step_us"])
+    r["other_kinds"] = per_step(p["kinds"], args.steps, r["step_us"])
+    r["by_kernel"] = per_step(p["named"], args.steps, r["step_us"])
     if not args.no_families:
         fams = families_us(step, runner, args.steps, dev)
         r["families"] = per_step(fams, args.steps, r["step_us"])
     print_report(r)
+    print_timeline(p["spans"])
     print_families(r)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from bench.profile.breakdown import parse_args
+from bench.profile.options import parse_args
 from bench.profile.step import Stepper, build, misses_so_far, step_seconds
 from engine_client.kv.hisparse import OVERLAP_COPY_GRID
 from kernels.swap.copy_grid import CopyGrid

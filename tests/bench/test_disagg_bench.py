@@ -36,14 +36,14 @@ def test_the_smoke_run_moves_the_prompts_kv_rows_and_matches_the_colocated_token
     result = json.loads(out.read_text())
     args = cli.parse_args(["--smoke"])
     colocated, disagg = result["runs"]
-    assert (colocated["name"], disagg["name"]) == ("colocated", "1x1-direct")
+    assert (colocated["name"], disagg["name"]) == ("colocated", "1x1-auto")
     arrived = args.arrivals * args.arrival_tokens
     for run in (colocated, disagg):
         # The arrivals generate all theirs; the background at least its first token each, and
         # at most --tokens (it stops where the arrivals' window ends).
         assert arrived + args.streams <= run["tokens"] <= arrived + args.streams * args.tokens
         assert run["arrivals"] == args.arrivals
-    assert result["compare"]["1x1-direct"]["same_tokens"]
+    assert result["compare"]["1x1-auto"]["same_tokens"]
     lay = cli.layout(args)
     pages = -(-args.prompt // lay.page_size)
     rows = lay.num_layers * args.prompt * lay.row_bytes
