@@ -53,3 +53,37 @@ def test_a_cpu_profile_has_no_device_records() -> None:
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         torch.ones(64).add_(1)
     assert kernel_records(prof) == []
+
+
+class _Event:
+    def __init__(self, name: str, device: object, start: int, end: int) -> None:
+        self._v = (name, device, start, end)
+
+    def name(self) -> str:
+        return self._v[0]
+
+    def device_type(self) -> object:
+        return self._v[1]
+
+    def start_ns(self) -> int:
+        return self._v[2]
+
+    def end_ns(self) -> int:
+        return self._v[3]
+
+
+def test_only_device_activities_become_records() -> None:
+    """The kernels a CUDA profile holds (kineto's device events), not the host ops beside them."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    events = [
+        _Event("aten::mm", DeviceType.CPU, 0, 50),
+        _Event("_miss_copy_kernel", DeviceType.CUDA, 10, 40),
+        _Event("gemm", DeviceType.CUDA, 20, 30),
+    ]
+    prof = SimpleNamespace(
+        profiler=SimpleNamespace(kineto_results=SimpleNamespace(events=lambda: events))
+    )
+    assert kernel_records(prof) == [("_miss_copy_kernel", 10, 40), ("gemm", 20, 30)]
