@@ -10,8 +10,9 @@ overlap grid) on a side stream, one kernel repeated on the main stream long enou
 - gemm: bs 111 x 7168 by a 7168 x 4096 bf16 weight (weight-read-bound, as the step's GEMMs);
 - score pass / mix pass: the two-pass attention's kernels at the launch table's entry.
 Each row: the copy's time and rate beside the kernel (ratio: its rate over its rate alone), and
-the kernel's time a launch beside the copy against alone (in the note). Events on both streams,
-not graphs, so each side's duration is its own; medians over the repetitions.
+the kernel's time a launch beside the copy against alone, both over the same back-to-back
+launches (in the note). Events on both streams, not graphs, so each side's duration is its own;
+medians over the repetitions.
 """
 
 from __future__ import annotations
@@ -55,9 +56,17 @@ def _neighbours() -> dict:
     }
 
 
-def _alone_ms(fn, reps: int) -> float:
+def _alone_ms(fn, reps: int, repeat: int = 1) -> float:
+    """ms a launch of fn, `repeat` launches back to back between two events: the neighbour
+    alone is timed as it runs beside the copy (run AE timed one launch from an idle device,
+    ~1.5x its Nsight time, and read the neighbours as faster beside the copy than alone)."""
     fn()  # compile and warm up
-    return events_ms(fn, reps)
+
+    def launches() -> None:
+        for _ in range(repeat):
+            fn()
+
+    return events_ms(launches, reps) / repeat
 
 
 def _together_ms(copy, other, repeat: int, reps: int) -> tuple[float, float]:
@@ -106,8 +115,8 @@ def copy_beside_case(ceil: dict, reps: int) -> list[Row]:
         )
     ]
     for name, other in _neighbours().items():
-        other_alone = _alone_ms(other, reps)
-        repeat = max(1, round(1.5 * alone / other_alone))
+        repeat = max(1, round(1.5 * alone / _alone_ms(other, reps)))
+        other_alone = _alone_ms(other, reps, repeat)
         c, o = _together_ms(copy, other, repeat, reps)
         note = (
             f"{_rate(nbytes, c, pinned)}; {name} {1e3 * o:.1f} us a launch beside the copy, "
