@@ -1,9 +1,10 @@
 """Prefill/decode disaggregation on one GPU (issue 42 item 5): a prefill engine and a decode
 engine as two processes on the same device, the prefill engine's cache in device memory
 registered with NIXL as VRAM, its rows written straight into the decode side's pinned host
-pages (GPU -> host over UCX). Greedy tokens equal those of an engine of role both on the same
-service, bit for bit, for a resident and an offloaded request, in both row formats; every page
-and slot is free afterwards. Skipped without CUDA or the nixl package."""
+pages (GPU -> host over UCX), or staged through pinned host memory first (the default). Greedy
+tokens equal those of an engine of role both on the same service, bit for bit, for a resident
+and an offloaded request, in both row formats; every page and slot is free afterwards. Skipped
+without CUDA or the nixl package."""
 
 from __future__ import annotations
 
@@ -36,9 +37,11 @@ OFFLOADED = GenerateConfig(target="", prompt=PROMPT[:19], max_new_tokens=40, tim
 
 
 # direct: the cache itself, a span per layer and page; gathered: a page-major copy of the
-# request's pages beside it on the device (both VRAM).
+# request's pages beside it on the device (both VRAM); auto, the default: staged on a GPU, a
+# page-major copy in pinned host memory (DRAM).
 @pytest.mark.parametrize(
-    "row_format,source", [("bf16", "direct"), ("fp8", "direct"), ("bf16", "gathered")]
+    "row_format,source",
+    [("bf16", "direct"), ("fp8", "direct"), ("bf16", "gathered"), ("fp8", "auto")],
 )
 def test_a_prefill_gpu_writes_straight_into_the_decode_sides_host_pages(row_format, source) -> None:
     layout = layout_with(row_format=row_format, index_format=row_format)
@@ -51,7 +54,8 @@ def test_a_prefill_gpu_writes_straight_into_the_decode_sides_host_pages(row_form
         decode = start_engine(path, "service", svc, name="decode", extra=peer, device="cuda")
         single = start_engine(path, "service", svc, name="single", device="cuda")
         try:
-            assert prefill_status(prefill).memory_type == "VRAM", prefill.log()
+            memory = "DRAM" if source == "auto" else "VRAM"
+            assert prefill_status(prefill).memory_type == memory, prefill.log()
             for cfg in (RESIDENT, OFFLOADED):
                 want = asyncio.run(generated(single, cfg))
                 got = asyncio.run(generated(decode, cfg))
