@@ -75,7 +75,7 @@ def offline() -> list[dict]:
     for d in ROW_BYTES:
         for chunk, warps, prefetch in VARIANTS:
             consts = {"VW": 4, "VPR": d // 16, "VECTORS": chunk // 16, "BS_BLOCK": 256}
-            consts["PREFETCH"] = prefetch
+            consts |= {"PREFETCH": prefetch, "STAGES": 1}
             r = compile_report(_miss_copy_kernel, types, consts, num_warps=warps)
             out.append(
                 {"row_bytes": d, "chunk": chunk, "warps": warps, "prefetch": prefetch}

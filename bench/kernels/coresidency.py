@@ -119,7 +119,7 @@ def copies(row_bytes: int) -> list[Footprint]:
     out = []
     for chunk, warps in COPY_VARIANTS:
         consts = {"VW": 4, "VPR": row_bytes // 16, "VECTORS": chunk // 16, "BS_BLOCK": 256}
-        consts["PREFETCH"] = False
+        consts |= {"PREFETCH": False, "STAGES": 1}
         name = f"copy {chunk // 1024}K x{warps}"
         out.append(
             _compiled(_miss_copy_kernel, types | {"count_ptr": "*i32"}, consts, name, warps, 3)

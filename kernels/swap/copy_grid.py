@@ -19,13 +19,14 @@ import re
 from dataclasses import dataclass
 
 SPEC_GRAMMAR = (
-    "default | P | P/MIN/BYTES, then optionally @CHUNK[xWARPS][p], then optionally gSMS "
-    "(BYTES and CHUNK take K/M suffixes; e.g. 24, 64/8/1.5M, 8@64Kx32, 64/8/2M@16Kx8p, 8@64Kx32g8)"
+    "default | P | P/MIN/BYTES, then optionally @CHUNK[xWARPS][p|sSTAGES], then optionally gSMS "
+    "(BYTES and CHUNK take K/M suffixes; e.g. 24, 64/8/1.5M, 8@64Kx32, 64/8/2M@16Kx8p, 8@64Kx32g8, "
+    "24@8Ks2)"
 )
 _NUM = r"\d+(?:\.\d+)?[KkMm]?"
 _SPEC = re.compile(
     rf"(?P<body>default|\d+|\d+/\d+/{_NUM})"
-    rf"(?:@(?P<chunk>{_NUM})(?:x(?P<warps>\d+))?(?P<prefetch>p)?)?"
+    rf"(?:@(?P<chunk>{_NUM})(?:x(?P<warps>\d+))?(?P<prefetch>p)?(?:s(?P<stages>\d+))?)?"
     r"(?:g(?P<sms>\d+))?"
 )
 
@@ -43,6 +44,10 @@ class CopyGrid:
     latency bound per CTA, a PCIe read per iteration, so this and the working CTAs set its
     rate). warps: per CTA. prefetch: load the next chunk's row numbers during this chunk's
     reads (one fewer serial load per iteration for more registers: 63 instead of 40 at 8 KiB).
+    stages: chunks in flight a working CTA keeps through asynchronous copies into shared memory
+    (Triton's pipelining of the loop, LDGSTS on sm_90): 1, the plain loop; 2 adds one chunk
+    ahead for chunk_bytes of shared memory and 44 registers instead of 40 at 8 KiB (Triton
+    3.7.1; 3: 64 registers, 2 chunks). Not with prefetch.
     sms: SMs of the copy's own (kernels/sm_partition.py): the side stream runs on a group of at
     least `sms` SMs and the model's kernels on the rest, so neither waits for the other's CTAs
     to leave an SM; 0 (the default): both share every SM. Like priority, the streams'."""
@@ -55,6 +60,7 @@ class CopyGrid:
     warps: int = 4
     prefetch: bool = False
     sms: int = 0
+    stages: int = 1
 
     def __post_init__(self) -> None:
         if self.programs is not None and self.programs < 1:
@@ -72,13 +78,16 @@ class CopyGrid:
             raise ValueError(f"warps must be a power of 2 in 1..32, got {self.warps}")
         if self.sms < 0:
             raise ValueError(f"sms must be >= 0 (0: no SMs of its own), got {self.sms}")
+        if not 1 <= self.stages <= 4 or (self.stages > 1 and self.prefetch):
+            raise ValueError(f"stages must be in 1..4, and 1 with prefetch, got {self.stages}")
 
     @classmethod
     def parse(cls, spec: str, default: CopyGrid | None = None) -> CopyGrid:
         """The grid a spec names (SPEC_GRAMMAR): `default` is `default` (the caller's grid:
         the engine's lives above the kernels), `P` is P CTAs all working, `P/MIN/BYTES` the rule;
-        the tail sets chunk_bytes, warps and prefetch (unset: the body's), `gSMS` the copy's own
-        SMs. priority is the stream's, not the launch's: the body's (0 for P and P/MIN/BYTES)."""
+        the tail sets chunk_bytes, warps, prefetch, stages (unset: the body's), `gSMS` the copy's
+        own SMs. priority is the stream's, not the launch's: the body's (0 for P and
+        P/MIN/BYTES)."""
         m = _SPEC.fullmatch(spec)
         if m is None:
             raise ValueError(f"bad copy grid spec {spec!r}: expected {SPEC_GRAMMAR}")
@@ -93,6 +102,7 @@ class CopyGrid:
                 chunk_bytes=_bytes(m["chunk"]),
                 warps=int(m["warps"]) if m["warps"] else grid.warps,
                 prefetch=bool(m["prefetch"]) or grid.prefetch,
+                stages=int(m["stages"]) if m["stages"] else grid.stages,
             )
         except ValueError as e:
             raise ValueError(f"bad copy grid spec {spec!r}: {e}; expected {SPEC_GRAMMAR}") from None
@@ -109,14 +119,16 @@ class CopyGrid:
     def _tail(self) -> str:
         """`@CHUNK[xWARPS][p]`, or nothing when the iteration is the default one."""
         # The class attributes are the fields' defaults: the default iteration, declared once.
-        if (self.chunk_bytes, self.warps, self.prefetch) == (
+        if (self.chunk_bytes, self.warps, self.prefetch, self.stages) == (
             CopyGrid.chunk_bytes,
             CopyGrid.warps,
             CopyGrid.prefetch,
+            CopyGrid.stages,
         ):
             return ""
         warps = f"x{self.warps}" if self.warps != CopyGrid.warps else ""
-        return f"@{_size(self.chunk_bytes)}{warps}{'p' if self.prefetch else ''}"
+        ahead = "p" if self.prefetch else f"s{self.stages}" if self.stages > 1 else ""
+        return f"@{_size(self.chunk_bytes)}{warps}{ahead}"
 
     def rows_per_program(self, row_bytes: int) -> int:
         """Miss rows per working CTA for rows of row_bytes (0: every launched CTA works)."""

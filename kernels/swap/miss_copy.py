@@ -115,6 +115,7 @@ def _miss_copy_kernel(
     VECTORS: tl.constexpr,
     BS_BLOCK: tl.constexpr,
     PREFETCH: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
     host_ptr = host_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
     hot_ptr = hot_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
@@ -150,7 +151,9 @@ def _miss_copy_kernel(
                     _copy_vectors(host_ptr, hot_ptr, src, dst, u, host_rows, hot_rows, VW, VPR)
                     src, dst = nsrc, ndst
             else:
-                for u0 in range(u_first, n, VECTORS):
+                # STAGES > 1: Triton pipelines the loop, the words' loads becoming asynchronous
+                # copies into shared memory, STAGES - 1 chunks ahead (CopyGrid.stages).
+                for u0 in tl.range(u_first, n, VECTORS, num_stages=STAGES):
                     u = u0 + tl.arange(0, VECTORS)
                     src, dst = _row_numbers(src_row, dst_row, u, n, VPR)
                     _copy_vectors(host_ptr, hot_ptr, src, dst, u, host_rows, hot_rows, VW, VPR)
@@ -239,8 +242,9 @@ def miss_copy(
     D must be a multiple of 4. Rows out of range are skipped. Launch-only: graph capturable.
     grid: the whole launch (CopyGrid): the CTAs launched, the rule that picks the working ones
     on the device (default: PROGRAMS_PER_SM per SM, all working), and each working CTA's
-    iteration (chunk_bytes, warps, prefetch). The keywords programs, chunk_bytes, num_warps and
-    prefetch override the grid's (None: the grid's), for benchmarks that vary one knob.
+    iteration (chunk_bytes, warps, prefetch, stages). The keywords programs, chunk_bytes,
+    num_warps and prefetch override the grid's (None: the grid's), for benchmarks that vary one
+    knob.
     The bytes written are the same for every launch.
     """
     _check(host_rows, hot_rows, miss_src, miss_dst, miss_count)
@@ -270,5 +274,6 @@ def miss_copy(
         VECTORS=grid.chunk_bytes // 16,
         BS_BLOCK=min(BATCH_BLOCK, triton.next_power_of_2(bs)),
         PREFETCH=grid.prefetch,
+        STAGES=grid.stages,
         num_warps=grid.warps,
     )

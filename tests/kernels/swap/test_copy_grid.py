@@ -52,7 +52,16 @@ def test_labels():
 
 
 @pytest.mark.parametrize(
-    "kw", [dict(chunk_bytes=3072), dict(chunk_bytes=8), dict(warps=3), dict(warps=64)]
+    "kw",
+    [
+        dict(chunk_bytes=3072),
+        dict(chunk_bytes=8),
+        dict(warps=3),
+        dict(warps=64),
+        dict(stages=0),
+        dict(stages=5),
+        dict(stages=2, prefetch=True),  # two ways of loading ahead: one at a time
+    ],
 )
 def test_rejects_bad_iterations(kw):
     with pytest.raises(ValueError):
@@ -64,6 +73,7 @@ def test_labels_name_the_iteration_only_off_its_default():
     assert CopyGrid(64, 2 << 20, 8, prefetch=True).label() == "<=64 >=8 2M @8Kp"
     assert CopyGrid(24, warps=8, priority=-1).label() == "fixed 24 @8Kx8 prio -1"
     assert CopyGrid(8, chunk_bytes=64 << 10, warps=32, sms=8).label() == "fixed 8 @64Kx32 own 8 SMs"
+    assert CopyGrid(24, stages=2).label() == "fixed 24 @8Ks2"
 
 
 # The spec grammar of bench/profile/copy_sweep.py's --grids and the engine's --decode-copy-grid.
@@ -78,6 +88,8 @@ SPECS = {
     "6/3/0": CopyGrid(6, 0, 3),
     "8@64Kx32g8": CopyGrid(8, chunk_bytes=64 << 10, warps=32, sms=8),
     "24g16": CopyGrid(24, sms=16),
+    "24@8Ks2": CopyGrid(24, stages=2),
+    "64/16/512K@4Kx2s3": CopyGrid(64, 512 << 10, 16, chunk_bytes=4096, warps=2, stages=3),
 }
 
 
@@ -121,6 +133,9 @@ def test_default_is_the_callers_grid():
         "8 ",
         "8g",
         "8g-1",
+        "24@8Kps2",
+        "24@8Ks",
+        "24s2",
     ],
 )
 def test_bad_specs_name_the_spec_and_the_grammar(spec):

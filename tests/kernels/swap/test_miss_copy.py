@@ -133,6 +133,7 @@ GRIDS = [
         CopyGrid(5, 2 * 656, 2, chunk_bytes=1024, warps=8, prefetch=True),
         CopyGrid(programs=4, chunk_bytes=64 << 10, warps=32),
         CopyGrid(chunk_bytes=16, warps=2, prefetch=True),  # the default launch, one vector
+        CopyGrid(programs=3, chunk_bytes=256, warps=2, stages=2),  # pipelined on a GPU
     ],
     ids=lambda g: g.label(),
 )
@@ -186,8 +187,16 @@ def test_the_launch_takes_the_grids_iteration(monkeypatch):
     miss_copy(rows, rows, lists, lists, count, grid=grid)
     miss_copy(rows, rows, lists, lists, count, grid=grid, chunk_bytes=256, num_warps=2)
     miss_copy(rows, rows, lists, lists, count, grid=grid, prefetch=False, programs=3)
-    seen = [(g, kw["VECTORS"] * 16, kw["num_warps"], kw["PREFETCH"]) for g, kw in launches]
-    assert seen == [((5,), 65536, 32, True), ((5,), 256, 2, True), ((3,), 65536, 32, False)]
+    miss_copy(rows, rows, lists, lists, count, grid=CopyGrid(4, stages=3))
+    seen = [
+        (g, kw["VECTORS"] * 16, kw["num_warps"], kw["PREFETCH"], kw["STAGES"]) for g, kw in launches
+    ]
+    assert seen == [
+        ((5,), 65536, 32, True, 1),
+        ((5,), 256, 2, True, 1),
+        ((3,), 65536, 32, False, 1),
+        ((4,), 8192, 4, False, 3),
+    ]
 
 
 @pytest.mark.gpu
