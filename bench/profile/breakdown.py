@@ -146,17 +146,19 @@ def print_report(r: dict) -> None:
 def _profiled(step: Stepper, runner, backend, args, dev: torch.device, step_s: float) -> dict:
     """The profiled steps: µs by category, kind, named kernel; the device timeline; miss rows a
     step; and how the kernels were traced."""
-    traced = "graph replay" if runner.use_graphs else "eager"
-    before, got = misses_so_far(backend), {"kinds": {}, "named": {}, "spans": {}}
-    by_cat = profiled_us(step, args.steps, dev, got["kinds"], got["named"], got["spans"])
-    if runner.use_graphs and sum(by_cat.values()) < 0.01 * 1e6 * step_s * args.steps:
+
+    def once() -> dict:
+        before, got = misses_so_far(backend), {"kinds": {}, "named": {}, "spans": {}}
+        got["by_cat"] = profiled_us(step, args.steps, dev, got["kinds"], got["named"], got["spans"])
+        return got | {"miss_rows": (misses_so_far(backend) - before) / args.steps}
+
+    got, traced = once(), "graph replay" if runner.use_graphs else "eager"
+    if runner.use_graphs and sum(got["by_cat"].values()) < 0.01 * 1e6 * step_s * args.steps:
         # This profiler build did not trace the kernels inside graph replays: profile the
         # same step eagerly (same kernels; launch gaps differ, the step time stays graphed).
         runner.use_graphs, traced = False, "eager (graph kernels not traced)"
-        before, got = misses_so_far(backend), {"kinds": {}, "named": {}, "spans": {}}
-        by_cat = profiled_us(step, args.steps, dev, got["kinds"], got["named"], got["spans"])
-    miss_rows = (misses_so_far(backend) - before) / args.steps
-    return got | {"by_cat": by_cat, "miss_rows": miss_rows, "traced": traced}
+        got = once()
+    return got | {"traced": traced}
 
 
 def main(argv: list[str] | None = None) -> int:

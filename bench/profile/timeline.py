@@ -61,14 +61,14 @@ def timeline(records: Iterable[tuple[str, int, int]], steps: int) -> dict[str, f
     copy = union((s, e) for name, s, e in records if COPY_KERNEL in name)
     model = union((s, e) for name, s, e in records if COPY_KERNEL not in name)
     window = max(e for _, _, e in records) - min(s for _, s, _ in records)
-    both = common(copy, model)
+    busy_model, busy_copy, both = covered(model), covered(copy), common(copy, model)
     parts = {
         "window": window,
-        "model": covered(model),
-        "copy": covered(copy),
+        "model": busy_model,
+        "copy": busy_copy,
         "overlap": both,
-        "copy_alone": covered(copy) - both,
-        "idle": window - covered(union(copy + model)),
+        "copy_alone": busy_copy - both,
+        "idle": window - (busy_model + busy_copy - both),  # the time neither covers
     }
     return {f"{k}_us": v / 1e3 / steps for k, v in parts.items()}
 
