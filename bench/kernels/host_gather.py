@@ -127,6 +127,7 @@ def _dma_rows(dma, src, dst, threads, chunks, ctx) -> tuple[list[Row], dict]:
     neighbours, alone, repeats, nbytes, pinned, sm_ms, reps = ctx
     torch.set_num_threads(threads)
     dma.hot.zero_()
+    torch.cuda.synchronize()  # the side stream does not wait on the main stream's zeroing
     parts = _median_parts([dma.timed(src, dst, chunks) for _ in range(reps + 1)][1:])
     ok = bool(torch.equal(dma.hot[dst[:64]].cpu(), dma.host_rows[src[:64].cpu()]))
     label = f"dma {threads}t x{chunks}"
