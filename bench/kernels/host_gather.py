@@ -10,21 +10,27 @@ rows in their hot slots. The price is a host round trip: the miss list comes dow
 gather waits on it (the list's compaction on the device is not timed here; the engine's plan
 would have to write it compact).
 
-    python -m bench.kernels.host_gather [--threads 4,8,16] [--chunks 1,4,8] [--out PATH]
+    python -m bench.kernels.host_gather [--threads 4,8,16] [--chunks 1,4,8]
+        [--gathers torch,native] [--out PATH]
 
 For fp8 rows at bs 111 and 13% misses (a step's part, as bench/kernels/beside_cases.py):
 - `sm copy`: the engine's side-stream miss copy (its overlap grid), alone and beside a GEMM and
   the mix pass on the main stream (each neighbour's time a launch beside it against alone);
-- `dma Tt xC`: wall time from the list ready on the device to the rows in place, T gather
-  threads, C chunks; its parts (list down, gather, the tail after the last gather); the same
-  beside the same neighbours. GPU only; prints a table and writes JSON.
+- `dma G Tt xC`: wall time from the list ready on the device to the rows in place, T gather
+  threads, C chunks, gathered by torch's index_select or by host_gather.c (OpenMP, built here
+  with gcc when asked for; skipped where it does not build); its parts (list down, gather, the
+  tail after the last gather); the same beside the same neighbours. GPU only; prints a table
+  and writes JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import statistics
+import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -43,6 +49,7 @@ class DmaCopy:
 
     def __init__(self, host_rows: torch.Tensor, hot: torch.Tensor, max_rows: int) -> None:
         self.host_rows, self.hot = host_rows, hot
+        self.gather = lambda idx, out: torch.index_select(host_rows, 0, idx, out=out)
         self.staging = torch.empty((max_rows, D), dtype=torch.uint8, pin_memory=True)
         self.landing = torch.empty((max_rows, D), dtype=torch.uint8, device=hot.device)
         self.idx = torch.empty(max_rows, dtype=torch.int64, pin_memory=True)
@@ -61,7 +68,7 @@ class DmaCopy:
         t1 = time.perf_counter()
         bounds = [n * i // chunks for i in range(chunks + 1)]
         for a, b in zip(bounds, bounds[1:]):
-            torch.index_select(self.host_rows, 0, self.idx[a:b], out=self.staging[a:b])
+            self.gather(self.idx[a:b], self.staging[a:b])
             with torch.cuda.stream(self.stream):
                 self.landing[a:b].copy_(self.staging[a:b], non_blocking=True)
         t2 = time.perf_counter()
@@ -76,6 +83,25 @@ class DmaCopy:
         parts["wall_ms"] = 1e3 * (time.perf_counter() - parts.pop("t0"))
         parts["tail_ms"] = parts["wall_ms"] - parts["list_ms"] - parts["gather_ms"]
         return parts
+
+
+def native_gather(host_rows: torch.Tensor, threads: int):
+    """host_gather.c built with gcc -fopenmp, as a gather over `host_rows`; None if it fails."""
+    out = Path(tempfile.mkdtemp()) / "host_gather.so"
+    c = Path(__file__).with_name("host_gather.c")
+    cmd = ["gcc", "-O3", "-fopenmp", "-shared", "-fPIC", str(c), "-o", str(out)]
+    try:
+        subprocess.run(cmd, check=True, capture_output=True)
+    except (OSError, subprocess.CalledProcessError) as e:
+        print(f"native gather unavailable: {e}")
+        return None
+    fn = ctypes.CDLL(str(out)).gather_rows
+    fn.restype = None
+    fn.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_void_p, ctypes.c_int]
+    d = host_rows.shape[1]
+    return lambda idx, o: fn(
+        host_rows.data_ptr(), idx.data_ptr(), idx.numel(), d, o.data_ptr(), threads
+    )
 
 
 def _median_parts(runs: list[dict]) -> dict:
@@ -122,21 +148,29 @@ def _sm_rows(sm, neighbours, alone, repeats, nbytes, pinned, reps) -> tuple[list
     return rows, sm_ms
 
 
-def _dma_rows(dma, src, dst, threads, chunks, ctx) -> tuple[list[Row], dict]:
-    """One (threads, chunks) point of the DMA path alone and beside each neighbour."""
+def _dma_rows(dma, src, dst, how: tuple, ctx) -> tuple[list[Row], dict]:
+    """One (gather, threads, chunks) point of the DMA path alone and beside each neighbour."""
     neighbours, alone, repeats, nbytes, pinned, sm_ms, reps = ctx
+    gather, threads, chunks = how
     torch.set_num_threads(threads)
+    if gather == "native":
+        dma.gather = native_gather(dma.host_rows, threads)
+        if dma.gather is None:
+            return [], {}
+    else:
+        dma.gather = lambda idx, out: torch.index_select(dma.host_rows, 0, idx, out=out)
     dma.hot.zero_()
     torch.cuda.synchronize()  # the side stream does not wait on the main stream's zeroing
     parts = _median_parts([dma.timed(src, dst, chunks) for _ in range(reps + 1)][1:])
     ok = bool(torch.equal(dma.hot[dst[:64]].cpu(), dma.host_rows[src[:64].cpu()]))
-    label = f"dma {threads}t x{chunks}"
+    label = f"dma {gather} {threads}t x{chunks}"
     note = (
         f"{_rate(nbytes, parts['wall_ms'], pinned)}; list {parts['list_ms']:.3f} gather "
         f"{parts['gather_ms']:.3f} tail {parts['tail_ms']:.3f} ms{'' if ok else ' BYTES WRONG'}"
     )
     rows = [Row(label, "alone", 1e3 * parts["wall_ms"], sm_ms / parts["wall_ms"], note)]
-    entry = {"threads": threads, "chunks": chunks, "bytes_ok": ok, **parts, "beside": {}}
+    entry = {"gather": gather, "threads": threads, "chunks": chunks, "bytes_ok": ok, **parts}
+    entry["beside"] = {}
     for name, fn in neighbours.items():
         w, o = _beside(dma, src, dst, chunks, fn, repeats[name], reps)
         entry["beside"][name] = {"wall_ms": w, "other_x": o / alone[name]}
@@ -166,11 +200,16 @@ def cases(args) -> tuple[list[Row], dict]:
     dma = DmaCopy(host_rows, hot, src.numel())
     report = {"pinned_gb_per_s": pinned, "bytes": nbytes, "sm_ms": sm_ms, "dma": []}
     ctx = (neighbours, alone, repeats, nbytes, pinned, sm_ms, args.reps)
-    for threads in (int(t) for t in args.threads.split(",")):
-        for chunks in (int(c) for c in args.chunks.split(",")):
-            more, entry = _dma_rows(dma, src, dst, threads, chunks, ctx)
-            rows += more
-            report["dma"].append(entry)
+    points = [
+        (g, int(t), int(c))
+        for g in args.gathers.split(",")
+        for t in args.threads.split(",")
+        for c in args.chunks.split(",")
+    ]
+    for how in points:
+        more, entry = _dma_rows(dma, src, dst, how, ctx)
+        rows += more
+        report["dma"].append(entry)
     return rows, report
 
 
@@ -178,6 +217,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--threads", default="4,8,16", help="host threads gathering (torch intra-op)")
     ap.add_argument("--chunks", default="1,4,8", help="gather/DMA chunks a part")
+    ap.add_argument("--gathers", default="torch,native", help="torch's index_select, host_gather.c")
     ap.add_argument("--tier-gib", type=int, default=4, help="pinned host tier the rows lie in")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--out", type=Path, default=None)
