@@ -4,13 +4,14 @@
 # into $OUT/run.tgz (the device tool returns at most 8 files); $OUT/summary.txt is the table
 # (run-2.tgz, summary-2.txt, ... for a later invocation in the same call).
 # Usage: bash bench/gpu_session.sh [stage ...]
-#   stages: host hostgather tests sanitize kernels sweep profiles ncu copysweep e2e mtp prefix gateway disagg
+#   stages: host hostgather hostnode tests sanitize kernels sweep profiles ncu copysweep e2e mtp prefix gateway disagg
 #   wire ncuattn
 #   host (HOST_S=45): the miss copy alone on this machine (bench/kernels/copy_span.py), first in
 #   every session: two H100 machines of one kind moved it at 22 and 45 GB/s (run AA), so every
 #   copy and e2e figure needs it beside
 #   hostgather (HG_S=90, HG_ARGS="--threads 4,8,16 --chunks 1,4,8"): a part's misses through a
 #   host gather and the copy engine against the SM copy, alone and beside a GEMM and the mix pass
+#   hostnode (HN_S=60, HN_ARGS="--threads 8"): the same inside a CUDA graph (a captured host node)
 #   TESTS="tests/x.py ..."  TEST_M="gpu" (pytest -m)  TEST_K="pytest -k expr"  TEST_S=300
 #   TEST_N=4 (pytest-xdist workers: every GPU test in ~120 s instead of 320-400 s, run Q; on a
 #   fresh machine, whose Triton cache is cold, 186 tests took over 210 s on an H100, run S)
@@ -155,6 +156,8 @@ for s in $STAGES; do
             --row-bytes 656 --spans 2048 --runs 1 --out "$RUN/host.json" ;;
     hostgather) stage hostgather "${HG_S:-90}" python3 -m bench.kernels.host_gather ${HG_ARGS:-} \
                   --out "$RUN/hostgather.json" ;;
+    hostnode) stage hostnode "${HN_S:-60}" python3 -m bench.kernels.host_node ${HN_ARGS:-} \
+                --out "$RUN/hostnode.json" ;;
     tests) stage tests "${TEST_S:-300}" python3 -m pytest -q -m "${TEST_M:-gpu}" -p no:cacheprovider \
              -n "${TEST_N:-4}" --durations=15 --timeout "${TEST_TIMEOUT:-150}" \
              ${TEST_K:+-k "$TEST_K"} ${TESTS:-tests} ;;

@@ -12,3 +12,19 @@ void gather_rows(const uint8_t *host, const int64_t *idx, int64_t n, int64_t d, 
     memcpy(out + i * d, host + idx[i] * d, (size_t)d);
   }
 }
+
+/* One gather as a CUDA host function's argument (cuLaunchHostFunc, capturable in a graph): the
+ * row count is read when the function runs, from pinned memory a memcpy before it wrote. */
+typedef struct {
+  const uint8_t *host;
+  const int64_t *idx;
+  const int64_t *count;
+  int64_t d;
+  uint8_t *out;
+  int threads;
+} gather_job;
+
+void gather_job_run(void *arg) {
+  const gather_job *j = (const gather_job *)arg;
+  gather_rows(j->host, j->idx, *j->count, j->d, j->out, j->threads);
+}

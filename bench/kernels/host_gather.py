@@ -85,8 +85,8 @@ class DmaCopy:
         return parts
 
 
-def native_gather(host_rows: torch.Tensor, threads: int):
-    """host_gather.c built with gcc -fopenmp, as a gather over `host_rows`; None if it fails."""
+def native_library() -> ctypes.CDLL | None:
+    """host_gather.c built with gcc -fopenmp; None (and why, printed) if it does not build."""
     out = Path(tempfile.mkdtemp()) / "host_gather.so"
     c = Path(__file__).with_name("host_gather.c")
     cmd = ["gcc", "-O3", "-fopenmp", "-shared", "-fPIC", str(c), "-o", str(out)]
@@ -95,13 +95,19 @@ def native_gather(host_rows: torch.Tensor, threads: int):
     except (OSError, subprocess.CalledProcessError) as e:
         print(f"native gather unavailable: {e}")
         return None
-    fn = ctypes.CDLL(str(out)).gather_rows
+    return ctypes.CDLL(str(out))
+
+
+def native_gather(host_rows: torch.Tensor, threads: int):
+    """host_gather.c's gather over `host_rows` as fn(idx, out); None if it does not build."""
+    lib = native_library()
+    if lib is None:
+        return None
+    fn = lib.gather_rows
     fn.restype = None
     fn.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_void_p, ctypes.c_int]
-    d = host_rows.shape[1]
-    return lambda idx, o: fn(
-        host_rows.data_ptr(), idx.data_ptr(), idx.numel(), d, o.data_ptr(), threads
-    )
+    base, d = host_rows.data_ptr(), host_rows.shape[1]
+    return lambda idx, o: fn(base, idx.data_ptr(), idx.numel(), d, o.data_ptr(), threads)
 
 
 def _median_parts(runs: list[dict]) -> dict:
