@@ -186,13 +186,32 @@ def _add_counts(counts, totals, req, rows, misses, row_misses):
         counts[at[0], 2] += row_misses
 
 
-def ref_miss_copy(host_rows, hot_rows, miss_src, miss_dst, miss_count):
-    """Reference of kernels.swap.miss_copy.miss_copy: rows out of either tier's range are
-    skipped."""
-    host, hot = flat_rows(host_rows), flat_rows(hot_rows)
-    k = miss_src.shape[1]
+def _flat_work(miss_src, miss_dst, miss_count):
+    """(flat row, src, dst) of the miss copy's flat work list: every request's list clamped to
+    [0, k], one after another."""
+    k, f = miss_src.shape[1], 0
     for b, count in enumerate(miss_count.tolist()):
         n = min(max(count, 0), k)
         for src, dst in zip(miss_src[b, :n].tolist(), miss_dst[b, :n].tolist()):
-            if 0 <= src < host.shape[0] and 0 <= dst < hot.shape[0]:
-                hot[dst] = host[src].to(hot.device)
+            yield f, src, dst
+            f += 1
+
+
+def ref_miss_copy(host_rows, hot_rows, miss_src, miss_dst, miss_count, landing=None):
+    """Reference of kernels.swap.miss_copy.miss_copy: rows out of either tier's range are
+    skipped; flat work rows below landing's row count come from landing (the staged copy)."""
+    host, hot = flat_rows(host_rows), flat_rows(hot_rows)
+    landed = 0 if landing is None else landing.shape[0]
+    for f, src, dst in _flat_work(miss_src, miss_dst, miss_count):
+        if 0 <= src < host.shape[0] and 0 <= dst < hot.shape[0]:
+            hot[dst] = (landing[f] if f < landed else host[src]).to(hot.device)
+
+
+def ref_host_gather(host_rows, src, count, staging, first=0, last=None):
+    """Reference of kernels.swap.host_gather.host_gather: staging[f] = the host row of flat
+    work row f, f in [first, min(last, budget)); sources outside the tier are skipped."""
+    host = host_rows.view(-1, staging.shape[1])
+    last = staging.shape[0] if last is None else min(last, staging.shape[0])
+    for f, s, _ in _flat_work(src, src, count):
+        if first <= f < last and 0 <= s < host.shape[0]:
+            staging[f] = host[s]

@@ -34,6 +34,7 @@ import kernels.interpreter  # noqa: F401  (the interpreter switch, before import
 import triton
 import triton.language as tl
 
+from kernels.swap.copy_checks import check_copy, check_landing
 from kernels.swap.copy_grid import CopyGrid
 from kernels.uva import UVATensor
 
@@ -86,14 +87,25 @@ def _row_numbers(src_row, dst_row, u, n, VPR):
 
 
 @triton.jit
-def _copy_vectors(host_ptr, hot_ptr, src, dst, u, host_rows, hot_rows, VW, VPR):
-    """Vectors u of rows src -> dst (VPR vectors of VW words per row; -1: none)."""
+def _copy_vectors(
+    host_ptr, hot_ptr, src, dst, u, host_rows, hot_rows, VW, VPR, land_ptr, f0, land_rows, LANDING
+):
+    """Vectors u of rows src -> dst (VPR vectors of VW words per row; -1: none). LANDING: the
+    flat work rows f0 + u // VPR below land_rows come from land_ptr's row f instead (the staged
+    copy put them on the device already)."""
     # A row outside either tier is a caller bug: skip it rather than touch foreign memory.
     ok = (src >= 0) & (src < host_rows) & (dst >= 0) & (dst < hot_rows)
     col = (u % VPR) * VW
     q = tl.arange(0, VW)[None, :]
     mask = ok[:, None] & (q < VW)
-    words = tl.load(host_ptr + (src * (VPR * VW) + col)[:, None] + q, mask=mask)
+    if LANDING:
+        f = f0 + u // VPR
+        landed = (f < land_rows)[:, None]
+        far = tl.load(host_ptr + (src * (VPR * VW) + col)[:, None] + q, mask=mask & ~landed)
+        near = tl.load(land_ptr + (f * (VPR * VW) + col)[:, None] + q, mask=mask & landed)
+        words = tl.where(landed, near, far)
+    else:
+        words = tl.load(host_ptr + (src * (VPR * VW) + col)[:, None] + q, mask=mask)
     tl.store(hot_ptr + (dst * (VPR * VW) + col)[:, None] + q, words, mask=mask)
 
 
@@ -110,15 +122,19 @@ def _miss_copy_kernel(
     hot_rows,
     rows_per_active,
     min_active,
+    land_ptr,
+    land_rows,
     VW: tl.constexpr,
     VPR: tl.constexpr,
     VECTORS: tl.constexpr,
     BS_BLOCK: tl.constexpr,
     PREFETCH: tl.constexpr,
     STAGES: tl.constexpr,
+    LANDING: tl.constexpr,
 ):
     host_ptr = host_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
     hot_ptr = hot_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+    land_ptr = land_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
     total = _total_rows(count_ptr, bs, k, BS_BLOCK)
     # The working CTAs (CopyGrid.active): the rest of the launched grid exits here.
     active = tl.num_programs(0)
@@ -148,7 +164,10 @@ def _miss_copy_kernel(
                 for u0 in range(u_first, n, VECTORS):
                     u = u0 + tl.arange(0, VECTORS)
                     nsrc, ndst = _row_numbers(src_row, dst_row, u + VECTORS, n, VPR)
-                    _copy_vectors(host_ptr, hot_ptr, src, dst, u, host_rows, hot_rows, VW, VPR)
+                    _copy_vectors(
+                        host_ptr, hot_ptr, src, dst, u, host_rows, hot_rows, VW, VPR,
+                        land_ptr, start, land_rows, LANDING,
+                    )  # fmt: skip
                     src, dst = nsrc, ndst
             else:
                 # STAGES > 1: Triton pipelines the loop, the words' loads becoming asynchronous
@@ -156,7 +175,10 @@ def _miss_copy_kernel(
                 for u0 in tl.range(u_first, n, VECTORS, num_stages=STAGES):
                     u = u0 + tl.arange(0, VECTORS)
                     src, dst = _row_numbers(src_row, dst_row, u, n, VPR)
-                    _copy_vectors(host_ptr, hot_ptr, src, dst, u, host_rows, hot_rows, VW, VPR)
+                    _copy_vectors(
+                        host_ptr, hot_ptr, src, dst, u, host_rows, hot_rows, VW, VPR,
+                        land_ptr, start, land_rows, LANDING,
+                    )  # fmt: skip
             i = end
             start += c
             b += 1
@@ -176,30 +198,6 @@ def default_programs(device: torch.device, chunks: int = 1 << 30) -> int:
     else:
         n = CPU_PROGRAMS
     return max(1, min(n, chunks))
-
-
-def _check(host_rows, hot_rows, miss_src, miss_dst, miss_count) -> None:
-    D = host_rows.shape[-1]
-    if hot_rows.shape[-1] != D or D % 4 != 0:
-        raise ValueError(f"row bytes must match and be a multiple of 4: {D}, {hot_rows.shape[-1]}")
-    if host_rows.dtype != torch.uint8 or hot_rows.dtype != torch.uint8:
-        raise ValueError("host_rows and hot_rows must be uint8")
-    if not (host_rows.is_contiguous() and hot_rows.is_contiguous()):
-        raise ValueError("host_rows and hot_rows must be contiguous")
-    if hot_rows.is_cuda and isinstance(host_rows, torch.Tensor) and not host_rows.is_cuda:
-        raise TypeError("on GPU pass the host tier as a kernels.uva.UVATensor")
-    if miss_src.dim() != 2:
-        raise ValueError(f"miss_src: expected [bs, k], got {tuple(miss_src.shape)}")
-    bs, k = miss_src.shape
-    for name, x, dtype, shape in (
-        ("miss_src", miss_src, torch.int64, (bs, k)),
-        ("miss_dst", miss_dst, torch.int64, (bs, k)),
-        ("miss_count", miss_count, torch.int32, (bs,)),
-    ):
-        if x.dtype != dtype or tuple(x.shape) != shape or not x.is_contiguous():
-            raise ValueError(
-                f"{name}: expected contiguous {shape} {dtype}, got {tuple(x.shape)} {x.dtype}"
-            )
 
 
 def _vector_words(words: int) -> int:
@@ -233,6 +231,7 @@ def miss_copy(
     programs: int | None = None,
     grid: CopyGrid = ALL_PROGRAMS,
     prefetch: bool | None = None,
+    landing: torch.Tensor | None = None,
 ) -> None:
     """Copy host row miss_src[b, j] to hot row miss_dst[b, j] for j < miss_count[b].
 
@@ -245,9 +244,13 @@ def miss_copy(
     iteration (chunk_bytes, warps, prefetch, stages). The keywords programs, chunk_bytes,
     num_warps and prefetch override the grid's (None: the grid's), for benchmarks that vary one
     knob.
+    landing [rows, D] uint8 on the hot buffers' device (the staged copy, staged_copy.py): flat
+    work rows below its row count are read from it, row f for flat row f, instead of the host;
+    the rest from the host as without it (a source out of range skips its row either way).
     The bytes written are the same for every launch.
     """
-    _check(host_rows, hot_rows, miss_src, miss_dst, miss_count)
+    check_copy(host_rows, hot_rows, miss_src, miss_dst, miss_count)
+    check_landing(landing, hot_rows)
     grid = _overridden(grid, programs, chunk_bytes, num_warps, prefetch)
     bs, k = miss_src.shape
     if bs == 0 or k == 0:
@@ -269,11 +272,14 @@ def miss_copy(
         hot_rows.numel() // D,
         min(grid.rows_per_program(D), 2**31 - 1),  # an int32 argument
         grid.min_programs,
+        hot_rows if landing is None else landing,  # unread without LANDING
+        0 if landing is None else landing.shape[0],
         VW=vw,
         VPR=D // 4 // vw,
         VECTORS=grid.chunk_bytes // 16,
         BS_BLOCK=min(BATCH_BLOCK, triton.next_power_of_2(bs)),
         PREFETCH=grid.prefetch,
         STAGES=grid.stages,
+        LANDING=landing is not None,
         num_warps=grid.warps,
     )
