@@ -18,8 +18,8 @@ from contract.layout import MAX_DRAFT_TOKENS, MODE_OFFLOADED, MODE_RESIDENT
 from contract.swap_plan import PlanInputs, PlanOutputs, swap_in
 from contract.tensors import KVTensors
 from engine_client.kv.backend import AttnRows, SharedBackend
+from engine_client.kv.side_copy import SideCopy
 from kernels.kit.kernel_set import KernelSet
-from kernels.sm_partition import split_sms
 from kernels.swap.copy_grid import CopyGrid
 from kernels.uva import UVATensor
 
@@ -66,30 +66,26 @@ class HiSparseBackend(SharedBackend):
         self._init_plan_outputs(rows, k)
         if microbatches < 1:
             raise ValueError(f"microbatches must be positive, got {microbatches}")
-        self.microbatches, self.copy_grid = microbatches, copy_grid
+        self.microbatches, self._grid = microbatches, copy_grid
         # The side stream serves the Triton kernels (the references take no grid size).
         overlap = microbatches > 1 and self.device.type == "cuda" and kernels.capturable
-        self._copy_stream = self._side_stream(copy_grid) if overlap else None
-        self._copied: dict[int, torch.cuda.Event] = {}  # by a part's first row
+        self._side = (
+            SideCopy(copy_grid, self.device, kernels, lay.row_bytes, rows, k) if overlap else None
+        )
+        self.compute_stream = None if self._side is None else self._side.compute_stream
         self._hot_rows = self._hot_views(kv)
         self._host_rows = self._host_view(kv)
 
-    def _side_stream(self, grid: CopyGrid) -> torch.cuda.Stream:
-        """The copy's stream; with grid.sms, on SMs of its own, and the model's kernels then
-        run on the rest (`compute_stream`, which the model runner launches on)."""
-        if not grid.sms:
-            return torch.cuda.Stream(self.device, priority=grid.priority)
-        part = split_sms(grid.sms, self.device)
-        self.compute_stream = part.rest
-        return part.small
+    @property
+    def copy_grid(self) -> CopyGrid:
+        return self._grid if self._side is None else self._side.grid
 
     def set_copy_grid(self, grid: CopyGrid) -> None:
         """Later copies on `grid` (a sweep's; recapture after), on a new side stream if needed."""
-        old, self.copy_grid = self.copy_grid, grid
-        if self._copy_stream is None or (old.sms, old.priority) == (grid.sms, grid.priority):
-            return
-        self.compute_stream = None
-        self._copy_stream = self._side_stream(grid)
+        self._grid = grid
+        if self._side is not None:
+            self._side.set_grid(grid)
+            self.compute_stream = self._side.compute_stream
 
     def _init_plan_outputs(self, rows: int, k: int) -> None:
         """The swap plan's outputs, allocated once (a captured graph keeps their addresses)."""
@@ -202,7 +198,7 @@ class HiSparseBackend(SharedBackend):
         if G > self.rows_per_request:
             raise ValueError(f"{G} rows per request, the backend holds {self.rows_per_request}")
         out = self._outputs(row0, topk.shape[0], G)
-        aside = self._copy_stream is not None
+        aside = self._side is not None
         if self.kv.shared is not None and layer == 0 and row0 == 0:
             # A new step: the shared slots read so far may be evicted again (on the device,
             # so a captured graph counts its replays).
@@ -216,33 +212,15 @@ class HiSparseBackend(SharedBackend):
             copy=None if aside else self.kernels.miss_copy,
             rows_per_request=G,
         )
-        if aside:
-            self._copy_aside(row0, out.miss_src, out.miss_dst, out.miss_count)
+        if self._side is not None:
+            lists = (out.miss_src, out.miss_dst, out.miss_count)
+            self._side.copy(row0, self.kv.host_rows, self.kv.hot_kv, *lists)
         return self._hot(layer, req_slots, out.slots)
-
-    def _copy_aside(
-        self, row0: int, src: torch.Tensor, dst: torch.Tensor, count: torch.Tensor
-    ) -> None:
-        """The miss copy on the side stream, after what the main stream queued so far."""
-        main, side = torch.cuda.current_stream(self.device), self._copy_stream
-        assert side is not None  # only called when overlap made the side stream
-        done = self._copied.setdefault(row0, torch.cuda.Event())
-        side.wait_stream(main)
-        with torch.cuda.stream(side):
-            self.kernels.miss_copy(
-                self.kv.host_rows,
-                self.kv.hot_kv,
-                src,
-                dst,
-                count,
-                grid=self.copy_grid,
-            )
-            done.record(side)
 
     def attention_ready(self, row0: int) -> None:
         """Before attention reads the rows of the part starting at row0: wait for its copy."""
-        if self._copy_stream is not None:
-            torch.cuda.current_stream(self.device).wait_event(self._copied[row0])
+        if self._side is not None:
+            self._side.ready(row0)
 
     def gather(self, layer: int, topk: torch.Tensor, req_slot: int, seq_len: int) -> AttnRows:
         """Resident: token t is hot slot t. Offloaded: read the rows from the host tier (the only

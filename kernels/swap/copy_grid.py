@@ -19,15 +19,16 @@ import re
 from dataclasses import dataclass
 
 SPEC_GRAMMAR = (
-    "default | P | P/MIN/BYTES, then optionally @CHUNK[xWARPS][p|sSTAGES], then optionally gSMS "
-    "(BYTES and CHUNK take K/M suffixes; e.g. 24, 64/8/1.5M, 8@64Kx32, 64/8/2M@16Kx8p, 8@64Kx32g8, "
-    "24@8Ks2)"
+    "default | P | P/MIN/BYTES, then optionally @CHUNK[xWARPS][p|sSTAGES], then optionally gSMS, "
+    "then optionally +hSTAGED[cCHUNKS][tTHREADS] (BYTES, CHUNK and STAGED take K/M suffixes; e.g. "
+    "24, 64/8/1.5M, 8@64Kx32, 64/8/2M@16Kx8p, 8@64Kx32g8, 24@8Ks2, default+h24M, 64+h16Mc4t12)"
 )
 _NUM = r"\d+(?:\.\d+)?[KkMm]?"
 _SPEC = re.compile(
     rf"(?P<body>default|\d+|\d+/\d+/{_NUM})"
     rf"(?:@(?P<chunk>{_NUM})(?:x(?P<warps>\d+))?(?P<prefetch>p)?(?:s(?P<stages>\d+))?)?"
     r"(?:g(?P<sms>\d+))?"
+    rf"(?:\+h(?P<staged>{_NUM})(?:c(?P<staged_chunks>\d+))?(?:t(?P<staged_threads>\d+))?)?"
 )
 
 
@@ -50,7 +51,12 @@ class CopyGrid:
     3.7.1; 3: 64 registers, 2 chunks). Not with prefetch.
     sms: SMs of the copy's own (kernels/sm_partition.py): the side stream runs on a group of at
     least `sms` SMs and the model's kernels on the rest, so neither waits for the other's CTAs
-    to leave an SM; 0 (the default): both share every SM. Like priority, the streams'."""
+    to leave an SM; 0 (the default): both share every SM. Like priority, the streams'.
+    staged_bytes: each part's first misses, up to these bytes, go through the staged copy
+    (kernels/swap/staged_copy.py: host threads gather them, the copy engine moves them, no SM
+    reads host memory), the rest as before; 0 (the default): off. A graph fixes the upload, so
+    every part moves the whole budget. staged_chunks: gather/upload slices a part (the gather
+    of one overlaps the upload of the last); staged_threads: host threads a gather."""
 
     programs: int | None = None
     bytes_per_program: int = 0
@@ -61,6 +67,9 @@ class CopyGrid:
     prefetch: bool = False
     sms: int = 0
     stages: int = 1
+    staged_bytes: int = 0
+    staged_chunks: int = 2
+    staged_threads: int = 8
 
     def __post_init__(self) -> None:
         if self.programs is not None and self.programs < 1:
@@ -80,6 +89,11 @@ class CopyGrid:
             raise ValueError(f"sms must be >= 0 (0: no SMs of its own), got {self.sms}")
         if not 1 <= self.stages <= 4 or (self.stages > 1 and self.prefetch):
             raise ValueError(f"stages must be in 1..4, and 1 with prefetch, got {self.stages}")
+        if self.staged_bytes < 0 or self.staged_chunks < 1 or self.staged_threads < 1:
+            raise ValueError(
+                f"staged_bytes must be >= 0, staged_chunks and staged_threads positive, got "
+                f"{self.staged_bytes}, {self.staged_chunks}, {self.staged_threads}"
+            )
 
     @classmethod
     def parse(cls, spec: str, default: CopyGrid | None = None) -> CopyGrid:
@@ -92,7 +106,7 @@ class CopyGrid:
         if m is None:
             raise ValueError(f"bad copy grid spec {spec!r}: expected {SPEC_GRAMMAR}")
         try:
-            grid = _body(m["body"], default)
+            grid = _staged(_body(m["body"], default), m)
             if m["sms"] is not None:
                 grid = dataclasses.replace(grid, sms=int(m["sms"]))
             if m["chunk"] is None:
@@ -114,7 +128,15 @@ class CopyGrid:
         body = str(self.programs)
         if self.bytes_per_program or self.min_programs != 1:
             body += f"/{self.min_programs}/{_size(self.bytes_per_program)}"
-        return body + self._tail() + (f"g{self.sms}" if self.sms else "")
+        return body + self._tail() + (f"g{self.sms}" if self.sms else "") + self._staged_tail()
+
+    def _staged_tail(self) -> str:
+        """`+hSTAGED[cCHUNKS][tTHREADS]`, or nothing when the staged copy is off."""
+        if not self.staged_bytes:
+            return ""
+        chunks = f"c{self.staged_chunks}" if self.staged_chunks != CopyGrid.staged_chunks else ""
+        t = f"t{self.staged_threads}" if self.staged_threads != CopyGrid.staged_threads else ""
+        return f"+h{_size(self.staged_bytes)}{chunks}{t}"
 
     def _tail(self) -> str:
         """`@CHUNK[xWARPS][p]`, or nothing when the iteration is the default one."""
@@ -151,6 +173,7 @@ class CopyGrid:
         tail = f" {tail}" if tail else ""
         prio = f" prio {self.priority}" if self.priority else ""
         prio += f" own {self.sms} SMs" if self.sms else ""
+        prio += f" staged {self._staged_tail()[2:]}" if self.staged_bytes else ""
         if self.bytes_per_program == 0:
             return f"fixed {top}{tail}{prio}"
         n = self.bytes_per_program
@@ -174,6 +197,18 @@ def _body(body: str, default: CopyGrid | None) -> CopyGrid:
         p, low, per = body.split("/")
         return CopyGrid(programs=int(p), bytes_per_program=_bytes(per), min_programs=int(low))
     return CopyGrid(programs=int(body))
+
+
+def _staged(grid: CopyGrid, m: re.Match) -> CopyGrid:
+    """grid with the spec's `+h` tail (unset: the grid's own staged copy)."""
+    if m["staged"] is None:
+        return grid
+    return dataclasses.replace(
+        grid,
+        staged_bytes=_bytes(m["staged"]),
+        staged_chunks=int(m["staged_chunks"] or CopyGrid.staged_chunks),
+        staged_threads=int(m["staged_threads"] or CopyGrid.staged_threads),
+    )
 
 
 def _bytes(text: str) -> int:

@@ -61,6 +61,9 @@ def test_labels():
         dict(stages=0),
         dict(stages=5),
         dict(stages=2, prefetch=True),  # two ways of loading ahead: one at a time
+        dict(staged_bytes=-1),
+        dict(staged_bytes=1 << 20, staged_chunks=0),
+        dict(staged_bytes=1 << 20, staged_threads=0),
     ],
 )
 def test_rejects_bad_iterations(kw):
@@ -74,6 +77,8 @@ def test_labels_name_the_iteration_only_off_its_default():
     assert CopyGrid(24, warps=8, priority=-1).label() == "fixed 24 @8Kx8 prio -1"
     assert CopyGrid(8, chunk_bytes=64 << 10, warps=32, sms=8).label() == "fixed 8 @64Kx32 own 8 SMs"
     assert CopyGrid(24, stages=2).label() == "fixed 24 @8Ks2"
+    assert CopyGrid(24, staged_bytes=24 << 20).label() == "fixed 24 staged 24M"
+    assert CopyGrid(24, staged_bytes=1 << 20, staged_threads=4).label() == "fixed 24 staged 1Mt4"
 
 
 # The spec grammar of bench/profile/copy_sweep.py's --grids and the engine's --decode-copy-grid.
@@ -90,6 +95,11 @@ SPECS = {
     "24g16": CopyGrid(24, sms=16),
     "24@8Ks2": CopyGrid(24, stages=2),
     "64/16/512K@4Kx2s3": CopyGrid(64, 512 << 10, 16, chunk_bytes=4096, warps=2, stages=3),
+    "64/16/1M+h24M": CopyGrid(64, 1 << 20, 16, staged_bytes=24 << 20),
+    "64+h1.5Mc4t12": CopyGrid(64, staged_bytes=3 << 19, staged_chunks=4, staged_threads=12),
+    "8@64Kx32g8+h512Kt2": CopyGrid(
+        8, chunk_bytes=64 << 10, warps=32, sms=8, staged_bytes=512 << 10, staged_threads=2
+    ),
 }
 
 
@@ -113,6 +123,8 @@ def test_default_is_the_callers_grid():
     wide = CopyGrid.parse("default@16Kx8p", default=mine)
     assert wide == CopyGrid(64, 1 << 20, 16, chunk_bytes=16 << 10, warps=8, prefetch=True)
     assert CopyGrid.parse("defaultg16", default=mine) == CopyGrid(64, 1 << 20, 16, sms=16)
+    staged = CopyGrid(64, 1 << 20, 16, staged_bytes=24 << 20)
+    assert CopyGrid.parse("default+h24M", default=mine) == staged
     with pytest.raises(ValueError, match="default"):
         CopyGrid.parse("default")  # no grid given to stand for it
 
@@ -136,6 +148,10 @@ def test_default_is_the_callers_grid():
         "24@8Kps2",
         "24@8Ks",
         "24s2",
+        "24+h",
+        "24+h1Mc0",
+        "24h1M",
+        "24+h1Mt2c4",
     ],
 )
 def test_bad_specs_name_the_spec_and_the_grammar(spec):
