@@ -11,7 +11,7 @@
 #   copy and e2e figure needs it beside
 #   hostgather (HG_S=90, HG_ARGS="--threads 4,8,16 --chunks 1,4,8"): a part's misses through a
 #   host gather and the copy engine against the SM copy, alone and beside a GEMM and the mix pass
-#   hostnode (HN_S=60, HN_ARGS="--threads 8"): the same inside a CUDA graph (a captured host node)
+#   hostnode (HN_S=60, HN_ARGS="--staged 24M:2:8"): the engine's staged copy in a graph vs its SM copy
 #   TESTS="tests/x.py ..."  TEST_M="gpu" (pytest -m)  TEST_K="pytest -k expr"  TEST_S=300
 #   TEST_N=4 (pytest-xdist workers: every GPU test in ~120 s instead of 320-400 s, run Q; on a
 #   fresh machine, whose Triton cache is cold, 186 tests took over 210 s on an H100, run S)

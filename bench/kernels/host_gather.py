@@ -17,20 +17,17 @@ For fp8 rows at bs 111 and 13% misses (a step's part, as bench/kernels/beside_ca
 - `sm copy`: the engine's side-stream miss copy (its overlap grid), alone and beside a GEMM and
   the mix pass on the main stream (each neighbour's time a launch beside it against alone);
 - `dma G Tt xC`: wall time from the list ready on the device to the rows in place, T gather
-  threads, C chunks, gathered by torch's index_select or by host_gather.c (OpenMP, built here
-  with gcc when asked for; skipped where it does not build); its parts (list down, gather, the
-  tail after the last gather); the same beside the same neighbours. GPU only; prints a table
-  and writes JSON.
+  threads, C chunks, gathered by torch's index_select or by the engine's gather
+  (kernels/swap/host_gather.c, OpenMP; skipped where it does not build); its parts (list
+  down, gather, the tail after the last gather); the same beside the same neighbours. GPU
+  only; prints a table and writes JSON.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import statistics
-import subprocess
-import tempfile
 import time
 from pathlib import Path
 
@@ -85,29 +82,22 @@ class DmaCopy:
         return parts
 
 
-def native_library() -> ctypes.CDLL | None:
-    """host_gather.c built with gcc -fopenmp; None (and why, printed) if it does not build."""
-    out = Path(tempfile.mkdtemp()) / "host_gather.so"
-    c = Path(__file__).with_name("host_gather.c")
-    cmd = ["gcc", "-O3", "-fopenmp", "-shared", "-fPIC", str(c), "-o", str(out)]
+def native_gather(host_rows: torch.Tensor, threads: int):
+    """The engine's host gather (kernels/swap/host_gather.c) as fn(idx, out): one list of
+    idx.numel() rows; None (and why, printed) where it does not build."""
+    from kernels.swap import host_gather
+
     try:
-        subprocess.run(cmd, check=True, capture_output=True)
-    except (OSError, subprocess.CalledProcessError) as e:
+        host_gather.library()
+    except host_gather.HostGatherUnavailable as e:
         print(f"native gather unavailable: {e}")
         return None
-    return ctypes.CDLL(str(out))
 
+    def gather(idx: torch.Tensor, out: torch.Tensor) -> None:
+        count = torch.tensor([idx.numel()], dtype=torch.int32)
+        host_gather.host_gather(host_rows, idx.view(1, -1), count, out, threads=threads)
 
-def native_gather(host_rows: torch.Tensor, threads: int):
-    """host_gather.c's gather over `host_rows` as fn(idx, out); None if it does not build."""
-    lib = native_library()
-    if lib is None:
-        return None
-    fn = lib.gather_rows
-    fn.restype = None
-    fn.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_void_p, ctypes.c_int]
-    base, d = host_rows.data_ptr(), host_rows.shape[1]
-    return lambda idx, o: fn(base, idx.data_ptr(), idx.numel(), d, o.data_ptr(), threads)
+    return gather
 
 
 def _median_parts(runs: list[dict]) -> dict:
