@@ -151,13 +151,18 @@ def test_part_tail_bitwise_on_cpu():
         CopyGrid(programs=6, bytes_per_program=1),
         CopyGrid(programs=6, bytes_per_program=1, priority=-1),
         CopyGrid(programs=8, chunk_bytes=64 << 10, warps=32, sms=8),
+        # The staged copy: host nodes and copy-engine uploads inside the graph, every miss
+        # staged (1 MiB a part), and a budget of a few rows with the rest read by the SMs.
+        CopyGrid(programs=4, staged_bytes=1 << 20, staged_chunks=3, staged_threads=2),
+        CopyGrid(programs=4, staged_bytes=4096),
     ],
     ids=lambda g: g.label(),
 )
 def test_microbatches_graphed_bitwise_on_gpu(copy_grid):
     """Side-stream copy inside the captured graph vs one eager batch: same bits, whatever
-    the copy's grid, the rule choosing its working CTAs, the side stream's priority, and
-    whether the copy and the model share SMs (sms: disjoint green-context streams)."""
+    the copy's grid, the rule choosing its working CTAs, the side stream's priority, whether
+    the copy and the model share SMs (sms: disjoint green-context streams), and whether host
+    threads and the copy engine stage the misses."""
     kernels, weights = KernelSet.triton(), random_weights(CFG, seed=3, device="cuda")
     one = decode(1, "cuda", False, kernels, weights)
     assert one[3]["misses"] > 0
