@@ -110,7 +110,8 @@ class StagedCopy:
     def _gather_and_upload(self, jobs: list[host_gather.Job]) -> None:
         """Host node i on the current stream, then its slice's memcpy on the DMA stream (so
         gather i + 1 overlaps upload i); the current stream waits for every upload."""
-        main, dma = torch.cuda.current_stream(self.device), self._dma
+        main, dma, landed = torch.cuda.current_stream(self.device), self._dma, self._landed
+        assert dma is not None and landed is not None  # made on CUDA, the only caller
         fn = ctypes.cast(self._lib.hg_gather, ctypes.c_void_p)
         for j, (a, b), gathered in zip(jobs, self.slices(), self._gathered):
             rc = _launch_host_func()(main.cuda_stream, fn, ctypes.addressof(j))
@@ -120,5 +121,5 @@ class StagedCopy:
             dma.wait_event(gathered)
             with torch.cuda.stream(dma):
                 self.landing[a:b].copy_(self.staging[a:b], non_blocking=True)
-        self._landed.record(dma)
-        main.wait_event(self._landed)
+        landed.record(dma)
+        main.wait_event(landed)
