@@ -91,12 +91,14 @@ def run(args) -> tuple[list[Row], dict]:
     neighbours = {k: v for k, v in _neighbours().items() if k in ("gemm", "mix pass")}
     ctx = (neighbours, {k: _alone_ms(v, args.reps) for k, v in neighbours.items()}, args.reps)
     graphs = {"sm": _graph(lambda: miss_copy(uva, hot, *lists, grid=OVERLAP_COPY_GRID))}
+    keep = []  # a graph holds the staged copy's buffers and jobs by address: keep them alive
     for spec in args.staged.split(","):
         budget, chunks, threads = spec.split(":")
         grid = CopyGrid.parse(f"default+h{budget}c{chunks}t{threads}", default=OVERLAP_COPY_GRID)
         staged = StagedCopy(D, BS, K, grid.staged_bytes // D, torch.device("cuda"),
                             chunks=grid.staged_chunks, threads=grid.staged_threads)  # fmt: skip
         copy = dataclasses.replace(grid, staged_bytes=0)
+        keep.append(staged)
         graphs[f"staged {grid.label()}"] = _graph(
             lambda s=staged, c=copy: s.copy(uva, hot, *lists, grid=c)
         )

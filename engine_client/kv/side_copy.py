@@ -37,6 +37,10 @@ class SideCopy:
         self.compute_stream: torch.cuda.Stream | None = None
         self.stream = self._side_stream(grid)
         self.staged = self._staged(grid)
+        # Staged copies a grid switch replaced: a graph captured before the switch holds their
+        # buffers and host-node arguments by address, and replaying it after they were freed
+        # crashes the process (run AF: a benchmark did). Kept for the backend's life.
+        self._retired: list[StagedCopy] = []
 
     def _side_stream(self, grid: CopyGrid) -> torch.cuda.Stream:
         """The copy's stream; with grid.sms, on SMs of its own, and the model's kernels then
@@ -73,6 +77,8 @@ class SideCopy:
             self.stream = self._side_stream(grid)
         staged = (grid.staged_bytes, grid.staged_chunks, grid.staged_threads)
         if (old.staged_bytes, old.staged_chunks, old.staged_threads) != staged:
+            if self.staged is not None:
+                self._retired.append(self.staged)
             self.staged = self._staged(grid)
 
     def copy(self, row0: int, host_rows, hot_kv, src, dst, count) -> None:
