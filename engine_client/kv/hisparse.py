@@ -66,7 +66,7 @@ class HiSparseBackend(SharedBackend):
         self._init_plan_outputs(rows, k)
         if microbatches < 1:
             raise ValueError(f"microbatches must be positive, got {microbatches}")
-        self.microbatches, self._grid = microbatches, copy_grid
+        self.microbatches, self.copy_grid = microbatches, copy_grid
         # The side stream serves the Triton kernels (the references take no grid size).
         overlap = microbatches > 1 and self.device.type == "cuda" and kernels.capturable
         self._side = (
@@ -76,13 +76,9 @@ class HiSparseBackend(SharedBackend):
         self._hot_rows = self._hot_views(kv)
         self._host_rows = self._host_view(kv)
 
-    @property
-    def copy_grid(self) -> CopyGrid:
-        return self._grid if self._side is None else self._side.grid
-
     def set_copy_grid(self, grid: CopyGrid) -> None:
         """Later copies on `grid` (a sweep's; recapture after), on a new side stream if needed."""
-        self._grid = grid
+        self.copy_grid = grid
         if self._side is not None:
             self._side.set_grid(grid)
             self.compute_stream = self._side.compute_stream
@@ -198,7 +194,6 @@ class HiSparseBackend(SharedBackend):
         if G > self.rows_per_request:
             raise ValueError(f"{G} rows per request, the backend holds {self.rows_per_request}")
         out = self._outputs(row0, topk.shape[0], G)
-        aside = self._side is not None
         if self.kv.shared is not None and layer == 0 and row0 == 0:
             # A new step: the shared slots read so far may be evicted again (on the device,
             # so a captured graph counts its replays).
@@ -209,7 +204,7 @@ class HiSparseBackend(SharedBackend):
             PlanInputs(topk, seq_lens, req_slots),
             out,
             plan=self.kernels.swap_plan,
-            copy=None if aside else self.kernels.miss_copy,
+            copy=self.kernels.miss_copy if self._side is None else None,
             rows_per_request=G,
         )
         if self._side is not None:
