@@ -132,16 +132,24 @@ def _rate(nbytes: int, ms: float, pinned: float) -> str:
     return f"{gbs:.1f} GB/s ({gbs / pinned:.2f} of pinned)"
 
 
-def _sm_rows(sm, neighbours, alone, repeats, nbytes, pinned, reps) -> tuple[list[Row], float]:
-    """The engine's SM copy alone and beside each neighbour; (rows, its ms alone)."""
-    sm_ms = events_ms(sm, reps)
-    rate = _rate(nbytes, sm_ms, pinned)
-    rows = [Row("sm copy", f"alone {nbytes >> 20} MiB", 1e3 * sm_ms, 1.0, rate)]
-    for name, fn in neighbours.items():
-        c, o = _together_ms(sm, fn, repeats[name], reps)
-        note = f"{_rate(nbytes, c, pinned)}; {name} {o / alone[name]:.2f}x its time alone"
-        rows.append(Row("sm copy", f"|| {name} x{repeats[name]}", 1e3 * c, sm_ms / c, note))
-    return rows, sm_ms
+def beside_rows(name, copy, nbytes, pinned, neighbours, one, reps) -> tuple[list[Row], dict]:
+    """`copy` alone, then beside each neighbour on the main stream: repeats enough launches of
+    it to cover the copy (sized by `one`, each neighbour's ms for one launch), and times it
+    alone over the same back-to-back launches (one launch from an idle device carries its
+    launch gap: run AF read the neighbours as faster beside the copy than alone). The table's
+    rows and {"ms", "beside": {neighbour: {"ms", "repeat", "alone_ms", "other_x"}}}."""
+    ms = events_ms(copy, reps)
+    rows = [Row(name, f"alone {nbytes >> 20} MiB", 1e3 * ms, 1.0, _rate(nbytes, ms, pinned))]
+    entry: dict = {"ms": ms, "beside": {}}
+    for other, fn in neighbours.items():
+        repeat = max(1, round(1.5 * ms / one[other]))
+        alone = _alone_ms(fn, reps, repeat)
+        c, o = _together_ms(copy, fn, repeat, reps)
+        x = o / alone
+        entry["beside"][other] = {"ms": c, "repeat": repeat, "alone_ms": alone, "other_x": x}
+        note = f"{_rate(nbytes, c, pinned)}; {other} {x:.2f}x its time alone"
+        rows.append(Row(name, f"|| {other} x{repeat}", 1e3 * c, ms / c, note))
+    return rows, entry
 
 
 def _dma_rows(dma, src, dst, how: tuple, ctx) -> tuple[list[Row], dict]:
@@ -190,12 +198,11 @@ def cases(args) -> tuple[list[Row], dict]:
     sm = _copy_fn(host_rows, hot, lists, grid=OVERLAP_COPY_GRID)
     neighbours = {k: v for k, v in _neighbours().items() if k in ("gemm", "mix pass")}
     one = {name: _alone_ms(fn, args.reps) for name, fn in neighbours.items()}
-    sm_alone = events_ms(sm, args.reps)
-    repeats = {name: max(1, round(1.5 * sm_alone / ms)) for name, ms in one.items()}
-    # Alone as beside: `repeat` launches back to back (one launch from an idle device carries
-    # its launch gap, and run AF read the neighbours as faster beside the copy than alone).
-    alone = {name: _alone_ms(fn, args.reps, repeats[name]) for name, fn in neighbours.items()}
-    rows, sm_ms = _sm_rows(sm, neighbours, alone, repeats, nbytes, pinned, args.reps)
+    rows, entry = beside_rows("sm copy", sm, nbytes, pinned, neighbours, one, args.reps)
+    sm_ms = entry["ms"]
+    # The DMA path beside each neighbour over the SM copy's launches, against the same alone.
+    repeats = {name: b["repeat"] for name, b in entry["beside"].items()}
+    alone = {name: b["alone_ms"] for name, b in entry["beside"].items()}
     dma = DmaCopy(host_rows, hot, src.numel())
     report = {"pinned_gb_per_s": pinned, "bytes": nbytes, "sm_ms": sm_ms, "dma": []}
     ctx = (neighbours, alone, repeats, nbytes, pinned, sm_ms, args.reps)

@@ -24,9 +24,10 @@ from pathlib import Path
 
 import torch
 
-from bench.kernels.beside_cases import BS, RATE, _alone_ms, _neighbours, _together_ms
+from bench.kernels.beside_cases import BS, RATE, _alone_ms, _neighbours
+from bench.kernels.host_gather import beside_rows
 from bench.kernels.miss_copy_cases import B, K, _Tier, miss_lists
-from bench.shared.timing import Row, events_ms, measure_ceilings, print_table
+from bench.shared.timing import Row, measure_ceilings, print_table
 from kernels.swap.copy_grid import CopyGrid
 from kernels.uva import UVATensor
 
@@ -60,23 +61,6 @@ def _checked(graph, host_rows, hot, lists, g) -> bool:
     return bool(torch.equal(hot[d].cpu(), host_rows[s]))
 
 
-def _row(name, graph, nbytes, pinned, ctx) -> tuple[list[Row], dict]:
-    neighbours, alone, reps = ctx
-    ms = events_ms(graph.replay, reps)
-    gbs = nbytes / ms / 1e6
-    rows = [Row(name, "alone", 1e3 * ms, 1.0, f"{gbs:.1f} GB/s ({gbs / pinned:.2f} of pinned)")]
-    entry = {"ms": ms, "beside": {}}
-    for other, fn in neighbours.items():
-        repeat = max(1, round(1.5 * ms / alone[other]))
-        # Alone as beside: the same back-to-back launches (one launch carries its launch gap).
-        by_itself = _alone_ms(fn, reps, repeat)
-        c, o = _together_ms(graph.replay, fn, repeat, reps)
-        entry["beside"][other] = {"ms": c, "other_x": o / by_itself}
-        note = f"{nbytes / c / 1e6:.1f} GB/s; {other} {o / by_itself:.2f}x its time alone"
-        rows.append(Row(name, f"|| {other} x{repeat}", 1e3 * c, ms / c, note))
-    return rows, entry
-
-
 def run(args) -> tuple[list[Row], dict]:
     from engine_client.kv.hisparse import OVERLAP_COPY_GRID
     from kernels.swap.miss_copy import miss_copy
@@ -93,7 +77,7 @@ def run(args) -> tuple[list[Row], dict]:
     uva = UVATensor(host_rows)
     nbytes = int(lists[2].clamp(0, K).sum()) * D
     neighbours = {k: v for k, v in _neighbours().items() if k in ("gemm", "mix pass")}
-    ctx = (neighbours, {k: _alone_ms(v, args.reps) for k, v in neighbours.items()}, args.reps)
+    one = {k: _alone_ms(v, args.reps) for k, v in neighbours.items()}
     graphs = {"sm": _graph(lambda: miss_copy(uva, hot, *lists, grid=OVERLAP_COPY_GRID))}
     keep = []  # a graph holds the staged copy's buffers and jobs by address: keep them alive
     for spec in args.staged.split(","):
@@ -109,7 +93,7 @@ def run(args) -> tuple[list[Row], dict]:
     table, report = [], {"pinned_gb_per_s": pinned, "bytes": nbytes, "cases": {}}
     for name, graph in graphs.items():
         ok = all(_checked(graph, host_rows, hot, lists, g) for _ in range(2))
-        rows, entry = _row(name, graph, nbytes, pinned, ctx)
+        rows, entry = beside_rows(name, graph.replay, nbytes, pinned, neighbours, one, args.reps)
         rows[0].note += "" if ok else "  ROWS WRONG"
         table += rows
         report["cases"][name] = {"rows_ok": ok, **entry}
