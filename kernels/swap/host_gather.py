@@ -61,16 +61,18 @@ def library() -> ctypes.CDLL:
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         # Built beside its final name and renamed: a concurrent process never loads half a file.
-        tmp = Path(tempfile.mkdtemp(dir=out.parent)) / out.name
-        cmd = [cc, "-O3", "-fopenmp", "-shared", "-fPIC", str(SOURCE), "-o", str(tmp)]
-        try:
-            subprocess.run(cmd, check=True, capture_output=True, text=True)
-        except FileNotFoundError:
-            raise HostGatherUnavailable(f"no C compiler {cc!r} (set CC)") from None
-        except subprocess.CalledProcessError as e:
-            raise HostGatherUnavailable(f"{' '.join(cmd)} failed: {e.stderr.strip()}") from None
-        os.replace(tmp, out)
-        tmp.parent.rmdir()
+        # The build directory goes either way (a failed build left it behind before).
+        with tempfile.TemporaryDirectory(dir=out.parent) as build:
+            tmp = Path(build) / out.name
+            cmd = [cc, "-O3", "-fopenmp", "-shared", "-fPIC", str(SOURCE), "-o", str(tmp)]
+            try:
+                subprocess.run(cmd, check=True, capture_output=True, text=True)
+            except FileNotFoundError:
+                raise HostGatherUnavailable(f"no C compiler {cc!r} (set CC)") from None
+            except subprocess.CalledProcessError as e:
+                err = e.stderr.strip()
+                raise HostGatherUnavailable(f"{' '.join(cmd)} failed: {err}") from None
+            os.replace(tmp, out)
     lib = ctypes.CDLL(str(out))
     lib.hg_gather.argtypes = [ctypes.c_void_p]
     lib.hg_gather.restype = None
