@@ -24,6 +24,7 @@ import torch
 
 from kernels.swap import host_gather
 from kernels.swap.copy_grid import CopyGrid
+from kernels.swap.miss_copy import miss_copy
 
 
 @functools.lru_cache(maxsize=None)
@@ -88,8 +89,6 @@ class StagedCopy:
     def copy(self, host_rows, hot_rows, miss_src, miss_dst, miss_count, grid: CopyGrid) -> None:
         """miss_copy's contract (host_rows: the tier, its UVATensor on CUDA), on the current
         stream; graph-capturable on CUDA."""
-        from kernels.swap.miss_copy import miss_copy
-
         groups, stride = miss_src.shape
         if groups * stride > self.src.numel() or groups > self.count.numel():
             raise ValueError(f"miss lists [{groups}, {stride}] exceed the staged copy's buffers")
