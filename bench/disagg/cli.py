@@ -61,6 +61,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--hot-slots", type=int, default=4096)
     ap.add_argument("--window", type=int, default=128)
     ap.add_argument("--no-colocated", action="store_true", help="skip the role-both baseline")
+    ap.add_argument(
+        "--prefill-gpus",
+        default="",
+        help="CUDA device indices for the prefill engines, round-robin (e.g. 1 or 1,2): "
+        "prefill on GPUs of its own, the service and decode engines on GPU 0; empty: all on one",
+    )
     ap.add_argument("--out", default="", help="JSON path [bench/results/disagg-<date>.json]")
     args = ap.parse_args(argv)
     if args.smoke:
@@ -78,6 +84,14 @@ def topologies(text: str) -> list[tuple[int, int]]:
         p, d = item.strip().lower().split("x")
         out.append((int(p), int(d)))
     return out
+
+
+def prefill_gpus(text: str, count: int | None = None) -> tuple[int, ...]:
+    """'1,2' -> (1, 2); each index must name one of `count` GPUs (when given)."""
+    gpus = tuple(int(g) for g in text.split(",") if g.strip())
+    if count is not None and any(not 0 <= g < count for g in gpus):
+        raise SystemExit(f"--prefill-gpus {text}: this machine has {count} GPU(s)")
+    return gpus
 
 
 def layout(args: argparse.Namespace) -> KVLayout:
@@ -101,7 +115,8 @@ def layout(args: argparse.Namespace) -> KVLayout:
 def measure(args: argparse.Namespace, workdir: str, device: str, topology, source: str) -> dict:
     """One run: its stack started, warmed up, loaded and stopped."""
     batch = args.streams + args.arrivals
-    shape = stack.Shape(args.preset, device, batch, args.prefill_batch, args.prefill_chunk)
+    gpus = prefill_gpus(args.prefill_gpus)
+    shape = stack.Shape(args.preset, device, batch, args.prefill_batch, args.prefill_chunk, gpus)
     vocab = preset(args.preset).vocab_size
     os.makedirs(workdir)
     procs = stack.start(workdir, layout(args), shape, topology, source)
@@ -239,12 +254,15 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     device = "cpu" if args.smoke or not torch.cuda.is_available() else "cuda"
+    if args.prefill_gpus:
+        prefill_gpus(args.prefill_gpus, torch.cuda.device_count() if device == "cuda" else 0)
     plan: list[tuple[tuple[int, int] | None, str]] = [] if args.no_colocated else [(None, "")]
     plan += [(t, s) for t in topologies(args.topologies) for s in args.sources.split(",")]
     runs: list[dict] = []
     result = {
         "date": time.strftime("%Y-%m-%d"),
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "gpus": torch.cuda.device_count() if device == "cuda" else 0,
         "torch": torch.__version__,
         "args": vars(args),
         "runs": runs,

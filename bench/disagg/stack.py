@@ -32,6 +32,10 @@ class Shape:
     max_batch: int  # decode and colocated engines
     prefill_batch: int  # each prefill engine's prompts at once (its cache's requests)
     prefill_chunk: int
+    # The prefill engines' GPUs (CUDA_VISIBLE_DEVICES, round-robin); empty: the service's GPU.
+    # A prefill engine holds its own cache (baseline mode), so it may run on any GPU; decode
+    # engines map the service's memory and stay on its GPU.
+    prefill_gpus: tuple[int, ...] = ()
 
 
 @dataclass
@@ -119,7 +123,19 @@ def _prefill(workdir: str, i: int, lay: KVLayout, shape: Shape, source: str) -> 
     )
     run = [*local_kv(shape.device, local), "--role", "prefill", "--transfer-source", source]
     argv = engine_argv(shape.preset, shape.prefill_batch, shape.prefill_chunk, run)
-    return engine_process(workdir, "baseline", name=f"prefill{i}", extra=argv)
+    proc = engine_process(workdir, "baseline", name=f"prefill{i}", extra=argv)
+    if shape.prefill_gpus:
+        proc.env["CUDA_VISIBLE_DEVICES"] = visible_gpu(
+            shape.prefill_gpus[i % len(shape.prefill_gpus)]
+        )
+    return proc
+
+
+def visible_gpu(index: int) -> str:
+    """CUDA_VISIBLE_DEVICES for the child that is to see this process's GPU `index` only (this
+    process may itself see a subset of the machine's GPUs)."""
+    mine = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    return mine.split(",")[index].strip() if mine else str(index)
 
 
 def prefill_status(target: str) -> pb.StatusResponse:

@@ -9,12 +9,27 @@ import json
 
 import pytest
 
-from bench.disagg import cli, load
+from bench.disagg import cli, load, stack
 from contract.nixl_agent import nixl_available
 
 
 def test_topologies_parse() -> None:
     assert cli.topologies("1x1, 2X2") == [(1, 1), (2, 2)]
+
+
+def test_prefill_gpus_parse_and_are_checked_against_the_machine() -> None:
+    assert cli.prefill_gpus("") == ()
+    assert cli.prefill_gpus("1, 2") == (1, 2)
+    assert cli.prefill_gpus("1", count=2) == (1,)
+    with pytest.raises(SystemExit, match="has 1 GPU"):
+        cli.prefill_gpus("1", count=1)
+
+
+def test_a_prefill_gpu_index_maps_through_this_process_visible_devices(monkeypatch) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert stack.visible_gpu(1) == "1"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4, 6")
+    assert stack.visible_gpu(1) == "6"
 
 
 def test_max_n_share_ends_with_the_first_background_stream_to_finish() -> None:
