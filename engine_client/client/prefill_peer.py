@@ -18,13 +18,15 @@ from proto.prefill.v1 import prefill_pb2_grpc as pb_grpc
 
 @dataclass(frozen=True)
 class Prefilled:
-    """What a prefill engine did: the first token, the tokens and bytes it wrote, and the
-    seconds the write took."""
+    """What a prefill engine did: the first token, the tokens and bytes it wrote, the
+    seconds the write took, and its MTP layer's drafts after the first token (a speculative
+    prefill engine; else empty)."""
 
     first_token: int
     tokens: int
     bytes_written: int
     transfer_seconds: float = 0.0
+    drafts: tuple[int, ...] = ()
 
 
 class PrefillPeer:
@@ -61,7 +63,9 @@ class PrefillPeer:
         # once instead of holding the prompt until the deadline.
         with rpc_errors("Prefill"):
             r = await self._stub.Prefill(msg, timeout=self.timeout)
-        return Prefilled(r.first_token, r.prefilled_tokens, r.bytes_written, r.transfer_seconds)
+        return Prefilled(
+            r.first_token, r.prefilled_tokens, r.bytes_written, r.transfer_seconds, tuple(r.drafts)
+        )
 
     async def close(self) -> None:
         await self._channel.close()

@@ -15,7 +15,8 @@ class StepOutput:
     """What one step produced, on the host. decode_tokens[i] belongs to batch.decode[i]: the
     tokens its row(s) yielded (one; a verify step's accepted drafts and the token after them);
     prefill_tokens[i]: the first token of batch.prefills[i]'s request if that chunk ended its
-    prompt, else None;
+    prompt, else None; prefill_drafts[i]: then, in a speculative engine, the MTP layer's drafts
+    after it (else empty);
     positions[i]: the position batch.decode[i]'s (first) row ran at;
     drafted[i] / accepted[i]: its drafts checked / taken (speculative steps, else empty);
     per_slot[r] = (top-k positions selected, misses, misses summed over rows) of request slot r
@@ -34,6 +35,7 @@ class StepOutput:
     drafted: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
     decode_seconds: float = 0.0
+    prefill_drafts: list[tuple[int, ...]] = field(default_factory=list)
 
 
 class LaunchedStep:
@@ -68,6 +70,8 @@ class LaunchedStep:
         rows = b.tokens[: n * G].tolist()
         firsts = b.tokens[-MAX_PREFILLS_PER_STEP:].tolist()
         first = [firsts[i] if c.first is not None else None for i, c in enumerate(batch.prefills)]
+        drafts = [tuple(d) for d in b.first_drafts.tolist()]
+        prefill_drafts = [drafts[i] if t is not None else () for i, t in enumerate(first)]
         per_slot = [(s, m, rm) for s, m, rm in b.counts.tolist()]
         if G == 1:
             tokens, drafted, accepted = [[t] for t in rows], [], []
@@ -76,5 +80,15 @@ class LaunchedStep:
             accepted, drafted, positions = (x[:n] for x in b.spec.tolist())
             tokens = [rows[i * G : i * G + a + 1] for i, a in enumerate(accepted)]
         return StepOutput(
-            batch, tokens, first, per_slot, busy, idle, positions, drafted, accepted, decode
+            batch,
+            tokens,
+            first,
+            per_slot,
+            busy,
+            idle,
+            positions,
+            drafted,
+            accepted,
+            decode,
+            prefill_drafts,
         )

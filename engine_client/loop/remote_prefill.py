@@ -73,7 +73,7 @@ class RemotePrefill:
 
     async def _run(self, req: GenRequest, adm: Admission) -> None:
         try:
-            first = await self._remote(req, adm)
+            done = await self._remote(req, adm)
         except KVError as e:
             self._finish(req, Finish.ERROR, f"remote prefill failed: {e}")
             return
@@ -81,14 +81,14 @@ class RemotePrefill:
             self._wake.set()
         if req.finished:  # cancelled meanwhile: nothing to land
             return
-        if first is None:
+        if done is None:
             self._here(req)
         else:
-            self._land(req, first)
+            self._land(req, done)
 
-    async def _remote(self, req: GenRequest, adm: Admission) -> int | None:
-        """The first token from the first peer that prefilled the prompt (landed); None when
-        no peer did. A peer down or full is passed over (the router's rule); any other
+    async def _remote(self, req: GenRequest, adm: Admission) -> Prefilled | None:
+        """What the first peer that prefilled the prompt (landed) answered; None when no peer
+        did. A peer down or full is passed over (the router's rule); any other
         refusal is the request's error."""
         kv = self.control.current
         if self._target is None:
@@ -118,7 +118,7 @@ class RemotePrefill:
                 "request %s prefilled by %s (%d bytes in %.6f s)",
                 *(req.request_id, peer.target, done.bytes_written, done.transfer_seconds),
             )
-            return int(done.first_token)
+            return done
         return None
 
     async def _ask(self, peer: Any, req: GenRequest, adm: Admission) -> Prefilled:
@@ -138,10 +138,13 @@ class RemotePrefill:
         )
         req.phase, req.prefilled = Phase.PREFILL, req.cached_tokens
 
-    def _land(self, req: GenRequest, first_token: int) -> None:
-        """The request runs from here as if its own last prefill chunk had sampled the token."""
+    def _land(self, req: GenRequest, done: Prefilled) -> None:
+        """The request runs from here as if its own last prefill chunk had sampled the token
+        (and, speculative, drafted after it: the peer's drafts, written into the slot before
+        the first verify step, step_runner; empty ones are written as -1, never accepted)."""
         req.prefilled, req.phase, req.launched = req.prompt_len, Phase.RUNNING, 1
-        reason = req.add_token(first_token, time.monotonic())
+        req.peer_drafts = done.drafts
+        reason = req.add_token(int(done.first_token), time.monotonic())
         if reason is not None:
             self._finish(req, reason)
 

@@ -123,6 +123,12 @@ class GenRequest:
     prompt_hashes: tuple[bytes, ...] | None = None
     cached_tokens: int = 0
     replayed: int = 0  # generated tokens that the prefill re-creates the KV of (a revival)
+    # Speculative engines: the MTP layer's drafts after the first token, as the prompt's last
+    # prefill chunk made them (a prefill engine's reply carries them: prefill_servicer), and a
+    # decode engine's request prefilled by a peer: the peer's, written into the slot before
+    # the first verify step (step_runner; None once written).
+    first_drafts: tuple[int, ...] = ()
+    peer_drafts: tuple[int, ...] | None = None
     lost_kv: bool = False  # failed because the KV service was lost: revivable
     _listeners: set[asyncio.Event] = field(default_factory=set)
 

@@ -11,8 +11,12 @@ import torch
 class StepBuffers:
     """Pinned host copies of one step's outputs, and its device timing events."""
 
-    def __init__(self, rows: int, requests: int, slots: int, cuda: bool) -> None:
+    def __init__(
+        self, rows: int, requests: int, slots: int, cuda: bool, first_drafts: tuple[int, int]
+    ) -> None:
         self.tokens = torch.zeros(rows, dtype=torch.int64, pin_memory=cuda)
+        # Speculative engines: each prefill chunk's MTP drafts after its first token [chunks, D].
+        self.first_drafts = torch.zeros(first_drafts, dtype=torch.int64, pin_memory=cuda)
         # Speculative steps: (accepted, drafted, first position) per request.
         self.spec = torch.zeros((3, requests), dtype=torch.int64, pin_memory=cuda)
         # Sampling inputs on their way to the device (pageable memory could sync the stream).

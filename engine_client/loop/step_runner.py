@@ -77,12 +77,15 @@ class StepRunner:
         # chunk of the step: its request's first token.
         total = rows + MAX_PREFILLS_PER_STEP
         self._out = torch.zeros(total, dtype=torch.int64, device=dev)
-        # Speculative steps: accepted, drafted and first position per request.
+        # Speculative steps: accepted, drafted and first position per request; the drafts a
+        # prompt's last chunk made, per prefill chunk (a prefill engine sends them on).
         self._spec = torch.zeros((3, m), dtype=torch.int64, device=dev)
+        drafts = (MAX_PREFILLS_PER_STEP, self.compute.draft_tokens)
+        self._first_drafts = torch.full(drafts, -1, dtype=torch.int64, device=dev)
         self._temps = torch.zeros(total, dtype=torch.float32, device=dev)
         self._keys = torch.zeros(total, dtype=torch.int64, device=dev)
         slots = self.compute.backend.max_requests
-        self._bufs = [StepBuffers(total, m, slots, self.cuda) for _ in range(BUFFER_SETS)]
+        self._bufs = [StepBuffers(total, m, slots, self.cuda, drafts) for _ in range(BUFFER_SETS)]
         if self.acceptance is not None:
             self._synthetic = SyntheticAcceptance(self.acceptance, slots, dev)
 
@@ -121,9 +124,8 @@ class StepRunner:
         bufs.cpu_start = time.perf_counter()
         if bufs.start is not None:
             bufs.start.record()
-        first_row = self._tokens.shape[0] - MAX_PREFILLS_PER_STEP
         for i, chunk in enumerate(batch.prefills):
-            self._prefill(chunk, bufs, first_row + i)
+            self._prefill(chunk, bufs, i)
         if bufs.decode is not None:
             bufs.decode.record()
         bufs.cpu_decode = time.perf_counter()
@@ -132,6 +134,7 @@ class StepRunner:
         counts = self.compute.backend.counts
         bufs.tokens.copy_(self._tokens, non_blocking=True)
         bufs.spec.copy_(self._spec, non_blocking=True)
+        bufs.first_drafts.copy_(self._first_drafts, non_blocking=True)
         bufs.counts.copy_(counts, non_blocking=True)
         counts.zero_()
         if bufs.end is not None:
@@ -154,9 +157,11 @@ class StepRunner:
         self._keys[start:end].copy_(bufs.keys[start:end], non_blocking=True)
         return self._temps[start:end], self._keys[start:end]
 
-    def _prefill(self, chunk: PrefillChunk, bufs: StepBuffers, row: int) -> None:
-        """One prefill chunk; a chunk that ends its prompt samples the first token into `row`."""
+    def _prefill(self, chunk: PrefillChunk, bufs: StepBuffers, i: int) -> None:
+        """The step's prefill chunk i; a chunk that ends its prompt samples the first token into
+        row i of the prefill rows (after the decode rows)."""
         c, req, start, end = self.compute, chunk.req, chunk.start, chunk.end
+        row = self._tokens.shape[0] - MAX_PREFILLS_PER_STEP + i
         if chunk.synthetic:
             self._fill_synthetic(req, chunk.synthetic)
         states = c.model.prefill_states(
@@ -171,7 +176,7 @@ class StepRunner:
             self._tokens[row : row + 1].copy_(token)
             c.model_runner.remember_slot(req.slot, token)
         if c.draft_tokens:
-            self._prefill_drafts(req, start, end, states, token)
+            self._prefill_drafts(chunk, states, token, i)
 
     def _fill_synthetic(self, req: GenRequest, regions: tuple[tuple[int, int, int], ...]) -> None:
         be = self.compute.model.backend
@@ -189,15 +194,13 @@ class StepRunner:
                 )
 
     def _prefill_drafts(
-        self,
-        req: GenRequest,
-        start: int,
-        end: int,
-        states: torch.Tensor,
-        token: torch.Tensor | None,
+        self, chunk: PrefillChunk, states: torch.Tensor, token: torch.Tensor | None, i: int
     ) -> None:
-        """The MTP layer over the chunk: each position with the token after it (the prompt's,
-        the sampled first token after the last); the last chunk also drafts the first step."""
+        """The MTP layer over the step's prefill chunk i: each position with the token after it
+        (the prompt's, the sampled first token after the last); the last chunk also drafts the
+        first step, and copies those drafts out with the step's tokens (a prefill engine sends
+        them to its decode side)."""
+        req, start, end = chunk.req, chunk.start, chunk.end
         model_runner = self.compute.model_runner
         assert isinstance(model_runner, SpeculativeModelRunner)
         # The context: a revived request's prefill re-creates its replayed tokens too.
@@ -206,7 +209,10 @@ class StepRunner:
         if token is not None:
             following = torch.cat((following, token.view(1)))
         model_runner.prefill_drafts(req.slot, following, states, start, last=token is not None)
-        if token is not None and self._synthetic is not None:
+        if token is None:
+            return
+        self._first_drafts[i].copy_(model_runner.drafts[req.slot])
+        if self._synthetic is not None:
             self._synthetic.start(req.slot, req.prompt, req.sampling.seed)
 
     def _decode(self, batch: Batch, bufs: StepBuffers) -> None:
@@ -226,6 +232,7 @@ class StepRunner:
         model_runner, n = self.compute.model_runner, len(batch.decode)
         assert isinstance(model_runner, SpeculativeModelRunner)
         G = model_runner.rows_per_request
+        self._land_peer_drafts(batch.decode, model_runner)
         logits = model_runner.step(batch.ids, batch.positions, batch.slots)
         drafts = model_runner.step_drafts[:n]
         slots, base = model_runner.staged(n)
@@ -241,3 +248,20 @@ class StepRunner:
         self._spec[0, :n].copy_(accepted)
         self._spec[1, :n].copy_((drafts >= 0).sum(dim=1))
         self._spec[2, :n].copy_(base)
+
+    def _land_peer_drafts(
+        self, requests: list[GenRequest], model_runner: SpeculativeModelRunner
+    ) -> None:
+        """Requests a prefill peer prefilled (engine_client.loop.remote_prefill): the peer's
+        drafts go into the slot before their first verify step, with the synthetic rule's key,
+        as a local last prefill chunk leaves them. The first D are taken, -1 past what the peer
+        drafted (a -1 draft is never accepted: that step then decodes one token)."""
+        D = model_runner.D
+        for req in requests:
+            if req.peer_drafts is None:
+                continue
+            drafts = (list(req.peer_drafts) + [-1] * D)[:D]
+            model_runner.drafts[req.slot].copy_(torch.tensor(drafts, dtype=torch.int64))
+            if self._synthetic is not None:
+                self._synthetic.start(req.slot, req.prompt, req.sampling.seed)
+            req.peer_drafts = None

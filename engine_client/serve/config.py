@@ -60,19 +60,3 @@ class EngineConfig:
             )
         if role == "prefill" and mode != "baseline":
             raise ValueError("--role prefill computes prompts in its own cache: --kv-mode baseline")
-        self._check_disaggregated_speculation()
-
-    def _check_disaggregated_speculation(self) -> None:
-        """Refused, not silently wrong: docs/DECISIONS.md, "Speculative decoding is refused with
-        disaggregation"."""
-        role, peers = self.disaggregation.role, self.disaggregation.prefill_peer
-        if not self.speculation.spec_tokens or (role == "both" and not peers):
-            return
-        raise ValueError(
-            f"--speculative mtp with --role {role}"
-            f"{' --prefill-peer' if peers else ''} is not supported: a prompt "
-            "prefilled by a peer lands without the MTP layer's first drafts (the transfer "
-            "carries KV rows, not the last hidden state the drafts need), so its first verify "
-            "step would check a previous request's drafts; use --speculative none with "
-            "--role/--prefill-peer, or --role both with --speculative mtp"
-        )

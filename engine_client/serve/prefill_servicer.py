@@ -1,6 +1,8 @@
 """prefill.v1.PrefillService of a prefill engine (`serve --role prefill`): one prompt computed as
 a request of one token, its rows and index keys written over NIXL into the decode side's pages
-when the loop releases it (engine_client.kv.row_export), the first token in the reply.
+when the loop releases it (engine_client.kv.row_export), the first token in the reply (and,
+with --speculative mtp, the MTP layer's drafts after it; the layer's KV rows are the layout's
+last layer and travel with the others).
 
 A call past the engine's batch is refused at once as full (CapacityError): the decode side then
 tries another peer rather than queueing here. A call whose caller goes away (the decode engine
@@ -70,12 +72,7 @@ class PrefillServicer(pb_grpc.PrefillServiceServicer):
             "prefilled %s: %d tokens, %d bytes in %.6f s",
             *(request.request_id, len(prompt), written.nbytes, written.seconds),
         )
-        return pb.PrefillResponse(
-            first_token=req.tokens[0],
-            prefilled_tokens=len(prompt),
-            bytes_written=written.nbytes,
-            transfer_seconds=written.seconds,
-        )
+        return _reply(req, written)
 
     async def Status(
         self, request: pb.StatusRequest, context: grpc.aio.ServicerContext
@@ -110,3 +107,14 @@ class PrefillServicer(pb_grpc.PrefillServiceServicer):
             raise ServiceUnavailable(f"the prefill ended without its token: {req.error}")
         async with asyncio.timeout(EXPORT_TIMEOUT):
             return await done
+
+
+def _reply(req: GenRequest, written: Written) -> pb.PrefillResponse:
+    """The first token, what was written, and (a speculative engine) the MTP drafts after it."""
+    return pb.PrefillResponse(
+        first_token=req.tokens[0],
+        prefilled_tokens=req.prompt_len,
+        bytes_written=written.nbytes,
+        transfer_seconds=written.seconds,
+        drafts=req.first_drafts,
+    )

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from proto.kvcache.v1 import kvcache_pb2 as proto_dot_kvcache_dot_v1_dot_kvcache__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eproto/prefill/v1/prefill.proto\x12\nprefill.v1\x1a\x1eproto/kvcache/v1/kvcache.proto\"\xb1\x01\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x03(\x05\x12\x13\n\x0btemperature\x18\x03 \x01(\x02\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x12\x32\n\x06target\x18\x05 \x01(\x0b\x32\".kvcache.v1.TransferTargetResponse\x12\r\n\x05pages\x18\x06 \x03(\x05\x12\x15\n\rcached_tokens\x18\x07 \x01(\x03\"q\n\x0fPrefillResponse\x12\x13\n\x0b\x66irst_token\x18\x01 \x01(\x05\x12\x18\n\x10prefilled_tokens\x18\x02 \x01(\x03\x12\x15\n\rbytes_written\x18\x03 \x01(\x04\x12\x18\n\x10transfer_seconds\x18\x04 \x01(\x01\"\x0f\n\rStatusRequest\"\xb1\x03\n\x0eStatusResponse\x12\x0f\n\x07prompts\x18\x01 \x01(\x05\x12\x17\n\x0f\x65xports_pending\x18\x02 \x01(\x05\x12\x0e\n\x06writes\x18\x03 \x01(\x05\x12\r\n\x05peers\x18\x04 \x03(\t\x12\x0f\n\x07regions\x18\x05 \x03(\t\x12\x13\n\x0bmemory_type\x18\x06 \x01(\t\x12\x10\n\x08requests\x18\x07 \x01(\x05\x12\x12\n\npages_used\x18\x08 \x01(\x05\x12\x14\n\x0c\x63\x61\x63hed_pages\x18\t \x01(\x05\x12\x17\n\x0f\x65xports_written\x18\n \x01(\x04\x12\x17\n\x0f\x65xports_dropped\x18\x0b \x01(\x04\x12\x15\n\rbytes_written\x18\x0c \x01(\x04\x12\x18\n\x10transfer_seconds\x18\r \x01(\x01\x12\x14\n\x0c\x62usy_seconds\x18\x0e \x01(\x01\x12\x45\n\x0eregion_seconds\x18\x0f \x03(\x0b\x32-.prefill.v1.StatusResponse.RegionSecondsEntry\x1a\x34\n\x12RegionSecondsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x32\x95\x01\n\x0ePrefillService\x12\x42\n\x07Prefill\x12\x1a.prefill.v1.PrefillRequest\x1a\x1b.prefill.v1.PrefillResponse\x12?\n\x06Status\x12\x19.prefill.v1.StatusRequest\x1a\x1a.prefill.v1.StatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eproto/prefill/v1/prefill.proto\x12\nprefill.v1\x1a\x1eproto/kvcache/v1/kvcache.proto\"\xb1\x01\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x03(\x05\x12\x13\n\x0btemperature\x18\x03 \x01(\x02\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x12\x32\n\x06target\x18\x05 \x01(\x0b\x32\".kvcache.v1.TransferTargetResponse\x12\r\n\x05pages\x18\x06 \x03(\x05\x12\x15\n\rcached_tokens\x18\x07 \x01(\x03\"\x81\x01\n\x0fPrefillResponse\x12\x13\n\x0b\x66irst_token\x18\x01 \x01(\x05\x12\x18\n\x10prefilled_tokens\x18\x02 \x01(\x03\x12\x15\n\rbytes_written\x18\x03 \x01(\x04\x12\x18\n\x10transfer_seconds\x18\x04 \x01(\x01\x12\x0e\n\x06\x64rafts\x18\x05 \x03(\x05\"\x0f\n\rStatusRequest\"\xb1\x03\n\x0eStatusResponse\x12\x0f\n\x07prompts\x18\x01 \x01(\x05\x12\x17\n\x0f\x65xports_pending\x18\x02 \x01(\x05\x12\x0e\n\x06writes\x18\x03 \x01(\x05\x12\r\n\x05peers\x18\x04 \x03(\t\x12\x0f\n\x07regions\x18\x05 \x03(\t\x12\x13\n\x0bmemory_type\x18\x06 \x01(\t\x12\x10\n\x08requests\x18\x07 \x01(\x05\x12\x12\n\npages_used\x18\x08 \x01(\x05\x12\x14\n\x0c\x63\x61\x63hed_pages\x18\t \x01(\x05\x12\x17\n\x0f\x65xports_written\x18\n \x01(\x04\x12\x17\n\x0f\x65xports_dropped\x18\x0b \x01(\x04\x12\x15\n\rbytes_written\x18\x0c \x01(\x04\x12\x18\n\x10transfer_seconds\x18\r \x01(\x01\x12\x14\n\x0c\x62usy_seconds\x18\x0e \x01(\x01\x12\x45\n\x0eregion_seconds\x18\x0f \x03(\x0b\x32-.prefill.v1.StatusResponse.RegionSecondsEntry\x1a\x34\n\x12RegionSecondsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x32\x95\x01\n\x0ePrefillService\x12\x42\n\x07Prefill\x12\x1a.prefill.v1.PrefillRequest\x1a\x1b.prefill.v1.PrefillResponse\x12?\n\x06Status\x12\x19.prefill.v1.StatusRequest\x1a\x1a.prefill.v1.StatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,14 +36,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STATUSRESPONSE_REGIONSECONDSENTRY']._serialized_options = b'8\001'
   _globals['_PREFILLREQUEST']._serialized_start=79
   _globals['_PREFILLREQUEST']._serialized_end=256
-  _globals['_PREFILLRESPONSE']._serialized_start=258
-  _globals['_PREFILLRESPONSE']._serialized_end=371
-  _globals['_STATUSREQUEST']._serialized_start=373
-  _globals['_STATUSREQUEST']._serialized_end=388
-  _globals['_STATUSRESPONSE']._serialized_start=391
-  _globals['_STATUSRESPONSE']._serialized_end=824
-  _globals['_STATUSRESPONSE_REGIONSECONDSENTRY']._serialized_start=772
-  _globals['_STATUSRESPONSE_REGIONSECONDSENTRY']._serialized_end=824
-  _globals['_PREFILLSERVICE']._serialized_start=827
-  _globals['_PREFILLSERVICE']._serialized_end=976
+  _globals['_PREFILLRESPONSE']._serialized_start=259
+  _globals['_PREFILLRESPONSE']._serialized_end=388
+  _globals['_STATUSREQUEST']._serialized_start=390
+  _globals['_STATUSREQUEST']._serialized_end=405
+  _globals['_STATUSRESPONSE']._serialized_start=408
+  _globals['_STATUSRESPONSE']._serialized_end=841
+  _globals['_STATUSRESPONSE_REGIONSECONDSENTRY']._serialized_start=789
+  _globals['_STATUSRESPONSE_REGIONSECONDSENTRY']._serialized_end=841
+  _globals['_PREFILLSERVICE']._serialized_start=844
+  _globals['_PREFILLSERVICE']._serialized_end=993
 # @@protoc_insertion_point(module_scope)

@@ -84,6 +84,7 @@ class PrefillResponse(_message.Message):
     PREFILLED_TOKENS_FIELD_NUMBER: _builtins.int
     BYTES_WRITTEN_FIELD_NUMBER: _builtins.int
     TRANSFER_SECONDS_FIELD_NUMBER: _builtins.int
+    DRAFTS_FIELD_NUMBER: _builtins.int
     first_token: _builtins.int
     """The first generated token, sampled from the last prompt position's logits."""
     prefilled_tokens: _builtins.int
@@ -92,6 +93,13 @@ class PrefillResponse(_message.Message):
     """Bytes written over NIXL (rows and index keys)."""
     transfer_seconds: _builtins.float
     """Seconds the NIXL write took, from its posting to its completion."""
+    @_builtins.property
+    def drafts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """A prefill engine run with --speculative mtp: its MTP layer's drafts for the first verify
+        step, the tokens after first_token (the layer's KV rows travel with the others, as the
+        layout's last layer). Empty without speculation.
+        """
+
     def __init__(
         self,
         *,
@@ -99,10 +107,11 @@ class PrefillResponse(_message.Message):
         prefilled_tokens: _builtins.int = ...,
         bytes_written: _builtins.int = ...,
         transfer_seconds: _builtins.float = ...,
+        drafts: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_written", b"bytes_written", "first_token", b"first_token", "prefilled_tokens", b"prefilled_tokens", "transfer_seconds", b"transfer_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_written", b"bytes_written", "drafts", b"drafts", "first_token", b"first_token", "prefilled_tokens", b"prefilled_tokens", "transfer_seconds", b"transfer_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

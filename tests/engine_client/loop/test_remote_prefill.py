@@ -2,18 +2,15 @@
 fake KV control: a prompt goes to the peer in turn; a peer down or full is passed over, the
 prompt going to the next one or, with none left, prefilled here from its cached prefix on (over
 whatever the failed peer wrote); a prompt mostly cached here is never sent; a refusal of the
-prompt itself is the request's one error; the peer writes only the pages past a cached prefix.
-Speculative decoding with either role is refused at startup: a landed prompt has no drafts."""
+prompt itself is the request's one error; the peer writes only the pages past a cached prefix;
+a speculative peer's drafts land with the first token."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
 
-import pytest
-
 from contract.errors import CapacityError, KVError, LayoutMismatch, ServiceUnavailable
-from engine_client.cli.main import main
 from engine_client.client.control import Admission
 from engine_client.client.prefill_peer import Prefilled
 from engine_client.client.prefill_router import PrefillRouter
@@ -151,21 +148,19 @@ def test_a_request_cancelled_while_the_peer_works_is_not_landed() -> None:
     assert not control.landed and not req.tokens and not ended
 
 
-@pytest.mark.parametrize(
-    "role",
-    [
-        ["--role", "decode", "--kv-mode", "service", "--service", "/tmp/kv.sock"],
-        ["--role", "prefill", "--kv-mode", "baseline"],
-    ],
-)
-def test_speculative_decoding_with_a_prefill_peer_is_refused_at_startup(role, capsys) -> None:
-    """A landed prompt's slot holds no drafts of its own (the previous request's, or none):
-    docs/DECISIONS.md, "Speculative decoding is refused with disaggregation"."""
-    serve = ["serve", "--uds", "/tmp/unused.sock", *role, "--prefill-peer", "a:1"]
-    with pytest.raises(SystemExit) as exit_:
-        main([*serve, "--speculative", "mtp", "--draft-tokens", "2"], env={})
-    assert exit_.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    for flag in ("--speculative mtp", f"--role {role[1]}", "--prefill-peer", "not supported"):
-        assert flag in err, err
+def test_a_speculative_peers_drafts_land_with_the_first_token() -> None:
+    """The peer's MTP drafts after the first token are kept for the first verify step
+    (step_runner writes them into the slot); a peer that drafted nothing lands an empty tuple,
+    never None: the slot's drafts (a previous request's) are then overwritten with -1."""
+
+    class Drafting(Peer):
+        async def prefill(self, *args, **kwargs):
+            done = await super().prefill(*args, **kwargs)
+            return Prefilled(done.first_token, done.tokens, done.bytes_written, drafts=(5, 6))
+
+    req, adm = _request("r")
+    _run([Drafting("a")], (req, adm))
+    assert _landed(req) and req.peer_drafts == (5, 6)
+    plain, adm = _request("p")
+    _run([Peer("b")], (plain, adm))
+    assert _landed(plain) and plain.peer_drafts == ()
