@@ -8,7 +8,8 @@ keyed by the request), so the tokens depend on the drafts that land and on the r
 the previous request's drafts left in the slot (or no key), the first verify step accepts other
 tokens and the stream differs. Greedy tokens equal a single-node speculative engine's on the same
 service, for a resident and an offloaded request, one after the other through the same slots,
-and every page is free again afterwards. Skipped without the nixl package."""
+and every page is free again afterwards; on CPU and on one GPU (two processes on the device).
+Skipped without the nixl package."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from tests.process_harness import (
 if not nixl_available():
     pytest.skip("the nixl package is not installed", allow_module_level=True)
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 # D = 2, steps accepting 0, 1 or 2 drafts (rates of the second given the first).
 SPECULATIVE = (
@@ -41,8 +42,8 @@ SPECULATIVE = (
 )
 # 20 + 10 tokens fit the 72 hot slots (resident); 64 + 12 do not (offloaded: misses read
 # from the host pages the prefill engine wrote); AGAIN runs in a slot that held drafts before.
-RESIDENT = GenerateConfig(target="", prompt=tuple(range(30, 50)), max_new_tokens=10, timeout=120)
-AGAIN = GenerateConfig(target="", prompt=tuple(range(140, 158)), max_new_tokens=9, timeout=120)
+RESIDENT = GenerateConfig(target="", prompt=tuple(range(30, 50)), max_new_tokens=10, timeout=300)
+AGAIN = GenerateConfig(target="", prompt=tuple(range(140, 158)), max_new_tokens=9, timeout=300)
 OFFLOADED = GenerateConfig(
     target="", prompt=tuple((7 * i) % 250 + 1 for i in range(64)), max_new_tokens=12, timeout=120
 )
