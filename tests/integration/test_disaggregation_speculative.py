@@ -45,7 +45,7 @@ SPECULATIVE = (
 RESIDENT = GenerateConfig(target="", prompt=tuple(range(30, 50)), max_new_tokens=10, timeout=300)
 AGAIN = GenerateConfig(target="", prompt=tuple(range(140, 158)), max_new_tokens=9, timeout=300)
 OFFLOADED = GenerateConfig(
-    target="", prompt=tuple((7 * i) % 250 + 1 for i in range(64)), max_new_tokens=12, timeout=120
+    target="", prompt=tuple((7 * i) % 250 + 1 for i in range(64)), max_new_tokens=12, timeout=300
 )
 
 
