@@ -35,7 +35,8 @@
 #   PREFIX_S=120  PREFIX_ARGS="..."  GW_S=120  GW_ARGS="..."
 #   DISAGG_S=540  DISAGG_ARGS="--topologies 1x1 --sources auto" (bench.disagg: prefill
 #   and decode engines over NIXL against role both; needs .whl-nixl, bench/device_wheels.sh nixl;
-#   2 + 2: DISAGG_ARGS="--topologies 2x2 --no-colocated")
+#   2 + 2: DISAGG_ARGS="--topologies 2x2 --no-colocated"; with MTP on every engine: add
+#   "--draft-tokens 1"; prefill on a GPU of its own (nvidia-h100-x2): "--prefill-gpus 1")
 #   NCUATTN_S=120 NCUATTN_ARGS="--batch 111 --formats fp8,bf16 [--score-prefetch]" (Nsight Compute on
 #   attention alone, with each stall reason's warps per issued instruction)
 #   WIRE_CASES="--source pinned --target vram --pieces 1,512;--error-handling none" (bench.disagg.wire

@@ -32,6 +32,7 @@ from bench.disagg import load, stack
 from bench.shared.child import run_python
 from bench.shared.result_file import write_json
 from contract.layout import KVLayout
+from engine_client.loop.speculative import reserve_extra
 from engine_client.model.preset import preset
 
 
@@ -61,6 +62,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--hot-slots", type=int, default=4096)
     ap.add_argument("--window", type=int, default=128)
     ap.add_argument("--no-colocated", action="store_true", help="skip the role-both baseline")
+    ap.add_argument(
+        "--draft-tokens",
+        type=int,
+        default=0,
+        help="every engine runs --speculative mtp with D drafts (the prefill engines send their "
+        "drafts to the decode side; the layout gains the MTP layer) [0: off]",
+    )
+    ap.add_argument(
+        "--speculative-acceptance",
+        default="0.9",
+        help="BENCHMARK-ONLY synthetic acceptance rates of the drafts, as the engine's flag "
+        "(V3.2's published D = 1 rate by default); used with --draft-tokens",
+    )
     ap.add_argument(
         "--prefill-gpus",
         default="",
@@ -94,14 +108,28 @@ def prefill_gpus(text: str, count: int | None = None) -> tuple[int, ...]:
     return gpus
 
 
+def speculation(args: argparse.Namespace) -> tuple[str, ...]:
+    """Every engine's speculative flags (none without --draft-tokens)."""
+    if not args.draft_tokens:
+        return ()
+    return (
+        *("--speculative", "mtp", "--draft-tokens", str(args.draft_tokens)),
+        *("--speculative-acceptance", args.speculative_acceptance, "--allow-benchmark-only", "1"),
+    )
+
+
 def layout(args: argparse.Namespace) -> KVLayout:
-    """The service's layout: every stream's and arrival's context at once."""
+    """The service's layout: every stream's and arrival's context at once; speculative, the MTP
+    layer's KV as one more layer, the verify rows' union of top-k within B - W and the rows a
+    verify step may write past the last token reserved."""
     cfg, page, requests = preset(args.preset), args.page_size, args.streams + args.arrivals
-    max_context = -(-(args.prompt + max(args.tokens, args.arrival_tokens) + page) // page) * page
+    d = args.draft_tokens
+    tokens = max(args.tokens, args.arrival_tokens) + (reserve_extra(d) if d else 0)
+    max_context = -(-(args.prompt + tokens + page) // page) * page
     return KVLayout(
-        num_layers=cfg.num_layers,
+        num_layers=cfg.num_layers + (1 if d else 0),
         max_requests=requests,
-        hot_slots=args.hot_slots,
+        hot_slots=max(args.hot_slots, args.window + cfg.topk * (d + 1)),
         window=args.window,
         topk=cfg.topk,
         page_size=page,
@@ -116,7 +144,9 @@ def measure(args: argparse.Namespace, workdir: str, device: str, topology, sourc
     """One run: its stack started, warmed up, loaded and stopped."""
     batch = args.streams + args.arrivals
     gpus = prefill_gpus(args.prefill_gpus)
-    shape = stack.Shape(args.preset, device, batch, args.prefill_batch, args.prefill_chunk, gpus)
+    shape = stack.Shape(
+        args.preset, device, batch, args.prefill_batch, args.prefill_chunk, gpus, speculation(args)
+    )
     vocab = preset(args.preset).vocab_size
     os.makedirs(workdir)
     procs = stack.start(workdir, layout(args), shape, topology, source)

@@ -36,6 +36,9 @@ class Shape:
     # A prefill engine holds its own cache (baseline mode), so it may run on any GPU; decode
     # engines map the service's memory and stay on its GPU.
     prefill_gpus: tuple[int, ...] = ()
+    # Every engine's speculative flags (bench.disagg --draft-tokens), prefill engines included:
+    # they draft after the first token and send the drafts to the decode side.
+    speculation: tuple[str, ...] = ()
 
 
 @dataclass
@@ -104,7 +107,7 @@ def start(
 
 def _engine(stack: Stack, workdir: str, uds: str, shape: Shape, name: str, role: list[str]) -> str:
     """A service-mode engine (role both, or decode with its peers) spawned; its target."""
-    run = ["--device", shape.device, *role]
+    run = ["--device", shape.device, *role, *shape.speculation]
     argv = engine_argv(shape.preset, shape.max_batch, shape.prefill_chunk, run)
     return stack.spawned(engine_process(workdir, "service", service_uds=uds, name=name, extra=argv))
 
@@ -122,6 +125,7 @@ def _prefill(workdir: str, i: int, lay: KVLayout, shape: Shape, source: str) -> 
         index_format=lay.index_format,
     )
     run = [*local_kv(shape.device, local), "--role", "prefill", "--transfer-source", source]
+    run += shape.speculation
     argv = engine_argv(shape.preset, shape.prefill_batch, shape.prefill_chunk, run)
     proc = engine_process(workdir, "baseline", name=f"prefill{i}", extra=argv)
     if shape.prefill_gpus:

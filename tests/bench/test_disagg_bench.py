@@ -32,6 +32,19 @@ def test_a_prefill_gpu_index_maps_through_this_process_visible_devices(monkeypat
     assert stack.visible_gpu(1) == "6"
 
 
+def test_speculative_runs_add_the_mtp_layer_and_the_verify_rows_room() -> None:
+    plain = cli.parse_args(["--smoke"])
+    spec = cli.parse_args(["--smoke", "--draft-tokens", "2", "--speculative-acceptance", "0.8"])
+    assert cli.speculation(plain) == ()
+    flags = cli.speculation(spec)
+    assert flags[flags.index("--draft-tokens") + 1] == "2" and "--allow-benchmark-only" in flags
+    a, b = cli.layout(plain), cli.layout(spec)
+    assert b.num_layers == a.num_layers + 1
+    assert b.hot_slots - b.window >= b.topk * 3  # the union of D + 1 rows' top-k
+    assert b.max_context > a.max_context  # the rows a verify step may write past the last token
+    b.check_draft_tokens(2)
+
+
 def test_max_n_share_ends_with_the_first_background_stream_to_finish() -> None:
     bg = [{"arrivals": [0.5, 1.0, 4.0]}, {"arrivals": [0.5, 2.0]}, {"arrivals": []}]
     assert load.max_n_share(bg, start=1.0, end=5.0) == 0.25  # the second ends at 2.0
