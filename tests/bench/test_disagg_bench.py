@@ -9,20 +9,20 @@ import json
 
 import pytest
 
-from bench.disagg import cli, load, stack
+from bench.disagg import cli, load, options, stack
 from contract.nixl_agent import nixl_available
 
 
 def test_topologies_parse() -> None:
-    assert cli.topologies("1x1, 2X2") == [(1, 1), (2, 2)]
+    assert options.topologies("1x1, 2X2") == [(1, 1), (2, 2)]
 
 
 def test_prefill_gpus_parse_and_are_checked_against_the_machine() -> None:
-    assert cli.prefill_gpus("") == ()
-    assert cli.prefill_gpus("1, 2") == (1, 2)
-    assert cli.prefill_gpus("1", count=2) == (1,)
+    assert options.prefill_gpus("") == ()
+    assert options.prefill_gpus("1, 2") == (1, 2)
+    assert options.prefill_gpus("1", count=2) == (1,)
     with pytest.raises(SystemExit, match="has 1 GPU"):
-        cli.prefill_gpus("1", count=1)
+        options.prefill_gpus("1", count=1)
 
 
 def test_a_prefill_gpu_index_maps_through_this_process_visible_devices(monkeypatch) -> None:
@@ -35,10 +35,10 @@ def test_a_prefill_gpu_index_maps_through_this_process_visible_devices(monkeypat
 def test_speculative_runs_add_the_mtp_layer_and_the_verify_rows_room() -> None:
     plain = cli.parse_args(["--smoke"])
     spec = cli.parse_args(["--smoke", "--draft-tokens", "2", "--speculative-acceptance", "0.8"])
-    assert cli.speculation(plain) == ()
-    flags = cli.speculation(spec)
+    assert options.speculation(plain) == ()
+    flags = options.speculation(spec)
     assert flags[flags.index("--draft-tokens") + 1] == "2" and "--allow-benchmark-only" in flags
-    a, b = cli.layout(plain), cli.layout(spec)
+    a, b = options.layout(plain), options.layout(spec)
     assert b.num_layers == a.num_layers + 1
     assert b.hot_slots - b.window >= b.topk * 3  # the union of D + 1 rows' top-k
     assert b.max_context > a.max_context  # the rows a verify step may write past the last token
@@ -72,7 +72,7 @@ def test_the_smoke_run_moves_the_prompts_kv_rows_and_matches_the_colocated_token
         assert arrived + args.streams <= run["tokens"] <= arrived + args.streams * args.tokens
         assert run["arrivals"] == args.arrivals
     assert result["compare"]["1x1-auto"]["same_tokens"]
-    lay = cli.layout(args)
+    lay = options.layout(args)
     pages = -(-args.prompt // lay.page_size)
     rows = lay.num_layers * args.prompt * lay.row_bytes
     keys = lay.num_layers * pages * lay.page_size * lay.index_bytes
