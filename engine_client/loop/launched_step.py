@@ -70,8 +70,10 @@ class LaunchedStep:
         rows = b.tokens[: n * G].tolist()
         firsts = b.tokens[-MAX_PREFILLS_PER_STEP:].tolist()
         first = [firsts[i] if c.first is not None else None for i, c in enumerate(batch.prefills)]
-        drafts = [tuple(d) for d in b.first_drafts.tolist()]
-        prefill_drafts = [drafts[i] if t is not None else () for i, t in enumerate(first)]
+        drafts = [tuple(d) for d in b.first_drafts.tolist()] if b.first_drafts is not None else []
+        prefill_drafts = [
+            drafts[i] if t is not None and drafts else () for i, t in enumerate(first)
+        ]
         per_slot = [(s, m, rm) for s, m, rm in b.counts.tolist()]
         if G == 1:
             tokens, drafted, accepted = [[t] for t in rows], [], []

@@ -14,9 +14,15 @@ class StepBuffers:
     def __init__(
         self, rows: int, requests: int, slots: int, cuda: bool, first_drafts: tuple[int, int]
     ) -> None:
+        """first_drafts: (prefill chunks, D) of a speculative engine, D = 0 without."""
         self.tokens = torch.zeros(rows, dtype=torch.int64, pin_memory=cuda)
-        # Speculative engines: each prefill chunk's MTP drafts after its first token [chunks, D].
-        self.first_drafts = torch.zeros(first_drafts, dtype=torch.int64, pin_memory=cuda)
+        # Speculative engines: each prefill chunk's MTP drafts after its first token [chunks, D]
+        # (None without: no zero-size pinned buffer, no copy).
+        self.first_drafts = (
+            torch.zeros(first_drafts, dtype=torch.int64, pin_memory=cuda)
+            if first_drafts[1]
+            else None
+        )
         # Speculative steps: (accepted, drafted, first position) per request.
         self.spec = torch.zeros((3, requests), dtype=torch.int64, pin_memory=cuda)
         # Sampling inputs on their way to the device (pageable memory could sync the stream).

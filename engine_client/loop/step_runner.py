@@ -134,7 +134,8 @@ class StepRunner:
         counts = self.compute.backend.counts
         bufs.tokens.copy_(self._tokens, non_blocking=True)
         bufs.spec.copy_(self._spec, non_blocking=True)
-        bufs.first_drafts.copy_(self._first_drafts, non_blocking=True)
+        if bufs.first_drafts is not None:
+            bufs.first_drafts.copy_(self._first_drafts, non_blocking=True)
         bufs.counts.copy_(counts, non_blocking=True)
         counts.zero_()
         if bufs.end is not None:
