@@ -134,9 +134,14 @@ class RowExport:
         ours, theirs = self.layout.to_dict(), target.layout.to_dict()
         wrong = [k for k in SAME if ours[k] != theirs[k]]
         if wrong:
+            # One layer apart: one side runs --speculative mtp (the MTP layer's KV is the
+            # layout's last layer), the other does not.
+            mtp = abs(ours["num_layers"] - theirs["num_layers"]) == 1
+            hint = "; run both with --speculative mtp, or neither" if mtp else ""
             raise LayoutMismatch(
                 "the prefill cache and the decode side differ in "
                 + ", ".join(f"{k} ({ours[k]} here, {theirs[k]} there)" for k in wrong)
+                + hint
             )
 
     def expect(

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from contract.errors import ServiceUnavailable
+from contract.errors import LayoutMismatch, ServiceUnavailable
 from contract.nixl_agent import region_of
 from contract.transfer_target import Region, TransferTarget
 from engine_client.client.control import Admission
@@ -224,3 +224,27 @@ async def _closing_waits_for_the_writes_in_flight() -> None:
     asyncio.get_running_loop().call_later(0.05, agent.gate.set)
     await control.close()
     assert inner.released == ["r1"] and control.writes_in_flight == 0
+
+
+def test_a_target_one_layer_apart_names_the_mtp_layer() -> None:
+    """A decode side one layer deeper runs --speculative mtp (the MTP layer's KV is the
+    layout's last layer): the refusal says how to match them."""
+    export, _ = _export()
+    deeper = TransferTarget(
+        "d",
+        b"",
+        _target("d").regions,
+        layout_with(**{**LAYOUT.to_dict(), "num_layers": LAYOUT.num_layers + 1}),
+    )
+    with pytest.raises(
+        LayoutMismatch, match="num_layers .2 here, 3 there.; run both with --speculative mtp"
+    ):
+        export.check(deeper)
+    coarser = TransferTarget(
+        "c", b"", _target("c").regions, layout_with(**{**LAYOUT.to_dict(), "page_size": 8})
+    )
+    with pytest.raises(LayoutMismatch) as refused:
+        export.check(coarser)
+    assert "page_size (4 here, 8 there)" in str(refused.value)
+    assert "speculative" not in str(refused.value)
+    export.close()
