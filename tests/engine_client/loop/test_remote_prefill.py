@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from types import SimpleNamespace
+
+import torch
 
 from contract.errors import CapacityError, KVError, LayoutMismatch, ServiceUnavailable
 from engine_client.client.control import Admission
@@ -17,6 +20,7 @@ from engine_client.client.prefill_router import PrefillRouter
 from engine_client.loop.control_ref import ControlRef
 from engine_client.loop.remote_prefill import LOCAL_SHARE, RemotePrefill
 from engine_client.loop.request import Finish, GenRequest, Phase, SamplingParams
+from engine_client.loop.step_runner import StepRunner
 
 FIRST = 77  # the first token every working peer answers
 
@@ -164,3 +168,21 @@ def test_a_speculative_peers_drafts_land_with_the_first_token() -> None:
     plain, adm = _request("p")
     _run([Peer("b")], (plain, adm))
     assert _landed(plain) and plain.peer_drafts == ()
+
+
+def test_the_first_verify_step_takes_the_peers_first_d_drafts_and_minus_one_past_them() -> None:
+    """StepRunner._land_peer_drafts: a peer with fewer drafts than the decode engine's D leaves
+    -1 (never accepted) past them, a peer with more gives its first D; a request that landed
+    nothing leaves its slot alone; each request lands once."""
+    compute = SimpleNamespace(model=SimpleNamespace(device=torch.device("cpu")))
+    runner = StepRunner(compute, overlap=False)  # type: ignore[arg-type]
+    model_runner = SimpleNamespace(D=3, drafts=torch.full((4, 3), 9, dtype=torch.int64))
+    fewer, more, local = (_request(name)[0] for name in "abc")
+    fewer.slot, more.slot, local.slot = 0, 2, 3
+    fewer.peer_drafts, more.peer_drafts = (5,), (1, 2, 3, 4)
+    runner._land_peer_drafts([fewer, more, local], model_runner)  # type: ignore[arg-type]
+    assert model_runner.drafts.tolist() == [[5, -1, -1], [9, 9, 9], [1, 2, 3], [9, 9, 9]]
+    assert fewer.peer_drafts is None and more.peer_drafts is None
+    model_runner.drafts[0] = 8  # the verify step's own drafts from here on
+    runner._land_peer_drafts([fewer], model_runner)  # type: ignore[arg-type]
+    assert model_runner.drafts[0].tolist() == [8, 8, 8]
