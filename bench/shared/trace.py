@@ -144,15 +144,23 @@ def lru_miss_rate(
         seq_len = seq_len0 + step
         x = select(seq_len)
         valid = int((x >= 0).sum())  # the engine counts window hits as selected too
-        x = x[(x >= 0) & (x < seq_len - window)]
-        hit = np.isin(order, x)
-        misses = x[~np.isin(x, order)]
-        free = order[~hit]
-        order = np.concatenate((free[len(misses) :], order[hit], misses))
+        order, misses = lru_update(order, x[(x >= 0) & (x < seq_len - window)])
         if step >= warmup:
             selected += valid
-            missed += len(misses)
+            missed += misses
     return missed / max(selected, 1)
+
+
+def lru_update(order: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, int]:
+    """One step of the plan's exact LRU over `order` (positions, least recent first; -1 free)
+    with the distinct positions `x` past the window: (the new order, misses). m misses evict the
+    m least recent non-hit entries; new order = untouched, hits (old order), misses (x's order)."""
+    hit = np.isin(order, x)
+    misses = x[~np.isin(x, order)]
+    free = order[~hit]
+    if len(misses) > len(free):
+        raise ValueError(f"{len(misses)} misses, {len(free)} victims: the LRU is too small")
+    return np.concatenate((free[len(misses) :], order[hit], misses)), len(misses)
 
 
 def simulate(
