@@ -169,7 +169,7 @@ def report(result: dict) -> None:
             print(f"{r['name']}: a write's parts, posted to done: {each}")
         if r["max_n_share"] < 1.0:
             print(
-                f"{r['name']}: the background decoded at max N for {100 * r['max_n_share']:.0f}%"
+                f"{r['name']}: the background decoded at max N for {100 * r['max_n_share']:.1f}%"
                 " of the arrivals' window only (a stream reached --tokens first): raise it"
             )
     print("GB/s: bytes over the writes' seconds summed (one write's rate); busy: over the")
