@@ -163,6 +163,20 @@ def lru_update(order: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, int]:
     return np.concatenate((free[len(misses) :], order[hit], misses)), len(misses)
 
 
+def selector(params: TraceParams, k: int) -> Callable[[int], np.ndarray]:
+    """The trace's selection of (layer 0, slot 0) at a sequence length, on CPU: int64 positions
+    (-1: padding), for the LRU simulations here and in bench/shared/verify_misses.py."""
+    gen = TraceTopk(1, k, "cpu", params)
+    out = torch.empty((1, k), dtype=torch.int32)
+    slots = torch.zeros(1, dtype=torch.int32)
+
+    def select(seq_len: int) -> np.ndarray:
+        gen(0, slots, torch.tensor([seq_len], dtype=torch.int32), out)
+        return out[0].numpy().astype(np.int64)
+
+    return select
+
+
 def simulate(
     params: TraceParams,
     k: int = 2048,
@@ -173,14 +187,7 @@ def simulate(
     warmup: int = 50,
 ) -> dict[int, float]:
     """Miss rate of the trace for one (layer 0, slot 0) at LRU capacity c * k, steady state."""
-    gen = TraceTopk(1, k, "cpu", params)
-    out = torch.empty((1, k), dtype=torch.int32)
-    slots = torch.zeros(1, dtype=torch.int32)
-
-    def select(seq_len: int) -> np.ndarray:
-        gen(0, slots, torch.tensor([seq_len], dtype=torch.int32), out)
-        return out[0].numpy().astype(np.int64)
-
+    select = selector(params, k)
     return {
         c: lru_miss_rate(select, context, int(c * k), window, steps, warmup) for c in capacities
     }

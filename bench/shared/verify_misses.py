@@ -20,9 +20,8 @@ import argparse
 import json
 
 import numpy as np
-import torch
 
-from bench.shared.trace import TraceParams, TraceTopk, lru_update
+from bench.shared.trace import TraceParams, lru_update, selector
 
 
 def misses_per_token(
@@ -39,14 +38,10 @@ def misses_per_token(
     """Steady-state misses per emitted token of one (layer 0, slot 0) at LRU `capacity`
     (B - W) with verify steps of `draft_tokens` drafts accepted at `rates` (per position,
     conditional; the last repeats)."""
-    gen = TraceTopk(1, k, "cpu", TraceParams())
-    out = torch.empty((1, k), dtype=torch.int32)
-    slot = torch.zeros(1, dtype=torch.int32)
-    rng = np.random.default_rng(seed)
+    trace, rng = selector(TraceParams(), k), np.random.default_rng(seed)
 
     def select(seq_len: int) -> np.ndarray:
-        gen(0, slot, torch.tensor([seq_len], dtype=torch.int32), out)
-        x = out[0].numpy().astype(np.int64)
+        x = trace(seq_len)
         return x[(x >= 0) & (x < seq_len - window)]
 
     order = np.full(capacity, -1, dtype=np.int64)
