@@ -76,3 +76,8 @@ class Batch:
     @property
     def requests(self) -> list[GenRequest]:
         return [c.req for c in self.prefills] + self.decode
+
+    @property
+    def ends_a_prompt(self) -> bool:
+        """A prefill chunk samples its request's first token (and, speculative, drafts)."""
+        return any(c.first is not None for c in self.prefills)

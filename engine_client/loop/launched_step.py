@@ -70,7 +70,9 @@ class LaunchedStep:
         rows = b.tokens[: n * G].tolist()
         firsts = b.tokens[-MAX_PREFILLS_PER_STEP:].tolist()
         first = [firsts[i] if c.first is not None else None for i, c in enumerate(batch.prefills)]
-        drafts = [tuple(d) for d in b.first_drafts.tolist()] if b.first_drafts is not None else []
+        drafts: list[tuple[int, ...]] = []
+        if b.first_drafts is not None and batch.ends_a_prompt:  # copied by the step runner then
+            drafts = [tuple(d) for d in b.first_drafts.tolist()]
         prefill_drafts = [
             drafts[i] if t is not None and drafts else () for i, t in enumerate(first)
         ]

@@ -105,7 +105,8 @@ class Postprocessor:
         rows: list[tuple[GenRequest, list[int]]] = list(zip(batch.decode, out.decode_tokens))
         firsts = [(c.req, [t]) for c, t in zip(batch.prefills, out.prefill_tokens) if t is not None]
         for c, drafts in zip(batch.prefills, out.prefill_drafts):
-            c.req.first_drafts = drafts or c.req.first_drafts
+            if drafts:  # the chunk ended its prompt in a speculative engine
+                c.req.first_drafts = drafts
         rows = firsts + rows
         rows = [(r, self._kept(r, t)) for r, t in rows if not r.finished]
         # Requests that ended before this step was post-processed are left out of its report;

@@ -134,7 +134,7 @@ class StepRunner:
         counts = self.compute.backend.counts
         bufs.tokens.copy_(self._tokens, non_blocking=True)
         bufs.spec.copy_(self._spec, non_blocking=True)
-        if bufs.first_drafts is not None:
+        if bufs.first_drafts is not None and batch.ends_a_prompt:  # else never read
             bufs.first_drafts.copy_(self._first_drafts, non_blocking=True)
         bufs.counts.copy_(counts, non_blocking=True)
         counts.zero_()
