@@ -33,6 +33,11 @@ class KernelSet:
     bmm: Callable[..., Any]
     rms_norm: Callable[..., Any]
     layer_norm: Callable[..., Any]
+    # The model's default math, PyTorch's bits in fewer launches (kernels.dense.rms_norm, .rope):
+    # norm(x, w, eps) RMSNorm -> new tensor; rotate(x, cos, sin, interleaved, out=None) RoPE of
+    # x [n, (H,) r] into out (new if None, x itself in place).
+    norm: Callable[..., Any]
+    rotate: Callable[..., Any]
     capturable: bool = True
 
     @classmethod
@@ -50,6 +55,8 @@ class KernelSet:
     def triton(cls) -> "KernelSet":
         from kernels.attention.sparse import sparse_mla_decode
         from kernels.dense.matmul import invariant_bmm, invariant_linear
+        from kernels.dense.rms_norm import rms_norm
+        from kernels.dense.rope import rotate
         from kernels.dense.row_norm import invariant_layer_norm, invariant_rms_norm
         from kernels.select.indexer import indexer_scores
         from kernels.select.topk import topk_select
@@ -70,6 +77,8 @@ class KernelSet:
             bmm=invariant_bmm,
             rms_norm=invariant_rms_norm,
             layer_norm=invariant_layer_norm,
+            norm=rms_norm,
+            rotate=rotate,
         )
 
     @classmethod
@@ -88,5 +97,7 @@ class KernelSet:
             bmm=ref.ref_invariant_bmm,
             rms_norm=ref.ref_invariant_rms_norm,
             layer_norm=ref.ref_invariant_layer_norm,
+            norm=ref.ref_rms_norm,
+            rotate=ref.ref_rotate,
             capturable=False,
         )

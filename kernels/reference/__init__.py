@@ -5,7 +5,8 @@
 - `index_pool`: the index-key pool's page layout (`page_views`, `read_index_rows`, ...)
 - `attention`: sparse MLA decode (`ref_sparse_mla_decode`)
 - `select`: indexer scores and top-k (`ref_indexer_scores`, `ref_topk_select`)
-- `dense`: batch-invariant matmul and norms (`ref_invariant_linear`, `ref_invariant_rms_norm`, ...)
+- `dense`: batch-invariant matmul and norms (`ref_invariant_linear`, `ref_invariant_rms_norm`, ...),
+  the model's default RMSNorm (`ref_rms_norm`) and the rotary embedding (`ref_rotate`)
 
 Each `ref_*` computes the same function as its kernel, written for clarity rather than speed,
 with the kernel wrapper's signature (kernels.kit.kernel_set swaps them in). Tests compare
@@ -18,6 +19,8 @@ from kernels.reference.dense import (
     ref_invariant_layer_norm,
     ref_invariant_linear,
     ref_invariant_rms_norm,
+    ref_rms_norm,
+    ref_rotate,
 )
 from kernels.reference.index_pool import page_views, read_index_rows, write_index_rows
 from kernels.reference.select import order_key, ref_indexer_scores, ref_topk_select
@@ -34,6 +37,8 @@ __all__ = [
     "ref_invariant_layer_norm",
     "ref_invariant_linear",
     "ref_invariant_rms_norm",
+    "ref_rms_norm",
+    "ref_rotate",
     "ref_kv_append",
     "ref_kv_quantize",
     "ref_miss_copy",

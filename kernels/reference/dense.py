@@ -1,5 +1,6 @@
-"""References of the batch-invariant dense math (kernels/dense/): the same K walk and norms in
-plain PyTorch, themselves batch-invariant on CPU.
+"""References of the dense math (kernels/dense/): the batch-invariant K walk and norms in plain
+PyTorch, themselves batch-invariant on CPU, the model's default RMSNorm (`ref_rms_norm`) and the
+rotary embedding (`ref_rotate`).
 
 Matmul: fp32 accumulation over ascending BLOCK_K steps, each step's dot in fp64 and rounded to
 fp32 once, as kernels.dense.matmul does under the interpreter. Products of bf16 (or fp16) values
@@ -50,3 +51,35 @@ def ref_invariant_layer_norm(
 ) -> torch.Tensor:
     """kernels.dense.row_norm.invariant_layer_norm."""
     return _norm(x, w, b, eps)
+
+
+def ref_rotate(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    interleaved: bool,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """kernels.dense.rope.rotate: x [n, (H,) r] rotated by cos/sin [n, r/2] in fp32, into out
+    (new if None, x itself in place). interleaved: pairs (x0, x1), (x2, x3), ... as DeepSeek's
+    MLA rope; otherwise the halves pair up, as V3.2's indexer rope."""
+    n, half = cos.shape
+    shape = (n,) + (1,) * (x.dim() - 2) + (half,)
+    c, s = cos.view(shape), sin.view(shape)
+    xf = x.float()
+    if interleaved:
+        a, b = xf[..., 0::2], xf[..., 1::2]
+        y = torch.stack((a * c - b * s, a * s + b * c), dim=-1).flatten(-2)
+    else:
+        a, b = xf[..., :half], xf[..., half:]
+        y = torch.cat((a * c - b * s, a * s + b * c), dim=-1)
+    if out is None:
+        return y.to(x.dtype)
+    return out.copy_(y)
+
+
+def ref_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """kernels.dense.rms_norm.rms_norm: the model's default RMSNorm, fp32 math in PyTorch's
+    reduction (whose summation tree follows the tensor's sizes, so it is not batch-invariant)."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
