@@ -116,6 +116,8 @@ def print_report(r: dict) -> None:
         f"N {a['batch']}, top-k {a['topk_source']}"
         + (f", {a['microbatches']} micro-batches" if a.get("microbatches", 1) > 1 else "")
         + (", part tail" if a.get("decode_part_tail") else "")
+        + (", late queries" if a.get("late_queries") else "")
+        + (", PyTorch norm and RoPE" if a.get("torch_glue") else "")
         + (f", shared prefix {a['shared_prefix']}" if a.get("shared_prefix") else "")
         + (f" (region {a['shared_slots']} slots)" if a.get("shared_slots") else "")
     )

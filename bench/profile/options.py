@@ -8,6 +8,7 @@ import argparse
 
 from bench.shared.attention_args import add_attention_args, mix_override
 from bench.shared.copy_args import add_copy_args
+from bench.shared.glue_args import add_glue_args
 from bench.shared.indexer_args import add_indexer_args
 
 
@@ -58,6 +59,7 @@ def _add_kernel_args(ap: argparse.ArgumentParser) -> None:
     add_copy_args(ap)
     add_attention_args(ap)
     add_indexer_args(ap)
+    add_glue_args(ap)
 
 
 def _check_mix(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -112,4 +114,10 @@ def _add_part_args(ap: argparse.ArgumentParser) -> None:
         action="store_true",
         help="each micro-batch part runs its layer tail (o_proj, MLP) right after its attention "
         "(the engine's --decode-part-tail 1; Model.tail_parts = --microbatches)",
+    )
+    ap.add_argument(
+        "--late-queries",
+        action="store_true",
+        help="launch each layer's attention queries (q_b_proj, W_UK, q_pe's RoPE) after every "
+        "part's swap-in plan, beside the miss copies (Model.late_queries; same bits)",
     )

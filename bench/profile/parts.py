@@ -77,6 +77,17 @@ def _patched(obj, attr: str, name: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _kernel_part(model, field: str, name: str) -> Iterator[None]:
+    """The model's kernel-set `field` inside part `name` (the set is frozen: swap in a copy)."""
+    old = model.kernels
+    model.kernels = dataclasses.replace(old, **{field: _wrap(name, getattr(old, field))})
+    try:
+        yield
+    finally:
+        model.kernels = old
+
+
+@contextlib.contextmanager
 def _index_formats(name: str) -> Iterator[None]:
     """Every index-key format's encode inside part `name` (a frozen dataclass: swap entries)."""
     from kernels.formats import INDEX_FORMATS
@@ -93,12 +104,10 @@ def _index_formats(name: str) -> Iterator[None]:
 @contextlib.contextmanager
 def named_parts(runner) -> Iterator[None]:
     """Within: the runner's eager step runs each part of the model in a `part::` range."""
-    import engine_client.model.model as mm
-
     model, be = runner.model, runner.model.backend
     with contextlib.ExitStack() as st:
-        st.enter_context(_patched(mm, "rms_norm", "norm"))
-        st.enter_context(_patched(mm, "apply_rope", "rope"))
+        st.enter_context(_patched(model, "norm", "norm"))
+        st.enter_context(_kernel_part(model, "rotate", "rope"))
         st.enter_context(_index_formats("index_quantize"))
         for attr, name in (
             ("_indexer", "indexer_qkw"),

@@ -14,6 +14,7 @@ from torch.profiler import record_function
 from bench.profile.parts import KERNEL_RANGE
 from bench.shared.attention_args import attention_kernels
 from bench.shared.copy_args import copy_grid, copy_kernels
+from bench.shared.glue_args import glue_kernels
 from bench.shared.indexer_args import indexer_kernels
 from contract.layout import MODE_OFFLOADED, KVLayout, needs_host_reads
 from engine_client.kv.baseline import BaselineBackend
@@ -45,12 +46,7 @@ def build(args: argparse.Namespace, device: torch.device, positions: int = 0):
     for `positions` decode steps [the warm-up, timed and profiled steps of args]."""
     over = {"num_layers": args.layers} if args.layers else {}
     cfg = preset(args.preset, **over)
-    use_triton = args.kernels == "triton" or (args.kernels == "auto" and device.type == "cuda")
-    kernels = KernelSet.triton() if use_triton else KernelSet.reference()
-    graphed = device.type == "cuda" and kernels.capturable
-    kernels = indexer_kernels(attention_kernels(copy_kernels(kernels, args), args), args)
-    if not graphed:
-        kernels = named_kernels(kernels)
+    kernels, graphed = _kernels(args, device)
     lay = _layout(args, cfg, positions)
     if args.mode == "baseline":
         backend = BaselineBackend(lay, kernels=kernels, device=device)
@@ -69,7 +65,9 @@ def build(args: argparse.Namespace, device: torch.device, positions: int = 0):
         backend.fill_synthetic(slot, args.context, seed=slot, start=start)
     # The part tail splits as the engine's does: into the micro-batch count, in either mode.
     tail = args.microbatches if args.decode_part_tail else 1
-    model = Model(cfg, random_weights(cfg, seed=0, device=device), backend, tail_parts=tail)
+    weights = random_weights(cfg, seed=0, device=device)
+    late = getattr(args, "late_queries", False)  # a profile JSON written before the option
+    model = Model(cfg, weights, backend, tail_parts=tail, late_queries=late)
     if args.topk_source == "trace":
         from bench.shared.trace import trace_source
 
@@ -78,6 +76,17 @@ def build(args: argparse.Namespace, device: torch.device, positions: int = 0):
         model, DecodeConfig(max_batch=args.batch, buckets=(args.batch,), use_graphs=graphed)
     )
     return cfg, lay, backend, runner
+
+
+def _kernels(args: argparse.Namespace, device: torch.device) -> tuple[KernelSet, bool]:
+    """The step's kernel set as the options configure it, and whether the step is graphed
+    (eager steps name each kernel call for the profile)."""
+    use_triton = args.kernels == "triton" or (args.kernels == "auto" and device.type == "cuda")
+    kernels = KernelSet.triton() if use_triton else KernelSet.reference()
+    graphed = device.type == "cuda" and kernels.capturable
+    kernels = indexer_kernels(attention_kernels(copy_kernels(kernels, args), args), args)
+    kernels = glue_kernels(kernels, args)
+    return (kernels if graphed else named_kernels(kernels)), graphed
 
 
 def _layout(args: argparse.Namespace, cfg, positions: int) -> KVLayout:

@@ -24,6 +24,8 @@ CATEGORIES = (
         "attention",
         r"sparse_mla|_score_kernel|_mix_kernel|_fused_kernel|_split_kernel|_combine_kernel|attention",
     ),
+    ("rope", r"_rope_kernel|::rotate$"),
+    ("norms", r"_rms_(square|scale)_kernel|::norm$"),
     ("MLP/GEMM", GEMM),
 )
 OTHER = "other"  # a name no category matches

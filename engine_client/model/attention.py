@@ -18,6 +18,8 @@ from engine_client.model.workspace import Workspace
 # Benchmarks: fn(layer, req_slots, seq_lens, topk) overwriting a decode step's top-k [n, k] in
 # place (graph-safe), e.g. a replayed trace (bench/shared/trace.py).
 TopkSource = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None]
+# The attention's queries of a layer, (q_abs [n, H, 512], q_pe [n, H, 64]): launched when called.
+Queries = Callable[[], tuple[torch.Tensor, ...]]
 
 
 def row_parts(n: int, m: int, g: int = 1) -> list[slice]:
@@ -44,8 +46,7 @@ class SparseAttention:
     def attend(
         self,
         i: int,
-        q_abs: torch.Tensor,
-        q_pe: torch.Tensor,
+        queries: Queries,
         index_q: tuple[torch.Tensor, torch.Tensor],
         tok: Tokens,
         ws: Workspace,
@@ -53,16 +54,18 @@ class SparseAttention:
         topk_source: TopkSource | None = None,
         after_part: Callable[[int], None] | None = None,
     ) -> None:
-        """Sparse attention over each part's top-k rows into ws.attn_out. after_part(stop), if
-        given, runs once each part's attention is launched: rows [0, stop) are then attended
-        (the model's part tail, engine_client.model.part_tail)."""
+        """Sparse attention over each part's top-k rows into ws.attn_out. queries() is called
+        once every part is planned (Model.late_queries launches their GEMMs there, beside the
+        miss copies). after_part(stop), if given, runs once each part's attention is launched:
+        rows [0, stop) are then attended (the model's part tail, engine_client.model.part_tail)."""
         be, iq, iw = self.backend, *index_q
         # Decode micro-batches (backend.microbatches > 1): every part is scored and planned
         # before any is attended, so a part's miss copy (the backend's side stream) overlaps
         # the next part's indexer, top-k and plan and the previous part's attention.
         overlap = prefill is None and be.microbatches > 1
-        parts = row_parts(q_abs.shape[0], be.microbatches if overlap else 1, tok.rows_per_request)
+        parts = row_parts(iq.shape[0], be.microbatches if overlap else 1, tok.rows_per_request)
         sels = [self._select(i, r, iq, iw, tok, ws, prefill, topk_source) for r in parts]
+        q_abs, q_pe = queries()
         for r, sel in zip(parts, sels):
             if overlap:
                 # Every part, a lone one too (a batch of 1 has one part): this joins the part's

@@ -19,27 +19,31 @@ V3.2's Hadamard rotation of indexer q/k and fp8 activation quantization are not 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 
 from engine_client.kv.backend import KVBackend
-from engine_client.model.attention import SparseAttention, TopkSource, row_parts
+from engine_client.model.attention import Queries, SparseAttention, TopkSource, row_parts
 from engine_client.model.forward_batch import PrefillChunk, Tokens
 from engine_client.model.part_tail import PartTails
 from engine_client.model.preset import ModelConfig
-from engine_client.model.rope import RopeTable, apply_rope
+from engine_client.model.rope import RopeTable
 from engine_client.model.weights import check_weights, layer_prefix
 from engine_client.model.workspace import Workspace
 
 
-def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
-
-
 class Model:
-    """Weights + forward. `backend` decides where KV lives; the math is the same for all."""
+    """Weights + forward. `backend` decides where KV lives; the math is the same for all.
+
+    batch_invariant: GEMMs and norms through the kernel set's batch-invariant ones
+    (kernels/dense/), so a row's logits never depend on its batch (docs/DECISIONS.md).
+    tail_parts > 1: decode layers run their tail in that many row parts, each right after its
+    attention (engine_client.model.part_tail); every KV mode must get the same value.
+    late_queries: the attention's queries (q_b_proj, W_UK, q_pe's RoPE) are launched after every
+    part's swap-in plan instead of before the first, so they run beside the miss copies
+    (SparseAttention.attend); the same ops on the same inputs, so no bit moves."""
 
     def __init__(
         self,
@@ -49,11 +53,8 @@ class Model:
         *,
         batch_invariant: bool = False,
         tail_parts: int = 1,
+        late_queries: bool = False,
     ) -> None:
-        """batch_invariant: GEMMs and norms through the kernel set's batch-invariant ones
-        (kernels/dense/), so a row's logits never depend on its batch (docs/DECISIONS.md).
-        tail_parts > 1: decode layers run their tail in that many row parts, each right after
-        its attention (engine_client.model.part_tail); every KV mode must get the same value."""
         check_weights(weights, cfg)
         if tail_parts < 1:
             raise ValueError(f"tail_parts must be positive, got {tail_parts}")
@@ -66,6 +67,7 @@ class Model:
             )
         self.cfg, self.backend, self.kernels = cfg, backend, backend.kernels
         self.batch_invariant, self.tail_parts = batch_invariant, tail_parts
+        self.late_queries = late_queries
         self.device = backend.device
         w = {n: t.to(self.device) for n, t in weights.items()}
         self.embed, self.final_norm, self.lm_head = (
@@ -99,9 +101,10 @@ class Model:
         return self.kernels.bmm(a, b) if self.batch_invariant else torch.bmm(a, b)
 
     def norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """RMSNorm with the model's eps (PyTorch's reduction shapes its blocks by M too)."""
+        """RMSNorm with the model's eps (PyTorch's reduction shapes its blocks by M too, so the
+        batch-invariant mode takes the kernel set's one-row-a-program norm instead)."""
         eps = self.cfg.norm_eps
-        return self.kernels.rms_norm(x, w, eps) if self.batch_invariant else rms_norm(x, w, eps)
+        return (self.kernels.rms_norm if self.batch_invariant else self.kernels.norm)(x, w, eps)
 
     def forward(
         self, tok: Tokens, ws: Workspace, prefill: PrefillChunk | None = None
@@ -161,9 +164,11 @@ class Model:
         up = self.linear(h, lw["mlp.up_proj.weight"])
         return torch.add(x, self.linear(gate * up, lw["mlp.down_proj.weight"]), out=out)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """fp32 logits [n, vocab] of final hidden states [n, hidden]."""
-        return self.linear(hidden, self.lm_head).float()
+    def logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """fp32 logits [n, vocab] of final hidden states [n, hidden], into out if given (the
+        bf16 GEMM's values widened in the copy: one pass over [n, vocab], not a cast and a copy)."""
+        h = self.linear(hidden, self.lm_head)
+        return h.float() if out is None else out.copy_(h)
 
     def prefill(
         self, req_slot: int, token_ids: Sequence[int], *, start: int = 0, chunk_size: int = 512
@@ -216,9 +221,10 @@ class Model:
         q = self.linear(qr, lw["self_attn.indexer.wq_b.weight"]).view(
             n, cfg.index_heads, cfg.index_dim
         )
-        q = torch.cat((apply_rope(q[..., :r], cos, sin, interleaved=False), q[..., r:]), dim=-1)
+        # RoPE on the first r dims of both, in place (q and k are this call's own tensors).
+        self.kernels.rotate(q[..., :r], cos, sin, interleaved=False, out=q[..., :r])
         k = self._key_norm(lw, self.linear(h, lw["self_attn.indexer.wk.weight"]))
-        k = torch.cat((apply_rope(k[:, :r], cos, sin, interleaved=False), k[:, r:]), dim=-1)
+        self.kernels.rotate(k[:, :r], cos, sin, interleaved=False, out=k[:, :r])
         w = (
             self.linear(h, lw["self_attn.indexer.weights_proj.weight"]).float()
             * cfg.index_weight_scale
@@ -247,30 +253,37 @@ class Model:
     ) -> None:
         """Norm, projections, store, indexer and sparse attention of layer i into ws.attn_out
         (after_part: SparseAttention.attend's)."""
-        cfg = self.cfg
         h = self.norm(x, lw["input_layernorm.weight"])
-        q, qr, rows = self._project(lw, h, cos, sin)
+        qr, rows = self._project(lw, h, cos, sin)
         iq, iw, ik = self._indexer(lw, h, qr, cos, sin)
         self.attention.store(i, rows, ik, tok)
+        queries: Queries = partial(self._queries, lw, qr, cos, sin)
+        if not self.late_queries:  # launched now; attend gets them back as they are
+            queries = partial(tuple, queries())
+        self.attention.attend(i, queries, (iq, iw), tok, ws, prefill, self.topk_source, after_part)
+
+    def _queries(
+        self, lw: dict, qr: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The attention's queries from the normed query latent: q_nope absorbed through W_UK
+        [n, H, 512] and q_pe rotated [n, H, 64]."""
+        cfg, n = self.cfg, qr.shape[0]
+        q = self.linear(qr, lw["self_attn.q_b_proj.weight"]).view(n, cfg.num_heads, cfg.qk_head_dim)
         q_abs = self.bmm(q[..., : cfg.qk_nope_dim].transpose(0, 1), lw["w_uk"]).transpose(0, 1)
-        q_pe = apply_rope(q[..., cfg.qk_nope_dim :], cos, sin, interleaved=True)
-        self.attention.attend(
-            i, q_abs, q_pe, (iq, iw), tok, ws, prefill, self.topk_source, after_part
-        )
+        return q_abs, self.kernels.rotate(q[..., cfg.qk_nope_dim :], cos, sin, interleaved=True)
 
     def _project(
         self, lw: dict, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """MLA's projections: the queries (heads x qk_head_dim, rope part not yet rotated),
-        the normed query latent (the indexer's input) and the KV rows to store (latent + rope)."""
-        cfg, n = self.cfg, h.shape[0]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """MLA's projections before the indexer: the normed query latent (the indexer's and the
+        queries' input) and the KV rows to store (latent + rope)."""
+        cfg = self.cfg
         qr = self.norm(
             self.linear(h, lw["self_attn.q_a_proj.weight"]), lw["self_attn.q_a_layernorm.weight"]
         )
-        q = self.linear(qr, lw["self_attn.q_b_proj.weight"]).view(n, cfg.num_heads, cfg.qk_head_dim)
         kv = self.linear(h, lw["self_attn.kv_a_proj_with_mqa.weight"])
         c_kv = self.norm(kv[:, : cfg.kv_lora_rank], lw["self_attn.kv_a_layernorm.weight"])
         rows = torch.cat(
-            (c_kv, apply_rope(kv[:, cfg.kv_lora_rank :], cos, sin, interleaved=True)), -1
+            (c_kv, self.kernels.rotate(kv[:, cfg.kv_lora_rank :], cos, sin, interleaved=True)), -1
         )
-        return q, qr, rows
+        return qr, rows

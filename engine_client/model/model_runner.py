@@ -124,7 +124,7 @@ class ModelRunner:
             ids=ids, req_slots=x[_SLOTS], positions=x[_POS], seq_lens=lens, append_lens=lens
         )
         hidden = self.model.forward(tok, self.ws.rows(bs))
-        self.logits[:bs].copy_(self.model.logits(hidden))
+        self.model.logits(hidden, out=self.logits[:bs])
 
     def _check(
         self,

@@ -1,5 +1,6 @@
-"""Rotary position embedding with a precomputed table, so a decode step only gathers rows of it
-(no trigonometry on the host, nothing allocated per position: safe inside a CUDA graph)."""
+"""Rotary position embedding's table, precomputed, so a decode step only gathers rows of it (no
+trigonometry on the host, nothing allocated per position: safe inside a CUDA graph). The rotation
+itself is the kernel set's (`Model.rotate`: kernels/dense/rope.py, one launch on GPU)."""
 
 from __future__ import annotations
 
@@ -27,23 +28,3 @@ class RopeTable:
         rows carry arbitrary positions and must not index out of bounds)."""
         p = positions.clamp(0, self.max_positions - 1)
         return self.cos.index_select(0, p), self.sin.index_select(0, p)
-
-
-def apply_rope(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool
-) -> torch.Tensor:
-    """Rotate x [n, ..., dim] by cos/sin [n, dim/2]; computed in fp32, returned in x.dtype.
-
-    interleaved: pairs are (x0, x1), (x2, x3), ... as DeepSeek's MLA rope; otherwise the halves
-    (x[:dim/2], x[dim/2:]) pair up, as V3.2's indexer rope."""
-    n, half = cos.shape
-    shape = (n,) + (1,) * (x.dim() - 2) + (half,)
-    c, s = cos.view(shape), sin.view(shape)
-    xf = x.float()
-    if interleaved:
-        a, b = xf[..., 0::2], xf[..., 1::2]
-        out = torch.stack((a * c - b * s, a * s + b * c), dim=-1).flatten(-2)
-    else:
-        a, b = xf[..., :half], xf[..., half:]
-        out = torch.cat((a * c - b * s, a * s + b * c), dim=-1)
-    return out.to(x.dtype)

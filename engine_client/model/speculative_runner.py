@@ -110,7 +110,7 @@ class SpeculativeModelRunner(ModelRunner):
         ids = torch.cat((first[:, None], drafts.clamp(min=0)), dim=1).view(-1)
         states = self.model.hidden_states(self._rows(slots, base, ids), self.ws.rows(n))
         self.hidden[:n].copy_(states)
-        self.logits[:n].copy_(self.model.logits(self.model.final(states)))
+        self.model.logits(self.model.final(states), out=self.logits[:n])
 
     def _draft_body(self, bs: int) -> None:
         """Draft: the MTP layer over the verify positions with the target's tokens, the first

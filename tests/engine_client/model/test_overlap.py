@@ -53,8 +53,10 @@ def decode(
     shapes=None,
     tail_parts: int = 1,
     switch_to: CopyGrid | None = None,
+    late_queries: bool = False,
 ):
-    """switch_to: the copy's grid after the first step's graph (recaptured on it)."""
+    """switch_to: the copy's grid after the first step's graph (recaptured on it);
+    tail_parts, late_queries: the Model's."""
     cfg, lay, contexts = shapes or (CFG, LAYOUT, CONTEXTS)
     kv = allocate_local(lay, device)
     per = lay.num_pages // len(contexts)
@@ -63,7 +65,7 @@ def decode(
         resident = ctx + STEPS <= lay.hot_slots
         reset_request(kv, slot, MODE_RESIDENT if resident else MODE_OFFLOADED, pages)
     backend = HiSparseBackend(kv, kernels=kernels, microbatches=microbatches, copy_grid=copy_grid)
-    model = Model(cfg, weights, backend, tail_parts=tail_parts)
+    model = Model(cfg, weights, backend, tail_parts=tail_parts, late_queries=late_queries)
     runner = ModelRunner(
         model, DecodeConfig(max_batch=bucket, buckets=(bucket,), use_graphs=graphs)
     )
