@@ -84,6 +84,19 @@ profiles() {
       ${PROFILE_ARGS:---context 32768 --warmup 6 --steps 3} --out "$RUN/$name.json"
   done
   copy_costs | tee "$RUN/copy-costs.txt"
+  family_deltas | tee "$RUN/family-deltas.txt"
+}
+family_deltas() {  # each profile with flags against the plain profile of its format, batch and
+  # parts (bench/profile/family_delta.py): which kernel families an option moved
+  local j base plain
+  for j in "$RUN"/profile-*-mb*-*.json; do
+    [ -f "$j" ] || continue
+    base=$(basename "$j" .json)
+    case "$base" in *skip-copy*) continue ;; esac
+    plain="$RUN/$(echo "$base" | grep -Eo '^profile-[a-z0-9]+-[0-9]+-mb[0-9]+').json"
+    [ -f "$plain" ] && echo "=== $(basename "$plain" .json) -> $base" \
+      && python3 -m bench.profile.family_delta "$plain" "$j"
+  done
 }
 copy_costs() {  # each profile's copy cost (bench/profile/copy_cost.py) against its own --skip-copy
   # twin (the same flags and --skip-copy), else the plain --skip-copy profile of its format, batch
