@@ -121,21 +121,23 @@ class BaselineBackend(SharedBackend):
         write_index_rows(self._pool[layer], page, t % P, index_rows, lay.index)
 
     def _pages_of(self, req_slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Page ids (int64, -1 unmapped) of positions [n] or [n, k] of req_slots [n], clamped
-        into the page table: a bad index reads a wrong entry, never outside."""
+        """Page ids (int64, -1 unmapped) of positions [n] of req_slots [n], clamped into the
+        page table: a bad index reads a wrong entry, never outside."""
         ppr = self.layout.max_pages_per_request
         rows = self._page_table[req_slots.clamp(0, self.max_requests - 1)]
         col = (positions.clamp(min=0) // self.layout.page_size).clamp(max=ppr - 1)
-        if positions.dim() == 1:
-            return rows.gather(1, col[:, None])[:, 0].long()
-        return rows.gather(1, col).long()
+        return rows.gather(1, col[:, None])[:, 0].long()
 
-    def _attn_rows(self, layer: int, topk: torch.Tensor, req_slots: torch.Tensor) -> AttnRows:
-        """Rows of top-k positions: their page's rows, in top-k order (-1 stays -1)."""
+    def _attn_rows(
+        self, layer: int, topk: torch.Tensor, req_slots: torch.Tensor, counted: bool = False
+    ) -> AttnRows:
+        """Rows of top-k positions: their page's rows, in top-k order (-1 stays -1), in one
+        launch (kernels/select/page_rows.py); counted: the selected positions also go to the
+        request slots' counters."""
+        slots = torch.empty(topk.shape, dtype=torch.int32, device=self.device)
+        counts = self._slot_counts.table if counted else None
         P = self.layout.page_size
-        page = self._pages_of(req_slots.long(), topk.long())
-        rows = page * P + topk.long().clamp(min=0) % P
-        slots = torch.where((topk >= 0) & (page >= 0), rows, -1).to(torch.int32)
+        self.kernels.page_rows(topk, req_slots, self._page_table, P, slots, counts)
         base = torch.zeros(topk.shape[0], dtype=torch.int64, device=self.device)
         return AttnRows(self._kv[layer], base, slots)
 
@@ -149,8 +151,7 @@ class BaselineBackend(SharedBackend):
         rows_per_request: int = 1,
     ) -> AttnRows:
         """Every row is on the device: nothing to copy, no misses."""
-        self._slot_counts.add(req_slots, topk, None)
-        return self._attn_rows(layer, topk, req_slots)
+        return self._attn_rows(layer, topk, req_slots, counted=True)
 
     def gather(self, layer: int, topk: torch.Tensor, req_slot: int, seq_len: int) -> AttnRows:
         slots = torch.full((topk.shape[0],), req_slot, dtype=torch.int64, device=self.device)

@@ -24,6 +24,9 @@ class KernelSet:
     sparse_mla_decode: Callable[..., None]
     indexer_scores: Callable[..., None]
     topk_select: Callable[..., None]
+    # The all-on-GPU baseline's pool rows of a selection through its page table (and the
+    # selected counters): page_rows(topk, req_slots, page_table, page_size, out, counts=None).
+    page_rows: Callable[..., None]
     # rows [n, 576] bf16 -> stored rows [n, row_bytes] uint8 of a format with a quantize function
     # (the bytes kv_append writes for it): kv_quantize(rows, out, row_format=...).
     kv_quantize: Callable[..., None]
@@ -59,6 +62,7 @@ class KernelSet:
         from kernels.dense.rope import rotate
         from kernels.dense.row_norm import invariant_layer_norm, invariant_rms_norm
         from kernels.select.indexer import indexer_scores
+        from kernels.select.page_rows import page_rows
         from kernels.select.topk import topk_select
         from kernels.store.append import kv_append
         from kernels.store.fp8_row import kv_quantize
@@ -72,6 +76,7 @@ class KernelSet:
             sparse_mla_decode=sparse_mla_decode,
             indexer_scores=indexer_scores,
             topk_select=topk_select,
+            page_rows=page_rows,
             kv_quantize=kv_quantize,
             linear=invariant_linear,
             bmm=invariant_bmm,
@@ -92,6 +97,7 @@ class KernelSet:
             sparse_mla_decode=ref.ref_sparse_mla_decode,
             indexer_scores=ref.ref_indexer_scores,
             topk_select=ref.ref_topk_select,
+            page_rows=ref.ref_page_rows,
             kv_quantize=ref.ref_kv_quantize,
             linear=ref.ref_invariant_linear,
             bmm=ref.ref_invariant_bmm,

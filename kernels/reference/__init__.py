@@ -4,7 +4,8 @@
 - `store`: the KV append and the stored row encoding (`ref_kv_append`, `ref_kv_quantize`)
 - `index_pool`: the index-key pool's page layout (`page_views`, `read_index_rows`, ...)
 - `attention`: sparse MLA decode (`ref_sparse_mla_decode`)
-- `select`: indexer scores and top-k (`ref_indexer_scores`, `ref_topk_select`)
+- `select`: indexer scores and top-k (`ref_indexer_scores`, `ref_topk_select`), and the baseline's
+  pool rows of a selection (`ref_page_rows`)
 - `dense`: batch-invariant matmul and norms (`ref_invariant_linear`, `ref_invariant_rms_norm`, ...),
   the model's default RMSNorm (`ref_rms_norm`) and the rotary embedding (`ref_rotate`)
 
@@ -23,7 +24,7 @@ from kernels.reference.dense import (
     ref_rotate,
 )
 from kernels.reference.index_pool import page_views, read_index_rows, write_index_rows
-from kernels.reference.select import order_key, ref_indexer_scores, ref_topk_select
+from kernels.reference.select import order_key, ref_indexer_scores, ref_page_rows, ref_topk_select
 from kernels.reference.store import kv_rows_for_store, ref_kv_append, ref_kv_quantize
 from kernels.reference.swap import ref_miss_copy, ref_swap_plan
 
@@ -41,6 +42,7 @@ __all__ = [
     "ref_rotate",
     "ref_kv_append",
     "ref_kv_quantize",
+    "ref_page_rows",
     "ref_miss_copy",
     "ref_sparse_mla_decode",
     "ref_swap_plan",

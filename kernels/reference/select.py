@@ -1,5 +1,6 @@
-"""References of the top-k selection: the lightning-indexer scores (kernels/select/indexer.py) and
-the top-k of them (kernels/select/topk.py)."""
+"""References of the top-k selection: the lightning-indexer scores (kernels/select/indexer.py), the
+top-k of them (kernels/select/topk.py) and the baseline's pool rows of a selection
+(kernels/select/page_rows.py)."""
 
 from __future__ import annotations
 
@@ -80,3 +81,27 @@ def ref_topk_select(
         top = torch.topk(key, min(k, n)).values
         picked = torch.sort((1 << 32) - 1 - (top & 0xFFFFFFFF)).values
         out_topk[b, : picked.numel()] = picked.to(out_topk.dtype)
+
+
+def ref_page_rows(
+    topk: torch.Tensor,
+    req_slots: torch.Tensor,
+    page_table: torch.Tensor,
+    page_size: int,
+    out: torch.Tensor,
+    counts: torch.Tensor | None = None,
+) -> None:
+    """kernels.select.page_rows.page_rows: the pool row of each top-k position through the
+    page table (request slot and page column clamped into the table), -1 for t < 0 or an
+    unmapped page; counts[slot (R for padding rows and slots past the table), 0] += the row's
+    positions t >= 0."""
+    R, ppr = page_table.shape
+    t = topk.long()
+    table = page_table[req_slots.long().clamp(0, R - 1)]
+    col = (t.clamp(min=0) // page_size).clamp(max=ppr - 1)
+    page = table.gather(1, col).long()
+    rows = page * page_size + t.clamp(min=0) % page_size
+    out.copy_(torch.where((t >= 0) & (page >= 0), rows, -1).to(torch.int32))
+    if counts is not None:
+        idx = torch.where((req_slots >= 0) & (req_slots < R), req_slots, R).long()
+        counts[:, 0].index_add_(0, idx, (topk >= 0).sum(dim=1))
