@@ -29,17 +29,16 @@ from pathlib import Path
 
 from bench.e2e import plan
 from bench.e2e.children import Children, Progress
+from bench.e2e.engine_args import add_engine_args
 from bench.e2e.load import LoadGen
 from bench.e2e.report import charts, print_table
 from bench.e2e.roofline import analyze as roofline
 from bench.e2e.row_formats import print_summary, probe_attention
 from bench.e2e.runs import measure_ceilings, run_all
 from bench.e2e.stats import ratios
-from bench.shared.copy_args import copy_grid_spec
 from bench.shared.result_file import write_json
 from bench.shared.trace import TraceParams, simulate
 from engine_client.serve.procs import REPO_ROOT
-from kernels.swap.copy_grid import SPEC_GRAMMAR
 
 GIB = 1 << 30
 
@@ -52,7 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", default="", help="JSON path [bench/results/e2e-<date>.json]")
     _add_size_args(ap)
     _add_run_args(ap)
-    _add_engine_args(ap)
+    add_engine_args(ap)
     _add_budget_args(ap)
     return ap.parse_args(argv)
 
@@ -86,44 +85,6 @@ def _add_run_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--no-sweep", action="store_true", help="skip the hit-rate-vs-B runs")
     ap.add_argument(
         "--client-procs", type=int, default=None, help="load worker processes [4; smoke 1]"
-    )
-
-
-def _add_engine_args(ap: argparse.ArgumentParser) -> None:
-    """Switches of the engines under test (each mode's engine gets the same ones)."""
-    ap.add_argument(
-        "--microbatches",
-        type=int,
-        default=2,
-        help="embedded/service engines: decode parts whose miss copy overlaps compute "
-        "[2, the engine's default; 1: off]",
-    )
-    ap.add_argument(
-        "--admission-limit",
-        default="auto",
-        help="the engines' --admission-limit [auto: adaptive in the HiSparse modes; off: every "
-        "mode admits up to its max N, as before the limit]",
-    )
-    ap.add_argument(
-        "--decode-part-tail",
-        action="store_true",
-        help="every engine (baseline too: the model splits its GEMMs alike in all modes) runs "
-        "each decode part's layer tail right after its attention (engine --decode-part-tail)",
-    )
-    ap.add_argument(
-        "--copy-priority",
-        type=int,
-        default=0,
-        help="the HiSparse engines' --decode-copy-priority: the miss-copy stream's CUDA priority "
-        "(-1: before the compute stream's waiting CTAs) [0]",
-    )
-    ap.add_argument(
-        "--copy-grid",
-        type=copy_grid_spec,
-        default="",
-        metavar="SPEC",
-        help="the HiSparse engines' --decode-copy-grid: the miss copy's launch as "
-        f"bench.profile.copy_sweep names it ({SPEC_GRAMMAR}) [the engine's default]",
     )
 
 
@@ -164,6 +125,7 @@ def sizes_from_args(args: argparse.Namespace, device: str) -> plan.Sizes:
         decode_microbatches=args.microbatches,
         admission_limit=args.admission_limit,
         decode_part_tail=args.decode_part_tail,
+        late_queries=args.late_queries,
         copy_priority=args.copy_priority,
         copy_grid=args.copy_grid,
         host_reads=bool(args.host_reads),

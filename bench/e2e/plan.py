@@ -50,6 +50,7 @@ class Sizes:
     tokens_per_step: int = 1
     admission_limit: str = "auto"  # the engines' --admission-limit (off: the old behaviour)
     decode_part_tail: bool = False  # every mode's --decode-part-tail (the model splits alike)
+    late_queries: bool = False  # every mode's --decode-late-queries (the same bits either way)
     copy_priority: int = 0  # the HiSparse engines' --decode-copy-priority (their copy stream)
     copy_grid: str = ""  # the HiSparse engines' --decode-copy-grid ("": their default launch)
     layers: int = 0  # the model's decoder layers (the engines' --num-layers); 0: the preset's

@@ -59,6 +59,8 @@ def engine_flags(s: Sizes, run: Run) -> list[str]:
         argv += ["--batch-invariant", "1"]
     if s.decode_part_tail:
         argv += ["--decode-part-tail", "1"]
+    if s.late_queries:
+        argv += ["--decode-late-queries", "1"]
     if s.copy_priority and run.mode in ("embedded", "service"):
         argv += ["--decode-copy-priority", str(s.copy_priority)]
     if s.copy_grid and run.mode in ("embedded", "service"):

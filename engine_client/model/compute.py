@@ -136,9 +136,7 @@ def load_topk_source(
 
 
 def build_compute(
-    model_cfg: ModelConfig,
-    weights: dict[str, torch.Tensor],
-    backend: KVBackend,
+    model: Model,
     layout: KVLayout,
     max_batch: int,
     prefill_chunk: int,
@@ -147,14 +145,9 @@ def build_compute(
     synthetic_context: int = 0,
     synthetic_shared: int = 0,
     draft_tokens: int = 0,
-    batch_invariant: bool = False,
-    tail_parts: int = 1,
 ) -> Compute:
-    """draft_tokens > 0: speculative decoding with the model's MTP layer (model_cfg.mtp_layers)
-    drafting; batch_invariant, tail_parts: the Model's."""
-    model = Model(
-        model_cfg, weights, backend, batch_invariant=batch_invariant, tail_parts=tail_parts
-    )
+    """The compute of `model` (over its backend): its runner, graphed unless use_graphs is
+    False; draft_tokens > 0: speculative decoding with the model's MTP layer drafting."""
     model.topk_source = topk_source  # before capture: the graphs must contain it
     dcfg = DecodeConfig(max_batch, use_graphs=use_graphs)
     model_runner = (
@@ -168,7 +161,7 @@ def build_compute(
     return Compute(
         model,
         model_runner,
-        backend,
+        model.backend,
         layout,
         prefill_chunk,
         synthetic_context=synthetic_context,

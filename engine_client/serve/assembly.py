@@ -18,6 +18,7 @@ from engine_client.model.compute import (
     load_topk_source,
     side_copy_grid,
 )
+from engine_client.model.model import Model
 from engine_client.model.preset import ModelConfig
 from engine_client.model.weights import load_safetensors, random_weights
 from engine_client.serve.config import EngineConfig
@@ -79,10 +80,16 @@ def build_mode_compute(cfg: EngineConfig, mcfg: ModelConfig, control: KVControl,
     max_batch = min(cfg.batching.max_batch, control.layout.max_requests)
     backend = _backend(cfg, control, kernels, max_batch, device)
     source = load_topk_source(cfg.benchmark.topk_source, mcfg, control.layout, device)
-    return build_compute(
+    model = Model(
         mcfg,
         weights,
         backend,
+        batch_invariant=cfg.execution.batch_invariant,
+        tail_parts=tail_parts(cfg),
+        late_queries=cfg.batching.decode_late_queries,
+    )
+    return build_compute(
+        model,
         control.layout,
         max_batch,
         cfg.batching.prefill_chunk,
@@ -91,8 +98,6 @@ def build_mode_compute(cfg: EngineConfig, mcfg: ModelConfig, control: KVControl,
         synthetic_context=cfg.benchmark.synthetic_context,
         synthetic_shared=cfg.benchmark.synthetic_shared,
         draft_tokens=spec,
-        batch_invariant=cfg.execution.batch_invariant,
-        tail_parts=tail_parts(cfg),
     )
 
 

@@ -1,7 +1,7 @@
 """bench.e2e's engine switches reach the engines they name, and the engine's own parser reads
 them as its settings:
 - --decode-part-tail reaches every mode's engine, the baseline included (the model splits its
-  decode GEMMs alike in every mode, so the modes stay comparable);
+  decode GEMMs alike in every mode, so the modes stay comparable), and so does --late-queries;
 - --copy-priority and --copy-grid reach the engines with a miss-copy stream of their own
   (embedded, service);
 - --host-reads reaches the HiSparse layouts (the embedded engine's, the service's), never the
@@ -57,6 +57,17 @@ def test_the_part_tail_reaches_every_mode() -> None:
         assert _engine(_argv(on, mode)).batching.decode_part_tail is True, mode
         assert _engine(_argv(off, mode)).batching.decode_part_tail is False, mode
     assert flags.flag_name("decode_part_tail") == "--decode-part-tail"
+
+
+def test_late_queries_reach_every_mode() -> None:
+    """--late-queries: every mode's engine reads --decode-late-queries 1 (bits do not move, and
+    every mode runs the same model code, so the baseline gets it too)."""
+    on = sizes_from_args(parse_args(["--smoke", "--late-queries"]), "cpu")
+    off = sizes_from_args(parse_args(["--smoke"]), "cpu")
+    for mode in ("baseline", "embedded", "service"):
+        assert _engine(_argv(on, mode)).batching.decode_late_queries is True, mode
+        assert _engine(_argv(off, mode)).batching.decode_late_queries is False, mode
+    assert flags.flag_name("decode_late_queries") == "--decode-late-queries"
 
 
 def test_the_copy_priority_reaches_the_engines_that_copy() -> None:

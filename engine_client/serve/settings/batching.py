@@ -51,6 +51,13 @@ class Batching:
         "layer tail (o_proj, MLP) right after its attention, beside the next part's miss copy "
         "(every KV mode splits the same way)",
     )
+    # Model.late_queries (docs/DECISIONS.md, "The attention's queries after every part's plan"):
+    # off until a profile shows the step dropping.
+    decode_late_queries: bool = setting(
+        False,
+        help="decode: launch each layer's attention queries (q_b_proj, W_UK, q_pe's RoPE) after "
+        "every micro-batch part's swap-in plan, beside the miss copies (same bits)",
+    )
 
     # CopyGrid.priority of HiSparseBackend's side stream (kernels/swap/copy_grid.py). Off by
     # default: one H100 profile (docs/BENCHMARKS.md, run S) gave -0.51 ms of a 16.44 ms fp8 step
