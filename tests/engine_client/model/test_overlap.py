@@ -131,8 +131,9 @@ def test_microbatches_bitwise_on_cpu():
     one = decode(1, "cpu", False, kernels, weights)
     assert one[3]["misses"] > 0  # the offloaded requests really swap
     assert_same(one, decode(2, "cpu", False, kernels, weights))
-    # Three parts of a padded bucket: the last part holds only padding rows.
+    # Three parts of a padded bucket: the last part holds only padding rows; four: two such.
     assert_same(one, decode(3, "cpu", False, kernels, weights, bucket=8))
+    assert_same(one, decode(4, "cpu", False, kernels, weights, bucket=8))
 
 
 def test_part_tail_bitwise_on_cpu():
@@ -224,7 +225,7 @@ def test_microbatches_graphed_bitwise_at_bench_shapes():
     shapes = (BENCH_CFG, BENCH_LAYOUT, {0: 9000, 1: 5000, 2: 12000, 3: 3000})
     one = decode(1, "cuda", False, kernels, weights, shapes=shapes)
     assert one[3]["misses"] > 0
-    for m in (2, 3):
+    for m in (2, 3, 4):
         assert_same(one, decode(m, "cuda", True, kernels, weights, bucket=8, shapes=shapes))
 
 
