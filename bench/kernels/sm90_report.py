@@ -1,7 +1,8 @@
 """Compile a Triton kernel for sm_90 on a machine without a GPU and report what the H200 would run:
 registers, spill stack, shared memory, and the count of key SASS instructions (HGMMA = wgmma,
 HMMA = mma.sync, LDGSTS = async copies, LDL/STL = spills, F2F = slow conversions, FFMA = fused
-multiply-adds, which round once where separate products and sums round twice).
+multiply-adds, which round once where separate products and sums round twice, FMUL.FTZ/FADD.FTZ =
+fp32 math that flushes denormals, which PyTorch's kernels do not).
 
     from bench.kernels.sm90_report import compile_report
     compile_report(kernel, {"q_ptr": "*bf16", ...}, {"BLOCK": 64}, num_warps=8, num_stages=2)
@@ -30,7 +31,7 @@ os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 _BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 _OPS = (
     r"\b(HGMMA\.[0-9x]+|HMMA\.[0-9A-Z.]+|QGMMA\.[0-9x]+|LDGSTS|LDL[.0-9A-Z]*|STL[.0-9A-Z]*"
-    r"|F2F\.[A-Z0-9.]+|FFMA)"
+    r"|F2F\.[A-Z0-9.]+|FFMA|F(?:MUL|ADD)\.FTZ)"
 )
 
 
