@@ -93,10 +93,13 @@ family_deltas() {  # each profile with flags against the plain profile of its fo
     [ -f "$j" ] || continue
     base=$(basename "$j" .json)
     case "$base" in *skip-copy*) continue ;; esac
-    plain="$RUN/$(echo "$base" | grep -Eo '^profile-[a-z0-9]+-[0-9]+-mb[0-9]+').json"
+    plain="$RUN/$(plain_name "$base").json"
     [ -f "$plain" ] && echo "=== $(basename "$plain" .json) -> $base" \
       && python3 -m bench.profile.family_delta "$plain" "$j"
   done
+}
+plain_name() {  # a profile's plain twin: its format, batch and parts, without flags
+  echo "$1" | grep -Eo '^profile-[a-z0-9]+-[0-9]+-mb[0-9]+'
 }
 copy_costs() {  # each profile's copy cost (bench/profile/copy_cost.py) against its own --skip-copy
   # twin (the same flags and --skip-copy), else the plain --skip-copy profile of its format, batch
@@ -105,7 +108,7 @@ copy_costs() {  # each profile's copy cost (bench/profile/copy_cost.py) against 
   for j in "$RUN"/profile-*.json; do
     base=$(basename "$j" .json)
     case "$base" in *skip-copy*) continue ;; esac
-    plain="$RUN/$(echo "$base" | grep -Eo '^profile-[a-z0-9]+-[0-9]+-mb[0-9]+')--skip-copy.json"
+    plain="$RUN/$(plain_name "$base")--skip-copy.json"
     twin="$RUN/$base---skip-copy.json"
     [ -f "$twin" ] || twin=$plain
     [ -f "$twin" ] && echo "$base vs $(basename "$twin" .json): $(python3 -m \

@@ -66,8 +66,7 @@ def build(args: argparse.Namespace, device: torch.device, positions: int = 0):
     # The part tail splits as the engine's does: into the micro-batch count, in either mode.
     tail = args.microbatches if args.decode_part_tail else 1
     weights = random_weights(cfg, seed=0, device=device)
-    late = getattr(args, "late_queries", False)  # a profile JSON written before the option
-    model = Model(cfg, weights, backend, tail_parts=tail, late_queries=late)
+    model = Model(cfg, weights, backend, tail_parts=tail, late_queries=args.late_queries)
     if args.topk_source == "trace":
         from bench.shared.trace import trace_source
 
